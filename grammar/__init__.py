@@ -1,0 +1,1 @@
+"""grammar package (see README.md and ../shared/DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""runtime package (see README.md and ../shared/DESIGN.md)."""

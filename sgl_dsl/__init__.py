@@ -1,0 +1,1 @@
+"""sgl_dsl package (see README.md and ../shared/DESIGN.md)."""
