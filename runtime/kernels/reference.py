@@ -1,0 +1,164 @@
+"""Torch reference for the paged-attention and token-bitmask kernels.
+
+This is both the CPU path of the engine and the oracle the Triton kernels are tested against.
+The KV pool of one layer is ``[num_pages, page_size, kv_heads, head_dim]``; the slot of position
+``p`` of request ``b`` is page ``page_table[b, p // page_size]``, offset ``p % page_size``.
+Query head ``h`` reads kv head ``h // (q_heads // kv_heads)`` (grouped-query attention).
+
+Softmax is computed in float32 whatever the input dtype; the output has the dtype of ``q``.
+Entries of ``page_table`` past a request's last page are never dereferenced (they may hold any
+value, e.g. -1 or stale page ids).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["apply_token_bitmask_", "paged_decode_attention", "paged_extend_attention"]
+
+
+def _gather_kv(
+    pool: torch.Tensor, page_rows: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """Gather pool slots for ``positions`` through ``page_rows`` (one page-table row per request).
+
+    page_rows [N, max_pages], positions [L] (shared by all rows), valid [N, L] bool.
+    Returns [N, L, kv_heads, head_dim]; rows at invalid positions hold slot 0 (masked later).
+    """
+    num_pages, page_size = pool.shape[0], pool.shape[1]
+    page_idx = (positions // page_size).clamp_(max=page_rows.shape[1] - 1)
+    pages = page_rows[:, page_idx].long()  # [N, L]
+    slots = pages * page_size + (positions % page_size)
+    # Invalid positions may point at garbage pages: send them to slot 0, which always exists.
+    slots = torch.where(valid, slots, torch.zeros_like(slots))
+    flat = pool.reshape(num_pages * page_size, *pool.shape[2:])
+    return flat[slots]
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Masked GQA attention in float32.
+
+    q [N, M, Hq, D]; k, v [N, L, Hkv, D]; allowed [N, M, L] bool. Returns [N, M, Hq, D] float32.
+    A query with no allowed key gets zeros.
+    """
+    n, m, hq, d = q.shape
+    hkv = k.shape[2]
+    group = hq // hkv
+    # [N, Hkv, G*M, D]: the G query heads sharing a kv head are stacked along the query axis,
+    # so one batched matmul per kv head serves the whole group without repeating K/V.
+    qg = q.float().view(n, m, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(n, hkv, group * m, d)
+    kf = k.float().permute(0, 2, 3, 1)  # [N, Hkv, D, L]
+    vf = v.float().permute(0, 2, 1, 3)  # [N, Hkv, L, D]
+    scores = torch.matmul(qg, kf).mul_(scale)  # [N, Hkv, G*M, L]
+    scores = scores.view(n, hkv, group, m, -1)
+    scores.masked_fill_(~allowed.view(n, 1, 1, m, -1), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    # Rows with every key masked are NaN after softmax: they attend to nothing.
+    probs = torch.nan_to_num_(probs, nan=0.0)
+    out = torch.matmul(probs.view(n, hkv, group * m, -1), vf)  # [N, Hkv, G*M, D]
+    return out.view(n, hkv, group, m, d).permute(0, 3, 1, 2, 4).reshape(n, m, hq, d)
+
+
+def _check_heads(q_heads: int, kv_heads: int) -> None:
+    if q_heads % kv_heads != 0:
+        raise ValueError(f"query heads ({q_heads}) must be a multiple of kv heads ({kv_heads})")
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per request against its whole cached sequence.
+
+    q [B, Hq, D]; page_table int32 [B, max_pages]; seq_lens int32 [B], counting the current
+    token, whose K/V must already be in the pool. Returns [B, Hq, D] in ``q.dtype``.
+    """
+    _check_heads(q.shape[1], k_pool.shape[2])
+    batch = q.shape[0]
+    if batch == 0:
+        return torch.empty_like(q)
+    lens = seq_lens.to(device=q.device, dtype=torch.long)
+    max_len = max(int(lens.max()), 1)
+    positions = torch.arange(max_len, device=q.device)
+    valid = positions[None, :] < lens[:, None]  # [B, L]
+    k = _gather_kv(k_pool, page_table, positions, valid)
+    v = _gather_kv(v_pool, page_table, positions, valid)
+    out = _attend(q[:, None], k, v, valid[:, None, :], scale)
+    return out[:, 0].to(q.dtype)
+
+
+def paged_extend_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    page_table: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """A chunk of new tokens per request against its cached prefix, causal within the chunk.
+
+    q [T, Hq, D] with T = sum(extend_lens), requests concatenated in batch order. The new
+    tokens' K/V must already be in the pool. Query j of request b sits at position
+    prefix_lens[b] + j and attends to positions 0 .. prefix_lens[b] + j. Returns [T, Hq, D].
+    """
+    _check_heads(q.shape[1], k_pool.shape[2])
+    out = torch.empty_like(q)
+    prefixes = prefix_lens.tolist()
+    extends = extend_lens.tolist()
+    if sum(extends) != q.shape[0]:
+        raise ValueError(f"sum(extend_lens)={sum(extends)} but q has {q.shape[0]} tokens")
+    start = 0
+    # One request at a time: each is fully vectorised, and memory stays proportional to the
+    # largest request instead of batch x longest chunk x longest sequence.
+    for b, (prefix, extend) in enumerate(zip(prefixes, extends, strict=True)):
+        if extend == 0:
+            continue
+        total = prefix + extend
+        positions = torch.arange(total, device=q.device)
+        valid = torch.ones(1, total, dtype=torch.bool, device=q.device)
+        k = _gather_kv(k_pool, page_table[b : b + 1], positions, valid)
+        v = _gather_kv(v_pool, page_table[b : b + 1], positions, valid)
+        q_pos = prefix + torch.arange(extend, device=q.device)
+        allowed = positions[None, :] <= q_pos[:, None]  # [E, L]
+        chunk = q[start : start + extend][None]
+        out[start : start + extend] = _attend(chunk, k, v, allowed[None], scale)[0].to(q.dtype)
+        start += extend
+    return out
+
+
+def apply_token_bitmask_(
+    logits: torch.Tensor, bitmask: torch.Tensor, row_indices: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Set disallowed logits to -inf in place; returns ``logits``.
+
+    logits float [B, V]; bitmask int32 [R, W]: bit b of word w allows token 32*w + b, and a
+    token >= 32*W is disallowed. Row i of the bitmask applies to logits row row_indices[i]
+    (row i when ``row_indices`` is None, then R <= B).
+    """
+    vocab = logits.shape[1]
+    words = bitmask.shape[1]
+    if row_indices is not None and row_indices.numel() == 0:
+        return logits
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    # Arithmetic shift keeps the sign bit in place, so bit 31 reads right after the & 1.
+    bits = ((bitmask.to(torch.int32)[:, :, None] >> shifts) & 1).bool()  # [R, W, 32]
+    allowed = bits.reshape(bitmask.shape[0], words * 32).to(logits.device)
+    if words * 32 >= vocab:
+        allowed = allowed[:, :vocab]
+    else:
+        pad = torch.zeros(allowed.shape[0], vocab - words * 32, dtype=torch.bool)
+        allowed = torch.cat([allowed, pad.to(logits.device)], dim=1)
+    if row_indices is None:
+        rows = logits[: allowed.shape[0]]
+        rows.masked_fill_(~allowed, float("-inf"))
+    else:
+        idx = row_indices.to(device=logits.device, dtype=torch.long)
+        logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
+    return logits
