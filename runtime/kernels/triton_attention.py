@@ -108,8 +108,9 @@ def _decode_split_kernel(
         m_i = m_new
 
     # An empty split leaves m_i = -inf and l_i = 0: lse = -inf, out = 0, ignored by the merge.
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    lse = m_i + tl.log2(l_i)
+    nonempty = l_i > 0
+    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
     part = PartOut + b.to(tl.int64) * stride_pb + heads * stride_ph + split * stride_ps
     tl.store(part[:, None] + offs_d[None, :], out, mask=head_mask[:, None] & d_mask[None, :])
     lse_ptrs = PartLse + b.to(tl.int64) * stride_lb + heads * stride_lh + split
@@ -272,10 +273,11 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _upcast(dtype: torch.dtype) -> bool:
+def _upcast(q: torch.Tensor) -> bool:
     # Triton's interpreter multiplies bf16 operands of tl.dot as their raw uint16 bits
     # (seen in triton 3.9); upcast them to fp32 there. Compiled kernels keep bf16 dots.
-    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+    interpreted = not q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return q.dtype == torch.bfloat16 and interpreted
 
 
 def _default_splits(q: torch.Tensor, batch: int, kv_heads: int, max_len: int, block_n: int) -> int:
@@ -327,7 +329,7 @@ def paged_decode_attention(
         num_splits,
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
-        PRECISION=_precision(q.dtype), UPCAST=_upcast(q.dtype),
+        PRECISION=_precision(q.dtype), UPCAST=_upcast(q),
     )  # fmt: skip
     _decode_merge_kernel[(batch, q_heads)](
         part_out, part_lse, out,
@@ -378,6 +380,6 @@ def paged_extend_attention(
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_N=block_n,
-        PRECISION=_precision(q.dtype), UPCAST=_upcast(q.dtype),
+        PRECISION=_precision(q.dtype), UPCAST=_upcast(q),
     )  # fmt: skip
     return out
