@@ -1,0 +1,114 @@
+"""`Runtime`: the in-process `runtime.Engine` as a backend."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ..chat_template import ChatTemplate
+from ..errors import BackendError
+from .base import Backend, GenChunk, GenOutput
+
+# gen() keyword -> Engine.generate keyword, where they differ
+_ENGINE_NAMES = {
+    "max_tokens": "max_new_tokens",
+    "min_tokens": "min_new_tokens",
+    "return_logprob": "logprobs",
+}
+
+
+class Runtime(Backend):
+    """Start an engine in this process: `Runtime()` loads the default model.
+
+    `engine_kwargs` go to `runtime.Engine` unchanged (`enable_radix_cache`, `dtype`, ...).
+    An engine already built can be wrapped with `Runtime.from_engine(engine)`.
+    """
+
+    def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
+        from runtime import Engine  # the engine is heavy; import it only when asked for
+
+        self._init(Engine(model=model, **engine_kwargs), owns_engine=True)
+
+    @classmethod
+    def from_engine(cls, engine: Any) -> Runtime:
+        self = cls.__new__(cls)
+        self._init(engine, owns_engine=False)
+        return self
+
+    def _init(self, engine: Any, owns_engine: bool) -> None:
+        self.engine = engine
+        self._owns_engine = owns_engine
+        self._template: ChatTemplate | None = None
+        self._template_lock = threading.Lock()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def chat_template(self) -> ChatTemplate:
+        with self._template_lock:
+            if self._template is None:
+                self._template = ChatTemplate.from_tokenizer(self.engine.tokenizer)
+            return self._template
+
+    def generate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
+        try:
+            result = self.engine.generate(prompt, **_engine_kwargs(params))
+        except Exception as exc:
+            raise BackendError(f"engine.generate failed: {exc}") from exc
+        return _to_output(result)
+
+    def generate_stream(self, prompt: str, params: dict[str, Any]) -> Iterator[GenChunk]:
+        try:
+            chunks = self.engine.generate(prompt, stream=True, **_engine_kwargs(params))
+        except Exception as exc:
+            raise BackendError(f"engine.generate(stream=True) failed: {exc}") from exc
+        try:
+            for chunk in chunks:
+                done = _to_output(chunk.result) if chunk.finished else None
+                yield GenChunk(chunk.text_delta, done)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+
+    def score(self, prompt: str, continuations: list[str]) -> list[list[float]]:
+        try:
+            return self.engine.score(prompt, continuations, return_token_logprobs=True)
+        except Exception as exc:
+            raise BackendError(f"engine.score failed: {exc}") from exc
+
+    def commit_prefix(self, prefix: str) -> None:
+        if not prefix:
+            return  # nothing to cache; an empty prefill is not a request
+        self.generate(prefix, {"max_tokens": 0})
+
+    def unconditional_prompt(self) -> str:
+        return self.engine.tokenizer.bos_token or ""
+
+    def stats(self) -> dict[str, Any]:
+        return self.engine.stats()
+
+    def shutdown(self) -> None:
+        if self._owns_engine:
+            self.engine.shutdown()
+
+
+def _engine_kwargs(params: dict[str, Any]) -> dict[str, Any]:
+    return {_ENGINE_NAMES.get(k, k): v for k, v in params.items() if v is not None}
+
+
+def _to_output(result: Any) -> GenOutput:
+    if result.finish_reason == "abort" or getattr(result, "error", None):
+        raise BackendError(f"engine aborted the request: {result.error}")
+    usage = result.usage
+    return GenOutput(
+        text=result.text,
+        finish_reason=result.finish_reason,
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
+        completion_tokens=usage.completion_tokens,
+        logprobs=result.logprobs,
+        matched_stop=result.matched_stop,
+    )

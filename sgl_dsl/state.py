@@ -1,0 +1,242 @@
+"""`ProgramState`: the `s` a running program appends to, and what `run` returns.
+
+A state holds the program's text, its variables with their meta info, the chat messages
+closed so far, and a log of text pieces that `text_iter` reads while the program runs.
+The root state executes each `+=` in the caller's thread; a fork executes its `+=` in order
+on its own worker thread, so the forks of one `fork(n)` decode at the same time, and any
+read (`s[name]`, `text()`, `join`) first waits for the queued work.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from . import interpreter
+from .backend.base import Backend
+from .chat_template import ChatTemplate
+from .errors import ProgramError
+from .ir import RoleBegin, RoleEnd, as_expr
+
+
+class ProgramState:
+    def __init__(
+        self,
+        backend: Backend,
+        defaults: dict[str, Any] | None = None,
+        stream: bool = False,
+        template: ChatTemplate | None = None,
+    ) -> None:
+        self.backend = backend
+        self.template = template if template is not None else backend.chat_template()
+        self.defaults = dict(defaults or {})  # gen() options a gen does not set itself
+        self.stream = stream
+        self.error: BaseException | None = None
+        self._text = ""
+        self._vars: dict[str, Any] = {}
+        self._meta: dict[str, Any] = {}
+        self._messages: list[dict[str, str]] = []
+        self._open_role: tuple[str, int] | None = None  # (role, text offset of its content)
+        self._scopes: dict[str, int] = {}
+        self._new_vars: list[str] = []  # set since this state was forked, for join
+        # text pieces (variable name or None, text) for text_iter; guarded by _changed
+        self._pieces: list[tuple[str | None, str]] = []
+        self._closed_vars: set[str] = set()
+        self._finished = False
+        self._changed = threading.Condition()
+        self._worker: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+
+    # ---- what a program writes ---------------------------------------------------------
+
+    def __iadd__(self, other: Any) -> ProgramState:
+        expr = as_expr(other)
+        self._submit(lambda: interpreter.append(self, expr))
+        return self
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get_var(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.set_var(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        self.sync()
+        return name in self._vars
+
+    def get_var(self, name: str) -> Any:
+        self.sync()
+        if name not in self._vars:
+            known = ", ".join(sorted(self._vars)) or "none"
+            raise KeyError(f"no variable {name!r} in this state (variables: {known})")
+        return self._vars[name]
+
+    def set_var(self, name: str, value: Any, meta: Any = None) -> None:
+        self._vars[name] = value
+        self._meta[name] = meta
+        if name not in self._new_vars:
+            self._new_vars.append(name)
+
+    def get_meta_info(self, name: str) -> Any:
+        """Per gen: finish_reason, prompt/cached/completion tokens; per select: the scores."""
+        self.sync()
+        return self._meta.get(name)
+
+    def fork(self, n: int) -> ForkGroup:
+        """`n` copies of this state; the shared prefix goes into the cache first."""
+        self.sync()
+        self.backend.commit_prefix(self._text)
+        return ForkGroup(self, [self._copy_for_fork() for _ in range(n)])
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """The text appended inside the block becomes variable `name`."""
+        self._submit(lambda: self._scopes.__setitem__(name, len(self._text)))
+        yield
+        self._submit(lambda: self.set_var(name, self._text[self._scopes.pop(name) :]))
+
+    @contextmanager
+    def _role(self, role: str) -> Iterator[None]:
+        self += RoleBegin(role)
+        yield
+        self += RoleEnd(role)
+
+    def system(self) -> Any:
+        return self._role("system")
+
+    def user(self) -> Any:
+        return self._role("user")
+
+    def assistant(self) -> Any:
+        return self._role("assistant")
+
+    # ---- what a caller reads -----------------------------------------------------------
+
+    def text(self) -> str:
+        self.sync()
+        return self._text
+
+    def messages(self) -> list[dict[str, str]]:
+        """Closed role blocks as chat messages (with the template's default system prompt)."""
+        self.sync()
+        return [dict(m) for m in self._messages]
+
+    def text_iter(self, name: str | None = None) -> Iterator[str]:
+        """Text as it is produced: all of it, or only what variable `name` generates."""
+        seen = 0
+        while True:
+            with self._changed:
+                while seen == len(self._pieces) and not self._iter_done(name):
+                    self._changed.wait()
+                pieces, seen = self._pieces[seen:], len(self._pieces)
+                done = self._iter_done(name)
+            for var, piece in pieces:
+                if piece and (name is None or var == name):
+                    yield piece
+            if done and seen == len(self._pieces):
+                break
+        if self.error is not None and (name is None or name not in self._vars):
+            raise self.error
+
+    def sync(self) -> None:
+        """Wait for queued work (forks); re-raise the first error it hit."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+        if self.error is not None and self._worker is not None:
+            raise self.error
+
+    def __repr__(self) -> str:
+        return f"ProgramState(vars={sorted(self._vars)}, text={self._text[-60:]!r})"
+
+    # ---- used by the interpreter and the runner ----------------------------------------
+
+    def _emit(self, text: str, var: str | None = None) -> None:
+        with self._changed:
+            self._text += text
+            self._pieces.append((var, text))
+            self._changed.notify_all()
+
+    def _close_var(self, name: str) -> None:
+        with self._changed:
+            self._closed_vars.add(name)
+            self._changed.notify_all()
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        with self._changed:
+            self.error = self.error or error
+            self._finished = True
+            self._changed.notify_all()
+
+    def _iter_done(self, name: str | None) -> bool:
+        return self._finished or (name is not None and name in self._closed_vars)
+
+    def _submit(self, op: Any) -> None:
+        if self._worker is None:
+            op()
+            return
+        self._pending.append(self._worker.submit(self._guarded, op))
+
+    def _guarded(self, op: Any) -> None:
+        if self.error is not None:
+            return  # a fork stops at its first error; sync() reports it
+        try:
+            op()
+        except BaseException as exc:
+            self.error = exc
+
+    def _copy_for_fork(self) -> ProgramState:
+        child = ProgramState(self.backend, self.defaults, self.stream, self.template)
+        child._text = self._text
+        child._vars = dict(self._vars)
+        child._meta = dict(self._meta)
+        child._messages = [dict(m) for m in self._messages]
+        child._open_role = self._open_role
+        child._scopes = dict(self._scopes)
+        child._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-fork")
+        return child
+
+
+class ForkGroup:
+    """The forks of one `s.fork(n)`: index or iterate them, then `join()`."""
+
+    def __init__(self, parent: ProgramState, forks: list[ProgramState]) -> None:
+        self.parent = parent
+        self.forks = forks
+        self._joined = False
+
+    def __getitem__(self, index: int) -> ProgramState:
+        return self.forks[index]
+
+    def __setitem__(self, index: int, value: ProgramState) -> None:
+        # `forks[i] += expr` appends in place and stores the same fork back
+        if value is not self.forks[index]:
+            raise ProgramError("a fork can only be appended to (forks[i] += ...), not replaced")
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.forks)
+
+    def __len__(self) -> int:
+        return len(self.forks)
+
+    def join(self) -> None:
+        """Wait for every fork; each variable a fork set becomes a list on the parent."""
+        if self._joined:
+            raise ProgramError("these forks were already joined")
+        self._joined = True
+        try:
+            for fork in self.forks:
+                fork.sync()
+        finally:
+            for fork in self.forks:
+                fork._worker.shutdown(wait=False)
+        names: list[str] = []
+        for fork in self.forks:
+            names += [n for n in fork._new_vars if n not in names]
+        for name in names:
+            values = [fork._vars.get(name) for fork in self.forks]
+            metas = [fork._meta.get(name) for fork in self.forks]
+            self.parent._submit(lambda n=name, v=values, m=metas: self.parent.set_var(n, v, m))
