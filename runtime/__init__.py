@@ -1,1 +1,6 @@
-"""runtime package (see README.md and ../shared/DESIGN.md)."""
+"""runtime: the engine (model, paged KV pool, radix cache, scheduler); see docs/INTERFACES.md."""
+
+from runtime.engine import Engine
+from runtime.request import GenerateResult, StreamChunk, Usage
+
+__all__ = ["Engine", "GenerateResult", "StreamChunk", "Usage"]

@@ -1,0 +1,266 @@
+"""`Engine`: the in-process entry point (model + pool + radix cache + scheduler thread)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime.default_model import ensure_default_model
+from runtime.kv_pool import KVPool, pages_for_budget, resolve_dtype
+from runtime.model import LlamaModel
+from runtime.output import OutputProcessor
+from runtime.radix_cache import RadixCache
+from runtime.request import GenerateResult, Request, SamplingParams
+from runtime.scheduler import Scheduler
+from runtime.stream import StreamIterator
+from runtime.weights.loader import load_model_files
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MEM_BUDGET_GB = 2.0
+Prompt = str | list[int]
+
+
+def _eos_ids(loaded_source: Path, config_eos: Sequence[int], tokenizer) -> list[int]:
+    ids = set(config_eos)
+    gen = loaded_source / "generation_config.json" if loaded_source.is_dir() else None
+    if gen is not None and gen.is_file():
+        raw = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update([raw] if isinstance(raw, int) else raw or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
+class Engine:
+    """A causal LM served from a paged KV pool with a radix prefix cache.
+
+    Thread-safe: every public method may be called from any thread; the model runs on one
+    background scheduler thread that batches whatever requests are in flight.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        mem_budget_gb: float | None = None,
+        page_size: int = 16,
+        dtype: str = "float32",
+        enable_radix_cache: bool = True,
+        max_running_requests: int = 64,
+        chunked_prefill_tokens: int = 512,
+        max_total_tokens: int | None = None,
+        num_threads: int | None = None,
+    ) -> None:
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        path = Path(model) if model is not None else ensure_default_model()
+        loaded = load_model_files(path)
+        self.model_path = path
+        self.config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.dtype = resolve_dtype(dtype)
+        self.model = LlamaModel(loaded.config, loaded.state_dict, self.dtype)
+        del loaded
+        dtype_bytes = torch.finfo(self.dtype).bits // 8
+        if max_total_tokens is not None:
+            num_pages = -(-max_total_tokens // page_size) + 1
+        else:
+            budget = (mem_budget_gb or DEFAULT_MEM_BUDGET_GB) * 1024**3
+            num_pages = pages_for_budget(self.config, int(budget), page_size, dtype_bytes)
+        self.pool = KVPool(self.config, num_pages, page_size, self.dtype)
+        self.tree = RadixCache(page_size, self.pool.free) if enable_radix_cache else None
+        self.eos_token_ids = _eos_ids(path, self.config.eos_token_ids, self.tokenizer)
+        self.output = OutputProcessor(self.tokenizer, self.eos_token_ids)
+        self.scheduler = Scheduler(
+            self.model,
+            self.pool,
+            self.tree,
+            self.output,
+            max_running=max_running_requests,
+            chunk_tokens=chunked_prefill_tokens,
+            hooks=self._make_constraint_hooks(),
+        )
+        logger.info(
+            "engine ready: %s, %d KV bytes/token, %d tokens of KV capacity",
+            path,
+            self.pool.bytes_per_token,
+            self.pool.capacity_tokens,
+        )
+
+    def _make_constraint_hooks(self) -> Any:
+        try:
+            from runtime.constrained import ConstraintHooks
+        except ImportError:
+            return None
+        return ConstraintHooks(self)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: text exactly as `tokenizer(text)` encodes it."""
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt).input_ids)
+        ids = [int(t) for t in prompt]
+        if any(t < 0 or t >= self.config.vocab_size for t in ids):
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
+        return ids
+
+    def _make_request(self, prompt: Prompt, kw: dict[str, Any], stream: bool) -> Request:
+        constraint_kw = {k: kw.pop(k) for k in ("regex", "json_schema", "choices", "dtype",
+                                                "jump_forward") if k in kw}  # fmt: skip
+        stop = kw.pop("stop", None)
+        kw["stop"] = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        kw["stop_token_ids"] = frozenset(kw.pop("stop_token_ids", None) or ())
+        params = SamplingParams(**kw)
+        ids = self.encode(prompt)
+        if not ids:
+            raise ValueError("empty prompt")
+        req = Request(ids, params, stream=stream)
+        if any(constraint_kw.get(k) is not None for k in ("regex", "json_schema", "choices",
+                                                          "dtype")):  # fmt: skip
+            hooks = self.scheduler.hooks
+            if hooks is None:
+                raise NotImplementedError("constrained decoding needs the grammar package")
+            hooks.attach(req, **constraint_kw)
+        return req
+
+    def generate(
+        self,
+        prompt: Prompt | Sequence[Prompt],
+        *,
+        stream: bool = False,
+        **sampling: Any,
+    ) -> GenerateResult | list[GenerateResult] | StreamIterator:
+        """Generate for one prompt (text or token ids) or a list of them.
+
+        Keyword arguments are `SamplingParams` fields plus `regex`, `json_schema`, `choices`,
+        `dtype`, `jump_forward`. One prompt whose request is invalid raises; in a list, that
+        entry comes back with finish_reason "abort" and `.error` set while the others go on.
+        """
+        single = isinstance(prompt, str) or (
+            isinstance(prompt, Sequence) and (not prompt or isinstance(prompt[0], int))
+        )
+        if stream:
+            if not single:
+                raise ValueError("stream=True takes one prompt")
+            req = self._make_request(prompt, dict(sampling), stream=True)  # type: ignore[arg-type]
+            self.scheduler.submit(req)
+            return StreamIterator(req, self.scheduler.abort)
+        if single:
+            req = self._make_request(prompt, dict(sampling), stream=False)  # type: ignore[arg-type]
+            self.scheduler.submit(req)
+            result: GenerateResult = req.outbox.get()
+            if req.error is not None and result.finish_reason == "abort":
+                raise req.error
+            return result
+        reqs: list[Request | GenerateResult] = []
+        for p in prompt:  # type: ignore[union-attr]
+            try:
+                req = self._make_request(p, dict(sampling), stream=False)
+            except Exception as exc:
+                reqs.append(GenerateResult("", [], [], "abort", error=f"{type(exc).__name__}: "
+                                           f"{exc}"))  # fmt: skip
+                continue
+            self.scheduler.submit(req)
+            reqs.append(req)
+        return [r if isinstance(r, GenerateResult) else r.outbox.get() for r in reqs]
+
+    def score(
+        self,
+        prompt: Prompt,
+        continuations: Sequence[Prompt],
+        return_token_logprobs: bool = False,
+    ) -> list[float] | list[list[float]]:
+        """Log-likelihood of each continuation after `prompt`, in one batched call.
+
+        The prompt is encoded as `generate` encodes it; a text continuation is encoded on its
+        own (`add_special_tokens=False`) and appended, so every continuation shares the prompt's
+        KV (computed once, through the radix cache).
+        """
+        prompt_ids = self.encode(prompt)
+        if not prompt_ids:
+            raise ValueError("score needs a non-empty prompt")
+        reqs = []
+        for cont in continuations:
+            cont_ids = (
+                list(self.tokenizer(cont, add_special_tokens=False).input_ids)
+                if isinstance(cont, str)
+                else self.encode(cont)
+            )
+            params = SamplingParams(max_new_tokens=0)
+            req = Request(prompt_ids + cont_ids, params, logprob_start=len(prompt_ids))
+            self.scheduler.submit(req)
+            reqs.append(req)
+        out: list = []
+        for req in reqs:
+            result: GenerateResult = req.outbox.get()
+            if req.error is not None:
+                raise req.error
+            lps = result.prompt_logprobs or []
+            out.append(lps if return_token_logprobs else float(sum(lps)))
+        return out
+
+    # ---- maintenance -----------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        return self.scheduler.call(self._stats)
+
+    def _stats(self) -> dict[str, Any]:
+        s = self.scheduler
+        c = dict(s.counters)
+        ps = self.pool.page_size
+        used = self.pool.num_usable_pages - self.pool.num_free_pages
+        served = c["prefill_cached"] + c["prefill_computed"]
+        return {
+            "model": str(self.model_path),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "page_size": ps,
+            "num_pages": self.pool.num_usable_pages,
+            "kv_bytes_per_token": self.pool.bytes_per_token,
+            "kv_capacity_tokens": self.pool.capacity_tokens,
+            "pool_used_tokens": used * ps,
+            "pool_usage": used / self.pool.num_usable_pages,
+            "cached_tokens": (self.tree.total_pages * ps) if self.tree else 0,
+            "evictable_tokens": (self.tree.evictable_pages * ps) if self.tree else 0,
+            "evicted_tokens": (self.tree.evicted_pages_total * ps) if self.tree else 0,
+            "cache_hit_tokens": c["prefill_cached"],
+            "prefill_computed_tokens": c["prefill_computed"],
+            "cache_hit_rate": c["prefill_cached"] / served if served else 0.0,
+            "decode_tokens": c["decode_tokens"],
+            "generated_tokens": c["generated_tokens"],
+            "forward_steps": c["forward_steps"],
+            "preemptions": c["preemptions"],
+            "requests_finished": c["requests_finished"],
+            "running": len(s.running),
+            "waiting": len(s.waiting),
+            "busy_s": s.busy_s,
+            "throughput_tok_s": c["generated_tokens"] / s.busy_s if s.busy_s else 0.0,
+        }
+
+    def flush_cache(self) -> bool:
+        """Drop every cached page not in use by a running request; True if the tree is empty."""
+
+        def flush() -> bool:
+            if self.tree is None:
+                return True
+            self.tree.evict(self.tree.evictable_pages)
+            return self.tree.total_pages == 0
+
+        return self.scheduler.call(flush)
+
+    def check_integrity(self) -> None:
+        """Assert the page accounting (pool, tree, running requests) is consistent."""
+        self.scheduler.call(self.scheduler.check_integrity)
+
+    def shutdown(self) -> None:
+        self.scheduler.shutdown()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

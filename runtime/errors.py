@@ -1,0 +1,23 @@
+"""Typed errors raised by the engine."""
+
+from __future__ import annotations
+
+
+class EngineError(RuntimeError):
+    """Base class of every error the engine raises on purpose."""
+
+
+class ModelNotFoundError(EngineError, FileNotFoundError):
+    """The model folder, config or GGUF file that was asked for does not exist."""
+
+
+class UnsupportedModelError(EngineError):
+    """The model's architecture (or one of its config options) is not implemented."""
+
+
+class PromptTooLongError(EngineError, ValueError):
+    """A prompt (plus its generation budget) can never fit in the KV pool or the model."""
+
+
+class EngineShutdownError(EngineError):
+    """A request was made after `Engine.shutdown()`."""

@@ -1,0 +1,95 @@
+"""The paged KV pool: per layer K and V tensors `[num_pages, page_size, kv_heads, head_dim]`.
+
+Pages are handed out by a free list. A page is at any time in exactly one of three places: the
+free list, the radix cache, or the page table of one running request (the scheduler's
+`check_integrity` counts them).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from runtime.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)}") from None
+
+
+def pages_for_budget(
+    config: ModelConfig, budget_bytes: int, page_size: int, dtype_bytes: int
+) -> int:
+    """How many whole pages fit in `budget_bytes` of KV memory."""
+    page_bytes = config.kv_bytes_per_token(dtype_bytes) * page_size
+    return max(int(budget_bytes // page_bytes), 0)
+
+
+class KVPool:
+    """K/V storage plus a page allocator. Not thread-safe: the scheduler thread owns it."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if num_pages < 2:
+            raise ValueError(f"the KV pool needs at least 2 pages, got {num_pages}")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.dtype = dtype
+        self.bytes_per_token = config.kv_bytes_per_token(torch.finfo(dtype).bits // 8)
+        shape = (num_pages, page_size, config.num_kv_heads, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        # Page 0 is never handed out: padding entries of page tables may point at it safely.
+        self._free: list[int] = list(range(num_pages - 1, 0, -1))
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens that fit in the allocatable pages."""
+        return (self.num_pages - 1) * self.page_size
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_usable_pages(self) -> int:
+        return self.num_pages - 1
+
+    def alloc(self, count: int) -> list[int] | None:
+        """`count` pages, or None (nothing taken) when fewer are free."""
+        if count > len(self._free):
+            return None
+        if count == 0:
+            return []
+        taken = self._free[-count:]
+        del self._free[-count:]
+        return taken
+
+    def free(self, pages: list[int]) -> None:
+        self._free.extend(pages)
+
+    def free_page_set(self) -> set[int]:
+        return set(self._free)

@@ -1,0 +1,121 @@
+"""Which pages each request holds: matching, reserving, caching and releasing them.
+
+The page table of a request (`req.pages`) covers positions `0 .. len(pages) * page_size`. Its
+first `req.cached // page_size` pages belong to the radix tree (kept alive by the lock on
+`req.node`); the rest belong to the request alone. Every page is, at any time, in exactly one
+place: the pool's free list, the tree, or one request's own pages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from runtime.kv_pool import KVPool
+from runtime.radix_cache import MatchResult, RadixCache
+from runtime.request import Request
+
+
+class PageBook:
+    def __init__(self, pool: KVPool, tree: RadixCache | None) -> None:
+        self.pool = pool
+        self.tree = tree
+        self.ps = pool.page_size
+
+    def match(self, tokens: Sequence[int], cap: int) -> MatchResult:
+        """The cached prefix usable for `tokens`, at most `cap` tokens, page-aligned."""
+        if self.tree is None or cap < self.ps:
+            return MatchResult([], 0, None)  # type: ignore[arg-type]
+        m = self.tree.match_prefix(tokens[: (cap // self.ps) * self.ps])
+        return m
+
+    def _alloc(self, count: int) -> list[int] | None:
+        pages = self.pool.alloc(count)
+        if pages is None and self.tree is not None:
+            self.tree.evict(count - self.pool.num_free_pages)
+            pages = self.pool.alloc(count)
+        return pages
+
+    def admit(self, req: Request, match: MatchResult, upto: int) -> bool:
+        """Take the matched prefix (locked) and own pages up to token `upto`; False if no room."""
+        if match.node is not None and self.tree is not None:
+            self.tree.lock(match.node)
+        req.node = match.node if match.length else None
+        req.pages = list(match.pages)
+        req.cached = req.computed = match.length
+        if self.reserve(req, upto):
+            return True
+        self.release(req)
+        return False
+
+    def reserve(self, req: Request, upto: int) -> bool:
+        """Make `req.pages` cover positions below `upto`; False (nothing taken) if no room."""
+        need = -(-upto // self.ps) - len(req.pages)
+        if need <= 0:
+            return True
+        pages = self._alloc(need)
+        if pages is None:
+            return False
+        req.pages.extend(pages)
+        return True
+
+    def cache_computed(self, req: Request) -> None:
+        """Put the full pages of `req`'s computed tokens into the tree (they stay locked)."""
+        if self.tree is None:
+            return
+        full = (req.computed // self.ps) * self.ps
+        if full <= req.cached:
+            return
+        n = full // self.ps
+        result = self.tree.insert(req.seq[:full], req.pages[:n])
+        # where the tree already had these tokens its pages win; ours are duplicates
+        dup = [mine for mine, theirs in zip(req.pages[:n], result.pages, strict=True)
+               if mine != theirs]  # fmt: skip
+        if dup:
+            self.pool.free(dup)
+        req.pages[:n] = result.pages
+        self.tree.lock(result.node)
+        if req.node is not None:
+            self.tree.unlock(req.node)
+        req.node = result.node
+        req.cached = full
+
+    def truncate(self, req: Request, keep: int) -> None:
+        """Forget K/V at positions >= `keep` (jump-forward re-tokenisation); pages past it that
+        the request owns go back to the pool. Tree pages are never truncated: `keep` must be
+        at least `req.cached`."""
+        keep = max(keep, req.cached)
+        n = -(-keep // self.ps)
+        self.pool.free(req.pages[n:])
+        del req.pages[n:]
+        req.computed = min(req.computed, keep)
+
+    def release(self, req: Request) -> None:
+        """Retire the request's pages: full computed pages into the tree, the rest freed."""
+        if self.tree is not None:
+            self.cache_computed(req)
+        own = req.pages[req.cached // self.ps :]
+        self.pool.free(own)
+        if req.node is not None and self.tree is not None:
+            self.tree.unlock(req.node)
+        req.node = None
+        req.pages = []
+        req.cached = req.computed = 0
+
+    def check_integrity(self, running: Sequence[Request]) -> None:
+        """Every usable page is free, in the tree, or owned by one running request."""
+        free = self.pool.free_page_set()
+        assert len(free) == self.pool.num_free_pages, "a page is free twice"
+        tree_pages = set(self.tree.all_pages()) if self.tree is not None else set()
+        if self.tree is not None:
+            self.tree.check_integrity()
+        owned: list[int] = []
+        for req in running:
+            shared = req.pages[: req.cached // self.ps]
+            assert set(shared) <= tree_pages, f"request {req.rid} uses pages not in the tree"
+            owned.extend(req.pages[req.cached // self.ps :])
+        assert len(owned) == len(set(owned)), "a page is owned twice"
+        owned_set = set(owned)
+        assert not owned_set & tree_pages, "an owned page is also in the tree"
+        assert not owned_set & free and not tree_pages & free, "a used page is also free"
+        total = len(free) + len(tree_pages) + len(owned_set)
+        assert total == self.pool.num_usable_pages, f"{total} pages != {self.pool.num_usable_pages}"

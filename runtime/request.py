@@ -1,0 +1,170 @@
+"""A request's parameters, state and results, as records the scheduler thread owns."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import queue
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_ids = itertools.count()
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    decode_steps: int = 0
+    compile_time_s: float = 0.0  # grammar compilation, when the request has a constraint
+
+
+@dataclass(slots=True)
+class GenerateResult:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: str  # "stop" | "length" | "abort"
+    matched_stop: str | int | None = None
+    error: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None
+    prompt_logprobs: list[float] | None = None  # set for score requests
+
+
+@dataclass(slots=True)
+class StreamChunk:
+    text_delta: str
+    token_ids: list[int]  # the tokens added since the previous chunk
+    finished: bool
+    result: GenerateResult | None = None  # set on the last chunk
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """One sequence in the engine. `seq = prompt_ids + output_ids`; `computed` of its first
+    tokens have K/V in the pool at the slots given by `pages`; the first `cached` of those are
+    tree pages (shared, locked through `node`), the rest are owned by this request."""
+
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        stream: bool = False,
+        logprob_start: int | None = None,
+        constraint: Any = None,
+    ) -> None:
+        self.rid = next(_ids)
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.params = params
+        self.stream = stream
+        self.status = Status.WAITING
+        self.pages: list[int] = []
+        self.computed = 0
+        self.cached = 0
+        self.node: Any = None  # locked radix TreeNode, or None
+        self.finish_reason: str | None = None
+        self.matched_stop: str | int | None = None
+        self.error: BaseException | None = None
+        self.logprobs: list[float] | None = [] if params.logprobs else None
+        self.top_logprobs: list[dict[int, float]] | None = [] if params.top_logprobs else None
+        # score requests: log-probs of seq[logprob_start:] given what precedes each token
+        self.logprob_start = logprob_start
+        self.prompt_logprobs: list[float] = []
+        self.cached_tokens_at_admission: int | None = None
+        self.decode_steps = 0
+        self.prefill_done = False
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+        self.text = ""
+        self.streamed_text_len = 0
+        self.streamed_token_len = 0
+        self.aborted = False
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.constraint = constraint  # issue 4: a grammar matcher holder, or None
+        self.admit_order = 0
+
+    @property
+    def seq(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def to_result(self) -> GenerateResult:
+        return GenerateResult(
+            text=self.text,
+            token_ids=list(self.output_ids),
+            prompt_token_ids=list(self.prompt_ids),
+            finish_reason=self.finish_reason or "abort",
+            matched_stop=self.matched_stop,
+            error=None if self.error is None else str(self.error),
+            usage=Usage(
+                prompt_tokens=len(self.prompt_ids),
+                cached_tokens=self.cached_tokens_at_admission or 0,
+                completion_tokens=len(self.output_ids),
+                decode_steps=self.decode_steps,
+                compile_time_s=getattr(self.constraint, "compile_time_s", 0.0) or 0.0,
+            ),
+            logprobs=self.logprobs,
+            top_logprobs=self.top_logprobs,
+            prompt_logprobs=self.prompt_logprobs if self.logprob_start is not None else None,
+        )

@@ -1,0 +1,119 @@
+"""Turning a batch of logits rows into next tokens, one request per row.
+
+Every transform is vectorised over the rows that need it; a batch of greedy requests without
+penalties is a single argmax. Log-probs are those of the model's distribution (log-softmax of
+the raw logits, after the grammar mask when there is one), before temperature and truncation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from runtime.request import Request
+
+
+@dataclass(slots=True)
+class SampleOutput:
+    tokens: list[int]
+    logprobs: list[float | None]
+    top_logprobs: list[dict[int, float] | None]
+
+
+def _apply_penalties(row: torch.Tensor, req: Request) -> None:
+    p = req.params
+    if p.repetition_penalty != 1.0:
+        # as transformers: every token seen in prompt or output, divided if positive
+        seen = torch.tensor(sorted(set(req.seq)), dtype=torch.long)
+        vals = row[seen]
+        row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if (p.frequency_penalty or p.presence_penalty) and req.output_ids:
+        # OpenAI semantics: over the generated tokens only
+        out = torch.tensor(req.output_ids, dtype=torch.long)
+        counts = torch.bincount(out, minlength=row.shape[0])[: row.shape[0]].to(row.dtype)
+        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+
+
+def _forbid_end(row: torch.Tensor, req: Request, eos_ids: Sequence[int]) -> None:
+    """Before min_new_tokens, EOS and stop ids may not be sampled."""
+    banned = [t for t in (*eos_ids, *req.params.stop_token_ids) if t < row.shape[0]]
+    if banned:
+        row[banned] = float("-inf")
+
+
+def _truncate(logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
+    """top-k, top-p and min-p on temperature-scaled logits [N, V]; returns the new logits."""
+    top_k = [r.params.top_k for r in reqs]
+    top_p = [r.params.top_p for r in reqs]
+    min_p = [r.params.min_p for r in reqs]
+    if any(p > 0 for p in min_p):
+        probs = torch.softmax(logits, dim=-1)
+        floor = probs.max(dim=-1, keepdim=True).values * torch.tensor(min_p)[:, None]
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    if all(k == -1 for k in top_k) and all(p >= 1.0 for p in top_p):
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    vocab = logits.shape[1]
+    ranks = torch.arange(vocab)[None, :]
+    ks = torch.tensor([k if k > 0 else vocab for k in top_k])[:, None]
+    drop = ranks >= ks
+    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+    # keep the smallest head whose mass reaches top_p (the token crossing it included)
+    before = probs.cumsum(dim=-1) - probs
+    drop |= before >= torch.tensor(top_p)[:, None]
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def sample(
+    logits: torch.Tensor,
+    reqs: Sequence[Request],
+    eos_ids: Sequence[int],
+    global_generator: torch.Generator,
+) -> SampleOutput:
+    """Next token for each row of `logits` [N, V] (float32, modified in place)."""
+    n = len(reqs)
+    for i, req in enumerate(reqs):
+        if req.params.has_penalties:
+            _apply_penalties(logits[i], req)
+        if len(req.output_ids) < req.params.min_new_tokens:
+            _forbid_end(logits[i], req, eos_ids)
+    want_lp = [i for i, r in enumerate(reqs) if r.params.logprobs or r.params.top_logprobs]
+    logprob_rows = torch.log_softmax(logits[want_lp], dim=-1) if want_lp else None
+
+    tokens = torch.empty(n, dtype=torch.long)
+    greedy = [i for i, r in enumerate(reqs) if r.params.is_greedy]
+    if greedy:
+        tokens[greedy] = logits[greedy].argmax(dim=-1)
+    sampled = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
+    if sampled:
+        sub_reqs = [reqs[i] for i in sampled]
+        temps = torch.tensor([r.params.temperature for r in sub_reqs])[:, None]
+        scaled = _truncate(logits[sampled] / temps, sub_reqs)
+        probs = torch.softmax(scaled, dim=-1)
+        unseeded = [j for j, r in enumerate(sub_reqs) if r.generator is None]
+        if unseeded:
+            picks = torch.multinomial(probs[unseeded], 1, generator=global_generator)[:, 0]
+            tokens[[sampled[j] for j in unseeded]] = picks
+        for j, r in enumerate(sub_reqs):
+            if r.generator is not None:
+                tokens[sampled[j]] = torch.multinomial(probs[j], 1, generator=r.generator)[0]
+
+    token_list = tokens.tolist()
+    lps: list[float | None] = [None] * n
+    tops: list[dict[int, float] | None] = [None] * n
+    if logprob_rows is not None:
+        chosen = logprob_rows.gather(1, tokens[want_lp][:, None])[:, 0].tolist()
+        kmax = max(reqs[i].params.top_logprobs for i in want_lp)
+        top_vals = top_ids = None
+        if kmax:
+            top_vals, top_ids = logprob_rows.topk(kmax, dim=-1)
+        for j, i in enumerate(want_lp):
+            lps[i] = chosen[j]
+            k = reqs[i].params.top_logprobs
+            if k and top_vals is not None and top_ids is not None:
+                tops[i] = dict(zip(top_ids[j, :k].tolist(), top_vals[j, :k].tolist(), strict=True))
+    return SampleOutput(token_list, lps, tops)

@@ -1,0 +1,323 @@
+"""Continuous batching on a background thread.
+
+Each step: (1) every decoding request gets a slot for its next token, evicting cached pages or
+preempting the newest request when the pool is full; (2) chunked prefills in progress go on;
+(3) waiting requests are admitted, longest cached prefix first, until the prefill token budget
+or the pool runs out; (4) one forward pass computes all of it; (5) tokens are sampled, finished
+requests retire their pages into the radix cache.
+
+Only the scheduler thread touches the pool, the tree and requests' state; other threads talk
+to it through `submit`, `abort` and `call`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from runtime.errors import PromptTooLongError
+from runtime.kv_pool import KVPool
+from runtime.model import LlamaModel
+from runtime.output import OutputProcessor
+from runtime.pages import PageBook
+from runtime.radix_cache import RadixCache
+from runtime.request import Request, Status
+from runtime.sampling import sample
+from runtime.step_plan import ExtendItem, StepPlan, build_batch
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        model: LlamaModel,
+        pool: KVPool,
+        tree: RadixCache | None,
+        output: OutputProcessor,
+        *,
+        max_running: int,
+        chunk_tokens: int,
+        hooks: Any = None,
+    ) -> None:
+        self.model = model
+        self.pool = pool
+        self.tree = tree
+        self.book = PageBook(pool, tree)
+        self.output = output
+        self.max_running = max_running
+        self.chunk_tokens = max(chunk_tokens, pool.page_size)
+        self.hooks = hooks  # constrained decoding (issue 4); None when unused
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.generator = torch.Generator().manual_seed(0)
+        self.counters = dict.fromkeys(
+            ("prefill_computed", "prefill_cached", "decode_tokens", "generated_tokens",
+             "forward_steps", "preemptions", "requests_finished"), 0)  # fmt: skip
+        self.busy_s = 0.0
+        self._admit_clock = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="sgl-scheduler", daemon=True)
+        self._thread.start()
+
+    # ---- called from other threads -------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        self.inbox.put(("req", req))
+
+    def abort(self, req: Request) -> None:
+        req.aborted = True
+        self.inbox.put(("wake", None))
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the scheduler thread between steps and return its result."""
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        self.inbox.put(("call", (fn, done)))
+        ok, value = done.get()
+        if not ok:
+            raise value
+        return value
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self.inbox.put(("wake", None))
+        self._thread.join(timeout=30)
+
+    # ---- the loop --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop:
+            if not self.waiting and not self.running:
+                self._handle(self.inbox.get())  # idle: sleep until something arrives
+            while True:
+                try:
+                    self._handle(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            if self._stop:
+                break
+            try:
+                self._reap_aborted()
+                t0 = time.perf_counter()
+                if self.step():
+                    self.busy_s += time.perf_counter() - t0
+            except Exception as exc:  # a bug or a bad input must not kill the engine
+                logger.exception("scheduler step failed; aborting the running requests")
+                for req in list(self.running):
+                    req.error = exc
+                    self.finish(req, "abort")
+        for req in list(self.running) + list(self.waiting):
+            req.error = RuntimeError("engine shut down")
+            self.finish(req, "abort")
+
+    def _handle(self, item: tuple[str, Any] | None) -> None:
+        if item is None:
+            return
+        kind, payload = item
+        if kind == "req":
+            self._accept(payload)
+        elif kind == "call":
+            fn, done = payload
+            try:
+                done.put((True, fn()))
+            except BaseException as exc:  # handed back to the caller
+                done.put((False, exc))
+
+    def _accept(self, req: Request) -> None:
+        if req.finish_reason is not None:  # failed before reaching the scheduler
+            self._deliver(req)
+            return
+        if req.seq_len + 1 > self.pool.capacity_tokens:
+            req.error = PromptTooLongError(
+                f"prompt of {req.seq_len} tokens does not fit in the KV pool "
+                f"({self.pool.capacity_tokens} tokens); raise mem_budget_gb"
+            )
+            self._deliver_finished(req, "abort")
+            return
+        self.waiting.append(req)
+
+    def _reap_aborted(self) -> None:
+        for req in [r for r in self.waiting if r.aborted]:
+            self.waiting.remove(req)
+            self._deliver_finished(req, "abort")
+        for req in [r for r in self.running if r.aborted]:
+            self.finish(req, "abort")
+
+    # ---- one step ----------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Plan, run and process one forward pass; False when there was nothing to do."""
+        plan = StepPlan()
+        self._plan_decodes(plan)
+        budget = self.chunk_tokens
+        for req in sorted(self.running, key=lambda r: r.admit_order):
+            if req.prefill_done or budget <= 0 or req in plan.decodes:
+                continue
+            length = min(req.seq_len - req.computed, budget)
+            if self.book.reserve(req, req.computed + length):
+                plan.extends.append(ExtendItem(req, req.computed, length))
+                budget -= length
+        budget = self._admit(plan, budget)
+        if self.hooks is not None:
+            self.hooks.before_forward(self, plan)
+        if not plan:
+            if self.running:  # everyone is stuck waiting for pages: free some
+                self.preempt(max(self.running, key=lambda r: r.admit_order))
+            return False
+        batch = build_batch(plan, self.pool.page_size)
+        logits = self.model.forward(batch, self.pool)
+        self.counters["forward_steps"] += 1
+        self._after_forward(plan, logits)
+        return True
+
+    def _plan_decodes(self, plan: StepPlan) -> None:
+        decoders = [r for r in self.running if r.prefill_done]
+        decoders.sort(key=lambda r: r.admit_order)
+        for req in decoders:
+            if req.status is not Status.RUNNING:
+                continue  # preempted below to make room for an older request
+            while not self.book.reserve(req, req.computed + 1):
+                victim = max(self.running, key=lambda r: r.admit_order)
+                if victim is req and len(self.running) == 1:
+                    req.error = RuntimeError("KV pool exhausted by a single request")
+                    self.finish(req, "length")
+                    break
+                if victim in plan.decodes:
+                    plan.decodes.remove(victim)
+                self.preempt(victim)
+                if victim is req:
+                    break
+            else:
+                plan.decodes.append(req)
+
+    def _admit(self, plan: StepPlan, budget: int) -> int:
+        if not self.waiting or budget <= 0 or len(self.running) >= self.max_running:
+            return budget
+        extending = [i.req for i in plan.extends]
+        candidates = []
+        for order, req in enumerate(self.waiting):
+            # never reuse the last token (its logits are needed) nor a scored position
+            cap = req.seq_len - 1 if req.logprob_start is None else req.logprob_start - 1
+            match = self.book.match(req.seq, cap)
+            candidates.append((match.length, order, cap, req))
+        candidates.sort(key=lambda c: (-c[0], c[1]))
+        for _, _, cap, req in candidates:
+            if budget <= 0 or len(self.running) >= self.max_running:
+                break
+            # match again: admitting the previous candidate may have evicted pages
+            match = self.book.match(req.seq, cap)
+            if self._shares_pending_prefix(req, match.length, extending):
+                continue  # wait: another request is computing the same prefix right now
+            length = min(req.seq_len - match.length, budget)
+            if not self.book.admit(req, match, match.length + length):
+                break
+            self.waiting.remove(req)
+            req.status = Status.RUNNING
+            self._admit_clock += 1
+            req.admit_order = self._admit_clock
+            if req.cached_tokens_at_admission is None:
+                req.cached_tokens_at_admission = match.length
+            self.counters["prefill_cached"] += match.length
+            self.running.append(req)
+            plan.extends.append(ExtendItem(req, req.computed, length))
+            extending.append(req)
+            budget -= length
+        return budget
+
+    def _shares_pending_prefix(self, req: Request, matched: int, extending: list[Request]) -> bool:
+        if self.tree is None:
+            return False
+        need = matched + self.pool.page_size
+        seq = req.seq
+        for other in extending:
+            other_seq = other.seq
+            if len(other_seq) >= need and len(seq) > need and seq[:need] == other_seq[:need]:
+                return True
+        return False
+
+    def _after_forward(self, plan: StepPlan, logits: torch.Tensor) -> None:
+        for req, row0, count in plan.score_rows:
+            # row i scores token (position of the row + 1)
+            first = max(req.logprob_start, req.computed + 1)
+            targets = torch.tensor(req.seq[first : first + count], dtype=torch.long)
+            lp = torch.log_softmax(logits[row0 : row0 + count], dim=-1)
+            req.prompt_logprobs.extend(lp.gather(1, targets[:, None])[:, 0].tolist())
+        for req in plan.decodes:
+            req.computed += 1
+            req.decode_steps += 1
+            self.counters["decode_tokens"] += 1
+        for item in plan.extends:
+            req = item.req
+            if req.output_ids:
+                req.decode_steps += 1
+            req.computed = item.end
+            self.counters["prefill_computed"] += item.length
+            if req.computed == req.seq_len:
+                req.prefill_done = True
+            self.book.cache_computed(req)
+        rows = [row for _, row in plan.sample_rows]
+        reqs = [req for req, _ in plan.sample_rows]
+        if self.hooks is not None:
+            self.hooks.mask_logits(reqs, logits, rows)
+        if reqs:
+            out = sample(logits[rows], reqs, self.output.eos_ids, self.generator)
+            for i, req in enumerate(reqs):
+                req.output_ids.append(out.tokens[i])
+                if req.logprobs is not None:
+                    req.logprobs.append(out.logprobs[i])
+                if req.top_logprobs is not None:
+                    req.top_logprobs.append(out.top_logprobs[i] or {})
+                self.counters["generated_tokens"] += 1
+                if self.hooks is not None:
+                    self.hooks.after_token(self, req)
+                self.output.check_finish(req)
+                if req.finish_reason is not None:
+                    self.finish(req, req.finish_reason)
+                elif req.stream:
+                    chunk = self.output.stream_chunk(req, finished=False)
+                    if chunk is not None:
+                        req.outbox.put(chunk)
+        for item in plan.extends:  # prefill-only requests (max_new_tokens=0, score)
+            req = item.req
+            if req.prefill_done and req.status is Status.RUNNING:
+                if len(req.output_ids) >= req.params.max_new_tokens:
+                    self.finish(req, "length")
+
+    # ---- state transitions -----------------------------------------------------------------
+    def preempt(self, req: Request) -> None:
+        """Give back a running request's pages (keeping them in the tree) and requeue it."""
+        self.book.release(req)
+        self.running.remove(req)
+        req.status = Status.WAITING
+        req.prefill_done = False
+        self.waiting.appendleft(req)
+        self.counters["preemptions"] += 1
+
+    def finish(self, req: Request, reason: str) -> None:
+        if req in self.running:
+            self.book.release(req)
+            self.running.remove(req)
+        self._deliver_finished(req, reason)
+
+    def _deliver_finished(self, req: Request, reason: str) -> None:
+        req.finish_reason = req.finish_reason or reason
+        if reason == "abort":
+            req.finish_reason = "abort"
+        req.status = Status.FINISHED
+        self.output.finalize_text(req)
+        self.counters["requests_finished"] += 1
+        self._deliver(req)
+
+    def _deliver(self, req: Request) -> None:
+        if req.stream:
+            req.outbox.put(self.output.stream_chunk(req, finished=True))
+        else:
+            req.outbox.put(req.to_result())
+
+    def check_integrity(self) -> None:
+        self.book.check_integrity(self.running)

@@ -1,0 +1,88 @@
+"""One scheduler step's plan (who decodes, who extends by how much) and its ForwardBatch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime.forward_batch import ForwardBatch
+from runtime.request import Request
+
+
+@dataclass(slots=True)
+class ExtendItem:
+    req: Request
+    start: int  # first position computed in this step (== req.computed before the step)
+    length: int  # tokens computed in this step
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+@dataclass(slots=True)
+class StepPlan:
+    decodes: list[Request] = field(default_factory=list)
+    extends: list[ExtendItem] = field(default_factory=list)
+    # filled by build_batch: per request, the logits rows it owns in the model output
+    sample_rows: list[tuple[Request, int]] = field(default_factory=list)
+    score_rows: list[tuple[Request, int, int]] = field(default_factory=list)  # req, row0, count
+
+    def __bool__(self) -> bool:
+        return bool(self.decodes or self.extends)
+
+
+def _page_table(reqs: list[Request], width: int) -> torch.Tensor:
+    rows = [r.pages + [0] * (width - len(r.pages)) for r in reqs]
+    return torch.tensor(rows, dtype=torch.int32).reshape(len(reqs), width)
+
+
+def build_batch(plan: StepPlan, page_size: int) -> ForwardBatch:
+    """Flatten the plan into tensors; records in `plan` which logits rows belong to whom."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    logit_rows: list[int] = []
+    plan.sample_rows.clear()
+    plan.score_rows.clear()
+    for req in plan.decodes:
+        pos = req.computed
+        n_prompt = len(req.prompt_ids)
+        ids.append(req.prompt_ids[pos] if pos < n_prompt else req.output_ids[pos - n_prompt])
+        positions.append(pos)
+        slots.append(req.pages[pos // page_size] * page_size + pos % page_size)
+        plan.sample_rows.append((req, len(logit_rows)))
+        logit_rows.append(len(ids) - 1)
+    for item in plan.extends:
+        req, base = item.req, len(ids)
+        seq = req.seq
+        ids.extend(seq[item.start : item.end])
+        pos = torch.arange(item.start, item.end)
+        pages = torch.tensor(req.pages, dtype=torch.long)
+        positions.extend(range(item.start, item.end))
+        slots.extend((pages[pos // page_size] * page_size + pos % page_size).tolist())
+        if req.logprob_start is not None:
+            # the logits at position p score token p + 1
+            lo = max(item.start, req.logprob_start - 1)
+            hi = min(item.end, req.seq_len - 1)
+            if hi > lo:
+                plan.score_rows.append((req, len(logit_rows), hi - lo))
+                logit_rows.extend(range(base + lo - item.start, base + hi - item.start))
+        if item.end == req.seq_len and len(req.output_ids) < req.params.max_new_tokens:
+            plan.sample_rows.append((req, len(logit_rows)))
+            logit_rows.append(len(ids) - 1)
+    width = max([len(r.pages) for r in plan.decodes] + [len(i.req.pages) for i in plan.extends])
+    ext_reqs = [i.req for i in plan.extends]
+    return ForwardBatch(
+        input_ids=torch.tensor(ids, dtype=torch.long),
+        positions=torch.tensor(positions, dtype=torch.long),
+        out_slots=torch.tensor(slots, dtype=torch.long),
+        num_decode=len(plan.decodes),
+        decode_page_table=_page_table(plan.decodes, width),
+        decode_seq_lens=torch.tensor([r.computed + 1 for r in plan.decodes], dtype=torch.int32),
+        extend_page_table=_page_table(ext_reqs, width),
+        extend_prefix_lens=torch.tensor([i.start for i in plan.extends], dtype=torch.int32),
+        extend_lens=torch.tensor([i.length for i in plan.extends], dtype=torch.int32),
+        logit_rows=torch.tensor(logit_rows, dtype=torch.long),
+    )

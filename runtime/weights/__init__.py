@@ -1,0 +1,1 @@
+"""Loading model weights and tokenizers from local folders or GGUF files."""
