@@ -185,7 +185,9 @@ def main() -> None:
     )
     print(f"|{'-' * 32}|{'-' * 10}|{'-' * 16}|{'-' * 10}|{'-' * 14}|")
     for name, row in rows.items():
-        same = sum(a.strip() == b.strip() for a, b in zip(row["outputs"], base["outputs"]))
+        same = sum(
+            a.strip() == b.strip() for a, b in zip(row["outputs"], base["outputs"], strict=True)
+        )
         print(
             f"| {name:30s} | {row['wall']:8.2f} | {row['prefill']:14d} | "
             f"{row['wall'] / base['wall']:7.2f}x | {same:>5d}/{len(questions):<6d} |"
