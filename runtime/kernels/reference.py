@@ -13,52 +13,46 @@ value, e.g. -1 or stale page ids).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 __all__ = ["apply_token_bitmask_", "paged_decode_attention", "paged_extend_attention"]
 
 
-def _gather_kv(
-    pool: torch.Tensor, page_rows: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor
-) -> torch.Tensor:
-    """Gather pool slots for ``positions`` through ``page_rows`` (one page-table row per request).
+def _gather_kv(pool: torch.Tensor, page_rows: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` positions of each request, read through its page-table row.
 
-    page_rows [N, max_pages], positions [L] (shared by all rows), valid [N, L] bool.
-    Returns [N, L, kv_heads, head_dim]; rows at invalid positions hold slot 0 (masked later).
+    page_rows [N, max_pages]. Returns [N, length, kv_heads, head_dim]. Whole pages are copied
+    (one index per page, not per token); positions past a request's own length come from
+    whatever page its table names there, clamped into the pool, and must be masked by the
+    caller.
     """
     num_pages, page_size = pool.shape[0], pool.shape[1]
-    page_idx = (positions // page_size).clamp_(max=page_rows.shape[1] - 1)
-    pages = page_rows[:, page_idx].long()  # [N, L]
-    slots = pages * page_size + (positions % page_size)
-    # Invalid positions may point at garbage pages: send them to slot 0, which always exists.
-    slots = torch.where(valid, slots, torch.zeros_like(slots))
-    flat = pool.reshape(num_pages * page_size, *pool.shape[2:])
-    return flat[slots]
+    n = page_rows.shape[0]
+    pages_needed = -(-length // page_size)
+    pages = page_rows[:, :pages_needed].long().clamp(0, num_pages - 1)
+    gathered = pool.index_select(0, pages.reshape(-1))  # [N * pages, page_size, Hkv, D]
+    return gathered.view(n, pages_needed * page_size, *pool.shape[2:])[:, :length]
 
 
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """Masked GQA attention in float32.
+    """Masked GQA attention in float32 through torch's SDPA.
 
     q [N, M, Hq, D]; k, v [N, L, Hkv, D]; allowed [N, M, L] bool. Returns [N, M, Hq, D] float32.
     A query with no allowed key gets zeros.
     """
-    n, m, hq, d = q.shape
-    hkv = k.shape[2]
-    group = hq // hkv
-    # [N, Hkv, G*M, D]: the G query heads sharing a kv head are stacked along the query axis,
-    # so one batched matmul per kv head serves the whole group without repeating K/V.
-    qg = q.float().view(n, m, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(n, hkv, group * m, d)
-    kf = k.float().permute(0, 2, 3, 1)  # [N, Hkv, D, L]
-    vf = v.float().permute(0, 2, 1, 3)  # [N, Hkv, L, D]
-    scores = torch.matmul(qg, kf).mul_(scale)  # [N, Hkv, G*M, L]
-    scores = scores.view(n, hkv, group, m, -1)
-    scores.masked_fill_(~allowed.view(n, 1, 1, m, -1), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    # Rows with every key masked are NaN after softmax: they attend to nothing.
-    probs = torch.nan_to_num_(probs, nan=0.0)
-    out = torch.matmul(probs.view(n, hkv, group * m, -1), vf)  # [N, Hkv, G*M, D]
-    return out.view(n, hkv, group, m, d).permute(0, 3, 1, 2, 4).reshape(n, m, hq, d)
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(1, 2),  # [N, Hq, M, D]
+        k.float().transpose(1, 2),  # [N, Hkv, L, D]; query head h reads kv head h // group
+        v.float().transpose(1, 2),
+        attn_mask=allowed[:, None],  # broadcast over heads
+        scale=scale,
+        enable_gqa=True,
+    )
+    # a row with every key masked is 0/0 (NaN or backend-dependent): it attends to nothing
+    no_keys = ~allowed.any(dim=-1)  # [N, M]
+    return out.masked_fill_(no_keys[:, None, :, None], 0.0).transpose(1, 2)
 
 
 def _check_heads(q_heads: int, kv_heads: int) -> None:
@@ -87,8 +81,8 @@ def paged_decode_attention(
     max_len = max(int(lens.max()), 1)
     positions = torch.arange(max_len, device=q.device)
     valid = positions[None, :] < lens[:, None]  # [B, L]
-    k = _gather_kv(k_pool, page_table, positions, valid)
-    v = _gather_kv(v_pool, page_table, positions, valid)
+    k = _gather_kv(k_pool, page_table, max_len)
+    v = _gather_kv(v_pool, page_table, max_len)
     out = _attend(q[:, None], k, v, valid[:, None, :], scale)
     return out[:, 0].to(q.dtype)
 
@@ -122,9 +116,8 @@ def paged_extend_attention(
             continue
         total = prefix + extend
         positions = torch.arange(total, device=q.device)
-        valid = torch.ones(1, total, dtype=torch.bool, device=q.device)
-        k = _gather_kv(k_pool, page_table[b : b + 1], positions, valid)
-        v = _gather_kv(v_pool, page_table[b : b + 1], positions, valid)
+        k = _gather_kv(k_pool, page_table[b : b + 1], total)
+        v = _gather_kv(v_pool, page_table[b : b + 1], total)
         q_pos = prefix + torch.arange(extend, device=q.device)
         allowed = positions[None, :] <= q_pos[:, None]  # [E, L]
         chunk = q[start : start + extend][None]
