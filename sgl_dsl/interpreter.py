@@ -86,10 +86,14 @@ def run_gen(state: ProgramState, gen: Gen) -> None:
 
 def run_select(state: ProgramState, sel: Select) -> None:
     backend = state.backend
-    token_logprobs = backend.score(state._text, sel.choices)
+    # a backend cannot score after nothing: an empty state scores after the neutral prompt
+    token_logprobs = backend.score(state._text or backend.unconditional_prompt(), sel.choices)
     unconditional = None
     if sel.method.needs_unconditional:
-        unconditional = backend.score(backend.unconditional_prompt(), sel.choices)
+        # "no context" inside a role block still means: right after that role's begin marker
+        role = state._open_role[0] if state._open_role else None
+        neutral = state.template.begin(role) if role else backend.unconditional_prompt()
+        unconditional = backend.score(neutral, sel.choices)
     scores = ChoiceScores(sel.choices, token_logprobs, unconditional)
     index = sel.method(scores)
     if not 0 <= index < len(sel.choices):

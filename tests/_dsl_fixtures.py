@@ -6,8 +6,10 @@ tracing, roles, messages and fork bookkeeping exactly. Behaviour tests use the r
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -82,3 +84,43 @@ class FakeBackend(Backend):
     def commit_prefix(self, prefix: str) -> None:
         with self._lock:
             self.calls.append(("commit", prefix, None))
+
+
+# ---- real engines ------------------------------------------------------------------------
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def build_tiny_llama(folder: Path, seed: int = 0) -> Path:
+    """A random 2-layer Llama with SmolLM2's real tokenizer and chat template, saved to `folder`.
+
+    Its outputs are noise; it exercises the whole engine path (tokenizer, template, paged KV,
+    radix cache, scheduler) in well under a second per program.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from runtime.default_model import ensure_default_model
+
+    source = ensure_default_model()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy(source / name, folder / name)
+    return folder
+
+
+ENGINE_KWARGS = {"mem_budget_gb": 0.25}

@@ -74,7 +74,7 @@ class Backend(ABC):
         """
 
     def unconditional_prompt(self) -> str:
-        """The context for scoring a choice "with no context" (a BOS token where there is one)."""
+        """The context for scoring "with no context" (a BOS token where there is one)."""
         return ""
 
     def stats(self) -> dict[str, Any]:

@@ -53,6 +53,8 @@ class Runtime(Backend):
             return self._template
 
     def generate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
+        # the engine rejects an empty prompt; generating "after nothing" means after the BOS
+        prompt = prompt or self.unconditional_prompt()
         try:
             result = self.engine.generate(prompt, **_engine_kwargs(params))
         except Exception as exc:
@@ -60,6 +62,7 @@ class Runtime(Backend):
         return _to_output(result)
 
     def generate_stream(self, prompt: str, params: dict[str, Any]) -> Iterator[GenChunk]:
+        prompt = prompt or self.unconditional_prompt()
         try:
             chunks = self.engine.generate(prompt, stream=True, **_engine_kwargs(params))
         except Exception as exc:
@@ -85,7 +88,8 @@ class Runtime(Backend):
         self.generate(prefix, {"max_tokens": 0})
 
     def unconditional_prompt(self) -> str:
-        return self.engine.tokenizer.bos_token or ""
+        tok = self.engine.tokenizer
+        return tok.bos_token or tok.eos_token or "\n"  # the engine rejects an empty prompt
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
