@@ -62,7 +62,9 @@ def test_gen_meta_info_has_usage(runtime):
     state = two_turns.run(question="Q?", backend=runtime)
     meta = state.get_meta_info("answer")
     assert meta["completion_tokens"] == 6 and meta["finish_reason"] == "length"
-    prompt = state.text()[: state.text().index(state["answer"])]
+    prompt = runtime.tokenizer.apply_chat_template(
+        state.messages()[:2], tokenize=False, add_generation_prompt=True
+    )
     assert meta["prompt_tokens"] == len(runtime.tokenizer(prompt).input_ids)
     second = state.get_meta_info("why")
     # the second turn's prompt starts with the first turn, which the radix cache kept
