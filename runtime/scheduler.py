@@ -74,7 +74,7 @@ class Scheduler:
 
     def abort(self, req: Request) -> None:
         req.aborted = True
-        self.inbox.put(("wake", None))
+        self.inbox.put(("abort", req))
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the scheduler thread between steps and return its result."""
@@ -122,6 +122,8 @@ class Scheduler:
         kind, payload = item
         if kind == "req":
             self._accept(payload)
+        elif kind == "abort":
+            self._reap_aborted()
         elif kind == "call":
             fn, done = payload
             try:

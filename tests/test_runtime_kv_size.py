@@ -1,0 +1,43 @@
+"""`python -m runtime.kv_size`: bytes per token and totals, GQA against MHA."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.config import config_from_dict
+from runtime.kv_size import kv_size, main
+
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+    "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 131072,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "vocab_size": 128256,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("dtype_bytes", "per_token", "at_32k"),
+    [
+        pytest.param(2, 128 * 1024, 4 * 1024**3, id="bf16"),
+        pytest.param(4, 256 * 1024, 8 * 1024**3, id="fp32"),
+    ],
+)
+def test_llama_31_8b_figures(dtype_bytes, per_token, at_32k):
+    size = kv_size(config_from_dict(LLAMA_31_8B), context=32768, batch=1, dtype_bytes=dtype_bytes)
+    assert size.bytes_per_token == per_token
+    assert size.total_bytes == at_32k
+    assert size.mha_bytes_per_token == 4 * per_token  # 32 heads instead of 8 kv heads
+
+
+def test_cli_prints_the_table(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA_31_8B))
+    assert main([str(path), "--context", "32768", "--batch", "4", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "131072 (128 KiB)" in out
+    assert "4 GiB" in out and "16 GiB" in out and "64 GiB" in out
+    assert "4x less" in out

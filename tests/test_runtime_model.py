@@ -1,0 +1,105 @@
+"""The engine's forward pass against transformers' forward on the same weights (fp32)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from runtime.config import load_config
+from runtime.errors import ModelNotFoundError, UnsupportedModelError
+from runtime.forward_batch import ForwardBatch
+from runtime.kv_pool import KVPool
+from runtime.model import LlamaModel
+from runtime.weights.loader import load_model_files
+from tests._runtime_fixtures import LLAMA3_ROPE, hf_model, make_tiny_model
+
+TOLERANCE = 1e-4
+
+
+def _prefill_then_decode(model: LlamaModel, ids: list[int], split: int) -> torch.Tensor:
+    """Logits of every position: prefill ids[:split] in one extend, then decode one by one."""
+    page_size = 4
+    pool = KVPool(model.config, 64, page_size, torch.float32)
+    pages = torch.arange(1, 64, dtype=torch.int32)[None]
+    empty = torch.zeros(0, 63, dtype=torch.int32)
+    none = torch.zeros(0, dtype=torch.int32)
+
+    def slots(lo: int, hi: int) -> torch.Tensor:
+        pos = torch.arange(lo, hi)
+        return pages[0, pos // page_size].long() * page_size + pos % page_size
+
+    rows = []
+    batch = ForwardBatch(
+        torch.tensor(ids[:split]), torch.arange(split), slots(0, split), 0, empty, none,
+        pages, torch.tensor([0], dtype=torch.int32), torch.tensor([split], dtype=torch.int32),
+        torch.arange(split),
+    )  # fmt: skip
+    rows.append(model.forward(batch, pool))
+    for p in range(split, len(ids)):
+        batch = ForwardBatch(
+            torch.tensor([ids[p]]), torch.tensor([p]), slots(p, p + 1), 1, pages,
+            torch.tensor([p + 1], dtype=torch.int32), empty, none, none, torch.tensor([0]),
+        )  # fmt: skip
+        rows.append(model.forward(batch, pool))
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize(
+    ("kind", "overrides"),
+    [
+        pytest.param("llama", {}, id="llama-untied"),
+        pytest.param("llama", {"tie_word_embeddings": True}, id="llama-tied"),
+        pytest.param("llama", {"rope_scaling": LLAMA3_ROPE}, id="llama3-rope-scaling"),
+        pytest.param(
+            "llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, id="linear-rope"
+        ),
+        pytest.param("llama", {"attention_bias": True, "mlp_bias": True}, id="llama-biases"),
+        pytest.param("llama", {"num_key_value_heads": 4}, id="llama-mha"),
+        pytest.param("qwen2", {}, id="qwen2-qkv-bias"),
+        pytest.param("qwen2", {"tie_word_embeddings": True}, id="qwen2-tied"),
+        pytest.param("mistral", {"sliding_window": None}, id="mistral"),
+    ],
+)
+def test_logits_match_transformers(tmp_path, kind, overrides):
+    folder = make_tiny_model(tmp_path, kind, **overrides)
+    loaded = load_model_files(folder)
+    model = LlamaModel(loaded.config, loaded.state_dict, torch.float32)
+    ids = torch.randint(
+        0, loaded.config.vocab_size, (90,), generator=torch.Generator().manual_seed(1)
+    )
+    with torch.no_grad():
+        expected = hf_model(folder)(ids[None]).logits[0]
+    got = _prefill_then_decode(model, ids.tolist(), split=70)
+    diff = (got - expected).abs().max().item()
+    print(f"{kind} {overrides}: max abs logit diff {diff:.2e}")
+    assert diff < TOLERANCE
+
+
+def test_tied_embeddings_share_one_tensor(tmp_path):
+    loaded = load_model_files(make_tiny_model(tmp_path, tie_word_embeddings=True))
+    model = LlamaModel(loaded.config, loaded.state_dict, torch.float32)
+    assert model.lm_head is model.embed
+
+
+def test_missing_folder_names_the_path(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no-such-model"):
+        load_model_files(tmp_path / "no-such-model")
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]})
+    )
+    with pytest.raises(UnsupportedModelError, match="gpt_neox"):
+        load_config(tmp_path)
+
+
+def test_unsupported_rope_scaling_is_named(tmp_path):
+    folder = make_tiny_model(tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="yarn"):
+        load_config(folder)
