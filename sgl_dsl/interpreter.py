@@ -86,8 +86,13 @@ def run_gen(state: ProgramState, gen: Gen) -> None:
 
 def run_select(state: ProgramState, sel: Select) -> None:
     backend = state.backend
+    # Trailing spaces of the text move into the choices: "Label:" + " True" tokenizes as
+    # the model saw in training, "Label: " + "True" does not (and scores far lower).
+    prompt = state._text.rstrip(" ")
+    spaces = state._text[len(prompt) :]
     # a backend cannot score after nothing: an empty state scores after the neutral prompt
-    token_logprobs = backend.score(state._text or backend.unconditional_prompt(), sel.choices)
+    prompt = prompt or backend.unconditional_prompt()
+    token_logprobs = backend.score(prompt, [spaces + c for c in sel.choices])
     unconditional = None
     if sel.method.needs_unconditional:
         # "no context" inside a role block still means: right after that role's begin marker

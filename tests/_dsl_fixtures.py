@@ -79,7 +79,7 @@ class FakeBackend(Backend):
             self.calls.append(("score", prompt, list(continuations)))
         if not prompt:  # the unconditional prompt: every choice equally likely
             return [[-5.0] * len(c.split()) for c in continuations]
-        return [[self.scores.get(c, -5.0)] * len(c.split()) for c in continuations]
+        return [[self.scores.get(c.strip(), -5.0)] * len(c.split()) for c in continuations]
 
     def commit_prefix(self, prefix: str) -> None:
         with self._lock:

@@ -117,7 +117,8 @@ def test_select_methods(method, scores, expected):
     assert state.text() == "Answer: " + expected
     scored = [c for c in backend.calls if c[0] == "score"]
     # one batched call with every choice (plus one unconditional call for that method)
-    assert scored[0][2] == ["True", "False", "Unknown"]
+    assert scored[0][1] == "Answer:"  # the trailing space moved into the choices
+    assert scored[0][2] == [" True", " False", " Unknown"]
     assert len(scored) == (2 if method == "unconditional_likelihood_normalized" else 1)
 
 
