@@ -113,6 +113,7 @@ DECODE_CASES = [
     pytest.param([45, 3, 17], 16, 2, 3, 64, "f16", id="b3-ps16-g3-d64-f16"),
     pytest.param([30, 11], 4, 1, 8, 128, "f16", id="b2-ps4-g8-d128-f16"),
     pytest.param([19, 40], 4, 2, 1, 64, "bf16", id="b2-ps4-g1-d64-bf16"),
+    pytest.param([12, 26, 3], 5, 1, 3, 64, "f32", id="b3-ps5-g3-d64-odd-page-f32"),
 ]
 
 # (prefix lens, extend lens, page size, kv heads, group, head dim, dtype); includes an empty
@@ -125,6 +126,7 @@ EXTEND_CASES = [
     pytest.param([17, 3], [6, 34], 16, 2, 3, 64, "f16", id="b2-ps16-g3-d64-f16"),
     pytest.param([9], [14], 4, 1, 8, 128, "f16", id="b1-ps4-g8-d128-f16"),
     pytest.param([10, 1], [7, 5], 4, 2, 1, 64, "bf16", id="b2-ps4-g1-d64-bf16"),
+    pytest.param([8, 0], [9, 13], 5, 1, 3, 64, "f32", id="b2-ps5-g3-d64-odd-page-f32"),
 ]
 
 
@@ -216,12 +218,24 @@ def test_extend_reference_matches_naive(
         start += extend
 
 
-def test_decode_reference_empty_sequence_gives_zeros():
+@pytest.mark.parametrize(
+    "impl",
+    [
+        pytest.param("torch", id="torch"),
+        pytest.param("triton", id="triton", marks=needs_triton),
+    ],
+)
+def test_decode_empty_sequence_gives_zeros(impl):
     kv, q, _, scale = _decode_inputs([4, 6], 4, 1, 3, 64, torch.float32)
     seq_lens = torch.tensor([0, 6], dtype=torch.int32, device=DEVICE)
-    out = reference.paged_decode_attention(q, kv.k_pool, kv.v_pool, kv.page_table, seq_lens, scale)
+    module = reference if impl == "torch" else triton_attention
+    out = module.paged_decode_attention(q, kv.k_pool, kv.v_pool, kv.page_table, seq_lens, scale)
     assert torch.count_nonzero(out[0]) == 0
     assert torch.isfinite(out).all()
+    want = reference.paged_decode_attention(
+        q[1:], kv.k_pool, kv.v_pool, kv.page_table[1:], seq_lens[1:], scale
+    )
+    torch.testing.assert_close(out[1:], want, **TOL[torch.float32])
 
 
 @needs_triton
