@@ -6,6 +6,7 @@ import functools
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
@@ -33,7 +34,7 @@ class SglFunction:
         self.func = func
         self.name = func.__name__
         self.arg_names = params[1:]
-        self._prefix_cache: dict[int, str] = {}
+        self._prefix_cache: weakref.WeakKeyDictionary[Backend, str] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         functools.update_wrapper(self, func)
 
@@ -53,10 +54,10 @@ class SglFunction:
         """The text every run of this program starts with, whatever its arguments."""
         backend = resolve_backend(backend)
         with self._lock:
-            if id(backend) not in self._prefix_cache:
+            if backend not in self._prefix_cache:
                 program = trace(self.func, self.name, self.arg_names, {}, partial=True)
-                self._prefix_cache[id(backend)] = prefix_text(program, backend)
-            return self._prefix_cache[id(backend)]
+                self._prefix_cache[backend] = prefix_text(program, backend)
+            return self._prefix_cache[backend]
 
     def run(
         self,
@@ -106,7 +107,8 @@ class SglFunction:
         defaults = _defaults(max_new_tokens, temperature, top_p)
         if not batch_kwargs:
             return []
-        if len(batch_kwargs) > 1:
+        if len(batch_kwargs) > 1 and backend.has_prefix_cache:
+            # hoisting: the text every program starts with is prefilled once, up front
             shared = self.prefix(backend)
             if shared:
                 backend.commit_prefix(shared)

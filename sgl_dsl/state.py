@@ -88,7 +88,8 @@ class ProgramState:
     def fork(self, n: int) -> ForkGroup:
         """`n` copies of this state; the shared prefix goes into the cache first."""
         self.sync()
-        self.backend.commit_prefix(self._text)
+        if self.backend.has_prefix_cache:
+            self.backend.commit_prefix(self._text)
         return ForkGroup(self, [self._copy_for_fork() for _ in range(n)])
 
     @contextmanager

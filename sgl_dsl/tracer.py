@@ -107,6 +107,8 @@ class _Placeholder(Expr):
         raise self._misuse("in a %-format")
 
     def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)  # protocol probes (copy, numpy, pickle) are not misuse
         raise self._misuse(f"through .{attr}")
 
     def __setattr__(self, attr: str, value: Any) -> None:

@@ -254,3 +254,16 @@ def test_missing_backend_and_direct_call_errors():
         chat.run(question="q")
     with pytest.raises(sgl.ProgramError, match=r"chat\.run"):
         chat("not a state", "q")
+
+
+def test_no_prefix_commits_on_a_backend_without_a_cache():
+    @sgl.function
+    def prog(s, q):
+        s += "Shared header. " + q
+        forks = s.fork(2)
+        forks.join()
+
+    backend = FakeBackend()
+    backend.has_prefix_cache = False
+    prog.run_batch([{"q": "a"}, {"q": "b"}], backend=backend)
+    assert [c for c in backend.calls if c[0] == "commit"] == []

@@ -140,3 +140,11 @@ def test_prefix_of_an_untraceable_program_is_what_came_before():
         s += f"Q: {q}"
 
     assert prog.prefix(FakeBackend()) == "Header.\n"
+
+
+def test_protocol_probes_on_a_placeholder_are_not_misuse():
+    from sgl_dsl.tracer import argument
+
+    q = argument("q")
+    assert not hasattr(q, "__array__")
+    assert "argument 'q'" in repr(q)

@@ -50,6 +50,9 @@ class GenChunk:
 
 
 class Backend(ABC):
+    # False when the backend keeps no prefix cache: committing a prefix would be wasted work
+    has_prefix_cache: bool = True
+
     @abstractmethod
     def chat_template(self) -> ChatTemplate:
         """Role begin / end strings (derived once from the model's tokenizer)."""

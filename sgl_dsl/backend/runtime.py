@@ -38,6 +38,7 @@ class Runtime(Backend):
 
     def _init(self, engine: Any, owns_engine: bool) -> None:
         self.engine = engine
+        self.has_prefix_cache = getattr(engine, "tree", True) is not None
         self._owns_engine = owns_engine
         self._template: ChatTemplate | None = None
         self._template_lock = threading.Lock()
@@ -83,8 +84,8 @@ class Runtime(Backend):
             raise BackendError(f"engine.score failed: {exc}") from exc
 
     def commit_prefix(self, prefix: str) -> None:
-        if not prefix:
-            return  # nothing to cache; an empty prefill is not a request
+        if not prefix or not self.has_prefix_cache:
+            return  # nothing to cache, or nowhere to keep it
         self.generate(prefix, {"max_tokens": 0})
 
     def unconditional_prompt(self) -> str:
