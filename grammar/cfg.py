@@ -1,0 +1,342 @@
+"""Context-free constraints from lark grammars: `compile_lark(text, vocab, start="start")`.
+
+lark parses the grammar and builds its LALR(1) table; every terminal becomes a byte DFA through
+the regex machinery (`grammar.cfg_terminals`); the matcher runs its own LR parser over lark's
+table (`grammar.cfg_parser`) and a contextual lexer (`grammar.cfg_lexer`); token masks come from
+cached vocabulary decompositions (`grammar.cfg_mask`).
+
+Lexing semantics. As in lark's contextual lexer, the terminals tried at a point are the LALR
+lookaheads of the parser state plus the %ignore terminals. A token of text ends where the next
+byte can continue none of them (maximal munch, no backtracking); its terminal is the best of the
+candidates that accept the whole text, in lark's order: higher priority, then a string literal
+before a regex (lark's keyword-vs-name rule), then longer max width, then name. Ignored
+terminals are dropped; the others go to the parser, which must accept them. Where lark's Python
+`re` alternation would stop earlier than the longest match (a terminal `a|ab`, or a regex whose
+match is a strict prefix of a literal of equal priority), we take the longest; such grammars are
+rare, and every sentence we accept is checked against lark in the tests.
+
+Masks. A matcher state is (parser stack, lexer state). Its mask is computed once per distinct
+pair and cached on the interned stack node, so sequences that reach the same configuration share
+it; the parser-independent work (walking the vocabulary) is done once per (lexer, lexer state).
+EOS is allowed exactly where the text so far is a sentence.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+
+from grammar.cache import CompileCache
+from grammar.cfg_lexer import DEAD, START, ContextLexer
+from grammar.cfg_mask import Decomposition, VocabLayout, decompose, top_decomposition
+from grammar.cfg_parser import LRTable, StackNode
+from grammar.cfg_terminals import TerminalSpec, build_terminal
+from grammar.errors import GrammarError
+from grammar.matcher import complete_utf8_prefix
+from grammar.vocab import TokenVocabulary
+
+logger = logging.getLogger(__name__)
+
+_CFG_CACHE: CompileCache = CompileCache(max_entries=128)
+_LAYOUTS: CompileCache = CompileCache(max_entries=8)
+MAX_FORCED_BYTES = 1024
+
+
+def _lark(text: str, start: str) -> Any:
+    """Parse the grammar with lark (LALR); every lark error becomes a GrammarError."""
+    from lark import Lark
+    from lark.exceptions import GrammarError as LarkGrammarError
+    from lark.exceptions import LarkError
+
+    try:
+        return Lark(text, parser="lalr", lexer="contextual", start=start)
+    except LarkGrammarError as e:
+        raise GrammarError(f"lark grammar error: {e}") from None
+    except LarkError as e:
+        raise GrammarError(f"lark grammar error: {type(e).__name__}: {e}") from None
+    except (KeyError, ValueError, AssertionError, TypeError) as e:
+        raise GrammarError(f"lark grammar error: {type(e).__name__}: {e}") from None
+
+
+class CompiledCFG:
+    """A compiled lark grammar over one vocabulary. Shared between threads (caches fill lazily);
+    each sequence gets its own `matcher()`."""
+
+    def __init__(self, text: str, vocab: TokenVocabulary, start: str = "start") -> None:
+        self.source = text
+        self.start = start
+        self.vocab = vocab
+        self.eos_token_ids = frozenset(vocab.eos_token_ids)
+        parser = _lark(text, start)
+        self.lark = parser
+        used = {t.name for t in parser.terminals}
+        self.terminals: list[TerminalSpec] = [
+            build_terminal(t.name, t.pattern, t.priority) for t in parser.terminals
+        ]
+        index = {t.name: i for i, t in enumerate(self.terminals)}
+        self.ignore_bits = sum(1 << index[n] for n in parser.ignore_tokens if n in used)
+        table = parser.parser.parser.parser.parse_table
+        self.table = LRTable(table, start, index)
+        self.layout: VocabLayout = _LAYOUTS.get_or_build(vocab.hash, lambda: VocabLayout(vocab))
+        self.num_words = self.layout.num_words
+        self._lexers: dict[int, ContextLexer] = {}  # terminal bitset -> lexer
+        self._state_lexer: dict[int, ContextLexer] = {}  # LR state -> lexer
+        self._top: dict[tuple[int, int], Decomposition] = {}
+        self._first_cut: dict[tuple[int, int], np.ndarray] = {}
+        self._lock = threading.Lock()
+        # build every context's lexer now: a bad terminal combination fails at compile time
+        for state in self.table.actions:
+            self.lexer(state)
+
+    # ----- lexers and parser -----
+    def lexer(self, state: int) -> ContextLexer:
+        lx = self._state_lexer.get(state)
+        if lx is None:
+            bits = self.table.lookahead_bits[state] | self.ignore_bits
+            lx = self._lexers.get(bits)
+            if lx is None:
+                lx = self._lexers.setdefault(bits, ContextLexer(self.terminals, bits))
+            self._state_lexer[state] = lx
+        return lx
+
+    def take(self, node: StackNode, terminal: int) -> StackNode | None:
+        """The stack after a lexed terminal (unchanged for an ignored one), None if refused."""
+        if self.ignore_bits >> terminal & 1:
+            return node
+        return self.table.feed(node, terminal)
+
+    def live_bits(self, node: StackNode) -> int:
+        return self.table.acceptable_bits(node) | self.ignore_bits
+
+    def step(self, node: StackNode, q: int, byte: int) -> tuple[StackNode, int] | None:
+        """(stack, lexer state) after one byte, or None if the byte is refused."""
+        lx = self.lexer(node.state)
+        nq = lx.rows[q][byte]
+        if nq != DEAD:
+            return node, nq
+        w = lx.winner[q]
+        if w < 0:
+            return None
+        node2 = self.take(node, w)
+        if node2 is None:
+            return None
+        nq = self.lexer(node2.state).rows[START][byte]
+        return None if nq == DEAD else (node2, nq)
+
+    def walk(self, node: StackNode, q: int, data: bytes) -> tuple[StackNode, int] | None:
+        """(stack, lexer state) after `data`, or None if any byte is refused or the text cannot
+        continue into a terminal the stack accepts."""
+        for b in data:
+            nxt = self.step(node, q, b)
+            if nxt is None:
+                return None
+            node, q = nxt
+        if q != START and not self.lexer(node.state).alive[q] & self.live_bits(node):
+            return None
+        return node, q
+
+    def is_accepting(self, node: StackNode, q: int) -> bool:
+        if q != START:
+            w = self.lexer(node.state).winner[q]
+            if w < 0:
+                return False
+            node = self.take(node, w)  # type: ignore[assignment]
+            if node is None:
+                return False
+        return self.table.accepts_end(node)
+
+    # ----- masks -----
+    def bitmask(self, node: StackNode, q: int) -> np.ndarray:
+        """Packed mask (int32 words) of the tokens allowed at (node, q); shared, read-only."""
+        words = node.masks.get(q)
+        if words is None:
+            words = self._compute_mask(node, q)
+            node.masks[q] = words
+        return words
+
+    def _compute_mask(self, node: StackNode, q: int) -> np.ndarray:
+        lx = self.lexer(node.state)
+        parts = self._evaluate(self._top_decomposition(lx, q), node)
+        w = lx.winner[q]
+        if w >= 0:
+            # tokens whose first byte already ends the terminal: the next stack's whole mask
+            node2 = self.take(node, w)
+            if node2 is not None:
+                parts.append(self.bitmask(node2, START) & self._first_cut_words(lx, q))
+        out = np.bitwise_or.reduce(parts) if parts else self.layout.empty.copy()
+        if len(parts) == 1:
+            out = out.copy()
+        if self.layout.eos.size and self.is_accepting(node, q):
+            eos = self.layout.eos
+            np.bitwise_or.at(out, eos >> 5, (1 << (eos & 31)).astype(np.uint32).view(np.int32))
+        return out
+
+    def _evaluate(self, d: Decomposition, node: StackNode) -> list[np.ndarray]:
+        """Packed masks (to OR) of the tokens of `d` that are valid at `node`."""
+        live = self.live_bits(node)
+        parts = [words for alive, words in d.within if alive & live]
+        for g, (terminal, rows, pos) in enumerate(d.cuts):
+            node2 = self.take(node, terminal)
+            if node2 is None:
+                continue
+            lx2 = self.lexer(node2.state)
+            child = d.children.get((g, id(lx2)))
+            if child is None:
+                child = decompose(self.layout, lx2, START, rows, pos)
+                d.children[(g, id(lx2))] = child
+            parts += self._evaluate(child, node2)
+        return parts
+
+    def _top_decomposition(self, lx: ContextLexer, q: int) -> Decomposition:
+        key = (id(lx), q)
+        d = self._top.get(key)
+        if d is None:
+            d = self._top.setdefault(key, top_decomposition(self.layout, lx, q))
+        return d
+
+    def _first_cut_words(self, lx: ContextLexer, q: int) -> np.ndarray:
+        key = (id(lx), q)
+        words = self._first_cut.get(key)
+        if words is None:
+            words = self._first_cut.setdefault(key, self.layout.first_bytes_words(lx.dead_bytes[q]))
+        return words
+
+    # ----- forced text -----
+    def allowed_bytes(self, node: StackNode, q: int) -> list[int]:
+        out = []
+        for b in range(256):
+            nxt = self.step(node, q, b)
+            if nxt is not None:
+                n2, q2 = nxt
+                if self.lexer(n2.state).alive[q2] & self.live_bits(n2):
+                    out.append(b)
+        return out
+
+    def forced(self, node: StackNode, q: int) -> bytes:
+        """The longest byte string every valid continuation of (node, q) starts with."""
+        hit = node.forced.get(q)
+        if hit is not None:
+            return hit
+        out = bytearray()
+        n, s = node, q
+        while len(out) < MAX_FORCED_BYTES and not self.is_accepting(n, s):
+            only = self.allowed_bytes(n, s)
+            if len(only) != 1:
+                break
+            out.append(only[0])
+            n, s = self.step(n, s, only[0])  # type: ignore[misc]
+        result = bytes(out)
+        node.forced[q] = result
+        return result
+
+    def matcher(self) -> CFGMatcher:
+        return CFGMatcher(self, self.table.root, START)
+
+
+class CFGMatcher:
+    """One sequence's position in a lark grammar; the interface of `grammar.matcher.Matcher`.
+    Cheap to create and to copy; not thread-safe (one sequence, one thread)."""
+
+    __slots__ = ("grammar", "_node", "_q", "_ended")
+
+    def __init__(self, grammar: CompiledCFG, node: StackNode, q: int, ended: bool = False) -> None:
+        self.grammar = grammar
+        self._node = node
+        self._q = q
+        self._ended = ended
+
+    @property
+    def state(self) -> tuple[tuple[int, ...], int]:
+        """(LR state stack, lexer state): for debugging and tests."""
+        return tuple(self._node.states()), self._q
+
+    def copy(self) -> CFGMatcher:
+        return CFGMatcher(self.grammar, self._node, self._q, self._ended)
+
+    def bitmask(self) -> np.ndarray:
+        """The shared packed mask of the current state (read-only)."""
+        if self._ended:
+            return self.grammar.layout.empty
+        return self.grammar.bitmask(self._node, self._q)
+
+    def fill_bitmask(self, out: np.ndarray) -> None:
+        """Copy the packed mask (int32 words, bit b of word w = token 32*w+b) into `out`."""
+        np.copyto(np.asarray(out), self.bitmask(), casting="unsafe")
+
+    def mask(self) -> np.ndarray:
+        """Bool array of len(vocab): the token ids allowed now (EOS when accepting)."""
+        bits = np.unpackbits(self.bitmask().view(np.uint8), bitorder="little")
+        return bits[: len(self.grammar.vocab)].astype(bool)
+
+    def is_allowed(self, token_id: int) -> bool:
+        w = self.bitmask()[token_id >> 5]
+        return bool((int(w) >> (token_id & 31)) & 1)
+
+    def advance(self, token_id: int) -> None:
+        """Consume one token; GrammarError (state unchanged) if the grammar forbids it."""
+        g = self.grammar
+        if self._ended:
+            raise GrammarError("the constraint already ended (EOS was consumed)")
+        if token_id in g.eos_token_ids:
+            if not self.is_accepting():
+                raise GrammarError(f"EOS token {token_id} not allowed: the sentence is incomplete")
+            self._ended = True
+            return
+        if not 0 <= token_id < len(g.vocab):
+            raise GrammarError(f"token id {token_id} outside the vocabulary")
+        data = g.vocab.token_bytes(token_id)
+        if not data:
+            raise GrammarError(f"token {token_id} is special or empty: never allowed")
+        nxt = g.walk(self._node, self._q, data)
+        if nxt is None:
+            raise GrammarError(f"token {token_id} ({data!r}) is not allowed here")
+        self._node, self._q = nxt
+
+    def advance_bytes(self, data: bytes) -> None:
+        """Consume raw bytes (e.g. forced text); GrammarError (state unchanged) if forbidden."""
+        if self._ended and data:
+            raise GrammarError("the constraint already ended (EOS was consumed)")
+        if not data:
+            return
+        nxt = self.grammar.walk(self._node, self._q, data)
+        if nxt is None:
+            raise GrammarError(f"bytes {data[:80]!r} are not allowed here")
+        self._node, self._q = nxt
+
+    def is_accepting(self) -> bool:
+        """The text so far is a sentence of the grammar."""
+        return self.grammar.is_accepting(self._node, self._q)
+
+    def is_dead(self) -> bool:
+        """EOS was consumed, or the sentence is complete and no byte can extend it."""
+        if self._ended:
+            return True
+        return self.is_accepting() and not self.grammar.allowed_bytes(self._node, self._q)
+
+    def forced_bytes(self) -> bytes:
+        """The longest byte string every valid continuation starts with (b"" if none)."""
+        if self._ended:
+            return b""
+        return self.grammar.forced(self._node, self._q)
+
+    def forced_text(self) -> str:
+        """`forced_bytes()` cut to whole UTF-8 characters."""
+        return complete_utf8_prefix(self.forced_bytes())
+
+
+def compile_lark(grammar_text: str, vocab: TokenVocabulary, start: str = "start") -> CompiledCFG:
+    """A constraint from a lark grammar (LALR(1)); cached by (text, start, vocab.hash).
+
+    Raises GrammarError for a grammar lark rejects (undefined rule or terminal, LALR conflict)
+    or a terminal whose regex cannot become a DFA, naming it."""
+    return _CFG_CACHE.get_or_build(
+        ("lark", grammar_text, start, vocab.hash),
+        lambda: CompiledCFG(grammar_text, vocab, start),
+    )
+
+
+def clear_cfg_caches() -> None:
+    _CFG_CACHE.clear()

@@ -1,0 +1,143 @@
+"""Token masks for a (parser stack, lexer state) pair, from cached vocabulary decompositions.
+
+A token read from lexer state q either stays inside the current terminal (it ends in a live
+lexer state), or crosses terminal boundaries (the lexer cuts inside it: the next byte continues
+no candidate, the text so far is a terminal). The first kind depends on the parser only through
+which terminals it accepts; the second needs the parser to take the cut terminal and the rest of
+the token to be lexed in the new context.
+
+`Decomposition` is the parser-independent part, computed once per (lexer, q) by walking the
+vocabulary vectorised with numpy:
+
+    within[k] = (alive terminal bitset, packed mask of the tokens ending in such states)
+    cuts[g]   = (terminal cut first, token rows, byte offset of the cut)   for tokens that cross
+
+Evaluating a decomposition for a parser stack ORs the `within` masks whose terminals the stack
+accepts, and for each cut group feeds the terminal to the parser and evaluates the group's
+remainders (themselves decomposed once per next lexer) recursively. Tokens whose first byte is
+already a cut (the terminal ended exactly at q) reuse the whole mask of the next stack, ANDed
+with a per-first-byte mask, so the common case costs a few ORs of packed words.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grammar.cfg_lexer import DEAD, ContextLexer
+from grammar.vocab import TokenVocabulary
+
+
+class VocabLayout:
+    """The prepared vocabulary plus packed masks per first byte (built once per vocabulary)."""
+
+    def __init__(self, vocab: TokenVocabulary) -> None:
+        self.prepared = vocab.prepared()
+        self.num_tokens = len(vocab)
+        self.num_words = (len(vocab) + 31) // 32
+        self.num_rows = int(self.prepared.lengths.shape[0])
+        self.eos = np.array(vocab.eos_token_ids, dtype=np.int64)
+        fs = self.prepared.first_start
+        # rows -> token ids (CSR): ids_by_row[row_start[r]:row_start[r + 1]] have bytes of row r
+        order = np.argsort(self.prepared.id_to_unique, kind="stable")
+        self.ids_by_row = order.astype(np.int64)
+        self.row_start = np.searchsorted(
+            self.prepared.id_to_unique[order], np.arange(self.num_rows + 2)
+        ).astype(np.int64)
+        self.first_byte_masks = np.stack(
+            [self.rows_to_words(np.arange(fs[b], fs[b + 1])) for b in range(256)]
+        )  # [256, words]
+        self.empty = np.zeros(self.num_words, dtype=np.int32)
+
+    def rows_to_words(self, rows: np.ndarray) -> np.ndarray:
+        """Packed token-id mask (int32 words) of every id whose bytes are one of `rows`."""
+        if rows.shape[0] * 64 < self.num_rows:
+            # few rows: set their ids' bits directly
+            starts, ends = self.row_start[rows], self.row_start[rows + 1]
+            counts = ends - starts
+            offsets = np.repeat(starts - (np.cumsum(counts) - counts), counts)
+            ids = self.ids_by_row[np.arange(int(counts.sum()), dtype=np.int64) + offsets]
+            words = np.zeros(self.num_words, dtype=np.uint32)
+            np.bitwise_or.at(words, ids >> 5, np.left_shift(1, ids & 31).astype(np.uint32))
+            return words.view(np.int32)
+        allowed = np.zeros(self.num_rows + 1, dtype=bool)  # last row: specials, never allowed
+        allowed[rows] = True
+        bits = np.zeros(self.num_words * 32, dtype=bool)
+        bits[: self.num_tokens] = allowed[self.prepared.id_to_unique]
+        return np.packbits(bits, bitorder="little").view("<i4")
+
+    def first_bytes_words(self, byte_set: np.ndarray) -> np.ndarray:
+        """Packed mask of the tokens whose first byte is in `byte_set` (bool [256])."""
+        picked = self.first_byte_masks[byte_set]
+        return np.bitwise_or.reduce(picked, axis=0) if len(picked) else self.empty
+
+
+class Decomposition:
+    """The parser-independent split of a set of token (suffixes) read from one lexer state."""
+
+    __slots__ = ("within", "cuts", "children")
+
+    def __init__(self) -> None:
+        self.within: list[tuple[int, np.ndarray]] = []
+        self.cuts: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self.children: dict[tuple[int, int], Decomposition] = {}
+
+
+def decompose(
+    layout: VocabLayout, lexer: ContextLexer, q0: int, rows: np.ndarray, pos: np.ndarray
+) -> Decomposition:
+    """Walk token rows from byte offsets `pos` through `lexer` starting at state q0."""
+    prep = layout.prepared
+    cols = prep.columns  # [max_len, U]
+    table = lexer.table
+    winner = np.array(lexer.winner, dtype=np.int64)
+    lens = prep.lengths[rows].astype(np.int64)
+    cur = np.full(rows.shape[0], q0, dtype=np.int64)
+    end_rows, end_states, cut_rows, cut_pos, cut_terms = [], [], [], [], []
+    while rows.size:
+        # the next byte of every live token, and where it leads
+        nxt = table[cur, cols[pos, rows]].astype(np.int64)
+        dead = nxt == DEAD
+        if dead.any():
+            # a dead byte is a cut if the text so far is a terminal; else the token is refused
+            w = winner[cur[dead]]
+            ok = w >= 0
+            cut_rows.append(rows[dead][ok])
+            cut_pos.append(pos[dead][ok])
+            cut_terms.append(w[ok])
+            live = ~dead
+            rows, cur, pos, lens = rows[live], nxt[live], pos[live] + 1, lens[live]
+        else:
+            cur, pos = nxt, pos + 1
+        # tokens that end here stay inside a terminal: remember their end state
+        ended = pos == lens
+        if ended.any():
+            end_rows.append(rows[ended])
+            end_states.append(cur[ended])
+            keep = ~ended
+            rows, cur, pos, lens = rows[keep], cur[keep], pos[keep], lens[keep]
+    d = Decomposition()
+    if end_rows:
+        er, es = np.concatenate(end_rows), np.concatenate(end_states)
+        by_alive: dict[int, list[int]] = {}
+        for s in np.unique(es).tolist():
+            by_alive.setdefault(lexer.alive[s], []).append(s)
+        for alive, states in by_alive.items():
+            d.within.append((alive, layout.rows_to_words(er[np.isin(es, states)])))
+    if cut_rows:
+        cr, cp, ct = np.concatenate(cut_rows), np.concatenate(cut_pos), np.concatenate(cut_terms)
+        for t in np.unique(ct).tolist():
+            sel = ct == t
+            d.cuts.append((int(t), cr[sel], cp[sel]))
+    return d
+
+
+def top_decomposition(layout: VocabLayout, lexer: ContextLexer, q0: int) -> Decomposition:
+    """Every token read from q0, except those whose first byte is already a cut."""
+    fs = layout.prepared.first_start
+    live_first = np.flatnonzero(~lexer.dead_bytes[q0])
+    rows = (
+        np.concatenate([np.arange(fs[b], fs[b + 1]) for b in live_first])
+        if live_first.size
+        else np.zeros(0, dtype=np.int64)
+    )
+    return decompose(layout, lexer, q0, rows.astype(np.int64), np.zeros(rows.shape[0], np.int64))

@@ -1,0 +1,149 @@
+"""An LALR(1) parser over lark's own parse table, with interned, persistent stacks.
+
+A parser configuration is a `StackNode`: an LR state and the node below it. Nodes are interned
+per table (the same stack content is the same object), so results that depend on the whole stack
+(which terminals it accepts, the token masks computed for it) are cached on the node itself and
+shared by every sequence that reaches the same configuration.
+
+`feed(node, terminal)` runs the reductions the table asks for and then shifts, exactly as lark's
+`ParserState.feed_token` does, but without touching the input node; it returns None when the
+terminal is a syntax error. LALR lookahead sets can over-approximate, so the set of terminals a
+node really accepts is found by feeding each candidate (`acceptable_bits`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+END = "$END"
+
+
+class StackNode:
+    """One LR stack, as a linked list of states. Never mutate `state` / `parent`.
+
+    Caches (filled lazily, shared across threads): `fed` terminal -> node or None,
+    `acceptable` bitset of terminals that can be shifted next, `masks` lexer key -> bitmask."""
+
+    __slots__ = ("state", "parent", "depth", "fed", "acceptable", "accepts_end", "masks", "forced")
+
+    def __init__(self, state: int, parent: StackNode | None) -> None:
+        self.state = state
+        self.parent = parent
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.fed: dict[int, StackNode | None] = {}
+        self.acceptable: int | None = None
+        self.accepts_end: bool | None = None
+        self.masks: dict[Any, Any] = {}
+        self.forced: dict[Any, Any] = {}
+
+    def states(self) -> list[int]:
+        out, n = [], self
+        while n is not None:
+            out.append(n.state)
+            n = n.parent
+        return out[::-1]
+
+
+class LRTable:
+    """lark's LALR table with terminals and nonterminals renamed to small ints.
+
+    actions[state][terminal index] = (is_shift, target state | (rule length, nonterminal));
+    goto[state][nonterminal] = state; the end symbol is terminal index `end`."""
+
+    def __init__(self, parse_table: Any, start: str, terminal_index: dict[str, int]) -> None:
+        from lark.parsers.lalr_analysis import Shift
+
+        self.end = len(terminal_index)
+        self.actions: dict[int, dict[int, tuple]] = {}
+        self.goto: dict[int, dict[str, int]] = {}
+        for state, acts in parse_table.states.items():
+            row: dict[int, tuple] = {}
+            gotos: dict[str, int] = {}
+            for sym, (action, arg) in acts.items():
+                if sym == END:
+                    idx = self.end
+                elif sym in terminal_index:
+                    idx = terminal_index[sym]
+                else:
+                    if action is Shift:
+                        gotos[sym] = arg
+                    continue
+                if action is Shift:
+                    row[idx] = (True, arg)
+                else:
+                    row[idx] = (False, (len(arg.expansion), arg.origin.name))
+            self.actions[state] = row
+            self.goto[state] = gotos
+        # the terminals lark's contextual lexer considers in each state (its LALR lookaheads)
+        self.lookahead_bits: dict[int, int] = {
+            s: sum(1 << t for t in row if t != self.end) for s, row in self.actions.items()
+        }
+        self.start_state = parse_table.start_states[start]
+        self.end_state = parse_table.end_states[start]
+        self._interned: dict[tuple[int, int], StackNode] = {}
+        self._lock = threading.Lock()
+        self.root = StackNode(self.start_state, None)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self._interned)
+
+    def _push(self, parent: StackNode, state: int) -> StackNode:
+        key = (state, id(parent))
+        node = self._interned.get(key)
+        if node is None:
+            with self._lock:
+                node = self._interned.setdefault(key, StackNode(state, parent))
+        return node
+
+    def _reduce(self, node: StackNode, length: int, nonterminal: str) -> StackNode | None:
+        for _ in range(length):
+            node = node.parent  # type: ignore[assignment]
+        target = self.goto[node.state].get(nonterminal)
+        return None if target is None else self._push(node, target)
+
+    def feed(self, node: StackNode, terminal: int) -> StackNode | None:
+        """The stack after shifting `terminal` (reductions first), or None on a syntax error."""
+        hit = node.fed.get(terminal, False)
+        if hit is not False:
+            return hit  # type: ignore[return-value]
+        cur: StackNode | None = node
+        while cur is not None:
+            act = self.actions[cur.state].get(terminal)
+            if act is None:
+                cur = None
+                break
+            is_shift, arg = act
+            if is_shift:
+                cur = self._push(cur, arg)
+                break
+            cur = self._reduce(cur, *arg)
+        node.fed[terminal] = cur
+        return cur
+
+    def accepts_end(self, node: StackNode) -> bool:
+        """Whether the input may end here (lark: reduce on $END until the end state)."""
+        if node.accepts_end is None:
+            cur: StackNode | None = node
+            ok = False
+            while cur is not None:
+                if cur.state == self.end_state:
+                    ok = True
+                    break
+                act = self.actions[cur.state].get(self.end)
+                if act is None or act[0]:
+                    break
+                cur = self._reduce(cur, *act[1])
+            node.accepts_end = ok
+        return node.accepts_end
+
+    def acceptable_bits(self, node: StackNode) -> int:
+        """Bitset of the terminals that `feed` accepts at this node (exact, not LALR's)."""
+        if node.acceptable is None:
+            bits = 0
+            for t in self.actions[node.state]:
+                if t != self.end and self.feed(node, t) is not None:
+                    bits |= 1 << t
+            node.acceptable = bits
+        return node.acceptable
