@@ -1,0 +1,128 @@
+"""`python -m runtime.server [--model PATH] [--host H] [--port P] [--api-key K] ...`
+
+Starts one engine and serves it over HTTP. SIGTERM (or Ctrl-C) shuts down gracefully: new
+requests get 503, running ones may finish for `--graceful-timeout` seconds and are then
+cancelled, the engine stops, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+import uvicorn
+
+from runtime.server.app import build_state, create_app
+
+logger = logging.getLogger("runtime.server")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m runtime.server", description=__doc__.split("\n")[2])
+    p.add_argument("--model", default=None, help="model folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--served-model-name", default=None, help="name in /v1/models (folder name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        help="requests that may wait beside the running ones before 503",
+    )
+    p.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=10.0,
+        help="seconds running requests get to finish after SIGTERM",
+    )
+    p.add_argument("--log-level", default="info")
+    engine = p.add_argument_group("engine")
+    engine.add_argument("--mem-budget-gb", type=float, default=None)
+    engine.add_argument("--max-total-tokens", type=int, default=None)
+    engine.add_argument("--page-size", type=int, default=16)
+    engine.add_argument("--dtype", default="float32")
+    engine.add_argument("--disable-radix-cache", action="store_true")
+    engine.add_argument("--max-running-requests", type=int, default=64)
+    engine.add_argument("--chunked-prefill-tokens", type=int, default=512)
+    engine.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    return p.parse_args(argv)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "mem_budget_gb": args.mem_budget_gb,
+        "max_total_tokens": args.max_total_tokens,
+        "page_size": args.page_size,
+        "dtype": args.dtype,
+        "enable_radix_cache": not args.disable_radix_cache,
+        "max_running_requests": args.max_running_requests,
+        "chunked_prefill_tokens": args.chunked_prefill_tokens,
+        "num_threads": args.num_threads,
+    }
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, but a stop signal first closes admission and is not re-raised at the
+    end (uvicorn re-raises it, which would make the exit status 143 instead of 0)."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Any) -> None:
+        super().__init__(config)
+        self._on_stop = on_stop
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self._on_stop()
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from runtime import Engine
+    from runtime.errors import EngineError
+
+    try:
+        engine = Engine(model=args.model, **engine_kwargs(args))
+    except (EngineError, FileNotFoundError, OSError) as exc:
+        logger.error("cannot start the engine: %s", exc)
+        return 2
+    state = build_state(
+        engine,
+        model_name=args.served_model_name,
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        max_running=args.max_running_requests,
+    )
+    app = create_app(state)
+
+    def stop_admitting() -> None:
+        state.bridge.draining = True
+
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.graceful_timeout,
+        access_log=False,
+    )
+    server = GracefulServer(config, stop_admitting)
+    try:
+        server.run()
+    finally:
+        state.bridge.draining = True
+        state.bridge.cancel_all()
+        engine.shutdown()
+    logger.info("server stopped")
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

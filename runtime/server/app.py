@@ -1,0 +1,157 @@
+"""The FastAPI application: routes, bearer auth, request counting, shutdown of in-flight work."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from runtime.server import native_api, openai_api
+from runtime.server.bridge import EngineBridge
+from runtime.server.errors import APIError, install_error_handlers
+from runtime.server.state import ServerState, get_state
+
+logger = logging.getLogger(__name__)
+
+PUBLIC_PATHS = frozenset({"/health"})
+KNOWN_PATHS = frozenset(
+    {
+        "/health",
+        "/metrics",
+        "/stats",
+        "/v1/models",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/generate",
+        "/score",
+        "/get_model_info",
+        "/apply_chat_template",
+    }
+)
+
+
+class GateMiddleware:
+    """Bearer auth on every path but /health, and a count of every answer by path and status.
+
+    A plain ASGI middleware (not BaseHTTPMiddleware) so streaming bodies and client
+    disconnects pass through untouched.
+    """
+
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    def _authorized(self, scope: dict[str, Any]) -> bool:
+        if self.state.api_key is None or scope["path"] in PUBLIC_PATHS:
+            return True
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                return scheme.lower() == "bearer" and hmac.compare_digest(
+                    token.strip().encode(), self.state.api_key.encode()
+                )
+        return False
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
+        started = time.perf_counter()
+        status, streaming = 500, False
+
+        async def send_counted(message: dict[str, Any]) -> None:
+            nonlocal status, streaming
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                for name, value in message.get("headers", ()):
+                    if name == b"content-type" and value.startswith(b"text/event-stream"):
+                        streaming = True
+            await send(message)
+
+        try:
+            if self._authorized(scope):
+                await self.app(scope, receive, send_counted)
+            else:
+                err = APIError(
+                    401,
+                    "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                    code="invalid_api_key",
+                )
+                await err.response()(scope, receive, send_counted)
+        finally:
+            elapsed = None if streaming else time.perf_counter() - started
+            self.state.metrics.record_request(path, status, elapsed)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """The app for one engine; the engine's lifetime is the caller's."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        state.bridge.draining = True
+        cancelled = state.bridge.cancel_all()
+        if cancelled:
+            logger.info("shutdown: cancelled %d running requests", cancelled)
+
+    app = FastAPI(title="sgl runtime server", lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+    app.include_router(openai_api.router)
+    app.include_router(native_api.router)
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        bridge = get_state(request).bridge
+        if bridge.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        s = get_state(request)
+        card = {
+            "id": s.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "sgl",
+            "root": str(s.engine.model_path),
+            "max_model_len": s.bridge.context_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        s = get_state(request)
+        s.check_model(model_id)
+        return {"id": s.model_name, "object": "model", "created": 0, "owned_by": "sgl"}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> PlainTextResponse:
+        s = get_state(request)
+        engine_stats = await s.bridge.run(s.engine.stats)
+        text = s.metrics.render(engine_stats, s.bridge.in_flight)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    app.add_middleware(GateMiddleware, state=state)
+    return app
+
+
+def build_state(
+    engine: Any,
+    *,
+    model_name: str | None = None,
+    api_key: str | None = None,
+    max_queue: int = 256,
+    max_running: int = 64,
+) -> ServerState:
+    bridge = EngineBridge(engine, max_running=max_running, max_queue=max_queue)
+    name = model_name or engine.model_path.name
+    return ServerState(bridge=bridge, model_name=name, api_key=api_key)

@@ -1,0 +1,166 @@
+"""Running one HTTP request's engine jobs (n choices, several prompts) and ending them.
+
+`collect` waits for every job's result; `ChoiceStreams` merges the jobs' chunks for SSE. Both
+abort every job when the client goes away (polled for plain requests; Starlette cancels a
+streaming body on disconnect) and when the request fails part-way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+
+from runtime.request import GenerateResult, StreamChunk
+from runtime.server.bridge import EngineBridge, EngineStream
+from runtime.server.errors import APIError, from_exception
+
+DISCONNECT_POLL_S = 0.25
+
+
+@dataclass(slots=True)
+class Job:
+    prompt_ids: list[int]
+    kwargs: dict[str, Any]
+
+
+def _check(result: GenerateResult, stream: EngineStream, param: str | None) -> GenerateResult:
+    """Raise the APIError for a request the engine aborted on its own."""
+    if result.finish_reason == "abort" and result.error and not stream.cancelled:
+        if "does not fit" in result.error:
+            raise APIError(413, result.error, param=param, code="context_length_exceeded")
+        raise APIError(500, f"the engine aborted the request: {result.error}", code="engine_abort")
+    return result
+
+
+async def _final(stream: EngineStream, param: str | None) -> GenerateResult:
+    try:
+        async for chunk in stream:
+            if chunk.finished:
+                return _check(chunk.result, stream, param)
+    except APIError:
+        raise
+    except Exception as exc:
+        raise from_exception(exc, param) from exc
+    raise APIError(500, "the engine ended a request without a result", code="engine_abort")
+
+
+async def _watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> None:
+    while True:
+        await asyncio.sleep(DISCONNECT_POLL_S)
+        if await request.is_disconnected():
+            on_disconnect()
+            return
+
+
+async def collect(
+    bridge: EngineBridge,
+    jobs: list[Job],
+    request: Request,
+    param: str | None = None,
+    on_disconnect: Callable[[], None] | None = None,
+) -> list[GenerateResult]:
+    """Every job's result, in order; all jobs are aborted if the client disconnects."""
+    streams = [bridge.open(j.prompt_ids, j.kwargs) for j in jobs]
+
+    def abort_all() -> None:
+        for s in streams:
+            s.cancel()
+        if on_disconnect is not None:
+            on_disconnect()
+
+    watcher = asyncio.create_task(_watch_disconnect(request, abort_all))
+    try:
+        return list(await asyncio.gather(*(_final(s, param) for s in streams)))
+    finally:
+        watcher.cancel()
+        for s in streams:
+            s.cancel()
+            bridge.forget(s)
+
+
+class ChoiceStreams:
+    """The chunks of several jobs, merged as (job index, chunk) in arrival order.
+
+    `start()` waits for every job's first chunk, so that a request the engine refuses is
+    answered with an error status before any byte of the stream is sent.
+    """
+
+    def __init__(self, bridge: EngineBridge, jobs: list[Job], param: str | None = None) -> None:
+        self._bridge = bridge
+        self._param = param
+        self._streams = [bridge.open(j.prompt_ids, j.kwargs) for j in jobs]
+        self._first: list[StreamChunk] = []
+        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        try:
+            firsts = await asyncio.gather(*(anext(s) for s in self._streams))
+            for s, chunk in zip(self._streams, firsts, strict=True):
+                if chunk.finished:
+                    _check(chunk.result, s, self._param)
+            self._first = list(firsts)
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, Exception) and not isinstance(exc, APIError):
+                raise from_exception(exc, self._param) from exc
+            raise
+
+    async def _forward(self, index: int, stream: EngineStream) -> None:
+        try:
+            async for chunk in stream:
+                await self._queue.put((index, chunk))
+        except Exception as exc:
+            await self._queue.put((index, exc))
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, StreamChunk]]:
+        pending = 0
+        for i, (stream, chunk) in enumerate(zip(self._streams, self._first, strict=True)):
+            yield i, chunk
+            if not chunk.finished:
+                pending += 1
+                self._tasks.append(asyncio.create_task(self._forward(i, stream)))
+        while pending:
+            index, item = await self._queue.get()
+            if isinstance(item, Exception):
+                raise from_exception(item, self._param)
+            if item.finished:
+                pending -= 1
+                _check(item.result, self._streams[index], self._param)
+            yield index, item
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for s in self._streams:
+            s.cancel()
+            self._bridge.forget(s)
+
+    @property
+    def cancelled(self) -> bool:
+        return any(s.cancelled for s in self._streams)
+
+
+def sse(data: Any) -> str:
+    """One server-sent event carrying `data` as JSON (or the literal [DONE])."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n"
+
+
+def sse_error(exc: BaseException) -> str:
+    err = from_exception(exc) if not isinstance(exc, APIError) else exc
+    return sse(err.body())
+
+
+@contextlib.contextmanager
+def closing(streams: ChoiceStreams):
+    try:
+        yield streams
+    finally:
+        streams.close()
