@@ -197,6 +197,7 @@ async def model_info(request: Request) -> dict[str, Any]:
         "bos_token": tok.bos_token,
         "eos_token": tok.eos_token,
         "has_chat_template": bool(template),
+        "radix_cache": getattr(state.engine, "tree", None) is not None,
         "chat_template": template if isinstance(template, str) else None,
     }
 

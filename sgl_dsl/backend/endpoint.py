@@ -1,0 +1,164 @@
+"""`RuntimeEndpoint`: a `runtime.server` process as a backend, over HTTP (httpx).
+
+Generation goes to the server's native `/generate` (streamed as server-sent events when asked),
+`select` to `/score` (all choices in one request), fork prefixes to `/generate` with
+`max_new_tokens: 0`. The chat template's role markers are derived exactly as for the
+in-process backend, by rendering sentinel messages, here through `/apply_chat_template`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from ..chat_template import ChatTemplate
+from ..errors import BackendError
+from .base import Backend, GenChunk, GenOutput
+
+# gen() keyword -> /generate sampling_params key, where they differ
+_SERVER_NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+
+
+class RuntimeEndpoint(Backend):
+    """A backend for a server started with `python -m runtime.server`.
+
+    `url` is the server's base URL (e.g. "http://127.0.0.1:30000"); `api_key` is sent as
+    `Authorization: Bearer` when the server was started with `--api-key`. The constructor
+    contacts the server once (`/get_model_info`) and raises `BackendError` if it cannot.
+    One connection pool is shared by every thread (httpx.Client is thread-safe).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float | None = 600.0,
+        max_connections: int = 256,
+    ) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
+        )
+        self.model_info: dict[str, Any] = self._request("GET", "/get_model_info")
+        self.has_prefix_cache = bool(self.model_info.get("radix_cache", True))
+        self._template: ChatTemplate | None = None
+        self._template_lock = threading.Lock()
+
+    # ---- HTTP -------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            response = self._client.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{method} {self.url}{path} failed: {exc}") from exc
+        if response.status_code >= 400:
+            raise BackendError(_error_text(path, response.status_code, response.text))
+        return response.json()
+
+    # ---- Backend ------------------------------------------------------------------------------
+    def chat_template(self) -> ChatTemplate:
+        with self._template_lock:
+            if self._template is None:
+                if not self.model_info.get("has_chat_template"):
+                    self._template = ChatTemplate.plain()
+                else:
+                    self._template = ChatTemplate.derive(self._render)
+            return self._template
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        return self._request("POST", "/apply_chat_template", {"messages": messages})["text"]
+
+    def _body(self, prompt: str, params: dict[str, Any], stream: bool) -> dict[str, Any]:
+        sampling = {
+            _SERVER_NAMES.get(k, k): v
+            for k, v in params.items()
+            if v is not None and k != "return_logprob"
+        }
+        return {
+            # the server rejects an empty prompt; generating "after nothing" means after BOS
+            "text": prompt or self.unconditional_prompt(),
+            "sampling_params": sampling,
+            "return_logprob": bool(params.get("return_logprob")),
+            "stream": stream,
+        }
+
+    def generate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
+        return _to_output(self._request("POST", "/generate", self._body(prompt, params, False)))
+
+    def generate_stream(self, prompt: str, params: dict[str, Any]) -> Iterator[GenChunk]:
+        body = self._body(prompt, params, True)
+        try:
+            with self._client.stream("POST", "/generate", json=body) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise BackendError(
+                        _error_text("/generate", response.status_code, response.text)
+                    )
+                # leaving this block early (the caller closed the iterator) closes the
+                # connection, which makes the server abort the request and free its pages
+                for line in response.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    payload = line[len("data: ") :]
+                    if payload == "[DONE]":
+                        return
+                    event = json.loads(payload)
+                    if "error" in event:
+                        raise BackendError(f"/generate stream failed: {event['error']['message']}")
+                    done = _to_output(event) if "meta_info" in event else None
+                    yield GenChunk(event.get("delta", ""), done)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"POST {self.url}/generate (stream) failed: {exc}") from exc
+
+    def score(self, prompt: str, continuations: list[str]) -> list[list[float]]:
+        body = {"prompt": prompt or self.unconditional_prompt(), "continuations": continuations}
+        return self._request("POST", "/score", body)["token_logprobs"]
+
+    def commit_prefix(self, prefix: str) -> None:
+        if not prefix or not self.has_prefix_cache:
+            return  # nothing to cache; an empty prefill is not a request
+        self._request(
+            "POST", "/generate", {"text": prefix, "sampling_params": {"max_new_tokens": 0}}
+        )
+
+    def unconditional_prompt(self) -> str:
+        info = self.model_info
+        return info.get("bos_token") or info.get("eos_token") or "\n"
+
+    def stats(self) -> dict[str, Any]:
+        return self._request("GET", "/stats")
+
+    def shutdown(self) -> None:
+        self._client.close()
+
+
+def _error_text(path: str, status: int, text: str) -> str:
+    try:
+        message = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = text[:500]
+    return f"{path} answered {status}: {message}"
+
+
+def _to_output(body: dict[str, Any]) -> GenOutput:
+    meta = body["meta_info"]
+    reason = meta["finish_reason"]
+    if reason["type"] == "abort":
+        raise BackendError("the server aborted the request")
+    return GenOutput(
+        text=body["text"],
+        finish_reason=reason["type"],
+        prompt_tokens=meta["prompt_tokens"],
+        cached_tokens=meta["cached_tokens"],
+        completion_tokens=meta["completion_tokens"],
+        logprobs=meta.get("output_token_logprobs"),
+        matched_stop=reason.get("matched"),
+    )
