@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime import kernels
+from runtime.cascade_attention import cascade_decode_attention, plan_cascade
 from runtime.config import ModelConfig
 from runtime.errors import UnsupportedModelError
 from runtime.forward_batch import ForwardBatch
@@ -123,6 +124,10 @@ class LlamaModel:
         hidden = F.embedding(batch.input_ids, self.embed)
         cos, sin = self.rotary.cos_sin(batch.positions)
         t = hidden.shape[0]
+        cascade = None
+        if nd > 1 and not hidden.is_cuda:
+            cascade = plan_cascade(batch.decode_page_table, batch.decode_seq_lens, pool.page_size)
+            cascade = cascade if cascade.useful else None
         for li, layer in enumerate(self.layers):
             # attention block
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
@@ -139,7 +144,19 @@ class LlamaModel:
             k_pool.view(-1, cfg.num_kv_heads, cfg.head_dim).index_copy_(0, batch.out_slots, k)
             v_pool.view(-1, cfg.num_kv_heads, cfg.head_dim).index_copy_(0, batch.out_slots, v)
             parts = []
-            if nd:
+            if cascade is not None:
+                parts.append(
+                    cascade_decode_attention(
+                        q[:nd],
+                        k_pool,
+                        v_pool,
+                        batch.decode_page_table,
+                        batch.decode_seq_lens,
+                        self.scale,
+                        cascade,
+                    )
+                )
+            elif nd:
                 parts.append(
                     kernels.paged_decode_attention(
                         q[:nd],

@@ -1,0 +1,132 @@
+"""Decode attention that reads a prefix shared by many requests once (cascade attention).
+
+With a radix cache, requests that share a prompt prefix share its KV *pages*. Plain paged
+attention still reads those pages once per request: 64 questions behind a 1,500-token few-shot
+prefix read 64 x 1,500 tokens of K/V per layer and step. Here the decode batch is grouped by
+shared leading pages; each group attends to the shared part in one matmul (all its queries
+against one copy of the K/V), to its own tail separately, and the two halves are merged
+exactly with their log-sum-exps. Requests that share nothing take the ordinary kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime import kernels
+
+MIN_SHARED_PAGES = 2  # below this the grouping costs more than it saves
+
+
+@dataclass(slots=True)
+class CascadeGroup:
+    rows: torch.Tensor  # [G] rows of the decode batch
+    shared_slots: torch.Tensor  # [Ls] flat pool slots of the shared prefix
+    tail_page_table: torch.Tensor  # [G, P] pages after the shared ones
+    tail_lens: torch.Tensor  # [G]
+
+
+@dataclass(slots=True)
+class CascadePlan:
+    groups: list[CascadeGroup]
+    single_rows: torch.Tensor  # rows that go through the ordinary paged kernel
+
+    @property
+    def useful(self) -> bool:
+        return bool(self.groups)
+
+
+def plan_cascade(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> CascadePlan:
+    """Group decode rows whose page tables start with the same pages (computed once per step)."""
+    b = page_table.shape[0]
+    lens = seq_lens.long()
+    first = page_table[:, 0].tolist()
+    by_first: dict[int, list[int]] = {}
+    for row, page in enumerate(first):
+        by_first.setdefault(page, []).append(row)
+    groups: list[CascadeGroup] = []
+    singles: list[int] = []
+    for rows in by_first.values():
+        if len(rows) < 2:
+            singles.extend(rows)
+            continue
+        idx = torch.tensor(rows)
+        pt = page_table[idx]
+        # only whole pages every member has fully written can be shared
+        full = int(lens[idx].min()) // page_size
+        same = (pt[:, :full] == pt[:1, :full]).all(dim=0)
+        shared = int(same.long().cumprod(0).sum()) if full else 0
+        if shared < MIN_SHARED_PAGES:
+            singles.extend(rows)
+            continue
+        pages = pt[0, :shared].long()
+        slots = (pages[:, None] * page_size + torch.arange(page_size)).reshape(-1)
+        groups.append(
+            CascadeGroup(idx, slots, pt[:, shared:].contiguous(), lens[idx] - shared * page_size)
+        )
+    del b
+    return CascadePlan(groups, torch.tensor(sorted(singles), dtype=torch.long))
+
+
+def attend_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GQA attention in float32 returning (out [N, M, Hq, D], lse [N, M, Hq]).
+
+    q [N, M, Hq, D]; k, v [N, L, Hkv, D]; valid [N, L] bool or None (all keys visible).
+    """
+    n, m, hq, d = q.shape
+    hkv = k.shape[2]
+    g = hq // hkv
+    qg = q.float().view(n, m, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(n, hkv, g * m, d)
+    scores = torch.matmul(qg, k.float().permute(0, 2, 3, 1)).mul_(scale)  # [N, Hkv, G*M, L]
+    if valid is not None:
+        scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [N, Hkv, G*M]
+    probs = torch.exp(scores - lse[..., None]).nan_to_num_(0.0)
+    out = torch.matmul(probs, v.float().permute(0, 2, 1, 3))  # [N, Hkv, G*M, D]
+    out = out.view(n, hkv, g, m, d).permute(0, 3, 1, 2, 4).reshape(n, m, hq, d)
+    lse = lse.view(n, hkv, g, m).permute(0, 3, 1, 2).reshape(n, m, hq)
+    return out, lse
+
+
+def _merge(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
+    """Combine two attention halves over disjoint key sets from their outputs and lses."""
+    top = torch.maximum(l1, l2)
+    w1 = torch.exp(l1 - top).nan_to_num_(0.0)
+    w2 = torch.exp(l2 - top).nan_to_num_(0.0)
+    return (o1 * w1[..., None] + o2 * w2[..., None]) / (w1 + w2)[..., None]
+
+
+def cascade_decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    plan: CascadePlan,
+) -> torch.Tensor:
+    """Same result as `kernels.paged_decode_attention`, sharing reads of common prefixes."""
+    out = torch.empty_like(q)
+    ps = k_pool.shape[1]
+    k_flat = k_pool.view(-1, *k_pool.shape[2:])
+    v_flat = v_pool.view(-1, *v_pool.shape[2:])
+    for grp in plan.groups:
+        qg = q[grp.rows]  # [G, Hq, D]
+        ks, vs = k_flat[grp.shared_slots][None], v_flat[grp.shared_slots][None]
+        o1, l1 = attend_with_lse(qg[None], ks, vs, None, scale)  # all G queries at once
+        tail_len = int(grp.tail_lens.max())
+        pages = grp.tail_page_table[:, : -(-tail_len // ps)].long()
+        slots = (pages[:, :, None] * ps + torch.arange(ps)).reshape(len(grp.rows), -1)[:, :tail_len]
+        valid = torch.arange(tail_len)[None, :] < grp.tail_lens[:, None]
+        slots = torch.where(valid, slots, torch.zeros_like(slots))
+        o2, l2 = attend_with_lse(qg[:, None], k_flat[slots], v_flat[slots], valid, scale)
+        out[grp.rows] = _merge(o1[0], l1[0], o2[:, 0], l2[:, 0]).to(q.dtype)
+    if plan.single_rows.numel():
+        rows = plan.single_rows
+        out[rows] = kernels.paged_decode_attention(
+            q[rows], k_pool, v_pool, page_table[rows], seq_lens[rows], scale
+        )
+    return out
