@@ -20,8 +20,7 @@ from grammar.pattern import regex_escape
 
 # lark's common.lark terminals whose Python regexes use laziness / lookbehind
 _COMMON_EQUIVALENTS = {
-    r'".*?(?<!\\\\)(\\\\\\\\)*?"': r'"([^"\\\n]|\\[^\n])*"',  # ESCAPED_STRING
-    r"\".*?(?<!\\\\)(\\\\\\\\)*?\"": r'"([^"\\\n]|\\[^\n])*"',
+    r'".*?(?<!\\)(\\\\)*?"': r'"([^"\\\n]|\\[^\n])*"',  # ESCAPED_STRING
 }
 
 # a quantifier followed by `?` (lazy), outside character classes
@@ -95,6 +94,33 @@ def _case_insensitive(pattern: str) -> str:
     return "".join(out)
 
 
+def _inline_case_groups(pattern: str) -> str:
+    """Rewrite every `(?i:...)` group as a plain group with both letter cases spelled out."""
+    while True:
+        at = pattern.find("(?i:")
+        if at < 0:
+            return pattern
+        depth, i, in_class = 0, at, False
+        while i < len(pattern):
+            c = pattern[i]
+            if c == "\\":
+                i += 2
+                continue
+            if in_class:
+                in_class = c != "]"
+            elif c == "[":
+                in_class = True
+            elif c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            i += 1
+        body = _case_insensitive(pattern[at + 4 : i])
+        pattern = pattern[:at] + "(?:" + body + pattern[i:]
+
+
 def terminal_regex(name: str, pattern: object) -> str:
     """The full-match regex of a lark pattern; GrammarError naming the terminal if unusable."""
     kind = type(pattern).__name__
@@ -122,7 +148,7 @@ def terminal_regex(name: str, pattern: object) -> str:
         raise GrammarError(f"terminal {name}: lookaround is not supported in {value!r}")
     if "i" in flags:
         regex = _case_insensitive(regex)
-    return regex
+    return _inline_case_groups(regex)
 
 
 def build_terminal(name: str, pattern: object, priority: int) -> TerminalSpec:
