@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(state)
 
     def stop_admitting() -> None:
-        state.bridge.draining = True
+        # running requests get most of the grace period, then end with finish_reason "abort"
+        state.bridge.begin_drain(max(0.0, args.graceful_timeout - 1.0))
 
     config = uvicorn.Config(
         app,

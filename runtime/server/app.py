@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -95,6 +96,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.bridge.loop = asyncio.get_running_loop()
         yield
         state.bridge.draining = True
         cancelled = state.bridge.cancel_all()

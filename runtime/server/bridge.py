@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from runtime.request import StreamChunk
+from runtime.request import GenerateResult, StreamChunk, Usage
 from runtime.server.errors import APIError
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class EngineStream:
         self._iterator: Any = None
         self.cancelled = False
         self.done = False
+        self._text: list[str] = []  # what has streamed so far, for `_aborted_chunk`
+        self._token_ids: list[int] = []
         threading.Thread(target=self._pump, name="sgl-server-stream", daemon=True).start()
 
     def _put(self, item: tuple[str, Any]) -> None:
@@ -85,11 +87,29 @@ class EngineStream:
         if kind == "chunk":
             if value.finished:
                 self.done = True
+            else:
+                self._text.append(value.text_delta)
+                self._token_ids.extend(value.token_ids)
             return value
         self.done = True
         if kind == "error":
             raise value
+        if self.cancelled:
+            # closing the engine's iterator can end it before its final (abort) chunk
+            return self._aborted_chunk()
         raise StopAsyncIteration
+
+    def _aborted_chunk(self) -> StreamChunk:
+        result = GenerateResult(
+            text="".join(self._text),
+            token_ids=list(self._token_ids),
+            prompt_token_ids=list(self._prompt_ids),
+            finish_reason="abort",
+            usage=Usage(
+                prompt_tokens=len(self._prompt_ids), completion_tokens=len(self._token_ids)
+            ),
+        )
+        return StreamChunk(text_delta="", token_ids=[], finished=True, result=result)
 
 
 class Admission:
@@ -110,6 +130,7 @@ class EngineBridge:
         self.capacity = max_running + max_queue
         self.in_flight = 0
         self.draining = False
+        self.loop: asyncio.AbstractEventLoop | None = None  # set when the app starts
         self._streams: set[EngineStream] = set()
         cfg = engine.config
         self.context_len = min(cfg.max_position_embeddings, engine.pool.capacity_tokens)
@@ -164,6 +185,17 @@ class EngineBridge:
     async def run(self, fn: Any, *args: Any) -> Any:
         """A blocking engine call (score, stats) on a worker thread."""
         return await anyio.to_thread.run_sync(fn, *args)
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Refuse new requests now; cancel the running ones after `grace_s` seconds.
+
+        Safe to call from a signal handler: the cancellation is scheduled on the event loop,
+        and cancelled requests still end their streams properly (final chunk, [DONE]).
+        """
+        self.draining = True
+        if self.loop is not None and not self.loop.is_closed():
+            delay = max(0.0, grace_s)
+            self.loop.call_soon_threadsafe(self.loop.call_later, delay, self.cancel_all)
 
     def cancel_all(self) -> int:
         streams = list(self._streams)

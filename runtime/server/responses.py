@@ -39,7 +39,8 @@ def usage_of(results: list[GenerateResult], per_prompt: int) -> dict[str, Any]:
 
 
 def finish_reason(result: GenerateResult) -> str:
-    return "length" if result.finish_reason == "length" else "stop"
+    """OpenAI's finish_reason; "abort" when the server cancelled the request (shutdown)."""
+    return result.finish_reason if result.finish_reason in ("length", "abort") else "stop"
 
 
 def _token_text(tokenizer: Any, token_id: int) -> str:
