@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,6 +107,8 @@ class ClusterProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.stderr.close()
+        if self.proc.returncode == 0:  # keep the logs of a failed run for its error message
+            shutil.rmtree(self.log_dir, ignore_errors=True)
         return self.proc.returncode
 
 
