@@ -132,7 +132,7 @@ def run_transformers(header: str, questions: list[str], max_new: int) -> dict:
 
     folder = ensure_default_model()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
     outputs, prefill = [], 0
     start = time.perf_counter()
