@@ -33,6 +33,7 @@ KNOWN_PATHS = frozenset(
         "/score",
         "/get_model_info",
         "/apply_chat_template",
+        "/flush_cache",
     }
 )
 

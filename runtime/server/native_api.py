@@ -218,6 +218,13 @@ async def apply_chat_template(body: ChatTemplateRequest, request: Request) -> di
     return {"text": text}
 
 
+@router.post("/flush_cache")
+async def flush_cache(request: Request) -> dict[str, Any]:
+    """Drop every cached page no running request uses (for benchmarks and tests)."""
+    state = get_state(request)
+    return {"flushed": bool(await state.bridge.run(state.engine.flush_cache))}
+
+
 @router.get("/stats")
 async def stats(request: Request) -> dict[str, Any]:
     state = get_state(request)
