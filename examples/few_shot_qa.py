@@ -25,7 +25,8 @@ def few_shot_qa(s, question):
     s += "Answer each question with one word.\n\n"
     for q, a in EXAMPLES:
         s += "Q: " + q + "\nA: " + a + "\n\n"
-    s += "Q: " + question + "\nA: " + sgl.gen("answer", max_tokens=8, stop="\n")
+    # "A:" without a trailing space: the model writes " Paris" as one token, as in the examples
+    s += "Q: " + question + "\nA:" + sgl.gen("answer", max_tokens=8, stop="\n")
 
 
 def main() -> None:
