@@ -17,6 +17,16 @@ from .primitives import assistant, gen, select, system, user
 from .select_methods import ChoiceScores, SelectMethod
 from .state import ForkGroup, ProgramState
 
+
+def __getattr__(name: str) -> object:
+    # the HTTP backend imports httpx; load it only when a program asks for it
+    if name == "RuntimeEndpoint":
+        from .backend.endpoint import RuntimeEndpoint
+
+        return RuntimeEndpoint
+    raise AttributeError(f"module 'sgl_dsl' has no attribute {name!r}")
+
+
 __all__ = [
     "Backend",
     "BackendError",
@@ -30,6 +40,7 @@ __all__ = [
     "ProgramError",
     "ProgramState",
     "Runtime",
+    "RuntimeEndpoint",
     "SelectMethod",
     "SglError",
     "SglFunction",

@@ -267,3 +267,10 @@ def test_no_prefix_commits_on_a_backend_without_a_cache():
     backend.has_prefix_cache = False
     prog.run_batch([{"q": "a"}, {"q": "b"}], backend=backend)
     assert [c for c in backend.calls if c[0] == "commit"] == []
+
+
+def test_http_backend_is_exported_lazily():
+    from sgl_dsl.backend.endpoint import RuntimeEndpoint
+
+    assert sgl.RuntimeEndpoint is RuntimeEndpoint
+    assert issubclass(sgl.Runtime, sgl.Backend) and issubclass(RuntimeEndpoint, sgl.Backend)
