@@ -1,7 +1,8 @@
 """sgl_dsl: prompt programs with gen / select / fork / roles, run on a backend.
 
 import sgl_dsl as sgl
-sgl.set_default_backend(sgl.Runtime())
+sgl.set_default_backend(sgl.Runtime())             # the in-process engine
+sgl.set_default_backend(sgl.RuntimeEndpoint(url))  # or a `python -m runtime.server`
 """
 
 from __future__ import annotations
