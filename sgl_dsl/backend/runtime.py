@@ -100,8 +100,14 @@ class Runtime(Backend):
             self.engine.shutdown()
 
 
+_DTYPES = {"int": int, "float": float, "bool": bool, "str": str}
+
+
 def _engine_kwargs(params: dict[str, Any]) -> dict[str, Any]:
-    return {_ENGINE_NAMES.get(k, k): v for k, v in params.items() if v is not None}
+    kwargs = {_ENGINE_NAMES.get(k, k): v for k, v in params.items() if v is not None}
+    if "dtype" in kwargs:  # the IR names the type (it must cross HTTP); the grammar takes it
+        kwargs["dtype"] = _DTYPES[kwargs["dtype"]]
+    return kwargs
 
 
 def _to_output(result: Any) -> GenOutput:
