@@ -274,3 +274,24 @@ def test_http_backend_is_exported_lazily():
 
     assert sgl.RuntimeEndpoint is RuntimeEndpoint
     assert issubclass(sgl.Runtime, sgl.Backend) and issubclass(RuntimeEndpoint, sgl.Backend)
+
+
+def test_run_batch_shows_a_progress_bar(capsys):
+    @sgl.function
+    def prog(s, q):
+        s += q + sgl.gen("g")
+
+    prog.run_batch([{"q": str(i)} for i in range(3)], backend=FakeBackend(), progress_bar=True)
+    assert "3/3" in capsys.readouterr().err
+
+
+def test_runtime_adapter_speaks_the_engines_names():
+    from sgl_dsl.backend.runtime import _engine_kwargs
+
+    params = sgl.gen("g", max_tokens=5, min_tokens=1, return_logprob=True, dtype=int).params
+    assert _engine_kwargs(params) == {
+        "max_new_tokens": 5,
+        "min_new_tokens": 1,
+        "logprobs": True,
+        "dtype": int,
+    }
