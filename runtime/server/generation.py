@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -98,10 +99,13 @@ class ChoiceStreams:
         self._first: list[StreamChunk] = []
         self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
+        self._opened = time.perf_counter()
+        self.ttft_s = 0.0  # until every job's first chunk (or end) arrived
 
     async def start(self) -> None:
         try:
             firsts = await asyncio.gather(*(anext(s) for s in self._streams))
+            self.ttft_s = time.perf_counter() - self._opened
             for s, chunk in zip(self._streams, firsts, strict=True):
                 if chunk.finished:
                     _check(chunk.result, s, self._param)

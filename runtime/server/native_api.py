@@ -114,6 +114,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         try:
             streams = ChoiceStreams(bridge, jobs, param=param)
             await streams.start()
+            state.metrics.record_ttft(streams.ttft_s)
         except BaseException:
             admission.release()
             raise

@@ -93,6 +93,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         try:
             streams = ChoiceStreams(bridge, jobs, param="messages")
             await streams.start()
+            state.metrics.record_ttft(streams.ttft_s)
         except BaseException:
             admission.release()
             raise
@@ -148,11 +149,7 @@ class _Chat:
                 yield sse(
                     R.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""})
                 )
-            first = True
             async for index, chunk in streams:
-                if first:
-                    self.state.metrics.record_ttft(time.perf_counter() - started)
-                    first = False
                 if chunk.text_delta and not self.tool_mode:
                     yield sse(
                         R.chat_chunk(rid, model, created, index, {"content": chunk.text_delta})
@@ -243,6 +240,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         try:
             streams = ChoiceStreams(bridge, jobs, param="prompt")
             await streams.start()
+            state.metrics.record_ttft(streams.ttft_s)
         except BaseException:
             admission.release()
             raise
