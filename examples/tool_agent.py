@@ -31,7 +31,7 @@ def calculator(expression: str) -> str:
             return _OPS[type(node.op)](ev(node.operand))
         raise ValueError(f"not arithmetic: {expression!r}")
 
-    return str(ev(ast.parse(expression, mode="eval").body))
+    return str(ev(ast.parse(expression.strip(), mode="eval").body))
 
 
 def search(query: str) -> str:

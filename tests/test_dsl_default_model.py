@@ -161,26 +161,35 @@ def evaluate(expression: str) -> int:
             return _OPS[type(node.op)](ev(node.left), ev(node.right))
         raise ValueError(f"not arithmetic: {expression!r}")
 
-    return ev(ast.parse(expression, mode="eval").body)
+    return ev(ast.parse(expression.strip(), mode="eval").body)
+
+
+@sgl.function
+def calculator_step(s, question, regex=None):
+    s += "Write the arithmetic expression for the question.\n"
+    s += "Question: Tom has 3 apples and buys 4 more.\nExpression: 3 + 4\n"
+    s += "Question: A pack has 12 pens. How many pens are in 3 packs?\nExpression: 12 * 3\n"
+    s += "Question: " + question + "\nExpression:"
+    s += sgl.gen("expr", max_tokens=12, stop="\n", regex=regex)
+    # the tool call: Python evaluates what the model wrote, and the result goes back in
+    s += "\nResult: " + str(evaluate(s["expr"]))
+
+
+QUESTION = "A box holds 6 eggs. How many eggs are in 5 boxes?"
+
+
+def test_tool_use_evaluates_a_generated_expression(runtime):
+    state = calculator_step.run(question=QUESTION, backend=runtime, temperature=0)
+    assert state.text().endswith(f"Result: {evaluate(state['expr'])}")
+    assert sorted(int(n) for n in state["expr"].split()[::2]) == [5, 6]
 
 
 @constrained
-def test_tool_use_evaluates_a_generated_expression(runtime):
-    @sgl.function
-    def calculator_step(s, question):
-        s += "Write the arithmetic expression for the question.\n"
-        s += "Question: Tom has 3 apples and buys 4 more.\nExpression: 3 + 4\n"
-        s += "Question: " + question + "\nExpression: "
-        s += sgl.gen("expr", regex=r"\d+ [-+*] \d+", max_tokens=12)
-        s += "\nResult: " + str(evaluate(s["expr"]))
-
+def test_tool_use_with_a_regex_constrained_expression(runtime):
     state = calculator_step.run(
-        question="A box holds 6 eggs. How many eggs are in 5 boxes?",
-        backend=runtime,
-        temperature=0,
+        question=QUESTION, regex=r" \d+ [-+*] \d+", backend=runtime, temperature=0
     )
-    result = evaluate(state["expr"])
-    assert state.text().endswith(f"Result: {result}")
+    assert state.text().endswith(f"Result: {evaluate(state['expr'])}")
     assert sorted(int(n) for n in state["expr"].split()[::2]) == [5, 6]
 
 
