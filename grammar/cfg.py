@@ -35,7 +35,6 @@ from grammar.cfg_mask import Decomposition, VocabLayout, decompose, top_decompos
 from grammar.cfg_parser import LRTable, StackNode
 from grammar.cfg_terminals import TerminalSpec, build_terminal
 from grammar.errors import GrammarError
-from grammar.matcher import complete_utf8_prefix
 from grammar.vocab import TokenVocabulary
 
 logger = logging.getLogger(__name__)
@@ -45,20 +44,35 @@ _LAYOUTS: CompileCache = CompileCache(max_entries=8)
 MAX_FORCED_BYTES = 1024
 
 
-def _lark(text: str, start: str) -> Any:
-    """Parse the grammar with lark (LALR); every lark error becomes a GrammarError."""
-    from lark import Lark
-    from lark.exceptions import GrammarError as LarkGrammarError
+def _lark_analysis(text: str, start: str) -> tuple[list, list, list, Any]:
+    """lark's grammar loader and LALR(1) analysis, without building lark's own lexers (we never
+    use them): (terminal defs, rules, ignored terminal names, parse table). Every lark error
+    becomes a GrammarError carrying lark's message (which names the rule or terminal)."""
+    from lark.common import ParserConf
     from lark.exceptions import LarkError
+    from lark.load_grammar import load_grammar
+    from lark.parsers.lalr_analysis import LALR_Analyzer
 
     try:
-        return Lark(text, parser="lalr", lexer="contextual", start=start)
-    except LarkGrammarError as e:
-        raise GrammarError(f"lark grammar error: {e}") from None
+        grammar, _ = load_grammar(text, "<grammar>", None, False)
+        terminals, rules, ignore = grammar.compile([start], set())
+        analysis = LALR_Analyzer(ParserConf(rules, {}, [start]))
+        analysis.compute_lalr()
     except LarkError as e:
-        raise GrammarError(f"lark grammar error: {type(e).__name__}: {e}") from None
+        raise GrammarError(f"lark grammar error: {e}") from None
     except (KeyError, ValueError, AssertionError, TypeError) as e:
         raise GrammarError(f"lark grammar error: {type(e).__name__}: {e}") from None
+    return terminals, rules, ignore, analysis.parse_table
+
+
+def complete_utf8_prefix(data: bytes) -> str:
+    """The longest prefix of `data` made of whole UTF-8 characters, decoded."""
+    for cut in range(len(data), max(len(data) - 4, 0) - 1, -1):
+        try:
+            return data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""
 
 
 class CompiledCFG:
@@ -70,22 +84,20 @@ class CompiledCFG:
         self.start = start
         self.vocab = vocab
         self.eos_token_ids = frozenset(vocab.eos_token_ids)
-        parser = _lark(text, start)
-        self.lark = parser
-        used = {t.name for t in parser.terminals}
+        terminal_defs, _, ignore, table = _lark_analysis(text, start)
         self.terminals: list[TerminalSpec] = [
-            build_terminal(t.name, t.pattern, t.priority) for t in parser.terminals
+            build_terminal(t.name, t.pattern, t.priority) for t in terminal_defs
         ]
         index = {t.name: i for i, t in enumerate(self.terminals)}
-        self.ignore_bits = sum(1 << index[n] for n in parser.ignore_tokens if n in used)
-        table = parser.parser.parser.parser.parse_table
+        self.ignore_bits = sum(1 << index[n] for n in set(ignore) if n in index)
         self.table = LRTable(table, start, index)
         self.layout: VocabLayout = _LAYOUTS.get_or_build(vocab.hash, lambda: VocabLayout(vocab))
         self.num_words = self.layout.num_words
         self._lexers: dict[int, ContextLexer] = {}  # terminal bitset -> lexer
         self._state_lexer: dict[int, ContextLexer] = {}  # LR state -> lexer
-        self._top: dict[tuple[int, int], Decomposition] = {}
-        self._first_cut: dict[tuple[int, int], np.ndarray] = {}
+        # keyed by lexer-state signature (see ContextLexer.signature)
+        self._top: dict[tuple, Decomposition] = {}
+        self._first_cut: dict[tuple, np.ndarray] = {}
         self._lock = threading.Lock()
         # build every context's lexer now: a bad terminal combination fails at compile time
         for state in self.table.actions:
@@ -191,14 +203,14 @@ class CompiledCFG:
         return parts
 
     def _top_decomposition(self, lx: ContextLexer, q: int) -> Decomposition:
-        key = (id(lx), q)
+        key = lx.signature[q]
         d = self._top.get(key)
         if d is None:
             d = self._top.setdefault(key, top_decomposition(self.layout, lx, q))
         return d
 
     def _first_cut_words(self, lx: ContextLexer, q: int) -> np.ndarray:
-        key = (id(lx), q)
+        key = lx.signature[q]
         words = self._first_cut.get(key)
         if words is None:
             words = self._first_cut.setdefault(key, self.layout.first_bytes_words(lx.dead_bytes[q]))

@@ -31,49 +31,57 @@ class ContextLexer:
         self.terminal_bits = terminal_bits
         comps = [i for i in range(len(specs)) if terminal_bits >> i & 1]
         self.components = comps
-        tables = [specs[i].dfa.byte_table() for i in comps]
-        accepting = [specs[i].dfa.accepting for i in comps]
-        ranks = [specs[i].rank for i in comps]
-        k = len(comps)
-        index: dict[tuple[int, ...], int] = {(0,) * k: DEAD, (1,) * k: START}
-        order: list[tuple[int, ...]] = [(0,) * k, (1,) * k]
-        rows: list[np.ndarray] = [np.zeros(256, dtype=np.int32)]
+        dfas = {t: specs[t].dfa for t in comps}
+        # joint byte classes: bytes that every component treats alike
+        joint = np.stack([dfas[t].byte_to_class for t in comps], axis=1) if comps else None
+        if joint is None:
+            reps, byte_class = np.zeros(1, dtype=np.int64), np.zeros(256, dtype=np.int64)
+        else:
+            _, reps, byte_class = np.unique(joint, axis=0, return_index=True, return_inverse=True)
+        byte_class = byte_class.reshape(-1)
+        cls_of = {t: [dfas[t].classes[int(b)] for b in reps] for t in comps}
+        # a state is its signature: the live components and their states (dead ones dropped)
+        start_sig = tuple((t, 1) for t in comps)
+        index: dict[tuple, int] = {(): DEAD, start_sig: START}
+        order: list[tuple] = [(), start_sig]
+        class_rows: list[list[int]] = [[DEAD] * len(reps)]
         i = START
         while i < len(order):
-            cur = order[i]
-            # next component states for all 256 bytes at once: [k, 256]
-            nxt = np.stack([tables[c][cur[c]] for c in range(k)]) if k else np.zeros((0, 256))
-            cols, inverse = np.unique(nxt.T, axis=0, return_inverse=True)
-            ids = np.empty(len(cols), dtype=np.int32)
-            for j, col in enumerate(cols):
-                key = tuple(int(x) for x in col)
-                if not any(key):
-                    ids[j] = DEAD
-                    continue
-                s = index.get(key)
-                if s is None:
-                    s = len(order)
-                    if s > MAX_LEXER_STATES:
+            sig = order[i]
+            row = []
+            for c in range(len(reps)):
+                nxt = []
+                for t, st in sig:
+                    n = dfas[t].rows[st][cls_of[t][c]]
+                    if n:
+                        nxt.append((t, n))
+                key = tuple(nxt)
+                j = index.get(key)
+                if j is None:
+                    j = len(order)
+                    if j > MAX_LEXER_STATES:
                         raise GrammarError(
-                            f"the lexer over {[specs[c].name for c in comps]} exceeds "
+                            f"the lexer over {[specs[t].name for t in comps]} exceeds "
                             f"{MAX_LEXER_STATES} states"
                         )
-                    index[key] = s
+                    index[key] = j
                     order.append(key)
-                ids[j] = s
-            rows.append(ids[inverse.reshape(-1)])
+                row.append(j)
+            class_rows.append(row)
             i += 1
-        self.table = np.stack(rows).astype(np.int32)  # [n_states, 256]
+        self.table = np.array(class_rows, dtype=np.int32)[:, byte_class]  # [n_states, 256]
         self.rows: list[list[int]] = self.table.tolist()
+        # what the future of a state depends on: its live components (terminal, state); two
+        # states of different lexers with the same signature read every text the same way
+        self.signature: list[tuple[tuple[int, int], ...]] = order
         self.alive: list[int] = []
         self.winner: list[int] = []
-        for key in order:
+        for sig in order:
             bits, best, best_rank = 0, -1, None
-            for c, s in enumerate(key):
-                if s:
-                    bits |= 1 << comps[c]
-                    if accepting[c][s] and (best_rank is None or ranks[c] < best_rank):
-                        best, best_rank = comps[c], ranks[c]
+            for t, st in sig:
+                bits |= 1 << t
+                if dfas[t].accepting[st] and (best_rank is None or specs[t].rank < best_rank):
+                    best, best_rank = t, specs[t].rank
             self.alive.append(bits)
             self.winner.append(best)
         if self.winner[START] >= 0:

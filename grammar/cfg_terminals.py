@@ -16,12 +16,25 @@ from dataclasses import dataclass
 
 from grammar.errors import GrammarError
 from grammar.fsm import ByteDFA, regex_to_dfa
-from grammar.pattern import regex_escape
 
 # lark's common.lark terminals whose Python regexes use laziness / lookbehind
 _COMMON_EQUIVALENTS = {
     r'".*?(?<!\\)(\\\\)*?"': r'"([^"\\\n]|\\[^\n])*"',  # ESCAPED_STRING
 }
+
+_SPECIAL = set("\\.^$|?*+()[]{}-/")
+
+
+def regex_escape(text: str) -> str:
+    """A regex matching exactly `text` (control characters as \\xNN)."""
+    out = []
+    for c in text:
+        if ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\x{ord(c):02x}")
+        else:
+            out.append("\\" + c if c in _SPECIAL else c)
+    return "".join(out)
+
 
 # a quantifier followed by `?` (lazy), outside character classes
 _LAZY = re.compile(r"(\*|\+|\?|\})\?")

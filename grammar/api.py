@@ -1,0 +1,83 @@
+"""The compile entry points: regex / JSON Schema / choices -> cached CompiledGrammar."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from grammar.cache import CompileCache
+from grammar.compiled import CompiledGrammar
+from grammar.fsm import DEFAULT_MAX_STATES, ByteDFA, node_to_dfa, regex_to_dfa
+from grammar.json_schema import json_schema_to_node, load_schema
+from grammar.regex_ast import regex_escape
+from grammar.vocab import TokenVocabulary
+
+logger = logging.getLogger(__name__)
+
+_DFA_CACHE: CompileCache = CompileCache(max_entries=512)
+_GRAMMAR_CACHE: CompileCache = CompileCache(max_entries=256)
+
+
+def _dfa(pattern: str, max_states: int):
+    return _DFA_CACHE.get_or_build(
+        ("dfa", pattern, max_states), lambda: regex_to_dfa(pattern, max_states)
+    )
+
+
+def compile_regex(
+    pattern: str, vocab: TokenVocabulary, *, max_states: int = DEFAULT_MAX_STATES
+) -> CompiledGrammar:
+    """A constraint from a regex (full match). Cached by (pattern, vocab.hash); thread-safe."""
+
+    def build() -> CompiledGrammar:
+        return CompiledGrammar(_dfa(pattern, max_states), vocab, pattern)
+
+    return _GRAMMAR_CACHE.get_or_build(("regex", pattern, vocab.hash, max_states), build)
+
+
+def compile_json_schema(
+    schema: Any,
+    vocab: TokenVocabulary,
+    *,
+    whitespace: str | None = None,
+    max_recursion_depth: int = 3,
+    any_depth: int = 3,
+    max_states: int = DEFAULT_MAX_STATES,
+) -> CompiledGrammar:
+    """A constraint from a JSON Schema (dict, JSON text, pydantic class); see json_schema.py."""
+    loaded = load_schema(schema)
+    key = (
+        "schema",
+        json.dumps(loaded, ensure_ascii=False),
+        whitespace,
+        max_recursion_depth,
+        any_depth,
+        vocab.hash,
+        max_states,
+    )
+
+    def build() -> CompiledGrammar:
+        def build_dfa() -> ByteDFA:
+            node = json_schema_to_node(loaded, whitespace, max_recursion_depth, any_depth)
+            return node_to_dfa(node, max_states)
+
+        dfa = _DFA_CACHE.get_or_build(("dfa", *key[:5], max_states), build_dfa)
+        return CompiledGrammar(dfa, vocab, key[1])
+
+    return _GRAMMAR_CACHE.get_or_build(key, build)
+
+
+def choices_to_regex(choices: Sequence[str]) -> str:
+    return "(" + "|".join(regex_escape(c) for c in choices) + ")"
+
+
+def compile_choices(choices: Sequence[str], vocab: TokenVocabulary) -> CompiledGrammar:
+    """A constraint that matches exactly one of the given strings."""
+    return compile_regex(choices_to_regex(list(choices)), vocab)
+
+
+def clear_caches() -> None:
+    _DFA_CACHE.clear()
+    _GRAMMAR_CACHE.clear()

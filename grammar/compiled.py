@@ -1,0 +1,63 @@
+"""A compiled constraint: byte DFA + token index + the compressed DFA for jump-forward."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from grammar.fsm import START, ByteDFA
+from grammar.index import TokenIndex
+from grammar.vocab import TokenVocabulary
+
+if TYPE_CHECKING:
+    from grammar.matcher import Matcher
+
+
+class CompiledGrammar:
+    """Immutable once built, except for caches that are filled lazily under a lock.
+
+    Safe to share between threads; each sequence gets its own `matcher()`.
+    """
+
+    def __init__(self, dfa: ByteDFA, vocab: TokenVocabulary, source: str) -> None:
+        self.dfa = dfa
+        self.vocab = vocab
+        self.source = source
+        self.index = TokenIndex(dfa, vocab)
+        live = self.index.byte_table != 0  # [n_states, 256]
+        n_live = live.sum(axis=1)
+        self.can_continue: list[bool] = (n_live > 0).tolist()
+        # the one byte a state forces (-1 if none): exactly one live byte and not accepting
+        only = np.where((n_live == 1) & ~dfa.accepting, live.argmax(axis=1), -1)
+        self._forced_byte: list[int] = only.tolist()
+        self._forced: dict[int, tuple[bytes, int]] = {}
+        self._lock = threading.Lock()
+        self.eos_token_ids = frozenset(vocab.eos_token_ids)
+
+    @property
+    def start_state(self) -> int:
+        return START
+
+    def matcher(self) -> Matcher:
+        from grammar.matcher import Matcher
+
+        return Matcher(self)
+
+    def jump_forward(self, state: int) -> tuple[bytes, int]:
+        """The compressed DFA: the longest byte string every continuation from `state` starts
+        with, and the state after it (chains of single-successor states joined, cached)."""
+        hit = self._forced.get(state)
+        if hit is not None:
+            return hit
+        out = bytearray()
+        s = state
+        rows, classes, fb = self.dfa.rows, self.dfa.classes, self._forced_byte
+        while fb[s] >= 0 and len(out) <= self.dfa.num_states:
+            out.append(fb[s])
+            s = rows[s][classes[fb[s]]]
+        result = (bytes(out), s)
+        with self._lock:
+            self._forced[state] = result
+        return result

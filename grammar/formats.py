@@ -1,0 +1,52 @@
+"""Regexes for JSON Schema string formats (the text between the quotes).
+
+Standard formats we cannot express exactly raise UnsupportedSchemaError; formats outside the
+JSON Schema vocabulary (e.g. "int32", "color") are annotations and ignored, as the spec says.
+"""
+
+from __future__ import annotations
+
+_YEAR = "[0-9]{4}"
+_LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)"
+_DATE = (  # exact calendar dates, leap years included
+    rf"({_YEAR}-(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])"
+    rf"|{_YEAR}-(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+    rf"|{_YEAR}-02-(0[1-9]|1[0-9]|2[0-8])"
+    rf"|{_LEAP_YEAR}-02-29)"
+)
+_TIME = (
+    r"([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]+)?"
+    r"([Zz]|[+\-]([01][0-9]|2[0-3]):[0-5][0-9])"
+)
+_LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?"
+_HOSTNAME = rf"{_LABEL}(\.{_LABEL})*"
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_URI_CHAR = r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]"
+
+FORMAT_REGEXES: dict[str, str] = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": rf"{_DATE}[Tt]{_TIME}",
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "email": rf"[a-zA-Z0-9.!#$%&'*+=?^_`{{|}}~\-]+@{_HOSTNAME}",
+    "hostname": _HOSTNAME,
+    "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
+    "uri": rf"[a-zA-Z][a-zA-Z0-9+.\-]*:{_URI_CHAR}*",
+    "uri-reference": rf"{_URI_CHAR}*",
+}
+
+# standard formats whose exact language we do not build: refuse rather than ignore
+UNSUPPORTED_FORMATS = frozenset(
+    {
+        "ipv6",
+        "duration",
+        "idn-email",
+        "idn-hostname",
+        "iri",
+        "iri-reference",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+        "regex",
+    }
+)

@@ -1,0 +1,508 @@
+"""JSON Schema (dict, JSON text or pydantic model class) -> regex over compact JSON text.
+
+Output is what a schema-ordered generator emits: properties in the schema's order (own
+`properties`, then each `allOf` branch's, then those of the chosen `anyOf` / `oneOf` branch, then
+additional keys), `json.dumps(..., separators=(",", ":"), ensure_ascii=False)` spelling, and
+`whitespace` (a regex, default none) between structural tokens.
+
+Recursive `$ref`s are unrolled `max_recursion_depth` times (default 3): beyond that depth the
+recursive branch is impossible (an optional recursive property is left out, a recursive array
+stays empty). Values of unconstrained schemas (`{}` / `true`) are any JSON value nested at most
+`any_depth` levels deep (default 3). Keywords that cannot be honoured raise
+UnsupportedSchemaError naming the keyword and its JSON pointer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Any
+
+from grammar import numbers
+from grammar import regex_ast as ra
+from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
+from grammar.pattern import pattern_to_content
+from grammar.schema_merge import UNSUPPORTED, canonical, merge, type_set
+
+STRING_CHAR_TEXT = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+STRING_TEXT = f'"{STRING_CHAR_TEXT}*"'
+MAX_ALTERNATIVES = 256
+
+Node = object | None  # a regex node (grammar.regex_ast); None matches nothing
+
+
+def _literal(value: Any) -> object:
+    return ra.lit(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+
+
+def load_schema(schema: Any) -> dict | bool:
+    """A schema as a dict (or bool) from a dict, JSON text, or pydantic model class."""
+    if isinstance(schema, dict | bool):
+        return schema
+    if isinstance(schema, str | bytes):
+        try:
+            loaded = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"schema is not valid JSON: {e}") from None
+        if not isinstance(loaded, dict | bool):
+            raise GrammarError("a JSON Schema must be an object or a boolean")
+        return loaded
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    raise GrammarError(f"cannot read a JSON Schema from {type(schema).__name__}")
+
+
+def json_schema_to_regex(
+    schema: Any,
+    whitespace: str | None = None,
+    *,
+    max_recursion_depth: int = 3,
+    any_depth: int = 3,
+) -> str:
+    """The regex of every compact serialisation of an instance (see module docstring)."""
+    return ra.to_text(json_schema_to_node(schema, whitespace, max_recursion_depth, any_depth))
+
+
+def json_schema_to_node(
+    schema: Any, whitespace: str | None = None, max_recursion_depth: int = 3, any_depth: int = 3
+) -> object:
+    """Like json_schema_to_regex, as a shared regex syntax tree (what compile uses)."""
+    root = load_schema(schema)
+    out = _Builder(root, whitespace or "", max_recursion_depth, any_depth).value(root, "#")
+    if out is None:
+        raise GrammarError("the schema admits no instance")
+    return out
+
+
+class _Builder:
+    def __init__(self, root: dict | bool, ws: str, max_depth: int, any_depth: int) -> None:
+        self.root = root
+        self.ws = ra.parsed(ws) if ws else ra.EMPTY
+        self.comma = ra.seq(self.ws, ra.char(","), self.ws)
+        self.colon = ra.seq(self.ws, ra.char(":"), self.ws)
+        self.string_char = ra.parsed(STRING_CHAR_TEXT)
+        self.any_string = ra.parsed(STRING_TEXT)
+        self.max_depth = max_depth
+        self.any_depth = any_depth
+        self.ref_stack: list[str] = []
+        self._any: dict[int, object] = {}
+        self.n_alternatives = 0
+
+    # ----- normalisation: $ref, allOf, anyOf/oneOf groups -----
+    def resolve_ref(self, ref: str, ptr: str) -> Any:
+        if not ref.startswith("#"):
+            raise UnsupportedSchemaError("$ref", ptr, f"only local references: {ref!r}")
+        node: Any = self.root
+        for part in ref[1:].split("/")[1:] if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), part)
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise UnsupportedSchemaError("$ref", ptr, f"cannot resolve {ref!r}")
+        return node
+
+    def normalise(self, schema: Any, ptr: str) -> dict | bool:
+        """Flatten $ref and allOf; returns False when the recursion budget is exhausted."""
+        if isinstance(schema, bool):
+            return schema
+        if not isinstance(schema, dict):
+            raise GrammarError(f"schema at {ptr} is not an object or boolean")
+        for key in UNSUPPORTED:
+            if key in schema:
+                raise UnsupportedSchemaError(key, f"{ptr}/{key}")
+        out: dict | bool = {
+            k: v for k, v in schema.items() if k not in ("$ref", "allOf", "anyOf", "oneOf")
+        }
+        alts = []
+        for kind in ("anyOf", "oneOf"):
+            if kind in schema:
+                branches = schema[kind]
+                if not isinstance(branches, list) or not branches:
+                    raise GrammarError(f"{kind} at {ptr} must be a non-empty list")
+                alts.append((kind, branches, f"{ptr}/{kind}"))
+        if alts:
+            out["_alts"] = alts
+        if "$ref" in schema:
+            ref = schema["$ref"]
+            if self.ref_stack.count(ref) >= self.max_depth:
+                return False
+            self.ref_stack.append(ref)
+            try:
+                target = self.normalise(self.resolve_ref(ref, f"{ptr}/$ref"), ref)
+            finally:
+                self.ref_stack.pop()
+            out = merge(target, out, f"{ptr}/$ref")
+            if isinstance(out, dict):
+                out["_refs"] = [*out.get("_refs", []), ref]
+        for i, branch in enumerate(schema.get("allOf", [])):
+            out = merge(out, self.normalise(branch, f"{ptr}/allOf/{i}"), f"{ptr}/allOf/{i}")
+        return out
+
+    # ----- values -----
+    def value(self, schema: Any, ptr: str) -> Node:
+        return self.from_norm(self.normalise(schema, ptr), ptr)
+
+    def from_norm(self, norm: dict | bool, ptr: str) -> Node:
+        if norm is False:
+            return None
+        if norm is True:
+            return self.any_value(self.any_depth)
+        norm = dict(norm)
+        refs = norm.pop("_refs", [])
+        self.ref_stack.extend(refs)  # children of a referenced schema count as recursion
+        try:
+            alts = norm.pop("_alts", None)
+            if not alts:
+                return self.single(norm, ptr)
+            # distribute the first alternative group; the rest stay in each merged branch
+            (kind, branches, where), rest = alts[0], alts[1:]
+            if rest:
+                norm["_alts"] = rest
+            options: list[tuple[Node, Any, str]] = []
+            for i, branch in enumerate(branches):
+                self.n_alternatives += 1
+                if self.n_alternatives > MAX_ALTERNATIVES:
+                    raise UnsupportedSchemaError(kind, where, "too many alternatives")
+                at = f"{where}/{i}"
+                merged = merge(norm, self.normalise(branch, at), at)
+                options.append((self.from_norm(merged, at), merged, at))
+            if kind == "oneOf":
+                self.check_exclusive([o for o in options if o[0] is not None], where)
+            return ra.alt([o[0] for o in options])
+        finally:
+            del self.ref_stack[len(self.ref_stack) - len(refs) :]
+
+    def check_exclusive(self, options: list[tuple[Node, Any, str]], ptr: str) -> None:
+        """oneOf needs exactly one branch to match: refuse branches whose languages overlap."""
+        from grammar.fsm import node_to_dfa
+        from grammar.intersect import dfas_intersect
+
+        for (na, sa, _), (nb, sb, _) in itertools.combinations(options, 2):
+            ta = type_set(sa) if isinstance(sa, dict) else set()
+            tb = type_set(sb) if isinstance(sb, dict) else set()
+            if isinstance(sa, dict) and isinstance(sb, dict) and not (ta & tb):
+                continue
+            try:
+                overlap = dfas_intersect(node_to_dfa(na, 20_000), node_to_dfa(nb, 20_000))
+            except GrammarError:
+                overlap = True
+            if overlap:
+                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
+
+    def single(self, s: dict, ptr: str) -> Node:
+        values = None
+        if "enum" in s:
+            values = list(s["enum"])
+        if "const" in s:
+            c = s["const"]
+            values = [c] if values is None else [v for v in values if canonical(v) == canonical(c)]
+        if values is not None:
+            return ra.alt([_literal(v) for v in values if _enum_value_fits(v, s, ptr)])
+        types = s.get("type")
+        if types is None:
+            types = ["string", "number", "boolean", "null", "object", "array"]
+        elif not isinstance(types, list):
+            types = [types]
+        if "number" in types and "integer" in types:
+            types = [t for t in types if t != "integer"]
+        return ra.alt([self.typed(t, s, ptr) for t in types])
+
+    def typed(self, t: str, s: dict, ptr: str) -> Node:
+        if t == "string":
+            return self.string(s, ptr)
+        if t == "integer":
+            return self.integer(s, ptr)
+        if t == "number":
+            return self.number(s, ptr)
+        if t == "boolean":
+            return ra.alt([ra.lit("true"), ra.lit("false")])
+        if t == "null":
+            return ra.lit("null")
+        if t == "object":
+            return self.object(s, ptr)
+        if t == "array":
+            return self.array(s, ptr)
+        raise GrammarError(f"unknown type {t!r} at {ptr}/type")
+
+    def any_value(self, depth: int) -> object:
+        if depth not in self._any:
+            options = [self.any_string, ra.parsed(numbers.NUMBER)]
+            options += [ra.lit("true"), ra.lit("false"), ra.lit("null")]
+            if depth > 0:
+                inner = self.any_value(depth - 1)
+                member = ra.seq(self.any_string, self.colon, inner)
+                members = ra.seq(member, ra.repeat(ra.seq(self.comma, member), 0, None))
+                options.append(self.wrap("{", ra.optional(members), "}"))
+                elems = ra.seq(inner, ra.repeat(ra.seq(self.comma, inner), 0, None))
+                options.append(self.wrap("[", ra.optional(elems), "]"))
+            self._any[depth] = ra.alt(options)
+        return self._any[depth]
+
+    def wrap(self, open_: str, inner: Node, close: str) -> Node:
+        return ra.seq(ra.char(open_), self.ws, inner, self.ws, ra.char(close))
+
+    # ----- strings and numbers -----
+    def string(self, s: dict, ptr: str) -> Node:
+        lo, hi = s.get("minLength", 0), s.get("maxLength")
+        fmt, pattern = s.get("format"), s.get("pattern")
+        if fmt in UNSUPPORTED_FORMATS:
+            raise UnsupportedSchemaError("format", f"{ptr}/format", repr(fmt))
+        if hi is not None and hi < lo:
+            return None
+        content: Node
+        if pattern is not None:
+            if fmt in FORMAT_REGEXES:
+                raise UnsupportedSchemaError("pattern", f"{ptr}/pattern", "with format")
+            try:
+                if lo or hi is not None:
+                    content = _bounded_class_pattern(pattern, lo, hi, self.string_char)
+                    if content is False:
+                        raise UnsupportedSchemaError("maxLength", ptr, "with a general pattern")
+                else:
+                    content = pattern_to_content(pattern, self.string_char)
+            except GrammarError as e:
+                if isinstance(e, UnsupportedSchemaError):
+                    raise
+                raise UnsupportedSchemaError("pattern", f"{ptr}/pattern", str(e)) from None
+        elif fmt in FORMAT_REGEXES:
+            if lo or hi is not None:
+                raise UnsupportedSchemaError("maxLength", ptr, f"with format {fmt!r}")
+            content = ra.parsed(FORMAT_REGEXES[fmt])
+        else:
+            content = ra.repeat(self.string_char, lo, hi)
+        return ra.seq(ra.char('"'), content, ra.char('"'))
+
+    def integer(self, s: dict, ptr: str) -> Node:
+        mult = s.get("multipleOf")
+        if mult is not None and not (float(mult).is_integer() and int(mult) == 1):
+            raise UnsupportedSchemaError("multipleOf", f"{ptr}/multipleOf")
+        lo, hi = numbers.integer_bounds(*_bounds(s))
+        text = numbers.integer_range(lo, hi)
+        return None if text is None else ra.parsed(text)
+
+    def number(self, s: dict, ptr: str) -> Node:
+        if "multipleOf" in s:
+            if float(s["multipleOf"]) == 1:
+                return self.integer(s, ptr)
+            raise UnsupportedSchemaError("multipleOf", f"{ptr}/multipleOf")
+        mn, mx, emn, emx = _bounds(s)
+        if mn is None and mx is None and emn is None and emx is None:
+            return ra.parsed(numbers.NUMBER)
+        lo_candidates = [(mn, False), (emn, True)]
+        hi_candidates = [(mx, False), (emx, True)]
+        lo = max(
+            (c for c in lo_candidates if c[0] is not None),
+            default=(None, False),
+            key=lambda c: (c[0], c[1]),
+        )
+        hi = min(
+            (c for c in hi_candidates if c[0] is not None),
+            default=(None, False),
+            key=lambda c: (c[0], not c[1]),
+        )
+        for (v, _), key in ((lo, "minimum"), (hi, "maximum")):
+            if v is not None and not float(v).is_integer():
+                raise UnsupportedSchemaError(key, f"{ptr}/{key}", "non-integer number bound")
+        text = numbers.number_range(
+            None if lo[0] is None else int(lo[0]),
+            None if hi[0] is None else int(hi[0]),
+            lo[1],
+            hi[1],
+        )
+        return None if text is None else ra.parsed(text)
+
+    # ----- objects and arrays -----
+    def object(self, s: dict, ptr: str) -> Node:
+        if s.get("patternProperties"):
+            raise UnsupportedSchemaError("patternProperties", f"{ptr}/patternProperties")
+        props: dict[str, Any] = dict(s.get("properties", {}))
+        required = list(dict.fromkeys(s.get("required", [])))
+        extra = s.get("additionalProperties", True)
+        for name in required:
+            if name not in props:
+                if extra is False:
+                    return None
+                props[name] = extra
+        items: list[tuple[object, bool]] = []  # (node of '"key":value', required)
+        for name, sub in props.items():
+            v = self.value(sub, f"{ptr}/properties/{_ptr_escape(name)}")
+            if v is None:
+                if name in required:
+                    return None
+                continue
+            items.append((ra.seq(_literal(name), self.colon, v), name in required))
+        extra_item = None
+        if extra is not False:
+            key = self.string_except(list(props), ptr)
+            extra_item = ra.seq(key, self.colon, self.value(extra, f"{ptr}/additionalProperties"))
+        n_required = sum(1 for _, req in items if req)
+        if s.get("minProperties", 0) > n_required:
+            raise UnsupportedSchemaError("minProperties", f"{ptr}/minProperties")
+        n_max = s.get("maxProperties")
+        if n_max is not None and (extra_item is not None or len(items) > n_max):
+            raise UnsupportedSchemaError("maxProperties", f"{ptr}/maxProperties")
+        extras = ra.repeat(ra.seq(self.comma, extra_item), 0, None)
+        # suffix[i]: the members after at least one was written, from item i on (shared nodes)
+        suffix = [extras]
+        for node, req in reversed(items):
+            tail = ra.seq(self.comma, node)
+            suffix.insert(0, ra.seq(tail if req else ra.optional(tail), suffix[0]))
+        firsts: list[Node] = []
+        for i, (node, req) in enumerate(items):
+            firsts.append(ra.seq(node, suffix[i + 1]))
+            if req:
+                break
+        else:
+            if extra_item is not None:
+                firsts.append(ra.seq(extra_item, extras))
+            firsts.append(ra.EMPTY)
+        return self.wrap("{", ra.alt(firsts), "}")
+
+    def array(self, s: dict, ptr: str) -> Node:
+        if s.get("uniqueItems"):
+            raise UnsupportedSchemaError("uniqueItems", f"{ptr}/uniqueItems")
+        items = s.get("items", True)
+        if "prefixItems" in s:
+            prefix, rest, rest_ptr = s["prefixItems"], items, f"{ptr}/items"
+        elif isinstance(items, list):
+            prefix, rest, rest_ptr = items, s.get("additionalItems", True), f"{ptr}/additionalItems"
+        else:
+            prefix, rest, rest_ptr = [], items, f"{ptr}/items"
+        lo, hi = s.get("minItems", 0), s.get("maxItems")
+        elems: list[Node] = [
+            self.value(p, f"{ptr}/{'prefixItems' if 'prefixItems' in s else 'items'}/{i}")
+            for i, p in enumerate(prefix)
+        ]
+        # positions past an impossible element cannot exist
+        for i, e in enumerate(elems):
+            if e is None:
+                elems, hi = elems[:i], i if hi is None else min(hi, i)
+                break
+        rest_re = self.value(rest, rest_ptr) if (hi is None or hi > len(elems)) else None
+        if rest_re is None:
+            hi = len(elems) if hi is None else min(hi, len(elems))
+        if hi is not None and hi < lo:
+            return None
+        k = len(elems)
+
+        def tail(i: int) -> Node:
+            """What may follow once i >= 1 elements are written."""
+            if hi is not None and i >= hi:
+                return ra.EMPTY
+            if i >= k:
+                if rest_re is None:
+                    return ra.EMPTY
+                top = None if hi is None else hi - i
+                return ra.repeat(ra.seq(self.comma, rest_re), max(0, lo - i), top)
+            step = ra.seq(self.comma, elems[i], tail(i + 1))
+            return step if i < lo else ra.optional(step)
+
+        first = elems[0] if k else rest_re
+        if hi == 0 or first is None:
+            inner: Node = ra.EMPTY if lo == 0 else None
+        else:
+            body = ra.seq(first, tail(1))
+            inner = body if lo > 0 else ra.optional(body)
+        return self.wrap("[", inner, "]")
+
+    def string_except(self, names: list[str], ptr: str) -> object:
+        """A JSON string whose content is none of `names` (the complement of a trie)."""
+        if not names:
+            return self.any_string
+        if any(ord(ch) < 0x20 or ch in '"\\' for name in names for ch in name):
+            raise UnsupportedSchemaError("additionalProperties", ptr, "a name needs escapes")
+        trie: dict = {}
+        for name in names:
+            node = trie
+            for ch in name:
+                node = node.setdefault(ch, {})
+            node[""] = {}
+        escape = ra.parsed(r'\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}')
+        rest = ra.repeat(self.string_char, 0, None)
+
+        def complement(node: dict) -> Node:
+            children = [c for c in node if c]
+            other = ra.alt([ip_char_not(children), escape])
+            options = [ra.seq(other, rest)]
+            if "" not in node:
+                options.append(ra.EMPTY)
+            options += [ra.seq(ra.char(c), complement(node[c])) for c in children]
+            return ra.alt(options)
+
+        return ra.seq(ra.char('"'), complement(trie), ra.char('"'))
+
+
+def ip_char_not(excluded: list[str]) -> object:
+    from interegular import patterns as ip
+
+    bad = frozenset('"\\') | frozenset(chr(i) for i in range(0x20)) | frozenset(excluded)
+    return ip._CharGroup(bad, True)
+
+
+def _bounds(s: dict) -> tuple:
+    mn, mx = s.get("minimum"), s.get("maximum")
+    emn, emx = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
+    if isinstance(emn, bool):  # draft 4: a flag on minimum
+        emn, mn = (mn, None) if emn else (None, mn)
+    if isinstance(emx, bool):
+        emx, mx = (mx, None) if emx else (None, mx)
+    return mn, mx, emn, emx
+
+
+def _ptr_escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _bounded_class_pattern(pattern: str, lo: int, hi: int | None, any_char: object) -> Node | bool:
+    """`^[class]+$`-style patterns with length bounds: the class repeated lo..hi times."""
+    m = re.fullmatch(r"\^(\[(?:[^\]\\]|\\.)+\]|\\[dw]|\.)([+*])\$", pattern)
+    if not m:
+        return False
+    one = pattern_to_content(f"^{m.group(1)}$", any_char)
+    if m.group(2) == "+":
+        lo = max(lo, 1)
+    return ra.repeat(one, lo, hi)
+
+
+def _enum_value_fits(v: Any, s: dict, ptr: str) -> bool:
+    """Whether an enum / const value satisfies the type keyword next to it."""
+    if "type" not in s:
+        return True
+    types = type_set(s)
+    kind = (
+        "null"
+        if v is None
+        else "boolean"
+        if isinstance(v, bool)
+        else "integer"
+        if isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+        else "number"
+        if isinstance(v, float)
+        else "string"
+        if isinstance(v, str)
+        else "array"
+        if isinstance(v, list)
+        else "object"
+    )
+    return kind in types
+
+
+def dtype_to_regex(dtype: type) -> str:
+    """Regex for gen(dtype=...): int, float, bool (True|False), str (a JSON string)."""
+    if dtype is bool:
+        return "(True|False)"
+    if dtype is int:
+        return numbers.INTEGER
+    if dtype is float:
+        return numbers.NUMBER
+    if dtype is str:
+        return STRING_TEXT
+    raise GrammarError(f"unsupported dtype {dtype!r}: use int, float, bool or str")
+
+
+__all__ = ["dtype_to_regex", "json_schema_to_node", "json_schema_to_regex", "load_schema"]

@@ -1,0 +1,167 @@
+"""Regex text -> byte-level NFA, built backwards with hash-consing.
+
+The regex is parsed by ``interegular``; we build the automaton ourselves. ``build(node, k)``
+returns a state from which ``node`` is matched and then control continues at state ``k``.
+Memoising on (structure of node, k) means identical suffixes share states: the quadratic regex
+a JSON object with optional properties needs becomes a linear NFA (and a small DFA).
+"""
+
+from __future__ import annotations
+
+from interegular import patterns as ip
+
+from grammar.errors import GrammarError
+from grammar.utf8 import chars_to_ranges, utf8_sequences
+
+_DOT_CLS = type(ip._DOT)
+_EMPTY_CLS = type(ip._EMPTY)
+
+
+def parse_regex(pattern: str) -> ip.Pattern:
+    """Parse with interegular; unsupported constructs raise GrammarError naming them."""
+    try:
+        return ip.parse_pattern(pattern)
+    except ip.Unsupported as e:
+        raise GrammarError(f"regex construct not supported: {e} in {pattern[:200]!r}") from None
+    except ip.InvalidSyntax as e:
+        raise GrammarError(f"invalid regex syntax {e} in {pattern[:200]!r}") from None
+    except RecursionError:
+        raise GrammarError(f"regex too deeply nested: {pattern[:200]!r}") from None
+    except Exception as e:  # interegular's parser raises bare errors on odd input
+        raise GrammarError(f"invalid regex {pattern[:200]!r}: {e}") from None
+
+
+def byte_mask(lo: int, hi: int) -> int:
+    """A set of bytes lo..hi as a 256-bit integer."""
+    return ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
+
+
+class NFA:
+    """States with epsilon edges and byte-set edges (a byte set is a 256-bit int)."""
+
+    def __init__(self, max_states: int) -> None:
+        self.max_states = max_states
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[int, int]]] = []  # (byte mask, target)
+        self._memo: dict[tuple, int] = {}
+        self._keys: dict[int, int] = {}  # id(node) -> structural key
+        self._interned: dict[tuple, int] = {}
+        self._nodes: list[object] = []  # keeps parsed nodes alive so ids stay unique
+        self.final = self._new()
+
+    def _new(self) -> int:
+        if len(self.eps) >= self.max_states:
+            raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def add_regex(self, pattern: str) -> int:
+        """Build the NFA for `pattern` ending in `final`; returns its start state."""
+        return self.add_node(parse_regex(pattern))
+
+    def add_node(self, tree: object) -> int:
+        """Build the NFA for a parsed regex (interegular nodes, possibly a shared DAG)."""
+        self._nodes.append(tree)
+        try:
+            return self._build(tree, self.final)
+        except RecursionError:
+            raise GrammarError("regex too deeply nested") from None
+
+    def _key(self, node: object) -> int:
+        """Structural identity of a parse node, interned to a small int (linear time)."""
+        k = self._keys.get(id(node))
+        if k is not None:
+            return k
+        if isinstance(node, ip._CharGroup):
+            t: tuple = ("c", node.chars, node.negated)
+        elif isinstance(node, ip._Repeated):
+            t = ("r", self._key(node.base), node.min, node.max)
+        elif isinstance(node, ip._Concatenation):
+            t = ("&", *(self._key(p) for p in node.parts))
+        elif isinstance(node, ip.Pattern):
+            if node.added_flags or node.removed_flags:
+                raise GrammarError(f"regex flags are not supported: {node.added_flags}")
+            t = ("|", *(self._key(o) for o in node.options))
+        elif isinstance(node, _DOT_CLS):
+            t = (".",)
+        elif isinstance(node, _EMPTY_CLS):
+            t = ("e",)
+        elif isinstance(node, ip._NonCapturing):
+            kind = "lookbehind" if node.backwards else "lookahead"
+            raise GrammarError(
+                f"regex construct not supported: {kind} (?{'<' * node.backwards}...)"
+            )
+        else:
+            raise GrammarError(f"regex construct not supported: {type(node).__name__}")
+        k = self._interned.setdefault(t, len(self._interned))
+        self._keys[id(node)] = k
+        return k
+
+    def _build(self, node: object, k: int) -> int:
+        memo_key = (self._key(node), k)
+        s = self._memo.get(memo_key)
+        if s is None:
+            s = self._build_new(node, k)
+            self._memo[memo_key] = s
+        return s
+
+    def _build_new(self, node: object, k: int) -> int:
+        if isinstance(node, ip._CharGroup):
+            return self._chars(chars_to_ranges(node.chars, node.negated), k)
+        if isinstance(node, _DOT_CLS):
+            return self._chars(chars_to_ranges(frozenset("\n"), True), k)
+        if isinstance(node, _EMPTY_CLS):
+            return k
+        if isinstance(node, ip._Concatenation):
+            for part in reversed(node.parts):
+                k = self._build(part, k)
+            return k
+        if isinstance(node, ip.Pattern):
+            if len(node.options) == 1:
+                return self._build(node.options[0], k)
+            s = self._new()
+            self.eps[s] = [self._build(o, k) for o in node.options]
+            return s
+        if isinstance(node, ip._Repeated):
+            return self._repeat(node, k)
+        raise GrammarError(f"regex construct not supported: {type(node).__name__}")
+
+    def _repeat(self, node: ip._Repeated, k: int) -> int:
+        if node.max is not None and node.max < node.min:
+            raise GrammarError(f"bad repetition {{{node.min},{node.max}}}")
+        if node.max is None:
+            # loop: s -> k, s -> base -> s
+            s = self._new()
+            self.eps[s] = [k, self._build(node.base, s)]
+        else:
+            # (base (base (...)?)?)? : every optional copy may skip straight to k
+            s = k
+            for _ in range(node.max - node.min):
+                opt = self._new()
+                self.eps[opt] = [k, self._build(node.base, s)]
+                s = opt
+        for _ in range(node.min):
+            s = self._build(node.base, s)
+        return s
+
+    def _chars(self, ranges: list[tuple[int, int]], k: int) -> int:
+        s = self._new()
+        by_target: dict[int, int] = {}
+        for lo, hi in ranges:
+            for seq in utf8_sequences(lo, hi):
+                t = k if len(seq) == 1 else self._suffix(seq[1:], k)
+                by_target[t] = by_target.get(t, 0) | byte_mask(*seq[0])
+        self.edges[s] = [(m, t) for t, m in by_target.items()]
+        return s
+
+    def _suffix(self, seq: tuple[tuple[int, int], ...], k: int) -> int:
+        """State that reads continuation bytes `seq` then goes to k (shared between chars)."""
+        key = ("u", seq, k)
+        s = self._memo.get(key)
+        if s is None:
+            s = self._new()
+            t = k if len(seq) == 1 else self._suffix(seq[1:], k)
+            self.edges[s] = [(byte_mask(*seq[0]), t)]
+            self._memo[key] = s
+        return s

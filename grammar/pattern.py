@@ -1,0 +1,99 @@
+"""A JSON Schema `pattern` (search semantics, ECMA dialect) -> a regex node for JSON string
+content.
+
+The pattern is parsed by interegular and rebuilt with every character class narrowed to
+characters that appear literally in a JSON string (no quote, backslash or control character),
+so a string the regex accepts is valid JSON whose decoded value matches the pattern (strings
+that would need escapes inside the matched part are refused, never wrongly accepted).
+"""
+
+from __future__ import annotations
+
+import re
+
+from interegular import patterns as ip
+
+from grammar import regex_ast as ra
+from grammar.errors import GrammarError
+from grammar.nfa import parse_regex
+
+# what may appear unescaped inside a JSON string
+_UNSAFE = frozenset('"\\') | frozenset(chr(i) for i in range(0x20))
+_LINE_BREAKS = frozenset("\n\r\u2028\u2029")
+_U_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u([0-9a-fA-F]{4})")
+
+
+def _split_top_level(pattern: str) -> list[str]:
+    out, depth, in_class, i, start = [], 0, False, 0, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            out.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    out.append(pattern[start:])
+    return out
+
+
+def _ends_with_anchor(branch: str) -> bool:
+    if not branch.endswith("$"):
+        return False
+    backslashes = len(branch[:-1]) - len(branch[:-1].rstrip("\\"))
+    return backslashes % 2 == 0
+
+
+def _json_safe(node: object) -> object | None:
+    """The same regex with every character class narrowed to JSON-literal characters."""
+    if isinstance(node, ip._CharGroup):
+        if node.negated:
+            return ip._CharGroup(node.chars | _UNSAFE, True)
+        chars = node.chars - _UNSAFE
+        return ip._CharGroup(chars, False) if chars else None
+    if node is ip._DOT:
+        return ip._CharGroup(_UNSAFE | _LINE_BREAKS, True)
+    if node is ip._EMPTY:
+        return ra.EMPTY
+    if isinstance(node, ip._Concatenation):
+        return ra.seq(*(_json_safe(p) for p in node.parts))
+    if isinstance(node, ip.Pattern):
+        if node.added_flags or node.removed_flags:
+            raise GrammarError("regex flags are not supported")
+        return ra.alt([_json_safe(o) for o in node.options])
+    if isinstance(node, ip._Repeated):
+        return ra.repeat(_json_safe(node.base), node.min, node.max)
+    if isinstance(node, ip._NonCapturing):
+        raise GrammarError("regex construct not supported: lookaround (?=, ?!, ?<=, ?<!)")
+    raise GrammarError(f"regex construct not supported: {type(node).__name__}")
+
+
+def pattern_to_content(pattern: str, any_char: object) -> object | None:
+    """Node for JSON string content whose decoded text contains a match of `pattern`.
+
+    `any_char` is the node of one JSON string character (used for unanchored ends).
+    Returns None when no string can match. Raises GrammarError for constructs we cannot take.
+    """
+    pattern = _U_ESCAPE.sub(
+        lambda m: m.group(1) + ra.escape_char(chr(int(m.group(2), 16))), pattern
+    )
+    free = ra.repeat(any_char, 0, None)
+    branches = []
+    for branch in _split_top_level(pattern):
+        anchored_start, anchored_end = branch.startswith("^"), _ends_with_anchor(branch)
+        body = branch[1:] if anchored_start else branch
+        body = body[:-1] if anchored_end else body
+        node = _json_safe(parse_regex(body)) if body else ra.EMPTY
+        branches.append(
+            ra.seq(ra.EMPTY if anchored_start else free, node, ra.EMPTY if anchored_end else free)
+        )
+    return ra.alt(branches)

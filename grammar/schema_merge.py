@@ -1,0 +1,154 @@
+"""Schema normalisation: $ref resolution and allOf merging into one flat schema dict.
+
+A normalised schema has no $ref and no allOf; alternatives are kept as a list of groups
+`_alts = [(kind, [branch, ...], pointer), ...]` ("anyOf" / "oneOf") that the regex builder
+distributes over. Merging is exact or raises UnsupportedSchemaError.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grammar.errors import UnsupportedSchemaError
+
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "examples",
+        "example",
+        "$schema",
+        "$id",
+        "id",
+        "default",
+        "$comment",
+        "readOnly",
+        "writeOnly",
+        "deprecated",
+        "contentMediaType",
+        "contentEncoding",
+        "contentSchema",
+        "$anchor",
+        "$vocabulary",
+        "$dynamicAnchor",
+        "$defs",
+        "definitions",
+        "discriminator",
+        "nullable",
+        "xml",
+        "externalDocs",
+    }
+)
+UNSUPPORTED = (
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependencies",
+    "dependentRequired",
+    "dependentSchemas",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "$dynamicRef",
+    "$recursiveRef",
+)
+_MIN_KEYS = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
+_MAX_KEYS = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
+_TYPES = ("string", "integer", "number", "boolean", "null", "object", "array")
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def type_set(schema: dict) -> set[str]:
+    t = schema.get("type")
+    if t is None:
+        return set(_TYPES)
+    types = set(t if isinstance(t, list) else [t])
+    if "number" in types:
+        types.add("integer")
+    return types
+
+
+def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
+    """The conjunction of two normalised schemas (both without $ref / allOf)."""
+    if a is False or b is False:
+        return False
+    if a is True:
+        return b
+    if b is True:
+        return a
+    out = dict(a)
+    for key, bv in b.items():
+        if key in ANNOTATIONS:
+            continue
+        if key not in out:
+            out[key] = bv
+            continue
+        av = out[key]
+        if canonical(av) == canonical(bv) and key not in ("properties", "_alts"):
+            continue
+        if key == "type":
+            both = type_set({"type": av}) & type_set({"type": bv})
+            if not both:
+                return False
+            out[key] = sorted(both)
+        elif key in ("enum", "const"):
+            other = {canonical(x) for x in _values(bv, key)}
+            keep = [v for v in _values(av, key) if canonical(v) in other]
+            out.pop("const", None)
+            out["enum"] = keep
+            if not keep:
+                return False
+        elif key in _MIN_KEYS and not isinstance(av, bool) and not isinstance(bv, bool):
+            out[key] = max(av, bv)
+        elif key in _MAX_KEYS and not isinstance(av, bool) and not isinstance(bv, bool):
+            out[key] = min(av, bv)
+        elif key == "required":
+            out[key] = list(dict.fromkeys([*av, *bv]))
+        elif key in ("_alts", "_refs"):
+            out[key] = [*av, *bv]
+        elif key in ("properties", "additionalProperties"):
+            continue  # handled together below
+        elif key == "items" and isinstance(av, dict | bool) and isinstance(bv, dict | bool):
+            out[key] = {"allOf": [av, bv]}
+        else:
+            raise UnsupportedSchemaError("allOf", ptr, f"cannot merge two different {key!r}")
+    if "properties" in b or "additionalProperties" in b:
+        _merge_object(out, a, b)
+    return out
+
+
+def _values(v: Any, key: str) -> list:
+    return [v] if key == "const" else list(v)
+
+
+def _merge_object(out: dict, a: dict, b: dict) -> None:
+    """Properties of a conjunction: a key allowed by one side must be allowed by the other
+    (through its properties or additionalProperties)."""
+    pa, pb = a.get("properties", {}), b.get("properties", {})
+    xa, xb = a.get("additionalProperties", True), b.get("additionalProperties", True)
+    props: dict[str, Any] = {}
+    for name in dict.fromkeys([*pa, *pb]):
+        sa = pa.get(name, xa)
+        sb = pb.get(name, xb)
+        props[name] = False if (sa is False or sb is False) else _all_of(sa, sb)
+    out["properties"] = props
+    if xa is False or xb is False:
+        out["additionalProperties"] = False
+    else:
+        out["additionalProperties"] = _all_of(xa, xb)
+
+
+def _all_of(a: Any, b: Any) -> Any:
+    if a is True or a == {}:
+        return b
+    if b is True or b == {}:
+        return a
+    return {"allOf": [a, b]}

