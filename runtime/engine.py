@@ -126,7 +126,9 @@ class Engine:
             hooks = self.scheduler.hooks
             if hooks is None:
                 raise NotImplementedError("constrained decoding needs the grammar package")
-            hooks.attach(req, **constraint_kw)
+            hooks.attach(
+                req, **constraint_kw, wake=lambda: self.scheduler.inbox.put(("wake", None))
+            )
         return req
 
     def generate(

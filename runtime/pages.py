@@ -58,11 +58,15 @@ class PageBook:
         req.pages.extend(pages)
         return True
 
-    def cache_computed(self, req: Request) -> None:
-        """Put the full pages of `req`'s computed tokens into the tree (they stay locked)."""
+    def cache_computed(self, req: Request, ignore_limit: bool = False) -> None:
+        """Put the full pages of `req`'s computed tokens into the tree (they stay locked);
+        while it runs, no further than `req.cache_limit` (tokens that may still change)."""
         if self.tree is None:
             return
-        full = (req.computed // self.ps) * self.ps
+        upto = req.computed
+        if req.cache_limit is not None and not ignore_limit:
+            upto = min(upto, req.cache_limit)
+        full = (upto // self.ps) * self.ps
         if full <= req.cached:
             return
         n = full // self.ps
@@ -92,7 +96,7 @@ class PageBook:
     def release(self, req: Request) -> None:
         """Retire the request's pages: full computed pages into the tree, the rest freed."""
         if self.tree is not None:
-            self.cache_computed(req)
+            self.cache_computed(req, ignore_limit=True)
         own = req.pages[req.cached // self.ps :]
         self.pool.free(own)
         if req.node is not None and self.tree is not None:

@@ -138,7 +138,8 @@ class Request:
         self.streamed_token_len = 0
         self.aborted = False
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.constraint = constraint  # issue 4: a grammar matcher holder, or None
+        self.constraint = constraint  # a ConstraintState (constrained.py), or None
+        self.cache_limit: int | None = None  # cache at most this many tokens while running
         self.admit_order = 0
 
     @property

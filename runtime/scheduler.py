@@ -88,6 +88,8 @@ class Scheduler:
     def shutdown(self) -> None:
         self._stop = True
         self.inbox.put(("wake", None))
+        if self.hooks is not None:
+            self.hooks.shutdown()
         self._thread.join(timeout=30)
 
     # ---- the loop --------------------------------------------------------------------------
@@ -107,11 +109,20 @@ class Scheduler:
                 t0 = time.perf_counter()
                 if self.step():
                     self.busy_s += time.perf_counter() - t0
+                else:  # nothing could run (e.g. grammars compiling): wait for a message
+                    try:
+                        self._handle(self.inbox.get(timeout=0.05))
+                    except queue.Empty:
+                        pass
             except Exception as exc:  # a bug or a bad input must not kill the engine
-                logger.exception("scheduler step failed; aborting the running requests")
+                logger.exception("scheduler step failed; aborting the requests in flight")
                 for req in list(self.running):
                     req.error = exc
                     self.finish(req, "abort")
+                while self.waiting:  # one of them may be the cause: do not loop on it
+                    req = self.waiting.popleft()
+                    req.error = exc
+                    self._deliver_finished(req, "abort")
         for req in list(self.running) + list(self.waiting):
             req.error = RuntimeError("engine shut down")
             self.finish(req, "abort")
@@ -165,8 +176,6 @@ class Scheduler:
                 plan.extends.append(ExtendItem(req, req.computed, length))
                 budget -= length
         budget = self._admit(plan, budget)
-        if self.hooks is not None:
-            self.hooks.before_forward(self, plan)
         if not plan:
             if self.running:  # everyone is stuck waiting for pages: free some
                 self.preempt(max(self.running, key=lambda r: r.admit_order))
@@ -211,6 +220,14 @@ class Scheduler:
         for _, _, cap, req in candidates:
             if budget <= 0 or len(self.running) >= self.max_running:
                 break
+            if self.hooks is not None:
+                ok = self.hooks.admissible(req)
+                if ok is not True:
+                    if ok is not False:  # its grammar failed to compile
+                        self.waiting.remove(req)
+                        req.error = ok
+                        self._deliver_finished(req, "abort")
+                    continue
             # match again: admitting the previous candidate may have evicted pages
             match = self.book.match(req.seq, cap)
             if self._shares_pending_prefix(req, match.length, extending):
@@ -264,10 +281,17 @@ class Scheduler:
             self.book.cache_computed(req)
         rows = [row for _, row in plan.sample_rows]
         reqs = [req for req, _ in plan.sample_rows]
-        if self.hooks is not None:
-            self.hooks.mask_logits(reqs, logits, rows)
+        sample_logits = logits[rows]
+        if self.hooks is not None and reqs:
+            dead = self.hooks.mask_logits(reqs, sample_logits)
+            for req in dead:  # its constraint allows no token at all
+                req.error = RuntimeError("the constraint allows no token here")
+                self.finish(req, "abort")
+            if dead:
+                keep = [i for i, r in enumerate(reqs) if r not in dead]
+                reqs, sample_logits = [reqs[i] for i in keep], sample_logits[keep]
         if reqs:
-            out = sample(logits[rows], reqs, self.output.eos_ids, self.generator)
+            out = sample(sample_logits, reqs, self.output.eos_ids, self.generator)
             for i, req in enumerate(reqs):
                 req.output_ids.append(out.tokens[i])
                 if req.logprobs is not None:
@@ -278,6 +302,10 @@ class Scheduler:
                 if self.hooks is not None:
                     self.hooks.after_token(self, req)
                 self.output.check_finish(req)
+                if req.finish_reason == "length" and self.hooks is not None:
+                    reason = self.hooks.length_reason(req)
+                    if reason:
+                        req.error = RuntimeError(reason)
                 if req.finish_reason is not None:
                     self.finish(req, req.finish_reason)
                 elif req.stream:

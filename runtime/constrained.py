@@ -1,0 +1,213 @@
+"""Constrained decoding in the engine: grammar masks, compilation off the loop, jump-forward.
+
+A request with `regex`, `json_schema`, `choices` or `dtype` gets a `ConstraintState`. Its
+grammar compiles on a worker thread (the request waits in the queue meanwhile; other requests
+go on). Each step the packed masks of the constrained rows are applied to their logits in one
+call; rows without a constraint are not touched. After each sampled token the matcher
+advances; when the compressed DFA says the next bytes are forced, jump-forward appends them:
+
+    1. text  = bytes of all output tokens + forced bytes (cut to whole UTF-8 characters)
+    2. ids   = tokenizer.encode(text)                   (what the tokenizer would produce)
+    3. keep  = common prefix of the old output ids and `ids`
+    4. the KV of output tokens after `keep` is dropped (their pages freed), `ids[keep:]` become
+       the request's tail and are prefilled in one extend step, whose last logits sample the
+       next token. The tokens therefore always equal the tokenizer's encoding of the text.
+
+Jumped tokens were not sampled: their log-probs are reported as 0.0 (forced).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from runtime import kernels
+from runtime.request import Request
+
+if TYPE_CHECKING:
+    from runtime.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+class ConstraintState:
+    """A request's constraint: its compile job, then its matcher."""
+
+    def __init__(self, future: Future, jump_forward: bool) -> None:
+        self.future = future
+        self.jump_forward = jump_forward
+        self.matcher: Any = None
+        self.vocab: Any = None
+        self.compile_time_s = 0.0
+        self.jumps = 0
+        self.jumped_tokens = 0
+
+    def ready(self) -> bool:
+        if self.matcher is not None:
+            return True
+        if not self.future.done():
+            return False
+        grammar, vocab, seconds = self.future.result()  # raises the compile error, if any
+        self.matcher, self.vocab, self.compile_time_s = grammar.matcher(), vocab, seconds
+        return True
+
+
+class ConstraintHooks:
+    """The scheduler calls these; they run on the scheduler thread (compiles excepted)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.tokenizer = engine.tokenizer
+        self.eos_ids = frozenset(engine.eos_token_ids)
+        self._vocab: Any = None
+        self._vocab_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-grammar")
+        self._wake = engine.scheduler_wake if hasattr(engine, "scheduler_wake") else None
+
+    def vocab(self) -> Any:
+        from grammar import TokenVocabulary
+
+        with self._vocab_lock:
+            if self._vocab is None:
+                self._vocab = TokenVocabulary.from_tokenizer(self.tokenizer)
+            return self._vocab
+
+    # ---- from the caller's thread ----------------------------------------------------------
+    def attach(
+        self,
+        req: Request,
+        *,
+        regex: str | None = None,
+        json_schema: Any = None,
+        choices: list[str] | None = None,
+        dtype: Any = None,
+        jump_forward: bool = True,
+        wake: Any = None,
+    ) -> None:
+        named = {"regex": regex, "json_schema": json_schema, "choices": choices, "dtype": dtype}
+        given = [k for k, v in named.items() if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one constraint, got {given}")
+        if isinstance(dtype, str):
+            if dtype not in DTYPE_NAMES:
+                raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, got {dtype!r}")
+            dtype = DTYPE_NAMES[dtype]
+
+        def compile_job():
+            import grammar
+
+            start = time.perf_counter()
+            vocab = self.vocab()
+            if regex is not None:
+                g = grammar.compile_regex(regex, vocab)
+            elif json_schema is not None:
+                g = grammar.compile_json_schema(json_schema, vocab)
+            elif choices is not None:
+                if not choices:
+                    raise grammar.GrammarError("choices must not be empty")
+                g = grammar.compile_choices(list(choices), vocab)
+            else:
+                g = grammar.compile_regex(grammar.dtype_to_regex(dtype), vocab)
+            return g, vocab, time.perf_counter() - start
+
+        future = self._pool.submit(compile_job)
+        if wake is not None:
+            future.add_done_callback(lambda _: wake())
+        req.constraint = ConstraintState(future, jump_forward)
+        if jump_forward:
+            req.cache_limit = len(req.prompt_ids)  # outputs may be re-tokenised: cache at end
+
+    # ---- on the scheduler thread -------------------------------------------------------------
+    def admissible(self, req: Request) -> bool | BaseException:
+        """True when the request may run, False while compiling, the error if it failed."""
+        st = req.constraint
+        if st is None:
+            return True
+        try:
+            return st.ready()
+        except BaseException as exc:  # the compile error goes to the request
+            return exc
+
+    def mask_logits(self, reqs: list[Request], logits: torch.Tensor) -> list[Request]:
+        """Mask the constrained rows of `logits` (row i is reqs[i]); returns requests whose
+        constraint allows no token at all (to be aborted)."""
+        rows = [i for i, r in enumerate(reqs) if r.constraint is not None]
+        if not rows:
+            return []
+        masks = np.stack([reqs[i].constraint.matcher.bitmask() for i in rows])
+        dead = [reqs[i] for i, m in zip(rows, masks, strict=True) if not m.any()]
+        kernels.apply_token_bitmask_(
+            logits, torch.from_numpy(masks), torch.tensor(rows, dtype=torch.long)
+        )
+        return dead
+
+    def after_token(self, sched: Scheduler, req: Request) -> None:
+        """Advance the matcher by the sampled token; finish or jump forward as it says."""
+        st = req.constraint
+        if st is None:
+            return
+        tok = req.output_ids[-1]
+        st.matcher.advance(tok)
+        if tok in self.eos_ids:
+            return  # the output processor finishes it ("stop")
+        if st.matcher.is_dead():  # complete, and nothing may follow
+            req.finish_reason = "stop"
+            return
+        if st.jump_forward and len(req.output_ids) < req.params.max_new_tokens:
+            self._jump(sched, req, st)
+            if st.matcher.is_dead():
+                req.finish_reason = "stop"
+
+    def _jump(self, sched: Scheduler, req: Request, st: ConstraintState) -> None:
+        from grammar.matcher import complete_utf8_prefix
+
+        forced = st.matcher.forced_bytes()
+        if not forced:
+            return
+        out = req.output_ids
+        old = b"".join(st.vocab.token_bytes(t) or b"" for t in out)
+        text = complete_utf8_prefix(old + forced)
+        data = text.encode("utf-8")
+        if len(data) <= len(old):
+            return
+        new_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if b"".join(st.vocab.token_bytes(t) or b"" for t in new_ids) != data:
+            return  # the tokenizer does not round-trip this text: decode normally instead
+        # the unchanged head of the output keeps its KV; the rest is recomputed
+        same = 0
+        for a, b in zip(out, new_ids, strict=False):
+            if a != b:
+                break
+            same += 1
+        keep = len(req.prompt_ids) + same
+        if keep < req.cached:
+            return  # would rewrite shared (tree) pages: decode normally instead
+        st.matcher.advance_bytes(data[len(old) :])
+        st.jumps += 1
+        st.jumped_tokens += len(new_ids) - len(out)
+        out[same:] = new_ids[same:]
+        del out[req.params.max_new_tokens :]
+        if req.logprobs is not None:
+            req.logprobs[same:] = [0.0] * (len(out) - same)
+        if req.top_logprobs is not None:
+            req.top_logprobs[same:] = [{t: 0.0} for t in out[same:]]
+        req.streamed_token_len = min(req.streamed_token_len, same)
+        sched.book.truncate(req, keep)
+        req.prefill_done = req.computed == req.seq_len - 1
+
+    def length_reason(self, req: Request) -> str | None:
+        """Why a constrained request that hit max_new_tokens is incomplete (or None)."""
+        st = req.constraint
+        if st is None or st.matcher is None or st.matcher.is_accepting():
+            return None
+        return "max_new_tokens reached before the constraint was complete"
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
