@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+INCOMPLETE = "max_new_tokens reached before the constraint was complete"
 DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
 
 
@@ -162,7 +163,7 @@ class ConstraintHooks:
             return
         if st.jump_forward and len(req.output_ids) < req.params.max_new_tokens:
             self._jump(sched, req, st)
-            if st.matcher.is_dead():
+            if req.finish_reason is None and st.matcher.is_dead():
                 req.finish_reason = "stop"
 
     def _jump(self, sched: Scheduler, req: Request, st: ConstraintState) -> None:
@@ -193,7 +194,12 @@ class ConstraintHooks:
         st.jumps += 1
         st.jumped_tokens += len(new_ids) - len(out)
         out[same:] = new_ids[same:]
-        del out[req.params.max_new_tokens :]
+        if len(out) >= req.params.max_new_tokens:
+            # the forced text does not fit: keep what does and stop here
+            del out[req.params.max_new_tokens :]
+            req.finish_reason = "length"
+            if len(new_ids) > len(out) or not st.matcher.is_accepting():
+                req.error = RuntimeError(INCOMPLETE)
         if req.logprobs is not None:
             req.logprobs[same:] = [0.0] * (len(out) - same)
         if req.top_logprobs is not None:
@@ -207,7 +213,7 @@ class ConstraintHooks:
         st = req.constraint
         if st is None or st.matcher is None or st.matcher.is_accepting():
             return None
-        return "max_new_tokens reached before the constraint was complete"
+        return INCOMPLETE
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
