@@ -34,6 +34,10 @@ KNOWN_PATHS = frozenset(
         "/get_model_info",
         "/apply_chat_template",
         "/flush_cache",
+        "/server_info",
+        "/get_server_info",
+        "/model_info",
+        "/get_load",
     }
 )
 
@@ -143,8 +147,18 @@ def create_app(state: ServerState) -> FastAPI:
         text = s.metrics.render(engine_stats, s.bridge.in_flight)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    _add_gateway_routes(app, state)
     app.add_middleware(GateMiddleware, state=state)
     return app
+
+
+def _add_gateway_routes(app: FastAPI, state: ServerState) -> None:
+    """The worker routes the SGLang Model Gateway reads (runtime/cluster_worker_routes.py)."""
+    try:
+        from runtime.cluster_worker_routes import add_worker_routes
+    except ImportError:
+        return
+    add_worker_routes(app, state.engine)
 
 
 def build_state(
