@@ -1,7 +1,7 @@
 """Cache-aware vs round-robin routing over data-parallel replicas (issue 9).
 
 Run: .venv/bin/python -m benchmarks.cluster [--model PATH] [--families 8] [--per-family 16]
-     [--prefix-tokens 1000] [--max-tokens 4] [--concurrency 8] [--max-total-tokens 6144]
+     [--prefix-tokens 1000] [--max-tokens 4] [--concurrency 8] [--max-total-tokens 5120]
 
 The workload: `families` prompt families, each a different ~`prefix-tokens`-token document
 followed by one of `per-family` short questions; all requests shuffled (fixed seed) and sent
@@ -11,10 +11,11 @@ replicas' /metrics give the cache hit rate: cached prompt tokens / prompt tokens
 over the replicas.
 
 Each replica's KV pool is capped at `max-total-tokens` (0: the engine's default budget). With
-the default cap one replica holds about half of the families' prefixes: round-robin sends
-every family to every replica, so each replica's cache churns through all of them, while
-cache-aware routing keeps each family on one replica, so the replicas' caches together hold
-them all. Pass --max-total-tokens 0 for the uncapped figures.
+the default cap one replica holds about five of the eight ~1,000-token prefixes: round-robin
+sends every family to every replica, so each replica's cache churns through all of them,
+while cache-aware routing keeps each family on one replica, so the two caches together hold
+them all. Without the cap (--max-total-tokens 0) every replica keeps every prefix it has seen
+and round-robin only pays one extra prefill per family and replica.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def main() -> None:
     p.add_argument("--prefix-tokens", type=int, default=1000)
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--max-total-tokens", type=int, default=6144, help="per replica; 0: default")
+    p.add_argument("--max-total-tokens", type=int, default=5120, help="per replica; 0: default")
     p.add_argument("--threads-per-replica", type=int, default=1)
     p.add_argument("--policies", nargs="+", default=["cache_aware", "round_robin"])
     args = p.parse_args()
