@@ -8,7 +8,6 @@ caching, streaming. Greedy everywhere.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import operator
 
@@ -19,12 +18,6 @@ import sgl_dsl as sgl
 from tests._dsl_fixtures import ENGINE_KWARGS
 
 pytestmark = pytest.mark.heavy
-
-constrained = pytest.mark.xfail(
-    importlib.util.find_spec("runtime.constrained") is None,
-    reason="constrained decoding (regex / json_schema / dtype) has not landed in the engine",
-    strict=False,
-)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +75,6 @@ def test_select_true_false_unknown(runtime):
     assert len(scores) == 3 and all(lp and max(lp) <= 0 for lp in scores)
 
 
-@constrained
 def test_integer_and_regex_decoding(runtime):
     @sgl.function
     def facts(s):
@@ -112,7 +104,6 @@ PERSON = {
 }
 
 
-@constrained
 def test_json_decoding_parses_and_validates(runtime):
     @sgl.function
     def extract(s, document):
@@ -184,7 +175,6 @@ def test_tool_use_evaluates_a_generated_expression(runtime):
     assert sorted(int(n) for n in state["expr"].split()[::2]) == [5, 6]
 
 
-@constrained
 def test_tool_use_with_a_regex_constrained_expression(runtime):
     state = calculator_step.run(
         question=QUESTION, regex=r" \d+ [-+*] \d+", backend=runtime, temperature=0

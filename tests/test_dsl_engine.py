@@ -176,3 +176,20 @@ def test_a_failing_program_does_not_stop_the_batch(runtime):
     assert isinstance(states[1].error, sgl.BackendError)
     assert "top_p" in str(states[1].error)
     assert states[1].text() == "Hello"
+
+
+@pytest.mark.parametrize(
+    ("options", "allowed"),
+    [
+        pytest.param({"choices": ["red", "green", "blue"]}, {"red", "green", "blue"}, id="choices"),
+        pytest.param({"dtype": bool}, {"True", "False"}, id="dtype-bool"),
+        pytest.param({"regex": "(yes|no|maybe)"}, {"yes", "no", "maybe"}, id="regex"),
+    ],
+)
+def test_constrained_gen_on_a_random_model(runtime, options, allowed):
+    @sgl.function
+    def prog(s):
+        s += "Pick: " + sgl.gen("v", max_tokens=8, temperature=0, **options)
+
+    state = prog.run(backend=runtime)
+    assert state["v"] in allowed and isinstance(state["v"], str)
