@@ -177,11 +177,52 @@ def test_completion_logprobs(client, model):
     assert "".join(lp.tokens) == out.choices[0].text
 
 
-def test_tool_choice_none_and_auto_without_a_call_return_content(client, model):
-    out = _chat(client, model, max_tokens=5, tools=[WEATHER_TOOL], tool_choice="auto", **GREEDY)
-    # random weights never write a JSON call: the answer is content
-    assert out.choices[0].message.tool_calls is None
-    assert out.choices[0].message.content
+def test_tool_choice_none_answers_with_content(client, model):
+    out = _chat(client, model, max_tokens=5, tools=[WEATHER_TOOL], tool_choice="none", **GREEDY)
+    assert out.choices[0].message.tool_calls is None and out.choices[0].message.content
+
+
+@needs_constraints
+@pytest.mark.parametrize("seed", range(4))
+def test_tool_choice_auto_is_a_valid_call_or_plain_text(client, model, seed):
+    out = _chat(
+        client,
+        model,
+        content="Weather in Oslo?",
+        max_tokens=60,
+        seed=seed,
+        tools=[WEATHER_TOOL, TIME_TOOL],
+    )
+    message = out.choices[0].message
+    if message.tool_calls:
+        assert out.choices[0].finish_reason == "tool_calls"
+        call = message.tool_calls[0].function
+        schema = {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[call.name]
+        jsonschema.validate(json.loads(call.arguments), schema["function"]["parameters"])
+    else:  # text may not start a call it does not finish
+        assert not message.content.startswith("{")
+
+
+def test_history_with_tool_calls_and_results_renders(client, model):
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "4 degrees, rain"},
+    ]
+    out = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=3, tools=[WEATHER_TOOL], tool_choice="none"
+    )
+    assert out.usage.prompt_tokens > 20
 
 
 @needs_constraints

@@ -48,6 +48,14 @@ class EngineStream:
         self._token_ids: list[int] = []
         threading.Thread(target=self._pump, name="sgl-server-stream", daemon=True).start()
 
+    @property
+    def constraint_key(self) -> str | None:
+        """The constraint keyword this request carries (regex, json_schema, ...), if any."""
+        for key in ("regex", "json_schema", "choices", "dtype"):
+            if self._kwargs.get(key) is not None:
+                return key
+        return None
+
     def _put(self, item: tuple[str, Any]) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)

@@ -35,6 +35,15 @@ def _check(result: GenerateResult, stream: EngineStream, param: str | None) -> G
     if result.finish_reason == "abort" and result.error and not stream.cancelled:
         if "does not fit" in result.error:
             raise APIError(413, result.error, param=param, code="context_length_exceeded")
+        if stream.constraint_key is not None and not result.token_ids:
+            # the engine compiles constraints off its loop and reports a bad one as an abort
+            # carrying only the message: a request whose constraint failed before any token
+            raise APIError(
+                400,
+                f"invalid constraint: {result.error}",
+                param=stream.constraint_key,
+                code="invalid_constraint",
+            )
         raise APIError(500, f"the engine aborted the request: {result.error}", code="engine_abort")
     return result
 
@@ -47,7 +56,7 @@ async def _final(stream: EngineStream, param: str | None) -> GenerateResult:
     except APIError:
         raise
     except Exception as exc:
-        raise from_exception(exc, param) from exc
+        raise from_exception(exc, stream.constraint_key) from exc
     raise APIError(500, "the engine ended a request without a result", code="engine_abort")
 
 
@@ -113,7 +122,7 @@ class ChoiceStreams:
         except BaseException as exc:
             self.close()
             if isinstance(exc, Exception) and not isinstance(exc, APIError):
-                raise from_exception(exc, self._param) from exc
+                raise from_exception(exc) from exc
             raise
 
     async def _forward(self, index: int, stream: EngineStream) -> None:
@@ -133,7 +142,7 @@ class ChoiceStreams:
         while pending:
             index, item = await self._queue.get()
             if isinstance(item, Exception):
-                raise from_exception(item, self._param)
+                raise from_exception(item)
             if item.finished:
                 pending -= 1
                 _check(item.result, self._streams[index], self._param)

@@ -17,7 +17,12 @@ from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, Job, collect, sse, sse_error
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from runtime.server.state import ServerState, get_state
-from runtime.server.tools import forced_tools, parse_tool_call, tool_call_schema
+from runtime.server.tools import (
+    auto_tool_regex,
+    forced_tools,
+    parse_tool_call,
+    tool_call_schema,
+)
 
 router = APIRouter()
 
@@ -79,6 +84,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         constraint: dict[str, Any] = {"json_schema": schema}
     else:
         constraint = await anyio.to_thread.run_sync(response_format_constraint, body)
+        if tool_mode and not constraint and body.tool_choice in (None, "auto"):
+            regex = await anyio.to_thread.run_sync(auto_tool_regex, body.tools)
+            constraint = {"regex": regex} if regex else {}
     requested = (
         body.max_completion_tokens if body.max_completion_tokens is not None else (body.max_tokens)
     )

@@ -1,24 +1,31 @@
-"""Tool calling: describing tools to the model, constraining a forced call, reading calls back.
+r"""Tool calling: describing tools to the model, constraining a forced call, reading calls back.
 
 - `tool_choice` "required" or a named function: the output is constrained to the JSON
   `{"name": <tool>, "arguments": {...}}` by a schema built from the tools' parameter schemas
   (`anyOf` over the tools for "required"), so the call always parses and its arguments
   validate (unless max_tokens cuts it short: then finish_reason is "length" and the raw text is
   returned as content).
-- `tool_choice` "auto" (the default when tools are given): the model writes freely after a
-  system text that lists the tools and the call format; an answer that is exactly such a JSON
-  call to a known tool becomes a tool call, anything else is content.
+- `tool_choice` "auto" (the default when tools are given): the tools and the call format are
+  listed in a system text, and the output is constrained to the regex
+  `(<one valid call>)|([^{][\s\S]*)`: an answer that starts with "{" must be a complete,
+  valid call; any other first character starts free text. An answer that parses as a call to
+  a known tool is returned as a tool call, anything else as content. (When the tools'
+  schemas use a keyword the grammar cannot honour, auto falls back to unconstrained text read
+  back the same way; a response_format given with auto replaces the alternation.)
 - "none": tools are not shown to the model.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from typing import Any
 
 from runtime.server.errors import APIError
 from runtime.server.protocol import ChatCompletionRequest, Tool
+
+logger = logging.getLogger(__name__)
 
 _INSTRUCTIONS = (
     "You can call the following tools. To call one, answer with only a JSON object "
@@ -72,6 +79,18 @@ def tool_call_schema(tools: list[Tool]) -> dict[str, Any]:
     if len(tools) == 1:
         return _call_schema(tools[0])
     return {"anyOf": [_call_schema(t) for t in tools]}
+
+
+def auto_tool_regex(tools: list[Tool]) -> str | None:
+    """Either one valid call to one of `tools`, or text that does not start with "{"."""
+    from grammar import GrammarError, json_schema_to_regex
+
+    try:
+        call = json_schema_to_regex(tool_call_schema(tools))
+    except GrammarError as exc:
+        logger.info("tool_choice auto without a constraint: %s", exc)
+        return None
+    return f"({call})|([^{{][\\s\\S]*)"
 
 
 def parse_tool_call(text: str, tools: list[Tool]) -> dict[str, Any] | None:
