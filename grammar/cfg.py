@@ -97,7 +97,7 @@ class CompiledCFG:
         self._state_lexer: dict[int, ContextLexer] = {}  # LR state -> lexer
         # keyed by lexer-state signature (see ContextLexer.signature)
         self._top: dict[tuple, Decomposition] = {}
-        self._first_cut: dict[tuple, np.ndarray] = {}
+        self._first_cut: dict[bytes, np.ndarray] = {}  # keyed by the dead-byte set
         self._lock = threading.Lock()
         # build every context's lexer now: a bad terminal combination fails at compile time
         for state in self.table.actions:

@@ -88,6 +88,7 @@ class ContextLexer:
             raise GrammarError(f"terminal {specs[self.winner[START]].name} matches empty text")
         # per state, the bytes that no candidate can continue with: where a cut happens
         self.dead_bytes = self.table == DEAD  # [n_states, 256] bool
+        self.winner_arr = np.array(self.winner, dtype=np.int64)
 
     @property
     def num_states(self) -> int:

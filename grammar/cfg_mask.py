@@ -27,11 +27,38 @@ from grammar.cfg_lexer import DEAD, ContextLexer
 from grammar.vocab import TokenVocabulary
 
 
-class VocabLayout:
-    """The prepared vocabulary plus packed masks per first byte (built once per vocabulary)."""
+class TokenRows:
+    """The distinct non-empty token byte strings, sorted, as a zero-padded column-major byte
+    matrix: columns[p, r] is byte p of row r; lengths[r]; the rows starting with byte b are
+    first_start[b]:first_start[b + 1]; id_to_unique[i] is the row of id i, or U (a row never
+    allowed) for special / empty ids."""
 
     def __init__(self, vocab: TokenVocabulary) -> None:
-        self.prepared = vocab.prepared()
+        data = [vocab.token_bytes(i) for i in range(len(vocab))]
+        distinct = sorted({b for b in data if b})
+        row_of = {b: r for r, b in enumerate(distinct)}
+        width = max((len(b) for b in distinct), default=1)
+        joined = np.frombuffer(b"".join(distinct), dtype=np.uint8)
+        self.lengths = np.array([len(b) for b in distinct], dtype=np.int32)
+        starts = np.cumsum(self.lengths) - self.lengths
+        matrix = np.zeros((len(distinct), width), dtype=np.uint8)
+        # scatter every byte to (row, position) without a Python loop over bytes
+        row_idx = np.repeat(np.arange(len(distinct)), self.lengths)
+        pos_idx = np.arange(joined.shape[0]) - np.repeat(starts, self.lengths)
+        matrix[row_idx, pos_idx] = joined
+        self.columns = np.ascontiguousarray(matrix.T)
+        first = matrix[:, 0] if len(distinct) else np.zeros(0, dtype=np.uint8)
+        self.first_start = np.searchsorted(first, np.arange(257), side="left").astype(np.int64)
+        self.id_to_unique = np.array(
+            [row_of[b] if b else len(distinct) for b in data], dtype=np.int32
+        )
+
+
+class VocabLayout:
+    """The token rows plus packed masks per first byte (built once per vocabulary)."""
+
+    def __init__(self, vocab: TokenVocabulary) -> None:
+        self.prepared = TokenRows(vocab)
         self.num_tokens = len(vocab)
         self.num_words = (len(vocab) + 31) // 32
         self.num_rows = int(self.prepared.lengths.shape[0])
@@ -87,15 +114,16 @@ def decompose(
 ) -> Decomposition:
     """Walk token rows from byte offsets `pos` through `lexer` starting at state q0."""
     prep = layout.prepared
-    cols = prep.columns  # [max_len, U]
-    table = lexer.table
-    winner = np.array(lexer.winner, dtype=np.int64)
+    width = prep.columns.shape[1]
+    cols = prep.columns.reshape(-1)  # flat: byte p of row r at p * width + r
+    table = lexer.table.reshape(-1)  # flat: state s, byte b at s * 256 + b
+    winner = lexer.winner_arr
     lens = prep.lengths[rows].astype(np.int64)
     cur = np.full(rows.shape[0], q0, dtype=np.int64)
     end_rows, end_states, cut_rows, cut_pos, cut_terms = [], [], [], [], []
     while rows.size:
         # the next byte of every live token, and where it leads
-        nxt = table[cur, cols[pos, rows]].astype(np.int64)
+        nxt = table[cur * 256 + cols[pos * width + rows]].astype(np.int64)
         dead = nxt == DEAD
         if dead.any():
             # a dead byte is a cut if the text so far is a terminal; else the token is refused
@@ -118,11 +146,16 @@ def decompose(
     d = Decomposition()
     if end_rows:
         er, es = np.concatenate(end_rows), np.concatenate(end_states)
-        by_alive: dict[int, list[int]] = {}
-        for s in np.unique(es).tolist():
-            by_alive.setdefault(lexer.alive[s], []).append(s)
-        for alive, states in by_alive.items():
-            d.within.append((alive, layout.rows_to_words(er[np.isin(es, states)])))
+        # group the end states by which terminals are still alive there
+        alive_ids: dict[int, int] = {}
+        state_group = np.array(
+            [alive_ids.setdefault(a, len(alive_ids)) for a in lexer.alive], dtype=np.int64
+        )
+        groups = state_group[es]
+        for alive, k in alive_ids.items():
+            sel = groups == k
+            if sel.any():
+                d.within.append((alive, layout.rows_to_words(er[sel])))
     if cut_rows:
         cr, cp, ct = np.concatenate(cut_rows), np.concatenate(cut_pos), np.concatenate(cut_terms)
         for t in np.unique(ct).tolist():

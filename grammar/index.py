@@ -1,8 +1,9 @@
 """Per-state token masks: which tokens keep a DFA alive from a state, as packed bitsets.
 
 Masks are computed lazily, the first time a state is visited, and cached. One computation walks
-every candidate token through the DFA in lockstep over byte position with numpy gathers: only
-tokens whose first byte is live are candidates, and tokens drop out as soon as they die or end.
+every distinct token through the DFA in lockstep over byte position with numpy gathers (tokens
+sorted longest first, so the ones still walking at position p are a contiguous prefix); once
+few tokens survive, it walks only the survivors.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class TokenIndex:
         self.prepared = vocab.prepared()
         self.num_words = (len(vocab) + 31) // 32
         self.byte_table = np.ascontiguousarray(dfa.byte_table())  # [n_states, 256]
-        self._flat = self.byte_table.reshape(-1)
+        self._flat = self.byte_table.reshape(-1).astype(np.int64)  # int64: fastest gathers
         self._eos = np.array(vocab.eos_token_ids, dtype=np.int64)
         self._masks: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
@@ -45,45 +46,43 @@ class TokenIndex:
     def states_computed(self) -> int:
         return len(self._masks)
 
-    def allowed_rows(self, state: int) -> np.ndarray:
-        """Rows of the prepared (distinct) tokens that walk from `state` without dying."""
+    def allowed(self, state: int) -> np.ndarray:
+        """Bool per prepared (distinct) token row: walks from `state` without dying."""
         prep, flat = self.prepared, self._flat
-        row = self.byte_table[state]
-        # candidates: the contiguous runs of tokens whose first byte is live here
-        live_first = np.flatnonzero(row)
-        starts = prep.first_start[live_first]
-        counts = prep.first_start[live_first + 1] - starts
-        total = int(counts.sum())
-        if total == 0:
-            return np.zeros(0, dtype=np.int64)
-        offsets = np.repeat(starts - (np.cumsum(counts) - counts), counts)
-        idx = np.arange(total, dtype=np.int64) + offsets
-        cur = row[prep.columns[0][idx]].astype(np.int64)
-        lens = prep.lengths[idx]
-        done = []
-        pos = 1
-        while True:
-            # tokens that end here survived every byte: allowed
-            ended = lens == pos
-            if ended.any():
-                done.append(idx[ended])
-                keep = ~ended
-                idx, cur, lens = idx[keep], cur[keep], lens[keep]
-            if idx.size == 0:
+        # position 0: every token, one gather from this state's row
+        cur = self._flat[state * 256 : state * 256 + 256][prep.columns[0]]
+        dense = True
+        idx = None
+        p = 1
+        while p < prep.columns.shape[0]:
+            n = int(prep.n_longer[p])  # tokens longer than p are the first n rows
+            if n == 0:
                 break
-            # advance the rest by their next byte; drop those that die
-            nxt = flat[cur * 256 + prep.columns[pos][idx]]
-            alive = nxt != DEAD
-            idx, cur, lens = idx[alive], nxt[alive].astype(np.int64), lens[alive]
-            pos += 1
-            if idx.size == 0:
-                break
-        return np.concatenate(done) if done else np.zeros(0, dtype=np.int64)
+            if dense:
+                # lockstep over a contiguous prefix: no compaction while most tokens live
+                head = cur[:n]
+                nxt = flat[head * 256 + prep.columns[p][:n]]
+                cur[:n] = nxt
+                alive = int(np.count_nonzero(nxt))
+                if alive == 0:
+                    break
+                if alive * 8 < n:  # few survivors: switch to walking only those
+                    dense = False
+                    idx = np.flatnonzero(nxt)
+            else:
+                idx = idx[: np.searchsorted(idx, n)]  # drop tokens that ended
+                if idx.size == 0:
+                    break
+                nxt = flat[cur[idx] * 256 + prep.columns[p][idx]]
+                cur[idx] = nxt
+                idx = idx[nxt != DEAD]
+            p += 1
+        return cur != DEAD
 
     def _compute(self, state: int) -> np.ndarray:
         prep = self.prepared
-        allowed = np.zeros(prep.lengths.shape[0] + 1, dtype=bool)  # last row: never allowed
-        allowed[self.allowed_rows(state)] = True
+        allowed = np.zeros(prep.num_rows + 1, dtype=bool)  # last row: never allowed
+        allowed[:-1] = self.allowed(state)
         bits = np.zeros(self.num_words * 32, dtype=bool)
         bits[: prep.id_to_unique.shape[0]] = allowed[prep.id_to_unique]
         if self.dfa.accepting[state] and self._eos.size:

@@ -37,18 +37,21 @@ _UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
 
 @dataclass(slots=True, frozen=True)
 class PreparedTokens:
-    """Distinct non-empty token byte strings, sorted, laid out for vectorised DFA walks.
+    """Distinct non-empty token byte strings, longest first, laid out for lockstep DFA walks.
 
-    columns: uint8 [L, U] zero-padded bytes, column-major (byte position p of every token is the
-    contiguous row columns[p]); lengths: int32 [U]; first_start: int64 [257], the
-    tokens starting with byte b are rows first_start[b]:first_start[b+1]; id_to_unique: int32
-    [V] row of each id, or U (a row that is never allowed) for special / empty tokens.
+    columns: uint8 [L, U]; columns[p] holds byte p of every token (row order = longest first,
+    zero past a token's end), so the tokens still walking at position p are exactly the first
+    n_longer[p] rows. id_to_unique: int32 [V], the row of each id, or U (a row that is never
+    allowed) for special / empty tokens.
     """
 
     columns: np.ndarray
-    lengths: np.ndarray
-    first_start: np.ndarray
+    n_longer: np.ndarray
     id_to_unique: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.columns.shape[1])
 
 
 class TokenVocabulary:
@@ -119,19 +122,17 @@ class TokenVocabulary:
         return self._prepared
 
     def _prepare(self) -> PreparedTokens:
-        distinct = sorted({b for b in self._bytes if b})
+        distinct = sorted({b for b in self._bytes if b}, key=lambda b: (-len(b), b))
         row_of = {b: r for r, b in enumerate(distinct)}
         u = len(distinct)
         width = max((len(b) for b in distinct), default=1)
-        tokens = np.zeros((u, width), dtype=np.uint8)
-        lengths = np.zeros(u, dtype=np.int32)
-        for r, b in enumerate(distinct):
-            tokens[r, : len(b)] = np.frombuffer(b, dtype=np.uint8)
-            lengths[r] = len(b)
-        first = tokens[:, 0] if u else np.zeros(0, dtype=np.uint8)
-        first_start = np.searchsorted(first, np.arange(257), side="left").astype(np.int64)
+        flat = np.frombuffer(b"".join(b.ljust(width, b"\0") for b in distinct), dtype=np.uint8)
+        columns = np.ascontiguousarray(flat.reshape(u, width).T)
+        lengths = np.array([len(b) for b in distinct], dtype=np.int64)
+        # rows are sorted by length, longest first: n_longer[p] = #tokens with length > p
+        n_longer = np.array([int(np.count_nonzero(lengths > p)) for p in range(width + 1)])
         id_to_unique = np.array([row_of[b] if b else u for b in self._bytes], dtype=np.int32)
-        return PreparedTokens(np.ascontiguousarray(tokens.T), lengths, first_start, id_to_unique)
+        return PreparedTokens(columns, n_longer, id_to_unique)
 
 
 def _is_byte_level(tokenizer: Any) -> bool:
