@@ -78,9 +78,11 @@ class SglFunction:
         defaults = _defaults(max_new_tokens, temperature, top_p)
         state = ProgramState(resolve_backend(backend), defaults, stream=stream)
         if stream:
-            threading.Thread(
+            runner = threading.Thread(
                 target=self._execute, args=(state, args, kwargs), daemon=True, name="sgl-run"
-            ).start()
+            )
+            runner.start()
+            state._runner = runner.ident
             return state
         self._execute(state, args, kwargs)
         if state.error is not None:

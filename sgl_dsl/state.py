@@ -49,6 +49,8 @@ class ProgramState:
         self._changed = threading.Condition()
         self._worker: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
+        # the thread running the program when it runs in the background (stream=True)
+        self._runner: int | None = None
 
     # ---- what a program writes ---------------------------------------------------------
 
@@ -68,21 +70,26 @@ class ProgramState:
         return name in self._vars
 
     def get_var(self, name: str) -> Any:
-        self.sync()
+        """The variable's value; a program running in the background is waited for."""
+        self._wait_background(lambda: name in self._vars)
+        self._drain()
         if name not in self._vars:
             known = ", ".join(sorted(self._vars)) or "none"
             raise KeyError(f"no variable {name!r} in this state (variables: {known})")
         return self._vars[name]
 
     def set_var(self, name: str, value: Any, meta: Any = None) -> None:
-        self._vars[name] = value
-        self._meta[name] = meta
-        if name not in self._new_vars:
-            self._new_vars.append(name)
+        with self._changed:
+            self._vars[name] = value
+            self._meta[name] = meta
+            if name not in self._new_vars:
+                self._new_vars.append(name)
+            self._changed.notify_all()
 
     def get_meta_info(self, name: str) -> Any:
         """Per gen: finish_reason, prompt/cached/completion tokens; per select: the scores."""
-        self.sync()
+        self._wait_background(lambda: name in self._meta)
+        self._drain()
         return self._meta.get(name)
 
     def fork(self, n: int) -> ForkGroup:
@@ -143,7 +150,19 @@ class ProgramState:
             raise self.error
 
     def sync(self) -> None:
-        """Wait for queued work (forks); re-raise the first error it hit."""
+        """Wait for queued work (a fork's, or a background program); re-raise a fork's error."""
+        self._wait_background(lambda: False)
+        self._drain()
+
+    def _wait_background(self, ready: Any) -> None:
+        """From outside a background program's thread: wait until `ready()` or the end."""
+        if self._runner is None or threading.get_ident() == self._runner:
+            return
+        with self._changed:
+            while not (ready() or self._finished):
+                self._changed.wait()
+
+    def _drain(self) -> None:
         pending, self._pending = self._pending, []
         for future in pending:
             future.result()

@@ -295,3 +295,16 @@ def test_runtime_adapter_speaks_the_engines_names():
         "logprobs": True,
         "dtype": int,
     }
+
+
+def test_reading_a_streaming_state_waits_for_the_program():
+    @sgl.function
+    def prog(s):
+        s += "A: " + sgl.gen("a") + "\nB: " + sgl.gen("b")
+        s += "\nlen=" + str(len(s["a"]))  # the program's own reads never wait on itself
+
+    backend = FakeBackend({"A: ": "hello", "B: ": "world"})
+    state = prog.run(backend=backend, stream=True)
+    assert state["b"] == "world"  # waits until the background program has set it
+    assert state.text() == "A: hello\nB: world\nlen=5"
+    assert state.get_meta_info("a")["finish_reason"] == "stop"
