@@ -163,6 +163,8 @@ class CompiledCFG:
     # ----- masks -----
     def bitmask(self, node: StackNode, q: int) -> np.ndarray:
         """Packed mask (int32 words) of the tokens allowed at (node, q); shared, read-only."""
+        if node.masks is None:
+            node.masks = {}
         words = node.masks.get(q)
         if words is None:
             words = self._compute_mask(node, q)
@@ -178,9 +180,9 @@ class CompiledCFG:
             node2 = self.take(node, w)
             if node2 is not None:
                 parts.append(self.bitmask(node2, START) & self._first_cut_words(lx, q))
-        out = np.bitwise_or.reduce(parts) if parts else self.layout.empty.copy()
-        if len(parts) == 1:
-            out = out.copy()
+        out = parts[0].copy() if parts else self.layout.empty.copy()
+        for p in parts[1:]:
+            np.bitwise_or(out, p, out=out)
         if self.layout.eos.size and self.is_accepting(node, q):
             eos = self.layout.eos
             np.bitwise_or.at(out, eos >> 5, (1 << (eos & 31)).astype(np.uint32).view(np.int32))
@@ -229,6 +231,8 @@ class CompiledCFG:
 
     def forced(self, node: StackNode, q: int) -> bytes:
         """The longest byte string every valid continuation of (node, q) starts with."""
+        if node.forced is None:
+            node.forced = {}
         hit = node.forced.get(q)
         if hit is not None:
             return hit

@@ -31,11 +31,11 @@ class StackNode:
         self.state = state
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
-        self.fed: dict[int, StackNode | None] = {}
+        self.fed: dict[int, StackNode | None] | None = None
         self.acceptable: int | None = None
         self.accepts_end: bool | None = None
-        self.masks: dict[Any, Any] = {}
-        self.forced: dict[Any, Any] = {}
+        self.masks: dict[Any, Any] | None = None
+        self.forced: dict[Any, Any] | None = None
 
     def states(self) -> list[int]:
         out, n = [], self
@@ -67,12 +67,12 @@ class LRTable:
                     idx = terminal_index[sym]
                 else:
                     if action is Shift:
-                        gotos[sym] = arg
+                        gotos[str(sym)] = arg
                     continue
                 if action is Shift:
                     row[idx] = (True, arg)
                 else:
-                    row[idx] = (False, (len(arg.expansion), arg.origin.name))
+                    row[idx] = (False, (len(arg.expansion), str(arg.origin.name)))
             self.actions[state] = row
             self.goto[state] = gotos
         # the terminals lark's contextual lexer considers in each state (its LALR lookaheads)
@@ -82,6 +82,8 @@ class LRTable:
         self.start_state = parse_table.start_states[start]
         self.end_state = parse_table.end_states[start]
         self._interned: dict[tuple[int, int], StackNode] = {}
+        self._acc_depth: dict[int, int] = {}  # top state -> stack depth acceptable_bits reads
+        self._acc_cache: dict[tuple[int, ...], int] = {}  # top states -> acceptable bits
         self._lock = threading.Lock()
         self.root = StackNode(self.start_state, None)
 
@@ -105,6 +107,8 @@ class LRTable:
 
     def feed(self, node: StackNode, terminal: int) -> StackNode | None:
         """The stack after shifting `terminal` (reductions first), or None on a syntax error."""
+        if node.fed is None:
+            node.fed = {}
         hit = node.fed.get(terminal, False)
         if hit is not False:
             return hit  # type: ignore[return-value]
@@ -139,11 +143,62 @@ class LRTable:
         return node.accepts_end
 
     def acceptable_bits(self, node: StackNode) -> int:
-        """Bitset of the terminals that `feed` accepts at this node (exact, not LALR's)."""
-        if node.acceptable is None:
-            bits = 0
-            for t in self.actions[node.state]:
-                if t != self.end and self.feed(node, t) is not None:
+        """Bitset of the terminals that `feed` accepts at this node (exact, not LALR's).
+
+        The answer depends only on the top few states (as deep as the reductions reach), so it
+        is also cached by that many top states, shared between stacks that agree there."""
+        if node.acceptable is not None:
+            return node.acceptable
+        d = self._acc_depth.get(node.state)
+        key = None
+        if d is not None and node.depth + 1 >= d:
+            key = self._top_states(node, d)
+            bits = self._acc_cache.get(key)
+            if bits is not None:
+                node.acceptable = bits
+                return bits
+        bits, deepest = 0, 1
+        for t in self.actions[node.state]:
+            if t != self.end:
+                ok, reached = self._can_shift(node, t)
+                deepest = max(deepest, reached)
+                if ok:
                     bits |= 1 << t
-            node.acceptable = bits
-        return node.acceptable
+        self._acc_depth[node.state] = max(d or 0, deepest)
+        self._acc_cache[self._top_states(node, deepest)] = bits
+        node.acceptable = bits
+        return bits
+
+    @staticmethod
+    def _top_states(node: StackNode, d: int) -> tuple[int, ...]:
+        out = []
+        n: StackNode | None = node
+        for _ in range(d):
+            if n is None:
+                break
+            out.append(n.state)
+            n = n.parent
+        return tuple(out)
+
+    def _can_shift(self, node: StackNode, terminal: int) -> tuple[bool, int]:
+        """Whether `feed` would succeed, simulated on a scratch list (no nodes created), and
+        how many of the stack's top states the simulation read."""
+        actions, goto = self.actions, self.goto
+        above: list[int] = []  # states pushed above `node` by the simulated reductions
+        reached = 1
+        while True:
+            act = actions[above[-1] if above else node.state].get(terminal)
+            if act is None:
+                return False, reached
+            if act[0]:
+                return True, reached
+            length, nonterminal = act[1]
+            k = min(length, len(above))
+            del above[len(above) - k :]
+            for _ in range(length - k):
+                node = node.parent  # type: ignore[assignment]
+                reached += 1
+            target = goto[above[-1] if above else node.state].get(nonterminal)
+            if target is None:
+                return False, reached
+            above.append(target)
