@@ -1,0 +1,389 @@
+"""JSON Schema -> lark grammar, so recursive schemas (`$ref` cycles) compile exactly, with no
+depth limit, through the CFG path: `compile_json_schema_cfg(schema, vocab)`.
+
+The grammar generates the same compact text as `json_schema_to_regex` (properties in schema
+order, `json.dumps(..., separators=(",", ":"), ensure_ascii=False)` spelling; `whitespace=True`
+adds `%ignore` of JSON whitespace between tokens). Objects, arrays, `$ref`, `anyOf` / `oneOf`
+become rules; scalar schemas (string / number / integer / boolean / null / enum / const, with
+their bounds, patterns and formats) become one terminal each, whose regex comes from
+`json_schema_to_regex` on that sub-schema.
+
+Keywords: type (and lists), properties, required, additionalProperties (false, true or a
+schema), items, prefixItems (fixed length), minItems / maxItems, $ref / $defs / definitions,
+anyOf, oneOf (as anyOf when its branches are of different JSON types), allOf of one branch or of
+scalar branches; annotations are ignored. Anything else raises UnsupportedSchemaError naming
+the keyword and its JSON pointer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from grammar.errors import GrammarError, UnsupportedSchemaError
+
+ANNOTATIONS = frozenset(
+    {"title", "description", "examples", "example", "$schema", "$id", "id", "default",
+     "$comment", "deprecated", "readOnly", "writeOnly", "$defs", "definitions"}
+)  # fmt: skip
+STRUCTURAL = frozenset(
+    {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
+     "minItems", "maxItems", "$ref", "anyOf", "oneOf", "allOf"}
+)  # fmt: skip
+SCALAR_TYPES = frozenset({"string", "number", "integer", "boolean", "null"})
+MAX_BOUNDED_ITEMS = 64
+STRING_CHAR = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+
+_ANY_VALUE = r"""
+json_any: json_obj | json_arr | JSON_STRING | JSON_NUMBER | "true" | "false" | "null"
+json_obj: "{" [JSON_STRING ":" json_any ("," JSON_STRING ":" json_any)*] "}"
+json_arr: "[" [json_any ("," json_any)*] "]"
+JSON_STRING: /"([^"\\\x00-\x1f]|\\["\\\/bfnrt]|\\u[0-9a-fA-F]{4})*"/
+JSON_NUMBER: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/
+"""
+
+
+def _lark_regex(regex: str) -> str:
+    """A regex as a lark /.../ literal (slashes escaped)."""
+    out, i = [], 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            out.append(regex[i : i + 2])
+            i += 2
+            continue
+        out.append("\\/" if c == "/" else c)
+        i += 1
+    return "/" + "".join(out) + "/"
+
+
+def _has_ref(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        return "$ref" in schema or any(_has_ref(v) for v in schema.values())
+    if isinstance(schema, list):
+        return any(_has_ref(v) for v in schema)
+    return False
+
+
+def _types_of(schema: Any) -> set[str] | None:
+    """The JSON types a schema's instances can have, when it says (None: any / unknown)."""
+    if not isinstance(schema, dict):
+        return None
+    t = schema.get("type")
+    if isinstance(t, str):
+        return {"number" if t == "integer" else t}
+    if isinstance(t, list):
+        return {"number" if x == "integer" else x for x in t}
+    if "const" in schema or "enum" in schema:
+        values = [schema["const"]] if "const" in schema else schema["enum"]
+        names = {type(v).__name__ for v in values}
+        mapping = {"str": "string", "int": "number", "float": "number", "bool": "boolean",
+                   "NoneType": "null", "dict": "object", "list": "array"}  # fmt: skip
+        return {mapping[n] for n in names}
+    if "properties" in schema:
+        return {"object"}
+    if "items" in schema or "prefixItems" in schema:
+        return {"array"}
+    return None
+
+
+class _Builder:
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.lines: list[str] = []
+        self.by_ref: dict[str, str] = {}
+        self.n_rules = 0
+        self.n_terms = 0
+        self.terminals: dict[str, str] = {}  # regex -> terminal name
+        self.uses_any = False
+
+    def new_rule(self) -> str:
+        self.n_rules += 1
+        return f"r{self.n_rules}"
+
+    def terminal(self, regex: str) -> str:
+        name = self.terminals.get(regex)
+        if name is None:
+            self.n_terms += 1
+            name = self.terminals[regex] = f"T{self.n_terms}"
+            self.lines.append(f"{name}: {_lark_regex(regex)}")
+        return name
+
+    def literal(self, text: str) -> str:
+        return json.dumps(text)
+
+    # ----- dispatch -----
+    def rule(self, schema: Any, ptr: str) -> str:
+        """A lark symbol (rule or terminal name) for the instances of `schema`."""
+        if schema is True or schema == {}:
+            self.uses_any = True
+            return "json_any"
+        if schema is False:
+            raise GrammarError(f"the schema at {ptr} admits no instance")
+        if not isinstance(schema, dict):
+            raise GrammarError(f"schema at {ptr} is not an object or boolean")
+        for key in schema:
+            if key not in STRUCTURAL and key not in ANNOTATIONS and not self.scalar_keyword(key):
+                raise UnsupportedSchemaError(key, f"{ptr}/{key}")
+        if "$ref" in schema:
+            others = [k for k in schema if k != "$ref" and k not in ANNOTATIONS]
+            if others:
+                raise UnsupportedSchemaError("$ref", ptr, f"beside {others}")
+            return self.ref(schema["$ref"], ptr)
+        if "allOf" in schema:
+            return self.all_of(schema, ptr)
+        for kind in ("anyOf", "oneOf"):
+            if kind in schema:
+                return self.any_of(schema, kind, ptr)
+        types = schema.get("type")
+        type_list = [types] if isinstance(types, str) else list(types or [])
+        if "enum" in schema or "const" in schema or (type_list and set(type_list) <= SCALAR_TYPES):
+            return self.scalar(schema, ptr)
+        if not type_list:
+            if "properties" in schema or "required" in schema or "additionalProperties" in schema:
+                type_list = ["object"]
+            elif "items" in schema or "prefixItems" in schema:
+                type_list = ["array"]
+            else:
+                self.uses_any = True
+                return "json_any"
+        alts = []
+        for t in type_list:
+            if t == "object":
+                alts.append(self.object(schema, ptr))
+            elif t == "array":
+                alts.append(self.array(schema, ptr))
+            else:
+                alts.append(self.scalar({**_scalar_part(schema), "type": t}, ptr))
+        return self.alternatives(alts)
+
+    @staticmethod
+    def scalar_keyword(key: str) -> bool:
+        return key in {
+            "enum", "const", "minLength", "maxLength", "pattern", "format", "minimum",
+            "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        }  # fmt: skip
+
+    def alternatives(self, symbols: list[str]) -> str:
+        symbols = list(dict.fromkeys(symbols))
+        if len(symbols) == 1:
+            return symbols[0]
+        name = self.new_rule()
+        self.lines.append(f"{name}: " + " | ".join(symbols))
+        return name
+
+    def ref(self, ref: str, ptr: str) -> str:
+        if not ref.startswith("#"):
+            raise UnsupportedSchemaError("$ref", ptr, f"only local references: {ref!r}")
+        hit = self.by_ref.get(ref)
+        if hit is not None:
+            return hit
+        node: Any = self.root
+        for part in ref[1:].split("/")[1:] if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), part)
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise UnsupportedSchemaError("$ref", ptr, f"cannot resolve {ref!r}")
+        # name the rule before building it, so a cycle refers back to it
+        name = self.by_ref[ref] = self.new_rule()
+        body = self.rule(node, ref)
+        self.lines.append(f"{name}: {body}")
+        return name
+
+    def all_of(self, schema: dict, ptr: str) -> str:
+        branches = schema["allOf"]
+        rest = {k: v for k, v in schema.items() if k != "allOf" and k not in ANNOTATIONS}
+        if len(branches) == 1 and not rest:
+            return self.rule(branches[0], f"{ptr}/allOf/0")
+        if not _has_ref(schema) and all(
+            (_types_of(b) or {"x"}) <= SCALAR_TYPES for b in [*branches, rest] if b
+        ):
+            return self.scalar(schema, ptr)  # the regex path merges scalar allOf
+        raise UnsupportedSchemaError("allOf", f"{ptr}/allOf", "only one branch or scalar branches")
+
+    def any_of(self, schema: dict, kind: str, ptr: str) -> str:
+        rest = {k: v for k, v in schema.items() if k != kind and k not in ANNOTATIONS}
+        if rest:
+            raise UnsupportedSchemaError(kind, ptr, f"beside {sorted(rest)}")
+        branches = schema[kind]
+        if kind == "oneOf":
+            seen: set[str] = set()
+            for i, b in enumerate(branches):
+                types = _types_of(self.deref(b))
+                if types is None or types & seen:
+                    raise UnsupportedSchemaError(
+                        "oneOf", f"{ptr}/oneOf/{i}", "branches may both match"
+                    )
+                seen |= types
+        return self.alternatives(
+            [self.rule(b, f"{ptr}/{kind}/{i}") for i, b in enumerate(branches)]
+        )
+
+    def deref(self, schema: Any) -> Any:
+        for _ in range(32):
+            if isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
+                ref = schema["$ref"]
+                node: Any = self.root
+                for part in ref[1:].split("/")[1:] if ref != "#" else []:
+                    node = node.get(part.replace("~1", "/").replace("~0", "~"), {})
+                schema = node
+            else:
+                break
+        return schema
+
+    # ----- leaves -----
+    def scalar(self, schema: dict, ptr: str) -> str:
+        from grammar.json_schema import json_schema_to_regex
+
+        try:
+            regex = json_schema_to_regex(schema)
+        except UnsupportedSchemaError as e:
+            raise UnsupportedSchemaError(e.keyword, ptr + e.pointer[1:], str(e)) from None
+        return self.terminal(regex)
+
+    # ----- objects -----
+    def object(self, schema: dict, ptr: str) -> str:
+        props: dict[str, Any] = dict(schema.get("properties", {}))
+        required = list(dict.fromkeys(schema.get("required", [])))
+        extra = schema.get("additionalProperties", True)
+        for name in required:
+            if name not in props:
+                if extra is False:
+                    raise GrammarError(f"the schema at {ptr} admits no instance")
+                props[name] = extra
+        members = []  # (symbol text of '"key":value', required)
+        for name, sub in props.items():
+            if any(ord(c) < 0x20 or c in '"\\' for c in name):
+                raise UnsupportedSchemaError("properties", ptr, f"name {name!r} needs escapes")
+            value = self.rule(sub, f"{ptr}/properties/{name}")
+            key = self.literal(json.dumps(name, ensure_ascii=False))
+            members.append((f'{key} ":" {value}', name in required))
+        extra_member = None
+        if extra is not False:
+            key = self.terminal(_string_except(list(props)))
+            value = self.rule(extra, f"{ptr}/additionalProperties")
+            extra_member = f'{key} ":" {value}'
+        # first[i]: members from i on, none written yet; after[i]: at least one written
+        n = len(members)
+        first = [self.new_rule() for _ in range(n + 1)]
+        after = [self.new_rule() for _ in range(n + 1)]
+        for i, (member, req) in enumerate(members):
+            f_alts = [f"{member} {after[i + 1]}"]
+            a_alts = [f'"," {member} {after[i + 1]}']
+            if not req:
+                f_alts.append(first[i + 1])
+                a_alts.append(after[i + 1])
+            self.lines.append(f"{first[i]}: " + " | ".join(f_alts))
+            self.lines.append(f"{after[i]}: " + " | ".join(a_alts))
+        if extra_member is None:
+            self.lines.append(f"{first[n]}: ")
+            self.lines.append(f"{after[n]}: ")
+        else:
+            self.lines.append(f'{after[n]}: ("," {extra_member})*')
+            self.lines.append(f"{first[n]}: [{extra_member} {after[n]}]")
+        name = self.new_rule()
+        self.lines.append(f'{name}: "{{" {first[0]} "}}"')
+        return name
+
+    # ----- arrays -----
+    def array(self, schema: dict, ptr: str) -> str:
+        if schema.get("uniqueItems"):
+            raise UnsupportedSchemaError("uniqueItems", f"{ptr}/uniqueItems")
+        lo = int(schema.get("minItems", 0))
+        hi = schema.get("maxItems")
+        name = self.new_rule()
+        if "prefixItems" in schema:
+            prefix = schema["prefixItems"]
+            if schema.get("items", False) is not False or "minItems" in schema or hi is not None:
+                raise UnsupportedSchemaError(
+                    "prefixItems", f"{ptr}/prefixItems", "only with items: false"
+                )
+            elems = [self.rule(p, f"{ptr}/prefixItems/{i}") for i, p in enumerate(prefix)]
+            body = ' "," '.join(elems)
+            self.lines.append(f'{name}: "[" {body} "]"')
+            return name
+        item = self.rule(schema.get("items", True), f"{ptr}/items")
+        if hi is not None and int(hi) < lo:
+            raise GrammarError(f"the schema at {ptr} admits no instance (maxItems < minItems)")
+        if hi is not None and int(hi) > MAX_BOUNDED_ITEMS:
+            hi = None if lo == 0 else hi
+            if hi is not None:
+                raise UnsupportedSchemaError("maxItems", f"{ptr}/maxItems", "too large")
+        if hi is None:
+            tail = f'("," {item})*'
+        else:
+            tail = ""
+            for _ in range(int(hi) - max(lo, 1)):
+                tail = f'("," {item} {tail})?'
+        head = " ".join([item] + [f'"," {item}'] * (max(lo, 1) - 1))
+        body = f"{head} {tail}".strip()
+        if lo == 0:
+            body = f"[{body}]" if hi != 0 else ""
+        self.lines.append(f'{name}: "[" {body} "]"')
+        return name
+
+
+def _scalar_part(schema: dict) -> dict:
+    return {k: v for k, v in schema.items() if _Builder.scalar_keyword(k) or k in ANNOTATIONS}
+
+
+def _class_escape(c: str) -> str:
+    return "\\" + c if c in "]\\^-[" else (f"\\x{ord(c):02x}" if ord(c) < 0x20 else c)
+
+
+def _string_except(names: list[str]) -> str:
+    """Regex of a JSON string (with quotes) whose raw content is none of `names`: the
+    complement of the names' trie (escape sequences always count as other characters)."""
+    from grammar.cfg_terminals import regex_escape
+
+    if not names:
+        return f'"{STRING_CHAR}*"'
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for ch in name:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def not_in(node: dict) -> str:
+        alts = [] if "" in node else [""]
+        chars = [c for c in node if c]
+        for c in chars:
+            alts.append(regex_escape(c) + not_in(node[c]))
+        other = "[^" + "".join(_class_escape(c) for c in chars) + _STRING_EXCLUDED + "]"
+        alts.append(f"({other}|{_ESCAPE}){STRING_CHAR}*")
+        return "(" + "|".join(alts) + ")"
+
+    return '"' + not_in(trie) + '"'
+
+
+_STRING_EXCLUDED = '"\\\\\\x00-\\x1f'
+_ESCAPE = r'\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}'
+
+
+def json_schema_to_lark(schema: Any, *, whitespace: bool = False) -> str:
+    """A lark grammar (start rule `start`) of the compact serialisations of a schema's
+    instances; `$ref` cycles become recursive rules."""
+    from grammar.json_schema import load_schema
+
+    root = load_schema(schema)
+    b = _Builder(root)
+    top = b.rule(root, "#")
+    lines = [f"start: {top}", *b.lines]
+    if b.uses_any:
+        lines.append(_ANY_VALUE)
+    if whitespace:
+        lines.append(r"%ignore /[ \t\n\r]+/")
+    return "\n".join(lines) + "\n"
+
+
+def compile_json_schema_cfg(schema: Any, vocab: Any, *, whitespace: bool = False) -> Any:
+    """A constraint from a JSON Schema through the CFG path (exact for recursive schemas)."""
+    from grammar.cfg import compile_lark
+
+    return compile_lark(json_schema_to_lark(schema, whitespace=whitespace), vocab)
