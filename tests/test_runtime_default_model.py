@@ -1,0 +1,86 @@
+"""The real default model (SmolLM2-135M-Instruct): a few heavy checks."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from runtime import Engine
+from runtime.default_model import CACHE_ENV_VAR, default_gguf_path, default_model_dir
+
+pytestmark = pytest.mark.heavy
+
+
+def test_cache_dir_follows_the_environment_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV_VAR, str(tmp_path))
+    assert default_model_dir() == tmp_path / "models" / "SmolLM2-135M-Instruct"
+    assert default_gguf_path().name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine() as e:
+        yield e
+
+
+def test_default_engine_greedy_matches_transformers(engine):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(engine.model_path), dtype=torch.float32)
+    prompts = ["The capital of France is", "def add(a, b):", "Three primary colours are"]
+    results = engine.generate(prompts, max_new_tokens=16, temperature=0.0, ignore_eos=True)
+    for prompt, r in zip(prompts, results, strict=True):
+        ids = engine.tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            logits = hf(ids).logits[0, -1]
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+        assert r.token_ids == out[0, ids.shape[1] :].tolist(), prompt
+    # and the prompt logits themselves
+    assert results[0].text.strip().startswith("Paris")
+    assert logits.shape[0] == engine.config.vocab_size
+
+
+def test_score_prefers_the_right_answer(engine):
+    scores = engine.score("The capital of France is", [" Paris", " a banana"])
+    assert scores[0] > scores[1]
+
+
+def test_gguf_file_loads_directly_with_matching_logits(engine):
+    from runtime.model import LlamaModel
+    from runtime.weights.loader import load_model_files
+
+    loaded = load_model_files(default_gguf_path())
+    model = LlamaModel(loaded.config, loaded.state_dict, torch.float32)
+    a = model.embed[:100]
+    b = engine.model.embed[:100]
+    assert torch.equal(a, b)
+    assert loaded.config == engine.config
+
+
+def test_json_schema_with_and_without_jump_forward(engine):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20},
+                       "class": {"enum": ["warrior", "mage", "rogue"]},
+                       "level": {"type": "integer", "minimum": 1, "maximum": 20}},
+        "required": ["name", "class", "level"],
+        "additionalProperties": False,
+    }  # fmt: skip
+    import jsonschema
+
+    prompt = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Describe a fantasy hero as JSON."}],
+        tokenize=False, add_generation_prompt=True,
+    )  # fmt: skip
+    on = engine.generate(prompt, json_schema=schema, max_new_tokens=80, temperature=0.0)
+    off = engine.generate(prompt, json_schema=schema, max_new_tokens=80, temperature=0.0,
+                          jump_forward=False)  # fmt: skip
+    for r in (on, off):
+        assert r.finish_reason == "stop"
+        jsonschema.validate(json.loads(r.text), schema)
+    assert on.usage.decode_steps * 2 <= off.usage.decode_steps + 2
+    assert re.match(r'\{"name":"', on.text)
