@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
 from runtime.request import GenerateResult, StreamChunk
 from runtime.server.bridge import EngineBridge, EngineStream
@@ -158,6 +159,26 @@ class ChoiceStreams:
     @property
     def cancelled(self) -> bool:
         return any(s.cancelled for s in self._streams)
+
+
+class SSEResponse(StreamingResponse):
+    """A server-sent-event stream that runs `on_close` however it ends.
+
+    The events generator's own `finally` does not run if the response is dropped before its
+    first iteration (a client gone before the headers went out); this does.
+    """
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
 
 
 def sse(data: Any) -> str:

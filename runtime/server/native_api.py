@@ -9,12 +9,11 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from runtime.request import GenerateResult
 from runtime.server.chat import check_schema
 from runtime.server.errors import APIError
-from runtime.server.generation import ChoiceStreams, Job, collect, sse, sse_error
+from runtime.server.generation import ChoiceStreams, Job, SSEResponse, collect, sse, sse_error
 from runtime.server.protocol import ChatTemplateRequest, GenerateRequest, ScoreRequest
 from runtime.server.state import get_state
 
@@ -145,7 +144,11 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
                 admission.release()
                 state.metrics.record_stream_end(time.perf_counter() - started)
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        def close() -> None:
+            streams.close()
+            admission.release()
+
+        return SSEResponse(events(), on_close=close)
     try:
         results = await collect(bridge, jobs, request, param, state.metrics_abort)
     finally:

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from runtime.request import GenerateResult
 from runtime.server import responses as R
+from runtime.server.bridge import Admission
 from runtime.server.chat import check_schema, render_prompt, response_format_constraint
 from runtime.server.errors import APIError
-from runtime.server.generation import ChoiceStreams, Job, collect, sse, sse_error
+from runtime.server.generation import ChoiceStreams, Job, SSEResponse, collect, sse, sse_error
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from runtime.server.state import ServerState, get_state
 from runtime.server.tools import (
@@ -54,10 +54,12 @@ def _jobs(prompt_ids: list[int], kwargs: dict[str, Any], n: int, seed: int | Non
     ]
 
 
-def _streaming(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(
-        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
+def _closer(streams: ChoiceStreams, admission: Admission) -> Callable[[], None]:
+    def close() -> None:
+        streams.close()
+        admission.release()
+
+    return close
 
 
 def _with_usage(event: dict[str, Any], results: list[Any], body: SamplingFields) -> dict:
@@ -105,7 +107,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         except BaseException:
             admission.release()
             raise
-        return _streaming(chat.events(streams, admission.release))
+        return SSEResponse(
+            chat.events(streams, admission.release), on_close=_closer(streams, admission)
+        )
     try:
         results = await collect(bridge, jobs, request, "messages", state.metrics_abort)
     finally:
@@ -285,7 +289,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
                 admission.release()
                 state.metrics.record_stream_end(time.perf_counter() - started)
 
-        return _streaming(events())
+        return SSEResponse(events(), on_close=_closer(streams, admission))
     try:
         results = await collect(bridge, jobs, request, "prompt", state.metrics_abort)
     finally:
