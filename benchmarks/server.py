@@ -65,6 +65,8 @@ class Tally:
     wrong: int = 0
     busy_503: int = 0
     cancelled: int = 0
+    json_valid: int = 0  # json_schema answers that parsed and validated
+    json_cut: int = 0  # json_schema answers cut by max_tokens (a valid prefix)
     errors: dict[str, int] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
@@ -157,8 +159,11 @@ async def one_request(http: httpx.AsyncClient, k: int, args, tally: Tally, json_
     if ok and kind == "json" and choice["finish_reason"] == "stop":
         try:
             jsonschema.validate(json.loads(choice["message"]["content"]), RECORD)
+            tally.json_valid += 1
         except (ValueError, jsonschema.ValidationError):
             ok = False
+    elif ok and kind == "json":
+        tally.json_cut += 1
     if ok:
         tally.correct += 1
         tally.latencies.append(time.perf_counter() - started)
@@ -251,6 +256,7 @@ def report(name: str, tally: Tally, wall: float, hit_rate: float) -> list[tuple[
         ("answered correctly", str(tally.correct)),
         ("refused (503)", str(tally.busy_503)),
         ("cancelled mid-stream", str(tally.cancelled)),
+        ("json_schema: valid / cut", f"{tally.json_valid} / {tally.json_cut}"),
         ("wrong / failed", f"{tally.wrong} {tally.errors or ''}"),
         (
             "unaccounted",
