@@ -27,24 +27,29 @@ SMALL_REPLICA = "--mem-budget-gb 0.25 --num-threads 1"
 ROUTER_LINE = re.compile(r"^router: (http://\S+)$")
 
 
+def launch(
+    model: Path | str, policy: str, log_dir: Path, replicas: int = 2, **kw
+) -> subprocess.Popen:
+    """`python -m runtime.cluster ...` with small replicas; stdout piped (stderr: `kw`)."""
+    cmd = [
+        sys.executable, "-m", "runtime.cluster",
+        "--replicas", str(replicas),
+        "--model", str(model),
+        "--policy", policy,
+        "--port", "0",
+        "--log-dir", str(log_dir),
+        "--health-check-interval", "1",
+        "--server-args", SMALL_REPLICA,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, **kw)
+
+
 class ClusterProcess:
     def __init__(self, model: Path, policy: str, replicas: int = 2) -> None:
         self.log_dir = Path(tempfile.mkdtemp(prefix="sgl-cluster-test-"))
-        cmd = [
-            sys.executable, "-m", "runtime.cluster",
-            "--replicas", str(replicas),
-            "--model", str(model),
-            "--policy", policy,
-            "--port", "0",
-            "--log-dir", str(self.log_dir),
-            "--health-check-interval", "1",
-            "--server-args", SMALL_REPLICA,
-        ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.stderr = open(self.log_dir / "cluster.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self.stderr, text=True
-        )
+        self.proc = launch(model, policy, self.log_dir, replicas, stderr=self.stderr)
         self.stdout_lines: list[str] = []
         self.url = self._read_router_line()
 
@@ -81,22 +86,10 @@ class ClusterProcess:
         return sorted(w["url"] for w in self.workers())
 
     def replica_pids(self) -> dict[str, int]:
-        """Replica URL -> pid of its server process (a child of the cluster process)."""
-        pids = {}
-        for pid in children(self.proc.pid):
-            argv = cmdline(pid)
-            if "runtime.server" in argv and "--port" in argv:
-                port = argv[argv.index("--port") + 1]
-                pids[f"http://127.0.0.1:{port}"] = pid
-        return pids
+        return replica_pids(self.proc.pid)
 
     def descendants(self) -> list[int]:
-        found, frontier = [], [self.proc.pid]
-        while frontier:
-            kids = [k for p in frontier for k in children(p)]
-            found += kids
-            frontier = kids
-        return found
+        return descendants(self.proc.pid)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.poll() is None:
@@ -110,6 +103,26 @@ class ClusterProcess:
         if self.proc.returncode == 0:  # keep the logs of a failed run for its error message
             shutil.rmtree(self.log_dir, ignore_errors=True)
         return self.proc.returncode
+
+
+def replica_pids(cluster_pid: int) -> dict[str, int]:
+    """Replica URL -> pid of its server process (a child of the cluster process)."""
+    pids = {}
+    for pid in children(cluster_pid):
+        argv = cmdline(pid)
+        if "runtime.server" in argv and "--port" in argv:
+            port = argv[argv.index("--port") + 1]
+            pids[f"http://127.0.0.1:{port}"] = pid
+    return pids
+
+
+def descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [k for p in frontier for k in children(p)]
+        found += kids
+        frontier = kids
+    return found
 
 
 def children(pid: int) -> list[int]:
