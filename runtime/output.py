@@ -68,10 +68,13 @@ class OutputProcessor:
         end = max(end, req.streamed_text_len)
         delta = text[req.streamed_text_len : end]
         tokens = req.output_ids[req.streamed_token_len :]
+        st = req.constraint
+        if not finished and st is not None and st.jump_forward:
+            tokens = []  # a later jump may re-tokenise them: ids come with the last chunk
         if not delta and not tokens and not finished:
             return None
         req.streamed_text_len = end
-        req.streamed_token_len = len(req.output_ids)
+        req.streamed_token_len += len(tokens)
         return StreamChunk(
             text_delta=delta,
             token_ids=tokens,

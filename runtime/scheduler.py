@@ -153,6 +153,13 @@ class Scheduler:
             )
             self._deliver_finished(req, "abort")
             return
+        limit = self.model.config.max_position_embeddings
+        if req.seq_len + 1 > limit:
+            req.error = PromptTooLongError(
+                f"prompt of {req.seq_len} tokens exceeds the model's context of {limit} tokens"
+            )
+            self._deliver_finished(req, "abort")
+            return
         self.waiting.append(req)
 
     def _reap_aborted(self) -> None:

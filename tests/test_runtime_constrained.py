@@ -182,6 +182,7 @@ def test_stream_text_is_consistent_across_jumps(engine):
                                   stream=True))  # fmt: skip
     final = chunks[-1].result
     assert "".join(c.text_delta for c in chunks) == final.text
+    assert [t for c in chunks for t in c.token_ids] == final.token_ids
     assert re.fullmatch(regex, final.text)
 
 
