@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from runtime.cluster.errors import ClusterError
 from runtime.cluster.gateway import Gateway, GatewaySettings
 from runtime.cluster.process import free_port
@@ -48,6 +50,8 @@ class Cluster:
     def __init__(self, config: ClusterConfig) -> None:
         if config.replicas < 1:
             raise ClusterError(f"--replicas must be at least 1, got {config.replicas}")
+        if config.policy == "power_of_two" and config.replicas < 2:
+            raise ClusterError("the power_of_two policy needs at least 2 replicas")
         self.config = config
         self._own_log_dir = config.log_dir is None
         self.log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="sgl-cluster-"))
@@ -123,7 +127,7 @@ class Cluster:
             elif replica.is_healthy():
                 try:
                     self.gateway.add_worker(replica.url)
-                except (ClusterError, OSError) as exc:
+                except (ClusterError, httpx.HTTPError) as exc:
                     logger.warning("could not add %s to the router: %s", replica.url, exc)
                     return  # still STARTING: tried again on the next pass
                 replica.state = ReplicaState.SERVING
@@ -132,7 +136,7 @@ class Cluster:
     def _remove_from_gateway(self, replica: Replica) -> None:
         try:
             self.gateway.remove_worker(replica.url)
-        except (ClusterError, OSError) as exc:
+        except (ClusterError, httpx.HTTPError) as exc:
             # the gateway's own health checks take the URL out a few seconds later anyway
             logger.warning("could not remove %s from the router: %s", replica.url, exc)
 

@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 2.0
 MAX_RESTART_DELAY_S = 30.0
+STABLE_AFTER_S = 60.0  # a replica that ran this long before dying restarts after the least delay
 
 
 class ReplicaState(enum.Enum):
@@ -51,7 +52,8 @@ class Replica:
         self.server_module = server_module
         self.log_path = log_dir / f"replica-{index}.log"
         self.state = ReplicaState.STARTING
-        self.restarts = 0
+        self.restarts = 0  # in total
+        self.quick_failures = 0  # deaths in a row, each within STABLE_AFTER_S of its start
         self.restart_at = 0.0  # monotonic time of the next restart while DEAD
         self.started_at = 0.0  # monotonic time of the last start
         self.process: ChildProcess | None = None
@@ -99,9 +101,15 @@ class Replica:
         raise ClusterError(self._failure(f"did not answer /health within {timeout_s:.0f} s"))
 
     def mark_dead(self, now: float) -> None:
-        """Record the death and schedule the restart: 1 s, then doubling up to 30 s."""
+        """Record the death and schedule the restart: after 1 s, doubling up to 30 s while the
+        replica keeps dying soon after each start."""
+        if now - self.started_at < STABLE_AFTER_S:
+            self.quick_failures += 1
+        else:
+            self.quick_failures = 1
         self.state = ReplicaState.DEAD
-        self.restart_at = now + min(MAX_RESTART_DELAY_S, 2.0 ** min(self.restarts, 5))
+        delay = 2.0 ** min(self.quick_failures - 1, 5)
+        self.restart_at = now + min(MAX_RESTART_DELAY_S, delay)
         logger.warning(
             "%s (%s) exited with status %s; restarting in %.0f s (log: %s)",
             self.name,
