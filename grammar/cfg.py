@@ -98,6 +98,10 @@ class CompiledCFG:
         # keyed by lexer-state signature (see ContextLexer.signature)
         self._top: dict[tuple, Decomposition] = {}
         self._first_cut: dict[bytes, np.ndarray] = {}  # keyed by the dead-byte set
+        # masks by (lexer state, top stack states read); _mask_len: how many to read
+        self._mask_cache: dict[tuple, np.ndarray] = {}
+        self._mask_len: dict[tuple[int, int], int] = {}
+        self._child_cache: dict[tuple, np.ndarray | None] = {}  # see _evaluate_child
         self._lock = threading.Lock()
         # build every context's lexer now: a bad terminal combination fails at compile time
         for state in self.table.actions:
@@ -162,13 +166,34 @@ class CompiledCFG:
 
     # ----- masks -----
     def bitmask(self, node: StackNode, q: int) -> np.ndarray:
-        """Packed mask (int32 words) of the tokens allowed at (node, q); shared, read-only."""
+        """Packed mask (int32 words) of the tokens allowed at (node, q); shared, read-only.
+
+        Cached on the node, and by the top states the computation read (a mask computed inside
+        nested brackets serves every nesting depth whose top states agree)."""
+        table = self.table
         if node.masks is None:
             node.masks = {}
         words = node.masks.get(q)
-        if words is None:
-            words = self._compute_mask(node, q)
-            node.masks[q] = words
+        if words is not None:
+            table.note(node.low[("mask", q)])  # type: ignore[index]
+            return words
+        length = self._mask_len.get((node.state, q))
+        if length is not None:
+            words = self._mask_cache.get((q, table._top_states(node, length)))
+            if words is not None:
+                low = max(node.depth - length + 1, 0)
+                node.masks[q] = words
+                table._remember(node, ("mask", q), low)
+                table.note(low)
+                return words
+        outer = table.begin_read(node.depth)
+        words = self._compute_mask(node, q)
+        low = table.end_read(outer)
+        length = max(node.depth - low + 1, length or 0)
+        self._mask_len[(node.state, q)] = length
+        self._mask_cache[(q, table._top_states(node, length))] = words
+        node.masks[q] = words
+        table._remember(node, ("mask", q), low)
         return words
 
     def _compute_mask(self, node: StackNode, q: int) -> np.ndarray:
@@ -201,8 +226,33 @@ class CompiledCFG:
             if child is None:
                 child = decompose(self.layout, lx2, START, rows, pos)
                 d.children[(g, id(lx2))] = child
-            parts += self._evaluate(child, node2)
+            words = self._evaluate_child(child, node2)
+            if words is not None:
+                parts.append(words)
         return parts
+
+    def _evaluate_child(self, d: Decomposition, node: StackNode) -> np.ndarray | None:
+        """`_evaluate` ORed into one mask, cached by the top stack states it read (so deeper
+        copies of the same situation, e.g. more nested brackets, reuse it)."""
+        table = self.table
+        length = d.children_len.get(node.state)
+        if length is not None:
+            key = (id(d), table._top_states(node, length))
+            if key in self._child_cache:
+                table.note(max(node.depth - length + 1, 0))
+                return self._child_cache[key]
+        outer = table.begin_read(node.depth)
+        parts = self._evaluate(d, node)
+        low = table.end_read(outer)
+        words = None
+        if parts:
+            words = parts[0].copy() if len(parts) > 1 else parts[0]
+            for p in parts[1:]:
+                np.bitwise_or(words, p, out=words)
+        length = max(node.depth - low + 1, length or 0)
+        d.children_len[node.state] = length
+        self._child_cache[(id(d), table._top_states(node, length))] = words
+        return words
 
     def _top_decomposition(self, lx: ContextLexer, q: int) -> Decomposition:
         key = lx.signature[q]

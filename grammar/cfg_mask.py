@@ -101,9 +101,10 @@ class VocabLayout:
 class Decomposition:
     """The parser-independent split of a set of token (suffixes) read from one lexer state."""
 
-    __slots__ = ("within", "cuts", "children")
+    __slots__ = ("within", "cuts", "children", "children_len")
 
     def __init__(self) -> None:
+        self.children_len: dict[int, int] = {}  # LR state -> top states its evaluation reads
         self.within: list[tuple[int, np.ndarray]] = []
         self.cuts: list[tuple[int, np.ndarray, np.ndarray]] = []
         self.children: dict[tuple[int, int], Decomposition] = {}

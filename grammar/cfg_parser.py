@@ -9,6 +9,9 @@ shared by every sequence that reaches the same configuration.
 `ParserState.feed_token` does, but without touching the input node; it returns None when the
 terminal is a syntax error. LALR lookahead sets can over-approximate, so the set of terminals a
 node really accepts is found by feeding each candidate (`acceptable_bits`).
+
+Every result also records the lowest stack depth it read (`LRTable.reading` / `note`), so that
+callers can cache what they derive from it by the top states alone (see CompiledCFG.bitmask).
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ class StackNode:
     Caches (filled lazily, shared across threads): `fed` terminal -> node or None,
     `acceptable` bitset of terminals that can be shifted next, `masks` lexer key -> bitmask."""
 
-    __slots__ = ("state", "parent", "depth", "fed", "acceptable", "accepts_end", "masks", "forced")
+    __slots__ = (
+        "state", "parent", "depth", "fed", "acceptable", "accepts_end", "masks", "forced",
+        "low",
+    )  # fmt: skip
 
     def __init__(self, state: int, parent: StackNode | None) -> None:
         self.state = state
@@ -36,6 +42,8 @@ class StackNode:
         self.accepts_end: bool | None = None
         self.masks: dict[Any, Any] | None = None
         self.forced: dict[Any, Any] | None = None
+        # the lowest stack depth each cached result read: (kind, key) -> depth
+        self.low: dict[Any, int] | None = None
 
     def states(self) -> list[int]:
         out, n = [], self
@@ -85,6 +93,7 @@ class LRTable:
         self._acc_depth: dict[int, int] = {}  # top state -> stack depth acceptable_bits reads
         self._acc_cache: dict[tuple[int, ...], int] = {}  # top states -> acceptable bits
         self._lock = threading.Lock()
+        self._tl = threading.local()  # read-depth watermark of the computation in progress
         self.root = StackNode(self.start_state, None)
 
     @property
@@ -99,9 +108,38 @@ class LRTable:
                 node = self._interned.setdefault(key, StackNode(state, parent))
         return node
 
+    # ----- read-depth tracking -----
+    def note(self, depth: int) -> None:
+        """Record that the computation in progress read the stack down to `depth`."""
+        tl = self._tl
+        if depth < getattr(tl, "low", depth + 1):
+            tl.low = depth
+
+    def begin_read(self, depth: int) -> int:
+        """Start tracking for a computation at a node of `depth`; returns the outer watermark."""
+        tl = self._tl
+        outer = getattr(tl, "low", 1 << 30)
+        tl.low = depth
+        return outer
+
+    def end_read(self, outer: int) -> int:
+        """Finish tracking: returns this computation's watermark and folds it into the outer."""
+        tl = self._tl
+        low = tl.low
+        tl.low = min(outer, low)
+        return low
+
+    @staticmethod
+    def _remember(node: StackNode, key: Any, low: int) -> None:
+        if node.low is None:
+            node.low = {}
+        node.low[key] = low
+
+    # ----- parsing -----
     def _reduce(self, node: StackNode, length: int, nonterminal: str) -> StackNode | None:
         for _ in range(length):
             node = node.parent  # type: ignore[assignment]
+        self.note(node.depth)
         target = self.goto[node.state].get(nonterminal)
         return None if target is None else self._push(node, target)
 
@@ -111,7 +149,9 @@ class LRTable:
             node.fed = {}
         hit = node.fed.get(terminal, False)
         if hit is not False:
+            self.note(node.low[("fed", terminal)])  # type: ignore[index]
             return hit  # type: ignore[return-value]
+        outer = self.begin_read(node.depth)
         cur: StackNode | None = node
         while cur is not None:
             act = self.actions[cur.state].get(terminal)
@@ -124,11 +164,13 @@ class LRTable:
                 break
             cur = self._reduce(cur, *arg)
         node.fed[terminal] = cur
+        self._remember(node, ("fed", terminal), self.end_read(outer))
         return cur
 
     def accepts_end(self, node: StackNode) -> bool:
         """Whether the input may end here (lark: reduce on $END until the end state)."""
         if node.accepts_end is None:
+            outer = self.begin_read(node.depth)
             cur: StackNode | None = node
             ok = False
             while cur is not None:
@@ -140,6 +182,9 @@ class LRTable:
                     break
                 cur = self._reduce(cur, *act[1])
             node.accepts_end = ok
+            self._remember(node, "end", self.end_read(outer))
+        else:
+            self.note(node.low["end"])  # type: ignore[index]
         return node.accepts_end
 
     def acceptable_bits(self, node: StackNode) -> int:
@@ -148,14 +193,15 @@ class LRTable:
         The answer depends only on the top few states (as deep as the reductions reach), so it
         is also cached by that many top states, shared between stacks that agree there."""
         if node.acceptable is not None:
+            self.note(node.low["acc"])  # type: ignore[index]
             return node.acceptable
         d = self._acc_depth.get(node.state)
-        key = None
         if d is not None and node.depth + 1 >= d:
-            key = self._top_states(node, d)
-            bits = self._acc_cache.get(key)
+            bits = self._acc_cache.get(self._top_states(node, d))
             if bits is not None:
                 node.acceptable = bits
+                self._remember(node, "acc", node.depth - d + 1)
+                self.note(node.depth - d + 1)
                 return bits
         bits, deepest = 0, 1
         for t in self.actions[node.state]:
@@ -167,6 +213,8 @@ class LRTable:
         self._acc_depth[node.state] = max(d or 0, deepest)
         self._acc_cache[self._top_states(node, deepest)] = bits
         node.acceptable = bits
+        self._remember(node, "acc", node.depth - deepest + 1)
+        self.note(node.depth - deepest + 1)
         return bits
 
     @staticmethod

@@ -46,9 +46,51 @@ class TokenIndex:
     def states_computed(self) -> int:
         return len(self._masks)
 
+    def _transparent(self, state: int) -> np.ndarray | None:
+        """Tokens that surely walk from `state` back to `state` (e.g. plain text inside a JSON
+        string): every ASCII byte is a self-loop, and so is every whole non-ASCII character
+        when the state loops on all of them. None when that is a small minority."""
+        prep, row = self.prepared, self.byte_table[state]
+        loops = row == state
+        if np.count_nonzero(loops[:128]) < 64:
+            return None
+        bits = np.packbits(loops[:128], bitorder="little").view("<u8")
+        outside = ~bits
+        ok = ((prep.ascii_bits[0] & outside[0]) == 0) & ((prep.ascii_bits[1] & outside[1]) == 0)
+        if self._loops_on_all_characters(state):
+            ok &= ~prep.non_ascii | prep.whole_chars
+        else:
+            ok &= ~prep.non_ascii
+        return ok
+
+    def _loops_on_all_characters(self, state: int) -> bool:
+        """Every multi-byte UTF-8 character read from `state` comes back to `state`."""
+        bt = self.byte_table
+        # (lead bytes, ranges of the continuation bytes), per UTF-8's well-formed sequences
+        forms = [
+            (range(0xC2, 0xE0), [(0x80, 0xBF)]),
+            (range(0xE0, 0xE1), [(0xA0, 0xBF), (0x80, 0xBF)]),
+            (range(0xE1, 0xED), [(0x80, 0xBF), (0x80, 0xBF)]),
+            (range(0xED, 0xEE), [(0x80, 0x9F), (0x80, 0xBF)]),
+            (range(0xEE, 0xF0), [(0x80, 0xBF), (0x80, 0xBF)]),
+            (range(0xF0, 0xF1), [(0x90, 0xBF), (0x80, 0xBF), (0x80, 0xBF)]),
+            (range(0xF1, 0xF4), [(0x80, 0xBF), (0x80, 0xBF), (0x80, 0xBF)]),
+            (range(0xF4, 0xF5), [(0x80, 0x8F), (0x80, 0xBF), (0x80, 0xBF)]),
+        ]
+        for leads, conts in forms:
+            states = set(bt[state, list(leads)].tolist())
+            for lo, hi in conts:
+                states = set(bt[list(states), lo : hi + 1].reshape(-1).tolist())
+            if states != {state}:
+                return False
+        return True
+
     def allowed(self, state: int) -> np.ndarray:
         """Bool per prepared (distinct) token row: walks from `state` without dying."""
         prep, flat = self.prepared, self._flat
+        transparent = self._transparent(state)
+        if transparent is not None:
+            return self._allowed_sparse(state, np.flatnonzero(~transparent), transparent)
         # position 0: every token, one gather from this state's row
         cur = self._flat[state * 256 : state * 256 + 256][prep.columns[0]]
         dense = True
@@ -78,6 +120,27 @@ class TokenIndex:
                 idx = idx[nxt != DEAD]
             p += 1
         return cur != DEAD
+
+    def _allowed_sparse(self, state: int, rows: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+        """Walk only `rows` (ascending) from `state`; marks survivors in `allowed` (in place)."""
+        prep, flat = self.prepared, self._flat
+        cur = flat[state * 256 + prep.columns[0][rows].astype(np.int64)]
+        keep = cur != DEAD
+        rows, cur = rows[keep], cur[keep]
+        p = 1
+        while rows.size:
+            # rows that end before byte p survived every byte: allowed
+            n = int(prep.n_longer[p]) if p < prep.n_longer.shape[0] else 0
+            cut = int(np.searchsorted(rows, n))
+            allowed[rows[cut:]] = True
+            rows, cur = rows[:cut], cur[:cut]
+            if not rows.size:
+                break
+            cur = flat[cur * 256 + prep.columns[p][rows]]
+            keep = cur != DEAD
+            rows, cur = rows[keep], cur[keep]
+            p += 1
+        return allowed
 
     def _compute(self, state: int) -> np.ndarray:
         prep = self.prepared

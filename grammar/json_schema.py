@@ -178,15 +178,20 @@ class _Builder:
             del self.ref_stack[len(self.ref_stack) - len(refs) :]
 
     def check_exclusive(self, options: list[tuple[Node, Any, str]], ptr: str) -> None:
-        """oneOf needs exactly one branch to match: refuse branches whose languages overlap."""
+        """oneOf needs exactly one branch to match, so every two branches must be provably
+        disjoint: different JSON types, different values of a required discriminator property,
+        or (for scalars only, whose spelling is canonical) disjoint regex languages."""
         from grammar.fsm import node_to_dfa
         from grammar.intersect import dfas_intersect
 
         for (na, sa, _), (nb, sb, _) in itertools.combinations(options, 2):
-            ta = type_set(sa) if isinstance(sa, dict) else set()
-            tb = type_set(sb) if isinstance(sb, dict) else set()
-            if isinstance(sa, dict) and isinstance(sb, dict) and not (ta & tb):
+            if not (isinstance(sa, dict) and isinstance(sb, dict)):
+                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
+            ta, tb = _possible_types(sa), _possible_types(sb)
+            if not (ta & tb) or _discriminated(sa, sb):
                 continue
+            if (ta | tb) & {"object", "array"}:
+                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
             try:
                 overlap = dfas_intersect(node_to_dfa(na, 20_000), node_to_dfa(nb, 20_000))
             except GrammarError:
@@ -442,6 +447,51 @@ def ip_char_not(excluded: list[str]) -> object:
 
     bad = frozenset('"\\') | frozenset(chr(i) for i in range(0x20)) | frozenset(excluded)
     return ip._CharGroup(bad, True)
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+def _values_of(s: dict) -> list | None:
+    if "const" in s:
+        return [s["const"]]
+    return list(s["enum"]) if "enum" in s else None
+
+
+def _possible_types(s: dict) -> set[str]:
+    values = _values_of(s)
+    types = type_set(s)
+    if values is not None:
+        kinds = {_kind(v) for v in values}
+        types &= kinds | ({"number"} if "integer" in kinds else set())
+    return types
+
+
+def _discriminated(a: dict, b: dict) -> bool:
+    """Both are objects-only with a property required by both whose const/enum values differ."""
+    if _possible_types(a) != {"object"} or _possible_types(b) != {"object"}:
+        return False
+    pa, pb = a.get("properties", {}), b.get("properties", {})
+    for name in set(a.get("required", [])) & set(b.get("required", [])):
+        sa, sb = pa.get(name), pb.get(name)
+        if not (isinstance(sa, dict) and isinstance(sb, dict)):
+            continue
+        va, vb = _values_of(sa), _values_of(sb)
+        if va is not None and vb is not None:
+            if not ({canonical(v) for v in va} & {canonical(v) for v in vb}):
+                return True
+    return False
 
 
 def _bounds(s: dict) -> tuple:

@@ -48,6 +48,9 @@ class PreparedTokens:
     columns: np.ndarray
     n_longer: np.ndarray
     id_to_unique: np.ndarray
+    ascii_bits: np.ndarray  # uint64 [2, U]: which ASCII bytes each token contains
+    non_ascii: np.ndarray  # bool [U]: the token has a byte >= 0x80
+    whole_chars: np.ndarray  # bool [U]: the token is valid UTF-8 (no split character)
 
     @property
     def num_rows(self) -> int:
@@ -132,7 +135,25 @@ class TokenVocabulary:
         # rows are sorted by length, longest first: n_longer[p] = #tokens with length > p
         n_longer = np.array([int(np.count_nonzero(lengths > p)) for p in range(width + 1)])
         id_to_unique = np.array([row_of[b] if b else u for b in self._bytes], dtype=np.int32)
-        return PreparedTokens(columns, n_longer, id_to_unique)
+        ascii_bits = np.zeros((2, u), dtype=np.uint64)
+        non_ascii = np.zeros(u, dtype=bool)
+        for p in range(width):
+            col = columns[p][: n_longer[p]].astype(np.uint64)
+            low, high = col < 64, (col >= 64) & (col < 128)
+            one = np.uint64(1)
+            ascii_bits[0, : n_longer[p]] |= np.where(low, one << (col & np.uint64(63)), 0)
+            ascii_bits[1, : n_longer[p]] |= np.where(high, one << (col & np.uint64(63)), 0)
+            non_ascii[: n_longer[p]] |= col >= 128
+        whole_chars = np.array([_is_utf8(b) for b in distinct], dtype=bool)
+        return PreparedTokens(columns, n_longer, id_to_unique, ascii_bits, non_ascii, whole_chars)
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _is_byte_level(tokenizer: Any) -> bool:

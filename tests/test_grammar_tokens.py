@@ -110,6 +110,8 @@ def test_vocab_hash_is_stable_and_content_based() -> None:
     [
         pytest.param(r'\{"name":"[^"\\]{0,12}","tags":\["(x|yz)"(,"(x|yz)")*\]\}', id="json"),
         pytest.param(r"(日本|é)+[0-9]{1,3}", id="multibyte"),
+        pytest.param(r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"(,"k"|\})', id="json-string-loop"),
+        pytest.param(r"[^\x00-\x1f]*", id="everything-loops"),
         pytest.param(r"( ?[a-z]+)+\.", id="words"),
     ],
 )
