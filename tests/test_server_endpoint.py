@@ -54,6 +54,22 @@ def test_chat_template_matches_the_in_process_one(endpoint, tokenizer):
     assert endpoint.chat_template() == ChatTemplate.from_tokenizer(tokenizer)
 
 
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "hi"}],
+        [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A"},
+        ],
+    ],
+)
+def test_local_template_render_matches_the_server(endpoint, messages):
+    # used when a gateway in front of the server does not route /apply_chat_template
+    assert endpoint._render_locally(messages) == endpoint._render(messages)
+
+
 def test_program_text_is_the_tokenizers_template_render(endpoint, tokenizer):
     state = two_turns.run(question="Capital of France?", backend=endpoint)
     messages = state.messages()

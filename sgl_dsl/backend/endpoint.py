@@ -3,7 +3,9 @@
 Generation goes to the server's native `/generate` (streamed as server-sent events when asked),
 `select` to `/score` (all choices in one request), fork prefixes to `/generate` with
 `max_new_tokens: 0`. The chat template's role markers are derived exactly as for the
-in-process backend, by rendering sentinel messages, here through `/apply_chat_template`.
+in-process backend, by rendering sentinel messages, here through `/apply_chat_template`; where
+that path is not routed (a gateway in front of the server answers 404) the template text from
+`/get_model_info` is rendered locally with jinja2, the way `transformers` renders it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class RuntimeEndpoint(Backend):
         self.has_prefix_cache = bool(self.model_info.get("radix_cache", True))
         self._template: ChatTemplate | None = None
         self._template_lock = threading.Lock()
+        self._render_remotely = True
+        self._local_template: Any = None
 
     # ---- HTTP -------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: Any = None) -> Any:
@@ -60,7 +64,9 @@ class RuntimeEndpoint(Backend):
         except httpx.HTTPError as exc:
             raise BackendError(f"{method} {self.url}{path} failed: {exc}") from exc
         if response.status_code >= 400:
-            raise BackendError(_error_text(path, response.status_code, response.text))
+            raise _StatusError(
+                response.status_code, _error_text(path, response.status_code, response.text)
+            )
         return response.json()
 
     # ---- Backend ------------------------------------------------------------------------------
@@ -74,7 +80,37 @@ class RuntimeEndpoint(Backend):
             return self._template
 
     def _render(self, messages: list[dict[str, str]]) -> str:
-        return self._request("POST", "/apply_chat_template", {"messages": messages})["text"]
+        if not self._render_remotely:
+            return self._render_locally(messages)
+        try:
+            return self._request("POST", "/apply_chat_template", {"messages": messages})["text"]
+        except _StatusError as exc:
+            if exc.status != 404 or not self.model_info.get("chat_template"):
+                raise
+            self._render_remotely = False  # not routed here: render the template ourselves
+            return self._render_locally(messages)
+
+    def _render_locally(self, messages: list[dict[str, str]]) -> str:
+        """Render `/get_model_info`'s template text as `transformers` does (sandboxed jinja2,
+        trim_blocks and lstrip_blocks, `raise_exception`, the BOS / EOS strings)."""
+        if self._local_template is None:
+            from jinja2.exceptions import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message: str) -> None:
+                raise TemplateError(message)
+
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            )
+            env.globals["raise_exception"] = raise_exception
+            self._local_template = env.from_string(self.model_info["chat_template"])
+        return self._local_template.render(
+            messages=messages,
+            add_generation_prompt=False,
+            bos_token=self.model_info.get("bos_token") or "",
+            eos_token=self.model_info.get("eos_token") or "",
+        )
 
     def _body(self, prompt: str, params: dict[str, Any], stream: bool) -> dict[str, Any]:
         sampling = {
@@ -138,6 +174,14 @@ class RuntimeEndpoint(Backend):
 
     def shutdown(self) -> None:
         self._client.close()
+
+
+class _StatusError(BackendError):
+    """The server answered an HTTP error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _error_text(path: str, status: int, text: str) -> str:
