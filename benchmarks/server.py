@@ -291,6 +291,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-queue", type=int, default=256)
+    p.add_argument("--max-running", type=int, default=64, help="--max-running-requests")
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
