@@ -1,7 +1,7 @@
 """Load check of `runtime.server`: many concurrent chat clients sharing a system prompt.
 
 Run: .venv/bin/python -m benchmarks.server [--model PATH] [--clients 64] [--requests 8]
-     [--max-tokens 16] [--max-queue 256] [--url URL (an already running server)]
+     [--max-tokens 16] [--max-queue 256] [--max-running 64] [--url URL (a running server)]
 
 Each client sends its requests one after another; request k (over all clients) is
   k % 16 == 7   streamed, and cancelled (connection closed) after its second content chunk
@@ -218,6 +218,8 @@ def start_server(args) -> subprocess.Popen:
         str(port),
         "--max-queue",
         str(args.max_queue),
+        "--max-running-requests",
+        str(args.max_running),
         "--log-level",
         "warning",
     ]
