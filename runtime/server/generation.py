@@ -8,7 +8,6 @@ streaming body on disconnect) and when the request fails part-way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -190,11 +189,3 @@ def sse(data: Any) -> str:
 def sse_error(exc: BaseException) -> str:
     err = from_exception(exc) if not isinstance(exc, APIError) else exc
     return sse(err.body())
-
-
-@contextlib.contextmanager
-def closing(streams: ChoiceStreams):
-    try:
-        yield streams
-    finally:
-        streams.close()
