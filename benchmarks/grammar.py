@@ -132,7 +132,7 @@ class XGrammar:
 
         compiler = self.xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         return compiler.compile_json_schema(
-            json.dumps(schema), any_whitespace=False, strict_mode=False
+            json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=False
         )
 
     def matcher(self, compiled: Any) -> Any:
@@ -296,6 +296,8 @@ def run_suite(engine: Any, files: list[str], tok: Any, timeout: float) -> dict:
     return {
         "n": len(files),
         "compiled": len(compiled),
+        "refused": sum(r.get("error") == "UnsupportedSchemaError" for r in rows),
+        "timeouts": sum(r.get("error") == "timeout" for r in rows),
         "correct": sum(r["valid_rejected"] == 0 and r["invalid_accepted"] == 0 for r in compiled),
         "valid_rejected": sum(r["valid_rejected"] for r in compiled),
         "invalid_accepted": sum(r["invalid_accepted"] for r in compiled),
@@ -355,11 +357,12 @@ def main(argv: list[str] | None = None) -> None:
         lines.append((engine.name, suite, fixed))
     cold_col = " | ".join(f"cold {n} (ms)" for n in FIXED_SCHEMAS)
     print(
-        f"| engine | schemas | compiled | fully correct | valid rejected | invalid accepted "
+        f"| engine | schemas | compiled | refused | timeouts | fully correct | valid rejected "
+        f"| invalid accepted "
         f"| first mask p50 / p99 (ms) | mask p50 / p99 (us) | {cold_col} "
         f"| median cold (ms) | warm mask p50 / p99 (us) |"
     )
-    print("|---" * (10 + len(FIXED_SCHEMAS)) + "|")
+    print("|---" * (12 + len(FIXED_SCHEMAS)) + "|")
     for name, s, fixed in lines:
         colds = [fixed[n]["cold_ms"] for n in FIXED_SCHEMAS]
         warm = [fixed[n]["warm_us"] for n in FIXED_SCHEMAS if fixed[n]["warm_us"]]
@@ -369,7 +372,8 @@ def main(argv: list[str] | None = None) -> None:
             for c, n in zip(colds, FIXED_SCHEMAS, strict=True)
         )
         print(
-            f"| {name} | {s['n']} | {s['compiled']} | {s['correct']} | {s['valid_rejected']} "
+            f"| {name} | {s['n']} | {s['compiled']} | {s['refused']} | {s['timeouts']} "
+            f"| {s['correct']} | {s['valid_rejected']} "
             f"| {s['invalid_accepted']} | {_fmt(s['first_mask_ms'])} | {_fmt(s['mask_us'])} "
             f"| {cold_cells} | {statistics.median(colds):,.1f} | {_fmt(warm_p)} |"
         )

@@ -19,7 +19,7 @@ from tests._grammar_fixtures import (
     walk,
 )
 
-SLICE = 40
+SLICE = 30
 MIN_FULLY_CORRECT = 0.85  # of the compiled schemas in the slice
 
 pytestmark = pytest.mark.skipif(not bench_files(), reason="JSONSchemaBench sample not present")
