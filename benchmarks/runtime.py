@@ -160,6 +160,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--hf-sample", type=int, default=0, help="requests per round for HF modes")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument(
+        "--nocache-sample",
+        type=int,
+        default=0,
+        help="few-shot requests the cache-off engine runs (0: all)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -183,27 +189,31 @@ def main() -> None:
             before = engine.stats()
             data = [[{"role": "system", "content": "You are a helpful travel guide. " * 8}]
                     for _ in range(q["mt_conv"])] if turns else rounds  # fmt: skip
+            limit = len(seqs_all := [p for r in rounds for p in r]) if not turns else 10**9
+            if mode.endswith("cache off") and args.nocache_sample and not turns:
+                limit = args.nocache_sample  # cache-off few-shot is prefill-bound: a rate
+                data = [seqs_all[:limit]]
             seconds, out = run_engine(engine, data, max_new, turns)
             after = engine.stats()
             if turns:  # rebuild the prompts the chat rounds sent, for the shareable count
                 seqs = []
                 for t in range(turns):
                     for h in data:
-                        seqs.append(
-                            tok.apply_chat_template(
-                                h[: 1 + 2 * t + 1], tokenize=True, add_generation_prompt=True
-                            )
+                        text = tok.apply_chat_template(
+                            h[: 1 + 2 * t + 1], tokenize=False, add_generation_prompt=True
                         )
+                        seqs.append(tok(text).input_ids)
                 n_req = len(seqs)
             else:
-                seqs = [tok(p).input_ids for r in rounds for p in r]
+                seqs = [tok(p).input_ids for p in (data[0] if len(data) == 1 else seqs_all)]
                 n_req = len(seqs)
-            rows.append(Row(name, mode, n_req, seconds, out,
+            rows.append(Row(name, mode, min(n_req, limit), seconds, out,
                             after["prefill_computed_tokens"] - before["prefill_computed_tokens"],
                             after["cache_hit_tokens"] - before["cache_hit_tokens"],
                             shareable_tokens(seqs)))  # fmt: skip
             if turns:
                 workloads[name] = (data, max_new, turns)
+            print(f"# {name} / {mode}: {seconds:.1f} s, {out} tokens", flush=True)
         if args.skip_hf:
             continue
         from transformers import AutoModelForCausalLM
@@ -230,6 +240,7 @@ def main() -> None:
                     computed += sum(len(tok(p).input_ids) for p in prompts)
             n = sum(len(p) for p in prompts_by_round)
             rows.append(Row(name, mode, n, time.perf_counter() - start, out, computed, 0, 0))
+            print(f"# {name} / {mode}: {rows[-1].seconds:.1f} s, {out} tokens", flush=True)
     print_table(rows)
     bw = memory_bandwidth_gbs()
     weights = cached_engine.model.weight_bytes()
