@@ -166,10 +166,25 @@ class CompiledCFG:
 
     # ----- masks -----
     def bitmask(self, node: StackNode, q: int) -> np.ndarray:
-        """Packed mask (int32 words) of the tokens allowed at (node, q); shared, read-only.
+        """Packed mask (int32 words) of the tokens allowed at (node, q), EOS included where the
+        text is a sentence; shared, read-only. Cached on the node."""
+        if node.masks is None:
+            node.masks = {}
+        words = node.masks.get(("eos", q))
+        if words is None:
+            words = self.base_mask(node, q)
+            if self.layout.eos.size and self.is_accepting(node, q):
+                words = words.copy()
+                eos = self.layout.eos
+                bits = (1 << (eos & 31)).astype(np.uint32).view(np.int32)
+                np.bitwise_or.at(words, eos >> 5, bits)
+            node.masks[("eos", q)] = words
+        return words
 
-        Cached on the node, and by the top states the computation read (a mask computed inside
-        nested brackets serves every nesting depth whose top states agree)."""
+    def base_mask(self, node: StackNode, q: int) -> np.ndarray:
+        """The token mask at (node, q) without EOS. Cached on the node, and by the top stack
+        states the computation read (a mask computed inside nested brackets serves every
+        nesting depth whose top states agree)."""
         table = self.table
         if node.masks is None:
             node.masks = {}
@@ -204,19 +219,18 @@ class CompiledCFG:
             # tokens whose first byte already ends the terminal: the next stack's whole mask
             node2 = self.take(node, w)
             if node2 is not None:
-                parts.append(self.bitmask(node2, START) & self._first_cut_words(lx, q))
+                parts.append(self.base_mask(node2, START) & self._first_cut_words(lx, q))
         out = parts[0].copy() if parts else self.layout.empty.copy()
         for p in parts[1:]:
             np.bitwise_or(out, p, out=out)
-        if self.layout.eos.size and self.is_accepting(node, q):
-            eos = self.layout.eos
-            np.bitwise_or.at(out, eos >> 5, (1 << (eos & 31)).astype(np.uint32).view(np.int32))
         return out
 
     def _evaluate(self, d: Decomposition, node: StackNode) -> list[np.ndarray]:
         """Packed masks (to OR) of the tokens of `d` that are valid at `node`."""
-        live = self.live_bits(node)
-        parts = [words for alive, words in d.within if alive & live]
+        ignore, table = self.ignore_bits, self.table
+        parts = [
+            words for alive, words in d.within if alive & ignore or table.accepts_any(node, alive)
+        ]
         for g, (terminal, rows, pos) in enumerate(d.cuts):
             node2 = self.take(node, terminal)
             if node2 is None:

@@ -30,7 +30,7 @@ class StackNode:
 
     __slots__ = (
         "state", "parent", "depth", "fed", "acceptable", "accepts_end", "masks", "forced",
-        "low",
+        "low", "acc_known", "acc_yes",
     )  # fmt: skip
 
     def __init__(self, state: int, parent: StackNode | None) -> None:
@@ -44,6 +44,9 @@ class StackNode:
         self.forced: dict[Any, Any] | None = None
         # the lowest stack depth each cached result read: (kind, key) -> depth
         self.low: dict[Any, int] | None = None
+        # terminals checked one by one (accepts_any): which were checked, which can be shifted
+        self.acc_known = 0
+        self.acc_yes = 0
 
     def states(self) -> list[int]:
         out, n = [], self
@@ -216,6 +219,34 @@ class LRTable:
         self._remember(node, "acc", node.depth - deepest + 1)
         self.note(node.depth - deepest + 1)
         return bits
+
+    def accepts_any(self, node: StackNode, bits: int) -> bool:
+        """Whether the stack can shift at least one of the terminals in `bits` (checking only
+        as many as needed, each once per node)."""
+        if node.acceptable is not None:
+            self.note(node.low["acc"])  # type: ignore[index]
+            return bool(node.acceptable & bits)
+        todo = bits & self.lookahead_bits[node.state]
+        low = node.depth
+        while todo:
+            t = (todo & -todo).bit_length() - 1
+            todo &= todo - 1
+            if node.acc_known >> t & 1:
+                ok = bool(node.acc_yes >> t & 1)
+                reached = node.low[("acc", t)]  # type: ignore[index]
+            else:
+                ok, n_read = self._can_shift(node, t)
+                reached = node.depth - n_read + 1
+                node.acc_known |= 1 << t
+                if ok:
+                    node.acc_yes |= 1 << t
+                self._remember(node, ("acc", t), reached)
+            low = min(low, reached)
+            if ok:
+                self.note(low)
+                return True
+        self.note(low)
+        return False
 
     @staticmethod
     def _top_states(node: StackNode, d: int) -> tuple[int, ...]:
