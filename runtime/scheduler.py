@@ -29,7 +29,7 @@ from runtime.output import OutputProcessor
 from runtime.pages import PageBook
 from runtime.radix_cache import RadixCache
 from runtime.request import Request, Status
-from runtime.sampling import sample
+from runtime.step_output import process_step_output
 from runtime.step_plan import ExtendItem, StepPlan, build_batch
 
 logger = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ class Scheduler:
         batch = build_batch(plan, self.pool.page_size)
         logits = self.model.forward(batch, self.pool)
         self.counters["forward_steps"] += 1
-        self._after_forward(plan, logits)
+        process_step_output(self, plan, logits)
         return True
 
     def _plan_decodes(self, plan: StepPlan) -> None:
@@ -265,65 +265,6 @@ class Scheduler:
             if len(other_seq) >= need and len(seq) > need and seq[:need] == other_seq[:need]:
                 return True
         return False
-
-    def _after_forward(self, plan: StepPlan, logits: torch.Tensor) -> None:
-        for req, row0, count in plan.score_rows:
-            # row i scores token (position of the row + 1)
-            first = max(req.logprob_start, req.computed + 1)
-            targets = torch.tensor(req.seq[first : first + count], dtype=torch.long)
-            lp = torch.log_softmax(logits[row0 : row0 + count], dim=-1)
-            req.prompt_logprobs.extend(lp.gather(1, targets[:, None])[:, 0].tolist())
-        for req in plan.decodes:
-            req.computed += 1
-            req.decode_steps += 1
-            self.counters["decode_tokens"] += 1
-        for item in plan.extends:
-            req = item.req
-            if req.output_ids:
-                req.decode_steps += 1
-            req.computed = item.end
-            self.counters["prefill_computed"] += item.length
-            if req.computed == req.seq_len:
-                req.prefill_done = True
-            self.book.cache_computed(req)
-        rows = [row for _, row in plan.sample_rows]
-        reqs = [req for req, _ in plan.sample_rows]
-        sample_logits = logits[rows]
-        if self.hooks is not None and reqs:
-            dead = self.hooks.mask_logits(reqs, sample_logits)
-            for req in dead:  # its constraint allows no token at all
-                req.error = RuntimeError("the constraint allows no token here")
-                self.finish(req, "abort")
-            if dead:
-                keep = [i for i, r in enumerate(reqs) if r not in dead]
-                reqs, sample_logits = [reqs[i] for i in keep], sample_logits[keep]
-        if reqs:
-            out = sample(sample_logits, reqs, self.output.eos_ids, self.generator)
-            for i, req in enumerate(reqs):
-                req.output_ids.append(out.tokens[i])
-                if req.logprobs is not None:
-                    req.logprobs.append(out.logprobs[i])
-                if req.top_logprobs is not None:
-                    req.top_logprobs.append(out.top_logprobs[i] or {})
-                self.counters["generated_tokens"] += 1
-                if self.hooks is not None:
-                    self.hooks.after_token(self, req)
-                self.output.check_finish(req)
-                if req.finish_reason == "length" and self.hooks is not None:
-                    reason = self.hooks.length_reason(req)
-                    if reason:
-                        req.error = RuntimeError(reason)
-                if req.finish_reason is not None:
-                    self.finish(req, req.finish_reason)
-                elif req.stream:
-                    chunk = self.output.stream_chunk(req, finished=False)
-                    if chunk is not None:
-                        req.outbox.put(chunk)
-        for item in plan.extends:  # prefill-only requests (max_new_tokens=0, score)
-            req = item.req
-            if req.prefill_done and req.status is Status.RUNNING:
-                if len(req.output_ids) >= req.params.max_new_tokens:
-                    self.finish(req, "length")
 
     # ---- state transitions -----------------------------------------------------------------
     def preempt(self, req: Request) -> None:

@@ -1,0 +1,76 @@
+"""What happens after a forward pass: tokens booked, log-probs recorded, tokens sampled (through
+the grammar masks), stop conditions checked, results streamed or delivered."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from runtime.request import Status
+from runtime.sampling import sample
+from runtime.step_plan import StepPlan
+
+if TYPE_CHECKING:
+    from runtime.scheduler import Scheduler
+
+
+def process_step_output(sched: Scheduler, plan: StepPlan, logits: torch.Tensor) -> None:
+    """Book the computed tokens, record score log-probs, sample, and finish or stream."""
+    for req, row0, count in plan.score_rows:
+        # row i scores token (position of the row + 1)
+        first = max(req.logprob_start, req.computed + 1)
+        targets = torch.tensor(req.seq[first : first + count], dtype=torch.long)
+        lp = torch.log_softmax(logits[row0 : row0 + count], dim=-1)
+        req.prompt_logprobs.extend(lp.gather(1, targets[:, None])[:, 0].tolist())
+    for req in plan.decodes:
+        req.computed += 1
+        req.decode_steps += 1
+        sched.counters["decode_tokens"] += 1
+    for item in plan.extends:
+        req = item.req
+        if req.output_ids:
+            req.decode_steps += 1
+        req.computed = item.end
+        sched.counters["prefill_computed"] += item.length
+        if req.computed == req.seq_len:
+            req.prefill_done = True
+        sched.book.cache_computed(req)
+    rows = [row for _, row in plan.sample_rows]
+    reqs = [req for req, _ in plan.sample_rows]
+    sample_logits = logits[rows]
+    if sched.hooks is not None and reqs:
+        dead = sched.hooks.mask_logits(reqs, sample_logits)
+        for req in dead:  # its constraint allows no token at all
+            req.error = RuntimeError("the constraint allows no token here")
+            sched.finish(req, "abort")
+        if dead:
+            keep = [i for i, r in enumerate(reqs) if r not in dead]
+            reqs, sample_logits = [reqs[i] for i in keep], sample_logits[keep]
+    if reqs:
+        out = sample(sample_logits, reqs, sched.output.eos_ids, sched.generator)
+        for i, req in enumerate(reqs):
+            req.output_ids.append(out.tokens[i])
+            if req.logprobs is not None:
+                req.logprobs.append(out.logprobs[i])
+            if req.top_logprobs is not None:
+                req.top_logprobs.append(out.top_logprobs[i] or {})
+            sched.counters["generated_tokens"] += 1
+            if sched.hooks is not None:
+                sched.hooks.after_token(sched, req)
+            sched.output.check_finish(req)
+            if req.finish_reason == "length" and sched.hooks is not None:
+                reason = sched.hooks.length_reason(req)
+                if reason:
+                    req.error = RuntimeError(reason)
+            if req.finish_reason is not None:
+                sched.finish(req, req.finish_reason)
+            elif req.stream:
+                chunk = sched.output.stream_chunk(req, finished=False)
+                if chunk is not None:
+                    req.outbox.put(chunk)
+    for item in plan.extends:  # prefill-only requests (max_new_tokens=0, score)
+        req = item.req
+        if req.prefill_done and req.status is Status.RUNNING:
+            if len(req.output_ids) >= req.params.max_new_tokens:
+                sched.finish(req, "length")
