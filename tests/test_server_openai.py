@@ -312,3 +312,36 @@ def test_every_usage_carries_cached_tokens(server, model):
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     last = [e for e in events if e["choices"] and e["choices"][0]["finish_reason"]][-1]
     assert "cached_tokens" in last["usage"]["prompt_tokens_details"]
+
+
+def test_chat_stream_with_n_choices_reassembles_each(client, model):
+    whole = _chat(
+        client,
+        model,
+        content="two ways",
+        max_tokens=6,
+        n=2,
+        seed=3,
+        temperature=1.0,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(
+        _chat(
+            client,
+            model,
+            content="two ways",
+            max_tokens=6,
+            n=2,
+            seed=3,
+            temperature=1.0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    texts = ["", ""]
+    for c in chunks:
+        for choice in c.choices:
+            texts[choice.index] += choice.delta.content or ""
+    # seeded sampling: choice i of the stream is choice i of the plain request
+    assert texts == [c.message.content for c in whole.choices]
+    assert whole.usage.completion_tokens == 12
