@@ -93,6 +93,10 @@ class TokenIndex:
             return self._allowed_sparse(state, np.flatnonzero(~transparent), transparent)
         # position 0: every token, one gather from this state's row
         cur = self._flat[state * 256 : state * 256 + 256][prep.columns[0]]
+        if np.count_nonzero(cur) * 8 < cur.shape[0]:  # few survive the first byte
+            rows = np.flatnonzero(cur)
+            allowed = np.zeros(cur.shape[0], dtype=bool)
+            return self._walk_rows(rows, cur[rows], 1, allowed)
         dense = True
         idx = None
         p = 1
@@ -123,11 +127,16 @@ class TokenIndex:
 
     def _allowed_sparse(self, state: int, rows: np.ndarray, allowed: np.ndarray) -> np.ndarray:
         """Walk only `rows` (ascending) from `state`; marks survivors in `allowed` (in place)."""
+        cur = self._flat[state * 256 + self.prepared.columns[0][rows].astype(np.int64)]
+        return self._walk_rows(rows, cur, 1, allowed)
+
+    def _walk_rows(
+        self, rows: np.ndarray, cur: np.ndarray, p: int, allowed: np.ndarray
+    ) -> np.ndarray:
+        """Continue walking `rows` (ascending, in states `cur`) from byte position p."""
         prep, flat = self.prepared, self._flat
-        cur = flat[state * 256 + prep.columns[0][rows].astype(np.int64)]
         keep = cur != DEAD
         rows, cur = rows[keep], cur[keep]
-        p = 1
         while rows.size:
             # rows that end before byte p survived every byte: allowed
             n = int(prep.n_longer[p]) if p < prep.n_longer.shape[0] else 0
