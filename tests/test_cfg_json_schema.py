@@ -214,3 +214,13 @@ def test_unsupported_keywords(schema: dict, keyword: str) -> None:
     with pytest.raises(UnsupportedSchemaError) as e:
         json_schema_to_lark(schema)
     assert e.value.keyword == keyword
+
+
+def test_forced_text_for_jump_forward() -> None:
+    """Keys the schema requires are forced (jump-forward appends them in one step)."""
+    m = compile_json_schema_cfg(LINKED_LIST, deepseek_vocab()).matcher()
+    assert m.forced_text() == '{"head":"'
+    m.advance_bytes(b'{"head":"x"')
+    assert m.forced_text() == ',"tail":'
+    m.advance_bytes(b',"tail":nu')
+    assert m.forced_text() == "ll}"
