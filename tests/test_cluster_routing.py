@@ -115,10 +115,6 @@ def endpoint(cluster):
     backend.shutdown()
 
 
-@pytest.mark.xfail(
-    reason="RuntimeEndpoint learns the chat template through POST /apply_chat_template, "
-    "which the gateway does not route"
-)
 def test_runtime_endpoint_gen_through_router(endpoint):
     state = plain_story.run(backend=endpoint)
     assert state.get_meta_info("story")["completion_tokens"] == 5
