@@ -123,3 +123,17 @@ def test_runtime_endpoint_gen_through_router(endpoint):
 @pytest.mark.xfail(reason="the gateway does not route POST /score (RuntimeEndpoint's select)")
 def test_runtime_endpoint_select_through_router(endpoint):
     assert pick.run(backend=endpoint)["colour"] in (" blue", " green")
+
+
+@sgl.function
+def constrained_pick(s):
+    s += "The sky is" + sgl.gen("colour", choices=[" blue", " green"], temperature=1.0, seed=3)
+
+
+@pytest.mark.xfail(
+    reason="the gateway drops /generate sampling_params SGLang does not have "
+    "(choices, dtype, jump_forward, seed), so the output is unconstrained"
+)
+def test_runtime_endpoint_gen_choices_through_router(endpoint):
+    for _ in range(3):
+        assert constrained_pick.run(backend=endpoint)["colour"] in (" blue", " green")
