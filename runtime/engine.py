@@ -144,9 +144,9 @@ class Engine:
         `dtype`, `jump_forward`. One prompt whose request is invalid raises; in a list, that
         entry comes back with finish_reason "abort" and `.error` set while the others go on.
         """
-        single = isinstance(prompt, str) or (
-            isinstance(prompt, Sequence) and (not prompt or isinstance(prompt[0], int))
-        )
+        if isinstance(prompt, Sequence) and not isinstance(prompt, str) and len(prompt) == 0:
+            return []  # an empty batch
+        single = isinstance(prompt, str) or isinstance(prompt[0], int)
         if stream:
             if not single:
                 raise ValueError("stream=True takes one prompt")

@@ -20,6 +20,7 @@ from runtime.errors import UnsupportedModelError
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool
 from runtime.rope import RotaryEmbedding, apply_rotary
+from runtime.short_extend_attention import plan_short_extend, short_extend_attention
 
 
 @dataclass(slots=True)
@@ -128,6 +129,12 @@ class LlamaModel:
         if nd > 1 and not hidden.is_cuda:
             cascade = plan_cascade(batch.decode_page_table, batch.decode_seq_lens, pool.page_size)
             cascade = cascade if cascade.useful else None
+        short = None
+        if t > nd and not hidden.is_cuda:
+            short = plan_short_extend(
+                batch.extend_page_table, batch.extend_prefix_lens, batch.extend_lens,
+                pool.page_size,
+            )  # fmt: skip
         for li, layer in enumerate(self.layers):
             # attention block
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
@@ -167,7 +174,9 @@ class LlamaModel:
                         self.scale,
                     )
                 )
-            if t > nd:
+            if short is not None:
+                parts.append(short_extend_attention(q[nd:], k_pool, v_pool, self.scale, short))
+            elif t > nd:
                 parts.append(
                     kernels.paged_extend_attention(
                         q[nd:],

@@ -42,3 +42,31 @@ def test_cascade_matches_reference(shared_pages, tails, hq, hkv):
     got = cascade_decode_attention(q, k_pool, v_pool, table, seq_lens, 0.3, plan)
     want = reference.paged_decode_attention(q, k_pool, v_pool, table, seq_lens, 0.3)
     assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("prefixes", "extends", "hq", "hkv"),
+    [
+        pytest.param([5, 0, 12], [3, 7, 1], 4, 2, id="gqa-mixed"),
+        pytest.param([8, 8], [4, 4], 2, 2, id="mha-equal"),
+        pytest.param([0, 30], [16, 2], 6, 3, id="prompt-and-jump"),
+    ],
+)
+def test_short_extend_matches_reference(prefixes, extends, hq, hkv):
+    from runtime.short_extend_attention import plan_short_extend, short_extend_attention
+
+    torch.manual_seed(1)
+    ps, d, num_pages = 4, 8, 64
+    k_pool = torch.randn(num_pages, ps, hkv, d)
+    v_pool = torch.randn(num_pages, ps, hkv, d)
+    perm = torch.randperm(num_pages - 1) + 1
+    width = max(-(-(p + e) // ps) for p, e in zip(prefixes, extends, strict=True))
+    table = perm[: len(prefixes) * width].view(len(prefixes), width).to(torch.int32)
+    pre = torch.tensor(prefixes, dtype=torch.int32)
+    ext = torch.tensor(extends, dtype=torch.int32)
+    q = torch.randn(int(ext.sum()), hq, d)
+    plan = plan_short_extend(table, pre, ext, ps)
+    assert plan is not None
+    got = short_extend_attention(q, k_pool, v_pool, 0.3, plan)
+    want = reference.paged_extend_attention(q, k_pool, v_pool, table, pre, ext, 0.3)
+    assert torch.allclose(got, want, atol=1e-5)
