@@ -230,3 +230,26 @@ def test_stats_report_pool_figures(engine):
     assert s["kv_capacity_tokens"] >= 4096
     for key in ("cache_hit_tokens", "pool_usage", "evicted_tokens", "throughput_tok_s"):
         assert key in s
+
+
+def test_same_prefix_arriving_during_prefill_is_computed_once(model_dir):
+    import threading
+
+    with Engine(model_dir, page_size=4, max_total_tokens=4096, chunked_prefill_tokens=32) as e:
+        prefix = " ".join(f"token{i}" for i in range(120))
+        prefix_len = len(e.tokenizer(prefix).input_ids)
+        results = []
+        threads = [
+            threading.Thread(target=lambda i=i: results.append(
+                e.generate(prefix + f" tail {i}", max_new_tokens=2, temperature=0.0)))
+            for i in range(4)
+        ]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        computed = e.stats()["prefill_computed_tokens"]
+        # whether the others arrive mid-prefill (they wait for it) or after (cache hits),
+        # the long prefix is computed once, plus a page and a tail per request
+        assert computed < prefix_len + 4 * 16
+        assert len(results) == 4
