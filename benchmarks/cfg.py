@@ -46,15 +46,22 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+BUDGET_S = 120.0  # per engine and grammar: stop walking new sentences after this much time
+
+
 def _walk_all(
     new_matcher: Callable[[], object],
     fill: Callable[[object], None],
     advance: Callable[[object, int], bool],
     accepting: Callable[[object], bool],
     token_lists: list[list[int]],
-) -> tuple[int, list[float]]:
+) -> tuple[int, list[float], int]:
+    """(sentences accepted, mask times, sentences left unwalked when the time budget ran out)"""
     ok, times = 0, []
-    for ids in token_lists:
+    deadline = time.perf_counter() + BUDGET_S / 2
+    for i, ids in enumerate(token_lists):
+        if time.perf_counter() > deadline:
+            return ok, times, len(token_lists) - i
         m = new_matcher()
         good = True
         for t in ids:
@@ -65,13 +72,15 @@ def _walk_all(
                 good = False
                 break
         ok += good and accepting(m)
-    return ok, times
+    return ok, times, 0
 
 
 def _walk_sets(row: Row, new_matcher, fill, advance, accepting, sets) -> Row:
-    ok_cold, row.times = _walk_all(new_matcher, fill, advance, accepting, sets[0])
-    ok_warm, row.warm = _walk_all(new_matcher, fill, advance, accepting, sets[1])
+    ok_cold, row.times, left_cold = _walk_all(new_matcher, fill, advance, accepting, sets[0])
+    ok_warm, row.warm, left_warm = _walk_all(new_matcher, fill, advance, accepting, sets[1])
     row.ok, row.total = ok_cold + ok_warm, len(sets[0]) + len(sets[1])
+    if left_cold or left_warm:
+        row.note = f"time budget ({BUDGET_S:.0f} s): {left_cold + left_warm} sentences not walked"
     return row
 
 
@@ -160,7 +169,10 @@ def main() -> None:
 
     tok, vocab = deepseek_tokenizer(), deepseek_vocab()
     _LAYOUTS.get_or_build(vocab.hash, lambda: VocabLayout(vocab))
-    rows: list[Row] = []
+    header = f"{'grammar':<11} {'engine':<11} {'compile ms':>10} {'ok':>7} {'tokens':>6} "
+    header += f"{'cold p50':>9} {'cold p99':>9} {'warm p50':>9} {'warm p99':>9}  note"
+    print(header)
+    print("-" * len(header), flush=True)
     for name in args.grammars.split(","):
         text = grammar_text(name)
         sets = [
@@ -168,24 +180,23 @@ def main() -> None:
             for n, seed in ((args.sentences, 7), (args.sentences, 8))
         ]
         for run in (run_ours, run_llguidance, run_xgrammar):
-            rows.append(run(name, text, sets))
-    header = f"{'grammar':<11} {'engine':<11} {'compile ms':>10} {'ok':>7} {'tokens':>6} "
-    header += f"{'cold p50':>9} {'cold p99':>9} {'warm p50':>9} {'warm p99':>9}  note"
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        if r.times is None:
-            print(f"{r.grammar:<11} {r.engine:<11} {'-':>10} {'-':>7} {'-':>6} "
-                  f"{'-':>9} {'-':>9} {'-':>9} {'-':>9}  {r.note}")  # fmt: skip
-            continue
-        cold, warm = [t * 1e6 for t in r.times], [t * 1e6 for t in r.warm or []]
-        q = [_quantile(xs, p) for xs in (cold, warm) for p in (0.5, 0.99)]
-        print(
-            f"{r.grammar:<11} {r.engine:<11} {r.compile_ms:>10.1f} {f'{r.ok}/{r.total}':>7} "
-            f"{len(cold) + len(warm):>6} {q[0]:>9.1f} {q[1]:>9.1f} {q[2]:>9.1f} {q[3]:>9.1f}  "
-            f"{r.note}"
-        )
+            _print_row(run(name, text, sets))
     print("times in microseconds per token mask; deepseek tokenizer,", len(vocab), "ids")
+
+
+def _print_row(r: Row) -> None:
+    if r.times is None:
+        print(f"{r.grammar:<11} {r.engine:<11} {'-':>10} {'-':>7} {'-':>6} "
+              f"{'-':>9} {'-':>9} {'-':>9} {'-':>9}  {r.note}", flush=True)  # fmt: skip
+        return
+    cold, warm = [t * 1e6 for t in r.times], [t * 1e6 for t in r.warm or []]
+    q = [_quantile(xs, p) for xs in (cold, warm) for p in (0.5, 0.99)]
+    print(
+        f"{r.grammar:<11} {r.engine:<11} {r.compile_ms:>10.1f} {f'{r.ok}/{r.total}':>7} "
+        f"{len(cold) + len(warm):>6} {q[0]:>9.1f} {q[1]:>9.1f} {q[2]:>9.1f} {q[3]:>9.1f}  "
+        f"{r.note}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
