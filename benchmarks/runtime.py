@@ -160,6 +160,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--hf-sample", type=int, default=0, help="requests per round for HF modes")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--workloads", default="few-shot,multi-turn,fork", help="comma list")
+    ap.add_argument("--skip-decode", action="store_true", help="no batch-1 decode measurement")
     ap.add_argument(
         "--nocache-sample",
         type=int,
@@ -182,7 +184,9 @@ def main() -> None:
     }
     rows: list[Row] = []
     nocache_engine = Engine(enable_radix_cache=False, max_running_requests=64)
-    for name, (rounds, max_new, turns) in workloads.items():
+    for name, (rounds, max_new, turns) in list(workloads.items()):
+        if name not in args.workloads.split(","):
+            continue
         for mode, engine in (("engine + radix cache", cached_engine),
                              ("engine, cache off", nocache_engine)):  # fmt: skip
             engine.flush_cache()
@@ -213,7 +217,7 @@ def main() -> None:
                             shareable_tokens(seqs)))  # fmt: skip
             if turns:
                 workloads[name] = (data, max_new, turns)
-            print(f"# {name} / {mode}: {seconds:.1f} s, {out} tokens", flush=True)
+            print(f"# {rows[-1]}", flush=True)
         if args.skip_hf:
             continue
         from transformers import AutoModelForCausalLM
@@ -240,8 +244,10 @@ def main() -> None:
                     computed += sum(len(tok(p).input_ids) for p in prompts)
             n = sum(len(p) for p in prompts_by_round)
             rows.append(Row(name, mode, n, time.perf_counter() - start, out, computed, 0, 0))
-            print(f"# {name} / {mode}: {rows[-1].seconds:.1f} s, {out} tokens", flush=True)
+            print(f"# {rows[-1]}", flush=True)
     print_table(rows)
+    if args.skip_decode:
+        return
     bw = memory_bandwidth_gbs()
     weights = cached_engine.model.weight_bytes()
     tok_s = decode_b1(cached_engine, 64 if not args.quick else 32)
