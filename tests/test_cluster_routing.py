@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -120,9 +122,13 @@ def test_runtime_endpoint_gen_through_router(endpoint):
     assert state.get_meta_info("story")["completion_tokens"] == 5
 
 
-@pytest.mark.xfail(reason="the gateway does not route POST /score (RuntimeEndpoint's select)")
 def test_runtime_endpoint_select_through_router(endpoint):
-    assert pick.run(backend=endpoint)["colour"] in (" blue", " green")
+    # the gateway answers /score with 404; the endpoint scores through /v1/completions instead
+    state = pick.run(backend=endpoint)
+    assert state["colour"] in (" blue", " green")
+    assert endpoint._score_routed
+    assert len(state.get_meta_info("colour")["token_logprobs"]) == 2
+    assert pick.run(backend=endpoint)["colour"] == state["colour"]
 
 
 @sgl.function
@@ -130,10 +136,42 @@ def constrained_pick(s):
     s += "The sky is" + sgl.gen("colour", choices=[" blue", " green"], temperature=1.0, seed=3)
 
 
-@pytest.mark.xfail(
-    reason="the gateway drops /generate sampling_params SGLang does not have "
-    "(choices, dtype, jump_forward, seed), so the output is unconstrained"
-)
 def test_runtime_endpoint_gen_choices_through_router(endpoint):
     for _ in range(3):
         assert constrained_pick.run(backend=endpoint)["colour"] in (" blue", " green")
+
+
+@sgl.function
+def constrained_kinds(s):
+    s += "Code:" + sgl.gen("code", regex=r"[A-Z]{2}-[0-9]{3}", temperature=1.0, max_tokens=12)
+    s += "\nCount:" + sgl.gen("count", dtype=int, temperature=1.0, max_tokens=6)
+    s += "\nJSON:" + sgl.gen(
+        "obj",
+        json_schema={
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"],
+            "additionalProperties": False,
+        },
+        temperature=1.0,
+        max_tokens=16,
+    )
+
+
+def test_runtime_endpoint_regex_dtype_and_schema_through_router(endpoint):
+    # regex and json_schema (as JSON text) are SGLang sampling params the gateway keeps;
+    # dtype travels as the regex it stands for
+    state = constrained_kinds.run(backend=endpoint)
+    assert re.fullmatch(r"[A-Z]{2}-[0-9]{3}", state["code"]), state["code"]
+    assert re.fullmatch(r"-?(0|[1-9][0-9]*)", state["count"]), state["count"]
+    assert json.loads(state["obj"]) in ({"ok": True}, {"ok": False}), state["obj"]
+
+
+@sgl.function
+def seeded(s):
+    s += "Once" + sgl.gen("x", max_tokens=6, temperature=1.0, seed=11, ignore_eos=True)
+
+
+def test_runtime_endpoint_seed_through_router(endpoint):
+    # the gateway drops `seed`; `sampling_seed` gets through, so a seeded sample repeats
+    assert len({seeded.run(backend=endpoint)["x"] for _ in range(3)}) == 1

@@ -104,6 +104,71 @@ def test_select_is_one_score_request(server, endpoint):
     assert len(state.get_meta_info("v")["token_logprobs"]) == 3
 
 
+@pytest.mark.parametrize(
+    "prompt, continuations",
+    [
+        ("The sky is", [" blue", " green", " the colour of the sea"]),
+        ("<|im_start|>user\nIs water wet?<|im_end|>\n<|im_start|>assistant\n", ["True", "No"]),
+    ],
+)
+def test_score_through_completions_matches_score(server, endpoint, prompt, continuations):
+    # the fallback used behind a gateway (no /score there) gives /score's numbers, in one call
+    direct = endpoint.score(prompt, continuations)
+    before = _requests(server, "/v1/completions")
+    routed = endpoint._score_by_completions(prompt, continuations)
+    assert _requests(server, "/v1/completions") == before + 1
+    assert [len(r) for r in routed] == [len(d) for d in direct]
+    for r, d in zip(routed, direct, strict=True):
+        assert r == pytest.approx(d, rel=1e-6, abs=1e-6)  # equal in practice
+
+
+def test_completions_echo_logprobs_cover_the_prompt(server, tokenizer):
+    body = {"prompt": "Hello there", "echo": True, "logprobs": 0, "max_tokens": 2, "n": 2}
+    body.update(NOISE)
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+    n_prompt = len(tokenizer("Hello there").input_ids)
+    for choice in reply["choices"]:
+        lp = choice["logprobs"]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == n_prompt + 2
+        assert lp["token_logprobs"][0] is None
+        assert all(isinstance(x, float) for x in lp["token_logprobs"][1:])
+        assert "".join(lp["tokens"]) == choice["text"]
+        assert lp["text_offset"][n_prompt] == len("Hello there")
+
+
+def test_choices_and_dtype_are_sent_as_regex(endpoint):
+    body = endpoint._body("x", {"choices": [" a.b", "(c)"], "seed": 5}, False)
+    assert body["sampling_params"] == {"regex": r"( a\.b|\(c\))", "seed": 5, "sampling_seed": 5}
+    body = endpoint._body("x", {"dtype": "int"}, False)
+    assert "dtype" not in body["sampling_params"] and body["sampling_params"]["regex"]
+
+
+def test_sampling_seed_is_seed(server):
+    def sample(params: dict) -> str:
+        body = {"text": "Once", "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}
+        body["sampling_params"].update(params)
+        reply = httpx.post(f"{server.url}/generate", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["text"]
+
+    assert sample({"sampling_seed": 9}) == sample({"seed": 9}) == sample({"seed": 9})
+    reply = httpx.post(
+        f"{server.url}/generate",
+        json={"text": "Once", "sampling_params": {"seed": 1, "sampling_seed": 2}},
+        timeout=60,
+    )
+    assert reply.status_code == 400
+
+
+def test_gen_choices_honoured_against_one_server(endpoint):
+    @sgl.function
+    def prog(s):
+        s += "The sky is" + sgl.gen("c", choices=[" blue", " green"], temperature=1.0, seed=3)
+
+    for _ in range(3):
+        assert prog.run(backend=endpoint)["c"] in (" blue", " green")
+
+
 def test_fork_commits_the_shared_prefix_before_the_branches(server, endpoint, tokenizer):
     shared = "A context only this fork test uses, long enough for pages. " * 5
 

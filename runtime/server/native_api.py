@@ -32,6 +32,7 @@ SAMPLING_KEYS = frozenset(
         "frequency_penalty",
         "presence_penalty",
         "seed",
+        "sampling_seed",  # SGLang's name for `seed` (the gateway keeps it, drops `seed`)
         "stop",
         "stop_token_ids",
         "ignore_eos",
@@ -76,6 +77,10 @@ def _sampling(body: GenerateRequest) -> dict[str, Any]:
             param="sampling_params",
         )
     params = {k: v for k, v in params.items() if v is not None}
+    if "sampling_seed" in params:
+        seed = params.pop("sampling_seed")
+        if params.setdefault("seed", seed) != seed:
+            raise APIError(400, "seed and sampling_seed differ", param="sampling_params")
     if body.return_logprob or body.top_logprobs_num:
         params.update(logprobs=True, top_logprobs=body.top_logprobs_num)
     return params

@@ -225,9 +225,11 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         constraint["regex"] = body.regex
     jobs: list[Job] = []
     prompt_texts: list[str] = []
+    prompt_ids: list[list[int]] = []
     for p in prompts:
         ids = await bridge.encode(p)
         bridge.check_length(ids, "prompt")
+        prompt_ids.append(ids)
         requested = (
             body.max_tokens if body.max_tokens is not None else (COMPLETION_DEFAULT_MAX_TOKENS)
         )
@@ -290,7 +292,13 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
                 state.metrics.record_stream_end(time.perf_counter() - started)
 
         return SSEResponse(events(), on_close=_closer(streams, admission))
+    echoed: list[dict[str, Any]] = []
     try:
+        if body.echo and body.logprobs is not None:
+            # echo + logprobs: the prompt's tokens and their log-probs come first (OpenAI's
+            # legacy behaviour; `max_tokens: 0` makes it a scoring call)
+            for ids in prompt_ids:
+                echoed.append(await _prompt_logprobs(state, ids))
         results = await collect(bridge, jobs, request, "prompt", state.metrics_abort)
     finally:
         admission.release()
@@ -299,7 +307,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         {
             "index": i,
             "text": prefix(i) + r.text,
-            "logprobs": logprobs(r, i),
+            "logprobs": _prepend(echoed[i // body.n], logprobs(r, i)) if echoed else logprobs(r, i),
             "finish_reason": R.finish_reason(r),
         }
         for i, r in enumerate(results)
@@ -312,3 +320,32 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         "choices": choices,
         "usage": R.usage_of(results, body.n),
     }
+
+
+async def _prompt_logprobs(state: ServerState, ids: list[int]) -> dict[str, Any]:
+    """`logprobs` entries for the prompt's own tokens (the first has none: nothing precedes it),
+    computed as `/score` computes a continuation's: each token given the ones before it."""
+    lps: list[float] = []
+    if len(ids) > 1:
+        lps = (
+            await state.bridge.run(
+                lambda: state.engine.score(ids[:1], [ids[1:]], return_token_logprobs=True)
+            )
+        )[0]
+    tokens = [state.tokenizer.decode([t]) for t in ids]
+    offsets, at = [], 0
+    for text in tokens:
+        offsets.append(at)
+        at += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [None, *lps],
+        "top_logprobs": [None] * len(tokens),  # alternatives are not computed for the prompt
+        "text_offset": offsets,
+    }
+
+
+def _prepend(prompt: dict[str, Any], generated: dict[str, Any] | None) -> dict[str, Any]:
+    if generated is None:
+        return prompt
+    return {key: prompt[key] + generated[key] for key in prompt}

@@ -2,7 +2,17 @@
 
 Generation goes to the server's native `/generate` (streamed as server-sent events when asked),
 `select` to `/score` (all choices in one request), fork prefixes to `/generate` with
-`max_new_tokens: 0`. The chat template's role markers are derived exactly as for the
+`max_new_tokens: 0`.
+
+The same code works through the SGLang Model Gateway (`runtime.cluster`), which routes only
+`/generate`, `/v1/completions` and `/v1/chat/completions` and re-parses `/generate` bodies with
+SGLang's types. So: `choices` and `dtype` are sent as the `regex` the server would build from
+them (the gateway drops those keys, and an unconstrained answer must never pass for a
+constrained one); `seed` is sent also as SGLang's `sampling_seed` (the gateway drops `seed`);
+and when `/score` answers 404, scoring goes to `/v1/completions` instead (all choices as one
+batch, `echo` + `logprobs` + `max_tokens: 0`), remembered for later calls.
+
+The chat template's role markers are derived exactly as for the
 in-process backend, by rendering sentinel messages, here through `/apply_chat_template`; where
 that path is not routed (a gateway in front of the server answers 404) the template text from
 `/get_model_info` is rendered locally with jinja2, the way `transformers` renders it.
@@ -23,6 +33,41 @@ from .base import Backend, GenChunk, GenOutput
 
 # gen() keyword -> /generate sampling_params key, where they differ
 _SERVER_NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+# regex metacharacters of the grammar package's dialect (escaped with a backslash)
+_REGEX_SPECIAL = frozenset("\\.^$|?*+()[]{}-/")
+
+
+def _regex_escape(text: str) -> str:
+    """A regex matching exactly `text` (control characters as \\xNN), as `grammar` escapes."""
+    out = []
+    for c in text:
+        if ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\x{ord(c):02x}")
+        else:
+            out.append("\\" + c if c in _REGEX_SPECIAL else c)
+    return "".join(out)
+
+
+def choices_regex(choices: list[str]) -> str:
+    """The regex `gen(choices=...)` stands for: exactly one of the strings."""
+    return "(" + "|".join(_regex_escape(c) for c in choices) + ")"
+
+
+def _as_regex(sampling: dict[str, Any]) -> None:
+    """Replace `choices` / `dtype` with the equivalent `regex` (in place)."""
+    if "choices" in sampling:
+        choices = sampling.pop("choices")
+        if not choices:
+            raise BackendError("gen(choices=...) needs at least one choice")
+        sampling["regex"] = choices_regex([str(c) for c in choices])
+    if "dtype" in sampling:
+        from grammar import dtype_to_regex  # the server's own mapping
+
+        name = sampling.pop("dtype")
+        types = {"int": int, "float": float, "bool": bool, "str": str}
+        if name not in types:
+            raise BackendError(f"dtype must be one of {sorted(types)}, got {name!r}")
+        sampling["regex"] = dtype_to_regex(types[name])
 
 
 class RuntimeEndpoint(Backend):
@@ -56,6 +101,7 @@ class RuntimeEndpoint(Backend):
         self._template_lock = threading.Lock()
         self._render_remotely = True
         self._local_template: Any = None
+        self._score_routed = False  # True once /score answered 404 (behind a gateway)
 
     # ---- HTTP -------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: Any = None) -> Any:
@@ -118,6 +164,9 @@ class RuntimeEndpoint(Backend):
             for k, v in params.items()
             if v is not None and k != "return_logprob"
         }
+        _as_regex(sampling)
+        if "seed" in sampling:
+            sampling["sampling_seed"] = sampling["seed"]
         return {
             # the server rejects an empty prompt; generating "after nothing" means after BOS
             "text": prompt or self.unconditional_prompt(),
@@ -155,8 +204,50 @@ class RuntimeEndpoint(Backend):
             raise BackendError(f"POST {self.url}/generate (stream) failed: {exc}") from exc
 
     def score(self, prompt: str, continuations: list[str]) -> list[list[float]]:
-        body = {"prompt": prompt or self.unconditional_prompt(), "continuations": continuations}
-        return self._request("POST", "/score", body)["token_logprobs"]
+        prompt = prompt or self.unconditional_prompt()
+        if not self._score_routed:
+            body = {"prompt": prompt, "continuations": continuations}
+            try:
+                return self._request("POST", "/score", body)["token_logprobs"]
+            except _StatusError as exc:
+                if exc.status not in (404, 405):
+                    raise
+                self._score_routed = True  # a gateway: /score is not routed
+        return self._score_by_completions(prompt, continuations)
+
+    def _score_by_completions(self, prompt: str, continuations: list[str]) -> list[list[float]]:
+        """Per-token log-probs of each continuation from one `/v1/completions` call.
+
+        The batch is the prompt alone, then prompt + each continuation, echoed with their
+        tokens' log-probs and nothing generated. A continuation's log-probs are those after the
+        prompt's own tokens, which is what `/score` computes whenever the prompt's tokens begin
+        the joint text's tokens and the rest are the continuation's tokens on its own (the
+        usual case, e.g. a continuation that starts a new word). Where the joint text's tokens
+        cross the boundary, the scored tokens start at the first one that differs from the
+        prompt's (that token spans the end of the prompt and the start of the continuation).
+        """
+        body = {
+            "model": self.model_info.get("served_model_name"),
+            "prompt": [prompt] + [prompt + c for c in continuations],
+            "echo": True,
+            "logprobs": 0,
+            "max_tokens": 0,
+        }
+        reply = self._request("POST", "/v1/completions", body)
+        choices = sorted(reply["choices"], key=lambda c: c["index"])
+        if len(choices) != len(continuations) + 1 or any(c["logprobs"] is None for c in choices):
+            raise BackendError("/v1/completions did not echo the prompts' log-probs")
+        base = choices[0]["logprobs"]["tokens"]
+        out = []
+        for choice in choices[1:]:
+            tokens = choice["logprobs"]["tokens"]
+            start = 0
+            while start < min(len(base), len(tokens)) and base[start] == tokens[start]:
+                start += 1
+            if start == len(tokens):
+                raise BackendError("cannot score an empty continuation")
+            out.append([float(lp) for lp in choice["logprobs"]["token_logprobs"][max(start, 1) :]])
+        return out
 
     def commit_prefix(self, prefix: str) -> None:
         if not prefix or not self.has_prefix_cache:
