@@ -323,9 +323,8 @@ class _Builder:
 
     # ----- objects and arrays -----
     def object(self, s: dict, ptr: str) -> Node:
-        if s.get("patternProperties"):
-            raise UnsupportedSchemaError("patternProperties", f"{ptr}/patternProperties")
         props: dict[str, Any] = dict(s.get("properties", {}))
+        pattern_item = self.pattern_member(s, props, ptr)
         required = list(dict.fromkeys(s.get("required", [])))
         extra = s.get("additionalProperties", True)
         for name in required:
@@ -341,7 +340,7 @@ class _Builder:
                     return None
                 continue
             items.append((ra.seq(_literal(name), self.colon, v), name in required))
-        extra_item = None
+        extra_item = pattern_item
         if extra is not False:
             key = self.string_except(list(props), ptr)
             extra_item = ra.seq(key, self.colon, self.value(extra, f"{ptr}/additionalProperties"))
@@ -367,6 +366,30 @@ class _Builder:
                 firsts.append(ra.seq(extra_item, extras))
             firsts.append(ra.EMPTY)
         return self.wrap("{", ra.alt(firsts), "}")
+
+    def pattern_member(self, s: dict, props: dict, ptr: str) -> Node:
+        """`patternProperties` with one pattern and `additionalProperties: false`: the other
+        members are '"key":value' with the key matching the pattern (None if there is none).
+        Other shapes need key-language complements or intersections: refused."""
+        pp = s.get("patternProperties")
+        if not pp:
+            return None
+        where = f"{ptr}/patternProperties"
+        if len(pp) != 1 or s.get("additionalProperties", True) is not False:
+            raise UnsupportedSchemaError(
+                "patternProperties", where, "only one pattern, with additionalProperties false"
+            )
+        ((pattern, sub),) = pp.items()
+        try:
+            if any(re.search(pattern, name) for name in props):
+                raise UnsupportedSchemaError("patternProperties", where, "matches a property")
+            key = pattern_to_content(pattern, self.string_char)
+        except (re.error, GrammarError) as e:
+            if isinstance(e, UnsupportedSchemaError):
+                raise
+            raise UnsupportedSchemaError("patternProperties", where, str(e)) from None
+        value = self.value(sub, f"{where}/{_ptr_escape(pattern)}")
+        return ra.seq(ra.char('"'), key, ra.char('"'), self.colon, value)
 
     def array(self, s: dict, ptr: str) -> Node:
         if s.get("uniqueItems"):

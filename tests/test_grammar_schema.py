@@ -148,6 +148,16 @@ SCHEMA_CASES = [
         id="enum-mixed",
     ),
     pytest.param(
+        {
+            "type": "object",
+            "patternProperties": {"^[a-z]+$": {"type": "integer"}},
+            "additionalProperties": False,
+        },
+        [{}, {"ab": 1}, {"a": 1, "bc": -2}],
+        [{"a": "x"}, {"A": 1}, {"a1": 2}],
+        id="patternProperties-closed",
+    ),
+    pytest.param(
         {"type": "string", "pattern": "ab+"},
         ["ab", "xxabbby"],
         ["a", "ba"],
@@ -227,7 +237,7 @@ def test_no_invalid_instance_is_accepted(schema, valid, invalid, instance) -> No
             {"type": "object", "patternProperties": {"^x": {}}},
             "patternProperties",
             "#/patternProperties",
-            id="patternProperties",
+            id="patternProperties-open",
         ),
         pytest.param(
             {"type": "object", "minProperties": 1},
