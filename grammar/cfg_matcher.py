@@ -1,0 +1,114 @@
+"""CFGMatcher: one sequence's cursor over a compiled lark grammar (the `Matcher` interface)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from grammar.errors import GrammarError
+
+if TYPE_CHECKING:
+    from grammar.cfg import CompiledCFG
+    from grammar.cfg_parser import StackNode
+
+
+def complete_utf8_prefix(data: bytes) -> str:
+    """The longest prefix of `data` made of whole UTF-8 characters, decoded."""
+    for cut in range(len(data), max(len(data) - 4, 0) - 1, -1):
+        try:
+            return data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""
+
+
+class CFGMatcher:
+    """One sequence's position in a lark grammar; the interface of `grammar.matcher.Matcher`.
+    Cheap to create and to copy; not thread-safe (one sequence, one thread)."""
+
+    __slots__ = ("grammar", "_node", "_q", "_ended")
+
+    def __init__(self, grammar: CompiledCFG, node: StackNode, q: int, ended: bool = False) -> None:
+        self.grammar = grammar
+        self._node = node
+        self._q = q
+        self._ended = ended
+
+    @property
+    def state(self) -> tuple[tuple[int, ...], int]:
+        """(LR state stack, lexer state): for debugging and tests."""
+        return tuple(self._node.states()), self._q
+
+    def copy(self) -> CFGMatcher:
+        return CFGMatcher(self.grammar, self._node, self._q, self._ended)
+
+    def bitmask(self) -> np.ndarray:
+        """The shared packed mask of the current state (read-only)."""
+        if self._ended:
+            return self.grammar.layout.empty
+        return self.grammar.bitmask(self._node, self._q)
+
+    def fill_bitmask(self, out: np.ndarray) -> None:
+        """Copy the packed mask (int32 words, bit b of word w = token 32*w+b) into `out`."""
+        np.copyto(np.asarray(out), self.bitmask(), casting="unsafe")
+
+    def mask(self) -> np.ndarray:
+        """Bool array of len(vocab): the token ids allowed now (EOS when accepting)."""
+        bits = np.unpackbits(self.bitmask().view(np.uint8), bitorder="little")
+        return bits[: len(self.grammar.vocab)].astype(bool)
+
+    def is_allowed(self, token_id: int) -> bool:
+        w = self.bitmask()[token_id >> 5]
+        return bool((int(w) >> (token_id & 31)) & 1)
+
+    def advance(self, token_id: int) -> None:
+        """Consume one token; GrammarError (state unchanged) if the grammar forbids it."""
+        g = self.grammar
+        if self._ended:
+            raise GrammarError("the constraint already ended (EOS was consumed)")
+        if token_id in g.eos_token_ids:
+            if not self.is_accepting():
+                raise GrammarError(f"EOS token {token_id} not allowed: the sentence is incomplete")
+            self._ended = True
+            return
+        if not 0 <= token_id < len(g.vocab):
+            raise GrammarError(f"token id {token_id} outside the vocabulary")
+        data = g.vocab.token_bytes(token_id)
+        if not data:
+            raise GrammarError(f"token {token_id} is special or empty: never allowed")
+        nxt = g.walk(self._node, self._q, data)
+        if nxt is None:
+            raise GrammarError(f"token {token_id} ({data!r}) is not allowed here")
+        self._node, self._q = nxt
+
+    def advance_bytes(self, data: bytes) -> None:
+        """Consume raw bytes (e.g. forced text); GrammarError (state unchanged) if forbidden."""
+        if self._ended and data:
+            raise GrammarError("the constraint already ended (EOS was consumed)")
+        if not data:
+            return
+        nxt = self.grammar.walk(self._node, self._q, data)
+        if nxt is None:
+            raise GrammarError(f"bytes {data[:80]!r} are not allowed here")
+        self._node, self._q = nxt
+
+    def is_accepting(self) -> bool:
+        """The text so far is a sentence of the grammar."""
+        return self.grammar.is_accepting(self._node, self._q)
+
+    def is_dead(self) -> bool:
+        """EOS was consumed, or the sentence is complete and no byte can extend it."""
+        if self._ended:
+            return True
+        return self.is_accepting() and not self.grammar.allowed_bytes(self._node, self._q)
+
+    def forced_bytes(self) -> bytes:
+        """The longest byte string every valid continuation starts with (b"" if none)."""
+        if self._ended:
+            return b""
+        return self.grammar.forced(self._node, self._q)
+
+    def forced_text(self) -> str:
+        """`forced_bytes()` cut to whole UTF-8 characters."""
+        return complete_utf8_prefix(self.forced_bytes())
