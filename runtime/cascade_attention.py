@@ -17,6 +17,8 @@ import torch
 from runtime import kernels
 
 MIN_SHARED_PAGES = 2  # below this the grouping costs more than it saves
+MIN_SHARED_TO_TAIL = 2  # the shared prefix must be at least this many times the longest tail
+MIN_TOKENS_SAVED = 2048  # K/V token reads a group must save (measured on CPU)
 
 
 @dataclass(slots=True)
@@ -57,7 +59,14 @@ def plan_cascade(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: in
         full = int(lens[idx].min()) // page_size
         same = (pt[:, :full] == pt[:1, :full]).all(dim=0)
         shared = int(same.long().cumprod(0).sum()) if full else 0
-        if shared < MIN_SHARED_PAGES:
+        shared_tokens = shared * page_size
+        longest_tail = int(lens[idx].max()) - shared_tokens
+        # worth it only when the shared part dominates: the merge costs more than a short read
+        if (
+            shared < MIN_SHARED_PAGES
+            or shared_tokens < MIN_SHARED_TO_TAIL * longest_tail
+            or shared_tokens * (len(rows) - 1) < MIN_TOKENS_SAVED
+        ):
             singles.extend(rows)
             continue
         pages = pt[0, :shared].long()

@@ -18,7 +18,12 @@ from runtime.kernels import reference
         pytest.param(1, [3, 3, 3], 4, 1, id="too-short-to-share"),
     ],
 )
-def test_cascade_matches_reference(shared_pages, tails, hq, hkv):
+def test_cascade_matches_reference(monkeypatch, shared_pages, tails, hq, hkv):
+    from runtime import cascade_attention
+
+    # tiny shapes: switch off the "is it worth it" thresholds so the cascade path runs
+    monkeypatch.setattr(cascade_attention, "MIN_SHARED_TO_TAIL", 0)
+    monkeypatch.setattr(cascade_attention, "MIN_TOKENS_SAVED", 0)
     torch.manual_seed(0)
     ps, d, num_pages = 4, 8, 64
     k_pool = torch.randn(num_pages, ps, hkv, d)
@@ -42,6 +47,22 @@ def test_cascade_matches_reference(shared_pages, tails, hq, hkv):
     got = cascade_decode_attention(q, k_pool, v_pool, table, seq_lens, 0.3, plan)
     want = reference.paged_decode_attention(q, k_pool, v_pool, table, seq_lens, 0.3)
     assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shared_pages", "tail", "group", "useful"),
+    [
+        pytest.param(96, 40, 64, True, id="few-shot-prefix"),
+        pytest.param(5, 200, 16, False, id="short-system-prompt"),
+        pytest.param(5, 40, 16, False, id="too-few-tokens-saved"),
+    ],
+)
+def test_cascade_is_used_only_when_it_pays(shared_pages, tail, group, useful):
+    ps = 16
+    rows = [list(range(1, 1 + shared_pages)) + [1000 + b] * -(-tail // ps) for b in range(group)]
+    table = torch.tensor(rows, dtype=torch.int32)
+    lens = torch.full((group,), shared_pages * ps + tail, dtype=torch.int32)
+    assert plan_cascade(table, lens, ps).useful == useful
 
 
 @pytest.mark.parametrize(
