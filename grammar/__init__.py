@@ -3,18 +3,30 @@
 vocab = TokenVocabulary.from_tokenizer(hf_tokenizer)
 g = compile_json_schema(schema, vocab)      # cached by (constraint, vocab.hash)
 m = g.matcher(); m.mask(); m.advance(token_id); m.forced_text()
+g = compile_lark(LARK_TEXT, vocab)          # context-free, the same matcher interface
 """
 
-from grammar.api import clear_caches, compile_choices, compile_json_schema, compile_regex
+from grammar import api as _api
+from grammar.api import compile_choices, compile_json_schema, compile_regex
+from grammar.cfg import CompiledCFG, clear_cfg_caches, compile_lark
 from grammar.compiled import CompiledGrammar
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.fsm import ByteDFA, regex_to_dfa
 from grammar.json_schema import dtype_to_regex, json_schema_to_regex
+from grammar.json_schema_lark import compile_json_schema_cfg, json_schema_to_lark
 from grammar.matcher import Matcher
 from grammar.vocab import TokenVocabulary
 
+
+def clear_caches() -> None:
+    """Drop every compiled constraint (regex, schema and lark paths)."""
+    _api.clear_caches()
+    clear_cfg_caches()
+
+
 __all__ = [
     "ByteDFA",
+    "CompiledCFG",
     "CompiledGrammar",
     "GrammarError",
     "Matcher",
@@ -23,8 +35,11 @@ __all__ = [
     "clear_caches",
     "compile_choices",
     "compile_json_schema",
+    "compile_json_schema_cfg",
+    "compile_lark",
     "compile_regex",
     "dtype_to_regex",
+    "json_schema_to_lark",
     "json_schema_to_regex",
     "regex_to_dfa",
 ]
