@@ -1,8 +1,8 @@
 """Turning a batch of logits rows into next tokens, one request per row.
 
 Every transform is vectorised over the rows that need it; a batch of greedy requests without
-penalties is a single argmax. Log-probs are those of the model's distribution (log-softmax of
-the raw logits, after the grammar mask when there is one), before temperature and truncation.
+penalties is a single argmax. Log-probs are the log-softmax of the logits after the repetition /
+frequency / presence penalties and the grammar mask, before temperature and top-k/p/min-p.
 """
 
 from __future__ import annotations
