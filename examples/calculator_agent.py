@@ -3,10 +3,8 @@
 
 Run: .venv/bin/python -m examples.calculator_agent
 
-The constrained step uses `Engine.generate(..., grammar=LARK_TEXT)`. Until the engine takes
-`grammar=` (see the CFG notes for the runtime), the example falls back to a small greedy loop
-over the same model with `transformers`, masking logits with the compiled grammar's matcher:
-the constraint object is the same either way.
+The constrained step is `Engine.generate(..., grammar=LARK_TEXT)`: every token the model
+samples keeps the text a prefix of a sentence of the grammar.
 """
 
 from __future__ import annotations
@@ -55,49 +53,14 @@ def chat(tokenizer, user: str, prefix: str = "") -> str:
     return text + prefix
 
 
-def constrained_greedy(model_dir: str, prompt: str, max_new_tokens: int = 24) -> str:
-    """Greedy decoding with the grammar's token masks, on `transformers` (fallback path)."""
-    import numpy as np
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from grammar import TokenVocabulary
-    from grammar.cfg import compile_lark
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    matcher = compile_lark(LINE_GRAMMAR, TokenVocabulary.from_tokenizer(tok)).matcher()
-    ids = tok(prompt, return_tensors="pt").input_ids
-    out: list[int] = []
-    for _ in range(max_new_tokens):
-        with torch.no_grad():
-            logits = model(ids).logits[0, -1]
-        allowed = torch.from_numpy(np.pad(matcher.mask(), (0, logits.shape[0] - len(tok))))
-        t = int(torch.where(allowed, logits, -torch.inf).argmax())
-        matcher.advance(t)
-        if t in matcher.grammar.eos_token_ids:
-            break
-        out.append(t)
-        if matcher.is_dead():
-            break
-        ids = torch.cat([ids, torch.tensor([[t]])], dim=1)
-    return tok.decode(out)
-
-
 def main() -> None:
     from runtime import Engine
-    from runtime.default_model import default_model_dir
 
     engine = Engine()
     ask = f"{QUESTION}\nWrite one arithmetic expression for the change Tom gets. Expression:"
     prompt = chat(engine.tokenizer, ask)
-    try:
-        result = engine.generate(prompt, grammar=LINE_GRAMMAR, max_new_tokens=32, temperature=0)
-        expression = result.text
-    except (TypeError, ValueError, NotImplementedError) as e:  # engine without grammar=
-        print(f"(engine has no grammar= yet: {e}; using the transformers fallback)")
-        expression = constrained_greedy(str(default_model_dir()), prompt, max_new_tokens=32)
-    expression = expression.strip()
+    result = engine.generate(prompt, grammar=LINE_GRAMMAR, max_new_tokens=32, temperature=0)
+    expression = result.text.strip()
     try:
         value = evaluate(expression)
     except Exception as e:  # the token budget ran out before the expression was complete

@@ -1,6 +1,7 @@
 """Constrained decoding in the engine: grammar masks, compilation off the loop, jump-forward.
 
-A request with `regex`, `json_schema`, `choices` or `dtype` gets a `ConstraintState`. Its
+A request with `regex`, `json_schema`, `choices`, `dtype` or `grammar` (lark text) gets a
+`ConstraintState`. Its
 grammar compiles on a worker thread (the request waits in the queue meanwhile; other requests
 go on). Each step the packed masks of the constrained rows are applied to their logits in one
 call; rows without a constraint are not touched. After each sampled token the matcher
@@ -89,10 +90,18 @@ class ConstraintHooks:
         json_schema: Any = None,
         choices: list[str] | None = None,
         dtype: Any = None,
+        grammar: str | None = None,
         jump_forward: bool = True,
         wake: Any = None,
     ) -> None:
-        named = {"regex": regex, "json_schema": json_schema, "choices": choices, "dtype": dtype}
+        lark_text = grammar  # the name `grammar` is the package inside compile_job
+        named = {
+            "regex": regex,
+            "json_schema": json_schema,
+            "choices": choices,
+            "dtype": dtype,
+            "grammar": lark_text,
+        }
         given = [k for k, v in named.items() if v is not None]
         if len(given) > 1:
             raise ValueError(f"give at most one constraint, got {given}")
@@ -114,6 +123,8 @@ class ConstraintHooks:
                 if not choices:
                     raise grammar.GrammarError("choices must not be empty")
                 g = grammar.compile_choices(list(choices), vocab)
+            elif lark_text is not None:
+                g = grammar.compile_lark(lark_text, vocab)
             else:
                 g = grammar.compile_regex(grammar.dtype_to_regex(dtype), vocab)
             return g, vocab, time.perf_counter() - start

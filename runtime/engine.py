@@ -23,6 +23,8 @@ from runtime.weights.loader import load_model_files
 logger = logging.getLogger(__name__)
 
 DEFAULT_MEM_BUDGET_GB = 2.0
+# generate() keywords that constrain the output (at most one per request)
+CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "grammar")
 Prompt = str | list[int]
 
 
@@ -111,8 +113,7 @@ class Engine:
         return ids
 
     def _make_request(self, prompt: Prompt, kw: dict[str, Any], stream: bool) -> Request:
-        constraint_kw = {k: kw.pop(k) for k in ("regex", "json_schema", "choices", "dtype",
-                                                "jump_forward") if k in kw}  # fmt: skip
+        constraint_kw = {k: kw.pop(k) for k in (*CONSTRAINT_KEYS, "jump_forward") if k in kw}
         stop = kw.pop("stop", None)
         kw["stop"] = (stop,) if isinstance(stop, str) else tuple(stop or ())
         kw["stop_token_ids"] = frozenset(kw.pop("stop_token_ids", None) or ())
@@ -121,8 +122,7 @@ class Engine:
         if not ids:
             raise ValueError("empty prompt")
         req = Request(ids, params, stream=stream)
-        if any(constraint_kw.get(k) is not None for k in ("regex", "json_schema", "choices",
-                                                          "dtype")):  # fmt: skip
+        if any(constraint_kw.get(k) is not None for k in CONSTRAINT_KEYS):
             hooks = self.scheduler.hooks
             if hooks is None:
                 raise NotImplementedError("constrained decoding needs the grammar package")
@@ -141,8 +141,9 @@ class Engine:
         """Generate for one prompt (text or token ids) or a list of them.
 
         Keyword arguments are `SamplingParams` fields plus `regex`, `json_schema`, `choices`,
-        `dtype`, `jump_forward`. One prompt whose request is invalid raises; in a list, that
-        entry comes back with finish_reason "abort" and `.error` set while the others go on.
+        `dtype`, `grammar` (lark text), `jump_forward`. One prompt whose request is invalid
+        raises; in a list, that entry comes back with finish_reason "abort" and `.error` set
+        while the others go on.
         """
         if isinstance(prompt, Sequence) and not isinstance(prompt, str) and len(prompt) == 0:
             return []  # an empty batch

@@ -30,16 +30,20 @@ def gen(
     json_schema: Any = None,
     choices: list[str] | None = None,
     dtype: type | str | None = None,
+    grammar: str | None = None,
 ) -> Gen:
     """Generate text into variable `name`. Unset options take the run's defaults.
 
-    At most one constraint (`regex`, `json_schema`, `choices`, `dtype`) may be given.
-    `json_schema` is a dict, JSON text or a pydantic model class; `dtype` is int, float,
-    bool or str. The variable always holds the generated text as a `str`.
+    At most one constraint (`regex`, `json_schema`, `choices`, `dtype`, `grammar`) may be
+    given. `json_schema` is a dict, JSON text or a pydantic model class; `dtype` is int, float,
+    bool or str; `grammar` is the text of a lark (LALR) grammar. The variable always holds the
+    generated text as a `str`.
     """
-    constraints = [c for c in (regex, json_schema, choices, dtype) if c is not None]
+    constraints = [c for c in (regex, json_schema, choices, dtype, grammar) if c is not None]
     if len(constraints) > 1:
-        raise ProgramError(f"gen({name!r}): give at most one of regex, json_schema, choices, dtype")
+        raise ProgramError(
+            f"gen({name!r}): give at most one of regex, json_schema, choices, dtype, grammar"
+        )
     params = {
         "max_tokens": max_tokens,
         "min_tokens": min_tokens,
@@ -58,6 +62,7 @@ def gen(
         "json_schema": None if json_schema is None else schema_text(json_schema),
         "choices": None if choices is None else [str(c) for c in choices],
         "dtype": None if dtype is None else dtype_name(dtype),
+        "grammar": grammar,
     }
     return Gen(name, {k: v for k, v in params.items() if v is not None})
 

@@ -170,3 +170,29 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server, path):
     while engine_stats(server.url)["client_aborts"] == aborts and time.monotonic() < deadline:
         time.sleep(0.05)
     assert engine_stats(server.url)["client_aborts"] == aborts + 1
+
+
+SELECT_GRAMMAR = 'start: "SELECT " ("id" | "name") " FROM " ("users" | "orders")'
+
+
+@pytest.mark.parametrize("field", ["grammar", "ebnf"])
+def test_generate_grammar_field_constrains_the_output(server, field):
+    import lark
+
+    out = _generate(
+        server,
+        text="Query:",
+        sampling_params={"max_new_tokens": 30, "temperature": 1, "seed": 2, field: SELECT_GRAMMAR},
+    )
+    assert out["meta_info"]["finish_reason"]["type"] == "stop"
+    lark.Lark(SELECT_GRAMMAR, parser="lalr").parse(out["text"])
+
+
+def test_generate_bad_grammar_is_a_400_naming_the_rule(server):
+    r = httpx.post(
+        f"{server.url}/generate",
+        json={"text": "q", "sampling_params": {"max_new_tokens": 4, "grammar": "start: nope"}},
+        timeout=60,
+    )
+    assert r.status_code == 400, r.text
+    assert "nope" in r.json()["error"]["message"]

@@ -51,7 +51,7 @@ class EngineStream:
     @property
     def constraint_key(self) -> str | None:
         """The constraint keyword this request carries (regex, json_schema, ...), if any."""
-        for key in ("regex", "json_schema", "choices", "dtype"):
+        for key in ("regex", "json_schema", "choices", "dtype", "grammar"):
             if self._kwargs.get(key) is not None:
                 return key
         return None

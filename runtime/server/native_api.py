@@ -40,6 +40,8 @@ SAMPLING_KEYS = frozenset(
         "json_schema",
         "choices",
         "dtype",
+        "grammar",
+        "ebnf",  # SGLang's name for a grammar field (the gateway keeps it); lark text here
         "jump_forward",
     )
 )
@@ -77,6 +79,10 @@ def _sampling(body: GenerateRequest) -> dict[str, Any]:
             param="sampling_params",
         )
     params = {k: v for k, v in params.items() if v is not None}
+    if "ebnf" in params:
+        lark_text = params.pop("ebnf")
+        if params.setdefault("grammar", lark_text) != lark_text:
+            raise APIError(400, "grammar and ebnf differ", param="sampling_params")
     if "sampling_seed" in params:
         seed = params.pop("sampling_seed")
         if params.setdefault("seed", seed) != seed:

@@ -5,8 +5,8 @@ it with every call, and the backend's prefix cache makes the repeated part free.
 Generation parameters arrive as the `gen()` keywords (`max_tokens`, `min_tokens`, `stop`,
 `stop_token_ids`, `temperature`, `top_p`, `top_k`, `min_p`, `frequency_penalty`,
 `presence_penalty`, `ignore_eos`, `seed`, `return_logprob`, `regex`, `json_schema` as JSON text,
-`choices`, `dtype` as "int" | "float" | "bool" | "str"); absent keys take the backend's
-defaults. Every method must be safe to call from many threads at once.
+`choices`, `dtype` as "int" | "float" | "bool" | "str", `grammar` as lark text); absent keys
+take the backend's defaults. Every method must be safe to call from many threads at once.
 """
 
 from __future__ import annotations

@@ -32,7 +32,11 @@ from ..errors import BackendError
 from .base import Backend, GenChunk, GenOutput
 
 # gen() keyword -> /generate sampling_params key, where they differ
-_SERVER_NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+_SERVER_NAMES = {
+    "max_tokens": "max_new_tokens",
+    "min_tokens": "min_new_tokens",
+    "grammar": "ebnf",  # SGLang's field name, which the gateway passes on
+}
 # regex metacharacters of the grammar package's dialect (escaped with a backslash)
 _REGEX_SPECIAL = frozenset("\\.^$|?*+()[]{}-/")
 
