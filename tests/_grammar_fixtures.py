@@ -12,8 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(os.environ.get("SGL_JSONSCHEMABENCH", "/work/shared/data/jsonschemabench"))
-CACHE_DIR = Path(os.environ.get("SGL_DSL_CACHE", Path.home() / ".cache" / "sgl_dsl"))
+
+def _bench_dir() -> Path:
+    """The JSONSchemaBench sample: $SGL_JSONSCHEMABENCH, else shared/ beside the checkout."""
+    if "SGL_JSONSCHEMABENCH" in os.environ:
+        return Path(os.environ["SGL_JSONSCHEMABENCH"])
+    beside = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
+    return beside if beside.is_dir() else Path("/work/shared/data/jsonschemabench")
+
+
+BENCH_DIR = _bench_dir()
+# the same cache root as the engine's default-model cache
+CACHE_DIR = Path(os.environ.get("SGL_DSL_CACHE_DIR", Path.home() / ".cache" / "sgl_dsl"))
 
 
 @functools.cache

@@ -84,3 +84,22 @@ def test_json_schema_with_and_without_jump_forward(engine):
         jsonschema.validate(json.loads(r.text), schema)
     assert on.usage.decode_steps * 2 <= off.usage.decode_steps + 2
     assert re.match(r'\{"name":"', on.text)
+
+
+def test_arithmetic_grammar_output_parses_with_lark(engine):
+    import lark
+
+    from examples.calculator_agent import GRAMMAR, LINE_GRAMMAR, QUESTION
+
+    ask = f"{QUESTION}\nWrite one arithmetic expression for the change Tom gets. Expression:"
+    prompt = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": ask}], tokenize=False, add_generation_prompt=True
+    )
+    greedy = engine.generate(prompt, grammar=LINE_GRAMMAR, max_new_tokens=32, temperature=0.0)
+    sampled = engine.generate([prompt] * 3, grammar=LINE_GRAMMAR, max_new_tokens=32,
+                              temperature=0.8, seed=4)  # fmt: skip
+    parser = lark.Lark(GRAMMAR, parser="lalr")
+    assert greedy.finish_reason == "stop", greedy.text
+    for r in [greedy, *sampled]:
+        if r.finish_reason == "stop":  # a "length" output is a prefix the budget cut
+            parser.parse(r.text.rstrip("\n"))
