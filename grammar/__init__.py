@@ -7,7 +7,7 @@ g = compile_lark(LARK_TEXT, vocab)          # context-free, the same matcher int
 """
 
 from grammar import api as _api
-from grammar.api import compile_choices, compile_json_schema, compile_regex
+from grammar.api import choices_to_regex, compile_choices, compile_json_schema, compile_regex
 from grammar.cfg import CompiledCFG, clear_cfg_caches, compile_lark
 from grammar.compiled import CompiledGrammar
 from grammar.errors import GrammarError, UnsupportedSchemaError
@@ -26,6 +26,7 @@ def clear_caches() -> None:
 
 __all__ = [
     "ByteDFA",
+    "choices_to_regex",
     "CompiledCFG",
     "CompiledGrammar",
     "GrammarError",

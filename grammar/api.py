@@ -70,6 +70,7 @@ def compile_json_schema(
 
 
 def choices_to_regex(choices: Sequence[str]) -> str:
+    """The regex that matches exactly one of `choices` (what `compile_choices` compiles)."""
     return "(" + "|".join(regex_escape(c) for c in choices) + ")"
 
 

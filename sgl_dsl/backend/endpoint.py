@@ -37,24 +37,6 @@ _SERVER_NAMES = {
     "min_tokens": "min_new_tokens",
     "grammar": "ebnf",  # SGLang's field name, which the gateway passes on
 }
-# regex metacharacters of the grammar package's dialect (escaped with a backslash)
-_REGEX_SPECIAL = frozenset("\\.^$|?*+()[]{}-/")
-
-
-def _regex_escape(text: str) -> str:
-    """A regex matching exactly `text` (control characters as \\xNN), as `grammar` escapes."""
-    out = []
-    for c in text:
-        if ord(c) < 0x20 or ord(c) == 0x7F:
-            out.append(f"\\x{ord(c):02x}")
-        else:
-            out.append("\\" + c if c in _REGEX_SPECIAL else c)
-    return "".join(out)
-
-
-def choices_regex(choices: list[str]) -> str:
-    """The regex `gen(choices=...)` stands for: exactly one of the strings."""
-    return "(" + "|".join(_regex_escape(c) for c in choices) + ")"
 
 
 def _as_regex(sampling: dict[str, Any]) -> None:
@@ -63,7 +45,9 @@ def _as_regex(sampling: dict[str, Any]) -> None:
         choices = sampling.pop("choices")
         if not choices:
             raise BackendError("gen(choices=...) needs at least one choice")
-        sampling["regex"] = choices_regex([str(c) for c in choices])
+        from grammar import choices_to_regex  # the server's own mapping
+
+        sampling["regex"] = choices_to_regex([str(c) for c in choices])
     if "dtype" in sampling:
         from grammar import dtype_to_regex  # the server's own mapping
 
