@@ -174,7 +174,10 @@ CASES = [
             "tools": [
                 {
                     "type": "function",
-                    "function": {"name": "f", "parameters": {"type": "object", "not": {}}},
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "not": {"required": ["a"]}},
+                    },
                 }
             ],
             "tool_choice": "required",
