@@ -2,6 +2,7 @@
 front end, EBNF inside) on the same grammars, sentences and tokenizer (deepseek, 129k ids).
 
     PYTHONPATH=. python -m benchmarks.cfg [--sentences 20] [--grammars arithmetic,json]
+                                          [--engines ours,llguidance,xgrammar]
 
 For each example grammar in examples/grammars/ we draw random sentences that lark parses
 (tests/_cfg_fixtures.py), tokenize them, and walk every engine along them:
@@ -160,10 +161,14 @@ def run_xgrammar(name: str, text: str, sets: list[list[list[int]]]) -> Row:
     )
 
 
+RUNNERS = {"ours": run_ours, "llguidance": run_llguidance, "xgrammar": run_xgrammar}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sentences", type=int, default=20)
     ap.add_argument("--grammars", default=",".join(EXAMPLES))
+    ap.add_argument("--engines", default="ours,llguidance,xgrammar")
     args = ap.parse_args()
     from grammar.cfg import _LAYOUTS, VocabLayout
 
@@ -179,8 +184,8 @@ def main() -> None:
             [tok.encode(s, add_special_tokens=False) for s in valid_sentences(name, n, seed=seed)]
             for n, seed in ((args.sentences, 7), (args.sentences, 8))
         ]
-        for run in (run_ours, run_llguidance, run_xgrammar):
-            _print_row(run(name, text, sets))
+        for engine in args.engines.split(","):
+            _print_row(RUNNERS[engine](name, text, sets))
     print("times in microseconds per token mask; deepseek tokenizer,", len(vocab), "ids")
 
 

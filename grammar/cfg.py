@@ -17,7 +17,9 @@ rare, and every sentence we accept is checked against lark in the tests.
 
 Masks. A matcher state is (parser stack, lexer state). Its mask is computed once per distinct
 pair and cached on the interned stack node, so sequences that reach the same configuration share
-it; the parser-independent work (walking the vocabulary) is done once per (lexer, lexer state).
+it; the parser-independent work (walking the vocabulary) is done once per (lexer, lexer state),
+at compile time for every lexer state and the cut groups that follow (`MAX_EAGER_WALKS`,
+`MAX_EAGER_SECONDS`; beyond them, lazily on first visit), so decoding rarely pays for a walk.
 EOS is allowed exactly where the text so far is a sentence.
 """
 
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,6 +49,9 @@ logger = logging.getLogger(__name__)
 _CFG_CACHE: CompileCache = CompileCache(max_entries=128)
 _LAYOUTS: CompileCache = CompileCache(max_entries=8)
 MAX_FORCED_BYTES = 1024
+# vocabulary walks (decompositions) done at compile time; beyond either cap the rest stay lazy
+MAX_EAGER_WALKS = 8192
+MAX_EAGER_SECONDS = 5.0
 
 
 def _lark_analysis(text: str, start: str) -> tuple[list, list, list, Any]:
@@ -99,6 +106,53 @@ class CompiledCFG:
         # build every context's lexer now: a bad terminal combination fails at compile time
         for state in self.table.actions:
             self.lexer(state)
+        self.eager_walks = self._precompute(MAX_EAGER_WALKS, MAX_EAGER_SECONDS)
+
+    def _precompute(self, budget: int, seconds: float) -> int:
+        """Walk the vocabulary now for every lexer state (a first visit during decoding would
+        cost a full walk, 5-40 ms with a large vocabulary; compile runs off the decode loop), then
+        for the cut groups those walks produce, breadth first, in the lexers that can follow the
+        cut terminal; at most `budget` walks and about `seconds`, the rest stay lazy. Only fills
+        caches: the masks are the same either way. Returns the number of walks done."""
+        deadline = time.perf_counter() + seconds
+        holders: dict[tuple, list[ContextLexer]] = {}  # signature -> lexers with such a state
+        starts: list[tuple[ContextLexer, int]] = []
+        inner: list[tuple[ContextLexer, int]] = []
+        for lx in self._lexers.values():
+            for q in range(START, lx.num_states):
+                key = lx.signature[q]
+                if key not in holders:
+                    holders[key] = []
+                    (starts if q == START else inner).append((lx, q))
+                holders[key].append(lx)
+        # the lexers after a shift of terminal t: those of its shift targets
+        after: dict[int, dict[int, ContextLexer]] = {}
+        for row in self.table.actions.values():
+            for t, (is_shift, arg) in row.items():
+                if is_shift and t != self.table.end:
+                    lx = self.lexer(arg)
+                    after.setdefault(t, {})[id(lx)] = lx
+        done = 0
+        pending: deque[tuple[Decomposition, list[ContextLexer]]] = deque()
+        for lx, q in starts + inner:
+            if done >= budget or time.perf_counter() > deadline:
+                return done
+            pending.append((self._top_decomposition(lx, q), holders[lx.signature[q]]))
+            done += 1
+        while pending:
+            d, lexers = pending.popleft()
+            for g, (t, rows, pos) in enumerate(d.cuts):
+                nexts = lexers if self.ignore_bits >> t & 1 else list(after.get(t, {}).values())
+                for lx2 in nexts:
+                    if (g, id(lx2)) in d.children:
+                        continue
+                    if done >= budget or time.perf_counter() > deadline:
+                        return done
+                    child = decompose(self.layout, lx2, START, rows, pos)
+                    d.children[(g, id(lx2))] = child
+                    pending.append((child, [lx2]))
+                    done += 1
+        return done
 
     # ----- lexers and parser -----
     def lexer(self, state: int) -> ContextLexer:

@@ -168,3 +168,27 @@ def test_fill_bitmask_matches_mask() -> None:
 def test_compile_is_cached() -> None:
     vocab = deepseek_vocab()
     assert compile_lark(grammar_text("json"), vocab) is compile_lark(grammar_text("json"), vocab)
+
+
+@pytest.mark.parametrize("name", ["json", "sql_select"])
+def test_eager_walks_give_the_lazy_masks(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compile-time vocabulary walks only fill caches: fully eager, capped and fully lazy
+    compilations give the same mask at every token of every sentence."""
+    import grammar.cfg as cfg
+
+    vocab, tok = smollm2_vocab(), smollm2_tokenizer()
+    compiled = []
+    for cap in (cfg.MAX_EAGER_WALKS, 7, 0):
+        monkeypatch.setattr(cfg, "MAX_EAGER_WALKS", cap)
+        compiled.append(cfg.CompiledCFG(grammar_text(name), vocab))
+    assert compiled[0].eager_walks > 7 and compiled[1].eager_walks == 7
+    assert compiled[2].eager_walks == 0
+    for s in valid_sentences(name, 4, seed=5):
+        matchers = [g.matcher() for g in compiled]
+        for t in _encode(tok, s):
+            first = matchers[0].bitmask()
+            for m in matchers[1:]:
+                assert np.array_equal(m.bitmask(), first), s
+            for m in matchers:
+                m.advance(t)
+        assert all(m.is_accepting() for m in matchers)
