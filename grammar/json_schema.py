@@ -19,10 +19,11 @@ import json
 import re
 from typing import Any
 
-from grammar import numbers
+from grammar import dfa_ops, numbers
 from grammar import regex_ast as ra
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
+from grammar.fsm import node_to_dfa
 from grammar.pattern import pattern_to_content
 from grammar.schema_merge import UNSUPPORTED, canonical, merge, type_set
 
@@ -112,8 +113,12 @@ class _Builder:
             return schema
         if not isinstance(schema, dict):
             raise GrammarError(f"schema at {ptr} is not an object or boolean")
+        if "not" in schema and schema["not"] in (True, False, {}):
+            if schema["not"] is not False:
+                return False  # not {} / not true: nothing is valid
+            schema = {k: v for k, v in schema.items() if k != "not"}
         for key in UNSUPPORTED:
-            if key in schema:
+            if key in schema and not (key in _DEPENDENCY_KEYS and _name_lists(schema[key])):
                 raise UnsupportedSchemaError(key, f"{ptr}/{key}")
         out: dict | bool = {
             k: v for k, v in schema.items() if k not in ("$ref", "allOf", "anyOf", "oneOf")
@@ -267,7 +272,9 @@ class _Builder:
                 if lo or hi is not None:
                     content = _bounded_class_pattern(pattern, lo, hi, self.string_char)
                     if content is False:
-                        raise UnsupportedSchemaError("maxLength", ptr, "with a general pattern")
+                        content = self.length_bounded(
+                            pattern_to_content(pattern, self.string_char), lo, hi, ptr
+                        )
                 else:
                     content = pattern_to_content(pattern, self.string_char)
             except GrammarError as e:
@@ -275,12 +282,24 @@ class _Builder:
                     raise
                 raise UnsupportedSchemaError("pattern", f"{ptr}/pattern", str(e)) from None
         elif fmt in FORMAT_REGEXES:
-            if lo or hi is not None:
-                raise UnsupportedSchemaError("maxLength", ptr, f"with format {fmt!r}")
             content = ra.parsed(FORMAT_REGEXES[fmt])
+            if lo or hi is not None:
+                content = self.length_bounded(content, lo, hi, ptr)
         else:
             content = ra.repeat(self.string_char, lo, hi)
         return ra.seq(ra.char('"'), content, ra.char('"'))
+
+    def length_bounded(self, content: Node, lo: int, hi: int | None, ptr: str) -> Node:
+        """String content `content` restricted to lo..hi decoded characters (exact, via a
+        product of its DFA with a character counter)."""
+        if content is None:
+            return None
+        key = "maxLength" if hi is not None else "minLength"
+        try:
+            dfa = dfa_ops.with_length(node_to_dfa(content), lo, hi)
+        except GrammarError as e:
+            raise UnsupportedSchemaError(key, ptr, f"with a pattern / format: {e}") from None
+        return dfa_ops.DFANode(dfa, key, ptr)
 
     def integer(self, s: dict, ptr: str) -> Node:
         mult = s.get("multipleOf")
@@ -323,8 +342,13 @@ class _Builder:
 
     # ----- objects and arrays -----
     def object(self, s: dict, ptr: str) -> Node:
+        deps: dict[str, list[str]] = {}
+        for key in _DEPENDENCY_KEYS:
+            deps.update(s.get(key, {}))
+        if deps:
+            return self.object_with_dependencies(s, deps, ptr)
         props: dict[str, Any] = dict(s.get("properties", {}))
-        pattern_item = self.pattern_member(s, props, ptr)
+        pattern_item = self.pattern_member(s, props, ptr) if s.get("patternProperties") else None
         required = list(dict.fromkeys(s.get("required", [])))
         extra = s.get("additionalProperties", True)
         for name in required:
@@ -341,7 +365,7 @@ class _Builder:
                 continue
             items.append((ra.seq(_literal(name), self.colon, v), name in required))
         extra_item = pattern_item
-        if extra is not False:
+        if extra is not False and not s.get("patternProperties"):
             key = self.string_except(list(props), ptr)
             extra_item = ra.seq(key, self.colon, self.value(extra, f"{ptr}/additionalProperties"))
         n_required = sum(1 for _, req in items if req)
@@ -367,29 +391,88 @@ class _Builder:
             firsts.append(ra.EMPTY)
         return self.wrap("{", ra.alt(firsts), "}")
 
-    def pattern_member(self, s: dict, props: dict, ptr: str) -> Node:
-        """`patternProperties` with one pattern and `additionalProperties: false`: the other
-        members are '"key":value' with the key matching the pattern (None if there is none).
-        Other shapes need key-language complements or intersections: refused."""
-        pp = s.get("patternProperties")
-        if not pp:
-            return None
-        where = f"{ptr}/patternProperties"
-        if len(pp) != 1 or s.get("additionalProperties", True) is not False:
-            raise UnsupportedSchemaError(
-                "patternProperties", where, "only one pattern, with additionalProperties false"
+    def object_with_dependencies(self, s: dict, deps: dict, ptr: str) -> Node:
+        """`dependencies` / `dependentRequired` with name lists: one object per choice of which
+        trigger names are present (present: it and its names required; absent: forbidden).
+        The choices are disjoint and together exactly the instances the keyword allows."""
+        if len(deps) > 3:
+            raise UnsupportedSchemaError("dependencies", ptr, "more than 3 trigger names")
+        base = {k: v for k, v in s.items() if k not in _DEPENDENCY_KEYS}
+        options: list[Node] = []
+        for present in itertools.product((True, False), repeat=len(deps)):
+            props = dict(base.get("properties", {}))
+            required = list(base.get("required", []))
+            for (trigger, names), here in zip(deps.items(), present, strict=True):
+                if here:
+                    required += [trigger, *names]
+                else:
+                    props[trigger] = False
+            if any(props.get(name) is False for name in required):
+                continue
+            options.append(
+                self.object(
+                    {**base, "properties": props, "required": list(dict.fromkeys(required))}, ptr
+                )
             )
-        ((pattern, sub),) = pp.items()
+        return ra.alt(options)
+
+    def pattern_member(self, s: dict, props: dict, ptr: str) -> Node:
+        """`patternProperties` (up to 3 patterns): the members other than `properties`.
+
+        Each key (not a property name) falls in one region, the set of patterns it matches;
+        its value must satisfy all of their schemas, or `additionalProperties` when it matches
+        none. Regions are exact DFA products; a region that excludes some pattern holds only
+        escape-free keys (where the pattern DFA is exact), so keys needing escapes there are
+        valid but never generated. None if no member fits."""
+        pp = s.get("patternProperties")
+        where = f"{ptr}/patternProperties"
+        extra = s.get("additionalProperties", True)
+        if len(pp) > 3:
+            raise UnsupportedSchemaError("patternProperties", where, "more than 3 patterns")
+        required = [n for n in s.get("required", []) if n not in props]
         try:
-            if any(re.search(pattern, name) for name in props):
-                raise UnsupportedSchemaError("patternProperties", where, "matches a property")
-            key = pattern_to_content(pattern, self.string_char)
+            pats, contents = [], []
+            for pattern in pp:
+                if any(re.search(pattern, name) for name in [*props, *required]):
+                    raise UnsupportedSchemaError("patternProperties", where, "matches a property")
+                contents.append(pattern_to_content(pattern, self.string_char))
+                pats.append(node_to_dfa(contents[-1]))
+            literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
+            keys = node_to_dfa(ra.repeat(literal, 0, None))
+            anykey = node_to_dfa(ra.repeat(self.string_char, 0, None))
+            names = [
+                n for n in [*props, *required] if not any(ord(c) < 0x20 or c in '"\\' for c in n)
+            ]
+            if names:
+                keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
+            members: list[Node] = []
+            for inside in itertools.product((True, False), repeat=len(pats)):
+                # a key in every pattern may use escapes (pattern_to_content is sound, and no
+                # property name matches); "matches none of" needs exactness: escape-free keys
+                region = keys if not all(inside) else anykey
+                for dfa, keep in zip(pats, inside, strict=True):
+                    region = dfa_ops.product(region, dfa, keep)
+                if not region.accepting.any():
+                    continue
+                subs = [sub for sub, keep in zip(pp.values(), inside, strict=True) if keep]
+                if not subs:
+                    if extra is False:
+                        continue
+                    value = self.value(extra, f"{ptr}/additionalProperties")
+                elif len(subs) == 1:
+                    (pat,) = [p for p, k in zip(pp, inside, strict=True) if k]
+                    value = self.value(subs[0], f"{where}/{_ptr_escape(pat)}")
+                else:
+                    value = self.value({"allOf": subs}, where)
+                key: Node = dfa_ops.DFANode(region, "patternProperties", where)
+                if inside == (True,):
+                    key = contents[0]  # the same language, and it has a regex text form
+                members.append(ra.seq(ra.char('"'), key, ra.char('"'), self.colon, value))
         except (re.error, GrammarError) as e:
             if isinstance(e, UnsupportedSchemaError):
                 raise
             raise UnsupportedSchemaError("patternProperties", where, str(e)) from None
-        value = self.value(sub, f"{where}/{_ptr_escape(pattern)}")
-        return ra.seq(ra.char('"'), key, ra.char('"'), self.colon, value)
+        return ra.alt(members)
 
     def array(self, s: dict, ptr: str) -> Node:
         if s.get("uniqueItems"):
@@ -502,9 +585,13 @@ def _possible_types(s: dict) -> set[str]:
 
 
 def _discriminated(a: dict, b: dict) -> bool:
-    """Both are objects-only with a property required by both whose const/enum values differ."""
+    """Both are objects-only with a property required by both whose const/enum values differ,
+    or with a property one requires and the other forbids (closed, not among its properties,
+    or `false`)."""
     if _possible_types(a) != {"object"} or _possible_types(b) != {"object"}:
         return False
+    if _requires_forbidden(a, b) or _requires_forbidden(b, a):
+        return True
     pa, pb = a.get("properties", {}), b.get("properties", {})
     for name in set(a.get("required", [])) & set(b.get("required", [])):
         sa, sb = pa.get(name), pb.get(name)
@@ -517,6 +604,20 @@ def _discriminated(a: dict, b: dict) -> bool:
     return False
 
 
+def _requires_forbidden(a: dict, b: dict) -> bool:
+    """Some name `a` requires cannot appear in an instance of `b`."""
+    props = b.get("properties", {})
+    closed = (
+        b.get("additionalProperties", True) is False
+        and not b.get("patternProperties")
+        and "_alts" not in b
+    )
+    for name in a.get("required", []):
+        if props.get(name) is False or (closed and name not in props):
+            return True
+    return False
+
+
 def _bounds(s: dict) -> tuple:
     mn, mx = s.get("minimum"), s.get("maximum")
     emn, emx = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
@@ -525,6 +626,16 @@ def _bounds(s: dict) -> tuple:
     if isinstance(emx, bool):
         emx, mx = (mx, None) if emx else (None, mx)
     return mn, mx, emn, emx
+
+
+_DEPENDENCY_KEYS = ("dependencies", "dependentRequired")
+
+
+def _name_lists(value: Any) -> bool:
+    """`dependencies` in its name-list form (the schema form is not supported)."""
+    return isinstance(value, dict) and all(
+        isinstance(v, list) and all(isinstance(n, str) for n in v) for v in value.values()
+    )
 
 
 def _ptr_escape(name: str) -> str:

@@ -87,6 +87,8 @@ class NFA:
             t = (".",)
         elif isinstance(node, _EMPTY_CLS):
             t = ("e",)
+        elif hasattr(node, "dfa") and type(node).__name__ == "DFANode":
+            t = ("d", id(node.dfa))
         elif isinstance(node, ip._NonCapturing):
             kind = "lookbehind" if node.backwards else "lookahead"
             raise GrammarError(
@@ -125,6 +127,8 @@ class NFA:
             return s
         if isinstance(node, ip._Repeated):
             return self._repeat(node, k)
+        if type(node).__name__ == "DFANode":
+            return self._embed_dfa(node.dfa, k)
         raise GrammarError(f"regex construct not supported: {type(node).__name__}")
 
     def _repeat(self, node: ip._Repeated, k: int) -> int:
@@ -144,6 +148,20 @@ class NFA:
         for _ in range(node.min):
             s = self._build(node.base, s)
         return s
+
+    def _embed_dfa(self, dfa: object, k: int) -> int:
+        """Copy a ByteDFA's live states in; its accepting states continue at k."""
+        table = dfa.byte_table().tolist()
+        states = {i: self._new() for i in range(1, dfa.num_states)}
+        for i, s in states.items():
+            by_target: dict[int, int] = {}
+            for b, j in enumerate(table[i]):
+                if j:
+                    by_target[j] = by_target.get(j, 0) | (1 << b)
+            self.edges[s] = [(m, states[j]) for j, m in by_target.items()]
+            if dfa.accepting[i]:
+                self.eps[s].append(k)
+        return states[1]
 
     def _chars(self, ranges: list[tuple[int, int]], k: int) -> int:
         s = self._new()

@@ -138,6 +138,12 @@ def to_text(node: Node | None) -> str:
                 out = inner + "?"
             else:
                 out = f"{inner}{{{n.min},{'' if n.max is None else n.max}}}"
+        elif type(n).__name__ == "DFANode":
+            from grammar.errors import UnsupportedSchemaError
+
+            raise UnsupportedSchemaError(
+                n.keyword, n.pointer, "exact only as an automaton (compile_json_schema)"
+            )
         else:
             raise TypeError(f"not a regex node: {type(n).__name__}")
         memo[id(n)] = out

@@ -84,6 +84,13 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
         return b
     if b is True:
         return a
+    for x, y in ((a, b), (b, a)):
+        if "patternProperties" in x and any(
+            k in y for k in ("properties", "additionalProperties", "patternProperties")
+        ):
+            # each side's patternProperties / additionalProperties judge keys by that side's
+            # own properties alone; the merged object would lose that
+            raise UnsupportedSchemaError("allOf", ptr, "patternProperties with another object")
     out = dict(a)
     for key, bv in b.items():
         if key in ANNOTATIONS:

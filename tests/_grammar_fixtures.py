@@ -176,7 +176,9 @@ class SchemaOrder:
             own = items[i] if i < len(items) else schema.get("additionalItems", True)
         else:
             own = items
-        branches = [b for k in ("anyOf", "oneOf") for b in schema.get(k, [])]
+        branches = [
+            self.item_schema(b, i, depth + 1) for k in ("anyOf", "oneOf") for b in schema.get(k, [])
+        ]
         return {"allOf": [own, *parts], "anyOf": branches} if branches else {"allOf": [own, *parts]}
 
 

@@ -249,7 +249,7 @@ def test_no_invalid_instance_is_accepted(schema, valid, invalid, instance) -> No
             {"if": {"type": "string"}, "then": {"minLength": 1}}, "if", "#/if", id="if-then"
         ),
         pytest.param(
-            {"type": "object", "dependencies": {"a": ["b"]}},
+            {"type": "object", "dependencies": {"a": {"required": ["b"]}}},
             "dependencies",
             "#/dependencies",
             id="dependencies",

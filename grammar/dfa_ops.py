@@ -1,0 +1,143 @@
+"""Exact language operations on byte DFAs, and a regex-tree leaf that embeds one.
+
+Used where a keyword combination is not a plain regex: a string `pattern` with minLength /
+maxLength (the pattern DFA times a character counter), and `patternProperties` keys (pattern
+DFAs intersected with / subtracted from the set of escape-free keys). ``DFANode`` puts the
+result back into the regex tree; the NFA builder copies its states in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from grammar.errors import GrammarError
+from grammar.fsm import DEAD, START, ByteDFA, _prune_dead_ends
+
+DEFAULT_MAX_PRODUCT = 50_000
+
+
+class DFANode:
+    """A regex-tree leaf matching exactly the language of `dfa`.
+
+    It has no regex text form: ``regex_ast.to_text`` raises UnsupportedSchemaError naming
+    `keyword` and `pointer` (the schema place that needed it); compiling to a DFA honours it."""
+
+    __slots__ = ("dfa", "keyword", "pointer")
+
+    def __init__(self, dfa: ByteDFA, keyword: str, pointer: str) -> None:
+        self.dfa = dfa
+        self.keyword = keyword
+        self.pointer = pointer
+
+
+def from_rows(rows: list[list[int]], accepting: list[bool]) -> ByteDFA:
+    """A ByteDFA from 256-column rows (row 0 dead, row 1 start), with byte classes and pruning."""
+    table256 = np.array(rows, dtype=np.int32).reshape(len(rows), 256)
+    cols, byte_to_class = np.unique(table256.T, axis=0, return_inverse=True)
+    table = np.ascontiguousarray(cols.T).astype(np.int32)
+    byte_to_class = byte_to_class.reshape(-1).astype(np.int32)
+    acc = np.array(accepting, dtype=bool)
+    acc[DEAD] = False
+    table, acc = _prune_dead_ends(table, acc)
+    return ByteDFA(
+        table=table,
+        byte_to_class=byte_to_class,
+        accepting=acc,
+        rows=table.tolist(),
+        classes=byte_to_class.tolist(),
+    )
+
+
+def _explore(
+    start: tuple,
+    step: Callable[[tuple, int], tuple | None],
+    accept: Callable[[tuple], bool],
+    max_states: int,
+) -> ByteDFA:
+    """BFS over composite states; `step` returns None for the dead state."""
+    index: dict[tuple, int] = {start: START}
+    order: list[tuple] = [(), start]
+    rows: list[list[int]] = [[DEAD] * 256]
+    i = START
+    while i < len(order):
+        st = order[i]
+        row = [DEAD] * 256
+        for b in range(256):
+            nxt = step(st, b)
+            if nxt is None:
+                continue
+            j = index.get(nxt)
+            if j is None:
+                j = len(order)
+                if j > max_states:
+                    raise GrammarError(f"product automaton exceeds its budget ({max_states})")
+                index[nxt] = j
+                order.append(nxt)
+            row[b] = j
+        rows.append(row)
+        i += 1
+    return from_rows(rows, [False] + [accept(s) for s in order[1:]])
+
+
+def product(a: ByteDFA, b: ByteDFA, keep_b: bool, max_states: int = DEFAULT_MAX_PRODUCT) -> ByteDFA:
+    """L(a) & L(b) if keep_b else L(a) - L(b)."""
+    ta, tb = a.byte_table().tolist(), b.byte_table().tolist()
+
+    def step(st: tuple, byte: int) -> tuple | None:
+        x = ta[st[0]][byte]
+        if x == DEAD:
+            return None
+        y = tb[st[1]][byte]
+        if y == DEAD and keep_b:
+            return None
+        return (x, y)
+
+    def accept(st: tuple) -> bool:
+        return bool(a.accepting[st[0]]) and bool(b.accepting[st[1]]) == keep_b
+
+    return _explore((START, START), step, accept, max_states)
+
+
+# escape tracking inside JSON string content: 0 normal, 1 after '\', 2..5 hex digits left (4..1)
+def _char_step(esc: int, byte: int) -> tuple[int, int]:
+    """(new escape state, characters started) for one byte of JSON string content."""
+    if esc == 0:
+        if byte == 0x5C:
+            return 1, 1
+        return 0, 0 if 0x80 <= byte <= 0xBF else 1
+    if esc == 1:
+        return (2 if byte == 0x75 else 0), 0
+    return (esc + 1 if esc < 5 else 0), 0
+
+
+def with_length(
+    content: ByteDFA, lo: int, hi: int | None, max_states: int = DEFAULT_MAX_PRODUCT
+) -> ByteDFA:
+    """The strings of `content` (valid JSON string content) whose decoded length is in lo..hi.
+
+    A decoded character starts at every byte that is not a UTF-8 continuation byte and not
+    inside an escape sequence (`\\n`, `\\uXXXX` count once)."""
+    t = content.byte_table().tolist()
+    cap = lo if hi is None else hi + 1
+
+    def step(st: tuple, byte: int) -> tuple | None:
+        s, esc, n = st
+        x = t[s][byte]
+        if x == DEAD:
+            return None
+        esc2, add = _char_step(esc, byte)
+        n2 = min(n + add, cap)
+        if hi is not None and n2 > hi:
+            return None
+        return (x, esc2, n2)
+
+    def accept(st: tuple) -> bool:
+        s, esc, n = st
+        return bool(content.accepting[s]) and esc == 0 and n >= lo
+
+    return _explore((START, 0, 0), step, accept, max_states)
+
+
+__all__ = ["DFANode", "from_rows", "product", "with_length"]
