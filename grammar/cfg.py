@@ -18,8 +18,8 @@ rare, and every sentence we accept is checked against lark in the tests.
 Masks. A matcher state is (parser stack, lexer state). Its mask is computed once per distinct
 pair and cached on the interned stack node, so sequences that reach the same configuration share
 it; the parser-independent work (walking the vocabulary) is done once per (lexer, lexer state),
-at compile time for every lexer state and the cut groups that follow (`MAX_EAGER_WALKS`,
-`MAX_EAGER_SECONDS`; beyond them, lazily on first visit), so decoding rarely pays for a walk.
+at compile time for every lexer state and the cut groups that follow (up to `MAX_EAGER_WALKS`,
+`MAX_EAGER_SECONDS`, `MAX_EAGER_BYTES`; beyond them lazily, on first visit).
 EOS is allowed exactly where the text so far is a sentence.
 """
 
@@ -52,6 +52,7 @@ MAX_FORCED_BYTES = 1024
 # vocabulary walks (decompositions) done at compile time; beyond either cap the rest stay lazy
 MAX_EAGER_WALKS = 8192
 MAX_EAGER_SECONDS = 5.0
+MAX_EAGER_BYTES = 64 << 20  # masks and row lists those walks keep (a grammar's cache footprint)
 
 
 def _lark_analysis(text: str, start: str) -> tuple[list, list, list, Any]:
@@ -106,15 +107,21 @@ class CompiledCFG:
         # build every context's lexer now: a bad terminal combination fails at compile time
         for state in self.table.actions:
             self.lexer(state)
-        self.eager_walks = self._precompute(MAX_EAGER_WALKS, MAX_EAGER_SECONDS)
+        self.eager_walks = self._precompute(MAX_EAGER_WALKS, MAX_EAGER_SECONDS, MAX_EAGER_BYTES)
 
-    def _precompute(self, budget: int, seconds: float) -> int:
+    def _precompute(self, budget: int, seconds: float, max_bytes: int) -> int:
         """Walk the vocabulary now for every lexer state (a first visit during decoding would
         cost a full walk, 5-40 ms with a large vocabulary; compile runs off the decode loop), then
         for the cut groups those walks produce, breadth first, in the lexers that can follow the
-        cut terminal; at most `budget` walks and about `seconds`, the rest stay lazy. Only fills
-        caches: the masks are the same either way. Returns the number of walks done."""
+        cut terminal; at most `budget` walks, about `seconds` and about `max_bytes` kept, the
+        rest stay lazy. Only fills caches: the masks are the same either way. Returns the number
+        of walks done."""
         deadline = time.perf_counter() + seconds
+        used = 0
+
+        def spent() -> bool:
+            return done >= budget or used > max_bytes or time.perf_counter() > deadline
+
         holders: dict[tuple, list[ContextLexer]] = {}  # signature -> lexers with such a state
         starts: list[tuple[ContextLexer, int]] = []
         inner: list[tuple[ContextLexer, int]] = []
@@ -135,10 +142,11 @@ class CompiledCFG:
         done = 0
         pending: deque[tuple[Decomposition, list[ContextLexer]]] = deque()
         for lx, q in starts + inner:
-            if done >= budget or time.perf_counter() > deadline:
+            if spent():
                 return done
-            pending.append((self._top_decomposition(lx, q), holders[lx.signature[q]]))
-            done += 1
+            d = self._top_decomposition(lx, q)
+            pending.append((d, holders[lx.signature[q]]))
+            done, used = done + 1, used + _footprint(d)
         while pending:
             d, lexers = pending.popleft()
             for g, (t, rows, pos) in enumerate(d.cuts):
@@ -146,12 +154,12 @@ class CompiledCFG:
                 for lx2 in nexts:
                     if (g, id(lx2)) in d.children:
                         continue
-                    if done >= budget or time.perf_counter() > deadline:
+                    if spent():
                         return done
                     child = decompose(self.layout, lx2, START, rows, pos)
                     d.children[(g, id(lx2))] = child
                     pending.append((child, [lx2]))
-                    done += 1
+                    done, used = done + 1, used + _footprint(child)
         return done
 
     # ----- lexers and parser -----
@@ -363,6 +371,11 @@ class CompiledCFG:
         from grammar.cfg_matcher import CFGMatcher
 
         return CFGMatcher(self, self.table.root, START)
+
+
+def _footprint(d: Decomposition) -> int:
+    """Bytes a decomposition keeps (its masks and cut row lists)."""
+    return sum(w.nbytes for _, w in d.within) + sum(r.nbytes + p.nbytes for _, r, p in d.cuts)
 
 
 def compile_lark(grammar_text: str, vocab: TokenVocabulary, start: str = "start") -> CompiledCFG:

@@ -161,7 +161,9 @@ def decompose(
         cr, cp, ct = np.concatenate(cut_rows), np.concatenate(cut_pos), np.concatenate(cut_terms)
         for t in np.unique(ct).tolist():
             sel = ct == t
-            d.cuts.append((int(t), cr[sel], cp[sel]))
+            # int32 (rows < 2**31, offsets < the longest token): the cut lists are most of the
+            # memory a decomposition keeps
+            d.cuts.append((int(t), cr[sel].astype(np.int32), cp[sel].astype(np.int32)))
     return d
 
 
