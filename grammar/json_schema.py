@@ -25,7 +25,7 @@ from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
 from grammar.fsm import node_to_dfa
 from grammar.pattern import pattern_to_content
-from grammar.schema_merge import UNSUPPORTED, canonical, merge, type_set
+from grammar.schema_merge import ANNOTATIONS, UNSUPPORTED, canonical, merge, type_set
 
 STRING_CHAR_TEXT = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
 STRING_TEXT = f'"{STRING_CHAR_TEXT}*"'
@@ -168,6 +168,8 @@ class _Builder:
             (kind, branches, where), rest = alts[0], alts[1:]
             if rest:
                 norm["_alts"] = rest
+            if kind == "oneOf" and len(branches) > 1 and _required_only(branches):
+                kind, branches = "anyOf", _exactly_one_required(branches, where)
             options: list[tuple[Node, Any, str]] = []
             for i, branch in enumerate(branches):
                 self.n_alternatives += 1
@@ -626,6 +628,38 @@ def _bounds(s: dict) -> tuple:
     if isinstance(emx, bool):
         emx, mx = (mx, None) if emx else (None, mx)
     return mn, mx, emn, emx
+
+
+def _required_only(branches: list) -> bool:
+    return all(
+        isinstance(b, dict)
+        and "required" in b
+        and set(b) <= {"required"} | ANNOTATIONS
+        and all(isinstance(n, str) for n in b["required"])
+        for b in branches
+    )
+
+
+def _exactly_one_required(branches: list[dict], ptr: str) -> list[dict]:
+    """oneOf of `required` lists as disjoint object schemas, one per set of present names
+    (among those the branches mention) that satisfies exactly one branch; the others are
+    forbidden. A non-object satisfies every branch, so (two or more branches) none is valid."""
+    names = list(dict.fromkeys(n for b in branches for n in b["required"]))
+    if len(names) > 8:
+        raise UnsupportedSchemaError("oneOf", ptr, "more than 8 required names")
+    out = []
+    for present in itertools.product((True, False), repeat=len(names)):
+        here = {n for n, p in zip(names, present, strict=True) if p}
+        if sum(set(b["required"]) <= here for b in branches) != 1:
+            continue
+        out.append(
+            {
+                "type": "object",
+                "required": [n for n in names if n in here],
+                "properties": {n: False for n in names if n not in here},
+            }
+        )
+    return out or [False]
 
 
 _DEPENDENCY_KEYS = ("dependencies", "dependentRequired")

@@ -1,11 +1,12 @@
-"""Keyword combinations compiled as exact DFA products (grammar/dfa_ops.py): a string `pattern`
-or `format` with minLength / maxLength, `patternProperties` with open or schema-valued
-`additionalProperties` and several patterns, `not: {}`; and oneOf branches made disjoint by
-a name one requires and the other forbids; `dependencies` / `dependentRequired` name lists
-(split on which trigger names are present). `jsonschema` is the oracle: listed
-valid instances are accepted, listed invalid ones refused, and on random JSON nothing the DFA
-accepts is invalid. A combination that has no regex text form makes `json_schema_to_regex`
-raise UnsupportedSchemaError naming it, while `compile_json_schema`'s DFA path honours it."""
+"""Keyword combinations compiled exactly (grammar/dfa_ops.py products and schema splits):
+a string `pattern` or `format` with minLength / maxLength, `patternProperties` with open or
+schema-valued `additionalProperties` and several patterns, `not: {}`, oneOf branches made
+disjoint by a name one requires and the other forbids or made of `required` lists only,
+`dependencies` / `dependentRequired` name lists (split on which trigger names are present).
+`jsonschema` is the oracle: listed valid instances are accepted, listed invalid ones refused,
+and on random JSON nothing the DFA accepts is invalid. A combination that has no regex text
+form makes `json_schema_to_regex` raise UnsupportedSchemaError naming it, while
+`compile_json_schema`'s DFA path honours it."""
 
 from __future__ import annotations
 
@@ -144,6 +145,31 @@ CASES = [
         [{"a": 1}, {"a": 1, "x-": 0, "b": 2}, {"a": 1, "b": 2}],
         [{"a": 1, "x-": 0}, {"x-": 0, "b": 1}],
         id="dependentRequired-undeclared-trigger",
+    ),
+    pytest.param(
+        {
+            "type": "object",
+            "properties": {
+                "base": {"type": "integer"},
+                "height": {"type": "integer"},
+                "radius": {"type": "integer"},
+                "side": {"type": "integer"},
+            },
+            "oneOf": [
+                {"required": ["side"]},
+                {"required": ["radius"]},
+                {"required": ["base", "height"], "description": "triangle"},
+            ],
+        },
+        [{"side": 1}, {"radius": 2}, {"base": 1, "height": 2}, {"base": 1, "side": 3}],
+        [{}, {"side": 1, "radius": 2}, {"base": 1}, {"side": 1, "base": 1, "height": 2}],
+        id="oneOf-required-lists",
+    ),
+    pytest.param(
+        {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+        [{"a": 1}, {"b": None}, {"a": 1, "c": 2}],
+        [{"a": 1, "b": 2}, {}, 1, "a", None],
+        id="oneOf-required-lists-untyped",
     ),
 ]
 
