@@ -194,7 +194,7 @@ class _Builder:
         for (na, sa, _), (nb, sb, _) in itertools.combinations(options, 2):
             if not (isinstance(sa, dict) and isinstance(sb, dict)):
                 raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
-            ta, tb = _possible_types(sa), _possible_types(sb)
+            ta, tb = self.types_of(sa), self.types_of(sb)
             if not (ta & tb) or _discriminated(sa, sb):
                 continue
             if (ta | tb) & {"object", "array"}:
@@ -205,6 +205,21 @@ class _Builder:
                 overlap = True
             if overlap:
                 raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
+
+    def types_of(self, s: dict, depth: int = 0) -> set[str]:
+        """JSON types an instance of normalised `s` can have: its own keywords' types, within
+        the union of each anyOf / oneOf group's branch types (all types past depth 3)."""
+        types = _possible_types(s)
+        if depth > 3:
+            return types
+        for _, branches, where in s.get("_alts", []):
+            union: set[str] = set()
+            for i, branch in enumerate(branches):
+                nb = self.normalise(branch, f"{where}/{i}")
+                # False may only mean "past the recursion depth here": count it as any type
+                union |= type_set({}) if isinstance(nb, bool) else self.types_of(nb, depth + 1)
+            types &= union
+        return types
 
     def single(self, s: dict, ptr: str) -> Node:
         values = None

@@ -1,7 +1,8 @@
 """Keyword combinations compiled exactly (grammar/dfa_ops.py products and schema splits):
 a string `pattern` or `format` with minLength / maxLength, `patternProperties` with open or
 schema-valued `additionalProperties` and several patterns, `not: {}`, oneOf branches made
-disjoint by a name one requires and the other forbids or made of `required` lists only,
+disjoint by their types (through nested anyOf), by a name one requires and the other forbids,
+or made of `required` lists only,
 `dependencies` / `dependentRequired` name lists (split on which trigger names are present).
 `jsonschema` is the oracle: listed valid instances are accepted, listed invalid ones refused,
 and on random JSON nothing the DFA accepts is invalid. A combination that has no regex text
@@ -171,6 +172,17 @@ CASES = [
         [{"a": 1, "b": 2}, {}, 1, "a", None],
         id="oneOf-required-lists-untyped",
     ),
+    pytest.param(
+        {
+            "oneOf": [
+                {"anyOf": [{"type": "null"}, {"type": "object", "required": ["id"]}]},
+                {"type": "array", "items": {"type": "integer"}},
+            ]
+        },
+        [None, {"id": 1}, [], [1, 2]],
+        [{}, 1, "a", ["x"], True],
+        id="oneOf-branch-types-through-anyOf",
+    ),
 ]
 
 
@@ -262,6 +274,13 @@ def test_no_regex_text_form_is_refused_by_name(schema, keyword, pointer) -> None
     with pytest.raises(UnsupportedSchemaError) as info:
         json_schema_to_regex(schema)
     assert (info.value.keyword, info.value.pointer) == (keyword, pointer)
+
+
+def test_oneOf_overlapping_through_anyOf_still_refused() -> None:
+    schema = {"oneOf": [{"anyOf": [{"type": "null"}, {"type": "array"}]}, {"type": "array"}]}
+    with pytest.raises(UnsupportedSchemaError) as info:
+        json_schema_to_node(schema)
+    assert (info.value.keyword, info.value.pointer) == ("oneOf", "#/oneOf")
 
 
 def test_oneOf_open_objects_still_refused() -> None:
