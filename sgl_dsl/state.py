@@ -19,6 +19,7 @@ from . import interpreter
 from .backend.base import Backend
 from .chat_template import ChatTemplate
 from .errors import ProgramError
+from .fork_group import ForkSequence
 from .ir import RoleBegin, RoleEnd, as_expr
 
 
@@ -220,27 +221,13 @@ class ProgramState:
         return child
 
 
-class ForkGroup:
+class ForkGroup(ForkSequence[ProgramState]):
     """The forks of one `s.fork(n)`: index or iterate them, then `join()`."""
 
     def __init__(self, parent: ProgramState, forks: list[ProgramState]) -> None:
         self.parent = parent
         self.forks = forks
         self._joined = False
-
-    def __getitem__(self, index: int) -> ProgramState:
-        return self.forks[index]
-
-    def __setitem__(self, index: int, value: ProgramState) -> None:
-        # `forks[i] += expr` appends in place and stores the same fork back
-        if value is not self.forks[index]:
-            raise ProgramError("a fork can only be appended to (forks[i] += ...), not replaced")
-
-    def __iter__(self) -> Iterator[ProgramState]:
-        return iter(self.forks)
-
-    def __len__(self) -> int:
-        return len(self.forks)
 
     def join(self) -> None:
         """Wait for every fork; each variable a fork set becomes a list on the parent."""

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .errors import ProgramError, TraceError
+from .errors import TraceError
+from .fork_group import ForkSequence
 from .ir import (
     Append,
     ArgRef,
@@ -201,25 +202,11 @@ class TracerState:
         return self._role("assistant")
 
 
-class TracerForkGroup:
+class TracerForkGroup(ForkSequence[TracerState]):
     def __init__(self, parent: TracerState, fork_id: str, forks: list[TracerState]) -> None:
         self.parent = parent
         self.id = fork_id
         self.forks = forks
-
-    def __getitem__(self, index: int) -> TracerState:
-        return self.forks[index]
-
-    def __setitem__(self, index: int, value: TracerState) -> None:
-        # `forks[i] += expr` appends in place and stores the same fork back
-        if value is not self.forks[index]:
-            raise ProgramError("a fork can only be appended to (forks[i] += ...), not replaced")
-
-    def __iter__(self) -> Iterator[TracerState]:
-        return iter(self.forks)
-
-    def __len__(self) -> int:
-        return len(self.forks)
 
     def join(self) -> None:
         self.parent.recorder.statements.append(Join(self.id, self.parent.id))
