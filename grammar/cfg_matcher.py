@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grammar.errors import GrammarError
+from grammar.matcher import PackedMaskViews
 
 if TYPE_CHECKING:
     from grammar.cfg import CompiledCFG
@@ -23,7 +24,7 @@ def complete_utf8_prefix(data: bytes) -> str:
     return ""
 
 
-class CFGMatcher:
+class CFGMatcher(PackedMaskViews):
     """One sequence's position in a lark grammar; the interface of `grammar.matcher.Matcher`.
     Cheap to create and to copy; not thread-safe (one sequence, one thread)."""
 
@@ -48,19 +49,6 @@ class CFGMatcher:
         if self._ended:
             return self.grammar.layout.empty
         return self.grammar.bitmask(self._node, self._q)
-
-    def fill_bitmask(self, out: np.ndarray) -> None:
-        """Copy the packed mask (int32 words, bit b of word w = token 32*w+b) into `out`."""
-        np.copyto(np.asarray(out), self.bitmask(), casting="unsafe")
-
-    def mask(self) -> np.ndarray:
-        """Bool array of len(vocab): the token ids allowed now (EOS when accepting)."""
-        bits = np.unpackbits(self.bitmask().view(np.uint8), bitorder="little")
-        return bits[: len(self.grammar.vocab)].astype(bool)
-
-    def is_allowed(self, token_id: int) -> bool:
-        w = self.bitmask()[token_id >> 5]
-        return bool((int(w) >> (token_id & 31)) & 1)
 
     def advance(self, token_id: int) -> None:
         """Consume one token; GrammarError (state unchanged) if the grammar forbids it."""

@@ -19,7 +19,30 @@ def complete_utf8_prefix(data: bytes) -> str:
     return data.decode("utf-8", errors="ignore")
 
 
-class Matcher:
+class PackedMaskViews:
+    """`mask()`, `fill_bitmask()` and `is_allowed()` over a matcher's packed `bitmask()`;
+    shared by the regex `Matcher` and the lark `CFGMatcher`."""
+
+    __slots__ = ()
+
+    def bitmask(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def fill_bitmask(self, out: np.ndarray) -> None:
+        """Copy the packed mask (int32 words, bit b of word w = token 32*w+b) into `out`."""
+        np.copyto(np.asarray(out), self.bitmask(), casting="unsafe")
+
+    def mask(self) -> np.ndarray:
+        """Bool array of len(vocab): the token ids allowed now (EOS when accepting)."""
+        bits = np.unpackbits(self.bitmask().view(np.uint8), bitorder="little")
+        return bits[: len(self.grammar.vocab)].astype(bool)
+
+    def is_allowed(self, token_id: int) -> bool:
+        w = self.bitmask()[token_id >> 5]
+        return bool((int(w) >> (token_id & 31)) & 1)
+
+
+class Matcher(PackedMaskViews):
     """One sequence's position in a constraint. Cheap to create and to copy; not thread-safe
     (one sequence is advanced by one thread), while its grammar is shared."""
 
@@ -42,19 +65,6 @@ class Matcher:
         if self._ended:
             return np.zeros(self.grammar.index.num_words, dtype=np.int32)
         return self.grammar.index.bitmask(self._state)
-
-    def fill_bitmask(self, out: np.ndarray) -> None:
-        """Copy the packed mask (int32 words, bit b of word w = token 32*w+b) into `out`."""
-        np.copyto(np.asarray(out), self.bitmask(), casting="unsafe")
-
-    def mask(self) -> np.ndarray:
-        """Bool array of len(vocab): the token ids allowed now (EOS when accepting)."""
-        bits = np.unpackbits(self.bitmask().view(np.uint8), bitorder="little")
-        return bits[: len(self.grammar.vocab)].astype(bool)
-
-    def is_allowed(self, token_id: int) -> bool:
-        w = self.bitmask()[token_id >> 5]
-        return bool((int(w) >> (token_id & 31)) & 1)
 
     def advance(self, token_id: int) -> None:
         """Consume one token; GrammarError (state unchanged) if the mask forbids it."""
