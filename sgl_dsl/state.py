@@ -20,10 +20,11 @@ from .backend.base import Backend
 from .chat_template import ChatTemplate
 from .errors import ProgramError
 from .fork_group import ForkSequence
-from .ir import RoleBegin, RoleEnd, as_expr
+from .ir import as_expr
+from .role_blocks import RoleBlocks
 
 
-class ProgramState:
+class ProgramState(RoleBlocks):
     def __init__(
         self,
         backend: Backend,
@@ -106,21 +107,6 @@ class ProgramState:
         self._submit(lambda: self._scopes.__setitem__(name, len(self._text)))
         yield
         self._submit(lambda: self.set_var(name, self._text[self._scopes.pop(name) :]))
-
-    @contextmanager
-    def _role(self, role: str) -> Iterator[None]:
-        self += RoleBegin(role)
-        yield
-        self += RoleEnd(role)
-
-    def system(self) -> Any:
-        return self._role("system")
-
-    def user(self) -> Any:
-        return self._role("user")
-
-    def assistant(self) -> Any:
-        return self._role("assistant")
 
     # ---- what a caller reads -----------------------------------------------------------
 

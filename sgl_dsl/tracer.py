@@ -22,14 +22,13 @@ from .ir import (
     GetForkItem,
     Join,
     Program,
-    RoleBegin,
-    RoleEnd,
     VarRef,
     VarScopeBegin,
     VarScopeEnd,
     as_expr,
     flatten,
 )
+from .role_blocks import RoleBlocks
 
 
 class _Placeholder(Expr):
@@ -135,7 +134,7 @@ class Recorder:
         return f"%fork{next(self._fork_ids)}"
 
 
-class TracerState:
+class TracerState(RoleBlocks):
     """Stands in for `s` while tracing; mirrors `ProgramState`'s surface."""
 
     def __init__(self, recorder: Recorder, state_id: str | None = None) -> None:
@@ -185,21 +184,6 @@ class TracerState:
         self.recorder.statements.append(VarScopeBegin(self.id, name))
         yield
         self.recorder.statements.append(VarScopeEnd(self.id, name))
-
-    @contextmanager
-    def _role(self, role: str) -> Iterator[None]:
-        self += RoleBegin(role)
-        yield
-        self += RoleEnd(role)
-
-    def system(self) -> Any:
-        return self._role("system")
-
-    def user(self) -> Any:
-        return self._role("user")
-
-    def assistant(self) -> Any:
-        return self._role("assistant")
 
 
 class TracerForkGroup(ForkSequence[TracerState]):
