@@ -90,6 +90,7 @@ class _Builder:
         self.ref_stack: list[str] = []
         self._any: dict[int, object] = {}
         self.n_alternatives = 0
+        self._validator: Any = None
 
     # ----- normalisation: $ref, allOf, anyOf/oneOf groups -----
     def resolve_ref(self, ref: str, ptr: str) -> Any:
@@ -150,7 +151,46 @@ class _Builder:
 
     # ----- values -----
     def value(self, schema: Any, ptr: str) -> Node:
+        values = self.finite_values(schema, ptr)
+        if values is not None:
+            # an enum / const somewhere in the conjunction: the instances are those of its
+            # values that the whole schema (every keyword, `not` / `if` included) accepts
+            return ra.alt([_literal(v) for v in values if self.accepts(schema, v)])
         return self.from_norm(self.normalise(schema, ptr), ptr)
+
+    def finite_values(self, schema: Any, ptr: str, depth: int = 0) -> list | None:
+        """The values of an `enum` / `const` the schema is conjoined with (at its own level,
+        through `$ref` or an `allOf` branch), or None."""
+        if not isinstance(schema, dict) or depth > 8:
+            return None
+        values = _values_of(schema)
+        if values is not None:
+            return values
+        if isinstance(schema.get("$ref"), str):
+            target = self.resolve_ref(schema["$ref"], f"{ptr}/$ref")
+            values = self.finite_values(target, schema["$ref"], depth + 1)
+            if values is not None:
+                return values
+        for i, branch in enumerate(schema.get("allOf", [])):
+            values = self.finite_values(branch, f"{ptr}/allOf/{i}", depth + 1)
+            if values is not None:
+                return values
+        return None
+
+    def accepts(self, schema: Any, value: Any) -> bool:
+        """Whether `value` is an instance of `schema` (a part of the root: its local `$ref`s
+        resolve against the root), by the jsonschema library with formats asserted."""
+        if self._validator is None:
+            import jsonschema
+
+            cls = jsonschema.validators.validator_for(self.root)
+            root = self.root if isinstance(self.root, dict) else {}
+            self._validator = cls(root, format_checker=cls.FORMAT_CHECKER)
+        clean = {k: v for k, v in schema.items() if not k.startswith("_")}
+        try:
+            return bool(self._validator.evolve(schema=clean).is_valid(value))
+        except Exception as e:  # an unresolvable reference, a malformed keyword
+            raise UnsupportedSchemaError("enum", "#", f"cannot check a value: {e}") from None
 
     def from_norm(self, norm: dict | bool, ptr: str) -> Node:
         if norm is False:
@@ -195,7 +235,7 @@ class _Builder:
             if not (isinstance(sa, dict) and isinstance(sb, dict)):
                 raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
             ta, tb = self.types_of(sa), self.types_of(sb)
-            if not (ta & tb) or _discriminated(sa, sb):
+            if not (ta & tb) or self.discriminated(sa, sb, ptr):
                 continue
             if (ta | tb) & {"object", "array"}:
                 raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
@@ -205,6 +245,43 @@ class _Builder:
                 overlap = True
             if overlap:
                 raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
+
+    def discriminated(self, a: dict, b: dict, ptr: str) -> bool:
+        """Both are objects-only, and a property one requires cannot appear in the other, or
+        a property both require has disjoint values in the two (different enum / const
+        values, or scalar schemas whose languages are disjoint)."""
+        if _possible_types(a) != {"object"} or _possible_types(b) != {"object"}:
+            return False
+        if _requires_forbidden(a, b) or _requires_forbidden(b, a):
+            return True
+        pa, pb = a.get("properties", {}), b.get("properties", {})
+        for name in set(a.get("required", [])) & set(b.get("required", [])):
+            sa, sb = pa.get(name), pb.get(name)
+            if isinstance(sa, dict) and isinstance(sb, dict) and self.disjoint(sa, sb, ptr):
+                return True
+        return False
+
+    def disjoint(self, a: dict, b: dict, ptr: str) -> bool:
+        """Provably no value is an instance of both (finite value sets, or scalar schemas
+        whose regex languages do not intersect)."""
+        from grammar.intersect import dfas_intersect
+
+        va, vb = self.finite_values(a, ptr), self.finite_values(b, ptr)
+        if va is not None and vb is not None:
+            ca = {canonical(v) for v in va if self.accepts(a, v)}
+            return not ca & {canonical(v) for v in vb if self.accepts(b, v)}
+        try:
+            na, nb = self.normalise(a, ptr), self.normalise(b, ptr)
+            if not (isinstance(na, dict) and isinstance(nb, dict)):
+                return False
+            if (self.types_of(na) | self.types_of(nb)) & {"object", "array"}:
+                return False
+            ra_, rb = self.from_norm(na, ptr), self.from_norm(nb, ptr)
+            if ra_ is None or rb is None:
+                return True
+            return not dfas_intersect(node_to_dfa(ra_, 20_000), node_to_dfa(rb, 20_000))
+        except GrammarError:
+            return False
 
     def types_of(self, s: dict, depth: int = 0) -> set[str]:
         """JSON types an instance of normalised `s` can have: its own keywords' types, within
@@ -229,7 +306,7 @@ class _Builder:
             c = s["const"]
             values = [c] if values is None else [v for v in values if canonical(v) == canonical(c)]
         if values is not None:
-            return ra.alt([_literal(v) for v in values if _enum_value_fits(v, s, ptr)])
+            return ra.alt([_literal(v) for v in values if self.accepts(s, v)])
         types = s.get("type")
         if types is None:
             types = ["string", "number", "boolean", "null", "object", "array"]
@@ -601,26 +678,6 @@ def _possible_types(s: dict) -> set[str]:
     return types
 
 
-def _discriminated(a: dict, b: dict) -> bool:
-    """Both are objects-only with a property required by both whose const/enum values differ,
-    or with a property one requires and the other forbids (closed, not among its properties,
-    or `false`)."""
-    if _possible_types(a) != {"object"} or _possible_types(b) != {"object"}:
-        return False
-    if _requires_forbidden(a, b) or _requires_forbidden(b, a):
-        return True
-    pa, pb = a.get("properties", {}), b.get("properties", {})
-    for name in set(a.get("required", [])) & set(b.get("required", [])):
-        sa, sb = pa.get(name), pb.get(name)
-        if not (isinstance(sa, dict) and isinstance(sb, dict)):
-            continue
-        va, vb = _values_of(sa), _values_of(sb)
-        if va is not None and vb is not None:
-            if not ({canonical(v) for v in va} & {canonical(v) for v in vb}):
-                return True
-    return False
-
-
 def _requires_forbidden(a: dict, b: dict) -> bool:
     """Some name `a` requires cannot appear in an instance of `b`."""
     props = b.get("properties", {})
@@ -700,29 +757,6 @@ def _bounded_class_pattern(pattern: str, lo: int, hi: int | None, any_char: obje
     if m.group(2) == "+":
         lo = max(lo, 1)
     return ra.repeat(one, lo, hi)
-
-
-def _enum_value_fits(v: Any, s: dict, ptr: str) -> bool:
-    """Whether an enum / const value satisfies the type keyword next to it."""
-    if "type" not in s:
-        return True
-    types = type_set(s)
-    kind = (
-        "null"
-        if v is None
-        else "boolean"
-        if isinstance(v, bool)
-        else "integer"
-        if isinstance(v, int) or (isinstance(v, float) and v.is_integer())
-        else "number"
-        if isinstance(v, float)
-        else "string"
-        if isinstance(v, str)
-        else "array"
-        if isinstance(v, list)
-        else "object"
-    )
-    return kind in types
 
 
 def dtype_to_regex(dtype: type) -> str:
