@@ -360,10 +360,17 @@ class _Builder:
             return None
         content: Node
         if pattern is not None:
-            if fmt in FORMAT_REGEXES:
-                raise UnsupportedSchemaError("pattern", f"{ptr}/pattern", "with format")
             try:
-                if lo or hi is not None:
+                if fmt in FORMAT_REGEXES:  # both: the product of the two automata
+                    both = dfa_ops.product(
+                        node_to_dfa(pattern_to_content(pattern, self.string_char)),
+                        node_to_dfa(ra.parsed(FORMAT_REGEXES[fmt])),
+                        True,
+                    )
+                    content = dfa_ops.DFANode(both, "pattern", f"{ptr}/pattern")
+                    if lo or hi is not None:
+                        content = self.length_bounded(content, lo, hi, ptr)
+                elif lo or hi is not None:
                     content = _bounded_class_pattern(pattern, lo, hi, self.string_char)
                     if content is False:
                         content = self.length_bounded(
