@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from grammar import dfa_ops, numbers
+from grammar import dfa_ops, json_oneof, numbers
 from grammar import regex_ast as ra
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
@@ -30,6 +30,7 @@ from grammar.schema_merge import ANNOTATIONS, UNSUPPORTED, canonical, merge, typ
 STRING_CHAR_TEXT = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
 STRING_TEXT = f'"{STRING_CHAR_TEXT}*"'
 MAX_ALTERNATIVES = 256
+MAX_OBJECT_COPIES = 4096  # member-count states of one object with minProperties / maxProperties
 
 Node = object | None  # a regex node (grammar.regex_ast); None matches nothing
 
@@ -212,17 +213,27 @@ class _Builder:
                 kind, branches = "anyOf", _exactly_one_required(branches, where)
             options: list[tuple[Node, Any, str]] = []
             for i, branch in enumerate(branches):
-                self.n_alternatives += 1
-                if self.n_alternatives > MAX_ALTERNATIVES:
-                    raise UnsupportedSchemaError(kind, where, "too many alternatives")
+                self.count_alternative(kind, where)
                 at = f"{where}/{i}"
                 merged = merge(norm, self.normalise(branch, at), at)
                 options.append((self.from_norm(merged, at), merged, at))
             if kind == "oneOf":
-                self.check_exclusive([o for o in options if o[0] is not None], where)
+                live = [o for o in options if o[0] is not None]
+                try:
+                    self.check_exclusive(live, where)
+                except UnsupportedSchemaError:
+                    split = json_oneof.split_oneof(self, [o[1] for o in live], where)
+                    if split is None:
+                        raise
+                    return split
             return ra.alt([o[0] for o in options])
         finally:
             del self.ref_stack[len(self.ref_stack) - len(refs) :]
+
+    def count_alternative(self, kind: str, ptr: str) -> None:
+        self.n_alternatives += 1
+        if self.n_alternatives > MAX_ALTERNATIVES:
+            raise UnsupportedSchemaError(kind, ptr, "too many alternatives")
 
     def check_exclusive(self, options: list[tuple[Node, Any, str]], ptr: str) -> None:
         """oneOf needs exactly one branch to match, so every two branches must be provably
@@ -247,18 +258,18 @@ class _Builder:
                 raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
 
     def discriminated(self, a: dict, b: dict, ptr: str) -> bool:
-        """Both are objects-only, and a property one requires cannot appear in the other, or
-        a property both require has disjoint values in the two (different enum / const
-        values, or scalar schemas whose languages are disjoint)."""
+        """Both are objects-only, and some property one of them requires has, in the other,
+        a schema with no value in common (forbidden, different enum / const values, or
+        scalar schemas whose languages are disjoint)."""
         if _possible_types(a) != {"object"} or _possible_types(b) != {"object"}:
             return False
-        if _requires_forbidden(a, b) or _requires_forbidden(b, a):
-            return True
-        pa, pb = a.get("properties", {}), b.get("properties", {})
-        for name in set(a.get("required", [])) & set(b.get("required", [])):
-            sa, sb = pa.get(name), pb.get(name)
-            if isinstance(sa, dict) and isinstance(sb, dict) and self.disjoint(sa, sb, ptr):
-                return True
+        for x, y in ((a, b), (b, a)):
+            for name in x.get("required", []):
+                sx, sy = json_oneof.member_schema(x, name), json_oneof.member_schema(y, name)
+                if sx is False or sy is False:
+                    return True
+                if isinstance(sx, dict) and isinstance(sy, dict) and self.disjoint(sx, sy, ptr):
+                    return True
         return False
 
     def disjoint(self, a: dict, b: dict, ptr: str) -> bool:
@@ -266,10 +277,10 @@ class _Builder:
         whose regex languages do not intersect)."""
         from grammar.intersect import dfas_intersect
 
-        va, vb = self.finite_values(a, ptr), self.finite_values(b, ptr)
-        if va is not None and vb is not None:
-            ca = {canonical(v) for v in va if self.accepts(a, v)}
-            return not ca & {canonical(v) for v in vb if self.accepts(b, v)}
+        for x, y in ((a, b), (b, a)):
+            values = self.finite_values(x, ptr)
+            if values is not None:  # exact: is any value of x an instance of y?
+                return not any(self.accepts(x, v) and self.accepts(y, v) for v in values)
         try:
             na, nb = self.normalise(a, ptr), self.normalise(b, ptr)
             if not (isinstance(na, dict) and isinstance(nb, dict)):
@@ -403,43 +414,10 @@ class _Builder:
         return dfa_ops.DFANode(dfa, key, ptr)
 
     def integer(self, s: dict, ptr: str) -> Node:
-        mult = s.get("multipleOf")
-        if mult is not None and not (float(mult).is_integer() and int(mult) == 1):
-            raise UnsupportedSchemaError("multipleOf", f"{ptr}/multipleOf")
-        lo, hi = numbers.integer_bounds(*_bounds(s))
-        text = numbers.integer_range(lo, hi)
-        return None if text is None else ra.parsed(text)
+        return numbers.number_node("integer", *_bounds(s), s.get("multipleOf"), ptr)
 
     def number(self, s: dict, ptr: str) -> Node:
-        if "multipleOf" in s:
-            if float(s["multipleOf"]) == 1:
-                return self.integer(s, ptr)
-            raise UnsupportedSchemaError("multipleOf", f"{ptr}/multipleOf")
-        mn, mx, emn, emx = _bounds(s)
-        if mn is None and mx is None and emn is None and emx is None:
-            return ra.parsed(numbers.NUMBER)
-        lo_candidates = [(mn, False), (emn, True)]
-        hi_candidates = [(mx, False), (emx, True)]
-        lo = max(
-            (c for c in lo_candidates if c[0] is not None),
-            default=(None, False),
-            key=lambda c: (c[0], c[1]),
-        )
-        hi = min(
-            (c for c in hi_candidates if c[0] is not None),
-            default=(None, False),
-            key=lambda c: (c[0], not c[1]),
-        )
-        for (v, _), key in ((lo, "minimum"), (hi, "maximum")):
-            if v is not None and not float(v).is_integer():
-                raise UnsupportedSchemaError(key, f"{ptr}/{key}", "non-integer number bound")
-        text = numbers.number_range(
-            None if lo[0] is None else int(lo[0]),
-            None if hi[0] is None else int(hi[0]),
-            lo[1],
-            hi[1],
-        )
-        return None if text is None else ra.parsed(text)
+        return numbers.number_node("number", *_bounds(s), s.get("multipleOf"), ptr)
 
     # ----- objects and arrays -----
     def object(self, s: dict, ptr: str) -> Node:
@@ -449,14 +427,33 @@ class _Builder:
         if deps:
             return self.object_with_dependencies(s, deps, ptr)
         props: dict[str, Any] = dict(s.get("properties", {}))
-        pattern_item = self.pattern_member(s, props, ptr) if s.get("patternProperties") else None
         required = list(dict.fromkeys(s.get("required", [])))
         extra = s.get("additionalProperties", True)
-        for name in required:
+        names_ok = self.property_names(s, ptr)
+        for name in dict.fromkeys([*props, *required]):
+            # a member's value: its property schema and every patternProperty it matches;
+            # a required name that is no property: the schema any member of that name meets
             if name not in props:
-                if extra is False:
-                    return None
-                props[name] = extra
+                props[name] = json_oneof.member_schema(s, name)
+                continue
+            sub = props[name]
+            pp = s.get("patternProperties", {})
+            matching = [v for p, v in pp.items() if _search(p, name, f"{ptr}/patternProperties")]
+            if sub is not False and matching:
+                sub = {"allOf": [sub, *matching]}
+            props[name] = sub
+        for name in props if names_ok is not None else ():
+            if not names_ok(name):
+                props[name] = False
+        extra_members: list[tuple[Node, Node]] = []  # (quoted key, value) of other members
+        if s.get("patternProperties"):
+            extra_members = self.pattern_member(s, props, ptr)
+        elif extra is not False:
+            extra_value = self.value(extra, f"{ptr}/additionalProperties")
+            extra_members = [(self.string_except(list(props), ptr), extra_value)]
+        if names_ok is not None:
+            extra_members = [(names_ok.keys(k), v) for k, v in extra_members]
+        extra_item = ra.alt([ra.seq(k, self.colon, v) for k, v in extra_members])
         items: list[tuple[object, bool]] = []  # (node of '"key":value', required)
         for name, sub in props.items():
             v = self.value(sub, f"{ptr}/properties/{_ptr_escape(name)}")
@@ -465,32 +462,85 @@ class _Builder:
                     return None
                 continue
             items.append((ra.seq(_literal(name), self.colon, v), name in required))
-        extra_item = pattern_item
-        if extra is not False and not s.get("patternProperties"):
-            key = self.string_except(list(props), ptr)
-            extra_item = ra.seq(key, self.colon, self.value(extra, f"{ptr}/additionalProperties"))
-        n_required = sum(1 for _, req in items if req)
-        if s.get("minProperties", 0) > n_required:
-            raise UnsupportedSchemaError("minProperties", f"{ptr}/minProperties")
-        n_max = s.get("maxProperties")
-        if n_max is not None and (extra_item is not None or len(items) > n_max):
-            raise UnsupportedSchemaError("maxProperties", f"{ptr}/maxProperties")
-        extras = ra.repeat(ra.seq(self.comma, extra_item), 0, None)
-        # suffix[i]: the members after at least one was written, from item i on (shared nodes)
-        suffix = [extras]
-        for node, req in reversed(items):
-            tail = ra.seq(self.comma, node)
-            suffix.insert(0, ra.seq(tail if req else ra.optional(tail), suffix[0]))
-        firsts: list[Node] = []
-        for i, (node, req) in enumerate(items):
-            firsts.append(ra.seq(node, suffix[i + 1]))
-            if req:
-                break
+        lo, hi = s.get("minProperties", 0), s.get("maxProperties")
+        return self.wrap("{", self.members(items, extra_item, lo, hi, ptr), "}")
+
+    def members(
+        self, items: list[tuple[object, bool]], extra: Node, lo: int, hi: int | None, ptr: str
+    ) -> Node:
+        """The members of an object: `items` in order (required or optional), then any number
+        of `extra` members, with lo..hi members in all (minProperties / maxProperties). The
+        count matters only up to `top`; past it members are free."""
+        top = max(lo, 1 if hi is None else hi + 1)
+        memo: dict[tuple[int, int], Node] = {}
+        budget = [MAX_OBJECT_COPIES]
+
+        def rest(i: int, c: int) -> Node:  # c members written so far (capped at top)
+            if (i, c) in memo:
+                return memo[(i, c)]
+            budget[0] -= 1
+            if budget[0] < 0:
+                key = "maxProperties" if hi is not None else "minProperties"
+                raise UnsupportedSchemaError(key, f"{ptr}/{key}", "too many optional members")
+            sep = self.comma if c else ra.EMPTY
+            if i == len(items):
+                need = max(0, lo - c)
+                room = None if hi is None else hi - c
+                if extra is None or room == 0:
+                    out: Node = ra.EMPTY if need == 0 else None
+                elif c:
+                    out = ra.repeat(ra.seq(self.comma, extra), need, room)
+                else:
+                    more = ra.repeat(
+                        ra.seq(self.comma, extra),
+                        max(0, need - 1),
+                        None if room is None else room - 1,
+                    )
+                    many = ra.seq(extra, more)
+                    out = many if need else ra.optional(many)
+            else:
+                node, req = items[i]
+                nxt = min(c + 1, top)
+                if hi is not None and c >= hi:
+                    take = None
+                else:
+                    after = rest(i + 1, nxt)
+                    take = None if after is None else ra.seq(sep, node, after)
+                if req:
+                    out = take
+                elif nxt == c and take is not None:  # the count no longer matters
+                    out = ra.seq(ra.optional(ra.seq(sep, node)), rest(i + 1, c))
+                else:
+                    out = ra.alt([take, rest(i + 1, c)])
+            memo[(i, c)] = out
+            return out
+
+        return rest(0, 0)
+
+    def property_names(self, s: dict, ptr: str) -> Any:
+        """`propertyNames` as a filter: names_ok(name) and names_ok.keys(quoted key node)."""
+        pn = s.get("propertyNames")
+        if pn is None or pn is True or pn == {}:
+            return None
+        where = f"{ptr}/propertyNames"
+        if pn is False:
+            names = None
         else:
-            if extra_item is not None:
-                firsts.append(ra.seq(extra_item, extras))
-            firsts.append(ra.EMPTY)
-        return self.wrap("{", ra.alt(firsts), "}")
+            names = self.value({"allOf": [pn, {"type": "string"}]}, where)
+
+        class _Names:
+            def __call__(_, name: str) -> bool:
+                return pn is not False and self.accepts(pn, name)
+
+            def keys(_, key: Node) -> Node:
+                if names is None or key is None:
+                    return None
+                both = dfa_ops.product(node_to_dfa(key), node_to_dfa(names), True)
+                return (
+                    dfa_ops.DFANode(both, "propertyNames", where) if both.accepting.any() else None
+                )
+
+        return _Names()
 
     def object_with_dependencies(self, s: dict, deps: dict, ptr: str) -> Node:
         """`dependencies` / `dependentRequired` with name lists: one object per choice of which
@@ -517,14 +567,14 @@ class _Builder:
             )
         return ra.alt(options)
 
-    def pattern_member(self, s: dict, props: dict, ptr: str) -> Node:
+    def pattern_member(self, s: dict, props: dict, ptr: str) -> list[tuple[Node, Node]]:
         """`patternProperties` (up to 3 patterns): the members other than `properties`.
 
         Each key (not a property name) falls in one region, the set of patterns it matches;
         its value must satisfy all of their schemas, or `additionalProperties` when it matches
         none. Regions are exact DFA products; a region that excludes some pattern holds only
         escape-free keys (where the pattern DFA is exact), so keys needing escapes there are
-        valid but never generated. None if no member fits."""
+        valid but never generated. Returns (quoted key, value) pairs, [] if no member fits."""
         pp = s.get("patternProperties")
         where = f"{ptr}/patternProperties"
         extra = s.get("additionalProperties", True)
@@ -534,8 +584,6 @@ class _Builder:
         try:
             pats, contents = [], []
             for pattern in pp:
-                if any(re.search(pattern, name) for name in [*props, *required]):
-                    raise UnsupportedSchemaError("patternProperties", where, "matches a property")
                 contents.append(pattern_to_content(pattern, self.string_char))
                 pats.append(node_to_dfa(contents[-1]))
             literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
@@ -546,11 +594,13 @@ class _Builder:
             ]
             if names:
                 keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
-            members: list[Node] = []
+            named_inside = any(all(_search(p, n, where) for p in pp) for n in props)
+            members: list[tuple[Node, Node]] = []
             for inside in itertools.product((True, False), repeat=len(pats)):
-                # a key in every pattern may use escapes (pattern_to_content is sound, and no
-                # property name matches); "matches none of" needs exactness: escape-free keys
-                region = keys if not all(inside) else anykey
+                # a key in every pattern may use escapes (pattern_to_content is sound) unless
+                # a property name matches them all (it must stay out, in every spelling);
+                # "matches none of" needs exactness: escape-free keys
+                region = keys if not all(inside) or named_inside else anykey
                 for dfa, keep in zip(pats, inside, strict=True):
                     region = dfa_ops.product(region, dfa, keep)
                 if not region.accepting.any():
@@ -566,14 +616,14 @@ class _Builder:
                 else:
                     value = self.value({"allOf": subs}, where)
                 key: Node = dfa_ops.DFANode(region, "patternProperties", where)
-                if inside == (True,):
+                if inside == (True,) and not named_inside:
                     key = contents[0]  # the same language, and it has a regex text form
-                members.append(ra.seq(ra.char('"'), key, ra.char('"'), self.colon, value))
+                members.append((ra.seq(ra.char('"'), key, ra.char('"')), value))
         except (re.error, GrammarError) as e:
             if isinstance(e, UnsupportedSchemaError):
                 raise
             raise UnsupportedSchemaError("patternProperties", where, str(e)) from None
-        return ra.alt(members)
+        return members
 
     def array(self, s: dict, ptr: str) -> Node:
         if s.get("uniqueItems"):
@@ -685,18 +735,11 @@ def _possible_types(s: dict) -> set[str]:
     return types
 
 
-def _requires_forbidden(a: dict, b: dict) -> bool:
-    """Some name `a` requires cannot appear in an instance of `b`."""
-    props = b.get("properties", {})
-    closed = (
-        b.get("additionalProperties", True) is False
-        and not b.get("patternProperties")
-        and "_alts" not in b
-    )
-    for name in a.get("required", []):
-        if props.get(name) is False or (closed and name not in props):
-            return True
-    return False
+def _search(pattern: str, name: str, ptr: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error as e:
+        raise UnsupportedSchemaError("patternProperties", ptr, f"{pattern!r}: {e}") from None
 
 
 def _bounds(s: dict) -> tuple:

@@ -48,7 +48,6 @@ UNSUPPORTED = (
     "dependencies",
     "dependentRequired",
     "dependentSchemas",
-    "propertyNames",
     "unevaluatedProperties",
     "unevaluatedItems",
     "contains",

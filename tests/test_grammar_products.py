@@ -283,18 +283,6 @@ def test_oneOf_overlapping_through_anyOf_still_refused() -> None:
     assert (info.value.keyword, info.value.pointer) == ("oneOf", "#/oneOf")
 
 
-def test_oneOf_open_objects_still_refused() -> None:
-    schema = {
-        "oneOf": [
-            {"type": "object", "required": ["a"]},
-            {"type": "object", "properties": {"b": {}}, "required": ["b"]},
-        ]
-    }
-    with pytest.raises(UnsupportedSchemaError) as info:
-        json_schema_to_node(schema)
-    assert (info.value.keyword, info.value.pointer) == ("oneOf", "#/oneOf")
-
-
 @pytest.mark.parametrize(
     ("schema", "keyword", "pointer"),
     [

@@ -231,19 +231,13 @@ def test_no_invalid_instance_is_accepted(schema, valid, invalid, instance) -> No
             id="not",
         ),
         pytest.param(
-            {"type": "integer", "multipleOf": 3}, "multipleOf", "#/multipleOf", id="multipleOf"
+            {"type": "integer", "multipleOf": 0}, "multipleOf", "#/multipleOf", id="multipleOf"
         ),
         pytest.param(
             {"type": "object", "patternProperties": {"^x": {}}},
             "patternProperties",
             "#/patternProperties",
             id="patternProperties-open",
-        ),
-        pytest.param(
-            {"type": "object", "minProperties": 1},
-            "minProperties",
-            "#/minProperties",
-            id="minProperties",
         ),
         pytest.param(
             {"if": {"type": "string"}, "then": {"minLength": 1}}, "if", "#/if", id="if-then"
