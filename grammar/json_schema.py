@@ -119,6 +119,12 @@ class _Builder:
             if schema["not"] is not False:
                 return False  # not {} / not true: nothing is valid
             schema = {k: v for k, v in schema.items() if k != "not"}
+        negated = None
+        if "not" in schema:  # as an anyOf of the ways to violate it
+            negated = ("anyOf", self.violations(schema["not"], f"{ptr}/not"), f"{ptr}/not")
+            if not negated[1]:
+                return False
+            schema = {k: v for k, v in schema.items() if k != "not"}
         for key in UNSUPPORTED:
             if key in schema and not (key in _DEPENDENCY_KEYS and _name_lists(schema[key])):
                 raise UnsupportedSchemaError(key, f"{ptr}/{key}")
@@ -132,6 +138,8 @@ class _Builder:
                 if not isinstance(branches, list) or not branches:
                     raise GrammarError(f"{kind} at {ptr} must be a non-empty list")
                 alts.append((kind, branches, f"{ptr}/{kind}"))
+        if negated:
+            alts.append(negated)
         if alts:
             out["_alts"] = alts
         if "$ref" in schema:
@@ -148,6 +156,54 @@ class _Builder:
                 out["_refs"] = [*out.get("_refs", []), ref]
         for i, branch in enumerate(schema.get("allOf", [])):
             out = merge(out, self.normalise(branch, f"{ptr}/allOf/{i}"), f"{ptr}/allOf/{i}")
+        return out
+
+    def violations(self, schema: Any, ptr: str) -> list:
+        """Schemas whose union is exactly the instances that fail `schema` (for `not`): one
+        per keyword of the conjunction, each the instances that keyword rejects. Keywords
+        whose failures we cannot describe raise UnsupportedSchemaError naming `not`."""
+        n = self.normalise(schema, ptr)
+        if n is True or n is False:
+            return [True] if n is False else []
+        if "_alts" in n:
+            raise UnsupportedSchemaError("not", ptr, "of anyOf / oneOf")
+        out: list[Any] = []
+        for key, v in n.items():
+            if key in ANNOTATIONS or key == "_refs":
+                continue
+            if key == "type":
+                types = type_set(n)
+                if "integer" in types and "number" not in types:
+                    raise UnsupportedSchemaError("not", ptr, "of integer (non-integer numbers)")
+                rest = [t for t in _ALL_TYPES if t not in types]
+                if rest:
+                    out.append({"type": rest})
+            elif key == "required":
+                out += [{"type": "object", "properties": {name: False}} for name in v]
+            elif key in _COUNT_KEYS and isinstance(v, int) and not isinstance(v, bool):
+                kind, other = _COUNT_KEYS[key]
+                if key.startswith("max"):
+                    out.append({"type": kind, other: v + 1})
+                elif v > 0:
+                    out.append({"type": kind, other: v - 1})
+            elif key == "propertyNames" and v is False:
+                out.append({"type": "object", "minProperties": 1})
+            elif key == "properties":
+                for name, sub in v.items():
+                    if sub is False:
+                        out.append({"type": "object", "required": [name]})
+                    elif sub is not True and sub != {}:
+                        out.append(
+                            {
+                                "type": "object",
+                                "required": [name],
+                                "properties": {name: {"not": sub}},
+                            }
+                        )
+            elif key == "additionalProperties" and v in (True, {}):
+                continue
+            else:
+                raise UnsupportedSchemaError("not", ptr, f"cannot negate {key!r}")
         return out
 
     # ----- values -----
@@ -733,6 +789,18 @@ def _possible_types(s: dict) -> set[str]:
         kinds = {_kind(v) for v in values}
         types &= kinds | ({"number"} if "integer" in kinds else set())
     return types
+
+
+_ALL_TYPES = ("string", "number", "boolean", "null", "object", "array")
+# a count keyword -> (the type it applies to, the keyword its failures satisfy)
+_COUNT_KEYS = {
+    "maxProperties": ("object", "minProperties"),
+    "minProperties": ("object", "maxProperties"),
+    "maxLength": ("string", "minLength"),
+    "minLength": ("string", "maxLength"),
+    "maxItems": ("array", "minItems"),
+    "minItems": ("array", "maxItems"),
+}
 
 
 def _search(pattern: str, name: str, ptr: str) -> bool:

@@ -41,7 +41,6 @@ ANNOTATIONS = frozenset(
     }
 )
 UNSUPPORTED = (
-    "not",
     "if",
     "then",
     "else",

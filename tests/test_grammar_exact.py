@@ -72,7 +72,14 @@ CASES = [
                 },
             ],
         },
-        [{"s": "ok"}, {"s": "fail"}, {"s": "other"}, {"m": "x"}, {"s": "ok", "m": "x"}, {"m": "x", "s": None}],
+        [
+            {"s": "ok"},
+            {"s": "fail"},
+            {"s": "other"},
+            {"m": "x"},
+            {"s": "ok", "m": "x"},
+            {"m": "x", "s": None},
+        ],
     ),
     (  # arrays of scalars: exact difference (the empty array is in both)
         {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"items": {"type": "string"}}]},
@@ -125,6 +132,32 @@ CASES = [
         [{"ok": 1}, {"NO": 1}, {"ok": 1, "abc": "x"}, {"abcd": "x"}, {"abc": 1}, {}],
     ),
     ({"type": "object", "propertyNames": False}, [{}, {"a": 1}]),
+    (  # not: the union of the ways to violate each keyword
+        {
+            "type": "object",
+            "properties": {"cmd": {"type": "string"}, "args": {"type": "array"}},
+            "not": {"allOf": [{"required": ["cmd"]}, {"required": ["args"]}]},
+        },
+        [{}, {"cmd": "x"}, {"args": []}, {"cmd": "x", "args": []}],
+    ),
+    ({"type": "object", "not": {"propertyNames": False}}, [{}, {"a": 1}]),
+    (
+        {"not": {"type": ["string", "object"], "maxLength": 2}},
+        ["ab", "abc", 1, None, {}, [1], True],
+    ),
+    (
+        {"type": "object", "not": {"properties": {"k": {"type": "string"}}}},
+        [{}, {"k": "x"}, {"k": 1}, {"j": 1}],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {
+                "x": {"not": {"type": ["array", "boolean", "number", "null", "object", "string"]}}
+            },
+        },
+        [{}, {"x": 1}, {"y": 1}],
+    ),
     (  # an open object whose pattern also matches a named property
         {
             "type": "object",
