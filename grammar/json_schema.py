@@ -25,7 +25,14 @@ from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
 from grammar.fsm import node_to_dfa
 from grammar.pattern import pattern_to_content
-from grammar.schema_merge import ANNOTATIONS, UNSUPPORTED, canonical, merge, type_set
+from grammar.schema_merge import (
+    ANNOTATIONS,
+    ASSERTIONS,
+    UNSUPPORTED,
+    canonical,
+    merge,
+    type_set,
+)
 
 STRING_CHAR_TEXT = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
 STRING_TEXT = f'"{STRING_CHAR_TEXT}*"'
@@ -169,8 +176,8 @@ class _Builder:
             raise UnsupportedSchemaError("not", ptr, "of anyOf / oneOf")
         out: list[Any] = []
         for key, v in n.items():
-            if key in ANNOTATIONS or key == "_refs":
-                continue
+            if key not in ASSERTIONS:
+                continue  # annotations and unknown keywords
             if key == "type":
                 types = type_set(n)
                 if "integer" in types and "number" not in types:

@@ -55,6 +55,52 @@ UNSUPPORTED = (
     "$dynamicRef",
     "$recursiveRef",
 )
+# keywords that constrain instances (anything else is an annotation)
+ASSERTIONS = frozenset(
+    {
+        "type",
+        "enum",
+        "const",
+        "multipleOf",
+        "maximum",
+        "exclusiveMaximum",
+        "minimum",
+        "exclusiveMinimum",
+        "maxLength",
+        "minLength",
+        "pattern",
+        "format",
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "maxItems",
+        "minItems",
+        "uniqueItems",
+        "contains",
+        "maxProperties",
+        "minProperties",
+        "required",
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "propertyNames",
+        "dependencies",
+        "dependentRequired",
+        "dependentSchemas",
+        "if",
+        "then",
+        "else",
+        "not",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "$ref",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "minContains",
+        "maxContains",
+    }
+)
 _MIN_KEYS = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
 _MAX_KEYS = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
 _TYPES = ("string", "integer", "number", "boolean", "null", "object", "array")
@@ -123,8 +169,9 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
             continue  # handled together below
         elif key == "items" and isinstance(av, dict | bool) and isinstance(bv, dict | bool):
             out[key] = {"allOf": [av, bv]}
-        else:
+        elif key in ASSERTIONS:
             raise UnsupportedSchemaError("allOf", ptr, f"cannot merge two different {key!r}")
+        # else: a keyword outside the vocabulary is an annotation (kept from the first side)
     if "properties" in b or "additionalProperties" in b:
         _merge_object(out, a, b)
     return out

@@ -141,6 +141,10 @@ CASES = [
         [{}, {"cmd": "x"}, {"args": []}, {"cmd": "x", "args": []}],
     ),
     ({"type": "object", "not": {"propertyNames": False}}, [{}, {"a": 1}]),
+    (  # keywords outside the vocabulary are annotations, also when allOf merges them
+        {"allOf": [{"_id": "a", "type": "string"}, {"_id": "b", "maxLength": 2}]},
+        ["ab", "abc", 1],
+    ),
     (
         {"not": {"type": ["string", "object"], "maxLength": 2}},
         ["ab", "abc", 1, None, {}, [1], True],
