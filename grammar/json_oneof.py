@@ -117,7 +117,7 @@ def _leaf_kinds(b: Any, s: Any, ptr: str, depth: int = 0) -> set[str]:
 # JSON text whose strings are spelled as json.dumps(..., ensure_ascii=False) spells them:
 # escapes only for the quote, the backslash and control characters (short forms where
 # there are, else lowercase \u00xx); one spelling per string value
-_CANONICAL_TEXT = (
+CANONICAL_TEXT = (
     r'([^"]|"([^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(0[0-7bef]|1[0-9a-f]))*")*'
 )
 
@@ -132,7 +132,7 @@ def _regular_difference(b: Any, branches: list[dict], ptr: str) -> object | None
             node = b.from_norm(x, ptr)
             if node is not None:
                 dfas.append(node_to_dfa(node, MAX_BRANCH_STATES))
-        canonical = node_to_dfa(ra.parsed(_CANONICAL_TEXT))
+        canonical = node_to_dfa(ra.parsed(CANONICAL_TEXT))
         dfas = [dfa_ops.product(d, canonical, True) for d in dfas]
         out = []
         for i, d in enumerate(dfas):

@@ -24,6 +24,7 @@ from grammar import regex_ast as ra
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
 from grammar.fsm import node_to_dfa
+from grammar.json_oneof import CANONICAL_TEXT
 from grammar.pattern import pattern_to_content
 from grammar.schema_merge import (
     ANNOTATIONS,
@@ -145,7 +146,7 @@ class _Builder:
                 if not isinstance(branches, list) or not branches:
                     raise GrammarError(f"{kind} at {ptr} must be a non-empty list")
                 alts.append((kind, branches, f"{ptr}/{kind}"))
-        if negated:
+        if negated and len(negated[1]) > 1:
             alts.append(negated)
         if alts:
             out["_alts"] = alts
@@ -163,6 +164,8 @@ class _Builder:
                 out["_refs"] = [*out.get("_refs", []), ref]
         for i, branch in enumerate(schema.get("allOf", [])):
             out = merge(out, self.normalise(branch, f"{ptr}/allOf/{i}"), f"{ptr}/allOf/{i}")
+        if negated and len(negated[1]) == 1:  # one way to violate it: a plain conjunction
+            out = merge(out, self.normalise(negated[1][0], negated[2]), negated[2])
         return out
 
     def violations(self, schema: Any, ptr: str) -> list:
@@ -207,6 +210,11 @@ class _Builder:
                                 "properties": {name: {"not": sub}},
                             }
                         )
+            elif key in ("enum", "const"):
+                values = [v] if key == "const" else list(v)
+                if "const" in n and "enum" in n and key == "enum":
+                    continue  # merged already into one list
+                out.append({"_not_values": [x for x in values if self.accepts(n, x)]})
             elif key == "additionalProperties" and v in (True, {}):
                 continue
             else:
@@ -379,8 +387,11 @@ class _Builder:
         if "const" in s:
             c = s["const"]
             values = [c] if values is None else [v for v in values if canonical(v) == canonical(c)]
+        excluded = {canonical(v): v for v in s.get("_not_values", [])}
         if values is not None:
-            return ra.alt([_literal(v) for v in values if self.accepts(s, v)])
+            return ra.alt(
+                [_literal(v) for v in values if self.accepts(s, v) and canonical(v) not in excluded]
+            )
         types = s.get("type")
         if types is None:
             types = ["string", "number", "boolean", "null", "object", "array"]
@@ -388,7 +399,32 @@ class _Builder:
             types = [types]
         if "number" in types and "integer" in types:
             types = [t for t in types if t != "integer"]
-        return ra.alt([self.typed(t, s, ptr) for t in types])
+        return ra.alt([self.typed_except(t, s, list(excluded.values()), ptr) for t in types])
+
+    def typed_except(self, t: str, s: dict, excluded: list, ptr: str) -> Node:
+        """Values of type t, minus the `excluded` values (from `not` of an enum / const)."""
+        node = self.typed(t, s, ptr)
+        mine = [v for v in excluded if _kind(v) == t or (t == "number" and _kind(v) == "integer")]
+        if not mine or node is None:
+            return node
+        if t in ("boolean", "null"):
+            return (
+                ra.alt(
+                    [
+                        ra.lit(x)
+                        for x in ("true", "false", "null")
+                        if x not in map(_text, mine) and (t == "null") == (x == "null")
+                    ]
+                )
+                if node is not None
+                else None
+            )
+        if t != "string":  # 1 and 1.0 are one number; objects and arrays have many spellings
+            raise UnsupportedSchemaError("not", ptr, f"of {t} enum values")
+        # strings: over canonical spellings, so that no other spelling of a value slips in
+        dfa = dfa_ops.product(node_to_dfa(node), node_to_dfa(ra.parsed(CANONICAL_TEXT)), True)
+        dfa = dfa_ops.product(dfa, node_to_dfa(ra.alt([_literal(v) for v in mine])), False)
+        return dfa_ops.DFANode(dfa, "not", ptr) if dfa.accepting.any() else None
 
     def typed(self, t: str, s: dict, ptr: str) -> Node:
         if t == "string":
@@ -808,6 +844,10 @@ _COUNT_KEYS = {
     "maxItems": ("array", "minItems"),
     "minItems": ("array", "maxItems"),
 }
+
+
+def _text(v: Any) -> str:
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
 def _search(pattern: str, name: str, ptr: str) -> bool:

@@ -163,7 +163,7 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
             out[key] = min(av, bv)
         elif key == "required":
             out[key] = list(dict.fromkeys([*av, *bv]))
-        elif key in ("_alts", "_refs"):
+        elif key in ("_alts", "_refs", "_not_values"):
             out[key] = [*av, *bv]
         elif key in ("properties", "additionalProperties"):
             continue  # handled together below

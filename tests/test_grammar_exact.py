@@ -141,6 +141,11 @@ CASES = [
         [{}, {"cmd": "x"}, {"args": []}, {"cmd": "x", "args": []}],
     ),
     ({"type": "object", "not": {"propertyNames": False}}, [{}, {"a": 1}]),
+    (  # not of an enum: other values of every type, other strings in canonical spelling
+        {"type": "object", "properties": {"t": {"not": {"enum": ["car", True, None]}}}},
+        [{"t": "car"}, {"t": "cart"}, {"t": "ca"}, {"t": True}, {"t": False}, {"t": None}]
+        + [{"t": 1}, {"t": []}, {}],
+    ),
     (  # keywords outside the vocabulary are annotations, also when allOf merges them
         {"allOf": [{"_id": "a", "type": "string"}, {"_id": "b", "maxLength": 2}]},
         ["ab", "abc", 1],
