@@ -26,11 +26,20 @@ class CompiledGrammar:
         self.vocab = vocab
         self.source = source
         self.index = TokenIndex(dfa, vocab)
-        live = self.index.byte_table != 0  # [n_states, 256]
-        n_live = live.sum(axis=1)
+        # live bytes per state, from the class table (a class of k bytes counts k times)
+        table = dfa.table
+        sizes = np.bincount(dfa.byte_to_class, minlength=table.shape[1])
+        first_byte = np.zeros(table.shape[1], dtype=np.int64)
+        first_byte[dfa.byte_to_class[::-1]] = np.arange(255, -1, -1)
+        n_live = np.zeros(table.shape[0], dtype=np.int64)
+        only_cls = np.zeros(table.shape[0], dtype=np.int64)
+        for c in range(table.shape[1]):
+            live_c = table[:, c] != 0
+            n_live += live_c * int(sizes[c])
+            only_cls[live_c] = c
         self.can_continue: list[bool] = (n_live > 0).tolist()
         # the one byte a state forces (-1 if none): exactly one live byte and not accepting
-        only = np.where((n_live == 1) & ~dfa.accepting, live.argmax(axis=1), -1)
+        only = np.where((n_live == 1) & ~dfa.accepting, first_byte[only_cls], -1)
         self._forced_byte: list[int] = only.tolist()
         self._forced: dict[int, tuple[bytes, int]] = {}
         self._lock = threading.Lock()
@@ -53,10 +62,10 @@ class CompiledGrammar:
             return hit
         out = bytearray()
         s = state
-        rows, classes, fb = self.dfa.rows, self.dfa.classes, self._forced_byte
+        step, fb = self.dfa.step, self._forced_byte
         while fb[s] >= 0 and len(out) <= self.dfa.num_states:
             out.append(fb[s])
-            s = rows[s][classes[fb[s]]]
+            s = step(s, fb[s])
         result = (bytes(out), s)
         with self._lock:
             self._forced[state] = result

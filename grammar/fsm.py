@@ -2,11 +2,18 @@
 
 State 0 is the dead state (every byte leads back to it); state 1 is the start state. Every other
 state can still reach an accepting state (states that cannot are folded into the dead state).
+
+The construction is built for large automata (hundreds of thousands of states, e.g. a string
+with maxLength 30000 is ~13 states per counted character): a DFA state whose NFA states read
+disjoint byte sets (the common case) gets its row as the overlay of per-NFA-state rows, with no
+per-byte-class Python work, and rows go straight into a flat int32 buffer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+import gc
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -15,32 +22,62 @@ from grammar.nfa import NFA
 
 DEAD = 0
 START = 1
-DEFAULT_MAX_STATES = 50_000
+DEFAULT_MAX_STATES = 1_000_000
+NFA_STATES_PER_DFA_STATE = 4  # the NFA budget is this multiple of the DFA budget
 
 
-@dataclass(slots=True, eq=False)
 class ByteDFA:
     """A DFA over bytes.
 
     table: int32 [n_states, n_classes]; byte_to_class: int32 [256]; accepting: bool [n_states].
-    rows / classes are the same data as Python lists, for fast scalar walks.
+    `classes` is byte_to_class as a list; `rows` (the table as Python lists) is made on first
+    use only, as it costs ~30x the table's memory: scalar walks read a flat view instead.
     """
 
-    table: np.ndarray
-    byte_to_class: np.ndarray
-    accepting: np.ndarray
-    rows: list[list[int]] = field(repr=False)
-    classes: list[int] = field(repr=False)
+    __slots__ = ("table", "byte_to_class", "accepting", "classes", "_rows", "_flat", "_n_cls")
+
+    def __init__(
+        self,
+        table: np.ndarray,
+        byte_to_class: np.ndarray,
+        accepting: np.ndarray,
+        rows: list[list[int]] | None = None,
+        classes: list[int] | None = None,
+    ) -> None:
+        self.table = np.ascontiguousarray(table, dtype=np.int32)
+        self.byte_to_class = np.asarray(byte_to_class, dtype=np.int32)
+        self.accepting = accepting
+        self.classes = self.byte_to_class.tolist() if classes is None else classes
+        self._rows = rows
+        self._n_cls = int(self.table.shape[1])
+        # flat 1-D view of the table: indexing gives Python ints without a copy of the data
+        self._flat = memoryview(self.table.reshape(-1)) if self.table.size else [DEAD] * 256
+
+    def __repr__(self) -> str:
+        return f"ByteDFA(states={self.num_states}, classes={self._n_cls})"
+
+    @property
+    def rows(self) -> list[list[int]]:
+        if self._rows is None:
+            self._rows = self.table.tolist()
+        return self._rows
 
     @property
     def num_states(self) -> int:
         return int(self.table.shape[0])
 
+    @property
+    def num_classes(self) -> int:
+        return self._n_cls
+
+    def step(self, state: int, byte: int) -> int:
+        return self._flat[state * self._n_cls + self.classes[byte]]
+
     def walk(self, state: int, data: bytes) -> int:
         """State after reading `data` from `state` (DEAD if it dies on the way)."""
-        rows, classes = self.rows, self.classes
+        flat, classes, n = self._flat, self.classes, self._n_cls
         for b in data:
-            state = rows[state][classes[b]]
+            state = flat[state * n + classes[b]]
             if state == DEAD:
                 return DEAD
         return state
@@ -49,22 +86,43 @@ class ByteDFA:
         return bool(self.accepting[self.walk(START, data)])
 
     def byte_table(self) -> np.ndarray:
-        """int32 [n_states, 256]: the transition table indexed by raw byte."""
+        """int32 [n_states, 256]: the transition table indexed by raw byte (n_states x 1 KiB:
+        prefer `table` / `byte_to_class` for large automata)."""
         return self.table[:, self.byte_to_class]
+
+    def byte_rows(self, states: np.ndarray | list[int]) -> np.ndarray:
+        """int32 [len(states), 256]: byte-indexed rows of some states."""
+        return self.table[np.asarray(states, dtype=np.int64)][:, self.byte_to_class]
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic GC off while an automaton is built: construction allocates millions of small
+    acyclic containers, and the collections they trigger would each rescan all of them
+    (more than halves the build time of a large automaton)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def regex_to_dfa(pattern: str, max_states: int = DEFAULT_MAX_STATES) -> ByteDFA:
     """Compile a regex (Python `re` syntax, full match) to a byte-level DFA."""
-    nfa = NFA(max_states=max_states * 8)
-    start = nfa.add_regex(pattern)
-    return nfa_to_dfa(nfa, start, max_states)
+    with _no_gc():
+        nfa = NFA(max_states=max_states * NFA_STATES_PER_DFA_STATE)
+        start = nfa.add_regex(pattern)
+        return nfa_to_dfa(nfa, start, max_states)
 
 
 def node_to_dfa(node: object, max_states: int = DEFAULT_MAX_STATES) -> ByteDFA:
     """Compile a regex syntax tree (grammar.regex_ast) to a byte-level DFA."""
-    nfa = NFA(max_states=max_states * 8)
-    start = nfa.add_node(node)
-    return nfa_to_dfa(nfa, start, max_states)
+    with _no_gc():
+        nfa = NFA(max_states=max_states * NFA_STATES_PER_DFA_STATE)
+        start = nfa.add_node(node)
+        return nfa_to_dfa(nfa, start, max_states)
 
 
 def _byte_classes(masks: list[int]) -> list[int]:
@@ -82,25 +140,36 @@ def _byte_classes(masks: list[int]) -> list[int]:
     return classes
 
 
+def _over_budget(max_states: int) -> GrammarError:
+    return GrammarError(
+        f"DFA exceeds the state budget ({max_states} states); "
+        "simplify the constraint (e.g. smaller maxLength / maxItems)"
+    )
+
+
 def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
-    masks = sorted({m for es in nfa.edges for m, _ in es})
+    eps, edges, final = nfa.eps, nfa.edges, nfa.final
+    masks = sorted({m for es in edges for m, _ in es})
+    # classes: first split by the union of the masks from the byte-class point of view, cheap
     class_sets = _byte_classes(masks)
+    n_classes = len(class_sets)
     byte_to_class = np.zeros(256, dtype=np.int32)
     for ci, c in enumerate(class_sets):
         for b in range(256):
             if c >> b & 1:
                 byte_to_class[b] = ci
-    mask_classes = {m: [ci for ci, c in enumerate(class_sets) if c & m] for m in masks}
-    n_classes = len(class_sets)
+    mask_classes = {m: tuple(ci for ci, c in enumerate(class_sets) if c & m) for m in masks}
 
     # epsilon closure, keeping only states that matter for a DFA state: those with byte edges,
     # and the final state
     closures: dict[int, frozenset[int]] = {}
-    eps, edges, final = nfa.eps, nfa.edges, nfa.final
 
     def closure(s: int) -> frozenset[int]:
         c = closures.get(s)
         if c is None:
+            if not eps[s]:
+                c = closures[s] = frozenset((s,)) if edges[s] or s == final else frozenset()
+                return c
             seen, stack, keep = {s}, [s], []
             while stack:
                 x = stack.pop()
@@ -113,51 +182,156 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
             c = closures[s] = frozenset(keep)
         return c
 
-    start_set = closure(start)
-    index: dict[frozenset[int], int] = {start_set: START}
-    order: list[frozenset[int]] = [frozenset(), start_set]
-    rows: list[list[int]] = [[DEAD] * n_classes]
+    index: dict[frozenset[int], int] = {frozenset(): DEAD}
+    order: list[frozenset[int]] = [frozenset()]
+
+    def state_id(target: frozenset[int]) -> int:
+        j = index.get(target)
+        if j is None:
+            j = len(order)
+            if j > max_states:
+                raise _over_budget(max_states)
+            index[target] = j
+            order.append(target)
+        return j
+
+    single: dict[int, int] = {}  # NFA state t -> DFA id of closure(t)
+
+    def single_id(t: int) -> int:
+        j = single.get(t)
+        if j is None:
+            j = single[t] = state_id(closure(t))
+        return j
+
+    # Rows come from templates: the classes -> "which of the DFA state's NFA edges fire" map
+    # depends only on the edges' masks, so DFA states of the same shape (the copies of a
+    # counted character, say) share it, and their row is one C-level gather of target ids.
+    n_nfa = len(edges)
+    sig: list[int] = [-1] * n_nfa  # NFA state -> id of its tuple of mask ids
+    tgt: list[tuple[int, ...] | None] = [None] * n_nfa
+    sig_ids: dict[tuple[int, ...], int] = {}
+    sig_masks: list[tuple[int, ...]] = []
+    templates: dict[tuple[int, ...], tuple[int, list[tuple[int, ...]]]] = {}
+    tpl_slots: list[list[int]] = []  # template id -> slot of each byte class
+    multi: dict[frozenset[int], int] = {}  # a set of NFA targets -> DFA id of their closure
+
+    def template(key: tuple[int, ...]) -> tuple[int, list[tuple[int, ...]]]:
+        hit = templates.get(key)
+        if hit is not None:
+            return hit
+        fire: list[list[int]] = [[] for _ in range(n_classes)]
+        e = 0
+        for sid in key:
+            for m in sig_masks[sid]:
+                for c in mask_classes[m]:
+                    fire[c].append(e)
+                e += 1
+        slot_of: dict[tuple[int, ...], int] = {(): 0}
+        slots: list[tuple[int, ...]] = [()]
+        cls_slot = []
+        for f in fire:
+            k = tuple(f)
+            j = slot_of.get(k)
+            if j is None:
+                j = slot_of[k] = len(slots)
+                slots.append(k)
+            cls_slot.append(j)
+        hit = templates[key] = (len(tpl_slots), slots)
+        tpl_slots.append(cls_slot)
+        return hit
+
+    def edge_info(s: int) -> int:
+        es = edges[s]
+        if len(es) == 1:
+            ((m, t),) = es
+            k: tuple[int, ...] = (m,)
+            tgt[s] = (t,)
+        else:
+            k = tuple([m for m, _ in es])
+            tgt[s] = tuple([t for _, t in es])
+        x = sig_ids.get(k)
+        if x is None:
+            x = sig_ids[k] = len(sig_masks)
+            sig_masks.append(k)
+        sig[s] = x
+        return x
+
+    if state_id(closure(start)) != START:
+        raise GrammarError("the constraint matches nothing")
+    # per DFA state: its template and where its slot ids start in `slot_ids` (slot 0: DEAD);
+    # the table is gathered from them at the end, per template, with numpy
+    row_tpl: list[int] = [-1]
+    row_off: list[int] = [0]
+    slot_ids: list[int] = [DEAD]
     i = START
     while i < len(order):
-        moves: dict[int, set[int]] = {}
-        for s in order[i]:
-            for m, t in edges[s]:
-                for c in mask_classes[m]:
-                    moves.setdefault(c, set()).add(t)
-        row = [DEAD] * n_classes
-        by_targets: dict[frozenset[int], int] = {}
-        for c, ts in moves.items():
-            key = frozenset(ts)
-            j = by_targets.get(key)
-            if j is None:
-                target = frozenset().union(*(closure(t) for t in ts))
-                j = index.get(target)
-                if j is None:
-                    j = len(order)
-                    if j > max_states:
-                        raise GrammarError(
-                            f"DFA exceeds the state budget ({max_states} states); "
-                            "simplify the constraint (e.g. smaller maxLength / maxItems)"
-                        )
-                    index[target] = j
-                    order.append(target)
-                by_targets[key] = j
-            row[c] = j
-        rows.append(row)
+        st = order[i]
         i += 1
+        key = []
+        targets: list[int] = []
+        for s in st:
+            x = sig[s]
+            if x < 0:
+                if not edges[s]:
+                    continue
+                x = edge_info(s)
+            key.append(x)
+            targets.extend(tgt[s])
+        if not key:
+            row_tpl.append(-1)
+            row_off.append(0)
+            continue
+        tid, slots = template(tuple(key))
+        row_tpl.append(tid)
+        row_off.append(len(slot_ids))
+        ids = slot_ids
+        ids.append(DEAD)
+        for sl in slots[1:]:
+            if len(sl) == 1:
+                ids.append(single_id(targets[sl[0]]))
+                continue
+            ts = frozenset(targets[e] for e in sl)
+            if len(ts) == 1:
+                ids.append(single_id(next(iter(ts))))
+                continue
+            j = multi.get(ts)
+            if j is None:
+                j = multi[ts] = state_id(frozenset().union(*(closure(t) for t in ts)))
+            ids.append(j)
 
-    accepting = np.array([final in s for s in order], dtype=bool)
-    table = np.array(rows, dtype=np.int32).reshape(len(order), n_classes)
-    table, accepting = _prune_dead_ends(table, accepting)
+    n = len(order)
+    accepting = np.zeros(n, dtype=bool)
+    for j, st in enumerate(order):
+        if final in st:
+            accepting[j] = True
+    for d in (index, closures, single, multi, templates):
+        d.clear()
+    order.clear()
+    table = np.zeros((n, n_classes), dtype=np.int32)
+    tpl_arr = np.array(row_tpl, dtype=np.int64)
+    off_arr = np.array(row_off, dtype=np.int64)
+    ids_arr = np.array(slot_ids, dtype=np.int32)
+    del row_tpl, row_off, slot_ids
+    order_by_tpl = np.argsort(tpl_arr, kind="stable")
+    bounds = np.searchsorted(tpl_arr[order_by_tpl], np.arange(len(tpl_slots) + 1))
+    for tid, cls_slot in enumerate(tpl_slots):
+        rows_t = order_by_tpl[bounds[tid] : bounds[tid + 1]]
+        if rows_t.size:
+            gather = off_arr[rows_t][:, None] + np.array(cls_slot, dtype=np.int64)[None, :]
+            table[rows_t] = ids_arr[gather]
+    if _may_have_dead_ends(nfa):
+        table, accepting = _prune_dead_ends(table, accepting)
     if not table[START].any() and not accepting[START]:
         raise GrammarError("the constraint matches nothing")
-    return ByteDFA(
-        table=table,
-        byte_to_class=byte_to_class,
-        accepting=accepting,
-        rows=table.tolist(),
-        classes=byte_to_class.tolist(),
-    )
+    return ByteDFA(table=table, byte_to_class=byte_to_class, accepting=accepting)
+
+
+def _may_have_dead_ends(nfa: NFA) -> bool:
+    """Whether some NFA state may fail to reach `final`. An NFA built from a regex tree sends
+    every piece on to its continuation, so only a state with no way out at all (a character
+    class that matches nothing, an embedded automaton matching nothing) can be one."""
+    final, eps, edges = nfa.final, nfa.eps, nfa.edges
+    return any(not eps[s] and not edges[s] and s != final for s in range(len(eps)))
 
 
 def _prune_dead_ends(table: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -28,8 +28,21 @@ class TokenIndex:
         self.vocab = vocab
         self.prepared = vocab.prepared()
         self.num_words = (len(vocab) + 31) // 32
-        self.byte_table = np.ascontiguousarray(dfa.byte_table())  # [n_states, 256]
-        self._flat = self.byte_table.reshape(-1).astype(np.int64)  # int64: fastest gathers
+        # the class-indexed table (not a [n_states, 256] copy: a large automaton would need
+        # n_states KiB): a byte b read in state s goes to flat[s * n_cls + class(b)]
+        self.n_cls = dfa.num_classes
+        self._flat = dfa.table.reshape(-1)
+        wide = self._flat.size >= 2**31  # int32 index arithmetic would overflow
+        if wide:
+            self._flat = self._flat.astype(np.int64)
+        b2c = dfa.byte_to_class.astype(np.int64 if wide else np.int32)
+        # byte p of each token as its class, only for the tokens longer than p (ragged: ~1 MiB)
+        n_longer = self.prepared.n_longer
+        self._ccols = [
+            b2c[self.prepared.columns[p][: int(n_longer[p])]]
+            for p in range(self.prepared.columns.shape[0])
+        ]
+        self._ccol0 = b2c[self.prepared.columns[0]]
         self._eos = np.array(vocab.eos_token_ids, dtype=np.int64)
         self._masks: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
@@ -43,6 +56,15 @@ class TokenIndex:
         return words
 
     @property
+    def byte_table(self) -> np.ndarray:
+        """int32 [n_states, 256] (built on each access: large; prefer `row`)."""
+        return self.dfa.byte_table()
+
+    def row(self, state: int) -> np.ndarray:
+        """int32 [256]: the state's transitions by byte."""
+        return self.dfa.table[state][self.dfa.byte_to_class]
+
+    @property
     def states_computed(self) -> int:
         return len(self._masks)
 
@@ -50,7 +72,7 @@ class TokenIndex:
         """Tokens that surely walk from `state` back to `state` (e.g. plain text inside a JSON
         string): every ASCII byte is a self-loop, and so is every whole non-ASCII character
         when the state loops on all of them. None when that is a small minority."""
-        prep, row = self.prepared, self.byte_table[state]
+        prep, row = self.prepared, self.row(state)
         loops = row == state
         if np.count_nonzero(loops[:128]) < 64:
             return None
@@ -65,7 +87,7 @@ class TokenIndex:
 
     def _loops_on_all_characters(self, state: int) -> bool:
         """Every multi-byte UTF-8 character read from `state` comes back to `state`."""
-        bt = self.byte_table
+        rows = self.dfa.byte_rows
         # (lead bytes, ranges of the continuation bytes), per UTF-8's well-formed sequences
         forms = [
             (range(0xC2, 0xE0), [(0x80, 0xBF)]),
@@ -78,21 +100,21 @@ class TokenIndex:
             (range(0xF4, 0xF5), [(0x80, 0x8F), (0x80, 0xBF), (0x80, 0xBF)]),
         ]
         for leads, conts in forms:
-            states = set(bt[state, list(leads)].tolist())
+            states = set(rows([state])[0, list(leads)].tolist())
             for lo, hi in conts:
-                states = set(bt[list(states), lo : hi + 1].reshape(-1).tolist())
+                states = set(rows(sorted(states))[:, lo : hi + 1].reshape(-1).tolist())
             if states != {state}:
                 return False
         return True
 
     def allowed(self, state: int) -> np.ndarray:
         """Bool per prepared (distinct) token row: walks from `state` without dying."""
-        prep, flat = self.prepared, self._flat
+        prep, flat, ncls, ccols = self.prepared, self._flat, self.n_cls, self._ccols
         transparent = self._transparent(state)
         if transparent is not None:
             return self._allowed_sparse(state, np.flatnonzero(~transparent), transparent)
         # position 0: every token, one gather from this state's row
-        cur = self._flat[state * 256 : state * 256 + 256][prep.columns[0]]
+        cur = flat[state * ncls : state * ncls + ncls][self._ccol0]
         if np.count_nonzero(cur) * 8 < cur.shape[0]:  # few survive the first byte
             rows = np.flatnonzero(cur)
             allowed = np.zeros(cur.shape[0], dtype=bool)
@@ -107,7 +129,7 @@ class TokenIndex:
             if dense:
                 # lockstep over a contiguous prefix: no compaction while most tokens live
                 head = cur[:n]
-                nxt = flat[head * 256 + prep.columns[p][:n]]
+                nxt = flat[head * ncls + ccols[p]]
                 cur[:n] = nxt
                 alive = int(np.count_nonzero(nxt))
                 if alive == 0:
@@ -119,7 +141,7 @@ class TokenIndex:
                 idx = idx[: np.searchsorted(idx, n)]  # drop tokens that ended
                 if idx.size == 0:
                     break
-                nxt = flat[cur[idx] * 256 + prep.columns[p][idx]]
+                nxt = flat[cur[idx] * ncls + ccols[p][idx]]
                 cur[idx] = nxt
                 idx = idx[nxt != DEAD]
             p += 1
@@ -127,14 +149,14 @@ class TokenIndex:
 
     def _allowed_sparse(self, state: int, rows: np.ndarray, allowed: np.ndarray) -> np.ndarray:
         """Walk only `rows` (ascending) from `state`; marks survivors in `allowed` (in place)."""
-        cur = self._flat[state * 256 + self.prepared.columns[0][rows].astype(np.int64)]
+        cur = self._flat[state * self.n_cls + self._ccol0[rows]]
         return self._walk_rows(rows, cur, 1, allowed)
 
     def _walk_rows(
         self, rows: np.ndarray, cur: np.ndarray, p: int, allowed: np.ndarray
     ) -> np.ndarray:
         """Continue walking `rows` (ascending, in states `cur`) from byte position p."""
-        prep, flat = self.prepared, self._flat
+        prep, flat, ncls, ccols = self.prepared, self._flat, self.n_cls, self._ccols
         keep = cur != DEAD
         rows, cur = rows[keep], cur[keep]
         while rows.size:
@@ -145,7 +167,7 @@ class TokenIndex:
             rows, cur = rows[:cut], cur[:cut]
             if not rows.size:
                 break
-            cur = flat[cur * 256 + prep.columns[p][rows]]
+            cur = flat[cur * ncls + ccols[p][rows]]
             keep = cur != DEAD
             rows, cur = rows[keep], cur[keep]
             p += 1

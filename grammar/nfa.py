@@ -47,6 +47,8 @@ class NFA:
         self._keys: dict[int, int] = {}  # id(node) -> structural key
         self._interned: dict[tuple, int] = {}
         self._nodes: list[object] = []  # keeps parsed nodes alive so ids stay unique
+        self._cont_masks: dict[tuple[int, int], int] = {}
+        self._char_forms: dict[tuple, list[tuple[int, tuple]]] = {}
         self.final = self._new()
 
     def _new(self) -> int:
@@ -110,9 +112,9 @@ class NFA:
 
     def _build_new(self, node: object, k: int) -> int:
         if isinstance(node, ip._CharGroup):
-            return self._chars(chars_to_ranges(node.chars, node.negated), k)
+            return self._chars(node.chars, node.negated, k)
         if isinstance(node, _DOT_CLS):
-            return self._chars(chars_to_ranges(frozenset("\n"), True), k)
+            return self._chars(frozenset("\n"), True, k)
         if isinstance(node, _EMPTY_CLS):
             return k
         if isinstance(node, ip._Concatenation):
@@ -163,13 +165,24 @@ class NFA:
                 self.eps[s].append(k)
         return states[1]
 
-    def _chars(self, ranges: list[tuple[int, int]], k: int) -> int:
+    def _chars(self, chars: frozenset[str], negated: bool, k: int) -> int:
+        form = self._char_forms.get((chars, negated))
+        if form is None:
+            # (first-byte mask, continuation byte ranges) per UTF-8 byte-range sequence
+            form = [
+                (byte_mask(*seq[0]), seq[1:])
+                for lo, hi in chars_to_ranges(chars, negated)
+                for seq in utf8_sequences(lo, hi)
+            ]
+            self._char_forms[(chars, negated)] = form
         s = self._new()
+        if len(form) == 1 and not form[0][1]:
+            self.edges[s] = [(form[0][0], k)]
+            return s
         by_target: dict[int, int] = {}
-        for lo, hi in ranges:
-            for seq in utf8_sequences(lo, hi):
-                t = k if len(seq) == 1 else self._suffix(seq[1:], k)
-                by_target[t] = by_target.get(t, 0) | byte_mask(*seq[0])
+        for mask, rest in form:
+            t = self._suffix(rest, k) if rest else k
+            by_target[t] = by_target.get(t, 0) | mask
         self.edges[s] = [(m, t) for t, m in by_target.items()]
         return s
 
@@ -180,6 +193,9 @@ class NFA:
         if s is None:
             s = self._new()
             t = k if len(seq) == 1 else self._suffix(seq[1:], k)
-            self.edges[s] = [(byte_mask(*seq[0]), t)]
+            mask = self._cont_masks.get(seq[0])
+            if mask is None:
+                mask = self._cont_masks[seq[0]] = byte_mask(*seq[0])
+            self.edges[s] = [(mask, t)]
             self._memo[key] = s
         return s
