@@ -140,7 +140,10 @@ CASES = [
             "messages": USER,
             "response_format": {
                 "type": "json_schema",
-                "json_schema": {"name": "x", "schema": {"type": "string", "not": {"const": "a"}}},
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "string", "not": {"pattern": "^a"}},
+                },
             },
         },
         400,
@@ -157,13 +160,13 @@ CASES = [
                 "type": "json_schema",
                 "json_schema": {
                     "name": "x",
-                    "schema": {"type": "object", "patternProperties": {"^a": {}}},
+                    "schema": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                 },
             },
         },
         400,
         "unsupported_schema_keyword",
-        "patternProperties",
+        "uniqueItems",
         id="unsupported-keyword-2",
     ),
     pytest.param(
@@ -176,7 +179,7 @@ CASES = [
                     "type": "function",
                     "function": {
                         "name": "f",
-                        "parameters": {"type": "object", "not": {"required": ["a"]}},
+                        "parameters": {"type": "object", "not": {"minimum": 1}},
                     },
                 }
             ],
@@ -332,3 +335,15 @@ def test_stream_request_errors_come_as_status_not_as_a_broken_stream(server, mod
     body = {"model": model, "stream": True, "messages": [{"role": "user", "content": LONG_PROMPT}]}
     r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_schema_check_accepts_automaton_only_shapes() -> None:
+    """Shapes with no regex text form (pattern + format, overlapping oneOf) are honoured by
+    compile_json_schema, so the server's pre-check must not refuse them."""
+    from runtime.server.chat import check_schema
+
+    check_schema({"type": "string", "format": "uri", "pattern": "^mailto:"}, "response_format")
+    check_schema(
+        {"oneOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "maxLength": 2}]},
+        "response_format",
+    )

@@ -98,11 +98,13 @@ def json_object_regex() -> str:
 
 
 def check_schema(schema: Any, param: str) -> None:
-    """Raise a 400 naming the keyword when the grammar cannot honour `schema`."""
-    from grammar import GrammarError, json_schema_to_regex
+    """Raise a 400 naming the keyword when the grammar cannot honour `schema` (the same
+    construction `compile_json_schema` uses, automaton-only shapes included)."""
+    from grammar import GrammarError
+    from grammar.json_schema import json_schema_to_node
 
     try:
-        json_schema_to_regex(schema)
+        json_schema_to_node(schema)
     except GrammarError as exc:
         code = "unsupported_schema_keyword" if hasattr(exc, "keyword") else "invalid_schema"
         raise APIError(400, str(exc), param=param, code=code) from exc
