@@ -117,9 +117,7 @@ def _leaf_kinds(b: Any, s: Any, ptr: str, depth: int = 0) -> set[str]:
 # JSON text whose strings are spelled as json.dumps(..., ensure_ascii=False) spells them:
 # escapes only for the quote, the backslash and control characters (short forms where
 # there are, else lowercase \u00xx); one spelling per string value
-CANONICAL_TEXT = (
-    r'([^"]|"([^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(0[0-7bef]|1[0-9a-f]))*")*'
-)
+CANONICAL_TEXT = r'([^"]|"([^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(0[0-7bef]|1[0-9a-f]))*")*'
 
 
 def _regular_difference(b: Any, branches: list[dict], ptr: str) -> object | None:
@@ -205,3 +203,127 @@ def member_schema(s: dict, name: str) -> Any:
     if "_alts" in s:
         return True  # a branch may still add it
     return s.get("additionalProperties", True)
+
+
+def kind_of(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+def values_of(s: dict) -> list | None:
+    if "const" in s:
+        return [s["const"]]
+    return list(s["enum"]) if "enum" in s else None
+
+
+def possible_types(s: dict) -> set[str]:
+    values = values_of(s)
+    types = type_set(s)
+    if values is not None:
+        kinds = {kind_of(v) for v in values}
+        types &= kinds | ({"number"} if "integer" in kinds else set())
+    return types
+
+
+def required_only(branches: list) -> bool:
+    return all(
+        isinstance(b, dict)
+        and "required" in b
+        and set(b) <= {"required"} | ANNOTATIONS
+        and all(isinstance(n, str) for n in b["required"])
+        for b in branches
+    )
+
+
+def exactly_one_required(branches: list[dict], ptr: str) -> list[dict]:
+    """oneOf of `required` lists as disjoint object schemas, one per set of present names
+    (among those the branches mention) that satisfies exactly one branch; the others are
+    forbidden. A non-object satisfies every branch, so (two or more branches) none is valid."""
+    names = list(dict.fromkeys(n for b in branches for n in b["required"]))
+    if len(names) > 8:
+        raise UnsupportedSchemaError("oneOf", ptr, "more than 8 required names")
+    out = []
+    for present in itertools.product((True, False), repeat=len(names)):
+        here = {n for n, p in zip(names, present, strict=True) if p}
+        if sum(set(b["required"]) <= here for b in branches) != 1:
+            continue
+        out.append(
+            {
+                "type": "object",
+                "required": [n for n in names if n in here],
+                "properties": {n: False for n in names if n not in here},
+            }
+        )
+    return out or [False]
+
+
+class OneOfRules:
+    """Exclusivity checks of the schema builder (uses its normalise / from_norm / types_of)."""
+
+    def check_exclusive(self, options: list[tuple[object, Any, str]], ptr: str) -> None:
+        """oneOf needs exactly one branch to match, so every two branches must be provably
+        disjoint: different JSON types, different values of a required discriminator property,
+        or (for scalars only, whose spelling is canonical) disjoint regex languages."""
+        from grammar.fsm import node_to_dfa
+        from grammar.intersect import dfas_intersect
+
+        for (na, sa, _), (nb, sb, _) in itertools.combinations(options, 2):
+            if not (isinstance(sa, dict) and isinstance(sb, dict)):
+                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
+            ta, tb = self.types_of(sa), self.types_of(sb)
+            if not (ta & tb) or self.discriminated(sa, sb, ptr):
+                continue
+            if (ta | tb) & {"object", "array"}:
+                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
+            try:
+                overlap = dfas_intersect(node_to_dfa(na, 20_000), node_to_dfa(nb, 20_000))
+            except GrammarError:
+                overlap = True
+            if overlap:
+                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
+
+    def discriminated(self, a: dict, b: dict, ptr: str) -> bool:
+        """Both are objects-only, and some property one of them requires has, in the other,
+        a schema with no value in common (forbidden, different enum / const values, or
+        scalar schemas whose languages are disjoint)."""
+        if possible_types(a) != {"object"} or possible_types(b) != {"object"}:
+            return False
+        for x, y in ((a, b), (b, a)):
+            for name in x.get("required", []):
+                sx, sy = member_schema(x, name), member_schema(y, name)
+                if sx is False or sy is False:
+                    return True
+                if isinstance(sx, dict) and isinstance(sy, dict) and self.disjoint(sx, sy, ptr):
+                    return True
+        return False
+
+    def disjoint(self, a: dict, b: dict, ptr: str) -> bool:
+        """Provably no value is an instance of both (finite value sets, or scalar schemas
+        whose regex languages do not intersect)."""
+        from grammar.intersect import dfas_intersect
+
+        for x, y in ((a, b), (b, a)):
+            values = self.finite_values(x, ptr)
+            if values is not None:  # exact: is any value of x an instance of y?
+                return not any(self.accepts(x, v) and self.accepts(y, v) for v in values)
+        try:
+            na, nb = self.normalise(a, ptr), self.normalise(b, ptr)
+            if not (isinstance(na, dict) and isinstance(nb, dict)):
+                return False
+            if (self.types_of(na) | self.types_of(nb)) & {"object", "array"}:
+                return False
+            ra_, rb = self.from_norm(na, ptr), self.from_norm(nb, ptr)
+            if ra_ is None or rb is None:
+                return True
+            return not dfas_intersect(node_to_dfa(ra_, 20_000), node_to_dfa(rb, 20_000))
+        except GrammarError:
+            return False

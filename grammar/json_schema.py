@@ -14,7 +14,6 @@ UnsupportedSchemaError naming the keyword and its JSON pointer.
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from typing import Any
@@ -24,10 +23,18 @@ from grammar import regex_ast as ra
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
 from grammar.fsm import node_to_dfa
-from grammar.json_oneof import CANONICAL_TEXT
+from grammar.json_objects import DEPENDENCY_KEYS, ObjectRules, literal, name_lists
+from grammar.json_oneof import (
+    CANONICAL_TEXT,
+    OneOfRules,
+    exactly_one_required,
+    kind_of,
+    possible_types,
+    required_only,
+    values_of,
+)
 from grammar.pattern import pattern_to_content
 from grammar.schema_merge import (
-    ANNOTATIONS,
     ASSERTIONS,
     UNSUPPORTED,
     canonical,
@@ -38,13 +45,8 @@ from grammar.schema_merge import (
 STRING_CHAR_TEXT = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
 STRING_TEXT = f'"{STRING_CHAR_TEXT}*"'
 MAX_ALTERNATIVES = 256
-MAX_OBJECT_COPIES = 4096  # member-count states of one object with minProperties / maxProperties
 
 Node = object | None  # a regex node (grammar.regex_ast); None matches nothing
-
-
-def _literal(value: Any) -> object:
-    return ra.lit(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
 def load_schema(schema: Any) -> dict | bool:
@@ -86,7 +88,7 @@ def json_schema_to_node(
     return out
 
 
-class _Builder:
+class _Builder(ObjectRules, OneOfRules):
     def __init__(self, root: dict | bool, ws: str, max_depth: int, any_depth: int) -> None:
         self.root = root
         self.ws = ra.parsed(ws) if ws else ra.EMPTY
@@ -134,7 +136,7 @@ class _Builder:
                 return False
             schema = {k: v for k, v in schema.items() if k != "not"}
         for key in UNSUPPORTED:
-            if key in schema and not (key in _DEPENDENCY_KEYS and _name_lists(schema[key])):
+            if key in schema and not (key in DEPENDENCY_KEYS and name_lists(schema[key])):
                 raise UnsupportedSchemaError(key, f"{ptr}/{key}")
         out: dict | bool = {
             k: v for k, v in schema.items() if k not in ("$ref", "allOf", "anyOf", "oneOf")
@@ -227,7 +229,7 @@ class _Builder:
         if values is not None:
             # an enum / const somewhere in the conjunction: the instances are those of its
             # values that the whole schema (every keyword, `not` / `if` included) accepts
-            return ra.alt([_literal(v) for v in values if self.accepts(schema, v)])
+            return ra.alt([literal(v) for v in values if self.accepts(schema, v)])
         return self.from_norm(self.normalise(schema, ptr), ptr)
 
     def finite_values(self, schema: Any, ptr: str, depth: int = 0) -> list | None:
@@ -235,7 +237,7 @@ class _Builder:
         through `$ref` or an `allOf` branch), or None."""
         if not isinstance(schema, dict) or depth > 8:
             return None
-        values = _values_of(schema)
+        values = values_of(schema)
         if values is not None:
             return values
         if isinstance(schema.get("$ref"), str):
@@ -280,8 +282,8 @@ class _Builder:
             (kind, branches, where), rest = alts[0], alts[1:]
             if rest:
                 norm["_alts"] = rest
-            if kind == "oneOf" and len(branches) > 1 and _required_only(branches):
-                kind, branches = "anyOf", _exactly_one_required(branches, where)
+            if kind == "oneOf" and len(branches) > 1 and required_only(branches):
+                kind, branches = "anyOf", exactly_one_required(branches, where)
             options: list[tuple[Node, Any, str]] = []
             for i, branch in enumerate(branches):
                 self.count_alternative(kind, where)
@@ -306,69 +308,10 @@ class _Builder:
         if self.n_alternatives > MAX_ALTERNATIVES:
             raise UnsupportedSchemaError(kind, ptr, "too many alternatives")
 
-    def check_exclusive(self, options: list[tuple[Node, Any, str]], ptr: str) -> None:
-        """oneOf needs exactly one branch to match, so every two branches must be provably
-        disjoint: different JSON types, different values of a required discriminator property,
-        or (for scalars only, whose spelling is canonical) disjoint regex languages."""
-        from grammar.fsm import node_to_dfa
-        from grammar.intersect import dfas_intersect
-
-        for (na, sa, _), (nb, sb, _) in itertools.combinations(options, 2):
-            if not (isinstance(sa, dict) and isinstance(sb, dict)):
-                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
-            ta, tb = self.types_of(sa), self.types_of(sb)
-            if not (ta & tb) or self.discriminated(sa, sb, ptr):
-                continue
-            if (ta | tb) & {"object", "array"}:
-                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
-            try:
-                overlap = dfas_intersect(node_to_dfa(na, 20_000), node_to_dfa(nb, 20_000))
-            except GrammarError:
-                overlap = True
-            if overlap:
-                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
-
-    def discriminated(self, a: dict, b: dict, ptr: str) -> bool:
-        """Both are objects-only, and some property one of them requires has, in the other,
-        a schema with no value in common (forbidden, different enum / const values, or
-        scalar schemas whose languages are disjoint)."""
-        if _possible_types(a) != {"object"} or _possible_types(b) != {"object"}:
-            return False
-        for x, y in ((a, b), (b, a)):
-            for name in x.get("required", []):
-                sx, sy = json_oneof.member_schema(x, name), json_oneof.member_schema(y, name)
-                if sx is False or sy is False:
-                    return True
-                if isinstance(sx, dict) and isinstance(sy, dict) and self.disjoint(sx, sy, ptr):
-                    return True
-        return False
-
-    def disjoint(self, a: dict, b: dict, ptr: str) -> bool:
-        """Provably no value is an instance of both (finite value sets, or scalar schemas
-        whose regex languages do not intersect)."""
-        from grammar.intersect import dfas_intersect
-
-        for x, y in ((a, b), (b, a)):
-            values = self.finite_values(x, ptr)
-            if values is not None:  # exact: is any value of x an instance of y?
-                return not any(self.accepts(x, v) and self.accepts(y, v) for v in values)
-        try:
-            na, nb = self.normalise(a, ptr), self.normalise(b, ptr)
-            if not (isinstance(na, dict) and isinstance(nb, dict)):
-                return False
-            if (self.types_of(na) | self.types_of(nb)) & {"object", "array"}:
-                return False
-            ra_, rb = self.from_norm(na, ptr), self.from_norm(nb, ptr)
-            if ra_ is None or rb is None:
-                return True
-            return not dfas_intersect(node_to_dfa(ra_, 20_000), node_to_dfa(rb, 20_000))
-        except GrammarError:
-            return False
-
     def types_of(self, s: dict, depth: int = 0) -> set[str]:
         """JSON types an instance of normalised `s` can have: its own keywords' types, within
         the union of each anyOf / oneOf group's branch types (all types past depth 3)."""
-        types = _possible_types(s)
+        types = possible_types(s)
         if depth > 3:
             return types
         for _, branches, where in s.get("_alts", []):
@@ -390,7 +333,7 @@ class _Builder:
         excluded = {canonical(v): v for v in s.get("_not_values", [])}
         if values is not None:
             return ra.alt(
-                [_literal(v) for v in values if self.accepts(s, v) and canonical(v) not in excluded]
+                [literal(v) for v in values if self.accepts(s, v) and canonical(v) not in excluded]
             )
         types = s.get("type")
         if types is None:
@@ -404,7 +347,9 @@ class _Builder:
     def typed_except(self, t: str, s: dict, excluded: list, ptr: str) -> Node:
         """Values of type t, minus the `excluded` values (from `not` of an enum / const)."""
         node = self.typed(t, s, ptr)
-        mine = [v for v in excluded if _kind(v) == t or (t == "number" and _kind(v) == "integer")]
+        mine = [
+            v for v in excluded if kind_of(v) == t or (t == "number" and kind_of(v) == "integer")
+        ]
         if not mine or node is None:
             return node
         if t in ("boolean", "null"):
@@ -423,7 +368,7 @@ class _Builder:
             raise UnsupportedSchemaError("not", ptr, f"of {t} enum values")
         # strings: over canonical spellings, so that no other spelling of a value slips in
         dfa = dfa_ops.product(node_to_dfa(node), node_to_dfa(ra.parsed(CANONICAL_TEXT)), True)
-        dfa = dfa_ops.product(dfa, node_to_dfa(ra.alt([_literal(v) for v in mine])), False)
+        dfa = dfa_ops.product(dfa, node_to_dfa(ra.alt([literal(v) for v in mine])), False)
         return dfa_ops.DFANode(dfa, "not", ptr) if dfa.accepting.any() else None
 
     def typed(self, t: str, s: dict, ptr: str) -> Node:
@@ -518,212 +463,6 @@ class _Builder:
     def number(self, s: dict, ptr: str) -> Node:
         return numbers.number_node("number", *_bounds(s), s.get("multipleOf"), ptr)
 
-    # ----- objects and arrays -----
-    def object(self, s: dict, ptr: str) -> Node:
-        deps: dict[str, list[str]] = {}
-        for key in _DEPENDENCY_KEYS:
-            deps.update(s.get(key, {}))
-        if deps:
-            return self.object_with_dependencies(s, deps, ptr)
-        props: dict[str, Any] = dict(s.get("properties", {}))
-        required = list(dict.fromkeys(s.get("required", [])))
-        extra = s.get("additionalProperties", True)
-        names_ok = self.property_names(s, ptr)
-        for name in dict.fromkeys([*props, *required]):
-            # a member's value: its property schema and every patternProperty it matches;
-            # a required name that is no property: the schema any member of that name meets
-            if name not in props:
-                props[name] = json_oneof.member_schema(s, name)
-                continue
-            sub = props[name]
-            pp = s.get("patternProperties", {})
-            matching = [v for p, v in pp.items() if _search(p, name, f"{ptr}/patternProperties")]
-            if sub is not False and matching:
-                sub = {"allOf": [sub, *matching]}
-            props[name] = sub
-        for name in props if names_ok is not None else ():
-            if not names_ok(name):
-                props[name] = False
-        extra_members: list[tuple[Node, Node]] = []  # (quoted key, value) of other members
-        if s.get("patternProperties"):
-            extra_members = self.pattern_member(s, props, ptr)
-        elif extra is not False:
-            extra_value = self.value(extra, f"{ptr}/additionalProperties")
-            extra_members = [(self.string_except(list(props), ptr), extra_value)]
-        if names_ok is not None:
-            extra_members = [(names_ok.keys(k), v) for k, v in extra_members]
-        extra_item = ra.alt([ra.seq(k, self.colon, v) for k, v in extra_members])
-        items: list[tuple[object, bool]] = []  # (node of '"key":value', required)
-        for name, sub in props.items():
-            v = self.value(sub, f"{ptr}/properties/{_ptr_escape(name)}")
-            if v is None:
-                if name in required:
-                    return None
-                continue
-            items.append((ra.seq(_literal(name), self.colon, v), name in required))
-        lo, hi = s.get("minProperties", 0), s.get("maxProperties")
-        return self.wrap("{", self.members(items, extra_item, lo, hi, ptr), "}")
-
-    def members(
-        self, items: list[tuple[object, bool]], extra: Node, lo: int, hi: int | None, ptr: str
-    ) -> Node:
-        """The members of an object: `items` in order (required or optional), then any number
-        of `extra` members, with lo..hi members in all (minProperties / maxProperties). The
-        count matters only up to `top`; past it members are free."""
-        top = max(lo, 1 if hi is None else hi + 1)
-        memo: dict[tuple[int, int], Node] = {}
-        budget = [MAX_OBJECT_COPIES]
-
-        def rest(i: int, c: int) -> Node:  # c members written so far (capped at top)
-            if (i, c) in memo:
-                return memo[(i, c)]
-            budget[0] -= 1
-            if budget[0] < 0:
-                key = "maxProperties" if hi is not None else "minProperties"
-                raise UnsupportedSchemaError(key, f"{ptr}/{key}", "too many optional members")
-            sep = self.comma if c else ra.EMPTY
-            if i == len(items):
-                need = max(0, lo - c)
-                room = None if hi is None else hi - c
-                if extra is None or room == 0:
-                    out: Node = ra.EMPTY if need == 0 else None
-                elif c:
-                    out = ra.repeat(ra.seq(self.comma, extra), need, room)
-                else:
-                    more = ra.repeat(
-                        ra.seq(self.comma, extra),
-                        max(0, need - 1),
-                        None if room is None else room - 1,
-                    )
-                    many = ra.seq(extra, more)
-                    out = many if need else ra.optional(many)
-            else:
-                node, req = items[i]
-                nxt = min(c + 1, top)
-                if hi is not None and c >= hi:
-                    take = None
-                else:
-                    after = rest(i + 1, nxt)
-                    take = None if after is None else ra.seq(sep, node, after)
-                if req:
-                    out = take
-                elif nxt == c and take is not None:  # the count no longer matters
-                    out = ra.seq(ra.optional(ra.seq(sep, node)), rest(i + 1, c))
-                else:
-                    out = ra.alt([take, rest(i + 1, c)])
-            memo[(i, c)] = out
-            return out
-
-        return rest(0, 0)
-
-    def property_names(self, s: dict, ptr: str) -> Any:
-        """`propertyNames` as a filter: names_ok(name) and names_ok.keys(quoted key node)."""
-        pn = s.get("propertyNames")
-        if pn is None or pn is True or pn == {}:
-            return None
-        where = f"{ptr}/propertyNames"
-        if pn is False:
-            names = None
-        else:
-            names = self.value({"allOf": [pn, {"type": "string"}]}, where)
-
-        class _Names:
-            def __call__(_, name: str) -> bool:
-                return pn is not False and self.accepts(pn, name)
-
-            def keys(_, key: Node) -> Node:
-                if names is None or key is None:
-                    return None
-                both = dfa_ops.product(node_to_dfa(key), node_to_dfa(names), True)
-                return (
-                    dfa_ops.DFANode(both, "propertyNames", where) if both.accepting.any() else None
-                )
-
-        return _Names()
-
-    def object_with_dependencies(self, s: dict, deps: dict, ptr: str) -> Node:
-        """`dependencies` / `dependentRequired` with name lists: one object per choice of which
-        trigger names are present (present: it and its names required; absent: forbidden).
-        The choices are disjoint and together exactly the instances the keyword allows."""
-        if len(deps) > 3:
-            raise UnsupportedSchemaError("dependencies", ptr, "more than 3 trigger names")
-        base = {k: v for k, v in s.items() if k not in _DEPENDENCY_KEYS}
-        options: list[Node] = []
-        for present in itertools.product((True, False), repeat=len(deps)):
-            props = dict(base.get("properties", {}))
-            required = list(base.get("required", []))
-            for (trigger, names), here in zip(deps.items(), present, strict=True):
-                if here:
-                    required += [trigger, *names]
-                else:
-                    props[trigger] = False
-            if any(props.get(name) is False for name in required):
-                continue
-            options.append(
-                self.object(
-                    {**base, "properties": props, "required": list(dict.fromkeys(required))}, ptr
-                )
-            )
-        return ra.alt(options)
-
-    def pattern_member(self, s: dict, props: dict, ptr: str) -> list[tuple[Node, Node]]:
-        """`patternProperties` (up to 3 patterns): the members other than `properties`.
-
-        Each key (not a property name) falls in one region, the set of patterns it matches;
-        its value must satisfy all of their schemas, or `additionalProperties` when it matches
-        none. Regions are exact DFA products; a region that excludes some pattern holds only
-        escape-free keys (where the pattern DFA is exact), so keys needing escapes there are
-        valid but never generated. Returns (quoted key, value) pairs, [] if no member fits."""
-        pp = s.get("patternProperties")
-        where = f"{ptr}/patternProperties"
-        extra = s.get("additionalProperties", True)
-        if len(pp) > 3:
-            raise UnsupportedSchemaError("patternProperties", where, "more than 3 patterns")
-        required = [n for n in s.get("required", []) if n not in props]
-        try:
-            pats, contents = [], []
-            for pattern in pp:
-                contents.append(pattern_to_content(pattern, self.string_char))
-                pats.append(node_to_dfa(contents[-1]))
-            literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
-            keys = node_to_dfa(ra.repeat(literal, 0, None))
-            anykey = node_to_dfa(ra.repeat(self.string_char, 0, None))
-            names = [
-                n for n in [*props, *required] if not any(ord(c) < 0x20 or c in '"\\' for c in n)
-            ]
-            if names:
-                keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
-            named_inside = any(all(_search(p, n, where) for p in pp) for n in props)
-            members: list[tuple[Node, Node]] = []
-            for inside in itertools.product((True, False), repeat=len(pats)):
-                # a key in every pattern may use escapes (pattern_to_content is sound) unless
-                # a property name matches them all (it must stay out, in every spelling);
-                # "matches none of" needs exactness: escape-free keys
-                region = keys if not all(inside) or named_inside else anykey
-                for dfa, keep in zip(pats, inside, strict=True):
-                    region = dfa_ops.product(region, dfa, keep)
-                if not region.accepting.any():
-                    continue
-                subs = [sub for sub, keep in zip(pp.values(), inside, strict=True) if keep]
-                if not subs:
-                    if extra is False:
-                        continue
-                    value = self.value(extra, f"{ptr}/additionalProperties")
-                elif len(subs) == 1:
-                    (pat,) = [p for p, k in zip(pp, inside, strict=True) if k]
-                    value = self.value(subs[0], f"{where}/{_ptr_escape(pat)}")
-                else:
-                    value = self.value({"allOf": subs}, where)
-                key: Node = dfa_ops.DFANode(region, "patternProperties", where)
-                if inside == (True,) and not named_inside:
-                    key = contents[0]  # the same language, and it has a regex text form
-                members.append((ra.seq(ra.char('"'), key, ra.char('"')), value))
-        except (re.error, GrammarError) as e:
-            if isinstance(e, UnsupportedSchemaError):
-                raise
-            raise UnsupportedSchemaError("patternProperties", where, str(e)) from None
-        return members
-
     def array(self, s: dict, ptr: str) -> Node:
         if s.get("uniqueItems"):
             raise UnsupportedSchemaError("uniqueItems", f"{ptr}/uniqueItems")
@@ -771,68 +510,6 @@ class _Builder:
             inner = body if lo > 0 else ra.optional(body)
         return self.wrap("[", inner, "]")
 
-    def string_except(self, names: list[str], ptr: str) -> object:
-        """A JSON string whose content is none of `names` (the complement of a trie)."""
-        if not names:
-            return self.any_string
-        if any(ord(ch) < 0x20 or ch in '"\\' for name in names for ch in name):
-            raise UnsupportedSchemaError("additionalProperties", ptr, "a name needs escapes")
-        trie: dict = {}
-        for name in names:
-            node = trie
-            for ch in name:
-                node = node.setdefault(ch, {})
-            node[""] = {}
-        escape = ra.parsed(r'\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}')
-        rest = ra.repeat(self.string_char, 0, None)
-
-        def complement(node: dict) -> Node:
-            children = [c for c in node if c]
-            other = ra.alt([ip_char_not(children), escape])
-            options = [ra.seq(other, rest)]
-            if "" not in node:
-                options.append(ra.EMPTY)
-            options += [ra.seq(ra.char(c), complement(node[c])) for c in children]
-            return ra.alt(options)
-
-        return ra.seq(ra.char('"'), complement(trie), ra.char('"'))
-
-
-def ip_char_not(excluded: list[str]) -> object:
-    from interegular import patterns as ip
-
-    bad = frozenset('"\\') | frozenset(chr(i) for i in range(0x20)) | frozenset(excluded)
-    return ip._CharGroup(bad, True)
-
-
-def _kind(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    return "array" if isinstance(v, list) else "object"
-
-
-def _values_of(s: dict) -> list | None:
-    if "const" in s:
-        return [s["const"]]
-    return list(s["enum"]) if "enum" in s else None
-
-
-def _possible_types(s: dict) -> set[str]:
-    values = _values_of(s)
-    types = type_set(s)
-    if values is not None:
-        kinds = {_kind(v) for v in values}
-        types &= kinds | ({"number"} if "integer" in kinds else set())
-    return types
-
 
 _ALL_TYPES = ("string", "number", "boolean", "null", "object", "array")
 # a count keyword -> (the type it applies to, the keyword its failures satisfy)
@@ -850,13 +527,6 @@ def _text(v: Any) -> str:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
-def _search(pattern: str, name: str, ptr: str) -> bool:
-    try:
-        return re.search(pattern, name) is not None
-    except re.error as e:
-        raise UnsupportedSchemaError("patternProperties", ptr, f"{pattern!r}: {e}") from None
-
-
 def _bounds(s: dict) -> tuple:
     mn, mx = s.get("minimum"), s.get("maximum")
     emn, emx = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
@@ -865,52 +535,6 @@ def _bounds(s: dict) -> tuple:
     if isinstance(emx, bool):
         emx, mx = (mx, None) if emx else (None, mx)
     return mn, mx, emn, emx
-
-
-def _required_only(branches: list) -> bool:
-    return all(
-        isinstance(b, dict)
-        and "required" in b
-        and set(b) <= {"required"} | ANNOTATIONS
-        and all(isinstance(n, str) for n in b["required"])
-        for b in branches
-    )
-
-
-def _exactly_one_required(branches: list[dict], ptr: str) -> list[dict]:
-    """oneOf of `required` lists as disjoint object schemas, one per set of present names
-    (among those the branches mention) that satisfies exactly one branch; the others are
-    forbidden. A non-object satisfies every branch, so (two or more branches) none is valid."""
-    names = list(dict.fromkeys(n for b in branches for n in b["required"]))
-    if len(names) > 8:
-        raise UnsupportedSchemaError("oneOf", ptr, "more than 8 required names")
-    out = []
-    for present in itertools.product((True, False), repeat=len(names)):
-        here = {n for n, p in zip(names, present, strict=True) if p}
-        if sum(set(b["required"]) <= here for b in branches) != 1:
-            continue
-        out.append(
-            {
-                "type": "object",
-                "required": [n for n in names if n in here],
-                "properties": {n: False for n in names if n not in here},
-            }
-        )
-    return out or [False]
-
-
-_DEPENDENCY_KEYS = ("dependencies", "dependentRequired")
-
-
-def _name_lists(value: Any) -> bool:
-    """`dependencies` in its name-list form (the schema form is not supported)."""
-    return isinstance(value, dict) and all(
-        isinstance(v, list) and all(isinstance(n, str) for n in v) for v in value.values()
-    )
-
-
-def _ptr_escape(name: str) -> str:
-    return name.replace("~", "~0").replace("/", "~1")
 
 
 def _bounded_class_pattern(pattern: str, lo: int, hi: int | None, any_char: object) -> Node | bool:

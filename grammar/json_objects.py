@@ -1,0 +1,295 @@
+"""JSON Schema objects -> regex nodes: the member rules of the schema builder.
+
+`ObjectRules` is mixed into the builder of `grammar.json_schema`: members in the schema's
+property order, then additional / pattern members; minProperties / maxProperties by counting
+members; `propertyNames` as a key filter; `patternProperties` as exact key regions (DFA
+products); name-list `dependencies` as a split over which trigger names are present.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Any
+
+from grammar import dfa_ops, json_oneof
+from grammar import regex_ast as ra
+from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.fsm import node_to_dfa
+from grammar.pattern import pattern_to_content
+
+Node = object | None  # a regex node (grammar.regex_ast); None matches nothing
+
+
+def literal(value: Any) -> object:
+    return ra.lit(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+
+
+def ip_char_not(excluded: list[str]) -> object:
+    from interegular import patterns as ip
+
+    bad = frozenset('"\\') | frozenset(chr(i) for i in range(0x20)) | frozenset(excluded)
+    return ip._CharGroup(bad, True)
+
+
+def search_name(pattern: str, name: str, ptr: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error as e:
+        raise UnsupportedSchemaError("patternProperties", ptr, f"{pattern!r}: {e}") from None
+
+
+def ptr_escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+DEPENDENCY_KEYS = ("dependencies", "dependentRequired")
+
+
+def name_lists(value: Any) -> bool:
+    """`dependencies` in its name-list form (the schema form is not supported)."""
+    return isinstance(value, dict) and all(
+        isinstance(v, list) and all(isinstance(n, str) for n in v) for v in value.values()
+    )
+
+
+MAX_OBJECT_COPIES = 4096  # member-count states of one object with minProperties / maxProperties
+
+
+class ObjectRules:
+    """Object rules of the schema builder (uses its value / accepts / colon / comma / ws)."""
+
+    # ----- objects and arrays -----
+    def object(self, s: dict, ptr: str) -> Node:
+        deps: dict[str, list[str]] = {}
+        for key in DEPENDENCY_KEYS:
+            deps.update(s.get(key, {}))
+        if deps:
+            return self.object_with_dependencies(s, deps, ptr)
+        props: dict[str, Any] = dict(s.get("properties", {}))
+        required = list(dict.fromkeys(s.get("required", [])))
+        extra = s.get("additionalProperties", True)
+        names_ok = self.property_names(s, ptr)
+        for name in dict.fromkeys([*props, *required]):
+            # a member's value: its property schema and every patternProperty it matches;
+            # a required name that is no property: the schema any member of that name meets
+            if name not in props:
+                props[name] = json_oneof.member_schema(s, name)
+                continue
+            sub = props[name]
+            pp = s.get("patternProperties", {})
+            matching = [
+                v for p, v in pp.items() if search_name(p, name, f"{ptr}/patternProperties")
+            ]
+            if sub is not False and matching:
+                sub = {"allOf": [sub, *matching]}
+            props[name] = sub
+        for name in props if names_ok is not None else ():
+            if not names_ok(name):
+                props[name] = False
+        extra_members: list[tuple[Node, Node]] = []  # (quoted key, value) of other members
+        if s.get("patternProperties"):
+            extra_members = self.pattern_member(s, props, ptr)
+        elif extra is not False:
+            extra_value = self.value(extra, f"{ptr}/additionalProperties")
+            extra_members = [(self.string_except(list(props), ptr), extra_value)]
+        if names_ok is not None:
+            extra_members = [(names_ok.keys(k), v) for k, v in extra_members]
+        extra_item = ra.alt([ra.seq(k, self.colon, v) for k, v in extra_members])
+        items: list[tuple[object, bool]] = []  # (node of '"key":value', required)
+        for name, sub in props.items():
+            v = self.value(sub, f"{ptr}/properties/{ptr_escape(name)}")
+            if v is None:
+                if name in required:
+                    return None
+                continue
+            items.append((ra.seq(literal(name), self.colon, v), name in required))
+        lo, hi = s.get("minProperties", 0), s.get("maxProperties")
+        return self.wrap("{", self.members(items, extra_item, lo, hi, ptr), "}")
+
+    def members(
+        self, items: list[tuple[object, bool]], extra: Node, lo: int, hi: int | None, ptr: str
+    ) -> Node:
+        """The members of an object: `items` in order (required or optional), then any number
+        of `extra` members, with lo..hi members in all (minProperties / maxProperties). The
+        count matters only up to `top`; past it members are free."""
+        top = max(lo, 1 if hi is None else hi + 1)
+        memo: dict[tuple[int, int], Node] = {}
+        budget = [MAX_OBJECT_COPIES]
+
+        def rest(i: int, c: int) -> Node:  # c members written so far (capped at top)
+            if (i, c) in memo:
+                return memo[(i, c)]
+            budget[0] -= 1
+            if budget[0] < 0:
+                key = "maxProperties" if hi is not None else "minProperties"
+                raise UnsupportedSchemaError(key, f"{ptr}/{key}", "too many optional members")
+            sep = self.comma if c else ra.EMPTY
+            if i == len(items):
+                need = max(0, lo - c)
+                room = None if hi is None else hi - c
+                if extra is None or room == 0:
+                    out: Node = ra.EMPTY if need == 0 else None
+                elif c:
+                    out = ra.repeat(ra.seq(self.comma, extra), need, room)
+                else:
+                    more = ra.repeat(
+                        ra.seq(self.comma, extra),
+                        max(0, need - 1),
+                        None if room is None else room - 1,
+                    )
+                    many = ra.seq(extra, more)
+                    out = many if need else ra.optional(many)
+            else:
+                node, req = items[i]
+                nxt = min(c + 1, top)
+                if hi is not None and c >= hi:
+                    take = None
+                else:
+                    after = rest(i + 1, nxt)
+                    take = None if after is None else ra.seq(sep, node, after)
+                if req:
+                    out = take
+                elif nxt == c and take is not None:  # the count no longer matters
+                    out = ra.seq(ra.optional(ra.seq(sep, node)), rest(i + 1, c))
+                else:
+                    out = ra.alt([take, rest(i + 1, c)])
+            memo[(i, c)] = out
+            return out
+
+        return rest(0, 0)
+
+    def property_names(self, s: dict, ptr: str) -> Any:
+        """`propertyNames` as a filter: names_ok(name) and names_ok.keys(quoted key node)."""
+        pn = s.get("propertyNames")
+        if pn is None or pn is True or pn == {}:
+            return None
+        where = f"{ptr}/propertyNames"
+        if pn is False:
+            names = None
+        else:
+            names = self.value({"allOf": [pn, {"type": "string"}]}, where)
+
+        class _Names:
+            def __call__(_, name: str) -> bool:
+                return pn is not False and self.accepts(pn, name)
+
+            def keys(_, key: Node) -> Node:
+                if names is None or key is None:
+                    return None
+                both = dfa_ops.product(node_to_dfa(key), node_to_dfa(names), True)
+                return (
+                    dfa_ops.DFANode(both, "propertyNames", where) if both.accepting.any() else None
+                )
+
+        return _Names()
+
+    def object_with_dependencies(self, s: dict, deps: dict, ptr: str) -> Node:
+        """`dependencies` / `dependentRequired` with name lists: one object per choice of which
+        trigger names are present (present: it and its names required; absent: forbidden).
+        The choices are disjoint and together exactly the instances the keyword allows."""
+        if len(deps) > 3:
+            raise UnsupportedSchemaError("dependencies", ptr, "more than 3 trigger names")
+        base = {k: v for k, v in s.items() if k not in DEPENDENCY_KEYS}
+        options: list[Node] = []
+        for present in itertools.product((True, False), repeat=len(deps)):
+            props = dict(base.get("properties", {}))
+            required = list(base.get("required", []))
+            for (trigger, names), here in zip(deps.items(), present, strict=True):
+                if here:
+                    required += [trigger, *names]
+                else:
+                    props[trigger] = False
+            if any(props.get(name) is False for name in required):
+                continue
+            options.append(
+                self.object(
+                    {**base, "properties": props, "required": list(dict.fromkeys(required))}, ptr
+                )
+            )
+        return ra.alt(options)
+
+    def pattern_member(self, s: dict, props: dict, ptr: str) -> list[tuple[Node, Node]]:
+        """`patternProperties` (up to 3 patterns): the members other than `properties`.
+
+        Each key (not a property name) falls in one region, the set of patterns it matches;
+        its value must satisfy all of their schemas, or `additionalProperties` when it matches
+        none. Regions are exact DFA products; a region that excludes some pattern holds only
+        escape-free keys (where the pattern DFA is exact), so keys needing escapes there are
+        valid but never generated. Returns (quoted key, value) pairs, [] if no member fits."""
+        pp = s.get("patternProperties")
+        where = f"{ptr}/patternProperties"
+        extra = s.get("additionalProperties", True)
+        if len(pp) > 3:
+            raise UnsupportedSchemaError("patternProperties", where, "more than 3 patterns")
+        required = [n for n in s.get("required", []) if n not in props]
+        try:
+            pats, contents = [], []
+            for pattern in pp:
+                contents.append(pattern_to_content(pattern, self.string_char))
+                pats.append(node_to_dfa(contents[-1]))
+            literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
+            keys = node_to_dfa(ra.repeat(literal, 0, None))
+            anykey = node_to_dfa(ra.repeat(self.string_char, 0, None))
+            names = [
+                n for n in [*props, *required] if not any(ord(c) < 0x20 or c in '"\\' for c in n)
+            ]
+            if names:
+                keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
+            named_inside = any(all(search_name(p, n, where) for p in pp) for n in props)
+            members: list[tuple[Node, Node]] = []
+            for inside in itertools.product((True, False), repeat=len(pats)):
+                # a key in every pattern may use escapes (pattern_to_content is sound) unless
+                # a property name matches them all (it must stay out, in every spelling);
+                # "matches none of" needs exactness: escape-free keys
+                region = keys if not all(inside) or named_inside else anykey
+                for dfa, keep in zip(pats, inside, strict=True):
+                    region = dfa_ops.product(region, dfa, keep)
+                if not region.accepting.any():
+                    continue
+                subs = [sub for sub, keep in zip(pp.values(), inside, strict=True) if keep]
+                if not subs:
+                    if extra is False:
+                        continue
+                    value = self.value(extra, f"{ptr}/additionalProperties")
+                elif len(subs) == 1:
+                    (pat,) = [p for p, k in zip(pp, inside, strict=True) if k]
+                    value = self.value(subs[0], f"{where}/{ptr_escape(pat)}")
+                else:
+                    value = self.value({"allOf": subs}, where)
+                key: Node = dfa_ops.DFANode(region, "patternProperties", where)
+                if inside == (True,) and not named_inside:
+                    key = contents[0]  # the same language, and it has a regex text form
+                members.append((ra.seq(ra.char('"'), key, ra.char('"')), value))
+        except (re.error, GrammarError) as e:
+            if isinstance(e, UnsupportedSchemaError):
+                raise
+            raise UnsupportedSchemaError("patternProperties", where, str(e)) from None
+        return members
+
+    def string_except(self, names: list[str], ptr: str) -> object:
+        """A JSON string whose content is none of `names` (the complement of a trie)."""
+        if not names:
+            return self.any_string
+        if any(ord(ch) < 0x20 or ch in '"\\' for name in names for ch in name):
+            raise UnsupportedSchemaError("additionalProperties", ptr, "a name needs escapes")
+        trie: dict = {}
+        for name in names:
+            node = trie
+            for ch in name:
+                node = node.setdefault(ch, {})
+            node[""] = {}
+        escape = ra.parsed(r'\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}')
+        rest = ra.repeat(self.string_char, 0, None)
+
+        def complement(node: dict) -> Node:
+            children = [c for c in node if c]
+            other = ra.alt([ip_char_not(children), escape])
+            options = [ra.seq(other, rest)]
+            if "" not in node:
+                options.append(ra.EMPTY)
+            options += [ra.seq(ra.char(c), complement(node[c])) for c in children]
+            return ra.alt(options)
+
+        return ra.seq(ra.char('"'), complement(trie), ra.char('"'))
