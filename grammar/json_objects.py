@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
+from decimal import Decimal
 from typing import Any
 
 from grammar import dfa_ops, json_oneof
@@ -23,7 +25,40 @@ Node = object | None  # a regex node (grammar.regex_ast); None matches nothing
 
 
 def literal(value: Any) -> object:
+    """The compact text of `value`; a number also in the other spellings of the same number
+    without an exponent (JSON Schema compares numbers by value: 2 == 2.0 == 2.00)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return ra.lit(json.dumps(value, ensure_ascii=False))
+    if isinstance(value, int | float):
+        return _number_literal(value)
+    if isinstance(value, list):
+        parts: list[object] = [ra.char("[")]
+        for i, v in enumerate(value):
+            parts += [ra.char(",")] if i else []
+            parts.append(literal(v))
+        return ra.seq(*parts, ra.char("]"))
+    if isinstance(value, dict):
+        parts = [ra.char("{")]
+        for i, (k, v) in enumerate(value.items()):
+            parts += [ra.char(",")] if i else []
+            parts += [ra.lit(json.dumps(k, ensure_ascii=False) + ":"), literal(v)]
+        return ra.seq(*parts, ra.char("}"))
     return ra.lit(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+
+
+def _number_literal(value: int | float) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return ra.lit(json.dumps(value))
+    d = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    sign = "-" if d < 0 else ""
+    if d == d.to_integral_value():  # 2, 2.0, 2.00, ...; zero also as -0
+        whole = "-?0" if d == 0 else re.escape(sign + str(abs(int(d))))
+        plain = ra.parsed(rf"({whole})(\.0+)?")
+    else:
+        text = format(abs(d).normalize(), "f")  # 0.5, 12.25: no exponent, no trailing zeros
+        plain = ra.seq(ra.lit(sign + text), ra.repeat(ra.char("0"), 0, None))
+    dumped = json.dumps(value)
+    return ra.alt([plain, ra.lit(dumped)]) if "e" in dumped else plain  # 1e+20, 1e-05
 
 
 def ip_char_not(excluded: list[str]) -> object:

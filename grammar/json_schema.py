@@ -102,6 +102,8 @@ class _Builder(ObjectRules, OneOfRules):
         self._any: dict[int, object] = {}
         self.n_alternatives = 0
         self._validator: Any = None
+        draft = str(root.get("$schema", "")) if isinstance(root, dict) else ""
+        self.ref_overrides_siblings = any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))
 
     # ----- normalisation: $ref, allOf, anyOf/oneOf groups -----
     def resolve_ref(self, ref: str, ptr: str) -> Any:
@@ -125,6 +127,8 @@ class _Builder(ObjectRules, OneOfRules):
             return schema
         if not isinstance(schema, dict):
             raise GrammarError(f"schema at {ptr} is not an object or boolean")
+        if "$ref" in schema and self.ref_overrides_siblings:
+            schema = {"$ref": schema["$ref"]}  # draft 4..7: keywords beside $ref are ignored
         if "not" in schema and schema["not"] in (True, False, {}):
             if schema["not"] is not False:
                 return False  # not {} / not true: nothing is valid

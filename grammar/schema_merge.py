@@ -107,7 +107,18 @@ _TYPES = ("string", "integer", "number", "boolean", "null", "object", "array")
 
 
 def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    """A key equal for equal JSON values (numbers by value: 2 and 2.0 are one)."""
+    return json.dumps(_numbers_by_value(value), sort_keys=True, separators=(",", ":"))
+
+
+def _numbers_by_value(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_numbers_by_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _numbers_by_value(v) for k, v in value.items()}
+    return value
 
 
 def type_set(schema: dict) -> set[str]:
