@@ -139,6 +139,13 @@ class _Builder(ObjectRules, OneOfRules):
             if not negated[1]:
                 return False
             schema = {k: v for k, v in schema.items() if k != "not"}
+        conditional = None
+        if "if" in schema:  # (if and then) or (not if and else): an anyOf of two schemas
+            cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
+            branches = [{"allOf": [cond, then]}, {"allOf": [{"not": cond}, other]}]
+            conditional = ("anyOf", branches, f"{ptr}/if")
+        if "if" in schema or "then" in schema or "else" in schema:  # then / else alone: ignored
+            schema = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
         for key in UNSUPPORTED:
             if key in schema and not (key in DEPENDENCY_KEYS and name_lists(schema[key])):
                 raise UnsupportedSchemaError(key, f"{ptr}/{key}")
@@ -154,6 +161,8 @@ class _Builder(ObjectRules, OneOfRules):
                 alts.append((kind, branches, f"{ptr}/{kind}"))
         if negated and len(negated[1]) > 1:
             alts.append(negated)
+        if conditional:
+            alts.append(conditional)
         if alts:
             out["_alts"] = alts
         if "$ref" in schema:

@@ -41,9 +41,6 @@ ANNOTATIONS = frozenset(
     }
 )
 UNSUPPORTED = (
-    "if",
-    "then",
-    "else",
     "dependencies",
     "dependentRequired",
     "dependentSchemas",

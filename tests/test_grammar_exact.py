@@ -141,6 +141,19 @@ CASES = [
         [{}, {"cmd": "x"}, {"args": []}, {"cmd": "x", "args": []}],
     ),
     ({"type": "object", "not": {"propertyNames": False}}, [{}, {"a": 1}]),
+    (  # if / then / else: (if and then) or (not if and else)
+        {
+            "type": "object",
+            "properties": {"kind": {"type": "string"}, "n": {"type": "integer"}},
+            "if": {"properties": {"kind": {"const": "lib"}}},
+            "then": {"required": ["n"]},
+            "else": {"properties": {"n": {"maximum": 3}}},
+        },
+        [{"kind": "lib"}, {"kind": "lib", "n": 9}, {"kind": "app", "n": 9}, {"kind": "app", "n": 2}]
+        + [{"n": 9}, {"n": 1}, {}],
+    ),
+    ({"if": {"type": "string"}, "then": {"minLength": 2}}, ["a", "ab", 1, None]),
+    ({"then": {"minLength": 2}, "type": "string"}, ["a", "ab"]),
     (  # not of an enum: other values of every type, other strings in canonical spelling
         {"type": "object", "properties": {"t": {"not": {"enum": ["car", True, None]}}}},
         [{"t": "car"}, {"t": "cart"}, {"t": "ca"}, {"t": True}, {"t": False}, {"t": None}]

@@ -240,7 +240,10 @@ def test_no_invalid_instance_is_accepted(schema, valid, invalid, instance) -> No
             id="patternProperties-open",
         ),
         pytest.param(
-            {"if": {"type": "string"}, "then": {"minLength": 1}}, "if", "#/if", id="if-then"
+            {"type": "array", "contains": {"type": "string"}},
+            "contains",
+            "#/contains",
+            id="contains",
         ),
         pytest.param(
             {"type": "object", "dependencies": {"a": {"required": ["b"]}}},
