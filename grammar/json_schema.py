@@ -23,7 +23,7 @@ from grammar import regex_ast as ra
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
 from grammar.fsm import node_to_dfa
-from grammar.json_objects import DEPENDENCY_KEYS, ObjectRules, literal, name_lists
+from grammar.json_objects import DEPENDENCY_KEYS, ObjectRules, literal, name_lists, ptr_escape
 from grammar.json_oneof import (
     CANONICAL_TEXT,
     OneOfRules,
@@ -139,6 +139,7 @@ class _Builder(ObjectRules, OneOfRules):
             if not negated[1]:
                 return False
             schema = {k: v for k, v in schema.items() if k != "not"}
+        schema, dependent = _dependent_schemas(schema)
         conditional = None
         if "if" in schema:  # (if and then) or (not if and else): an anyOf of two schemas
             cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
@@ -179,6 +180,9 @@ class _Builder(ObjectRules, OneOfRules):
                 out["_refs"] = [*out.get("_refs", []), ref]
         for i, branch in enumerate(schema.get("allOf", [])):
             out = merge(out, self.normalise(branch, f"{ptr}/allOf/{i}"), f"{ptr}/allOf/{i}")
+        for at, name, sub in dependent:  # if the name is present, the schema applies
+            cond = self.normalise({"if": {"required": [name]}, "then": sub}, f"{ptr}/{at}")
+            out = merge(out, cond, f"{ptr}/{at}")
         if negated and len(negated[1]) == 1:  # one way to violate it: a plain conjunction
             out = merge(out, self.normalise(negated[1][0], negated[2]), negated[2])
         return out
@@ -559,6 +563,26 @@ def _bounded_class_pattern(pattern: str, lo: int, hi: int | None, any_char: obje
     if m.group(2) == "+":
         lo = max(lo, 1)
     return ra.repeat(one, lo, hi)
+
+
+def _dependent_schemas(schema: dict) -> tuple[dict, list[tuple[str, str, Any]]]:
+    """Splits off the `dependencies` / `dependentSchemas` entries whose value is a schema, as
+    (pointer part, name, schema); name-list entries stay (the object rules split on them)."""
+    out, dependent = schema, []
+    for key in ("dependencies", "dependentSchemas"):
+        value = schema.get(key)
+        if not isinstance(value, dict):
+            continue
+        out = dict(out)
+        lists = {n: v for n, v in value.items() if isinstance(v, list)}
+        dependent += [
+            (f"{key}/{ptr_escape(n)}", n, v) for n, v in value.items() if not isinstance(v, list)
+        ]
+        if key == "dependentSchemas" or not lists:
+            out.pop(key)
+        else:
+            out[key] = lists
+    return out, dependent
 
 
 def dtype_to_regex(dtype: type) -> str:

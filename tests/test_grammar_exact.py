@@ -23,6 +23,9 @@ def _agrees(schema: dict, instances: list) -> None:
         assert dfa.matches(text.encode()) == check.is_valid(inst), (text, check.is_valid(inst))
 
 
+DEPENDENT = [{}, {"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": 7}, {"b": 1}, {"a": 1, "b": 9, "c": 0}]
+DEPENDENT += [{"c": 1}, {"b": 6, "c": 1}]
+
 CASES = [
     (  # open objects told apart by required names only
         {
@@ -153,6 +156,27 @@ CASES = [
         + [{"n": 9}, {"n": 1}, {}],
     ),
     ({"if": {"type": "string"}, "then": {"minLength": 2}}, ["a", "ab", 1, None]),
+    (  # dependencies with a schema: if the name is present, the schema applies
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "properties": {"a": {}, "b": {"type": "integer"}, "c": {}},
+            "dependencies": {
+                "a": {"required": ["b"], "properties": {"b": {"minimum": 5}}},
+                "c": ["a"],
+            },
+        },
+        DEPENDENT,
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {"type": "integer"}, "c": {}},
+            "dependentSchemas": {"a": {"required": ["b"], "properties": {"b": {"minimum": 5}}}},
+            "dependentRequired": {"c": ["a"]},
+        },
+        DEPENDENT,
+    ),
     ({"then": {"minLength": 2}, "type": "string"}, ["a", "ab"]),
     (  # not of an enum: other values of every type, other strings in canonical spelling
         {"type": "object", "properties": {"t": {"not": {"enum": ["car", True, None]}}}},

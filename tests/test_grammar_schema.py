@@ -246,9 +246,9 @@ def test_no_invalid_instance_is_accepted(schema, valid, invalid, instance) -> No
             id="contains",
         ),
         pytest.param(
-            {"type": "object", "dependencies": {"a": {"required": ["b"]}}},
-            "dependencies",
-            "#/dependencies",
+            {"type": "object", "dependencies": {"a": {"type": "array", "contains": {}}}},
+            "contains",
+            "#/dependencies/a/if/0/allOf/1/contains",
             id="dependencies",
         ),
         pytest.param({"$ref": "other.json#/x"}, "$ref", "#/$ref", id="remote-ref"),
