@@ -44,7 +44,7 @@ from grammar.schema_merge import (
 
 STRING_CHAR_TEXT = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
 STRING_TEXT = f'"{STRING_CHAR_TEXT}*"'
-MAX_ALTERNATIVES = 256
+MAX_ALTERNATIVES = 1024
 
 Node = object | None  # a regex node (grammar.regex_ast); None matches nothing
 
