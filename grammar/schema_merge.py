@@ -43,7 +43,6 @@ ANNOTATIONS = frozenset(
 UNSUPPORTED = (
     "dependencies",
     "dependentRequired",
-    "dependentSchemas",
     "unevaluatedProperties",
     "unevaluatedItems",
     "contains",
