@@ -24,13 +24,14 @@ from grammar.pattern import pattern_to_content
 Node = object | None  # a regex node (grammar.regex_ast); None matches nothing
 
 
-def literal(value: Any) -> object:
+def literal(value: Any, fractions: bool = True) -> object:
     """The compact text of `value`; a number also in the other spellings of the same number
-    without an exponent (JSON Schema compares numbers by value: 2 == 2.0 == 2.00)."""
+    without an exponent (JSON Schema compares numbers by value: 2 == 2.0 == 2.00), an
+    integral one with a fraction part only if `fractions` (draft 4: 2.0 is no integer)."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return ra.lit(json.dumps(value, ensure_ascii=False))
     if isinstance(value, int | float):
-        return _number_literal(value)
+        return _number_literal(value, fractions)
     if isinstance(value, list):
         parts: list[object] = [ra.char("[")]
         for i, v in enumerate(value):
@@ -46,14 +47,14 @@ def literal(value: Any) -> object:
     return ra.lit(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
-def _number_literal(value: int | float) -> object:
+def _number_literal(value: int | float, fractions: bool) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return ra.lit(json.dumps(value))
     d = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
     sign = "-" if d < 0 else ""
     if d == d.to_integral_value():  # 2, 2.0, 2.00, ...; zero also as -0
         whole = "-?0" if d == 0 else re.escape(sign + str(abs(int(d))))
-        plain = ra.parsed(rf"({whole})(\.0+)?")
+        plain = ra.parsed(rf"({whole})(\.0+)?" if fractions else whole)
     else:
         text = format(abs(d).normalize(), "f")  # 0.5, 12.25: no exponent, no trailing zeros
         plain = ra.seq(ra.lit(sign + text), ra.repeat(ra.char("0"), 0, None))

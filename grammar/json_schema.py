@@ -246,7 +246,7 @@ class _Builder(ObjectRules, OneOfRules):
         if values is not None:
             # an enum / const somewhere in the conjunction: the instances are those of its
             # values that the whole schema (every keyword, `not` / `if` included) accepts
-            return ra.alt([literal(v) for v in values if self.accepts(schema, v)])
+            return ra.alt([self.literal_of(schema, v) for v in values if self.accepts(schema, v)])
         return self.from_norm(self.normalise(schema, ptr), ptr)
 
     def finite_values(self, schema: Any, ptr: str, depth: int = 0) -> list | None:
@@ -254,6 +254,8 @@ class _Builder(ObjectRules, OneOfRules):
         through `$ref` or an `allOf` branch), or None."""
         if not isinstance(schema, dict) or depth > 8:
             return None
+        if "$ref" in schema and self.ref_overrides_siblings:
+            schema = {"$ref": schema["$ref"]}
         values = values_of(schema)
         if values is not None:
             return values
@@ -267,6 +269,14 @@ class _Builder(ObjectRules, OneOfRules):
             if values is not None:
                 return values
         return None
+
+    def literal_of(self, schema: Any, value: Any) -> object:
+        """literal(value), an integral number spelled with a fraction part only where the
+        schema accepts the float too (not so for integer in draft 4)."""
+        integral = isinstance(value, int | float) and not isinstance(value, bool)
+        if integral and float(value).is_integer() and not self.accepts(schema, float(value)):
+            return literal(value, fractions=False)
+        return literal(value)
 
     def accepts(self, schema: Any, value: Any) -> bool:
         """Whether `value` is an instance of `schema` (a part of the root: its local `$ref`s
@@ -350,7 +360,11 @@ class _Builder(ObjectRules, OneOfRules):
         excluded = {canonical(v): v for v in s.get("_not_values", [])}
         if values is not None:
             return ra.alt(
-                [literal(v) for v in values if self.accepts(s, v) and canonical(v) not in excluded]
+                [
+                    self.literal_of(s, v)
+                    for v in values
+                    if self.accepts(s, v) and canonical(v) not in excluded
+                ]
             )
         types = s.get("type")
         if types is None:
