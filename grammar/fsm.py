@@ -163,12 +163,17 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
     # epsilon closure, keeping only states that matter for a DFA state: those with byte edges,
     # and the final state
     closures: dict[int, frozenset[int]] = {}
+    empty: list[int] = []  # NFA states with an empty closure: ways into dead ends
 
     def closure(s: int) -> frozenset[int]:
         c = closures.get(s)
         if c is None:
             if not eps[s]:
-                c = closures[s] = frozenset((s,)) if edges[s] or s == final else frozenset()
+                if edges[s] or s == final:
+                    c = closures[s] = frozenset((s,))
+                else:
+                    c = closures[s] = frozenset()
+                    empty.append(s)
                 return c
             seen, stack, keep = {s}, [s], []
             while stack:
@@ -180,6 +185,8 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
                         seen.add(y)
                         stack.append(y)
             c = closures[s] = frozenset(keep)
+            if not keep:
+                empty.append(s)
         return c
 
     index: dict[frozenset[int], int] = {frozenset(): DEAD}
@@ -319,19 +326,14 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
         if rows_t.size:
             gather = off_arr[rows_t][:, None] + np.array(cls_slot, dtype=np.int64)[None, :]
             table[rows_t] = ids_arr[gather]
-    if _may_have_dead_ends(nfa):
+    # An NFA built from a regex tree sends every piece on to its continuation, and embedded
+    # automata come pruned: a DFA state can be a dead end only if some NFA state had nothing
+    # in its closure (a character class that matches nothing, say)
+    if empty:
         table, accepting = _prune_dead_ends(table, accepting)
     if not table[START].any() and not accepting[START]:
         raise GrammarError("the constraint matches nothing")
     return ByteDFA(table=table, byte_to_class=byte_to_class, accepting=accepting)
-
-
-def _may_have_dead_ends(nfa: NFA) -> bool:
-    """Whether some NFA state may fail to reach `final`. An NFA built from a regex tree sends
-    every piece on to its continuation, so only a state with no way out at all (a character
-    class that matches nothing, an embedded automaton matching nothing) can be one."""
-    final, eps, edges = nfa.final, nfa.eps, nfa.edges
-    return any(not eps[s] and not edges[s] and s != final for s in range(len(eps)))
 
 
 def _prune_dead_ends(table: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,8 @@ a JSON object with optional properties needs becomes a linear NFA (and a small D
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from interegular import patterns as ip
 
 from grammar.errors import GrammarError
@@ -15,6 +17,7 @@ from grammar.utf8 import chars_to_ranges, utf8_sequences
 
 _DOT_CLS = type(ip._DOT)
 _EMPTY_CLS = type(ip._EMPTY)
+_COPY_FROM = 8  # counted repetitions with more copies than this copy a built block
 
 
 def parse_regex(pattern: str) -> ip.Pattern:
@@ -136,6 +139,14 @@ class NFA:
     def _repeat(self, node: ip._Repeated, k: int) -> int:
         if node.max is not None and node.max < node.min:
             raise GrammarError(f"bad repetition {{{node.min},{node.max}}}")
+        copies = node.min if node.max is None else node.max
+        build = self._copier(node.base) if copies > _COPY_FROM else None
+        if build is None:
+            base = node.base
+
+            def build(t: int) -> int:
+                return self._build(base, t)
+
         if node.max is None:
             # loop: s -> k, s -> base -> s
             s = self._new()
@@ -145,11 +156,39 @@ class NFA:
             s = k
             for _ in range(node.max - node.min):
                 opt = self._new()
-                self.eps[opt] = [k, self._build(node.base, s)]
+                self.eps[opt] = [k, build(s)]
                 s = opt
         for _ in range(node.min):
-            s = self._build(node.base, s)
+            s = build(s)
         return s
+
+    def _copier(self, base: object) -> Callable[[int], int] | None:
+        """For a long counted repetition: the base's states built once (towards a placeholder
+        continuation), then each copy made by renumbering that block, with no per-node work.
+        None when the base's automaton is not a self-contained block (then copies are built)."""
+        hole = self._new()  # the placeholder continuation; it and the template stay unreachable
+        first = len(self.eps)
+        b = self._build(base, hole)
+        last = len(self.eps)
+        if not first <= b < last:
+            return None
+        eps, edges = self.eps, self.edges
+        for x in range(first, last):
+            if any(not (first <= y < last or y == hole) for y in eps[x]):
+                return None
+            if any(not (first <= t < last or t == hole) for _, t in edges[x]):
+                return None
+
+        def copy(target: int) -> int:
+            off = len(eps) - first
+            if len(eps) + last - first > self.max_states:
+                raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
+            for x in range(first, last):
+                eps.append([target if y == hole else y + off for y in eps[x]])
+                edges.append([(m, target if t == hole else t + off) for m, t in edges[x]])
+            return b + off
+
+        return copy
 
     def _embed_dfa(self, dfa: object, k: int) -> int:
         """Copy a ByteDFA's live states in; its accepting states continue at k."""
