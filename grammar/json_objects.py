@@ -22,6 +22,8 @@ from grammar.fsm import node_to_dfa
 from grammar.pattern import pattern_to_content
 
 Node = object | None  # a regex node (grammar.regex_ast); None matches nothing
+MAX_PATTERNS = 32  # patternProperties patterns of one object
+MAX_KEY_REGIONS = 64  # non-empty sets of patterns a key can match
 
 
 def literal(value: Any, fractions: bool = True) -> object:
@@ -247,7 +249,7 @@ class ObjectRules:
         return ra.alt(options)
 
     def pattern_member(self, s: dict, props: dict, ptr: str) -> list[tuple[Node, Node]]:
-        """`patternProperties` (up to 3 patterns): the members other than `properties`.
+        """`patternProperties` (up to MAX_PATTERNS): the members other than `properties`.
 
         Each key (not a property name) falls in one region, the set of patterns it matches;
         its value must satisfy all of their schemas, or `additionalProperties` when it matches
@@ -257,8 +259,10 @@ class ObjectRules:
         pp = s.get("patternProperties")
         where = f"{ptr}/patternProperties"
         extra = s.get("additionalProperties", True)
-        if len(pp) > 3:
-            raise UnsupportedSchemaError("patternProperties", where, "more than 3 patterns")
+        if len(pp) > MAX_PATTERNS:
+            raise UnsupportedSchemaError(
+                "patternProperties", where, f"over {MAX_PATTERNS} patterns"
+            )
         required = [n for n in s.get("required", []) if n not in props]
         try:
             pats, contents = [], []
@@ -274,16 +278,26 @@ class ObjectRules:
             if names:
                 keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
             named_inside = any(all(search_name(p, n, where) for p in pp) for n in props)
+            # split the escape-free keys by each pattern in turn, keeping non-empty regions
+            regions: list[tuple[object, tuple[bool, ...]]] = [(keys, ())]
+            for dfa in pats:
+                regions = [
+                    (part, (*inside, keep))
+                    for region, inside in regions
+                    for keep in (True, False)
+                    if (part := dfa_ops.product(region, dfa, keep)).accepting.any()
+                ]
+                if len(regions) > MAX_KEY_REGIONS:
+                    raise UnsupportedSchemaError("patternProperties", where, "too many key regions")
             members: list[tuple[Node, Node]] = []
-            for inside in itertools.product((True, False), repeat=len(pats)):
-                # a key in every pattern may use escapes (pattern_to_content is sound) unless
-                # a property name matches them all (it must stay out, in every spelling);
-                # "matches none of" needs exactness: escape-free keys
-                region = keys if not all(inside) or named_inside else anykey
-                for dfa, keep in zip(pats, inside, strict=True):
-                    region = dfa_ops.product(region, dfa, keep)
-                if not region.accepting.any():
-                    continue
+            for region, inside in regions:
+                if all(inside) and not named_inside:
+                    # a key in every pattern may use escapes (pattern_to_content is sound)
+                    # unless a property name matches them all (it must stay out in every
+                    # spelling); "matches none of" needs exactness: escape-free keys
+                    region = anykey
+                    for dfa in pats:
+                        region = dfa_ops.product(region, dfa, True)
                 subs = [sub for sub, keep in zip(pp.values(), inside, strict=True) if keep]
                 if not subs:
                     if extra is False:

@@ -135,6 +135,21 @@ CASES = [
         [{"ok": 1}, {"NO": 1}, {"ok": 1, "abc": "x"}, {"abcd": "x"}, {"abc": 1}, {}],
     ),
     ({"type": "object", "propertyNames": False}, [{}, {"a": 1}]),
+    (  # many patterns, some overlapping: keys split into the non-empty regions
+        {
+            "type": "object",
+            "patternProperties": {
+                "^a": {"type": "integer"},
+                "^ab": {"minimum": 5},
+                "^c[0-9]$": {"type": "string"},
+                "^d": {"type": "null"},
+                "x$": {"type": "boolean"},
+            },
+            "additionalProperties": {"type": "array"},
+        },
+        [{"a1": 1}, {"ab": 3}, {"ab": 7}, {"c1": "s"}, {"c1": 1}, {"d": None}, {"dx": None}]
+        + [{"ax": 1}, {"zx": True}, {"z": []}, {"z": 1}, {"c12": []}],
+    ),
     (  # not: the union of the ways to violate each keyword
         {
             "type": "object",
