@@ -135,13 +135,7 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
         return b
     if b is True:
         return a
-    for x, y in ((a, b), (b, a)):
-        if "patternProperties" in x and any(
-            k in y for k in ("properties", "additionalProperties", "patternProperties")
-        ):
-            # each side's patternProperties / additionalProperties judge keys by that side's
-            # own properties alone; the merged object would lose that
-            raise UnsupportedSchemaError("allOf", ptr, "patternProperties with another object")
+    patterned = _pattern_side(a, b, ptr)
     out = dict(a)
     for key, bv in b.items():
         if key in ANNOTATIONS:
@@ -179,9 +173,66 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
         elif key in ASSERTIONS:
             raise UnsupportedSchemaError("allOf", ptr, f"cannot merge two different {key!r}")
         # else: a keyword outside the vocabulary is an annotation (kept from the first side)
-    if "properties" in b or "additionalProperties" in b:
+    if patterned is not None:
+        _merge_pattern_object(out, *patterned)
+    elif "properties" in b or "additionalProperties" in b:
         _merge_object(out, a, b)
     return out
+
+
+def _pattern_side(a: dict, b: dict, ptr: str) -> tuple[dict, dict] | None:
+    """(plain side, patterned side) when one side has patternProperties and the other
+    object keywords; None when neither has patterns. Each side's patternProperties /
+    additionalProperties judge keys by that side's own properties, so the conjunction is
+    one object only when the plain side's additionalProperties is true or false."""
+    pa, pb = "patternProperties" in a, "patternProperties" in b
+    if not (pa or pb):
+        return None
+    plain, patterned = (b, a) if pa else (a, b)
+    if not any(k in plain for k in ("properties", "additionalProperties", "patternProperties")):
+        return None  # nothing to combine: the patterned side's keywords are copied
+    if pa and pb:
+        raise UnsupportedSchemaError("allOf", ptr, "patternProperties on both sides")
+    if plain.get("additionalProperties", True) not in (True, False, {}):
+        raise UnsupportedSchemaError("allOf", ptr, "patternProperties with additionalProperties")
+    return plain, patterned
+
+
+def _merge_pattern_object(out: dict, plain: dict, patterned: dict) -> None:
+    """Conjunction of an object without patterns (`plain`, additionalProperties true or
+    false) and one with patternProperties: every name of either side gets both sides'
+    schemas; other keys follow the patterned side, or are forbidden when `plain` is closed."""
+    import re
+
+    pp = patterned["patternProperties"]
+    closed = plain.get("additionalProperties", True) is False
+    xb = patterned.get("additionalProperties", True)
+    names = dict.fromkeys([*plain.get("properties", {}), *patterned.get("properties", {})])
+    props: dict[str, Any] = {}
+    for name in names:
+        if closed and name not in plain.get("properties", {}):
+            props[name] = False
+            continue
+        side_a = plain.get("properties", {}).get(name, True)
+        try:
+            matching = [v for p, v in pp.items() if re.search(p, name)]
+        except re.error as e:
+            raise UnsupportedSchemaError("patternProperties", "#", str(e)) from None
+        if name in patterned.get("properties", {}):
+            side_b = patterned["properties"][name]
+            side_b = _all_of(side_b, {"allOf": matching}) if closed and matching else side_b
+        elif matching:  # the merged patterns apply to it (unless closed: applied here)
+            side_b = {"allOf": matching} if closed else True
+        else:
+            side_b = xb
+        props[name] = False if (side_a is False or side_b is False) else _all_of(side_a, side_b)
+    out["properties"] = props
+    if closed:
+        out.pop("patternProperties", None)
+        out["additionalProperties"] = False
+    else:
+        out["patternProperties"] = pp
+        out["additionalProperties"] = xb
 
 
 def _values(v: Any, key: str) -> list:

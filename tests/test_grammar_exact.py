@@ -135,6 +135,25 @@ CASES = [
         [{"ok": 1}, {"NO": 1}, {"ok": 1, "abc": "x"}, {"abcd": "x"}, {"abc": 1}, {}],
     ),
     ({"type": "object", "propertyNames": False}, [{}, {"a": 1}]),
+    (  # allOf of an object with patterns and one without (closed, then open)
+        {
+            "allOf": [
+                {"patternProperties": {"^x": {"type": "integer"}}},
+                {"properties": {"y": {}, "xa": {"minimum": 3}}, "additionalProperties": False},
+            ]
+        },
+        [{}, {"y": 1}, {"xa": 5}, {"xa": 1}, {"xa": "s"}, {"xb": 1}, {"z": 1}],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"p": {"properties": {"a": {}, "b": {}}}},
+            "patternProperties": {
+                "^[^/]": {"type": "object", "patternProperties": {"^/": {"type": "string"}}}
+            },
+        },
+        [{"p": {"a": 1}}, {"p": {"/x": "s"}}, {"p": {"/x": 1}}, {"p": 1}, {"q": {"/y": 2}}],
+    ),
     (  # many patterns, some overlapping: keys split into the non-empty regions
         {
             "type": "object",

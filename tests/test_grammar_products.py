@@ -295,7 +295,7 @@ def test_oneOf_overlapping_through_anyOf_still_refused() -> None:
             {
                 "allOf": [
                     {"patternProperties": {"^x": {"type": "integer"}}},
-                    {"properties": {"y": {}}, "additionalProperties": False},
+                    {"patternProperties": {"^y": {"type": "integer"}}},
                 ]
             },
             "allOf",
