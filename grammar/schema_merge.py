@@ -174,7 +174,8 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
             raise UnsupportedSchemaError("allOf", ptr, f"cannot merge two different {key!r}")
         # else: a keyword outside the vocabulary is an annotation (kept from the first side)
     if patterned is not None:
-        _merge_pattern_object(out, *patterned)
+        order = [*a.get("properties", {}), *b.get("properties", {})]
+        _merge_pattern_object(out, *patterned, order)
     elif "properties" in b or "additionalProperties" in b:
         _merge_object(out, a, b)
     return out
@@ -198,7 +199,7 @@ def _pattern_side(a: dict, b: dict, ptr: str) -> tuple[dict, dict] | None:
     return plain, patterned
 
 
-def _merge_pattern_object(out: dict, plain: dict, patterned: dict) -> None:
+def _merge_pattern_object(out: dict, plain: dict, patterned: dict, order: list[str]) -> None:
     """Conjunction of an object without patterns (`plain`, additionalProperties true or
     false) and one with patternProperties: every name of either side gets both sides'
     schemas; other keys follow the patterned side, or are forbidden when `plain` is closed."""
@@ -207,7 +208,7 @@ def _merge_pattern_object(out: dict, plain: dict, patterned: dict) -> None:
     pp = patterned["patternProperties"]
     closed = plain.get("additionalProperties", True) is False
     xb = patterned.get("additionalProperties", True)
-    names = dict.fromkeys([*plain.get("properties", {}), *patterned.get("properties", {})])
+    names = dict.fromkeys(order)  # the first side's properties first, as the other merges
     props: dict[str, Any] = {}
     for name in names:
         if closed and name not in plain.get("properties", {}):
