@@ -1,0 +1,183 @@
+"""Large automata: long counted repetitions (maxLength in the thousands), the DFA budget, and
+the compact representation (class-indexed tables, no per-state Python rows) that makes them
+affordable. Exactness against Python's `re` and `jsonschema` near the bounds."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+
+import jsonschema
+import numpy as np
+import pytest
+from interegular import patterns as ip
+
+from grammar import GrammarError, compile_json_schema, regex_to_dfa
+from grammar import regex_ast as ra
+from grammar.fsm import DEFAULT_MAX_STATES, START, node_to_dfa
+from grammar.json_schema import json_schema_to_node
+from tests._grammar_fixtures import BENCH_DIR, deepseek_tokenizer, deepseek_vocab, walk
+
+ALPHABET = 'ab\u00e9\u65e5\U0001f600"\\'  # 1-, 2-, 3- and 4-byte characters, JSON specials
+
+
+def _json_content(rng: random.Random, n: int) -> str:
+    """n decoded characters of JSON string content, with escapes of every kind."""
+    out = []
+    for _ in range(n):
+        c = rng.choice(ALPHABET + "\n\u0001")
+        # (a surrogate-pair escape is two `\\u` escapes: keep to BMP escapes here)
+        escape = rng.random() < 0.2 and ord(c) <= 0xFFFF
+        out.append(json.dumps(c, ensure_ascii=escape)[1:-1])
+    return "".join(out)
+
+
+@pytest.mark.parametrize("hi", [1024, 5000])
+def test_long_max_length_string_is_exact_at_the_bounds(hi: int) -> None:
+    schema = {"type": "string", "minLength": 3, "maxLength": hi}
+    dfa = node_to_dfa(json_schema_to_node(schema))
+    assert dfa.num_states > 10 * hi  # ~13 states per counted character: over the old budget
+    rng = random.Random(hi)
+    for n in [0, 2, 3, 4, hi - 1, hi, hi + 1, hi + 7]:
+        for _ in range(3):
+            text = '"' + _json_content(rng, n) + '"'
+            valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+            assert valid == (3 <= n <= hi)
+            assert dfa.matches(text.encode()) == valid, (n, text[:40])
+    # not a JSON string at all
+    assert not dfa.matches(b'"abc')
+    assert not dfa.matches(b'"ab\\x"')
+
+
+def test_long_counted_repetition_agrees_with_python_re() -> None:
+    pattern = "(ab|\u00e9|[x-z]{2}){3,2000}c?"
+    dfa = regex_to_dfa(pattern)
+    rx = re.compile(pattern)
+    rng = random.Random(7)
+    pieces = ["ab", "\u00e9", "xy", "zz", "a", "x", "c"]
+    for n in [0, 1, 2, 3, 4, 1999, 2000, 2001]:
+        for _ in range(4):
+            parts = [rng.choice(pieces[:4]) for _ in range(n)]
+            if rng.random() < 0.3:
+                parts.insert(rng.randrange(len(parts) + 1), rng.choice(pieces))
+            text = "".join(parts) + rng.choice(["", "c", "cc"])
+            assert dfa.matches(text.encode()) == bool(rx.fullmatch(text)), (n, text[:30])
+
+
+def test_nested_counted_repetitions_agree_with_python_re() -> None:
+    """Copies of copies: a counted block that itself holds a counted block."""
+    pattern = "((a|bc){2,12}d){0,30}e"
+    dfa = regex_to_dfa(pattern)
+    rx = re.compile(pattern)
+    rng = random.Random(3)
+    for _ in range(400):
+        groups = rng.randrange(0, 33)
+        text = "".join(
+            "".join(rng.choice(["a", "bc"]) for _ in range(rng.randrange(0, 14))) + "d"
+            for _ in range(groups)
+        ) + rng.choice(["e", "", "de"])
+        if rng.random() < 0.2 and text:
+            i = rng.randrange(len(text))
+            text = text[:i] + rng.choice("abcde") + text[i + 1 :]
+        assert dfa.matches(text.encode()) == bool(rx.fullmatch(text)), text
+
+
+NOTHING = ip._CharGroup(frozenset(), False)  # a character class that matches nothing
+
+
+@pytest.mark.parametrize(
+    ("node", "yes", "no", "dead"),
+    [
+        (ra.alt([ra.seq(ra.char("a"), NOTHING), ra.char("b")]), ["b"], ["", "a", "ab"], b"a"),
+        (
+            ra.seq(ra.repeat(ra.seq(ra.char("a"), NOTHING), 0, None), ra.char("b")),
+            ["b"],
+            ["a"],
+            b"a",
+        ),
+        (
+            ra.seq(
+                ra.char("x"),
+                ra.repeat(ra.alt([ra.seq(ra.char("a"), NOTHING), ra.char("c")]), 0, 20),
+            ),
+            ["x", "xc", "xcc"],
+            ["xa", "xac"],
+            b"xa",
+        ),
+    ],
+)
+def test_pieces_matching_nothing_leave_no_live_dead_ends(
+    node: object, yes: list[str], no: list[str], dead: bytes
+) -> None:
+    dfa = node_to_dfa(node)
+    for w in yes:
+        assert dfa.matches(w.encode()), w
+    for w in no:
+        assert not dfa.matches(w.encode()), w
+    # every state but DEAD can still reach acceptance: a dead end is DEAD itself
+    assert dfa.walk(START, dead) == 0
+
+
+def test_budget_is_still_enforced_for_large_automata() -> None:
+    with pytest.raises(GrammarError, match="state budget"):
+        regex_to_dfa("[a-z\u00e9]{0,5000}", max_states=5_000)
+    with pytest.raises(GrammarError, match="budget"):
+        compile_json_schema(
+            {"type": "string", "maxLength": 100_000}, deepseek_vocab(), max_states=50_000
+        )
+
+
+def test_rows_compat_view_matches_the_table() -> None:
+    dfa = regex_to_dfa("(ab|c){2,5}\u00e9?")
+    assert dfa.rows == dfa.table.tolist()
+    assert dfa.byte_table().shape == (dfa.num_states, 256)
+    bt = dfa.byte_table()
+    for s in range(dfa.num_states):
+        for b in (0x61, 0x62, 0x63, 0xC3, 0xA9, 0x00):
+            assert dfa.step(s, b) == bt[s, b]
+
+
+def test_schema_over_the_old_budget_compiles_and_walks_tokens() -> None:
+    """maxLength 5000 needs ~65k DFA states (the old budget was 50k): compiles, and a token
+    walk accepts exactly the strings up to 5000 characters."""
+    vocab, tok = deepseek_vocab(), deepseek_tokenizer()
+    schema = {
+        "type": "object",
+        "properties": {"body": {"type": "string", "maxLength": 5000}, "n": {"type": "integer"}},
+        "required": ["body"],
+    }
+    t0 = time.perf_counter()
+    g = compile_json_schema(schema, vocab)
+    assert g.dfa.num_states > 50_000
+    for n, ok in [(0, True), (40, True), (5000, True), (5001, False)]:
+        body = ("hello world " * 500)[: n - 1] + "\u00e9" if n else ""
+        text = json.dumps({"body": body, "n": 1}, separators=(",", ":"), ensure_ascii=False)
+        assert walk(g, tok.encode(text, add_special_tokens=False)) == ok, n
+    assert time.perf_counter() - t0 < 60
+    # jump-forward and masks work on the class-indexed table
+    m = g.matcher()
+    assert m.forced_text() == '{"body":"'
+    bits = np.zeros(g.index.num_words, dtype=np.int32)
+    m.fill_bitmask(bits)
+    assert bits.any()
+
+
+def test_default_budget_fits_the_largest_bench_automata() -> None:
+    assert DEFAULT_MAX_STATES >= 500_000
+
+
+@pytest.mark.skipif(not BENCH_DIR.is_dir(), reason="JSONSchemaBench sample not present")
+def test_a_bench_schema_that_exceeded_the_budget_compiles() -> None:
+    path = BENCH_DIR / "Github_medium---o82706.json"
+    if not path.exists():
+        pytest.skip("sample file missing")
+    case = json.loads(path.read_text())
+    vocab, tok = deepseek_vocab(), deepseek_tokenizer()
+    g = compile_json_schema(case["schema"], vocab)
+    assert g.dfa.num_states > 50_000
+    for t in case["tests"]:
+        text = json.dumps(t["data"], separators=(",", ":"), ensure_ascii=False)
+        if t["valid"]:
+            assert walk(g, tok.encode(text, add_special_tokens=False))
