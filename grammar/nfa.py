@@ -17,6 +17,7 @@ from grammar.utf8 import chars_to_ranges, utf8_sequences
 
 _DOT_CLS = type(ip._DOT)
 _EMPTY_CLS = type(ip._EMPTY)
+_CHAR_GROUP = ip._CharGroup
 _COPY_FROM = 8  # counted repetitions with more copies than this copy a built block
 
 
@@ -106,10 +107,16 @@ class NFA:
         return k
 
     def _build(self, node: object, k: int) -> int:
-        memo_key = (self._key(node), k)
+        nk = self._keys.get(id(node))
+        if nk is None:
+            nk = self._key(node)
+        memo_key = (nk, k)
         s = self._memo.get(memo_key)
         if s is None:
-            s = self._build_new(node, k)
+            if type(node) is _CHAR_GROUP:  # the commonest node: no dispatch
+                s = self._chars(node.chars, node.negated, k)
+            else:
+                s = self._build_new(node, k)
             self._memo[memo_key] = s
         return s
 
@@ -192,17 +199,22 @@ class NFA:
 
     def _embed_dfa(self, dfa: object, k: int) -> int:
         """Copy a ByteDFA's live states in; its accepting states continue at k."""
-        table = dfa.byte_table().tolist()
-        states = {i: self._new() for i in range(1, dfa.num_states)}
-        for i, s in states.items():
+        table, accepting = dfa.table.tolist(), dfa.accepting.tolist()
+        class_mask = [0] * dfa.num_classes  # the bytes of each byte class
+        for b, c in enumerate(dfa.classes):
+            class_mask[c] |= 1 << b
+        first = len(self.eps)
+        if first + dfa.num_states - 1 > self.max_states:
+            raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
+        off = first - 1  # DFA state i (>= 1) is NFA state i + off
+        for i in range(1, dfa.num_states):
             by_target: dict[int, int] = {}
-            for b, j in enumerate(table[i]):
+            for c, j in enumerate(table[i]):
                 if j:
-                    by_target[j] = by_target.get(j, 0) | (1 << b)
-            self.edges[s] = [(m, states[j]) for j, m in by_target.items()]
-            if dfa.accepting[i]:
-                self.eps[s].append(k)
-        return states[1]
+                    by_target[j] = by_target.get(j, 0) | class_mask[c]
+            self.eps.append([k] if accepting[i] else [])
+            self.edges.append([(m, j + off) for j, m in by_target.items()])
+        return 1 + off
 
     def _chars(self, chars: frozenset[str], negated: bool, k: int) -> int:
         form = self._char_forms.get((chars, negated))
