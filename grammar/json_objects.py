@@ -26,10 +26,11 @@ MAX_PATTERNS = 32  # patternProperties patterns of one object
 MAX_KEY_REGIONS = 64  # non-empty sets of patterns a key can match
 
 
-def literal(value: Any, fractions: bool = True) -> object:
+def literal(value: Any, fractions: bool | str = True) -> object:
     """The compact text of `value`; a number also in the other spellings of the same number
-    without an exponent (JSON Schema compares numbers by value: 2 == 2.0 == 2.00), an
-    integral one with a fraction part only if `fractions` (draft 4: 2.0 is no integer)."""
+    without an exponent (JSON Schema compares numbers by value: 2 == 2.0 == 2.00). An
+    integral number is spelled with a fraction part too if `fractions`, only so if it is
+    "only" (draft 4: 2.0 is no integer, so the schema may accept one spelling only)."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return ra.lit(json.dumps(value, ensure_ascii=False))
     if isinstance(value, int | float):
@@ -38,30 +39,47 @@ def literal(value: Any, fractions: bool = True) -> object:
         parts: list[object] = [ra.char("[")]
         for i, v in enumerate(value):
             parts += [ra.char(",")] if i else []
-            parts.append(literal(v))
+            parts.append(literal(v, fractions))
         return ra.seq(*parts, ra.char("]"))
     if isinstance(value, dict):
         parts = [ra.char("{")]
         for i, (k, v) in enumerate(value.items()):
             parts += [ra.char(",")] if i else []
-            parts += [ra.lit(json.dumps(k, ensure_ascii=False) + ":"), literal(v)]
+            parts += [ra.lit(json.dumps(k, ensure_ascii=False) + ":"), literal(v, fractions)]
         return ra.seq(*parts, ra.char("}"))
     return ra.lit(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
-def _number_literal(value: int | float, fractions: bool) -> object:
+def _number_literal(value: int | float, fractions: bool | str) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return ra.lit(json.dumps(value))
     d = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
     sign = "-" if d < 0 else ""
     if d == d.to_integral_value():  # 2, 2.0, 2.00, ...; zero also as -0
         whole = "-?0" if d == 0 else re.escape(sign + str(abs(int(d))))
-        plain = ra.parsed(rf"({whole})(\.0+)?" if fractions else whole)
+        tail = r"\.0+" if fractions == "only" else r"(\.0+)?" if fractions else ""
+        plain = ra.parsed(rf"({whole}){tail}")
+        exponent = bool(fractions)
     else:
         text = format(abs(d).normalize(), "f")  # 0.5, 12.25: no exponent, no trailing zeros
         plain = ra.seq(ra.lit(sign + text), ra.repeat(ra.char("0"), 0, None))
+        exponent = True
     dumped = json.dumps(value)
-    return ra.alt([plain, ra.lit(dumped)]) if "e" in dumped else plain  # 1e+20, 1e-05
+    if exponent and "e" in dumped:  # 1e+20, 1e-05: a float's own spelling
+        return ra.alt([plain, ra.lit(dumped)])
+    return plain
+
+
+def integral_as(value: Any, kind: type) -> Any:
+    """`value` with every integral number (booleans aside) made `kind` (int or float)."""
+    if isinstance(value, list):
+        return [integral_as(v, kind) for v in value]
+    if isinstance(value, dict):
+        return {k: integral_as(v, kind) for k, v in value.items()}
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, int) or value.is_integer():
+            return kind(value)
+    return value
 
 
 def ip_char_not(excluded: list[str]) -> object:

@@ -23,7 +23,14 @@ from grammar import regex_ast as ra
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
 from grammar.fsm import node_to_dfa
-from grammar.json_objects import DEPENDENCY_KEYS, ObjectRules, literal, name_lists, ptr_escape
+from grammar.json_objects import (
+    DEPENDENCY_KEYS,
+    ObjectRules,
+    integral_as,
+    literal,
+    name_lists,
+    ptr_escape,
+)
 from grammar.json_oneof import (
     CANONICAL_TEXT,
     OneOfRules,
@@ -246,7 +253,7 @@ class _Builder(ObjectRules, OneOfRules):
         if values is not None:
             # an enum / const somewhere in the conjunction: the instances are those of its
             # values that the whole schema (every keyword, `not` / `if` included) accepts
-            return ra.alt([self.literal_of(schema, v) for v in values if self.accepts(schema, v)])
+            return ra.alt([self.literal_of(schema, v) for v in values])
         return self.from_norm(self.normalise(schema, ptr), ptr)
 
     def finite_values(self, schema: Any, ptr: str, depth: int = 0) -> list | None:
@@ -270,13 +277,20 @@ class _Builder(ObjectRules, OneOfRules):
                 return values
         return None
 
-    def literal_of(self, schema: Any, value: Any) -> object:
-        """literal(value), an integral number spelled with a fraction part only where the
-        schema accepts the float too (not so for integer in draft 4)."""
-        integral = isinstance(value, int | float) and not isinstance(value, bool)
-        if integral and float(value).is_integer() and not self.accepts(schema, float(value)):
-            return literal(value, fractions=False)
-        return literal(value)
+    def literal_of(self, schema: Any, value: Any) -> Node:
+        """The spellings of enum / const `value` that are instances of `schema`: its
+        integral numbers as integers and / or with a fraction part, as the schema accepts
+        them (draft 4: 2.0 is no integer); None if neither."""
+        ints, floats = integral_as(value, int), integral_as(value, float)
+        as_int = self.accepts(schema, ints)
+        if repr(ints) == repr(floats):  # no integral number in it
+            return literal(value) if as_int else None
+        as_float = self.accepts(schema, floats)
+        if as_int and as_float:
+            return literal(value)
+        if as_int or as_float:
+            return literal(value, fractions=False if as_int else "only")
+        return None
 
     def accepts(self, schema: Any, value: Any) -> bool:
         """Whether `value` is an instance of `schema` (a part of the root: its local `$ref`s
@@ -359,13 +373,7 @@ class _Builder(ObjectRules, OneOfRules):
             values = [c] if values is None else [v for v in values if canonical(v) == canonical(c)]
         excluded = {canonical(v): v for v in s.get("_not_values", [])}
         if values is not None:
-            return ra.alt(
-                [
-                    self.literal_of(s, v)
-                    for v in values
-                    if self.accepts(s, v) and canonical(v) not in excluded
-                ]
-            )
+            return ra.alt([self.literal_of(s, v) for v in values if canonical(v) not in excluded])
         types = s.get("type")
         if types is None:
             types = ["string", "number", "boolean", "null", "object", "array"]

@@ -103,9 +103,6 @@ def test_draft4_integer_enum_has_no_float_spelling() -> None:
         assert (re.fullmatch(rx, text) is not None) is _valid(schema, instance), text
 
 
-@pytest.mark.xfail(
-    strict=True, reason="json_schema.literal_of: fractions judged on the value as written only"
-)
 @pytest.mark.parametrize(
     "schema",
     [
