@@ -23,7 +23,12 @@ from grammar.nfa import NFA
 DEAD = 0
 START = 1
 DEFAULT_MAX_STATES = 1_000_000
-NFA_STATES_PER_DFA_STATE = 4  # the NFA budget is this multiple of the DFA budget
+
+
+def nfa_budget(max_states: int) -> int:
+    """The NFA state budget for a DFA budget: 8x up to 400k NFA states, then 2x (an NFA state
+    costs ~250 bytes while built; bench schemas need ~1.5 NFA states per DFA state)."""
+    return min(8 * max_states, max(400_000, 2 * max_states))
 
 
 class ByteDFA:
@@ -52,6 +57,9 @@ class ByteDFA:
         self._n_cls = int(self.table.shape[1])
         # flat 1-D view of the table: indexing gives Python ints without a copy of the data
         self._flat = memoryview(self.table.reshape(-1)) if self.table.size else [DEAD] * 256
+
+    def __reduce__(self) -> tuple:
+        return (ByteDFA, (self.table, self.byte_to_class, self.accepting))
 
     def __repr__(self) -> str:
         return f"ByteDFA(states={self.num_states}, classes={self._n_cls})"
@@ -112,7 +120,7 @@ def _no_gc() -> Iterator[None]:
 def regex_to_dfa(pattern: str, max_states: int = DEFAULT_MAX_STATES) -> ByteDFA:
     """Compile a regex (Python `re` syntax, full match) to a byte-level DFA."""
     with _no_gc():
-        nfa = NFA(max_states=max_states * NFA_STATES_PER_DFA_STATE)
+        nfa = NFA(max_states=nfa_budget(max_states))
         start = nfa.add_regex(pattern)
         return nfa_to_dfa(nfa, start, max_states)
 
@@ -120,7 +128,7 @@ def regex_to_dfa(pattern: str, max_states: int = DEFAULT_MAX_STATES) -> ByteDFA:
 def node_to_dfa(node: object, max_states: int = DEFAULT_MAX_STATES) -> ByteDFA:
     """Compile a regex syntax tree (grammar.regex_ast) to a byte-level DFA."""
     with _no_gc():
-        nfa = NFA(max_states=max_states * NFA_STATES_PER_DFA_STATE)
+        nfa = NFA(max_states=nfa_budget(max_states))
         start = nfa.add_node(node)
         return nfa_to_dfa(nfa, start, max_states)
 

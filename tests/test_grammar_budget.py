@@ -5,6 +5,7 @@ affordable. Exactness against Python's `re` and `jsonschema` near the bounds."""
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import re
 import time
@@ -132,6 +133,8 @@ def test_budget_is_still_enforced_for_large_automata() -> None:
 def test_rows_compat_view_matches_the_table() -> None:
     dfa = regex_to_dfa("(ab|c){2,5}\u00e9?")
     assert dfa.rows == dfa.table.tolist()
+    again = pickle.loads(pickle.dumps(dfa))
+    assert again.matches("abcc\u00e9".encode()) and not again.matches(b"ab")
     assert dfa.byte_table().shape == (dfa.num_states, 256)
     bt = dfa.byte_table()
     for s in range(dfa.num_states):
