@@ -21,7 +21,31 @@ _TIME = (
 _LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?"
 _HOSTNAME = rf"{_LABEL}(\.{_LABEL})*"
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_URI_CHAR = r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]"
+# RFC 3986 without IP-literal hosts ("[...]" is not generated): pchar = unreserved /
+# pct-encoded / sub-delims / ":" / "@"; one "?" query and one "#" fragment at most
+_PCHAR = r"([A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})"
+_URI_REST = rf"({_PCHAR}|/)*(\?({_PCHAR}|[/?])*)?(#({_PCHAR}|[/?])*)?"
+_H16 = "[0-9A-Fa-f]{1,4}"
+
+
+def _ipv6() -> str:
+    """RFC 4291 text forms: eight groups, "::" for one or more zero groups, and an IPv4 tail
+    in place of the last two groups (what Python's ipaddress accepts, no zone id)."""
+    v4 = rf"({_OCTET}\.){{3}}{_OCTET}"
+
+    def groups(n: int) -> str:  # n groups joined by ":"
+        return "" if n == 0 else rf"{_H16}(:{_H16}){{{n - 1}}}"
+
+    forms = [rf"({_H16}:){{7}}{_H16}", rf"({_H16}:){{6}}{v4}"]
+    for left in range(8):
+        for right in range(8 - left):  # "::" stands for at least one group
+            if left + right <= 7:
+                forms.append(f"{groups(left)}::{groups(right)}")
+            if left + right <= 5:
+                tail = f"{groups(right)}:" if right else ""
+                forms.append(f"{groups(left)}::{tail}{v4}")
+    return "(" + "|".join(forms) + ")"
+
 
 FORMAT_REGEXES: dict[str, str] = {
     "date": _DATE,
@@ -31,14 +55,14 @@ FORMAT_REGEXES: dict[str, str] = {
     "email": rf"[a-zA-Z0-9.!#$%&'*+=?^_`{{|}}~\-]+@{_HOSTNAME}",
     "hostname": _HOSTNAME,
     "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
-    "uri": rf"[a-zA-Z][a-zA-Z0-9+.\-]*:{_URI_CHAR}*",
-    "uri-reference": rf"{_URI_CHAR}*",
+    "ipv6": _ipv6(),
+    "uri": rf"[a-zA-Z][a-zA-Z0-9+.\-]*:{_URI_REST}",
+    "uri-reference": rf"([a-zA-Z][a-zA-Z0-9+.\-]*:)?{_URI_REST}",
 }
 
 # standard formats whose exact language we do not build: refuse rather than ignore
 UNSUPPORTED_FORMATS = frozenset(
     {
-        "ipv6",
         "duration",
         "idn-email",
         "idn-hostname",

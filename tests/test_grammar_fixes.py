@@ -127,3 +127,50 @@ def test_draft4_ref_ignores_sibling_enum() -> None:
     rx = json_schema_to_regex(schema)
     for text, instance in [('{"a":"q"}', {"a": "q"}), ('{"a":"z"}', {"a": "z"})]:
         assert (re.fullmatch(rx, text) is not None) is _valid(schema, instance), text
+
+
+IPV6_CASES = [
+    "::", "::1", "1::", "fe80::1", "2001:db8::8a2e:370:7334", "::ffff:192.168.0.1",
+    "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7::", "1::2:3:4:5:6:7", "1:2:3:4:5:6:1.2.3.4",
+    "::1.2.3.4", "1:2:3:4:5:6:7:8:9", "1:::2", ":1::", "1::2::3", "12345::",
+    "1:2:3:4:5:6:7:1.2.3.4", "::01.2.3.4", "1:2:3:4:5::1.2.3.4", "fe80::1%eth0", "",
+]  # fmt: skip
+
+
+def test_ipv6_format_agrees_with_ipaddress() -> None:
+    import ipaddress
+    import random
+
+    rx = re.compile(FORMAT_REGEXES["ipv6"])
+
+    def valid(text: str) -> bool:
+        try:  # jsonschema's check: no zone id
+            return not ipaddress.IPv6Address(text).scope_id
+        except ValueError:
+            return False
+
+    for text in IPV6_CASES:
+        assert (rx.fullmatch(text) is not None) is valid(text), text
+    rng = random.Random(7)
+    for _ in range(3000):
+        bits = rng.getrandbits(128) & rng.choice([2**128 - 1, 2**64 - 1, 2**32 - 1, 0xFFFF << 100])
+        address = ipaddress.IPv6Address(bits)
+        for text in (str(address), address.exploded):
+            assert rx.fullmatch(text), text
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("http://a.b/c?d=1#e", True),
+        ("mailto:x@y", True),
+        ("urn:isbn:0451450523", True),
+        ("http://x/%20", True),
+        ("http://x/%zz", False),  # a percent sign starts two hex digits
+        ("a:b#c#d", False),  # one fragment
+        ("http://x/a b", False),
+        ("no-scheme", False),
+    ],
+)
+def test_uri_format(text: str, ok: bool) -> None:
+    assert (re.fullmatch(FORMAT_REGEXES["uri"], text) is not None) is ok
