@@ -129,6 +129,8 @@ class SchemaOrder:
         return out
 
     def extra_schema(self, schema: Any, depth: int = 0) -> Any:
+        """The schema of members outside `properties`: additionalProperties, through $ref
+        and allOf (order() wraps a member's schemas in an allOf of its own)."""
         if not isinstance(schema, dict) or depth > 30:
             return True
         if isinstance(schema.get("$ref"), str) and schema["$ref"].startswith("#"):
@@ -136,7 +138,10 @@ class SchemaOrder:
                 return self.extra_schema(self.deref(schema["$ref"]), depth + 1)
             except (KeyError, IndexError, ValueError):
                 return True
-        return schema.get("additionalProperties", True)
+        parts = [schema.get("additionalProperties", True)]
+        parts += [self.extra_schema(b, depth + 1) for b in schema.get("allOf", [])]
+        parts = [p for p in parts if p is not True and p != {}]
+        return True if not parts else parts[0] if len(parts) == 1 else {"allOf": parts}
 
     def order(self, schema: Any, instance: Any, depth: int = 0) -> Any:
         if depth > 60:
