@@ -143,6 +143,29 @@ class SchemaOrder:
         parts = [p for p in parts if p is not True and p != {}]
         return True if not parts else parts[0] if len(parts) == 1 else {"allOf": parts}
 
+    def pattern_schema(self, schema: Any, key: str, depth: int = 0) -> Any:
+        """The patternProperties schemas matching `key` (through $ref and allOf), or None."""
+        import re
+
+        if not isinstance(schema, dict) or depth > 30:
+            return None
+        if isinstance(schema.get("$ref"), str) and schema["$ref"].startswith("#"):
+            try:
+                return self.pattern_schema(self.deref(schema["$ref"]), key, depth + 1)
+            except (KeyError, IndexError, ValueError):
+                return None
+        found = []
+        for pattern, sub in (schema.get("patternProperties") or {}).items():
+            try:
+                if re.search(pattern, key):
+                    found.append(sub)
+            except re.error:
+                continue
+        found += [
+            p for b in schema.get("allOf", []) if (p := self.pattern_schema(b, key, depth + 1))
+        ]
+        return None if not found else found[0] if len(found) == 1 else {"allOf": found}
+
     def order(self, schema: Any, instance: Any, depth: int = 0) -> Any:
         if depth > 60:
             return instance
@@ -154,7 +177,10 @@ class SchemaOrder:
             extra = self.extra_schema(schema)
             out = {}
             for key in [*subs, *(k for k in instance if k not in subs)]:
-                sub = {"allOf": subs[key]} if key in subs else extra
+                if key in subs:
+                    sub = {"allOf": subs[key]}
+                else:
+                    sub = self.pattern_schema(schema, key) or extra
                 out[key] = self.order(sub, instance[key], depth + 1)
             return out
         if isinstance(instance, list):
