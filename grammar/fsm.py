@@ -330,10 +330,10 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
     order_by_tpl = np.argsort(tpl_arr, kind="stable")
     bounds = np.searchsorted(tpl_arr[order_by_tpl], np.arange(len(tpl_slots) + 1))
     for tid, cls_slot in enumerate(tpl_slots):
-        rows_t = order_by_tpl[bounds[tid] : bounds[tid + 1]]
-        if rows_t.size:
-            gather = off_arr[rows_t][:, None] + np.array(cls_slot, dtype=np.int64)[None, :]
-            table[rows_t] = ids_arr[gather]
+        slot_of_class = np.array(cls_slot, dtype=np.int64)[None, :]
+        for lo in range(int(bounds[tid]), int(bounds[tid + 1]), 1 << 16):  # bounded temporaries
+            rows_t = order_by_tpl[lo : min(lo + (1 << 16), int(bounds[tid + 1]))]
+            table[rows_t] = ids_arr[off_arr[rows_t][:, None] + slot_of_class]
     # An NFA built from a regex tree sends every piece on to its continuation, and embedded
     # automata come pruned: a DFA state can be a dead end only if some NFA state had nothing
     # in its closure (a character class that matches nothing, say)
