@@ -53,8 +53,35 @@ def _ends_with_anchor(branch: str) -> bool:
     return backslashes % 2 == 0
 
 
+_END = "\x00"  # stands for an inner `$`; never a byte of JSON string content
+
+
+def _mark_end_anchors(branch: str) -> tuple[str, bool]:
+    """`branch` with every unescaped `$` outside a class made _END, and whether one of them
+    is not its last character (e.g. `(a|$)b*`)."""
+    out, in_class, i, inner = [], False, 0, False
+    while i < len(branch):
+        c = branch[i]
+        if c == "\\":
+            out.append(branch[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "$":
+            inner = inner or i < len(branch) - 1
+            c = _END
+        out.append(c)
+        i += 1
+    return "".join(out), inner
+
+
 def _json_safe(node: object) -> object | None:
     """The same regex with every character class narrowed to JSON-literal characters."""
+    if isinstance(node, ip._CharGroup) and node.chars == {_END} and not node.negated:
+        return node
     if isinstance(node, ip._CharGroup):
         if node.negated:
             return ip._CharGroup(node.chars | _UNSAFE, True)
@@ -88,7 +115,10 @@ def pattern_to_content(pattern: str, any_char: object) -> object | None:
     )
     free = ra.repeat(any_char, 0, None)
     branches = []
-    for branch in _split_top_level(pattern):
+    parts = _split_top_level(pattern)
+    if any(_mark_end_anchors(b)[1] for b in parts):
+        return _with_end_anchors(parts, free)
+    for branch in parts:
         anchored_start, anchored_end = branch.startswith("^"), _ends_with_anchor(branch)
         body = branch[1:] if anchored_start else branch
         body = body[:-1] if anchored_end else body
@@ -97,3 +127,29 @@ def pattern_to_content(pattern: str, any_char: object) -> object | None:
             ra.seq(ra.EMPTY if anchored_start else free, node, ra.EMPTY if anchored_end else free)
         )
     return ra.alt(branches)
+
+
+def _with_end_anchors(branches: list[str], free: object) -> object:
+    """Patterns with `$` inside a group: each `$` becomes the byte _END, and a string
+    matches when it, followed by some run of _END bytes, is in the language (a `$` holds only
+    at the end, and several may hold there). Exact, as an automaton."""
+    from grammar import dfa_ops
+    from grammar.fsm import DEAD, node_to_dfa
+
+    nodes = []
+    for branch in branches:
+        anchored = branch.startswith("^")
+        body = branch[1:] if anchored else branch
+        marked, _ = _mark_end_anchors(body)
+        nodes.append(ra.seq(ra.EMPTY if anchored else free, _json_safe(parse_regex(marked)), free))
+    dfa = node_to_dfa(ra.alt(nodes))
+    table = dfa.byte_table()
+    end = table[:, 0].copy()
+    accepting = dfa.accepting.copy()
+    for _ in range(dfa.num_states):  # accepting after some run of _END bytes
+        reach = accepting[end] & (end != DEAD)
+        if not (reach & ~accepting).any():
+            break
+        accepting |= reach
+    table[:, 0] = DEAD
+    return dfa_ops.DFANode(dfa_ops.from_rows(table.tolist(), accepting.tolist()), "pattern", "")

@@ -174,3 +174,22 @@ def test_ipv6_format_agrees_with_ipaddress() -> None:
 )
 def test_uri_format(text: str, ok: bool) -> None:
     assert (re.fullmatch(FORMAT_REGEXES["uri"], text) is not None) is ok
+
+
+@pytest.mark.parametrize(
+    "pattern", [r"^(\/?((\.{2})|([a-z0-9\-]*))($|\/))*$", r"a($|b)", r"^(x$|y)z?", r"(a$)*b"]
+)
+def test_inner_end_anchor_patterns_agree_with_re(pattern: str) -> None:
+    """`$` inside a group (Github_hard---o69430): exact, as an automaton."""
+    import itertools
+
+    from grammar import regex_ast as ra
+    from grammar.fsm import node_to_dfa
+    from grammar.json_schema import STRING_CHAR_TEXT
+    from grammar.pattern import pattern_to_content
+
+    dfa = node_to_dfa(pattern_to_content(pattern, ra.parsed(STRING_CHAR_TEXT)))
+    for n in range(6):
+        for chars in itertools.product("ab/.xz", repeat=n):
+            text = "".join(chars)
+            assert dfa.matches(text.encode()) is (re.search(pattern, text) is not None), text
