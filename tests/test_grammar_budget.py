@@ -13,11 +13,13 @@ import time
 import jsonschema
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from interegular import patterns as ip
 
 from grammar import GrammarError, compile_json_schema, regex_to_dfa
 from grammar import regex_ast as ra
-from grammar.fsm import DEFAULT_MAX_STATES, START, node_to_dfa
+from grammar.fsm import DEFAULT_MAX_STATES, START, _prune_dead_ends, node_to_dfa
 from grammar.json_schema import json_schema_to_node
 from tests._grammar_fixtures import BENCH_DIR, deepseek_tokenizer, deepseek_vocab, walk
 
@@ -184,3 +186,51 @@ def test_a_bench_schema_that_exceeded_the_budget_compiles() -> None:
         text = json.dumps(t["data"], separators=(",", ":"), ensure_ascii=False)
         if t["valid"]:
             assert walk(g, tok.encode(text, add_special_tokens=False))
+
+
+def _regexes() -> st.SearchStrategy[str]:
+    atoms = st.sampled_from(["a", "b", "\u00e9", "[a-c]", ".", "(a|)", "[^a]"])
+
+    def grow(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        counted = st.tuples(inner, st.integers(0, 12), st.integers(0, 6)).map(
+            lambda t: f"({t[0]}){{{t[1]},{t[1] + t[2]}}}"
+        )
+        return st.one_of(
+            st.tuples(inner, inner).map("".join),
+            st.tuples(inner, inner).map(lambda t: f"({t[0]}|{t[1]})"),
+            inner.map(lambda r: f"({r})*"),
+            inner.map(lambda r: f"({r})?"),
+            counted,
+        )
+
+    return st.recursive(atoms, grow, max_leaves=6)
+
+
+@given(pattern=_regexes(), data=st.data())
+@settings(max_examples=300, deadline=None)
+def test_random_regexes_with_counted_repetitions_agree_with_re(
+    pattern: str, data: st.DataObject
+) -> None:
+    """Counted repetitions over 8 copies are built by copying a block: same language as `re`,
+    and no state of the DFA is a dead end."""
+    dfa = regex_to_dfa(pattern)
+    rx = re.compile(pattern)
+    for _ in range(20):
+        text = data.draw(st.text(alphabet="abc\u00e9\n", max_size=30))
+        assert dfa.matches(text.encode()) == bool(rx.fullmatch(text)), (pattern, text)
+    table, _ = _prune_dead_ends(dfa.table.copy(), dfa.accepting.copy())
+    assert (table == dfa.table).all()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "pattern": "^[a-z]+[0-9]*$", "maxLength": 40},
+        {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 30},
+        {"type": "object", "additionalProperties": {"type": "integer"}, "required": ["a"]},
+    ],
+)
+def test_schema_automata_have_no_dead_ends(schema: dict) -> None:
+    dfa = node_to_dfa(json_schema_to_node(schema))
+    table, _ = _prune_dead_ends(dfa.table.copy(), dfa.accepting.copy())
+    assert (table == dfa.table).all()
