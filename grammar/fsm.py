@@ -163,11 +163,13 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
     masks = sorted({m for es in edges for m, _ in es})
     class_sets = _byte_classes(masks)
     n_classes = len(class_sets)
-    byte_to_class = np.zeros(256, dtype=np.int32)
+    b2c = [0] * 256
     for ci, c in enumerate(class_sets):
-        for b in range(256):
-            if c >> b & 1:
-                byte_to_class[b] = ci
+        while c:  # each set bit once
+            low = c & -c
+            b2c[low.bit_length() - 1] = ci
+            c ^= low
+    byte_to_class = np.array(b2c, dtype=np.int32)
     mask_classes = {m: tuple(ci for ci, c in enumerate(class_sets) if c & m) for m in masks}
 
     # epsilon closure, keeping only states that matter for a DFA state: those with byte edges,
