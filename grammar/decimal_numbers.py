@@ -426,6 +426,8 @@ def _bounds_only(kind: str, lo: tuple, hi: tuple) -> object | None:
         None if pos is None else _bounded(*pos),
         None if neg is None else _bounded(*neg),
     )
+    if text is not None and neg is None and lo[0] == 0 and not lo[1]:
+        text = _alt([text, r"-0(\.0+)?"])  # -0 == 0, and 0 is the inclusive minimum
     return None if text is None else ra.parsed(text)
 
 
@@ -453,4 +455,7 @@ def _multiples(kind: str, m: Fraction, lo: tuple, hi: tuple) -> str | None:
         return _grid(ka * mm, None if kb is None else kb * mm, mm, sp)
 
     # integers spell no -0; numbers do (as -0, -0.0) where 0 is valid
-    return _signed(side(pos, False), side(neg, kind == "integer"))
+    text = _signed(side(pos, False), side(neg, kind == "integer"))
+    if kind == "number" and text is not None and neg is None and lo[0] == 0 and not lo[1]:
+        text = _alt([text, r"-0(\.0+)?"])  # 0 is the inclusive minimum, and -0 == 0
+    return text
