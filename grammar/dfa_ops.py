@@ -102,13 +102,25 @@ def product(a: ByteDFA, b: ByteDFA, keep_b: bool, max_states: int = DEFAULT_MAX_
 
 # escape tracking inside JSON string content: 0 normal, 1 after '\', 2..5 hex digits left (4..1)
 def _char_step(esc: int, byte: int) -> tuple[int, int]:
-    """(new escape state, characters started) for one byte of JSON string content."""
-    if esc == 0:
+    """(new escape state, characters started) for one byte of JSON string content.
+
+    States: 0 plain; 1 after a backslash; 2..5 inside `\\uXXXX` (2: after `u`); 6: after
+    `\\uD`, 7 and 8: inside a high surrogate; 9: after one (its low half follows); 10: a
+    backslash after a high surrogate. A surrogate pair counts as one character."""
+    if esc in (0, 9):
         if byte == 0x5C:
-            return 1, 1
+            return (10, 0) if esc == 9 else (1, 1)
         return 0, 0 if 0x80 <= byte <= 0xBF else 1
     if esc == 1:
         return (2 if byte == 0x75 else 0), 0
+    if esc == 10:  # `\\u` continues the pair; another escape is a character of its own
+        return (2, 0) if byte == 0x75 else (0, 1)
+    if esc == 2:
+        return (6 if byte in b"dD" else 3), 0
+    if esc == 6:
+        return (7 if byte in b"89abAB" else 4), 0
+    if esc in (7, 8):
+        return (esc + 1), 0
     return (esc + 1 if esc < 5 else 0), 0
 
 
@@ -135,7 +147,7 @@ def with_length(
 
     def accept(st: tuple) -> bool:
         s, esc, n = st
-        return bool(content.accepting[s]) and esc == 0 and n >= lo
+        return bool(content.accepting[s]) and esc in (0, 9) and n >= lo
 
     return _explore((START, 0, 0), step, accept, max_states)
 

@@ -49,7 +49,12 @@ from grammar.schema_merge import (
     type_set,
 )
 
-STRING_CHAR_TEXT = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
+# one decoded character: a literal one, a short escape, a \uXXXX escape that is no surrogate,
+# or an escaped surrogate pair (one character, as JSON Schema lengths count it)
+STRING_CHAR_TEXT = (
+    r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u([0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})'
+    r"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
 STRING_TEXT = f'"{STRING_CHAR_TEXT}*"'
 MAX_ALTERNATIVES = 1024
 

@@ -193,3 +193,26 @@ def test_inner_end_anchor_patterns_agree_with_re(pattern: str) -> None:
         for chars in itertools.product("ab/.xz", repeat=n):
             text = "".join(chars)
             assert dfa.matches(text.encode()) is (re.search(pattern, text) is not None), text
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "minLength": 2},
+        {"type": "string", "maxLength": 1},
+        {"type": "string", "minLength": 2, "maxLength": 2},
+        {"type": "string", "pattern": "^a", "minLength": 2},
+    ],
+)
+def test_escaped_surrogate_pair_is_one_character(schema: dict) -> None:
+    """`\\ud83d\\ude00` decodes to one character; lone surrogate escapes are not generated."""
+    import json
+
+    from grammar.fsm import node_to_dfa
+    from grammar.json_schema import json_schema_to_node
+
+    dfa = node_to_dfa(json_schema_to_node(schema))
+    texts = ['"\\ud83d\\ude00"', '"a\\ud83d\\ude00"', '"ab"', '"a"', '"\\u0041b"']
+    for text in texts:
+        assert dfa.matches(text.encode()) is _valid(schema, json.loads(text)), text
+    assert not dfa.matches(b'"\\ud83d"') and not dfa.matches(b'"a\\ude00"')
