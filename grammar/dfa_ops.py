@@ -55,8 +55,11 @@ def _explore(
     step: Callable[[tuple, int], tuple | None],
     accept: Callable[[tuple], bool],
     max_states: int,
+    groups: list[list[int]] | None = None,
 ) -> ByteDFA:
-    """BFS over composite states; `step` returns None for the dead state."""
+    """BFS over composite states; `step` returns None for the dead state. `groups`: bytes
+    that `step` treats alike (it is called once per group, with the group's first byte)."""
+    groups = groups or [[b] for b in range(256)]
     index: dict[tuple, int] = {start: START}
     order: list[tuple] = [(), start]
     rows: list[list[int]] = [[DEAD] * 256]
@@ -64,8 +67,8 @@ def _explore(
     while i < len(order):
         st = order[i]
         row = [DEAD] * 256
-        for b in range(256):
-            nxt = step(st, b)
+        for group in groups:
+            nxt = step(st, group[0])
             if nxt is None:
                 continue
             j = index.get(nxt)
@@ -75,10 +78,19 @@ def _explore(
                     raise GrammarError(f"product automaton exceeds its budget ({max_states})")
                 index[nxt] = j
                 order.append(nxt)
-            row[b] = j
+            for b in group:
+                row[b] = j
         rows.append(row)
         i += 1
     return from_rows(rows, [False] + [accept(s) for s in order[1:]])
+
+
+def _byte_groups(*keys: Callable[[int], object]) -> list[list[int]]:
+    """Bytes grouped by the tuple of their keys (e.g. their byte class in each automaton)."""
+    out: dict[tuple, list[int]] = {}
+    for b in range(256):
+        out.setdefault(tuple(k(b) for k in keys), []).append(b)
+    return list(out.values())
 
 
 def product(a: ByteDFA, b: ByteDFA, keep_b: bool, max_states: int = DEFAULT_MAX_PRODUCT) -> ByteDFA:
@@ -97,7 +109,8 @@ def product(a: ByteDFA, b: ByteDFA, keep_b: bool, max_states: int = DEFAULT_MAX_
     def accept(st: tuple) -> bool:
         return bool(a.accepting[st[0]]) and bool(b.accepting[st[1]]) == keep_b
 
-    return _explore((START, START), step, accept, max_states)
+    groups = _byte_groups(a.byte_to_class.item, b.byte_to_class.item)
+    return _explore((START, START), step, accept, max_states, groups)
 
 
 # escape tracking inside JSON string content: 0 normal, 1 after '\', 2..5 hex digits left (4..1)
@@ -149,7 +162,10 @@ def with_length(
         s, esc, n = st
         return bool(content.accepting[s]) and esc in (0, 9) and n >= lo
 
-    return _explore((START, 0, 0), step, accept, max_states)
+    groups = _byte_groups(
+        content.byte_to_class.item, lambda b: tuple(_char_step(e, b) for e in range(11))
+    )
+    return _explore((START, 0, 0), step, accept, max_states, groups)
 
 
 __all__ = ["DFANode", "from_rows", "product", "with_length"]
