@@ -16,8 +16,16 @@ from grammar.vocab import TokenVocabulary
 
 logger = logging.getLogger(__name__)
 
-_DFA_CACHE: CompileCache = CompileCache(max_entries=512)
-_GRAMMAR_CACHE: CompileCache = CompileCache(max_entries=256)
+# bounded by count and by transition-table bytes (a near-budget automaton holds 100+ MB)
+_CACHE_BYTES = 1 << 30
+
+
+def _dfa_bytes(dfa: ByteDFA) -> int:
+    return int(dfa.table.nbytes)
+
+
+_DFA_CACHE: CompileCache = CompileCache(512, _CACHE_BYTES, _dfa_bytes)
+_GRAMMAR_CACHE: CompileCache = CompileCache(256, _CACHE_BYTES, lambda g: _dfa_bytes(g.dfa))
 
 
 def _dfa(pattern: str, max_states: int):

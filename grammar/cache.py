@@ -1,6 +1,8 @@
 """A thread-safe LRU cache of compiled constraints with single-flight compilation.
 
 Two threads asking for the same key compile it once; different keys compile concurrently.
+Entries are evicted least recently used first, past `max_entries` or past `max_bytes` of
+their `size_of` (the newest entry always stays).
 """
 
 from __future__ import annotations
@@ -14,8 +16,17 @@ T = TypeVar("T")
 
 
 class CompileCache(Generic[T]):
-    def __init__(self, max_entries: int = 256) -> None:
+    def __init__(
+        self,
+        max_entries: int = 256,
+        max_bytes: int | None = None,
+        size_of: Callable[[T], int] | None = None,
+    ) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.size_of = size_of or (lambda value: 0)
+        self._sizes: dict[Hashable, int] = {}
+        self.nbytes = 0
         self._entries: OrderedDict[Hashable, T] = OrderedDict()
         self._pending: dict[Hashable, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -41,16 +52,25 @@ class CompileCache(Generic[T]):
                 with self._lock:
                     self._pending.pop(key, None)
                 raise
+            size = self.size_of(value)
             with self._lock:
                 self._entries[key] = value
+                self._sizes[key] = size
+                self.nbytes += size
                 self._pending.pop(key, None)
-                while len(self._entries) > self.max_entries:
-                    self._entries.popitem(last=False)
+                while len(self._entries) > 1 and (
+                    len(self._entries) > self.max_entries
+                    or (self.max_bytes is not None and self.nbytes > self.max_bytes)
+                ):
+                    old, _ = self._entries.popitem(last=False)
+                    self.nbytes -= self._sizes.pop(old, 0)
             return value
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._sizes.clear()
+            self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)

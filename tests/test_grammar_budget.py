@@ -234,3 +234,17 @@ def test_schema_automata_have_no_dead_ends(schema: dict) -> None:
     dfa = node_to_dfa(json_schema_to_node(schema))
     table, _ = _prune_dead_ends(dfa.table.copy(), dfa.accepting.copy())
     assert (table == dfa.table).all()
+
+
+def test_compile_cache_evicts_by_bytes() -> None:
+    from grammar.cache import CompileCache
+
+    cache: CompileCache = CompileCache(max_entries=100, max_bytes=10, size_of=len)
+    for key in "abc":
+        cache.get_or_build(key, lambda key=key: key * 4)  # 4 bytes each
+    assert len(cache) == 2 and cache.nbytes == 8  # "a" evicted, least recently used
+    cache.get_or_build("b", lambda: "never built")  # a hit refreshes "b"
+    cache.get_or_build("d", lambda: "d" * 4)
+    assert cache.get_or_build("b", lambda: "rebuilt") == "bbbb"  # "c" went, not "b"
+    big = cache.get_or_build("e", lambda: "e" * 50)  # over the bound alone: kept, alone
+    assert big == "e" * 50 and len(cache) == 1
