@@ -36,13 +36,10 @@ class TokenIndex:
         if wide:
             self._flat = self._flat.astype(np.int64)
         b2c = dfa.byte_to_class.astype(np.int64 if wide else np.int32)
-        # byte p of each token as its class, only for the tokens longer than p (ragged: ~1 MiB)
-        n_longer = self.prepared.n_longer
-        self._ccols = [
-            b2c[self.prepared.columns[p][: int(n_longer[p])]]
-            for p in range(self.prepared.columns.shape[0])
-        ]
-        self._ccol0 = b2c[self.prepared.columns[0]]
+        # byte p of each token as its class, for the tokens longer than p: built on first
+        # use of a dense walk (ragged, ~1 MiB); sparse walks look up only their rows
+        self._b2c = b2c
+        self._ccols: list[np.ndarray | None] = [None] * self.prepared.columns.shape[0]
         self._eos = np.array(vocab.eos_token_ids, dtype=np.int64)
         self._masks: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
@@ -109,12 +106,19 @@ class TokenIndex:
 
     def allowed(self, state: int) -> np.ndarray:
         """Bool per prepared (distinct) token row: walks from `state` without dying."""
-        prep, flat, ncls, ccols = self.prepared, self._flat, self.n_cls, self._ccols
+        prep, flat, ncls = self.prepared, self._flat, self.n_cls
         transparent = self._transparent(state)
         if transparent is not None:
             return self._allowed_sparse(state, np.flatnonzero(~transparent), transparent)
+        # first bytes that live: if their tokens are few, walk only those
+        live = np.flatnonzero(self.row(state) != DEAD)
+        starts, ends = prep.first_start[live], prep.first_start[live + 1]
+        if int((ends - starts).sum()) * 8 < prep.num_rows:
+            parts = [prep.by_first[a:b] for a, b in zip(starts, ends, strict=True)]
+            rows = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+            return self._allowed_sparse(state, rows, np.zeros(prep.num_rows, dtype=bool))
         # position 0: every token, one gather from this state's row
-        cur = flat[state * ncls : state * ncls + ncls][self._ccol0]
+        cur = flat[state * ncls : state * ncls + ncls][self._classes(0)]
         if np.count_nonzero(cur) * 8 < cur.shape[0]:  # few survive the first byte
             rows = np.flatnonzero(cur)
             allowed = np.zeros(cur.shape[0], dtype=bool)
@@ -129,7 +133,7 @@ class TokenIndex:
             if dense:
                 # lockstep over a contiguous prefix: no compaction while most tokens live
                 head = cur[:n]
-                nxt = flat[head * ncls + ccols[p]]
+                nxt = flat[head * ncls + self._classes(p)]
                 cur[:n] = nxt
                 alive = int(np.count_nonzero(nxt))
                 if alive == 0:
@@ -141,22 +145,30 @@ class TokenIndex:
                 idx = idx[: np.searchsorted(idx, n)]  # drop tokens that ended
                 if idx.size == 0:
                     break
-                nxt = flat[cur[idx] * ncls + ccols[p][idx]]
+                nxt = flat[cur[idx] * ncls + self._classes(p)[idx]]
                 cur[idx] = nxt
                 idx = idx[nxt != DEAD]
             p += 1
         return cur != DEAD
 
+    def _classes(self, p: int) -> np.ndarray:
+        """Byte p of every token longer than p, as its byte class (cached)."""
+        col = self._ccols[p]
+        if col is None:
+            n = int(self.prepared.n_longer[p]) if p else self.prepared.num_rows
+            col = self._ccols[p] = self._b2c[self.prepared.columns[p][:n]]
+        return col
+
     def _allowed_sparse(self, state: int, rows: np.ndarray, allowed: np.ndarray) -> np.ndarray:
         """Walk only `rows` (ascending) from `state`; marks survivors in `allowed` (in place)."""
-        cur = self._flat[state * self.n_cls + self._ccol0[rows]]
+        cur = self._flat[state * self.n_cls + self._b2c[self.prepared.columns[0][rows]]]
         return self._walk_rows(rows, cur, 1, allowed)
 
     def _walk_rows(
         self, rows: np.ndarray, cur: np.ndarray, p: int, allowed: np.ndarray
     ) -> np.ndarray:
         """Continue walking `rows` (ascending, in states `cur`) from byte position p."""
-        prep, flat, ncls, ccols = self.prepared, self._flat, self.n_cls, self._ccols
+        prep, flat, ncls, b2c = self.prepared, self._flat, self.n_cls, self._b2c
         keep = cur != DEAD
         rows, cur = rows[keep], cur[keep]
         while rows.size:
@@ -167,7 +179,7 @@ class TokenIndex:
             rows, cur = rows[:cut], cur[:cut]
             if not rows.size:
                 break
-            cur = flat[cur * ncls + ccols[p][rows]]
+            cur = flat[cur * ncls + b2c[prep.columns[p][rows]]]
             keep = cur != DEAD
             rows, cur = rows[keep], cur[keep]
             p += 1
@@ -175,10 +187,19 @@ class TokenIndex:
 
     def _compute(self, state: int) -> np.ndarray:
         prep = self.prepared
-        allowed = np.zeros(prep.num_rows + 1, dtype=bool)  # last row: never allowed
-        allowed[:-1] = self.allowed(state)
+        allowed = self.allowed(state)
+        rows = np.flatnonzero(allowed)
+        eos = self._eos if self.dfa.accepting[state] else self._eos[:0]
+        if rows.size * 64 < allowed.shape[0]:  # few tokens: set their bits directly
+            ids = np.concatenate(
+                [prep.row_ids[prep.row_start[r] : prep.row_start[r + 1]] for r in rows] + [eos]
+            )
+            words = np.zeros(self.num_words, dtype=np.uint32)
+            np.bitwise_or.at(words, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
+            return words.view("<i4")
+        full = np.zeros(prep.num_rows + 1, dtype=bool)  # last row: never allowed
+        full[:-1] = allowed
         bits = np.zeros(self.num_words * 32, dtype=bool)
-        bits[: prep.id_to_unique.shape[0]] = allowed[prep.id_to_unique]
-        if self.dfa.accepting[state] and self._eos.size:
-            bits[self._eos] = True
+        bits[: prep.id_to_unique.shape[0]] = full[prep.id_to_unique]
+        bits[eos] = True
         return np.packbits(bits, bitorder="little").view("<i4")

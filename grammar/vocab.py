@@ -51,6 +51,12 @@ class PreparedTokens:
     ascii_bits: np.ndarray  # uint64 [2, U]: which ASCII bytes each token contains
     non_ascii: np.ndarray  # bool [U]: the token has a byte >= 0x80
     whole_chars: np.ndarray  # bool [U]: the token is valid UTF-8 (no split character)
+    # rows by first byte: by_first[first_start[b] : first_start[b + 1]] (ascending rows)
+    by_first: np.ndarray
+    first_start: np.ndarray
+    # ids by row: row_ids[row_start[r] : row_start[r + 1]] (several ids may share bytes)
+    row_ids: np.ndarray
+    row_start: np.ndarray
 
     @property
     def num_rows(self) -> int:
@@ -145,7 +151,22 @@ class TokenVocabulary:
             ascii_bits[1, : n_longer[p]] |= np.where(high, one << (col & np.uint64(63)), 0)
             non_ascii[: n_longer[p]] |= col >= 128
         whole_chars = np.array([_is_utf8(b) for b in distinct], dtype=bool)
-        return PreparedTokens(columns, n_longer, id_to_unique, ascii_bits, non_ascii, whole_chars)
+        by_first = np.argsort(columns[0], kind="stable").astype(np.int64)
+        first_start = np.searchsorted(columns[0][by_first], np.arange(257)).astype(np.int64)
+        row_ids = np.argsort(id_to_unique, kind="stable").astype(np.int64)
+        row_start = np.searchsorted(id_to_unique[row_ids], np.arange(u + 2)).astype(np.int64)
+        return PreparedTokens(
+            columns,
+            n_longer,
+            id_to_unique,
+            ascii_bits,
+            non_ascii,
+            whole_chars,
+            by_first,
+            first_start,
+            row_ids,
+            row_start,
+        )
 
 
 def _is_utf8(b: bytes) -> bool:

@@ -8,3 +8,16 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _hypothesis_profile() -> None:
+    """Property tests draw the same examples on every run (CI must not meet a new random
+    case each time); `HYPOTHESIS_PROFILE=explore` draws fresh ones."""
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+    settings.register_profile("explore", deadline=None, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+_hypothesis_profile()
