@@ -169,7 +169,9 @@ class ObjectRules:
     ) -> Node:
         """The members of an object: `items` in order (required or optional), then any number
         of `extra` members, with lo..hi members in all (minProperties / maxProperties). The
-        count matters only up to `top`; past it members are free."""
+        count matters only up to `top`; past it members are free. Extra members may repeat a
+        key (JSON text allows it; the object then has fewer members), so they count at most
+        once towards `lo`: where more are needed the object is not generated."""
         top = max(lo, 1 if hi is None else hi + 1)
         memo: dict[tuple[int, int], Node] = {}
         budget = [MAX_OBJECT_COPIES]
@@ -185,6 +187,10 @@ class ObjectRules:
             if i == len(items):
                 need = max(0, lo - c)
                 room = None if hi is None else hi - c
+                if need > 1:  # other members may repeat a key: they count once at most
+                    out_: Node = None
+                    memo[(i, c)] = out_
+                    return out_
                 if extra is None or room == 0:
                     out: Node = ra.EMPTY if need == 0 else None
                 elif c:
@@ -348,7 +354,9 @@ class ObjectRules:
             for ch in name:
                 node = node.setdefault(ch, {})
             node[""] = {}
-        escape = ra.parsed(r'\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}')
+        # only escapes of characters no name holds (names needing escapes are refused
+        # above): a key spelled with `\\u0061` or `\\/` could otherwise be a name in disguise
+        escape = ra.parsed(r'\\["\\bfnrt]|\\u00[01][0-9a-fA-F]')
         rest = ra.repeat(self.string_char, 0, None)
 
         def complement(node: dict) -> Node:

@@ -25,6 +25,7 @@ from grammar import dfa_ops
 from grammar import regex_ast as ra
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.fsm import node_to_dfa
+from grammar.pattern import losses
 from grammar.schema_merge import ANNOTATIONS, merge, type_set
 
 MAX_PRESENCE_NAMES = 6  # objects split by present names: at most 2**6 cases
@@ -126,10 +127,13 @@ def _regular_difference(b: Any, branches: list[dict], ptr: str) -> object | None
     spelling and in another's under the other)."""
     try:
         dfas = []
+        before = losses()
         for x in branches:
             node = b.from_norm(x, ptr)
             if node is not None:
                 dfas.append(node_to_dfa(node, MAX_BRANCH_STATES))
+        if losses() != before:
+            return None  # subtracting an automaton that leaves strings out is unsound
         canonical = node_to_dfa(ra.parsed(CANONICAL_TEXT))
         dfas = [dfa_ops.product(d, canonical, True) for d in dfas]
         out = []
@@ -282,6 +286,9 @@ class OneOfRules:
             ta, tb = self.types_of(sa), self.types_of(sb)
             if not (ta & tb) or self.discriminated(sa, sb, ptr):
                 continue
+            if self.lossy_nodes.get(id(sa)) or self.lossy_nodes.get(id(sb)):
+                # automata that leave strings out cannot show the languages disjoint
+                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
             if (ta | tb) & {"object", "array"}:
                 raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
             try:
@@ -321,7 +328,10 @@ class OneOfRules:
                 return False
             if (self.types_of(na) | self.types_of(nb)) & {"object", "array"}:
                 return False
+            before = losses()
             ra_, rb = self.from_norm(na, ptr), self.from_norm(nb, ptr)
+            if losses() != before:
+                return False  # an approximated language cannot show disjointness
             if ra_ is None or rb is None:
                 return True
             return not dfas_intersect(node_to_dfa(ra_, 20_000), node_to_dfa(rb, 20_000))

@@ -40,7 +40,7 @@ from grammar.json_oneof import (
     required_only,
     values_of,
 )
-from grammar.pattern import pattern_to_content
+from grammar.pattern import losses, note_loss, pattern_to_content
 from grammar.schema_merge import (
     ASSERTIONS,
     UNSUPPORTED,
@@ -94,7 +94,15 @@ def json_schema_to_node(
 ) -> object:
     """Like json_schema_to_regex, as a shared regex syntax tree (what compile uses)."""
     root = load_schema(schema)
-    out = _Builder(root, whitespace or "", max_recursion_depth, any_depth).value(root, "#")
+    try:
+        out = _Builder(root, whitespace or "", max_recursion_depth, any_depth).value(root, "#")
+    except GrammarError:
+        raise
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError, OverflowError) as e:
+        # a keyword with a value of the wrong shape (e.g. "enum": 5, "maxLength": "x")
+        raise GrammarError(f"malformed schema: {type(e).__name__}: {e}") from None
+    except RecursionError:
+        raise GrammarError("schema nests too deeply to compile") from None
     if out is None:
         raise GrammarError("the schema admits no instance")
     return out
@@ -114,6 +122,8 @@ class _Builder(ObjectRules, OneOfRules):
         self._any: dict[int, object] = {}
         self.n_alternatives = 0
         self._validator: Any = None
+        # id(merged branch) -> its automaton leaves strings out (see pattern.note_loss)
+        self.lossy_nodes: dict[int, bool] = {}
         draft = str(root.get("$schema", "")) if isinstance(root, dict) else ""
         self.ref_overrides_siblings = any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))
 
@@ -151,9 +161,11 @@ class _Builder(ObjectRules, OneOfRules):
             if not negated[1]:
                 return False
             schema = {k: v for k, v in schema.items() if k != "not"}
+        schema = _integral_counts(schema, ptr)
         schema, dependent = _dependent_schemas(schema)
         conditional = None
-        if "if" in schema:  # (if and then) or (not if and else): an anyOf of two schemas
+        if "if" in schema and ("then" in schema or "else" in schema):
+            # (if and then) or (not if and else): an anyOf of two schemas
             cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
             branches = [{"allOf": [cond, then]}, {"allOf": [{"not": cond}, other]}]
             conditional = ("anyOf", branches, f"{ptr}/if")
@@ -181,6 +193,7 @@ class _Builder(ObjectRules, OneOfRules):
         if "$ref" in schema:
             ref = schema["$ref"]
             if self.ref_stack.count(ref) >= self.max_depth:
+                note_loss()  # the recursion cut: deeper instances are left out
                 return False
             self.ref_stack.append(ref)
             try:
@@ -203,7 +216,10 @@ class _Builder(ObjectRules, OneOfRules):
         """Schemas whose union is exactly the instances that fail `schema` (for `not`): one
         per keyword of the conjunction, each the instances that keyword rejects. Keywords
         whose failures we cannot describe raise UnsupportedSchemaError naming `not`."""
+        before = losses()
         n = self.normalise(schema, ptr)
+        if n is False and losses() != before:
+            raise UnsupportedSchemaError("not", ptr, "of a schema cut at the recursion depth")
         if n is True or n is False:
             return [True] if n is False else []
         if "_alts" in n:
@@ -307,6 +323,11 @@ class _Builder(ObjectRules, OneOfRules):
             root = self.root if isinstance(self.root, dict) else {}
             self._validator = cls(root, format_checker=cls.FORMAT_CHECKER)
         clean = {k: v for k, v in schema.items() if not k.startswith("_")}
+        fmt = clean.get("format")
+        if isinstance(value, str) and fmt in FORMAT_REGEXES:
+            # the library skips formats whose checker is not installed: ours decide
+            if not re.fullmatch(FORMAT_REGEXES[fmt], value):
+                return False
         try:
             return bool(self._validator.evolve(schema=clean).is_valid(value))
         except Exception as e:  # an unresolvable reference, a malformed keyword
@@ -334,8 +355,14 @@ class _Builder(ObjectRules, OneOfRules):
             for i, branch in enumerate(branches):
                 self.count_alternative(kind, where)
                 at = f"{where}/{i}"
+                before = losses()
                 merged = merge(norm, self.normalise(branch, at), at)
-                options.append((self.from_norm(merged, at), merged, at))
+                node = self.from_norm(merged, at)
+                self.lossy_nodes[id(merged)] = losses() != before
+                if kind == "oneOf" and node is None and self.lossy_nodes[id(merged)]:
+                    # empty only as approximated: its instances must still be excluded
+                    raise UnsupportedSchemaError(kind, at, "branch not exact (cannot exclude it)")
+                options.append((node, merged, at))
             if kind == "oneOf":
                 live = [o for o in options if o[0] is not None]
                 try:
@@ -433,6 +460,7 @@ class _Builder(ObjectRules, OneOfRules):
         raise GrammarError(f"unknown type {t!r} at {ptr}/type")
 
     def any_value(self, depth: int) -> object:
+        note_loss()  # values nested deeper than any_depth are left out
         if depth not in self._any:
             options = [self.any_string, ra.parsed(numbers.NUMBER)]
             options += [ra.lit("true"), ra.lit("false"), ra.lit("null")]
@@ -590,6 +618,23 @@ def _bounded_class_pattern(pattern: str, lo: int, hi: int | None, any_char: obje
     if m.group(2) == "+":
         lo = max(lo, 1)
     return ra.repeat(one, lo, hi)
+
+
+def _integral_counts(schema: dict, ptr: str) -> dict:
+    """Count keywords (minLength, maxItems, ...) as ints: 2.0 is 2; others are errors."""
+    bad = [k for k in _COUNT_KEYS if k in schema and not isinstance(schema[k], int)]
+    bad += [k for k in _COUNT_KEYS if isinstance(schema.get(k), bool)]
+    if not bad and all(schema[k] >= 0 for k in _COUNT_KEYS if k in schema):
+        return schema
+    out = dict(schema)
+    for k in _COUNT_KEYS:
+        v = out.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != int(v):
+            raise GrammarError(f"{k} at {ptr} must be a non-negative integer, not {v!r}")
+        out[k] = int(v)
+    return out
 
 
 def _dependent_schemas(schema: dict) -> tuple[dict, list[tuple[str, str, Any]]]:

@@ -10,6 +10,7 @@ that would need escapes inside the matched part are refused, never wrongly accep
 from __future__ import annotations
 
 import re
+import threading
 
 from interegular import patterns as ip
 
@@ -54,6 +55,18 @@ def _ends_with_anchor(branch: str) -> bool:
 
 
 _END = "\x00"  # stands for an inner `$`; never a byte of JSON string content
+_MARKING = threading.local()  # .on: _with_end_anchors is building (the marker is allowed)
+_LOSS = threading.local()  # .count: constructions whose language is a strict subset
+
+
+def note_loss() -> None:
+    """Record that a language was narrowed (strings left out: sound, but not exact), so
+    callers that subtract or intersect automata can tell (see json_oneof)."""
+    _LOSS.count = losses() + 1
+
+
+def losses() -> int:
+    return getattr(_LOSS, "count", 0)
 
 
 def _mark_end_anchors(branch: str) -> tuple[str, bool]:
@@ -80,14 +93,22 @@ def _mark_end_anchors(branch: str) -> tuple[str, bool]:
 
 def _json_safe(node: object) -> object | None:
     """The same regex with every character class narrowed to JSON-literal characters."""
-    if isinstance(node, ip._CharGroup) and node.chars == {_END} and not node.negated:
-        return node
+    if isinstance(node, ip._CharGroup) and not node.negated and _END in node.chars:
+        if node.chars == {_END} and getattr(_MARKING, "on", False):
+            return node  # an inner `$` (see _with_end_anchors)
+        # a NUL byte is never JSON string content (it is written \u0000): narrow it away
+        node = ip._CharGroup(node.chars - {_END}, False)
     if isinstance(node, ip._CharGroup):
         if node.negated:
+            if not _UNSAFE <= node.chars:
+                note_loss()
             return ip._CharGroup(node.chars | _UNSAFE, True)
         chars = node.chars - _UNSAFE
+        if chars != node.chars:
+            note_loss()
         return ip._CharGroup(chars, False) if chars else None
     if node is ip._DOT:
+        note_loss()
         return ip._CharGroup(_UNSAFE | _LINE_BREAKS, True)
     if node is ip._EMPTY:
         return ra.EMPTY
@@ -137,11 +158,16 @@ def _with_end_anchors(branches: list[str], free: object) -> object:
     from grammar.fsm import DEAD, node_to_dfa
 
     nodes = []
-    for branch in branches:
-        anchored = branch.startswith("^")
-        body = branch[1:] if anchored else branch
-        marked, _ = _mark_end_anchors(body)
-        nodes.append(ra.seq(ra.EMPTY if anchored else free, _json_safe(parse_regex(marked)), free))
+    _MARKING.on = True
+    try:
+        for branch in branches:
+            anchored = branch.startswith("^")
+            body = branch[1:] if anchored else branch
+            marked, _ = _mark_end_anchors(body)
+            node = _json_safe(parse_regex(marked))
+            nodes.append(ra.seq(ra.EMPTY if anchored else free, node, free))
+    finally:
+        _MARKING.on = False
     dfa = node_to_dfa(ra.alt(nodes))
     table = dfa.byte_table()
     end = table[:, 0].copy()
@@ -152,4 +178,4 @@ def _with_end_anchors(branches: list[str], free: object) -> object:
             break
         accepting |= reach
     table[:, 0] = DEAD
-    return dfa_ops.DFANode(dfa_ops.from_rows(table.tolist(), accepting.tolist()), "pattern", "")
+    return dfa_ops.DFANode(dfa_ops.from_rows(table.tolist(), accepting.tolist()), "pattern", "#")
