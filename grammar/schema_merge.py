@@ -135,6 +135,10 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
         return b
     if b is True:
         return a
+    for x, y in ((a, b), (b, a)):
+        if "prefixItems" in x and ("items" in y or "prefixItems" in y) and "items" not in x:
+            # x's items (default: any) start after its prefix; y's from the first element
+            raise UnsupportedSchemaError("allOf", ptr, "prefixItems with another items")
     patterned = _pattern_side(a, b, ptr)
     out = dict(a)
     for key, bv in b.items():
@@ -168,7 +172,13 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
             out[key] = [*av, *bv]
         elif key in ("properties", "additionalProperties"):
             continue  # handled together below
-        elif key == "items" and isinstance(av, dict | bool) and isinstance(bv, dict | bool):
+        elif (
+            key == "items"
+            and isinstance(av, dict | bool)
+            and isinstance(bv, dict | bool)
+            and "prefixItems" not in a
+            and "prefixItems" not in b
+        ):
             out[key] = {"allOf": [av, bv]}
         elif key in ASSERTIONS:
             raise UnsupportedSchemaError("allOf", ptr, f"cannot merge two different {key!r}")
