@@ -24,12 +24,13 @@ class DFANode:
     It has no regex text form: ``regex_ast.to_text`` raises UnsupportedSchemaError naming
     `keyword` and `pointer` (the schema place that needed it); compiling to a DFA honours it."""
 
-    __slots__ = ("dfa", "keyword", "pointer")
+    __slots__ = ("dfa", "keyword", "pointer", "text")
 
-    def __init__(self, dfa: ByteDFA, keyword: str, pointer: str) -> None:
+    def __init__(self, dfa: ByteDFA, keyword: str, pointer: str, text: str | None = None) -> None:
         self.dfa = dfa
         self.keyword = keyword
         self.pointer = pointer
+        self.text = text  # a regex of the same language, when there is one
 
 
 def from_rows(rows: list[list[int]], accepting: list[bool]) -> ByteDFA:

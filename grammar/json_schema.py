@@ -112,6 +112,7 @@ class _Builder(ObjectRules, OneOfRules):
     def __init__(self, root: dict | bool, ws: str, max_depth: int, any_depth: int) -> None:
         self.root = root
         self.ws = ra.parsed(ws) if ws else ra.EMPTY
+        self.ws_text = ws
         self.comma = ra.seq(self.ws, ra.char(","), self.ws)
         self.colon = ra.seq(self.ws, ra.char(":"), self.ws)
         self.string_char = ra.parsed(STRING_CHAR_TEXT)
@@ -471,7 +472,7 @@ class _Builder(ObjectRules, OneOfRules):
                 options.append(self.wrap("{", ra.optional(members), "}"))
                 elems = ra.seq(inner, ra.repeat(ra.seq(self.comma, inner), 0, None))
                 options.append(self.wrap("[", ra.optional(elems), "]"))
-            self._any[depth] = ra.alt(options)
+            self._any[depth] = _any_automaton(ra.alt(options), self.ws_text, depth)
         return self._any[depth]
 
     def wrap(self, open_: str, inner: Node, close: str) -> Node:
@@ -618,6 +619,19 @@ def _bounded_class_pattern(pattern: str, lo: int, hi: int | None, any_char: obje
     if m.group(2) == "+":
         lo = max(lo, 1)
     return ra.repeat(one, lo, hi)
+
+
+_ANY_DFAS: dict[tuple[str, int], object] = {}
+
+
+def _any_automaton(node: object, ws: str, depth: int) -> object:
+    """Any JSON value nested at most `depth` deep, as a prebuilt automaton shared by every
+    schema (built once per whitespace and depth: most schemas hold it, as additional
+    members' values), keeping its regex text for json_schema_to_regex."""
+    key = (ws, depth)
+    if key not in _ANY_DFAS:
+        _ANY_DFAS[key] = dfa_ops.DFANode(node_to_dfa(node), "any", "#", ra.to_text(node))
+    return _ANY_DFAS[key]
 
 
 def _integral_counts(schema: dict, ptr: str) -> dict:

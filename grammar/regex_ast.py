@@ -138,6 +138,8 @@ def to_text(node: Node | None) -> str:
                 out = inner + "?"
             else:
                 out = f"{inner}{{{n.min},{'' if n.max is None else n.max}}}"
+        elif type(n).__name__ == "DFANode" and n.text is not None:
+            out = f"({n.text})"
         elif type(n).__name__ == "DFANode":
             from grammar.errors import UnsupportedSchemaError
 
