@@ -24,25 +24,35 @@ _LINE_BREAKS = frozenset("\n\r\u2028\u2029")
 _U_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u([0-9a-fA-F]{4})")
 
 
-def _split_top_level(pattern: str) -> list[str]:
-    out, depth, in_class, i, start = [], 0, False, 0, 0
+def _units(pattern: str):
+    """(index, unit, inside a class) for each unit of a regex: an escape pair or one char."""
+    in_class, i = False, 0
     while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
+        if pattern[i] == "\\":
+            yield i, pattern[i : i + 2], in_class
             i += 2
             continue
+        c = pattern[i]
+        yield i, c, in_class
         if in_class:
             in_class = c != "]"
         elif c == "[":
             in_class = True
-        elif c == "(":
+        i += 1
+
+
+def _split_top_level(pattern: str) -> list[str]:
+    out, depth, start = [], 0, 0
+    for i, unit, in_class in _units(pattern):
+        if in_class:
+            continue
+        if unit == "(":
             depth += 1
-        elif c == ")":
+        elif unit == ")":
             depth -= 1
-        elif c == "|" and depth == 0:
+        elif unit == "|" and depth == 0:
             out.append(pattern[start:i])
             start = i + 1
-        i += 1
     out.append(pattern[start:])
     return out
 
@@ -72,22 +82,12 @@ def losses() -> int:
 def _mark_end_anchors(branch: str) -> tuple[str, bool]:
     """`branch` with every unescaped `$` outside a class made _END, and whether one of them
     is not its last character (e.g. `(a|$)b*`)."""
-    out, in_class, i, inner = [], False, 0, False
-    while i < len(branch):
-        c = branch[i]
-        if c == "\\":
-            out.append(branch[i : i + 2])
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "$":
+    out, inner = [], False
+    for i, unit, in_class in _units(branch):
+        if unit == "$" and not in_class:
             inner = inner or i < len(branch) - 1
-            c = _END
-        out.append(c)
-        i += 1
+            unit = _END
+        out.append(unit)
     return "".join(out), inner
 
 
