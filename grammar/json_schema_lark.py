@@ -343,6 +343,8 @@ def _string_except(names: list[str]) -> str:
 
     if not names:
         return f'"{STRING_CHAR}*"'
+    if any(ord(ch) < 0x20 or ch in '"\\' for name in names for ch in name):
+        raise UnsupportedSchemaError("additionalProperties", "#", "a property name needs escapes")
     trie: dict = {}
     for name in names:
         node = trie
@@ -356,14 +358,15 @@ def _string_except(names: list[str]) -> str:
         for c in chars:
             alts.append(regex_escape(c) + not_in(node[c]))
         other = "[^" + "".join(_class_escape(c) for c in chars) + _STRING_EXCLUDED + "]"
-        alts.append(f"({other}|{_ESCAPE}){STRING_CHAR}*")
+        alts.append(f"({other}|{_OTHER_ESCAPE}){STRING_CHAR}*")
         return "(" + "|".join(alts) + ")"
 
     return '"' + not_in(trie) + '"'
 
 
 _STRING_EXCLUDED = '"\\\\\\x00-\\x1f'
-_ESCAPE = r'\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}'
+# escapes of characters no property name holds: `\\u0061` or `\\/` could spell a name
+_OTHER_ESCAPE = r'\\["\\bfnrt]|\\u00[01][0-9a-fA-F]'
 
 
 def json_schema_to_lark(schema: Any, *, whitespace: bool = False) -> str:

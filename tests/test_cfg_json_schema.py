@@ -224,3 +224,19 @@ def test_forced_text_for_jump_forward() -> None:
     assert m.forced_text() == ',"tail":'
     m.advance_bytes(b',"tail":nu')
     assert m.forced_text() == "ll}"
+
+
+def test_additional_keys_cannot_spell_a_property_name_with_escapes() -> None:
+    """`{"\\u0061":"x"}` decodes to {"a": "x"}: the extra-key language must not hold it."""
+    import lark
+
+    from grammar.json_schema_lark import json_schema_to_lark
+
+    parser = lark.Lark(
+        json_schema_to_lark({"type": "object", "properties": {"a": {"type": "integer"}}}),
+        parser="lalr",
+    )
+    parser.parse('{"a":1}')
+    parser.parse('{"b":"x"}')
+    with pytest.raises(lark.exceptions.LarkError):
+        parser.parse('{"\\u0061":"x"}')
