@@ -9,19 +9,21 @@ from typing import Any
 
 from grammar.cache import CompileCache
 from grammar.compiled import CompiledGrammar
-from grammar.fsm import DEFAULT_MAX_STATES, ByteDFA, node_to_dfa, regex_to_dfa
+from grammar.fsm import DEFAULT_MAX_STATES, ByteDFA, node_to_lazy_dfa
 from grammar.json_schema import json_schema_to_node, load_schema
+from grammar.lazy_dfa import LazyDFA
 from grammar.regex_ast import regex_escape
 from grammar.vocab import TokenVocabulary
 
 logger = logging.getLogger(__name__)
 
-# bounded by count and by transition-table bytes (a near-budget automaton holds 100+ MB)
+# bounded by count and by transition-table bytes (a near-budget automaton holds 100+ MB; a
+# lazy one's size is taken when it is cached, before walks grow it)
 _CACHE_BYTES = 1 << 30
 
 
-def _dfa_bytes(dfa: ByteDFA) -> int:
-    return int(dfa.table.nbytes)
+def _dfa_bytes(dfa: ByteDFA | LazyDFA) -> int:
+    return dfa.nbytes
 
 
 _DFA_CACHE: CompileCache = CompileCache(512, _CACHE_BYTES, _dfa_bytes)
@@ -30,7 +32,7 @@ _GRAMMAR_CACHE: CompileCache = CompileCache(256, _CACHE_BYTES, lambda g: _dfa_by
 
 def _dfa(pattern: str, max_states: int):
     return _DFA_CACHE.get_or_build(
-        ("dfa", pattern, max_states), lambda: regex_to_dfa(pattern, max_states)
+        ("dfa", pattern, max_states), lambda: node_to_lazy_dfa(pattern, max_states)
     )
 
 
@@ -67,9 +69,9 @@ def compile_json_schema(
     )
 
     def build() -> CompiledGrammar:
-        def build_dfa() -> ByteDFA:
+        def build_dfa() -> ByteDFA | LazyDFA:
             node = json_schema_to_node(loaded, whitespace, max_recursion_depth, any_depth)
-            return node_to_dfa(node, max_states)
+            return node_to_lazy_dfa(node, max_states)
 
         dfa = _DFA_CACHE.get_or_build(("dfa", *key[:5], max_states), build_dfa)
         return CompiledGrammar(dfa, vocab, key[1])

@@ -1,14 +1,14 @@
-"""A compiled constraint: byte DFA + token index + the compressed DFA for jump-forward."""
+"""A compiled constraint: byte DFA (usually a LazyDFA) + token index + the compressed DFA for
+jump-forward."""
 
 from __future__ import annotations
 
 import threading
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from grammar.fsm import START, ByteDFA
 from grammar.index import TokenIndex
+from grammar.lazy_dfa import LazyDFA
 from grammar.vocab import TokenVocabulary
 
 if TYPE_CHECKING:
@@ -21,26 +21,11 @@ class CompiledGrammar:
     Safe to share between threads; each sequence gets its own `matcher()`.
     """
 
-    def __init__(self, dfa: ByteDFA, vocab: TokenVocabulary, source: str) -> None:
+    def __init__(self, dfa: ByteDFA | LazyDFA, vocab: TokenVocabulary, source: str) -> None:
         self.dfa = dfa
         self.vocab = vocab
         self.source = source
         self.index = TokenIndex(dfa, vocab)
-        # live bytes per state, from the class table (a class of k bytes counts k times)
-        table = dfa.table
-        sizes = np.bincount(dfa.byte_to_class, minlength=table.shape[1])
-        first_byte = np.zeros(table.shape[1], dtype=np.int64)
-        first_byte[dfa.byte_to_class[::-1]] = np.arange(255, -1, -1)
-        n_live = np.zeros(table.shape[0], dtype=np.int64)
-        only_cls = np.zeros(table.shape[0], dtype=np.int64)
-        for c in range(table.shape[1]):
-            live_c = table[:, c] != 0
-            n_live += live_c * int(sizes[c])
-            only_cls[live_c] = c
-        self.can_continue: list[bool] = (n_live > 0).tolist()
-        # the one byte a state forces (-1 if none): exactly one live byte and not accepting
-        only = np.where((n_live == 1) & ~dfa.accepting, first_byte[only_cls], -1)
-        self._forced_byte: list[int] = only.tolist()
         self._forced: dict[int, tuple[bytes, int]] = {}
         self._lock = threading.Lock()
         self.eos_token_ids = frozenset(vocab.eos_token_ids)
@@ -62,10 +47,12 @@ class CompiledGrammar:
             return hit
         out = bytearray()
         s = state
-        step, fb = self.dfa.step, self._forced_byte
-        while fb[s] >= 0 and len(out) <= self.dfa.num_states:
-            out.append(fb[s])
-            s = step(s, fb[s])
+        step, forced = self.dfa.step, self.dfa.forced_byte
+        b = forced(s)
+        while b >= 0 and len(out) <= self.dfa.num_states:
+            out.append(b)
+            s = step(s, b)
+            b = forced(s)
         result = (bytes(out), s)
         with self._lock:
             self._forced[state] = result

@@ -21,10 +21,10 @@ from collections.abc import Iterator
 import numpy as np
 
 from grammar.errors import GrammarError
+from grammar.lazy_dfa import DEAD, START, LazyDFA, over_budget
+from grammar.lazy_dfa import byte_classes as _byte_classes
 from grammar.nfa import NFA
 
-DEAD = 0
-START = 1
 DEFAULT_MAX_STATES = 1_000_000
 
 
@@ -42,7 +42,18 @@ class ByteDFA:
     use only, as it costs ~30x the table's memory: scalar walks read a flat view instead.
     """
 
-    __slots__ = ("table", "byte_to_class", "accepting", "classes", "_rows", "_flat", "_n_cls")
+    __slots__ = (
+        "table",
+        "byte_to_class",
+        "accepting",
+        "classes",
+        "class_masks",
+        "_rows",
+        "_flat",
+        "_n_cls",
+        "_out",
+    )
+    lazy = False
 
     def __init__(
         self,
@@ -57,6 +68,8 @@ class ByteDFA:
         self.accepting = accepting
         self.classes = self.byte_to_class.tolist() if classes is None else classes
         self._rows = rows
+        self.class_masks: list[int] | None = None  # bytes per class (made by the NFA builder)
+        self._out: tuple[list[int], list[int]] | None = None
         self._n_cls = int(self.table.shape[1])
         # flat 1-D view of the table: indexing gives Python ints without a copy of the data
         self._flat = memoryview(self.table.reshape(-1)) if self.table.size else [DEAD] * 256
@@ -105,6 +118,42 @@ class ByteDFA:
         """int32 [len(states), 256]: byte-indexed rows of some states."""
         return self.table[np.asarray(states, dtype=np.int64)][:, self.byte_to_class]
 
+    def byte_row(self, state: int) -> np.ndarray:
+        """int32 [256]: the state's transitions by byte."""
+        return self.table[state][self.byte_to_class]
+
+    def expand(self, states: object) -> None:
+        """Nothing to do: every row exists (the lazy DFA's counterpart builds rows)."""
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes)
+
+    def can_continue(self, state: int) -> bool:
+        return self._out_info()[0][state] > 0
+
+    def forced_byte(self, state: int) -> int:
+        """The one byte `state` allows when it allows exactly one and is not accepting; -1."""
+        return self._out_info()[1][state]
+
+    def _out_info(self) -> tuple[list[int], list[int]]:
+        """Per state: how many bytes live, and the one byte it forces (-1 if none); from the
+        class table (a class of k bytes counts k times)."""
+        if self._out is None:
+            table = self.table
+            sizes = np.bincount(self.byte_to_class, minlength=table.shape[1])
+            first_byte = np.zeros(table.shape[1], dtype=np.int64)
+            first_byte[self.byte_to_class[::-1]] = np.arange(255, -1, -1)
+            n_live = np.zeros(table.shape[0], dtype=np.int64)
+            only_cls = np.zeros(table.shape[0], dtype=np.int64)
+            for c in range(table.shape[1]):
+                live_c = table[:, c] != 0
+                n_live += live_c * int(sizes[c])
+                only_cls[live_c] = c
+            only = np.where((n_live == 1) & ~self.accepting, first_byte[only_cls], -1)
+            self._out = (n_live.tolist(), only.tolist())
+        return self._out
+
 
 @contextlib.contextmanager
 def _no_gc() -> Iterator[None]:
@@ -136,29 +185,20 @@ def node_to_dfa(node: object, max_states: int = DEFAULT_MAX_STATES) -> ByteDFA:
         return nfa_to_dfa(nfa, start, max_states)
 
 
-def _byte_classes(masks: list[int]) -> list[int]:
-    """Partition 0..255 into classes no mask splits; returns class bitsets."""
-    classes = [(1 << 256) - 1]
-    for m in masks:
-        nxt = []
-        for c in classes:
-            a, b = c & m, c & ~m
-            if a:
-                nxt.append(a)
-            if b:
-                nxt.append(b)
-        classes = nxt
-    return classes
-
-
-def _over_budget(max_states: int) -> GrammarError:
-    return GrammarError(
-        f"DFA exceeds the state budget ({max_states} states); "
-        "simplify the constraint (e.g. smaller maxLength / maxItems)"
-    )
+def node_to_lazy_dfa(node: object, max_states: int = DEFAULT_MAX_STATES) -> LazyDFA | ByteDFA:
+    """A regex syntax tree (or regex text) to a DFA for a compiled constraint: determinised on
+    demand (`LazyDFA`), or eagerly when some piece matches nothing (only the eager
+    construction prunes the dead ends that leaves)."""
+    with _no_gc():
+        nfa = NFA(max_states=nfa_budget(max_states))
+        start = nfa.add_regex(node) if isinstance(node, str) else nfa.add_node(node)
+        if nfa.dead_end_possible:
+            return nfa_to_dfa(nfa, start, max_states)
+        return LazyDFA(nfa, start, max_states)
 
 
 def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
+    nfa.materialize()
     eps, edges, final = nfa.eps, nfa.edges, nfa.final
     masks = sorted({m for es in edges for m, _ in es})
     class_sets = _byte_classes(masks)
@@ -209,7 +249,7 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
         if j is None:
             j = len(order)
             if j > max_states:
-                raise _over_budget(max_states)
+                raise over_budget(max_states)
             index[target] = j
             order.append(target)
         return j

@@ -3,7 +3,8 @@
 Masks are computed lazily, the first time a state is visited, and cached. One computation walks
 every distinct token through the DFA in lockstep over byte position with numpy gathers (tokens
 sorted longest first, so the ones still walking at position p are a contiguous prefix); once
-few tokens survive, it walks only the survivors.
+few tokens survive, it walks only the survivors. Over a LazyDFA a gather may read a row not
+built yet (UNEXPANDED, negative): those states are expanded and the gather redone.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 import numpy as np
 
 from grammar.fsm import DEAD, ByteDFA
+from grammar.lazy_dfa import LazyDFA
 from grammar.vocab import TokenVocabulary
 
 
@@ -23,8 +25,9 @@ class TokenIndex:
     EOS ids are allowed exactly in accepting states. A returned array is shared: never write it.
     """
 
-    def __init__(self, dfa: ByteDFA, vocab: TokenVocabulary) -> None:
+    def __init__(self, dfa: ByteDFA | LazyDFA, vocab: TokenVocabulary) -> None:
         self.dfa = dfa
+        self._lazy = dfa.lazy  # rows built on first read; the table grows (re-read it)
         self.vocab = vocab
         self.prepared = vocab.prepared()
         self.num_words = (len(vocab) + 31) // 32
@@ -37,8 +40,9 @@ class TokenIndex:
             self._flat = self._flat.astype(np.int64)
         b2c = dfa.byte_to_class.astype(np.int64 if wide else np.int32)
         # byte p of each token as its class, for the tokens longer than p: built on first
-        # use of a dense walk (ragged, ~1 MiB); sparse walks look up only their rows
-        self._b2c = b2c
+        # use of a dense walk (ragged, ~1 MiB); sparse walks look up only their rows. A lazy
+        # DFA's columns are the bytes themselves (None: no lookup)
+        self._b2c = None if self._lazy else b2c
         self._ccols: list[np.ndarray | None] = [None] * self.prepared.columns.shape[0]
         self._eos = np.array(vocab.eos_token_ids, dtype=np.int64)
         self._masks: dict[int, np.ndarray] = {}
@@ -52,35 +56,63 @@ class TokenIndex:
                 words = self._masks.setdefault(state, words)
         return words
 
-    @property
-    def byte_table(self) -> np.ndarray:
-        """int32 [n_states, 256] (built on each access: large; prefer `row`)."""
-        return self.dfa.byte_table()
-
     def row(self, state: int) -> np.ndarray:
         """int32 [256]: the state's transitions by byte."""
-        return self.dfa.table[state][self.dfa.byte_to_class]
+        return self.dfa.byte_row(state)
+
+    def _class_row(self, state: int) -> np.ndarray:
+        """The state's transitions by byte class (a view: index it, never write it)."""
+        if self._lazy:
+            return self.dfa.byte_row(state)
+        return self._flat[state * self.n_cls : (state + 1) * self.n_cls]
+
+    def _cls(self, col: np.ndarray) -> np.ndarray:
+        return col if self._b2c is None else self._b2c[col]
+
+    def _gather(self, cur: np.ndarray, cls: np.ndarray) -> np.ndarray:
+        """The states after reading byte classes `cls` from states `cur` (a new array)."""
+        nxt = self._flat[cur * self.n_cls + cls]
+        if self._lazy and nxt.size and nxt.min() < 0:  # rows not built yet: build, re-read
+            bad = np.flatnonzero(nxt < 0)
+            src = cur[bad]
+            self.dfa.expand(src)
+            self._flat = self.dfa.table.reshape(-1)
+            nxt[bad] = self._flat[src * self.n_cls + cls[bad]]
+        return nxt
 
     @property
     def states_computed(self) -> int:
         return len(self._masks)
 
-    def _transparent(self, state: int) -> np.ndarray | None:
+    def _transparent(self, state: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Tokens that surely walk from `state` back to `state` (e.g. plain text inside a JSON
         string): every ASCII byte is a self-loop, and so is every whole non-ASCII character
-        when the state loops on all of them. None when that is a small minority."""
-        prep, row = self.prepared, self.row(state)
-        loops = row == state
+        when the state loops on all of them. None when that is a small minority; else (their
+        packed id bits, the other rows). The set depends only on which bytes loop, so it is
+        kept per vocabulary (every JSON string in every schema has the same one)."""
+        loops = self.row(state) == state
         if np.count_nonzero(loops[:128]) < 64:
             return None
+        all_chars = self._loops_on_all_characters(state)
+        key = ("transparent", np.packbits(loops[:128]).tobytes(), all_chars)
+        return self.vocab.derived(key, lambda: self._transparent_set(loops, all_chars))
+
+    def _transparent_set(self, loops: np.ndarray, all_chars: bool) -> tuple[np.ndarray, np.ndarray]:
+        prep = self.prepared
         bits = np.packbits(loops[:128], bitorder="little").view("<u8")
         outside = ~bits
         ok = ((prep.ascii_bits[0] & outside[0]) == 0) & ((prep.ascii_bits[1] & outside[1]) == 0)
-        if self._loops_on_all_characters(state):
+        if all_chars:
             ok &= ~prep.non_ascii | prep.whole_chars
         else:
             ok &= ~prep.non_ascii
-        return ok
+        full = np.zeros(prep.num_rows + 1, dtype=bool)  # last row: specials, never allowed
+        full[:-1] = ok
+        on = np.zeros(self.num_words * 32, dtype=bool)
+        on[: prep.id_to_unique.shape[0]] = full[prep.id_to_unique]
+        words = np.packbits(on, bitorder="little").view("<i4")
+        words.flags.writeable = False
+        return words, np.flatnonzero(~ok)
 
     def _loops_on_all_characters(self, state: int) -> bool:
         """Every multi-byte UTF-8 character read from `state` comes back to `state`."""
@@ -104,25 +136,26 @@ class TokenIndex:
                 return False
         return True
 
-    def allowed(self, state: int) -> np.ndarray:
-        """Bool per prepared (distinct) token row: walks from `state` without dying."""
-        prep, flat, ncls = self.prepared, self._flat, self.n_cls
+    def _allowed(self, state: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """The tokens that walk from `state` without dying: (packed id bits of a shared set,
+        or None; more rows: ascending row numbers, or a bool per row when many)."""
+        prep = self.prepared
         transparent = self._transparent(state)
         if transparent is not None:
-            return self._allowed_sparse(state, np.flatnonzero(~transparent), transparent)
+            words, others = transparent
+            return words, self._allowed_sparse(state, others)
         # first bytes that live: if their tokens are few, walk only those
         live = np.flatnonzero(self.row(state) != DEAD)
         starts, ends = prep.first_start[live], prep.first_start[live + 1]
         if int((ends - starts).sum()) * 8 < prep.num_rows:
             parts = [prep.by_first[a:b] for a, b in zip(starts, ends, strict=True)]
             rows = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
-            return self._allowed_sparse(state, rows, np.zeros(prep.num_rows, dtype=bool))
+            return None, self._allowed_sparse(state, rows)
         # position 0: every token, one gather from this state's row
-        cur = flat[state * ncls : state * ncls + ncls][self._classes(0)]
+        cur = self._class_row(state)[self._classes(0)]
         if np.count_nonzero(cur) * 8 < cur.shape[0]:  # few survive the first byte
             rows = np.flatnonzero(cur)
-            allowed = np.zeros(cur.shape[0], dtype=bool)
-            return self._walk_rows(rows, cur[rows], 1, allowed)
+            return None, self._walk_rows(rows, cur[rows], 1)
         dense = True
         idx = None
         p = 1
@@ -132,8 +165,7 @@ class TokenIndex:
                 break
             if dense:
                 # lockstep over a contiguous prefix: no compaction while most tokens live
-                head = cur[:n]
-                nxt = flat[head * ncls + self._classes(p)]
+                nxt = self._gather(cur[:n], self._classes(p))
                 cur[:n] = nxt
                 alive = int(np.count_nonzero(nxt))
                 if alive == 0:
@@ -145,61 +177,69 @@ class TokenIndex:
                 idx = idx[: np.searchsorted(idx, n)]  # drop tokens that ended
                 if idx.size == 0:
                     break
-                nxt = flat[cur[idx] * ncls + self._classes(p)[idx]]
+                nxt = self._gather(cur[idx], self._classes(p)[idx])
                 cur[idx] = nxt
                 idx = idx[nxt != DEAD]
             p += 1
-        return cur != DEAD
+        return None, cur != DEAD
 
     def _classes(self, p: int) -> np.ndarray:
         """Byte p of every token longer than p, as its byte class (cached)."""
         col = self._ccols[p]
         if col is None:
             n = int(self.prepared.n_longer[p]) if p else self.prepared.num_rows
-            col = self._ccols[p] = self._b2c[self.prepared.columns[p][:n]]
+            col = self._ccols[p] = self._cls(self.prepared.columns[p][:n])
         return col
 
-    def _allowed_sparse(self, state: int, rows: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-        """Walk only `rows` (ascending) from `state`; marks survivors in `allowed` (in place)."""
-        cur = self._flat[state * self.n_cls + self._b2c[self.prepared.columns[0][rows]]]
-        return self._walk_rows(rows, cur, 1, allowed)
+    def _allowed_sparse(self, state: int, rows: np.ndarray) -> np.ndarray:
+        """The rows among `rows` (ascending) that walk from `state` without dying."""
+        cur = self._class_row(state)[self._cls(self.prepared.columns[0][rows])]
+        return self._walk_rows(rows, cur, 1)
 
-    def _walk_rows(
-        self, rows: np.ndarray, cur: np.ndarray, p: int, allowed: np.ndarray
-    ) -> np.ndarray:
-        """Continue walking `rows` (ascending, in states `cur`) from byte position p."""
-        prep, flat, ncls, b2c = self.prepared, self._flat, self.n_cls, self._b2c
+    def _walk_rows(self, rows: np.ndarray, cur: np.ndarray, p: int) -> np.ndarray:
+        """Continue walking `rows` (ascending, in states `cur`) from byte position p; returns
+        the surviving rows, ascending."""
+        prep = self.prepared
         keep = cur != DEAD
         rows, cur = rows[keep], cur[keep]
+        done: list[np.ndarray] = []
         while rows.size:
             # rows that end before byte p survived every byte: allowed
             n = int(prep.n_longer[p]) if p < prep.n_longer.shape[0] else 0
             cut = int(np.searchsorted(rows, n))
-            allowed[rows[cut:]] = True
+            done.append(rows[cut:])
             rows, cur = rows[:cut], cur[:cut]
             if not rows.size:
                 break
-            cur = flat[cur * ncls + b2c[prep.columns[p][rows]]]
+            cur = self._gather(cur, self._cls(prep.columns[p][rows]))
             keep = cur != DEAD
             rows, cur = rows[keep], cur[keep]
             p += 1
-        return allowed
+        if not done:
+            return np.zeros(0, dtype=np.int64)
+        # each chunk is ascending and holds longer tokens (smaller rows) than the one before
+        return np.concatenate(done[::-1]) if len(done) > 1 else done[0]
 
     def _compute(self, state: int) -> np.ndarray:
-        prep = self.prepared
-        allowed = self.allowed(state)
-        rows = np.flatnonzero(allowed)
+        if self._lazy:
+            self.dfa.expand([state])
+            self._flat = self.dfa.table.reshape(-1)
+        base, rows = self._allowed(state)
         eos = self._eos if self.dfa.accepting[state] else self._eos[:0]
-        if rows.size * 64 < allowed.shape[0]:  # few tokens: set their bits directly
-            ids = np.concatenate(
-                [prep.row_ids[prep.row_start[r] : prep.row_start[r + 1]] for r in rows] + [eos]
-            )
+        if rows.dtype == bool:  # most rows: one gather and a pack
+            prep = self.prepared
+            full = np.zeros(prep.num_rows + 1, dtype=bool)  # last row: never allowed
+            full[:-1] = rows
+            bits = np.zeros(self.num_words * 32, dtype=bool)
+            bits[: prep.id_to_unique.shape[0]] = full[prep.id_to_unique]
+            bits[eos] = True
+            return np.packbits(bits, bitorder="little").view("<i4")
+        # a shared set plus a few rows, or only a few rows: set their bits directly
+        if base is None:
             words = np.zeros(self.num_words, dtype=np.uint32)
-            np.bitwise_or.at(words, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
-            return words.view("<i4")
-        full = np.zeros(prep.num_rows + 1, dtype=bool)  # last row: never allowed
-        full[:-1] = allowed
-        bits = np.zeros(self.num_words * 32, dtype=bool)
-        bits[: prep.id_to_unique.shape[0]] = full[prep.id_to_unique]
-        bits[eos] = True
-        return np.packbits(bits, bitorder="little").view("<i4")
+        else:
+            words = base.view("<u4").copy()
+        ids = np.concatenate([self.vocab.ids_of_rows(rows), eos])
+        bit = np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
+        np.bitwise_or.at(words, ids >> 5, bit)
+        return words.view("<i4")

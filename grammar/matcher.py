@@ -102,7 +102,7 @@ class Matcher(PackedMaskViews):
     def is_dead(self) -> bool:
         """Nothing more can follow: EOS was consumed, or the match is complete and cannot grow
         (only EOS is allowed). The engine should stop the sequence."""
-        return self._ended or not self.grammar.can_continue[self._state]
+        return self._ended or not self.grammar.dfa.can_continue(self._state)
 
     def forced_bytes(self) -> bytes:
         """The longest byte string every valid continuation starts with (b"" if none)."""

@@ -8,6 +8,7 @@ a JSON object with optional properties needs becomes a linear NFA (and a small D
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 
 from interegular import patterns as ip
@@ -41,7 +42,15 @@ def byte_mask(lo: int, hi: int) -> int:
 
 
 class NFA:
-    """States with epsilon edges and byte-set edges (a byte set is a 256-bit int)."""
+    """States with epsilon edges and byte-set edges (a byte set is a 256-bit int).
+
+    An embedded automaton (a DFANode) is a block of reserved state ids whose `eps` / `edges`
+    entries stay None until `fill` reads them from the automaton's table: a lazy DFA only reads
+    the few it reaches (the any-JSON-value automaton has ~800 states). `materialize` fills all.
+
+    `dead_end_possible` is set when some piece matches nothing (an empty character class, an
+    embedded automaton with an empty language): only then can a state fail to reach `final`.
+    """
 
     def __init__(self, max_states: int) -> None:
         self.max_states = max_states
@@ -53,6 +62,9 @@ class NFA:
         self._nodes: list[object] = []  # keeps parsed nodes alive so ids stay unique
         self._cont_masks: dict[tuple[int, int], int] = {}
         self._char_forms: dict[tuple, list[tuple[int, tuple]]] = {}
+        self._block_first: list[int] = []  # first state id of each embedded automaton
+        self._blocks: list[tuple[int, object, int]] = []  # (first id, its ByteDFA, continuation)
+        self.dead_end_possible = False
         self.final = self._new()
 
     def _new(self) -> int:
@@ -179,6 +191,8 @@ class NFA:
         last = len(self.eps)
         if not first <= b < last:
             return None
+        if self._block_first and self._block_first[-1] >= first:
+            return None  # holds an embedded automaton: its copies are embedded one by one
         eps, edges = self.eps, self.edges
         for x in range(first, last):
             if any(not (first <= y < last or y == hole) for y in eps[x]):
@@ -198,23 +212,40 @@ class NFA:
         return copy
 
     def _embed_dfa(self, dfa: object, k: int) -> int:
-        """Copy a ByteDFA's live states in; its accepting states continue at k."""
-        table, accepting = dfa.table.tolist(), dfa.accepting.tolist()
-        class_mask = [0] * dfa.num_classes  # the bytes of each byte class
-        for b, c in enumerate(dfa.classes):
-            class_mask[c] |= 1 << b
+        """Reserve ids for a ByteDFA's live states (filled on first read); its accepting
+        states continue at k. DFA state i (>= 1) is NFA state first + i - 1."""
+        n = dfa.num_states - 1
         first = len(self.eps)
-        if first + dfa.num_states - 1 > self.max_states:
+        if first + n > self.max_states:
             raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
-        off = first - 1  # DFA state i (>= 1) is NFA state i + off
-        for i in range(1, dfa.num_states):
-            by_target: dict[int, int] = {}
-            for c, j in enumerate(table[i]):
-                if j:
-                    by_target[j] = by_target.get(j, 0) | class_mask[c]
-            self.eps.append([k] if accepting[i] else [])
-            self.edges.append([(m, j + off) for j, m in by_target.items()])
-        return 1 + off
+        self.eps.extend([None] * n)
+        self.edges.extend([None] * n)
+        self._block_first.append(first)
+        self._blocks.append((first, dfa, k))
+        if not dfa.table[1].any() and not dfa.accepting[1]:
+            self.dead_end_possible = True  # an automaton of the empty language
+        return first
+
+    def fill(self, x: int) -> None:
+        """Give state x of an embedded automaton its edges (grouped by target) and epsilon."""
+        first, dfa, k = self._blocks[bisect.bisect_right(self._block_first, x) - 1]
+        i = x - first + 1
+        masks = _class_masks(dfa)
+        by_target: dict[int, int] = {}
+        for c, j in enumerate(dfa.rows[i]):
+            if j:
+                by_target[j] = by_target.get(j, 0) | masks[c]
+        off = first - 1
+        self.edges[x] = [(m, j + off) for j, m in by_target.items()]
+        self.eps[x] = [k] if dfa.accepting[i] else []
+
+    def materialize(self) -> None:
+        """Fill every embedded automaton's states (for an eager subset construction)."""
+        edges = self.edges
+        for first, dfa, _ in self._blocks:
+            for x in range(first, first + dfa.num_states - 1):
+                if edges[x] is None:
+                    self.fill(x)
 
     def _chars(self, chars: frozenset[str], negated: bool, k: int) -> int:
         form = self._char_forms.get((chars, negated))
@@ -227,6 +258,8 @@ class NFA:
             ]
             self._char_forms[(chars, negated)] = form
         s = self._new()
+        if not form:
+            self.dead_end_possible = True  # a character class that matches nothing
         if len(form) == 1 and not form[0][1]:
             self.edges[s] = [(form[0][0], k)]
             return s
@@ -250,3 +283,14 @@ class NFA:
             self.edges[s] = [(mask, t)]
             self._memo[key] = s
         return s
+
+
+def _class_masks(dfa: object) -> list[int]:
+    """The bytes of each byte class of a ByteDFA, as 256-bit ints (kept on the automaton)."""
+    masks = dfa.class_masks
+    if masks is None:
+        masks = [0] * dfa.num_classes
+        for b, c in enumerate(dfa.classes):
+            masks[c] |= 1 << b
+        dfa.class_masks = masks
+    return masks

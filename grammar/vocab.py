@@ -6,7 +6,7 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from grammar.errors import GrammarError
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _SPIECE_SPACE = "\u2581"
+_MAX_DERIVED = 64
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -88,6 +89,7 @@ class TokenVocabulary:
         self.hash: str = h.hexdigest()
         self._prepared: PreparedTokens | None = None
         self._lock = threading.Lock()
+        self._derived: dict[tuple, Any] = {}  # per-vocabulary token sets (see `derived`)
 
     def __len__(self) -> int:
         return len(self._bytes)
@@ -129,6 +131,29 @@ class TokenVocabulary:
                 if self._prepared is None:
                     self._prepared = self._prepare()
         return self._prepared
+
+    def derived(self, key: tuple, build: Callable[[], Any]) -> Any:
+        """A token set that depends on the vocabulary and `key` only (never on a constraint),
+        built once and kept: e.g. the tokens that stay inside a JSON string. Bounded."""
+        hit = self._derived.get(key)
+        if hit is None:
+            hit = build()
+            with self._lock:
+                if len(self._derived) >= _MAX_DERIVED:
+                    self._derived.pop(next(iter(self._derived)))
+                hit = self._derived.setdefault(key, hit)
+        return hit
+
+    def ids_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Every token id whose bytes are one of the prepared `rows` (int64)."""
+        prep = self.prepared()
+        starts = prep.row_start[rows]
+        counts = prep.row_start[rows + 1] - starts
+        if not rows.size or int(counts.max()) == 1:
+            return prep.row_ids[starts]
+        ends = np.cumsum(counts)
+        offsets = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]))
+        return prep.row_ids[offsets]
 
     def _prepare(self) -> PreparedTokens:
         distinct = sorted({b for b in self._bytes if b}, key=lambda b: (-len(b), b))

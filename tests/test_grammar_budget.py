@@ -155,13 +155,14 @@ def test_schema_over_the_old_budget_compiles_and_walks_tokens() -> None:
     }
     t0 = time.perf_counter()
     g = compile_json_schema(schema, vocab)
-    assert g.dfa.num_states > 50_000
+    assert g.dfa.lazy  # rows built as walks read them: the compile builds almost none
     for n, ok in [(0, True), (40, True), (5000, True), (5001, False)]:
         body = ("hello world " * 500)[: n - 1] + "\u00e9" if n else ""
         text = json.dumps({"body": body, "n": 1}, separators=(",", ":"), ensure_ascii=False)
         assert walk(g, tok.encode(text, add_special_tokens=False)) == ok, n
     assert time.perf_counter() - t0 < 60
-    # jump-forward and masks work on the class-indexed table
+    assert g.dfa.num_states > 5000  # one state per counted character was read
+    # jump-forward and masks work on the lazily built table
     m = g.matcher()
     assert m.forced_text() == '{"body":"'
     bits = np.zeros(g.index.num_words, dtype=np.int32)
@@ -181,7 +182,6 @@ def test_a_bench_schema_that_exceeded_the_budget_compiles() -> None:
     case = json.loads(path.read_text())
     vocab, tok = deepseek_vocab(), deepseek_tokenizer()
     g = compile_json_schema(case["schema"], vocab)
-    assert g.dfa.num_states > 50_000
     for t in case["tests"]:
         text = json.dumps(t["data"], separators=(",", ":"), ensure_ascii=False)
         if t["valid"]:

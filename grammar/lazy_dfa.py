@@ -1,0 +1,271 @@
+"""A byte DFA determinised on demand: a state's row is built the first time a walk reads it.
+
+A compiled constraint only ever reads the states that token walks reach: from each state a
+sequence visits, the states every vocabulary token passes through. For a JSON object whose
+other members may hold any JSON value, that is ~60 of ~870 states, so building the rest (the
+eager subset construction of `fsm.nfa_to_dfa`) is most of a cold compile. Here a state is a set
+of NFA states (as there), numbered when first seen as a target and expanded (its 256-byte row
+computed) when first read. Rows are indexed by raw byte (no byte classes: they would need a pass
+over the whole NFA first); unexpanded rows hold UNEXPANDED (-1), which vectorised walks detect
+after a gather (`expand` then re-gather), and scalar walks see as a missing Python row.
+
+Same contract as `ByteDFA` for what a compiled constraint uses: state 0 is DEAD, 1 is START,
+every other state can reach acceptance (only NFAs without dead ends are built lazily: see
+`NFA.dead_end_possible`), the state budget holds (it raises GrammarError when a walk would
+number more states). Thread-safe: expansion is serialised; a row never changes once written, and
+the table only grows (a reader holding an older array re-reads it when it sees UNEXPANDED).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from grammar.errors import GrammarError
+from grammar.nfa import NFA
+
+DEAD = 0
+START = 1
+UNEXPANDED = -1
+
+
+def byte_classes(masks: list[int]) -> list[int]:
+    """Partition 0..255 into classes no mask splits; returns class bitsets."""
+    classes = [(1 << 256) - 1]
+    for m in masks:
+        nxt = []
+        for c in classes:
+            a, b = c & m, c & ~m
+            if a:
+                nxt.append(a)
+            if b:
+                nxt.append(b)
+        classes = nxt
+    return classes
+
+
+def over_budget(max_states: int) -> GrammarError:
+    return GrammarError(
+        f"DFA exceeds the state budget ({max_states} states); "
+        "simplify the constraint (e.g. smaller maxLength / maxItems)"
+    )
+
+
+class LazyDFA:
+    """A DFA over bytes whose rows are computed on first read (see the module docstring).
+
+    table: int32 [capacity, 256] (rows >= num_states unused); accepting: bool [capacity].
+    Both arrays are replaced when they grow: read the attribute afresh, never keep it.
+    """
+
+    lazy = True
+    num_classes = 256
+
+    def __init__(self, nfa: NFA, start: int, max_states: int) -> None:
+        self.byte_to_class = np.arange(256, dtype=np.int32)
+        self.classes = list(range(256))
+        self.max_states = max_states
+        self._nfa = nfa
+        self._lock = threading.RLock()
+        self._closures: dict[int, frozenset[int]] = {}
+        self._index: dict[frozenset[int], int] = {frozenset(): DEAD}
+        self._order: list[frozenset[int]] = [frozenset()]
+        self._single: dict[int, int] = {}  # NFA state t -> id of closure(t)
+        self._multi: dict[frozenset[int], int] = {}  # NFA targets -> id of their closure
+        self._templates: dict[tuple[int, ...], tuple[list[tuple[int, ...]], np.ndarray]] = {}
+        self.table = np.full((64, 256), UNEXPANDED, dtype=np.int32)
+        self.table[DEAD] = DEAD
+        self.accepting = np.zeros(64, dtype=bool)
+        self._rows: list[list[int] | None] = [[DEAD] * 256]  # Python rows, for scalar walks
+        self._live: list[int] = [0]  # live bytes per expanded state (-1: not expanded)
+        self._forced: list[int] = [-1]  # the one byte a state forces, or -1
+        first = self._closure(start)
+        if not first:
+            raise GrammarError("the constraint matches nothing")
+        self._state_id(first)
+        self._expand(START)
+        if self._live[START] == 0 and not self.accepting[START]:
+            raise GrammarError("the constraint matches nothing")
+
+    def __repr__(self) -> str:
+        expanded = sum(r is not None for r in self._rows)
+        return f"LazyDFA(states={self.num_states}, expanded={expanded})"
+
+    @property
+    def num_states(self) -> int:
+        """States numbered so far (expanded or not); grows as walks explore."""
+        return len(self._order)
+
+    @property
+    def nbytes(self) -> int:
+        """Rough memory held: the table plus the NFA state sets (~100 bytes per member)."""
+        return int(self.table.nbytes) + 100 * sum(len(s) for s in self._order)
+
+    # --- reads -------------------------------------------------------------------------
+
+    def row_list(self, state: int) -> list[int]:
+        """The state's transitions by byte, as a Python list (expanded on first use)."""
+        r = self._rows[state]
+        if r is None:
+            with self._lock:
+                if self._rows[state] is None:
+                    self._expand(state)
+            r = self._rows[state]
+        return r
+
+    def step(self, state: int, byte: int) -> int:
+        return self.row_list(state)[byte]
+
+    def walk(self, state: int, data: bytes) -> int:
+        """State after reading `data` from `state` (DEAD if it dies on the way)."""
+        rows = self._rows
+        for b in data:
+            r = rows[state]
+            if r is None:
+                r = self.row_list(state)
+            state = r[b]
+            if state == DEAD:
+                return DEAD
+        return state
+
+    def matches(self, data: bytes) -> bool:
+        end = self.walk(START, data)  # first: the walk may grow (replace) `accepting`
+        return bool(self.accepting[end])
+
+    def expand(self, states: np.ndarray | list[int]) -> None:
+        """Make sure every state in `states` has its row."""
+        rows = self._rows
+        todo = [s for s in set(np.asarray(states).reshape(-1).tolist()) if rows[s] is None]
+        if todo:
+            with self._lock:
+                for s in todo:
+                    if rows[s] is None:
+                        self._expand(s)
+
+    def byte_row(self, state: int) -> np.ndarray:
+        """int32 [256]: the state's transitions by byte."""
+        self.row_list(state)
+        return self.table[state]
+
+    def byte_rows(self, states: np.ndarray | list[int]) -> np.ndarray:
+        """int32 [len(states), 256]: byte-indexed rows of some states."""
+        self.expand(states)
+        return self.table[np.asarray(states, dtype=np.int64)]
+
+    def can_continue(self, state: int) -> bool:
+        self.row_list(state)
+        return self._live[state] > 0
+
+    def forced_byte(self, state: int) -> int:
+        """The one byte `state` allows when it allows exactly one and is not accepting; -1."""
+        self.row_list(state)
+        return self._forced[state]
+
+    # --- construction (under the lock) ------------------------------------------------
+
+    def _closure(self, s: int) -> frozenset[int]:
+        """NFA states reachable from s by epsilon edges that matter for a DFA state: those
+        with byte edges, and the final state."""
+        c = self._closures.get(s)
+        if c is not None:
+            return c
+        nfa = self._nfa
+        eps, edges, final = nfa.eps, nfa.edges, nfa.final
+        seen, stack, keep = {s}, [s], []
+        while stack:
+            x = stack.pop()
+            if edges[x] is None:  # a state of an embedded automaton not yet read
+                nfa.fill(x)
+            if edges[x] or x == final:
+                keep.append(x)
+            for y in eps[x]:
+                if y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+        c = self._closures[s] = frozenset(keep)
+        return c
+
+    def _state_id(self, target: frozenset[int]) -> int:
+        j = self._index.get(target)
+        if j is None:
+            j = len(self._order)
+            if j > self.max_states:
+                raise over_budget(self.max_states)
+            if j >= self.table.shape[0]:
+                self._grow()
+            self._index[target] = j
+            self._order.append(target)
+            self.accepting[j] = self._nfa.final in target
+            self._rows.append(None)
+            self._live.append(-1)
+            self._forced.append(-1)
+        return j
+
+    def _grow(self) -> None:
+        cap = self.table.shape[0]
+        table = np.full((2 * cap, 256), UNEXPANDED, dtype=np.int32)
+        table[:cap] = self.table
+        accepting = np.zeros(2 * cap, dtype=bool)
+        accepting[:cap] = self.accepting
+        self.accepting = accepting
+        self.table = table
+
+    def _single_id(self, t: int) -> int:
+        j = self._single.get(t)
+        if j is None:
+            j = self._single[t] = self._state_id(self._closure(t))
+        return j
+
+    def _template(self, masks: tuple[int, ...]) -> tuple[list[tuple[int, ...]], np.ndarray]:
+        """For a DFA state's NFA edges (their byte masks, in order): the distinct sets of edges
+        that fire together (slot 0: none), and the slot of each byte."""
+        hit = self._templates.get(masks)
+        if hit is not None:
+            return hit
+        classes = byte_classes(sorted(set(masks)))
+        slots: list[tuple[int, ...]] = [()]
+        slot_of: dict[tuple[int, ...], int] = {(): 0}
+        cls_slot = []
+        for c in classes:
+            fire = tuple([e for e, m in enumerate(masks) if c & m])
+            j = slot_of.get(fire)
+            if j is None:
+                j = slot_of[fire] = len(slots)
+                slots.append(fire)
+            cls_slot.append(j)
+        raw = b"".join(c.to_bytes(32, "little") for c in classes)
+        bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little")
+        which = np.argmax(bits.reshape(len(classes), 256), axis=0)  # each byte's class
+        byte_slot = np.asarray(cls_slot, dtype=np.int64)[which]
+        hit = self._templates[masks] = (slots, byte_slot)
+        return hit
+
+    def _expand(self, i: int) -> None:
+        edges = self._nfa.edges
+        masks: list[int] = []
+        targets: list[int] = []
+        for s in self._order[i]:
+            for m, t in edges[s]:
+                masks.append(m)
+                targets.append(t)
+        slots, byte_slot = self._template(tuple(masks))
+        ids = [DEAD]
+        for sl in slots[1:]:
+            ts = {targets[e] for e in sl}
+            if len(ts) == 1:
+                ids.append(self._single_id(next(iter(ts))))
+                continue
+            key = frozenset(ts)
+            j = self._multi.get(key)
+            if j is None:
+                j = self._multi[key] = self._state_id(
+                    frozenset().union(*(self._closure(t) for t in ts))
+                )
+            ids.append(j)
+        row = np.asarray(ids, dtype=np.int32)[byte_slot]
+        live = np.flatnonzero(row)
+        self._live[i] = int(live.size)
+        self._forced[i] = int(live[0]) if live.size == 1 and not self.accepting[i] else -1
+        self.table[i] = row  # after any growth: the current table
+        self._rows[i] = row.tolist()
