@@ -122,6 +122,10 @@ class ByteDFA:
         """int32 [256]: the state's transitions by byte."""
         return self.table[state][self.byte_to_class]
 
+    def row_list(self, state: int) -> list[int]:
+        """The state's transitions by byte, as a Python list."""
+        return self.table[state][self.byte_to_class].tolist()
+
     def expand(self, states: object) -> None:
         """Nothing to do: every row exists (the lazy DFA's counterpart builds rows)."""
 

@@ -10,12 +10,52 @@ built yet (UNEXPANDED, negative): those states are expanded and the gather redon
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
 from grammar.fsm import DEAD, ByteDFA
 from grammar.lazy_dfa import LazyDFA
-from grammar.vocab import TokenVocabulary
+from grammar.vocab import PreparedTokens, TokenVocabulary, csr_take
+
+# UTF-8's well-formed multi-byte sequences: (lead byte range, continuation byte ranges)
+_UTF8_FORMS = (
+    ((0xC2, 0xDF), ((0x80, 0xBF),)),
+    ((0xE0, 0xE0), ((0xA0, 0xBF), (0x80, 0xBF))),
+    ((0xE1, 0xEC), ((0x80, 0xBF), (0x80, 0xBF))),
+    ((0xED, 0xED), ((0x80, 0x9F), (0x80, 0xBF))),
+    ((0xEE, 0xEF), ((0x80, 0xBF), (0x80, 0xBF))),
+    ((0xF0, 0xF0), ((0x90, 0xBF), (0x80, 0xBF), (0x80, 0xBF))),
+    ((0xF1, 0xF3), ((0x80, 0xBF), (0x80, 0xBF), (0x80, 0xBF))),
+    ((0xF4, 0xF4), ((0x80, 0x8F), (0x80, 0xBF), (0x80, 0xBF))),
+)
+
+
+@dataclass(slots=True, frozen=True)
+class Suffixes:
+    """The tokens that leave a self-looping state (see `TokenIndex._transparent`), cut at the
+    first byte that may not loop: what is before it brings the walk back to the same state.
+    Distinct suffixes laid out like PreparedTokens (longest first, column per byte position);
+    the token rows of suffix k are rows[start[k] : start[k + 1]]."""
+
+    columns: np.ndarray
+    n_longer: np.ndarray
+    start: np.ndarray
+    rows: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, tokens: dict[bytes, list[int]]) -> Suffixes:
+        order = sorted(tokens, key=lambda b: (-len(b), b))
+        width = max((len(b) for b in order), default=1)
+        flat = np.frombuffer(b"".join(b.ljust(width, b"\0") for b in order), dtype=np.uint8)
+        columns = np.ascontiguousarray(flat.reshape(len(order), width).T)
+        lengths = np.array([len(b) for b in order], dtype=np.int64)
+        n_longer = np.array([int(np.count_nonzero(lengths > p)) for p in range(width + 1)])
+        counts = np.array([len(tokens[b]) for b in order], dtype=np.int64)
+        start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        rows = np.array([r for b in order for r in tokens[b]], dtype=np.int64)
+        return cls(columns, n_longer, start, rows, lengths)
 
 
 class TokenIndex:
@@ -112,26 +152,44 @@ class TokenIndex:
         on[: prep.id_to_unique.shape[0]] = full[prep.id_to_unique]
         words = np.packbits(on, bitorder="little").view("<i4")
         words.flags.writeable = False
-        return words, np.flatnonzero(~ok)
+        return words, self._loop_suffixes(np.flatnonzero(~ok), loops[:128].tolist(), all_chars)
+
+    def _loop_suffixes(self, rows: np.ndarray, loops: list[bool], all_chars: bool) -> Suffixes:
+        """Each of `rows` cut after its longest prefix of bytes that loop (ASCII in `loops`;
+        whole UTF-8 characters too when `all_chars`), grouped by what is left."""
+        prep, vocab = self.prepared, self.vocab
+        first_id = prep.row_ids[prep.row_start[rows]].tolist()
+        out: dict[bytes, list[int]] = {}
+        for r, i in zip(rows.tolist(), first_id, strict=True):
+            b = vocab.token_bytes(i)
+            p, n = 0, len(b)
+            while p < n:
+                c = b[p]
+                if c < 128:
+                    if not loops[c]:
+                        break
+                    p += 1
+                    continue
+                k = 2 if c < 0xE0 else 3 if c < 0xF0 else 4
+                if not all_chars or not _is_whole_char(b[p : p + k], k):
+                    break
+                p += k
+            out.setdefault(b[p:], []).append(r)
+        return Suffixes.of(out)
 
     def _loops_on_all_characters(self, state: int) -> bool:
         """Every multi-byte UTF-8 character read from `state` comes back to `state`."""
-        rows = self.dfa.byte_rows
-        # (lead bytes, ranges of the continuation bytes), per UTF-8's well-formed sequences
-        forms = [
-            (range(0xC2, 0xE0), [(0x80, 0xBF)]),
-            (range(0xE0, 0xE1), [(0xA0, 0xBF), (0x80, 0xBF)]),
-            (range(0xE1, 0xED), [(0x80, 0xBF), (0x80, 0xBF)]),
-            (range(0xED, 0xEE), [(0x80, 0x9F), (0x80, 0xBF)]),
-            (range(0xEE, 0xF0), [(0x80, 0xBF), (0x80, 0xBF)]),
-            (range(0xF0, 0xF1), [(0x90, 0xBF), (0x80, 0xBF), (0x80, 0xBF)]),
-            (range(0xF1, 0xF4), [(0x80, 0xBF), (0x80, 0xBF), (0x80, 0xBF)]),
-            (range(0xF4, 0xF5), [(0x80, 0x8F), (0x80, 0xBF), (0x80, 0xBF)]),
-        ]
-        for leads, conts in forms:
-            states = set(rows([state])[0, list(leads)].tolist())
+        row = self.dfa.row_list
+        first = row(state)
+        for leads, conts in _UTF8_FORMS:
+            states = set(first[leads[0] : leads[1] + 1])
             for lo, hi in conts:
-                states = set(rows(sorted(states))[:, lo : hi + 1].reshape(-1).tolist())
+                if DEAD in states:
+                    return False
+                nxt: set[int] = set()
+                for t in states:
+                    nxt.update(row(t)[lo : hi + 1])
+                states = nxt
             if states != {state}:
                 return False
         return True
@@ -142,8 +200,10 @@ class TokenIndex:
         prep = self.prepared
         transparent = self._transparent(state)
         if transparent is not None:
-            words, others = transparent
-            return words, self._allowed_sparse(state, others)
+            words, sfx = transparent
+            cur = self._class_row(state)[self._cls(sfx.columns[0])]
+            alive = self._walk_rows(np.arange(cur.shape[0]), cur, 1, sfx)
+            return words, csr_take(sfx.start, sfx.rows, alive)
         # first bytes that live: if their tokens are few, walk only those
         live = np.flatnonzero(self.row(state) != DEAD)
         starts, ends = prep.first_start[live], prep.first_start[live + 1]
@@ -196,10 +256,16 @@ class TokenIndex:
         cur = self._class_row(state)[self._cls(self.prepared.columns[0][rows])]
         return self._walk_rows(rows, cur, 1)
 
-    def _walk_rows(self, rows: np.ndarray, cur: np.ndarray, p: int) -> np.ndarray:
+    def _walk_rows(
+        self,
+        rows: np.ndarray,
+        cur: np.ndarray,
+        p: int,
+        prep: PreparedTokens | Suffixes | None = None,
+    ) -> np.ndarray:
         """Continue walking `rows` (ascending, in states `cur`) from byte position p; returns
-        the surviving rows, ascending."""
-        prep = self.prepared
+        the surviving rows, ascending. `prep`: the byte layout (the vocabulary's by default)."""
+        prep = prep or self.prepared
         keep = cur != DEAD
         rows, cur = rows[keep], cur[keep]
         done: list[np.ndarray] = []
@@ -210,6 +276,15 @@ class TokenIndex:
             done.append(rows[cut:])
             rows, cur = rows[:cut], cur[:cut]
             if not rows.size:
+                break
+            if rows.size <= 16:  # a few long tokens left: walk each one's rest in Python
+                walk, cols, lengths = self.dfa.walk, prep.columns, prep.lengths
+                ok = [
+                    r
+                    for r, c in zip(rows.tolist(), cur.tolist(), strict=True)
+                    if walk(c, cols[p : lengths[r], r].tobytes()) != DEAD
+                ]
+                done.append(np.array(ok, dtype=np.int64))
                 break
             cur = self._gather(cur, self._cls(prep.columns[p][rows]))
             keep = cur != DEAD
@@ -243,3 +318,17 @@ class TokenIndex:
         bit = np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
         np.bitwise_or.at(words, ids >> 5, bit)
         return words.view("<i4")
+
+
+def _is_whole_char(b: bytes, k: int) -> bool:
+    """`b` is one complete, valid UTF-8 character of k bytes."""
+    if len(b) != k:
+        return False
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+Layout = PreparedTokens | Suffixes  # byte columns of token rows, longest first

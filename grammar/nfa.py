@@ -9,6 +9,7 @@ a JSON object with optional properties needs becomes a linear NFA (and a small D
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Callable
 
 from interegular import patterns as ip
@@ -36,6 +37,17 @@ def parse_regex(pattern: str) -> ip.Pattern:
         raise GrammarError(f"invalid regex {pattern[:200]!r}: {e}") from None
 
 
+@functools.lru_cache(maxsize=4096)
+def _char_form(chars: frozenset[str], negated: bool) -> tuple[tuple[int, tuple], ...]:
+    """A character class as UTF-8 byte paths: (first-byte mask, continuation byte ranges) per
+    byte-range sequence (a pure function of the class: shared by every automaton)."""
+    return tuple(
+        (byte_mask(*seq[0]), seq[1:])
+        for lo, hi in chars_to_ranges(chars, negated)
+        for seq in utf8_sequences(lo, hi)
+    )
+
+
 def byte_mask(lo: int, hi: int) -> int:
     """A set of bytes lo..hi as a 256-bit integer."""
     return ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
@@ -61,7 +73,6 @@ class NFA:
         self._interned: dict[tuple, int] = {}
         self._nodes: list[object] = []  # keeps parsed nodes alive so ids stay unique
         self._cont_masks: dict[tuple[int, int], int] = {}
-        self._char_forms: dict[tuple, list[tuple[int, tuple]]] = {}
         self._block_first: list[int] = []  # first state id of each embedded automaton
         self._blocks: list[tuple[int, object, int]] = []  # (first id, its ByteDFA, continuation)
         self.dead_end_possible = False
@@ -248,15 +259,7 @@ class NFA:
                     self.fill(x)
 
     def _chars(self, chars: frozenset[str], negated: bool, k: int) -> int:
-        form = self._char_forms.get((chars, negated))
-        if form is None:
-            # (first-byte mask, continuation byte ranges) per UTF-8 byte-range sequence
-            form = [
-                (byte_mask(*seq[0]), seq[1:])
-                for lo, hi in chars_to_ranges(chars, negated)
-                for seq in utf8_sequences(lo, hi)
-            ]
-            self._char_forms[(chars, negated)] = form
+        form = _char_form(chars, negated)
         s = self._new()
         if not form:
             self.dead_end_possible = True  # a character class that matches nothing

@@ -58,6 +58,7 @@ class PreparedTokens:
     # ids by row: row_ids[row_start[r] : row_start[r + 1]] (several ids may share bytes)
     row_ids: np.ndarray
     row_start: np.ndarray
+    lengths: np.ndarray  # int64 [U]: bytes per row
 
     @property
     def num_rows(self) -> int:
@@ -147,13 +148,7 @@ class TokenVocabulary:
     def ids_of_rows(self, rows: np.ndarray) -> np.ndarray:
         """Every token id whose bytes are one of the prepared `rows` (int64)."""
         prep = self.prepared()
-        starts = prep.row_start[rows]
-        counts = prep.row_start[rows + 1] - starts
-        if not rows.size or int(counts.max()) == 1:
-            return prep.row_ids[starts]
-        ends = np.cumsum(counts)
-        offsets = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]))
-        return prep.row_ids[offsets]
+        return csr_take(prep.row_start, prep.row_ids, rows)
 
     def _prepare(self) -> PreparedTokens:
         distinct = sorted({b for b in self._bytes if b}, key=lambda b: (-len(b), b))
@@ -191,7 +186,19 @@ class TokenVocabulary:
             first_start,
             row_ids,
             row_start,
+            lengths,
         )
+
+
+def csr_take(start: np.ndarray, values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """values[start[k] : start[k + 1]] for every k in `keys`, concatenated (vectorised)."""
+    starts = start[keys]
+    counts = start[keys + 1] - starts
+    if not keys.size or int(counts.max()) == 1:
+        return values[starts]
+    ends = np.cumsum(counts)
+    offsets = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]))
+    return values[offsets]
 
 
 def _is_utf8(b: bytes) -> bool:

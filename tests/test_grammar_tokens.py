@@ -119,12 +119,47 @@ def test_vocab_hash_is_stable_and_content_based() -> None:
     ],
 )
 def test_vectorised_masks_equal_brute_force(vocab: TokenVocabulary, pattern: str) -> None:
-    g = compile_regex(pattern, vocab)
+    _check_masks(compile_regex(pattern, vocab))
+
+
+def _reachable(dfa, limit: int = 400) -> list[int]:
+    """Live states reachable from the start (breadth first; builds a lazy DFA's rows)."""
+    seen, order = {1}, [1]
+    for s in order:
+        for t in dict.fromkeys(dfa.row_list(s)):
+            if t and t not in seen and len(order) < limit:
+                seen.add(t)
+                order.append(t)
+    return order
+
+
+def _check_masks(g, n: int = 5, prefixes: tuple[bytes, ...] = ()) -> None:
+    vocab = g.vocab
     rng = np.random.default_rng(0)
-    states = [1, *rng.choice(np.arange(1, g.dfa.num_states), size=4).tolist()]
+    states = [1, *rng.choice(_reachable(g.dfa), size=n).tolist()]
+    states += [g.dfa.walk(1, p) for p in prefixes]
     for s in states:
         got = np.unpackbits(g.index.bitmask(s).view(np.uint8), bitorder="little")[: len(vocab)]
         np.testing.assert_array_equal(got.astype(bool), _brute_force_mask(g, s), err_msg=str(s))
+
+
+@pytest.mark.parametrize(
+    ("schema", "prefixes"),
+    [
+        (
+            {"type": "object", "properties": {"a": {"type": "string"}, "n": {"type": "number"}}},
+            (b'{"a":"x', b'{"a":"x\\', b'{"a":"\xe6\x97', b'{"a":"","zz":[{"q":"'),
+        ),
+        ({"type": "array", "items": {"type": "string", "pattern": "^[A-Z]{2}[a-z]*$"}}, (b'["AB',)),
+    ],
+)
+def test_vectorised_schema_masks_equal_brute_force(
+    vocab: TokenVocabulary, schema: dict, prefixes: tuple[bytes, ...]
+) -> None:
+    """Schema automata (lazily built; strings that loop, other members of any value)."""
+    g = compile_json_schema(schema, vocab)
+    assert all(g.dfa.walk(1, p) for p in prefixes)
+    _check_masks(g, n=6, prefixes=prefixes)
 
 
 def test_token_walk_of_a_schema_instance(vocab: TokenVocabulary) -> None:
