@@ -205,11 +205,9 @@ class TokenIndex:
             alive = self._walk_rows(np.arange(cur.shape[0]), cur, 1, sfx)
             return words, csr_take(sfx.start, sfx.rows, alive)
         # first bytes that live: if their tokens are few, walk only those
-        live = np.flatnonzero(self.row(state) != DEAD)
-        starts, ends = prep.first_start[live], prep.first_start[live + 1]
-        if int((ends - starts).sum()) * 8 < prep.num_rows:
-            parts = [prep.by_first[a:b] for a, b in zip(starts, ends, strict=True)]
-            rows = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        live = self.row(state) != DEAD
+        rows = self.vocab.derived(("first", np.packbits(live).tobytes()), lambda: self._led(live))
+        if rows is not None:
             return None, self._allowed_sparse(state, rows)
         # position 0: every token, one gather from this state's row
         cur = self._class_row(state)[self._classes(0)]
@@ -250,6 +248,19 @@ class TokenIndex:
             n = int(self.prepared.n_longer[p]) if p else self.prepared.num_rows
             col = self._ccols[p] = self._cls(self.prepared.columns[p][:n])
         return col
+
+    def _led(self, live: np.ndarray) -> np.ndarray | None:
+        """The rows of the tokens whose first byte is live (ascending), or None when they are
+        more than an eighth of all (then a dense walk is cheaper)."""
+        prep = self.prepared
+        first = np.flatnonzero(live)
+        starts, ends = prep.first_start[first], prep.first_start[first + 1]
+        if int((ends - starts).sum()) * 8 >= prep.num_rows:
+            return None
+        parts = [prep.by_first[a:b] for a, b in zip(starts, ends, strict=True)]
+        rows = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        rows.flags.writeable = False
+        return rows
 
     def _allowed_sparse(self, state: int, rows: np.ndarray) -> np.ndarray:
         """The rows among `rows` (ascending) that walk from `state` without dying."""

@@ -18,6 +18,7 @@ the table only grows (a reader holding an older array re-reads it when it sees U
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -52,6 +53,32 @@ def over_budget(max_states: int) -> GrammarError:
     )
 
 
+@functools.lru_cache(maxsize=8192)
+def _template(masks: tuple[int, ...]) -> tuple[list[tuple[int, ...]], np.ndarray, int, int]:
+    """For a DFA state's NFA edges (their byte masks, in order): the distinct sets of edges
+    that fire together (slot 0: none), the slot of each byte, how many bytes fire some edge,
+    and that byte when it is one (else -1). A pure function of the masks: shared by every
+    automaton (JSON strings, digits, literals repeat across schemas)."""
+    classes = byte_classes(sorted(set(masks)))
+    slots: list[tuple[int, ...]] = [()]
+    slot_of: dict[tuple[int, ...], int] = {(): 0}
+    cls_slot = []
+    for c in classes:
+        fire = tuple([e for e, m in enumerate(masks) if c & m])
+        j = slot_of.get(fire)
+        if j is None:
+            j = slot_of[fire] = len(slots)
+            slots.append(fire)
+        cls_slot.append(j)
+    raw = b"".join(c.to_bytes(32, "little") for c in classes)
+    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little")
+    which = np.argmax(bits.reshape(len(classes), 256), axis=0)  # each byte's class
+    byte_slot = np.asarray(cls_slot, dtype=np.int64)[which]
+    byte_slot.flags.writeable = False
+    live = np.flatnonzero(byte_slot)
+    return slots, byte_slot, int(live.size), int(live[0]) if live.size == 1 else -1
+
+
 class LazyDFA:
     """A DFA over bytes whose rows are computed on first read (see the module docstring).
 
@@ -73,7 +100,6 @@ class LazyDFA:
         self._order: list[frozenset[int]] = [frozenset()]
         self._single: dict[int, int] = {}  # NFA state t -> id of closure(t)
         self._multi: dict[frozenset[int], int] = {}  # NFA targets -> id of their closure
-        self._templates: dict[tuple[int, ...], tuple[list[tuple[int, ...]], np.ndarray]] = {}
         self.table = np.full((64, 256), UNEXPANDED, dtype=np.int32)
         self.table[DEAD] = DEAD
         self.accepting = np.zeros(64, dtype=bool)
@@ -217,30 +243,6 @@ class LazyDFA:
             j = self._single[t] = self._state_id(self._closure(t))
         return j
 
-    def _template(self, masks: tuple[int, ...]) -> tuple[list[tuple[int, ...]], np.ndarray]:
-        """For a DFA state's NFA edges (their byte masks, in order): the distinct sets of edges
-        that fire together (slot 0: none), and the slot of each byte."""
-        hit = self._templates.get(masks)
-        if hit is not None:
-            return hit
-        classes = byte_classes(sorted(set(masks)))
-        slots: list[tuple[int, ...]] = [()]
-        slot_of: dict[tuple[int, ...], int] = {(): 0}
-        cls_slot = []
-        for c in classes:
-            fire = tuple([e for e, m in enumerate(masks) if c & m])
-            j = slot_of.get(fire)
-            if j is None:
-                j = slot_of[fire] = len(slots)
-                slots.append(fire)
-            cls_slot.append(j)
-        raw = b"".join(c.to_bytes(32, "little") for c in classes)
-        bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little")
-        which = np.argmax(bits.reshape(len(classes), 256), axis=0)  # each byte's class
-        byte_slot = np.asarray(cls_slot, dtype=np.int64)[which]
-        hit = self._templates[masks] = (slots, byte_slot)
-        return hit
-
     def _expand(self, i: int) -> None:
         edges = self._nfa.edges
         masks: list[int] = []
@@ -249,7 +251,7 @@ class LazyDFA:
             for m, t in edges[s]:
                 masks.append(m)
                 targets.append(t)
-        slots, byte_slot = self._template(tuple(masks))
+        slots, byte_slot, n_live, only = _template(tuple(masks))
         ids = [DEAD]
         for sl in slots[1:]:
             ts = {targets[e] for e in sl}
@@ -264,8 +266,8 @@ class LazyDFA:
                 )
             ids.append(j)
         row = np.asarray(ids, dtype=np.int32)[byte_slot]
-        live = np.flatnonzero(row)
-        self._live[i] = int(live.size)
-        self._forced[i] = int(live[0]) if live.size == 1 and not self.accepting[i] else -1
+        # no target is dead (an NFA without dead ends): the live bytes are the template's
+        self._live[i] = n_live
+        self._forced[i] = -1 if self.accepting[i] else only
         self.table[i] = row  # after any growth: the current table
         self._rows[i] = row.tolist()

@@ -16,7 +16,8 @@ from grammar.errors import GrammarError
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _SPIECE_SPACE = "\u2581"
-_MAX_DERIVED = 64
+_MAX_DERIVED = 256
+_MISSING = object()
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -136,8 +137,8 @@ class TokenVocabulary:
     def derived(self, key: tuple, build: Callable[[], Any]) -> Any:
         """A token set that depends on the vocabulary and `key` only (never on a constraint),
         built once and kept: e.g. the tokens that stay inside a JSON string. Bounded."""
-        hit = self._derived.get(key)
-        if hit is None:
+        hit = self._derived.get(key, _MISSING)
+        if hit is _MISSING:
             hit = build()
             with self._lock:
                 if len(self._derived) >= _MAX_DERIVED:

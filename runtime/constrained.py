@@ -153,15 +153,38 @@ class ConstraintHooks:
         rows = [i for i, r in enumerate(reqs) if r.constraint is not None]
         if not rows:
             return []
-        masks = np.stack([reqs[i].constraint.matcher.bitmask() for i in rows])
+        masks = np.stack([self._bitmask(reqs[i]) for i in rows])
         dead = [reqs[i] for i, m in zip(rows, masks, strict=True) if not m.any()]
         kernels.apply_token_bitmask_(
             logits, torch.from_numpy(masks), torch.tensor(rows, dtype=torch.long)
         )
         return dead
 
+    @staticmethod
+    def _bitmask(req: Request) -> np.ndarray:
+        """The request's mask; all zeros (so it is aborted alone) if building it fails, e.g. a
+        lazily built automaton reaching its state budget: the error goes to that request."""
+        import grammar
+
+        m = req.constraint.matcher
+        try:
+            return m.bitmask()
+        except grammar.GrammarError as exc:
+            req.error = exc
+            return np.zeros(m.grammar.index.num_words, dtype=np.int32)
+
     def after_token(self, sched: Scheduler, req: Request) -> None:
-        """Advance the matcher by the sampled token; finish or jump forward as it says."""
+        """Advance the matcher by the sampled token; finish or jump forward as it says. A
+        GrammarError on the way (a state budget reached) aborts this request only."""
+        import grammar
+
+        try:
+            self._after_token(sched, req)
+        except grammar.GrammarError as exc:
+            req.error = exc
+            req.finish_reason = "abort"
+
+    def _after_token(self, sched: Scheduler, req: Request) -> None:
         st = req.constraint
         if st is None:
             return

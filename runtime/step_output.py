@@ -41,8 +41,9 @@ def process_step_output(sched: Scheduler, plan: StepPlan, logits: torch.Tensor) 
     sample_logits = logits[rows]
     if sched.hooks is not None and reqs:
         dead = sched.hooks.mask_logits(reqs, sample_logits)
-        for req in dead:  # its constraint allows no token at all
-            req.error = RuntimeError("the constraint allows no token here")
+        for req in dead:  # its constraint allows no token at all (or failed: req.error says)
+            if req.error is None:
+                req.error = RuntimeError("the constraint allows no token here")
             sched.finish(req, "abort")
         if dead:
             keep = [i for i, r in enumerate(reqs) if r not in dead]

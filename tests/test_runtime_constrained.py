@@ -268,3 +268,32 @@ def test_compile_time_is_reported(engine):
 def test_list_entry_with_bad_constraint_is_aborted(engine):
     results = engine.generate([PROMPT, PROMPT], regex="(unclosed", max_new_tokens=4)
     assert all(r.finish_reason == "abort" and r.error for r in results)
+
+
+def test_state_budget_reached_mid_generation_fails_that_request_alone(engine, monkeypatch):
+    """A lazily built automaton numbers states as the walk goes: one that reaches its budget
+    mid-generation aborts its own request with the GrammarError; the batch goes on."""
+    import grammar
+    from grammar.lazy_dfa import LazyDFA
+
+    init = LazyDFA.__init__
+
+    def tiny_budget(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.max_states = self.num_states + 3
+
+    monkeypatch.setattr(LazyDFA, "__init__", tiny_budget)
+    grammar.clear_caches()
+    plain = engine.generate(PROMPT, max_new_tokens=10, temperature=0.0, ignore_eos=True)
+    # a long unconstrained request is in flight (streamed: submitted at once) while the
+    # constrained one reaches the budget; a DFA that remembers the last 9 letters: 512 states
+    stream = engine.generate(PROMPT, max_new_tokens=80, temperature=0.0, ignore_eos=True,
+                             stream=True)  # fmt: skip
+    (r,) = engine.generate([PROMPT + " bad"], regex="[ab]*a[ab]{8}", max_new_tokens=30,
+                           temperature=1.0, seed=3, ignore_eos=True)  # fmt: skip
+    chunks = list(stream)
+    grammar.clear_caches()
+    assert r.finish_reason == "abort" and "state budget" in r.error, (r.finish_reason, r.error)
+    final = chunks[-1].result
+    assert final.finish_reason == "length" and final.token_ids[:10] == plain.token_ids
+    engine.check_integrity()
