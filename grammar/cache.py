@@ -54,9 +54,9 @@ class CompileCache(Generic[T]):
                 raise
             size = self.size_of(value)
             with self._lock:
+                self.nbytes += size - self._sizes.get(key, 0)  # a key present is replaced
                 self._entries[key] = value
                 self._sizes[key] = size
-                self.nbytes += size
                 self._pending.pop(key, None)
                 while len(self._entries) > 1 and (
                     len(self._entries) > self.max_entries

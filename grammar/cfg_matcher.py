@@ -14,16 +14,6 @@ if TYPE_CHECKING:
     from grammar.cfg_parser import StackNode
 
 
-def complete_utf8_prefix(data: bytes) -> str:
-    """The longest prefix of `data` made of whole UTF-8 characters, decoded."""
-    for cut in range(len(data), max(len(data) - 4, 0) - 1, -1):
-        try:
-            return data[:cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return ""
-
-
 class CFGMatcher(PackedMaskViews):
     """One sequence's position in a lark grammar; the interface of `grammar.matcher.Matcher`.
     Cheap to create and to copy; not thread-safe (one sequence, one thread)."""
@@ -97,6 +87,3 @@ class CFGMatcher(PackedMaskViews):
             return b""
         return self.grammar.forced(self._node, self._q)
 
-    def forced_text(self) -> str:
-        """`forced_bytes()` cut to whole UTF-8 characters."""
-        return complete_utf8_prefix(self.forced_bytes())

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from grammar.errors import GrammarError
 from grammar.fsm import ByteDFA, regex_to_dfa
+from grammar.pattern import regex_units
 
 # lark's common.lark terminals whose Python regexes use laziness / lookbehind
 _COMMON_EQUIVALENTS = {
@@ -113,25 +114,19 @@ def _inline_case_groups(pattern: str) -> str:
         at = pattern.find("(?i:")
         if at < 0:
             return pattern
-        depth, i, in_class = 0, at, False
-        while i < len(pattern):
-            c = pattern[i]
-            if c == "\\":
-                i += 2
-                continue
+        depth, end = 0, len(pattern)
+        for i, unit, in_class in regex_units(pattern[at:]):
             if in_class:
-                in_class = c != "]"
-            elif c == "[":
-                in_class = True
-            elif c == "(":
+                continue
+            if unit == "(":
                 depth += 1
-            elif c == ")":
+            elif unit == ")":
                 depth -= 1
                 if depth == 0:
+                    end = at + i
                     break
-            i += 1
-        body = _case_insensitive(pattern[at + 4 : i])
-        pattern = pattern[:at] + "(?:" + body + pattern[i:]
+        body = _case_insensitive(pattern[at + 4 : end])
+        pattern = pattern[:at] + "(?:" + body + pattern[end:]
 
 
 def terminal_regex(name: str, pattern: object) -> str:

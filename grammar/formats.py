@@ -21,10 +21,21 @@ _TIME = (
 _LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?"
 _HOSTNAME = rf"{_LABEL}(\.{_LABEL})*"
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-# RFC 3986 without IP-literal hosts ("[...]" is not generated): pchar = unreserved /
-# pct-encoded / sub-delims / ":" / "@"; one "?" query and one "#" fragment at most
-_PCHAR = r"([A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})"
-_URI_REST = rf"({_PCHAR}|/)*(\?({_PCHAR}|[/?])*)?(#({_PCHAR}|[/?])*)?"
+# RFC 3986 without IP-literal hosts ("[...]" is not generated). A "//" starts an authority,
+# [userinfo "@"] host [":" port] (the host a reg-name, which IPv4 addresses also are, the port
+# digits); else the path is absolute ("/" not followed by "/"), rootless or empty, and in a
+# relative reference its first segment has no ":" (it would read as a scheme). One "?" query
+# and one "#" fragment at most.
+_UNRESERVED_SUB = r"[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2}"
+_PCHAR = rf"({_UNRESERVED_SUB}|[:@])"
+_SEGMENTS = rf"(/{_PCHAR}*)*"
+_AUTHORITY = rf"(({_UNRESERVED_SUB}|:)*@)?({_UNRESERVED_SUB})*(:[0-9]*)?"
+_QUERY_FRAGMENT = rf"(\?({_PCHAR}|[/?])*)?(#({_PCHAR}|[/?])*)?"
+_HIER_PART = rf"(//{_AUTHORITY}{_SEGMENTS}|/({_PCHAR}+{_SEGMENTS})?|{_PCHAR}+{_SEGMENTS}|)"
+_RELATIVE_PART = (
+    rf"(//{_AUTHORITY}{_SEGMENTS}|/({_PCHAR}+{_SEGMENTS})?|({_UNRESERVED_SUB}|@)+{_SEGMENTS}|)"
+)
+_SCHEME = r"[a-zA-Z][a-zA-Z0-9+.\-]*"
 _H16 = "[0-9A-Fa-f]{1,4}"
 
 
@@ -56,8 +67,10 @@ FORMAT_REGEXES: dict[str, str] = {
     "hostname": _HOSTNAME,
     "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
     "ipv6": _ipv6(),
-    "uri": rf"[a-zA-Z][a-zA-Z0-9+.\-]*:{_URI_REST}",
-    "uri-reference": rf"([a-zA-Z][a-zA-Z0-9+.\-]*:)?{_URI_REST}",
+    "uri": rf"{_SCHEME}:{_HIER_PART}{_QUERY_FRAGMENT}",
+    "uri-reference": (
+        rf"({_SCHEME}:{_HIER_PART}|{_RELATIVE_PART}){_QUERY_FRAGMENT}"
+    ),
 }
 
 # standard formats whose exact language we do not build: refuse rather than ignore

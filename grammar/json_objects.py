@@ -82,6 +82,35 @@ def integral_as(value: Any, kind: type) -> Any:
     return value
 
 
+def string_except(names: list[str], string_char: Node, ptr: str) -> Node:
+    """A JSON string (with its quotes) whose raw content is none of `names`: the complement
+    of the names' trie, any content character being `string_char` (a regex node). Names that
+    need escapes are refused; escapes count as other characters, and only escapes of
+    characters no name holds are allowed in the divergence (a key spelled `\\u0061` or
+    `\\/` could otherwise be a name in disguise). The regex path and the lark path share it."""
+    if any(ord(ch) < 0x20 or ch in '"\\' for name in names for ch in name):
+        raise UnsupportedSchemaError("additionalProperties", ptr, "a property name needs escapes")
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for ch in name:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    escape = ra.parsed(r'\\["\\bfnrt]|\\u00[01][0-9a-fA-F]')
+    rest = ra.repeat(string_char, 0, None)
+
+    def complement(node: dict) -> Node:
+        children = [c for c in node if c]
+        other = ra.alt([ip_char_not(children), escape])
+        options = [ra.seq(other, rest)]
+        if "" not in node:
+            options.append(ra.EMPTY)
+        options += [ra.seq(ra.char(c), complement(node[c])) for c in children]
+        return ra.alt(options)
+
+    return ra.seq(ra.char('"'), complement(trie), ra.char('"'))
+
+
 def ip_char_not(excluded: list[str]) -> object:
     from interegular import patterns as ip
 
@@ -346,26 +375,4 @@ class ObjectRules:
         """A JSON string whose content is none of `names` (the complement of a trie)."""
         if not names:
             return self.any_string
-        if any(ord(ch) < 0x20 or ch in '"\\' for name in names for ch in name):
-            raise UnsupportedSchemaError("additionalProperties", ptr, "a name needs escapes")
-        trie: dict = {}
-        for name in names:
-            node = trie
-            for ch in name:
-                node = node.setdefault(ch, {})
-            node[""] = {}
-        # only escapes of characters no name holds (names needing escapes are refused
-        # above): a key spelled with `\\u0061` or `\\/` could otherwise be a name in disguise
-        escape = ra.parsed(r'\\["\\bfnrt]|\\u00[01][0-9a-fA-F]')
-        rest = ra.repeat(self.string_char, 0, None)
-
-        def complement(node: dict) -> Node:
-            children = [c for c in node if c]
-            other = ra.alt([ip_char_not(children), escape])
-            options = [ra.seq(other, rest)]
-            if "" not in node:
-                options.append(ra.EMPTY)
-            options += [ra.seq(ra.char(c), complement(node[c])) for c in children]
-            return ra.alt(options)
-
-        return ra.seq(ra.char('"'), complement(trie), ra.char('"'))
+        return string_except(names, self.string_char, ptr)

@@ -332,41 +332,15 @@ def _scalar_part(schema: dict) -> dict:
     return {k: v for k, v in schema.items() if _Builder.scalar_keyword(k) or k in ANNOTATIONS}
 
 
-def _class_escape(c: str) -> str:
-    return "\\" + c if c in "]\\^-[" else (f"\\x{ord(c):02x}" if ord(c) < 0x20 else c)
-
-
 def _string_except(names: list[str]) -> str:
-    """Regex of a JSON string (with quotes) whose raw content is none of `names`: the
-    complement of the names' trie (escape sequences always count as other characters)."""
-    from grammar.cfg_terminals import regex_escape
+    """Regex of a JSON string (with quotes) whose raw content is none of `names` (the regex
+    path's construction, written as text)."""
+    from grammar import regex_ast as ra
+    from grammar.json_objects import string_except
 
     if not names:
         return f'"{STRING_CHAR}*"'
-    if any(ord(ch) < 0x20 or ch in '"\\' for name in names for ch in name):
-        raise UnsupportedSchemaError("additionalProperties", "#", "a property name needs escapes")
-    trie: dict = {}
-    for name in names:
-        node = trie
-        for ch in name:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-
-    def not_in(node: dict) -> str:
-        alts = [] if "" in node else [""]
-        chars = [c for c in node if c]
-        for c in chars:
-            alts.append(regex_escape(c) + not_in(node[c]))
-        other = "[^" + "".join(_class_escape(c) for c in chars) + _STRING_EXCLUDED + "]"
-        alts.append(f"({other}|{_OTHER_ESCAPE}){STRING_CHAR}*")
-        return "(" + "|".join(alts) + ")"
-
-    return '"' + not_in(trie) + '"'
-
-
-_STRING_EXCLUDED = '"\\\\\\x00-\\x1f'
-# escapes of characters no property name holds: `\\u0061` or `\\/` could spell a name
-_OTHER_ESCAPE = r'\\["\\bfnrt]|\\u00[01][0-9a-fA-F]'
+    return ra.to_text(string_except(names, ra.parsed(STRING_CHAR), "#"))
 
 
 def json_schema_to_lark(schema: Any, *, whitespace: bool = False) -> str:

@@ -11,17 +11,15 @@ from grammar.fsm import DEAD, START
 
 def complete_utf8_prefix(data: bytes) -> str:
     """The longest prefix of `data` made of whole UTF-8 characters, decoded."""
-    for cut in range(len(data), max(len(data) - 4, 0) - 1, -1):
-        try:
-            return data[:cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return data.decode("utf-8", errors="ignore")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:  # e.start: the first byte that does not decode
+        return data[: e.start].decode("utf-8")
 
 
 class PackedMaskViews:
-    """`mask()`, `fill_bitmask()` and `is_allowed()` over a matcher's packed `bitmask()`;
-    shared by the regex `Matcher` and the lark `CFGMatcher`."""
+    """`mask()`, `fill_bitmask()`, `is_allowed()` and `forced_text()` over a matcher's packed
+    `bitmask()` and `forced_bytes()`; shared by the regex `Matcher` and the lark `CFGMatcher`."""
 
     __slots__ = ()
 
@@ -36,6 +34,18 @@ class PackedMaskViews:
         """Bool array of len(vocab): the token ids allowed now (EOS when accepting)."""
         bits = np.unpackbits(self.bitmask().view(np.uint8), bitorder="little")
         return bits[: len(self.grammar.vocab)].astype(bool)
+
+    def forced_bytes(self) -> bytes:
+        raise NotImplementedError
+
+    def forced_text(self) -> str:
+        """`forced_bytes()` as text: whole UTF-8 characters only (bytes that finish a
+        character the last token split are left out, as is a character cut at the end)."""
+        data = self.forced_bytes()
+        head = 0
+        while head < min(3, len(data)) and 0x80 <= data[head] < 0xC0:
+            head += 1
+        return complete_utf8_prefix(data[head:])
 
     def is_allowed(self, token_id: int) -> bool:
         w = self.bitmask()[token_id >> 5]
@@ -110,6 +120,3 @@ class Matcher(PackedMaskViews):
             return b""
         return self.grammar.jump_forward(self._state)[0]
 
-    def forced_text(self) -> str:
-        """`forced_bytes()` cut to whole UTF-8 characters."""
-        return complete_utf8_prefix(self.forced_bytes())

@@ -24,7 +24,7 @@ _LINE_BREAKS = frozenset("\n\r\u2028\u2029")
 _U_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u([0-9a-fA-F]{4})")
 
 
-def _units(pattern: str):
+def regex_units(pattern: str):
     """(index, unit, inside a class) for each unit of a regex: an escape pair or one char."""
     in_class, i = False, 0
     while i < len(pattern):
@@ -43,7 +43,7 @@ def _units(pattern: str):
 
 def _split_top_level(pattern: str) -> list[str]:
     out, depth, start = [], 0, 0
-    for i, unit, in_class in _units(pattern):
+    for i, unit, in_class in regex_units(pattern):
         if in_class:
             continue
         if unit == "(":
@@ -83,7 +83,7 @@ def _mark_end_anchors(branch: str) -> tuple[str, bool]:
     """`branch` with every unescaped `$` outside a class made _END, and whether one of them
     is not its last character (e.g. `(a|$)b*`)."""
     out, inner = [], False
-    for i, unit, in_class in _units(branch):
+    for i, unit, in_class in regex_units(branch):
         if unit == "$" and not in_class:
             inner = inner or i < len(branch) - 1
             unit = _END

@@ -170,10 +170,34 @@ def test_ipv6_format_agrees_with_ipaddress() -> None:
         ("a:b#c#d", False),  # one fragment
         ("http://x/a b", False),
         ("no-scheme", False),
+        # the authority after "//": [userinfo "@"] host [":" port], port digits only
+        ("http://user:pw@host:8080/p?q#f", True),
+        ("file:///etc/hosts", True),
+        ("http://host:", True),
+        ("http://host:port", False),
+        ("http://a@b@c", False),
+        ("http://[::1]/", False),  # IP literals are not generated
     ],
 )
 def test_uri_format(text: str, ok: bool) -> None:
     assert (re.fullmatch(FORMAT_REGEXES["uri"], text) is not None) is ok
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("//host:80/p", True),
+        ("/abs/path", True),
+        ("rel/a:b", True),
+        ("?q#f", True),
+        ("", True),
+        ("//host:x", False),
+        ("a b", False),
+        (":x", False),  # a first segment with ":" would read as a scheme
+    ],
+)
+def test_uri_reference_format(text: str, ok: bool) -> None:
+    assert (re.fullmatch(FORMAT_REGEXES["uri-reference"], text) is not None) is ok
 
 
 @pytest.mark.parametrize(
