@@ -7,6 +7,8 @@ g = compile_lark(LARK_TEXT, vocab)          # context-free, the same matcher int
 """
 
 from grammar import api as _api
+from grammar import decimal_numbers as _decimal_numbers  # noqa: F401  loaded with the package:
+from grammar import intersect as _intersect  # noqa: F401  no compile pays a module import
 from grammar.api import choices_to_regex, compile_choices, compile_json_schema, compile_regex
 from grammar.cfg import CompiledCFG, clear_cfg_caches, compile_lark
 from grammar.compiled import CompiledGrammar

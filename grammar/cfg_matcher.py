@@ -86,4 +86,3 @@ class CFGMatcher(PackedMaskViews):
         if self._ended:
             return b""
         return self.grammar.forced(self._node, self._q)
-

@@ -68,9 +68,7 @@ FORMAT_REGEXES: dict[str, str] = {
     "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
     "ipv6": _ipv6(),
     "uri": rf"{_SCHEME}:{_HIER_PART}{_QUERY_FRAGMENT}",
-    "uri-reference": (
-        rf"({_SCHEME}:{_HIER_PART}|{_RELATIVE_PART}){_QUERY_FRAGMENT}"
-    ),
+    "uri-reference": (rf"({_SCHEME}:{_HIER_PART}|{_RELATIVE_PART}){_QUERY_FRAGMENT}"),
 }
 
 # standard formats whose exact language we do not build: refuse rather than ignore

@@ -25,6 +25,7 @@ from grammar import dfa_ops
 from grammar import regex_ast as ra
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.fsm import node_to_dfa
+from grammar.intersect import dfas_intersect
 from grammar.pattern import losses
 from grammar.schema_merge import ANNOTATIONS, merge, type_set
 
@@ -277,8 +278,6 @@ class OneOfRules:
         """oneOf needs exactly one branch to match, so every two branches must be provably
         disjoint: different JSON types, different values of a required discriminator property,
         or (for scalars only, whose spelling is canonical) disjoint regex languages."""
-        from grammar.fsm import node_to_dfa
-        from grammar.intersect import dfas_intersect
 
         for (na, sa, _), (nb, sb, _) in itertools.combinations(options, 2):
             if not (isinstance(sa, dict) and isinstance(sb, dict)):
@@ -316,7 +315,6 @@ class OneOfRules:
     def disjoint(self, a: dict, b: dict, ptr: str) -> bool:
         """Provably no value is an instance of both (finite value sets, or scalar schemas
         whose regex languages do not intersect)."""
-        from grammar.intersect import dfas_intersect
 
         for x, y in ((a, b), (b, a)):
             values = self.finite_values(x, ptr)

@@ -119,4 +119,3 @@ class Matcher(PackedMaskViews):
         if self._ended:
             return b""
         return self.grammar.jump_forward(self._state)[0]
-
