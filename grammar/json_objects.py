@@ -15,6 +15,8 @@ import re
 from decimal import Decimal
 from typing import Any
 
+from interegular import patterns as ip
+
 from grammar import dfa_ops, json_oneof
 from grammar import regex_ast as ra
 from grammar.errors import GrammarError, UnsupportedSchemaError
@@ -111,11 +113,12 @@ def string_except(names: list[str], string_char: Node, ptr: str) -> Node:
     return ra.seq(ra.char('"'), complement(trie), ra.char('"'))
 
 
-def ip_char_not(excluded: list[str]) -> object:
-    from interegular import patterns as ip
+_NOT_CONTENT = frozenset('"\\') | frozenset(chr(i) for i in range(0x20))  # never raw in JSON
 
-    bad = frozenset('"\\') | frozenset(chr(i) for i in range(0x20)) | frozenset(excluded)
-    return ip._CharGroup(bad, True)
+
+def ip_char_not(excluded: list[str]) -> object:
+    """One raw JSON string character that is none of `excluded`."""
+    return ip._CharGroup(_NOT_CONTENT | frozenset(excluded), True)
 
 
 def search_name(pattern: str, name: str, ptr: str) -> bool:

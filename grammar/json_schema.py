@@ -116,7 +116,7 @@ class _Builder(ObjectRules, OneOfRules):
         self.comma = ra.seq(self.ws, ra.char(","), self.ws)
         self.colon = ra.seq(self.ws, ra.char(":"), self.ws)
         self.string_char = ra.parsed(STRING_CHAR_TEXT)
-        self.any_string = ra.parsed(STRING_TEXT)
+        self.any_string = _leaf(STRING_TEXT, "string")
         self.max_depth = max_depth
         self.any_depth = any_depth
         self.ref_stack: list[str] = []
@@ -514,6 +514,8 @@ class _Builder(ObjectRules, OneOfRules):
             content = ra.parsed(FORMAT_REGEXES[fmt])
             if lo or hi is not None:
                 content = self.length_bounded(content, lo, hi, ptr)
+        elif not lo and hi is None:
+            return self.any_string
         else:
             content = ra.repeat(self.string_char, lo, hi)
         return ra.seq(ra.char('"'), content, ra.char('"'))
@@ -531,10 +533,16 @@ class _Builder(ObjectRules, OneOfRules):
         return dfa_ops.DFANode(dfa, key, ptr)
 
     def integer(self, s: dict, ptr: str) -> Node:
-        return numbers.number_node("integer", *_bounds(s), s.get("multipleOf"), ptr)
+        bounds = _bounds(s)
+        if bounds == (None,) * 4 and s.get("multipleOf") is None:
+            return _leaf(numbers.INTEGER, "integer")
+        return numbers.number_node("integer", *bounds, s.get("multipleOf"), ptr)
 
     def number(self, s: dict, ptr: str) -> Node:
-        return numbers.number_node("number", *_bounds(s), s.get("multipleOf"), ptr)
+        bounds = _bounds(s)
+        if bounds == (None,) * 4 and s.get("multipleOf") is None:
+            return _leaf(numbers.NUMBER, "number")
+        return numbers.number_node("number", *bounds, s.get("multipleOf"), ptr)
 
     def array(self, s: dict, ptr: str) -> Node:
         if s.get("uniqueItems"):
@@ -622,6 +630,19 @@ def _bounded_class_pattern(pattern: str, lo: int, hi: int | None, any_char: obje
 
 
 _ANY_DFAS: dict[tuple[str, int], object] = {}
+_LEAVES: dict[str, object] = {}
+
+
+def _leaf(text: str, keyword: str) -> object:
+    """A piece most schemas hold many times (a plain string, a number), as a prebuilt
+    automaton shared by every schema: the NFA embeds it without building its states, and the
+    lazy DFA reads only those walks reach. Keeps its regex text for json_schema_to_regex."""
+    node = _LEAVES.get(text)
+    if node is None:
+        node = _LEAVES.setdefault(
+            text, dfa_ops.DFANode(node_to_dfa(ra.parsed(text)), keyword, "#", text)
+        )
+    return node
 
 
 def _any_automaton(node: object, ws: str, depth: int) -> object:
