@@ -166,12 +166,12 @@ class ConstraintHooks:
         lazily built automaton reaching its state budget: the error goes to that request."""
         import grammar
 
-        m = req.constraint.matcher
+        st = req.constraint
         try:
-            return m.bitmask()
+            return st.matcher.bitmask()
         except grammar.GrammarError as exc:
             req.error = exc
-            return np.zeros(m.grammar.index.num_words, dtype=np.int32)
+            return np.zeros((len(st.vocab) + 31) // 32, dtype=np.int32)
 
     def after_token(self, sched: Scheduler, req: Request) -> None:
         """Advance the matcher by the sampled token; finish or jump forward as it says. A

@@ -297,3 +297,25 @@ def test_state_budget_reached_mid_generation_fails_that_request_alone(engine, mo
     final = chunks[-1].result
     assert final.finish_reason == "length" and final.token_ids[:10] == plain.token_ids
     engine.check_integrity()
+
+
+def test_grammar_error_while_advancing_aborts_only_that_request(engine):
+    """The advance path: a matcher that fails on the sampled token (e.g. the state budget
+    reached while reading the state it leads to) finishes its request with the error."""
+    from types import SimpleNamespace
+
+    from grammar import GrammarError
+
+    class Failing:
+        def advance(self, token_id: int) -> None:
+            raise GrammarError("DFA exceeds the state budget (3 states)")
+
+    hooks = engine.scheduler.hooks
+    req = SimpleNamespace(
+        constraint=SimpleNamespace(matcher=Failing(), jump_forward=False),
+        output_ids=[5],
+        error=None,
+        finish_reason=None,
+    )
+    hooks.after_token(engine.scheduler, req)
+    assert req.finish_reason == "abort" and "state budget" in str(req.error)
