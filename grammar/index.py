@@ -18,6 +18,10 @@ from grammar.fsm import DEAD, ByteDFA
 from grammar.lazy_dfa import LazyDFA
 from grammar.vocab import PreparedTokens, TokenVocabulary, csr_take
 
+# a self-looping state's other tokens are cut into suffixes (a Python pass over them, once
+# per vocabulary and loop) only when they are few, as for JSON string content (~3k of 129k)
+_MAX_SUFFIX_ROWS = 4096
+_DENSE_MIN_ROWS = 4096  # a lockstep walk over fewer rows than this goes on as a sparse one
 # UTF-8's well-formed multi-byte sequences: (lead byte range, continuation byte ranges)
 _UTF8_FORMS = (
     ((0xC2, 0xDF), ((0x80, 0xBF),)),
@@ -115,7 +119,9 @@ class TokenIndex:
         if self._lazy and nxt.size and nxt.min() < 0:  # rows not built yet: build, re-read
             bad = np.flatnonzero(nxt < 0)
             src = cur[bad]
-            self.dfa.expand(src)
+            todo = np.zeros(self.dfa.num_states, dtype=bool)  # the distinct states, in O(n)
+            todo[src] = True
+            self.dfa.expand(np.flatnonzero(todo))
             self._flat = self.dfa.table.reshape(-1)
             nxt[bad] = self._flat[src * self.n_cls + cls[bad]]
         return nxt
@@ -124,12 +130,13 @@ class TokenIndex:
     def states_computed(self) -> int:
         return len(self._masks)
 
-    def _transparent(self, state: int) -> tuple[np.ndarray, np.ndarray] | None:
+    def _transparent(self, state: int) -> tuple[np.ndarray, Suffixes | np.ndarray] | None:
         """Tokens that surely walk from `state` back to `state` (e.g. plain text inside a JSON
         string): every ASCII byte is a self-loop, and so is every whole non-ASCII character
         when the state loops on all of them. None when that is a small minority; else (their
-        packed id bits, the other rows). The set depends only on which bytes loop, so it is
-        kept per vocabulary (every JSON string in every schema has the same one)."""
+        packed id bits, the other tokens: as Suffixes when few, else their rows). The sets
+        depend only on which bytes loop, so they are kept per vocabulary (every JSON string in
+        every schema has the same ones)."""
         loops = self.row(state) == state
         if np.count_nonzero(loops[:128]) < 64:
             return None
@@ -137,7 +144,9 @@ class TokenIndex:
         key = ("transparent", np.packbits(loops[:128]).tobytes(), all_chars)
         return self.vocab.derived(key, lambda: self._transparent_set(loops, all_chars))
 
-    def _transparent_set(self, loops: np.ndarray, all_chars: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _transparent_set(
+        self, loops: np.ndarray, all_chars: bool
+    ) -> tuple[np.ndarray, Suffixes | np.ndarray]:
         prep = self.prepared
         bits = np.packbits(loops[:128], bitorder="little").view("<u8")
         outside = ~bits
@@ -152,7 +161,11 @@ class TokenIndex:
         on[: prep.id_to_unique.shape[0]] = full[prep.id_to_unique]
         words = np.packbits(on, bitorder="little").view("<i4")
         words.flags.writeable = False
-        return words, self._loop_suffixes(np.flatnonzero(~ok), loops[:128].tolist(), all_chars)
+        others = np.flatnonzero(~ok)
+        if others.size > _MAX_SUFFIX_ROWS:  # a narrow loop (a pattern's class): walk as rows
+            others.flags.writeable = False
+            return words, others
+        return words, self._loop_suffixes(others, loops[:128].tolist(), all_chars)
 
     def _loop_suffixes(self, rows: np.ndarray, loops: list[bool], all_chars: bool) -> Suffixes:
         """Each of `rows` cut after its longest prefix of bytes that loop (ASCII in `loops`;
@@ -200,10 +213,12 @@ class TokenIndex:
         prep = self.prepared
         transparent = self._transparent(state)
         if transparent is not None:
-            words, sfx = transparent
-            cur = self._class_row(state)[self._cls(sfx.columns[0])]
-            alive = self._walk_rows(np.arange(cur.shape[0]), cur, 1, sfx)
-            return words, csr_take(sfx.start, sfx.rows, alive)
+            words, others = transparent
+            if not isinstance(others, Suffixes):
+                return words, self._allowed_sparse(state, others)
+            cur = self._class_row(state)[self._cls(others.columns[0])]
+            alive = self._walk_rows(np.arange(cur.shape[0]), cur, 1, others)
+            return words, csr_take(others.start, others.rows, alive)
         # first bytes that live: if their tokens are few, walk only those
         live = self.row(state) != DEAD
         rows = self.vocab.derived(("first", np.packbits(live).tobytes()), lambda: self._led(live))
@@ -214,30 +229,22 @@ class TokenIndex:
         if np.count_nonzero(cur) * 8 < cur.shape[0]:  # few survive the first byte
             rows = np.flatnonzero(cur)
             return None, self._walk_rows(rows, cur[rows], 1)
-        dense = True
-        idx = None
         p = 1
         while p < prep.columns.shape[0]:
             n = int(prep.n_longer[p])  # tokens longer than p are the first n rows
             if n == 0:
                 break
-            if dense:
-                # lockstep over a contiguous prefix: no compaction while most tokens live
-                nxt = self._gather(cur[:n], self._classes(p))
-                cur[:n] = nxt
-                alive = int(np.count_nonzero(nxt))
-                if alive == 0:
-                    break
-                if alive * 8 < n:  # few survivors: switch to walking only those
-                    dense = False
-                    idx = np.flatnonzero(nxt)
-            else:
-                idx = idx[: np.searchsorted(idx, n)]  # drop tokens that ended
-                if idx.size == 0:
-                    break
-                nxt = self._gather(cur[idx], self._classes(p)[idx])
-                cur[idx] = nxt
-                idx = idx[nxt != DEAD]
+            # lockstep over a contiguous prefix: no compaction while most tokens live
+            nxt = self._gather(cur[:n], self._classes(p))
+            cur[:n] = nxt
+            alive = int(np.count_nonzero(nxt))
+            if alive == 0:
+                break
+            if alive * 8 < n or n < _DENSE_MIN_ROWS:  # few left: walk only the survivors
+                out = cur != DEAD
+                out[:n] = False
+                out[self._walk_rows(np.flatnonzero(nxt), nxt[nxt != DEAD], p + 1)] = True
+                return None, out
             p += 1
         return None, cur != DEAD
 
