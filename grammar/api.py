@@ -17,8 +17,8 @@ from grammar.vocab import TokenVocabulary
 
 logger = logging.getLogger(__name__)
 
-# bounded by count and by transition-table bytes (a near-budget automaton holds 100+ MB; a
-# lazy one's size is taken when it is cached, before walks grow it)
+# bounded by count and by automaton bytes (a near-budget automaton holds 100+ MB; a lazy one
+# grows as walks build rows: sizes are measured again at each insertion)
 _CACHE_BYTES = 1 << 30
 
 

@@ -2,7 +2,8 @@
 
 Two threads asking for the same key compile it once; different keys compile concurrently.
 Entries are evicted least recently used first, past `max_entries` or past `max_bytes` of
-their `size_of` (the newest entry always stays).
+their `size_of`, measured again at each insertion since an entry may grow once cached (the
+newest entry always stays).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ class CompileCache(Generic[T]):
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.size_of = size_of or (lambda value: 0)
-        self._sizes: dict[Hashable, int] = {}
         self.nbytes = 0
         self._entries: OrderedDict[Hashable, T] = OrderedDict()
         self._pending: dict[Hashable, threading.Lock] = {}
@@ -52,24 +52,22 @@ class CompileCache(Generic[T]):
                 with self._lock:
                     self._pending.pop(key, None)
                 raise
-            size = self.size_of(value)
             with self._lock:
-                self.nbytes += size - self._sizes.get(key, 0)  # a key present is replaced
                 self._entries[key] = value
-                self._sizes[key] = size
                 self._pending.pop(key, None)
+                # sizes are taken afresh: an entry may grow after it is cached (a lazy DFA)
+                self.nbytes = sum(self.size_of(v) for v in self._entries.values())
                 while len(self._entries) > 1 and (
                     len(self._entries) > self.max_entries
                     or (self.max_bytes is not None and self.nbytes > self.max_bytes)
                 ):
-                    old, _ = self._entries.popitem(last=False)
-                    self.nbytes -= self._sizes.pop(old, 0)
+                    _, old = self._entries.popitem(last=False)
+                    self.nbytes -= self.size_of(old)
             return value
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._sizes.clear()
             self.nbytes = 0
 
     def __len__(self) -> int:

@@ -78,8 +78,10 @@ class TokenIndex:
         # the class-indexed table (not a [n_states, 256] copy: a large automaton would need
         # n_states KiB): a byte b read in state s goes to flat[s * n_cls + class(b)]
         self.n_cls = dfa.num_classes
-        self._flat = dfa.table.reshape(-1)
+        self._flat = dfa.table.reshape(-1)  # eager DFAs only: a lazy one's table is replaced
         wide = self._flat.size >= 2**31  # int32 index arithmetic would overflow
+        # a lazy table grows up to its state budget: int64 indices if that could overflow
+        self._wide = self._lazy and getattr(dfa, "max_states", 0) * self.n_cls >= 2**31
         if wide:
             self._flat = self._flat.astype(np.int64)
         b2c = dfa.byte_to_class.astype(np.int64 if wide else np.int32)
@@ -115,15 +117,20 @@ class TokenIndex:
 
     def _gather(self, cur: np.ndarray, cls: np.ndarray) -> np.ndarray:
         """The states after reading byte classes `cls` from states `cur` (a new array)."""
-        nxt = self._flat[cur * self.n_cls + cls]
-        if self._lazy and nxt.size and nxt.min() < 0:  # rows not built yet: build, re-read
+        if not self._lazy:
+            return self._flat[cur * self.n_cls + cls]
+        # a lazy DFA's table is replaced as it grows (by any thread): read the current one for
+        # each gather, never keep it (an older one may lack rows or room for newer states)
+        if self._wide:
+            cur = cur.astype(np.int64)
+        nxt = self.dfa.table.reshape(-1)[cur * self.n_cls + cls]
+        if nxt.size and nxt.min() < 0:  # rows not built yet: build them, read again
             bad = np.flatnonzero(nxt < 0)
             src = cur[bad]
             todo = np.zeros(self.dfa.num_states, dtype=bool)  # the distinct states, in O(n)
             todo[src] = True
             self.dfa.expand(np.flatnonzero(todo))
-            self._flat = self.dfa.table.reshape(-1)
-            nxt[bad] = self._flat[src * self.n_cls + cls[bad]]
+            nxt[bad] = self.dfa.table.reshape(-1)[src * self.n_cls + cls[bad]]
         return nxt
 
     @property
@@ -314,9 +321,10 @@ class TokenIndex:
         return np.concatenate(done[::-1]) if len(done) > 1 else done[0]
 
     def _compute(self, state: int) -> np.ndarray:
+        if state == DEAD:  # every byte loops on DEAD: it must not read as "transparent"
+            return np.zeros(self.num_words, dtype=np.int32)
         if self._lazy:
             self.dfa.expand([state])
-            self._flat = self.dfa.table.reshape(-1)
         base, rows = self._allowed(state)
         eos = self._eos if self.dfa.accepting[state] else self._eos[:0]
         if rows.dtype == bool:  # most rows: one gather and a pack

@@ -104,6 +104,7 @@ class LazyDFA:
         self.table[DEAD] = DEAD
         self.accepting = np.zeros(64, dtype=bool)
         self._rows: list[list[int] | None] = [[DEAD] * 256]  # Python rows, for scalar walks
+        self._py_rows = 1
         self._live: list[int] = [0]  # live bytes per expanded state (-1: not expanded)
         self._forced: list[int] = [-1]  # the one byte a state forces, or -1
         first = self._closure(start)
@@ -115,7 +116,7 @@ class LazyDFA:
             raise GrammarError("the constraint matches nothing")
 
     def __repr__(self) -> str:
-        expanded = sum(r is not None for r in self._rows)
+        expanded = sum(n >= 0 for n in self._live)
         return f"LazyDFA(states={self.num_states}, expanded={expanded})"
 
     @property
@@ -125,20 +126,27 @@ class LazyDFA:
 
     @property
     def nbytes(self) -> int:
-        """Rough memory held: the table plus the NFA state sets (~100 bytes per member)."""
-        return int(self.table.nbytes) + 100 * sum(len(s) for s in self._order)
+        """Rough memory held now (it grows as walks build rows): the table, ~300 bytes per
+        numbered state (its NFA state set, index entries), ~2.1 KB per Python row."""
+        return int(self.table.nbytes) + 300 * len(self._order) + 2100 * self._py_rows
 
     # --- reads -------------------------------------------------------------------------
 
     def row_list(self, state: int) -> list[int]:
-        """The state's transitions by byte, as a Python list (expanded on first use)."""
+        """The state's transitions by byte, as a Python list (made on first scalar read: mask
+        walks, which build most rows, read the table only)."""
         r = self._rows[state]
         if r is None:
-            with self._lock:
-                if self._rows[state] is None:
-                    self._expand(state)
-            r = self._rows[state]
+            self._built(state)
+            r = self._rows[state] = self.table[state].tolist()
+            self._py_rows += 1
         return r
+
+    def _built(self, state: int) -> None:
+        if self._live[state] < 0:
+            with self._lock:
+                if self._live[state] < 0:
+                    self._expand(state)
 
     def step(self, state: int, byte: int) -> int:
         return self.row_list(state)[byte]
@@ -161,17 +169,17 @@ class LazyDFA:
 
     def expand(self, states: np.ndarray | list[int]) -> None:
         """Make sure every state in `states` has its row."""
-        rows = self._rows
-        todo = [s for s in set(np.asarray(states).reshape(-1).tolist()) if rows[s] is None]
+        live = self._live
+        todo = [s for s in set(np.asarray(states).reshape(-1).tolist()) if live[s] < 0]
         if todo:
             with self._lock:
                 for s in todo:
-                    if rows[s] is None:
+                    if live[s] < 0:
                         self._expand(s)
 
     def byte_row(self, state: int) -> np.ndarray:
         """int32 [256]: the state's transitions by byte."""
-        self.row_list(state)
+        self._built(state)
         return self.table[state]
 
     def byte_rows(self, states: np.ndarray | list[int]) -> np.ndarray:
@@ -180,12 +188,12 @@ class LazyDFA:
         return self.table[np.asarray(states, dtype=np.int64)]
 
     def can_continue(self, state: int) -> bool:
-        self.row_list(state)
+        self._built(state)
         return self._live[state] > 0
 
     def forced_byte(self, state: int) -> int:
         """The one byte `state` allows when it allows exactly one and is not accepting; -1."""
-        self.row_list(state)
+        self._built(state)
         return self._forced[state]
 
     # --- construction (under the lock) ------------------------------------------------
@@ -265,9 +273,9 @@ class LazyDFA:
                     frozenset().union(*(self._closure(t) for t in ts))
                 )
             ids.append(j)
-        row = np.asarray(ids, dtype=np.int32)[byte_slot]
+        # after any growth (the current table); the row before `_live` marks it built, as
+        # readers check `_live` without the lock
+        self.table[i] = np.asarray(ids, dtype=np.int32)[byte_slot]
+        self._forced[i] = -1 if self.accepting[i] else only
         # no target is dead (an NFA without dead ends): the live bytes are the template's
         self._live[i] = n_live
-        self._forced[i] = -1 if self.accepting[i] else only
-        self.table[i] = row  # after any growth: the current table
-        self._rows[i] = row.tolist()

@@ -59,7 +59,8 @@ def process_step_output(sched: Scheduler, plan: StepPlan, logits: torch.Tensor) 
             sched.counters["generated_tokens"] += 1
             if sched.hooks is not None:
                 sched.hooks.after_token(sched, req)
-            sched.output.check_finish(req)
+            if req.finish_reason != "abort":  # a failed constraint keeps its abort and error
+                sched.output.check_finish(req)
             if req.finish_reason == "length" and sched.hooks is not None:
                 reason = sched.hooks.length_reason(req)
                 if reason:

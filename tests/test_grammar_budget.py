@@ -248,3 +248,15 @@ def test_compile_cache_evicts_by_bytes() -> None:
     assert cache.get_or_build("b", lambda: "rebuilt") == "bbbb"  # "c" went, not "b"
     big = cache.get_or_build("e", lambda: "e" * 50)  # over the bound alone: kept, alone
     assert big == "e" * 50 and len(cache) == 1
+
+
+def test_compile_cache_measures_entries_that_grew() -> None:
+    """A lazy DFA grows after it is cached: sizes are taken again at the next insertion."""
+    from grammar.cache import CompileCache
+
+    cache: CompileCache = CompileCache(max_entries=100, max_bytes=10, size_of=len)
+    a = cache.get_or_build("a", lambda: [0, 0])
+    cache.get_or_build("b", lambda: [0, 0])
+    a.extend([0] * 6)  # "a" grew to 8 after it was cached
+    cache.get_or_build("c", lambda: [0, 0])  # 8 + 2 + 2 > 10: "a" (least recently used) goes
+    assert len(cache) == 2 and cache.nbytes == 4
