@@ -124,10 +124,7 @@ class ByteDFA:
 
     def row_list(self, state: int) -> list[int]:
         """The state's transitions by byte, as a Python list."""
-        return self.table[state][self.byte_to_class].tolist()
-
-    def expand(self, states: object) -> None:
-        """Nothing to do: every row exists (the lazy DFA's counterpart builds rows)."""
+        return self.byte_row(state).tolist()
 
     @property
     def nbytes(self) -> int:
@@ -231,15 +228,7 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
                     c = closures[s] = frozenset()
                     empty.append(s)
                 return c
-            seen, stack, keep = {s}, [s], []
-            while stack:
-                x = stack.pop()
-                if edges[x] or x == final:
-                    keep.append(x)
-                for y in eps[x]:
-                    if y not in seen:
-                        seen.add(y)
-                        stack.append(y)
+            keep = nfa.eps_closure(s)
             c = closures[s] = frozenset(keep)
             if not keep:
                 empty.append(s)

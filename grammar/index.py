@@ -16,7 +16,7 @@ import numpy as np
 
 from grammar.fsm import DEAD, ByteDFA
 from grammar.lazy_dfa import LazyDFA
-from grammar.vocab import PreparedTokens, TokenVocabulary, csr_take
+from grammar.vocab import PreparedTokens, TokenVocabulary, byte_columns, csr_take
 
 # a self-looping state's other tokens are cut into suffixes (a Python pass over them, once
 # per vocabulary and loop) only when they are few, as for JSON string content (~3k of 129k)
@@ -51,11 +51,7 @@ class Suffixes:
     @classmethod
     def of(cls, tokens: dict[bytes, list[int]]) -> Suffixes:
         order = sorted(tokens, key=lambda b: (-len(b), b))
-        width = max((len(b) for b in order), default=1)
-        flat = np.frombuffer(b"".join(b.ljust(width, b"\0") for b in order), dtype=np.uint8)
-        columns = np.ascontiguousarray(flat.reshape(len(order), width).T)
-        lengths = np.array([len(b) for b in order], dtype=np.int64)
-        n_longer = np.array([int(np.count_nonzero(lengths > p)) for p in range(width + 1)])
+        columns, n_longer, lengths = byte_columns(order)
         counts = np.array([len(tokens[b]) for b in order], dtype=np.int64)
         start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         rows = np.array([r for b in order for r in tokens[b]], dtype=np.int64)
@@ -162,11 +158,7 @@ class TokenIndex:
             ok &= ~prep.non_ascii | prep.whole_chars
         else:
             ok &= ~prep.non_ascii
-        full = np.zeros(prep.num_rows + 1, dtype=bool)  # last row: specials, never allowed
-        full[:-1] = ok
-        on = np.zeros(self.num_words * 32, dtype=bool)
-        on[: prep.id_to_unique.shape[0]] = full[prep.id_to_unique]
-        words = np.packbits(on, bitorder="little").view("<i4")
+        words = self._pack(ok, self._eos[:0])
         words.flags.writeable = False
         others = np.flatnonzero(~ok)
         if others.size > _MAX_SUFFIX_ROWS:  # a narrow loop (a pattern's class): walk as rows
@@ -320,6 +312,16 @@ class TokenIndex:
         # each chunk is ascending and holds longer tokens (smaller rows) than the one before
         return np.concatenate(done[::-1]) if len(done) > 1 else done[0]
 
+    def _pack(self, rows: np.ndarray, eos: np.ndarray) -> np.ndarray:
+        """Packed id bits of a bool per prepared row, plus the `eos` ids."""
+        prep = self.prepared
+        full = np.zeros(prep.num_rows + 1, dtype=bool)  # last row: specials, never allowed
+        full[:-1] = rows
+        bits = np.zeros(self.num_words * 32, dtype=bool)
+        bits[: prep.id_to_unique.shape[0]] = full[prep.id_to_unique]
+        bits[eos] = True
+        return np.packbits(bits, bitorder="little").view("<i4")
+
     def _compute(self, state: int) -> np.ndarray:
         if state == DEAD:  # every byte loops on DEAD: it must not read as "transparent"
             return np.zeros(self.num_words, dtype=np.int32)
@@ -328,13 +330,7 @@ class TokenIndex:
         base, rows = self._allowed(state)
         eos = self._eos if self.dfa.accepting[state] else self._eos[:0]
         if rows.dtype == bool:  # most rows: one gather and a pack
-            prep = self.prepared
-            full = np.zeros(prep.num_rows + 1, dtype=bool)  # last row: never allowed
-            full[:-1] = rows
-            bits = np.zeros(self.num_words * 32, dtype=bool)
-            bits[: prep.id_to_unique.shape[0]] = full[prep.id_to_unique]
-            bits[eos] = True
-            return np.packbits(bits, bitorder="little").view("<i4")
+            return self._pack(rows, eos)
         # a shared set plus a few rows, or only a few rows: set their bits directly
         if base is None:
             words = np.zeros(self.num_words, dtype=np.uint32)

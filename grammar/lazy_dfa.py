@@ -204,20 +204,7 @@ class LazyDFA:
         c = self._closures.get(s)
         if c is not None:
             return c
-        nfa = self._nfa
-        eps, edges, final = nfa.eps, nfa.edges, nfa.final
-        seen, stack, keep = {s}, [s], []
-        while stack:
-            x = stack.pop()
-            if edges[x] is None:  # a state of an embedded automaton not yet read
-                nfa.fill(x)
-            if edges[x] or x == final:
-                keep.append(x)
-            for y in eps[x]:
-                if y not in seen:
-                    seen.add(y)
-                    stack.append(y)
-        c = self._closures[s] = frozenset(keep)
+        c = self._closures[s] = frozenset(self._nfa.eps_closure(s))
         return c
 
     def _state_id(self, target: frozenset[int]) -> int:

@@ -250,6 +250,23 @@ class NFA:
         self.edges[x] = [(m, j + off) for j, m in by_target.items()]
         self.eps[x] = [k] if dfa.accepting[i] else []
 
+    def eps_closure(self, s: int) -> list[int]:
+        """The states reachable from s by epsilon edges that matter to a DFA state: those with
+        byte edges, and `final` (states of embedded automata are filled as they are read)."""
+        eps, edges, final = self.eps, self.edges, self.final
+        seen, stack, keep = {s}, [s], []
+        while stack:
+            x = stack.pop()
+            if edges[x] is None:
+                self.fill(x)
+            if edges[x] or x == final:
+                keep.append(x)
+            for y in eps[x]:
+                if y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+        return keep
+
     def materialize(self) -> None:
         """Fill every embedded automaton's states (for an eager subset construction)."""
         edges = self.edges

@@ -155,12 +155,8 @@ class TokenVocabulary:
         distinct = sorted({b for b in self._bytes if b}, key=lambda b: (-len(b), b))
         row_of = {b: r for r, b in enumerate(distinct)}
         u = len(distinct)
-        width = max((len(b) for b in distinct), default=1)
-        flat = np.frombuffer(b"".join(b.ljust(width, b"\0") for b in distinct), dtype=np.uint8)
-        columns = np.ascontiguousarray(flat.reshape(u, width).T)
-        lengths = np.array([len(b) for b in distinct], dtype=np.int64)
-        # rows are sorted by length, longest first: n_longer[p] = #tokens with length > p
-        n_longer = np.array([int(np.count_nonzero(lengths > p)) for p in range(width + 1)])
+        columns, n_longer, lengths = byte_columns(distinct)
+        width = columns.shape[0]
         id_to_unique = np.array([row_of[b] if b else u for b in self._bytes], dtype=np.int32)
         ascii_bits = np.zeros((2, u), dtype=np.uint64)
         non_ascii = np.zeros(u, dtype=bool)
@@ -189,6 +185,18 @@ class TokenVocabulary:
             row_start,
             lengths,
         )
+
+
+def byte_columns(strings: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Byte strings sorted longest first, laid out for lockstep walks: uint8 columns [L, n]
+    (column p holds byte p of each string, zero past its end), n_longer [L + 1] (the strings
+    longer than p are the first n_longer[p]), lengths [n]."""
+    width = max((len(b) for b in strings), default=1)
+    flat = np.frombuffer(b"".join(b.ljust(width, b"\0") for b in strings), dtype=np.uint8)
+    columns = np.ascontiguousarray(flat.reshape(len(strings), width).T)
+    lengths = np.array([len(b) for b in strings], dtype=np.int64)
+    n_longer = np.array([int(np.count_nonzero(lengths > p)) for p in range(width + 1)])
+    return columns, n_longer, lengths
 
 
 def csr_take(start: np.ndarray, values: np.ndarray, keys: np.ndarray) -> np.ndarray:
