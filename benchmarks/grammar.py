@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tests._grammar_fixtures import (
+    NO_BENCH,
     bench_files,
     deepseek_tokenizer,
     deepseek_vocab,
@@ -361,6 +362,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tok = deepseek_tokenizer()
     files = bench_files()
+    if not files:
+        sys.exit(NO_BENCH)
     ours_files = fixed_slice(args.limit, files) if args.limit else files
     peer_files = fixed_slice(args.peer_limit, files)
     lines = []

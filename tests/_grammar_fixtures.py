@@ -13,15 +13,23 @@ from pathlib import Path
 from typing import Any
 
 
+def shared_dir() -> Path:
+    """The team's shared data: $SGL_SHARED_DIR, else shared/ beside the checkout (as CI lays it
+    out). It may be missing; tests that need it skip and say which folder they looked for."""
+    if os.environ.get("SGL_SHARED_DIR"):
+        return Path(os.environ["SGL_SHARED_DIR"])
+    return Path(__file__).resolve().parents[2] / "shared"
+
+
 def _bench_dir() -> Path:
-    """The JSONSchemaBench sample: $SGL_JSONSCHEMABENCH, else shared/ beside the checkout."""
-    if "SGL_JSONSCHEMABENCH" in os.environ:
+    """The JSONSchemaBench sample: $SGL_JSONSCHEMABENCH, else shared_dir()/data/jsonschemabench."""
+    if os.environ.get("SGL_JSONSCHEMABENCH"):
         return Path(os.environ["SGL_JSONSCHEMABENCH"])
-    beside = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
-    return beside if beside.is_dir() else Path("/work/shared/data/jsonschemabench")
+    return shared_dir() / "data" / "jsonschemabench"
 
 
 BENCH_DIR = _bench_dir()
+NO_BENCH = f"JSONSchemaBench sample not found at {BENCH_DIR} (set SGL_SHARED_DIR)"
 # the same cache root as the engine's default-model cache
 CACHE_DIR = Path(os.environ.get("SGL_DSL_CACHE_DIR", Path.home() / ".cache" / "sgl_dsl"))
 

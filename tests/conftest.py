@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 
+from tests._kernel_fixtures import interpreter_env
+
 # Tests never reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Triton kernels run in its interpreter on CPU, for the whole session (tests/_kernel_fixtures.py)
+interpreter_env(os.environ)
 
 
 def _hypothesis_profile() -> None:

@@ -1,7 +1,8 @@
 """Replica failure and recovery behind the gateway (round-robin), and a clean SIGTERM.
 
-The tests run in file order on one cluster: a replica is killed, the other keeps serving,
-the supervisor restarts the dead one and it rejoins, then SIGTERM stops everything.
+Each test that changes a cluster (kills a replica, stops it) starts one of its own, so the
+tests pass in any order or alone: a replica is killed, the other keeps serving, the supervisor
+restarts the dead one and it rejoins; SIGTERM stops everything.
 """
 
 from __future__ import annotations
@@ -23,20 +24,27 @@ from tests._cluster_fixtures import (
 from tests._server_fixtures import tiny_model_dir
 
 pytestmark = pytest.mark.timeout(300)
-killed: dict[str, int] = {}  # url -> pid of the replica the kill test took down
 
 
-@pytest.fixture(scope="module")
-def cluster():
+def _started():
     c = ClusterProcess(tiny_model_dir(), "round_robin")
     yield c
     c.stop(signal.SIGKILL if c.proc.poll() is None else signal.SIGTERM)
 
 
-@pytest.fixture(scope="module")
-def model(cluster) -> str:
+# read-only tests share one cluster; own_cluster is a fresh one for a test that breaks it
+cluster = pytest.fixture(scope="module", name="cluster")(_started)
+own_cluster = pytest.fixture(name="own_cluster")(_started)
+
+
+def _model_of(cluster) -> str:
     replica = cluster.replica_urls()[0]
     return httpx.get(f"{replica}/v1/models", timeout=10).json()["data"][0]["id"]
+
+
+@pytest.fixture(scope="module")
+def model(cluster) -> str:
+    return _model_of(cluster)
 
 
 def complete(cluster, model: str, prompt: str, max_tokens: int = 2) -> httpx.Response:
@@ -56,7 +64,8 @@ def test_round_robin_spreads_a_shared_prefix(cluster, model):
     assert [completions_answered(r) - before[r] for r in replicas] == [2, 2]
 
 
-def test_killed_replica_leaves_the_other_serving(cluster, model):
+def test_killed_replica_leaves_the_other_serving_then_rejoins(own_cluster):
+    cluster, model = own_cluster, _model_of(own_cluster)
     pids = cluster.replica_pids()
     victim, survivor = sorted(pids)
     outcomes: list[tuple[int, str]] = []
@@ -74,7 +83,6 @@ def test_killed_replica_leaves_the_other_serving(cluster, model):
     sender.start()
     wait_for(lambda: len(outcomes) >= 2, 60, "background requests")
     os.killpg(pids[victim], signal.SIGKILL)
-    killed[victim] = pids[victim]
     wait_for(lambda: victim not in healthy_urls(cluster), 30, "the router to drop the replica")
     n_before = len(outcomes)
     wait_for(lambda: len(outcomes) >= n_before + 4, 60, "requests after the kill")
@@ -91,11 +99,8 @@ def test_killed_replica_leaves_the_other_serving(cluster, model):
     assert len(failures) <= 2, failures
     assert outcomes[-1][0] == 200
 
-
-def test_dead_replica_is_restarted_and_rejoins(cluster, model):
-    if not killed:
-        pytest.skip("needs the kill test")
-    ((url, old_pid),) = killed.items()
+    # the supervisor restarts the dead replica, and the router sends to it again
+    url, old_pid = victim, pids[victim]
 
     def rejoined() -> bool:
         pid = cluster.replica_pids().get(url)
@@ -107,7 +112,8 @@ def test_dead_replica_is_restarted_and_rejoins(cluster, model):
     assert completions_answered(url) >= 1  # a fresh process: every count is new
 
 
-def test_sigterm_stops_the_cluster_and_every_child(cluster):
+def test_sigterm_stops_the_cluster_and_every_child(own_cluster):
+    cluster = own_cluster
     children = cluster.descendants()
     assert len(children) >= 3, children  # two replicas and the router
     started = time.monotonic()

@@ -10,6 +10,7 @@ import pytest
 
 from grammar import GrammarError, UnsupportedSchemaError, compile_json_schema
 from tests._grammar_fixtures import (
+    NO_BENCH,
     bench_files,
     deepseek_tokenizer,
     deepseek_vocab,
@@ -22,7 +23,7 @@ from tests._grammar_fixtures import (
 SLICE = 30
 MIN_FULLY_CORRECT = 0.85  # of the compiled schemas in the slice
 
-pytestmark = pytest.mark.skipif(not bench_files(), reason="JSONSchemaBench sample not present")
+pytestmark = pytest.mark.skipif(not bench_files(), reason=NO_BENCH)
 
 
 def test_fixed_slice_of_the_real_world_suite() -> None:

@@ -21,7 +21,7 @@ from grammar import GrammarError, compile_json_schema, regex_to_dfa
 from grammar import regex_ast as ra
 from grammar.fsm import DEFAULT_MAX_STATES, START, _prune_dead_ends, node_to_dfa
 from grammar.json_schema import json_schema_to_node
-from tests._grammar_fixtures import BENCH_DIR, deepseek_tokenizer, deepseek_vocab, walk
+from tests._grammar_fixtures import BENCH_DIR, NO_BENCH, deepseek_tokenizer, deepseek_vocab, walk
 
 ALPHABET = 'ab\u00e9\u65e5\U0001f600"\\'  # 1-, 2-, 3- and 4-byte characters, JSON specials
 
@@ -174,7 +174,7 @@ def test_default_budget_fits_the_largest_bench_automata() -> None:
     assert DEFAULT_MAX_STATES >= 500_000
 
 
-@pytest.mark.skipif(not BENCH_DIR.is_dir(), reason="JSONSchemaBench sample not present")
+@pytest.mark.skipif(not BENCH_DIR.is_dir(), reason=NO_BENCH)
 def test_a_bench_schema_that_exceeded_the_budget_compiles() -> None:
     path = BENCH_DIR / "Github_medium---o82706.json"
     if not path.exists():

@@ -1,9 +1,9 @@
 """Paged decode / extend attention: the torch reference against dense naive attention, and the
 Triton kernels against the reference.
 
-On CPU (the default, and CI) the Triton kernels run under ``TRITON_INTERPRET=1``, set here
-before triton is imported. ``SGL_KERNEL_TEST_DEVICE=cuda`` runs the same cases compiled on a GPU
-(benchmarks/gpu_check.sh).
+On CPU (the default, and CI) the Triton kernels run in Triton's interpreter
+(tests/_kernel_fixtures.py). ``SGL_KERNEL_TEST_DEVICE=cuda`` runs the same cases
+compiled on a GPU (benchmarks/gpu_check.sh).
 
 Tolerances (max abs and rel error, elementwise ``torch.testing.assert_close``), all computed
 against outputs of magnitude ~1 (softmax-weighted averages of standard-normal V):
@@ -15,34 +15,17 @@ Reference vs naive dense attention (float64 naive, fp32 reference): 1e-5 / 1e-5.
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 import random
 
 import pytest
 import torch
 
-DEVICE = os.environ.get("SGL_KERNEL_TEST_DEVICE", "cpu")
-if DEVICE == "cpu":
-    # must precede the first import of the Triton kernels (triton.jit reads it when decorating)
-    os.environ["TRITON_INTERPRET"] = "1"
+from runtime.kernels import kernel_backend, reference
+from tests._kernel_fixtures import DEVICE, triton_kernels
 
-from runtime.kernels import kernel_backend, reference  # noqa: E402
-
-try:
-    import triton  # noqa: F401
-
-    from runtime.kernels import triton_attention
-
-    if DEVICE == "cpu" and "Interpreted" not in type(triton_attention._extend_kernel).__name__:
-        # imported earlier in this process without the interpreter: decorate again
-        triton_attention = importlib.reload(triton_attention)
-    TRITON_ERROR = None
-except Exception as exc:  # no triton, or triton without a usable backend
-    triton_attention = None
-    TRITON_ERROR = f"triton unusable here: {exc!r}"
-
+# interpreted on CPU (TRITON_INTERPRET=1 for the whole session: tests/conftest.py)
+triton_attention, TRITON_ERROR = triton_kernels("triton_attention")
 needs_triton = pytest.mark.skipif(triton_attention is None, reason=TRITON_ERROR or "")
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("SGL_KERNEL_TEST_DEVICE=cuda but CUDA is not available", allow_module_level=True)

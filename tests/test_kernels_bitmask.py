@@ -1,37 +1,21 @@
 """apply_token_bitmask_: the torch reference and the Triton kernel against a numpy unpacking.
 
 Exact comparison (masking only writes -inf; allowed logits are untouched bit for bit).
-On CPU the Triton kernel runs under ``TRITON_INTERPRET=1``; ``SGL_KERNEL_TEST_DEVICE=cuda``
-runs it compiled.
+On CPU the Triton kernel runs in Triton's interpreter (tests/_kernel_fixtures.py);
+``SGL_KERNEL_TEST_DEVICE=cuda`` runs it compiled.
 """
 
 from __future__ import annotations
-
-import importlib
-import os
 
 import numpy as np
 import pytest
 import torch
 
-DEVICE = os.environ.get("SGL_KERNEL_TEST_DEVICE", "cpu")
-if DEVICE == "cpu":
-    # must precede the first import of the Triton kernels (triton.jit reads it when decorating)
-    os.environ["TRITON_INTERPRET"] = "1"
+from runtime.kernels import reference
+from tests._kernel_fixtures import DEVICE, triton_kernels
 
-from runtime.kernels import reference  # noqa: E402
-
-try:
-    import triton  # noqa: F401
-
-    from runtime.kernels import triton_bitmask
-
-    if DEVICE == "cpu" and "Interpreted" not in type(triton_bitmask._bitmask_kernel).__name__:
-        triton_bitmask = importlib.reload(triton_bitmask)
-    TRITON_ERROR = None
-except Exception as exc:  # no triton, or triton without a usable backend
-    triton_bitmask = None
-    TRITON_ERROR = f"triton unusable here: {exc!r}"
+# interpreted on CPU (TRITON_INTERPRET=1 for the whole session: tests/conftest.py)
+triton_bitmask, TRITON_ERROR = triton_kernels("triton_bitmask")
 
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("SGL_KERNEL_TEST_DEVICE=cuda but CUDA is not available", allow_module_level=True)

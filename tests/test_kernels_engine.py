@@ -13,9 +13,6 @@ if os.environ.get("SGL_KERNEL_TEST_DEVICE", "cpu") != "cpu":
     pytest.skip(
         "the engine runs on CPU here; this check uses the interpreter", allow_module_level=True
     )
-# must precede the first import of the Triton kernels (triton.jit reads it when decorating)
-os.environ["TRITON_INTERPRET"] = "1"
-
 pytest.importorskip("triton", reason="triton is not installed")
 
 PROMPTS = [

@@ -18,8 +18,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 LONG = {"max_tokens": 400, "temperature": 0, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def server():
+def _started():
     proc = ServerProcess(
         tiny_model_dir(),
         *SMALL_ENGINE,
@@ -34,6 +33,11 @@ def server():
     )
     yield proc
     proc.stop()
+
+
+# the SIGTERM test stops its server, so it gets one of its own; the others share one
+server = pytest.fixture(scope="module", name="server")(_started)
+own_server = pytest.fixture(name="own_server")(_started)
 
 
 def _chat_body(**kw):
@@ -104,7 +108,8 @@ def test_full_queue_answers_503_with_retry_after(server):
     assert f"sgl_rejected_busy_total {statuses.count(503)}" in metrics
 
 
-def test_sigterm_ends_running_streams_and_exits_zero(server):
+def test_sigterm_ends_running_streams_and_exits_zero(own_server):
+    server = own_server
     body = _chat_body(stream=True, max_tokens=5000, temperature=0, ignore_eos=True)
     with httpx.stream(
         "POST", f"{server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=60
