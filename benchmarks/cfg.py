@@ -86,7 +86,7 @@ def _walk_sets(row: Row, new_matcher, fill, advance, accepting, sets) -> Row:
 
 
 def run_ours(name: str, text: str, sets: list[list[list[int]]]) -> Row:
-    from grammar.cfg import CompiledCFG
+    from grammar.cfg.compiler import CompiledCFG
 
     vocab = deepseek_vocab()
     t0 = time.perf_counter()
@@ -170,7 +170,7 @@ def main() -> None:
     ap.add_argument("--grammars", default=",".join(EXAMPLES))
     ap.add_argument("--engines", default="ours,llguidance,xgrammar")
     args = ap.parse_args()
-    from grammar.cfg import _LAYOUTS, VocabLayout
+    from grammar.cfg.compiler import _LAYOUTS, VocabLayout
 
     tok, vocab = deepseek_tokenizer(), deepseek_vocab()
     _LAYOUTS.get_or_build(vocab.hash, lambda: VocabLayout(vocab))

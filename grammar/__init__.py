@@ -7,17 +7,17 @@ g = compile_lark(LARK_TEXT, vocab)          # context-free, the same matcher int
 """
 
 from grammar import api as _api
-from grammar import decimal_numbers as _decimal_numbers  # noqa: F401  loaded with the package:
-from grammar import intersect as _intersect  # noqa: F401  no compile pays a module import
 from grammar.api import choices_to_regex, compile_choices, compile_json_schema, compile_regex
-from grammar.cfg import CompiledCFG, clear_cfg_caches, compile_lark
-from grammar.compiled import CompiledGrammar
+from grammar.automata import intersect as _intersect  # noqa: F401  no compile pays a module import
+from grammar.automata.fsm import ByteDFA, regex_to_dfa
+from grammar.cfg.compiler import CompiledCFG, clear_cfg_caches, compile_lark
 from grammar.errors import GrammarError, UnsupportedSchemaError
-from grammar.fsm import ByteDFA, regex_to_dfa
-from grammar.json_schema import dtype_to_regex, json_schema_to_regex
-from grammar.json_schema_lark import compile_json_schema_cfg, json_schema_to_lark
-from grammar.matcher import Matcher
-from grammar.vocab import TokenVocabulary
+from grammar.json_schema import numbers as _decimal_numbers  # noqa: F401  loaded with the package:
+from grammar.json_schema.lark import compile_json_schema_cfg, json_schema_to_lark
+from grammar.json_schema.schema import dtype_to_regex, json_schema_to_regex
+from grammar.tokens.compiled import CompiledGrammar
+from grammar.tokens.matcher import Matcher
+from grammar.tokens.vocab import TokenVocabulary
 
 
 def clear_caches() -> None:

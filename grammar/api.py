@@ -7,13 +7,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from grammar.cache import CompileCache
-from grammar.compiled import CompiledGrammar
-from grammar.fsm import DEFAULT_MAX_STATES, ByteDFA, node_to_lazy_dfa
-from grammar.json_schema import json_schema_to_node, load_schema
-from grammar.lazy_dfa import LazyDFA
-from grammar.regex_ast import regex_escape
-from grammar.vocab import TokenVocabulary
+from grammar.automata.fsm import DEFAULT_MAX_STATES, ByteDFA, node_to_lazy_dfa
+from grammar.automata.lazy_dfa import LazyDFA
+from grammar.automata.regex_ast import regex_escape
+from grammar.json_schema.schema import json_schema_to_node, load_schema
+from grammar.tokens.cache import CompileCache
+from grammar.tokens.compiled import CompiledGrammar
+from grammar.tokens.vocab import TokenVocabulary
 
 logger = logging.getLogger(__name__)
 

@@ -201,7 +201,7 @@ class ConstraintHooks:
                 req.finish_reason = "stop"
 
     def _jump(self, sched: Scheduler, req: Request, st: ConstraintState) -> None:
-        from grammar.matcher import complete_utf8_prefix
+        from grammar.tokens.matcher import complete_utf8_prefix
 
         forced = st.matcher.forced_bytes()
         if not forced:

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from grammar.fsm import DEAD, START, ByteDFA
+from grammar.automata.fsm import DEAD, START, ByteDFA
 
 GRAMMAR_DIR = Path(__file__).resolve().parent.parent / "examples" / "grammars"
 EXAMPLES = ("arithmetic", "json", "sql_select")
@@ -41,7 +41,7 @@ class SentenceGenerator:
     shortest derivations) and fills each terminal by a random walk of its byte DFA."""
 
     def __init__(self, text: str, start: str = "start", seed: int = 0) -> None:
-        from grammar.cfg_terminals import build_terminal
+        from grammar.cfg.terminals import build_terminal
 
         parser = lark_parser(text, start)
         self.start = start

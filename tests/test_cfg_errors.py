@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grammar.cfg import compile_lark
+from grammar.cfg.compiler import compile_lark
 from grammar.errors import GrammarError
 from tests._grammar_fixtures import deepseek_vocab
 

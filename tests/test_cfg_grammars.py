@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from grammar import TokenVocabulary
-from grammar.cfg import compile_lark
+from grammar.cfg.compiler import compile_lark
 from tests._cfg_fixtures import (
     EXAMPLES,
     accepts_tokens,
@@ -174,7 +174,7 @@ def test_compile_is_cached() -> None:
 def test_eager_walks_give_the_lazy_masks(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Compile-time vocabulary walks only fill caches: fully eager, capped and fully lazy
     compilations give the same mask at every token of every sentence."""
-    import grammar.cfg as cfg
+    import grammar.cfg.compiler as cfg
 
     vocab, tok = smollm2_vocab(), smollm2_tokenizer()
     compiled = []

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from grammar.errors import GrammarError, UnsupportedSchemaError
-from grammar.json_schema_lark import compile_json_schema_cfg, json_schema_to_lark
+from grammar.json_schema.lark import compile_json_schema_cfg, json_schema_to_lark
 from tests._cfg_fixtures import accepts_tokens, corruptions
 from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab
 
@@ -230,7 +230,7 @@ def test_additional_keys_cannot_spell_a_property_name_with_escapes() -> None:
     """`{"\\u0061":"x"}` decodes to {"a": "x"}: the extra-key language must not hold it."""
     import lark
 
-    from grammar.json_schema_lark import json_schema_to_lark
+    from grammar.json_schema.lark import json_schema_to_lark
 
     parser = lark.Lark(
         json_schema_to_lark({"type": "object", "properties": {"a": {"type": "integer"}}}),

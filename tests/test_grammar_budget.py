@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from interegular import patterns as ip
 
 from grammar import GrammarError, compile_json_schema, regex_to_dfa
-from grammar import regex_ast as ra
-from grammar.fsm import DEFAULT_MAX_STATES, START, _prune_dead_ends, node_to_dfa
-from grammar.json_schema import json_schema_to_node
+from grammar.automata import regex_ast as ra
+from grammar.automata.fsm import DEFAULT_MAX_STATES, START, _prune_dead_ends, node_to_dfa
+from grammar.json_schema.schema import json_schema_to_node
 from tests._grammar_fixtures import BENCH_DIR, NO_BENCH, deepseek_tokenizer, deepseek_vocab, walk
 
 ALPHABET = 'ab\u00e9\u65e5\U0001f600"\\'  # 1-, 2-, 3- and 4-byte characters, JSON specials
@@ -237,7 +237,7 @@ def test_schema_automata_have_no_dead_ends(schema: dict) -> None:
 
 
 def test_compile_cache_evicts_by_bytes() -> None:
-    from grammar.cache import CompileCache
+    from grammar.tokens.cache import CompileCache
 
     cache: CompileCache = CompileCache(max_entries=100, max_bytes=10, size_of=len)
     for key in "abc":
@@ -252,7 +252,7 @@ def test_compile_cache_evicts_by_bytes() -> None:
 
 def test_compile_cache_measures_entries_that_grew() -> None:
     """A lazy DFA grows after it is cached: sizes are taken again at the next insertion."""
-    from grammar.cache import CompileCache
+    from grammar.tokens.cache import CompileCache
 
     cache: CompileCache = CompileCache(max_entries=100, max_bytes=10, size_of=len)
     a = cache.get_or_build("a", lambda: [0, 0])

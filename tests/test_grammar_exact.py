@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 
 from grammar import GrammarError, UnsupportedSchemaError
-from grammar.fsm import node_to_dfa
-from grammar.json_schema import json_schema_to_node
+from grammar.automata.fsm import node_to_dfa
+from grammar.json_schema.schema import json_schema_to_node
 
 
 def _agrees(schema: dict, instances: list) -> None:

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from grammar import json_schema_to_regex
-from grammar.formats import FORMAT_REGEXES
+from grammar.json_schema.formats import FORMAT_REGEXES
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 
@@ -207,10 +207,10 @@ def test_inner_end_anchor_patterns_agree_with_re(pattern: str) -> None:
     """`$` inside a group (Github_hard---o69430): exact, as an automaton."""
     import itertools
 
-    from grammar import regex_ast as ra
-    from grammar.fsm import node_to_dfa
-    from grammar.json_schema import STRING_CHAR_TEXT
-    from grammar.pattern import pattern_to_content
+    from grammar.automata import regex_ast as ra
+    from grammar.automata.fsm import node_to_dfa
+    from grammar.automata.pattern import pattern_to_content
+    from grammar.json_schema.schema import STRING_CHAR_TEXT
 
     dfa = node_to_dfa(pattern_to_content(pattern, ra.parsed(STRING_CHAR_TEXT)))
     for n in range(6):
@@ -232,8 +232,8 @@ def test_escaped_surrogate_pair_is_one_character(schema: dict) -> None:
     """`\\ud83d\\ude00` decodes to one character; lone surrogate escapes are not generated."""
     import json
 
-    from grammar.fsm import node_to_dfa
-    from grammar.json_schema import json_schema_to_node
+    from grammar.automata.fsm import node_to_dfa
+    from grammar.json_schema.schema import json_schema_to_node
 
     dfa = node_to_dfa(json_schema_to_node(schema))
     texts = ['"\\ud83d\\ude00"', '"a\\ud83d\\ude00"', '"ab"', '"a"', '"\\u0041b"']

@@ -1,4 +1,5 @@
-"""The lazily determinised DFA (grammar/lazy_dfa.py) against the eager construction and `re`."""
+"""The lazily determinised DFA (grammar/automata/lazy_dfa.py) against the eager construction
+and `re`."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar import GrammarError, compile_json_schema, compile_regex
-from grammar import regex_ast as ra
-from grammar.fsm import DEAD, START, node_to_lazy_dfa, regex_to_dfa
-from grammar.json_schema import json_schema_to_node
-from grammar.lazy_dfa import LazyDFA
+from grammar.automata import regex_ast as ra
+from grammar.automata.fsm import DEAD, START, node_to_lazy_dfa, regex_to_dfa
+from grammar.automata.lazy_dfa import LazyDFA
+from grammar.json_schema.schema import json_schema_to_node
 from tests._grammar_fixtures import deepseek_vocab
 from tests.test_grammar_budget import NOTHING, _regexes
 

@@ -13,12 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grammar import regex_ast as ra
-from grammar.decimal_numbers import exact
-from grammar.dfa_ops import DFANode
+from grammar.automata import regex_ast as ra
+from grammar.automata.dfa_ops import DFANode
+from grammar.automata.fsm import node_to_dfa
 from grammar.errors import UnsupportedSchemaError
-from grammar.fsm import node_to_dfa
-from grammar.numbers import number_node
+from grammar.json_schema.numbers import exact, number_node
 
 MULTIPLES = [
     1,

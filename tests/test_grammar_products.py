@@ -1,4 +1,4 @@
-"""Keyword combinations compiled exactly (grammar/dfa_ops.py products and schema splits):
+"""Keyword combinations compiled exactly (grammar/automata/dfa_ops.py products and schema splits):
 a string `pattern` or `format` with minLength / maxLength, `patternProperties` with open or
 schema-valued `additionalProperties` and several patterns, `not: {}`, oneOf branches made
 disjoint by their types (through nested anyOf), by a name one requires and the other forbids,
@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar import UnsupportedSchemaError, json_schema_to_regex
-from grammar.fsm import node_to_dfa
-from grammar.json_schema import json_schema_to_node
+from grammar.automata.fsm import node_to_dfa
+from grammar.json_schema.schema import json_schema_to_node
 from tests._grammar_fixtures import serialise
 
 CASES = [

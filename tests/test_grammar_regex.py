@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar import GrammarError, regex_to_dfa
-from grammar.numbers import integer_range, number_range
-from grammar.utf8 import utf8_sequences
+from grammar.automata.utf8 import utf8_sequences
+from grammar.json_schema.number_text import integer_range, number_range
 
 REGEX_CASES = [
     pytest.param(r"abc", "abcx", id="literal"),

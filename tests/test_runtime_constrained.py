@@ -274,7 +274,7 @@ def test_state_budget_reached_mid_generation_fails_that_request_alone(engine, mo
     """A lazily built automaton numbers states as the walk goes: one that reaches its budget
     mid-generation aborts its own request with the GrammarError; the batch goes on."""
     import grammar
-    from grammar.lazy_dfa import LazyDFA
+    from grammar.automata.lazy_dfa import LazyDFA
 
     init = LazyDFA.__init__
 

@@ -101,7 +101,7 @@ def check_schema(schema: Any, param: str) -> None:
     """Raise a 400 naming the keyword when the grammar cannot honour `schema` (the same
     construction `compile_json_schema` uses, automaton-only shapes included)."""
     from grammar import GrammarError
-    from grammar.json_schema import json_schema_to_node
+    from grammar.json_schema.schema import json_schema_to_node
 
     try:
         json_schema_to_node(schema)

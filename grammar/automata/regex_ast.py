@@ -13,8 +13,8 @@ import functools
 
 from interegular import patterns as ip
 
-from grammar.nfa import parse_regex
-from grammar.utf8 import chars_to_ranges
+from grammar.automata.nfa import parse_regex
+from grammar.automata.utf8 import chars_to_ranges
 
 Node = object  # an interegular pattern node
 EMPTY = ip._EMPTY

@@ -128,19 +128,3 @@ def number_range(
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
-
-
-def number_node(
-    kind: str,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    exclusive_minimum: float | None = None,
-    exclusive_maximum: float | None = None,
-    multiple_of: float | None = None,
-    pointer: str = "#",
-) -> object | None:
-    """A regex-tree node for exactly the JSON numbers of `kind` ("integer" / "number") that
-    satisfy the keywords (None if none does); see grammar.decimal_numbers."""
-    from grammar.decimal_numbers import number_node as build
-
-    return build(kind, minimum, maximum, exclusive_minimum, exclusive_maximum, multiple_of, pointer)

@@ -1,4 +1,4 @@
-"""lark terminals -> byte DFAs, through the regex machinery of `grammar.fsm`.
+"""lark terminals -> byte DFAs, through the regex machinery of `grammar.automata.fsm`.
 
 A lark terminal is a string literal (`PatternStr`) or a Python regex (`PatternRE`). Both become
 full-match regexes in the interegular dialect and then byte DFAs. Flags: `i` (case-insensitive)
@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from grammar.automata.fsm import ByteDFA, regex_to_dfa
+from grammar.automata.pattern import regex_units
 from grammar.errors import GrammarError
-from grammar.fsm import ByteDFA, regex_to_dfa
-from grammar.pattern import regex_units
 
 # lark's common.lark terminals whose Python regexes use laziness / lookbehind
 _COMMON_EQUIVALENTS = {

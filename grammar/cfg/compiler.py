@@ -1,9 +1,9 @@
 """Context-free constraints from lark grammars: `compile_lark(text, vocab, start="start")`.
 
 lark parses the grammar and builds its LALR(1) table; every terminal becomes a byte DFA through
-the regex machinery (`grammar.cfg_terminals`); the matcher runs its own LR parser over lark's
-table (`grammar.cfg_parser`) and a contextual lexer (`grammar.cfg_lexer`); token masks come from
-cached vocabulary decompositions (`grammar.cfg_mask`).
+the regex machinery (`grammar.cfg.terminals`); the matcher runs its own LR parser over lark's
+table (`grammar.cfg.parser`) and a contextual lexer (`grammar.cfg.lexer`); token masks come from
+cached vocabulary decompositions (`grammar.cfg.mask`).
 
 Lexing semantics. As in lark's contextual lexer, the terminals tried at a point are the LALR
 lookaheads of the parser state plus the %ignore terminals. A token of text ends where the next
@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grammar.cache import CompileCache
-from grammar.cfg_lexer import DEAD, START, ContextLexer
-from grammar.cfg_mask import Decomposition, VocabLayout, decompose, top_decomposition
-from grammar.cfg_parser import LRTable, StackNode
-from grammar.cfg_terminals import TerminalSpec, build_terminal
+from grammar.cfg.lexer import DEAD, START, ContextLexer
+from grammar.cfg.mask import Decomposition, VocabLayout, decompose, top_decomposition
+from grammar.cfg.parser import LRTable, StackNode
+from grammar.cfg.terminals import TerminalSpec, build_terminal
 from grammar.errors import GrammarError
-from grammar.vocab import TokenVocabulary
+from grammar.tokens.cache import CompileCache
+from grammar.tokens.vocab import TokenVocabulary
 
 if TYPE_CHECKING:
-    from grammar.cfg_matcher import CFGMatcher
+    from grammar.cfg.matcher import CFGMatcher
 
 logger = logging.getLogger(__name__)
 
@@ -368,7 +368,7 @@ class CompiledCFG:
         return result
 
     def matcher(self) -> CFGMatcher:
-        from grammar.cfg_matcher import CFGMatcher
+        from grammar.cfg.matcher import CFGMatcher
 
         return CFGMatcher(self, self.table.root, START)
 

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from grammar.automata.lazy_dfa import DEAD, START, LazyDFA, over_budget
+from grammar.automata.lazy_dfa import byte_classes as _byte_classes
+from grammar.automata.nfa import NFA
 from grammar.errors import GrammarError
-from grammar.lazy_dfa import DEAD, START, LazyDFA, over_budget
-from grammar.lazy_dfa import byte_classes as _byte_classes
-from grammar.nfa import NFA
 
 DEFAULT_MAX_STATES = 1_000_000
 
@@ -179,7 +179,7 @@ def regex_to_dfa(pattern: str, max_states: int = DEFAULT_MAX_STATES) -> ByteDFA:
 
 
 def node_to_dfa(node: object, max_states: int = DEFAULT_MAX_STATES) -> ByteDFA:
-    """Compile a regex syntax tree (grammar.regex_ast) to a byte-level DFA."""
+    """Compile a regex syntax tree (grammar.automata.regex_ast) to a byte-level DFA."""
     with _no_gc():
         nfa = NFA(max_states=nfa_budget(max_states))
         start = nfa.add_node(node)

@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grammar.errors import GrammarError
-from grammar.matcher import PackedMaskViews
+from grammar.tokens.matcher import PackedMaskViews
 
 if TYPE_CHECKING:
-    from grammar.cfg import CompiledCFG
-    from grammar.cfg_parser import StackNode
+    from grammar.cfg.compiler import CompiledCFG
+    from grammar.cfg.parser import StackNode
 
 
 class CFGMatcher(PackedMaskViews):
-    """One sequence's position in a lark grammar; the interface of `grammar.matcher.Matcher`.
+    """One sequence's position in a lark grammar; the interface of `grammar.tokens.matcher.Matcher`.
     Cheap to create and to copy; not thread-safe (one sequence, one thread)."""
 
     __slots__ = ("grammar", "_node", "_q", "_ended")

@@ -23,8 +23,8 @@ import threading
 
 import numpy as np
 
+from grammar.automata.nfa import NFA
 from grammar.errors import GrammarError
-from grammar.nfa import NFA
 
 DEAD = 0
 START = 1

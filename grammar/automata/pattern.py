@@ -14,9 +14,9 @@ import threading
 
 from interegular import patterns as ip
 
-from grammar import regex_ast as ra
+from grammar.automata import regex_ast as ra
+from grammar.automata.nfa import parse_regex
 from grammar.errors import GrammarError
-from grammar.nfa import parse_regex
 
 # what may appear unescaped inside a JSON string
 _UNSAFE = frozenset('"\\') | frozenset(chr(i) for i in range(0x20))
@@ -154,8 +154,8 @@ def _with_end_anchors(branches: list[str], free: object) -> object:
     """Patterns with `$` inside a group: each `$` becomes the byte _END, and a string
     matches when it, followed by some run of _END bytes, is in the language (a `$` holds only
     at the end, and several may hold there). Exact, as an automaton."""
-    from grammar import dfa_ops
-    from grammar.fsm import DEAD, node_to_dfa
+    from grammar.automata import dfa_ops
+    from grammar.automata.fsm import DEAD, node_to_dfa
 
     nodes = []
     _MARKING.on = True

@@ -1,11 +1,11 @@
 """The lexer of one parser context: the product DFA of the terminals lark's contextual lexer
 would try there (the state's LALR lookaheads plus the %ignore terminals).
 
-Lexing semantics (documented in grammar/cfg.py): maximal munch without backtracking. Bytes are
-read while at least one candidate terminal can still continue; when the next byte can continue
-none of them, the text read so far is one token whose terminal is the best-ranked candidate that
-accepts it (lark's order: priority, literals before regexes, ...). If none accepts it, the input
-is rejected.
+Lexing semantics (see grammar/cfg/compiler.py): maximal munch without backtracking. Bytes
+are read while at least one candidate terminal can still continue; when the next byte can
+continue none of them, the text read so far is one token whose terminal is the best-ranked
+candidate that accepts it (lark's order: priority, literals before regexes, ...). If none
+accepts it, the input is rejected.
 
 A lexer state is a tuple of component states, numbered 0 (dead) / 1 (start) / 2.. . For each
 state: `alive[s]` is the bitset of terminals that can still complete from s, `winner[s]` the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grammar.cfg_terminals import TerminalSpec
+from grammar.cfg.terminals import TerminalSpec
 from grammar.errors import GrammarError
 
 DEAD = 0

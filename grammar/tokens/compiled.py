@@ -6,13 +6,13 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from grammar.fsm import START, ByteDFA
-from grammar.index import TokenIndex
-from grammar.lazy_dfa import LazyDFA
-from grammar.vocab import TokenVocabulary
+from grammar.automata.fsm import START, ByteDFA
+from grammar.automata.lazy_dfa import LazyDFA
+from grammar.tokens.index import TokenIndex
+from grammar.tokens.vocab import TokenVocabulary
 
 if TYPE_CHECKING:
-    from grammar.matcher import Matcher
+    from grammar.tokens.matcher import Matcher
 
 
 class CompiledGrammar:
@@ -35,7 +35,7 @@ class CompiledGrammar:
         return START
 
     def matcher(self) -> Matcher:
-        from grammar.matcher import Matcher
+        from grammar.tokens.matcher import Matcher
 
         return Matcher(self)
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grammar.fsm import DEAD, ByteDFA
-from grammar.lazy_dfa import LazyDFA
-from grammar.vocab import PreparedTokens, TokenVocabulary, byte_columns, csr_take
+from grammar.automata.fsm import DEAD, ByteDFA
+from grammar.automata.lazy_dfa import LazyDFA
+from grammar.tokens.vocab import PreparedTokens, TokenVocabulary, byte_columns, csr_take
 
 # a self-looping state's other tokens are cut into suffixes (a Python pass over them, once
 # per vocabulary and loop) only when they are few, as for JSON string content (~3k of 129k)

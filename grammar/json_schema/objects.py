@@ -1,6 +1,6 @@
 """JSON Schema objects -> regex nodes: the member rules of the schema builder.
 
-`ObjectRules` is mixed into the builder of `grammar.json_schema`: members in the schema's
+`ObjectRules` is mixed into the builder of `grammar.json_schema.schema`: members in the schema's
 property order, then additional / pattern members; minProperties / maxProperties by counting
 members; `propertyNames` as a key filter; `patternProperties` as exact key regions (DFA
 products); name-list `dependencies` as a split over which trigger names are present.
@@ -17,13 +17,14 @@ from typing import Any
 
 from interegular import patterns as ip
 
-from grammar import dfa_ops, json_oneof
-from grammar import regex_ast as ra
+from grammar.automata import dfa_ops
+from grammar.automata import regex_ast as ra
+from grammar.automata.fsm import node_to_dfa
+from grammar.automata.pattern import pattern_to_content
 from grammar.errors import GrammarError, UnsupportedSchemaError
-from grammar.fsm import node_to_dfa
-from grammar.pattern import pattern_to_content
+from grammar.json_schema import oneof as json_oneof
 
-Node = object | None  # a regex node (grammar.regex_ast); None matches nothing
+Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
 MAX_PATTERNS = 32  # patternProperties patterns of one object
 MAX_KEY_REGIONS = 64  # non-empty sets of patterns a key can match
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from grammar.automata.fsm import DEAD, START, ByteDFA
 from grammar.errors import GrammarError
-from grammar.fsm import DEAD, START, ByteDFA
 
 
 def dfas_intersect(a: ByteDFA, b: ByteDFA, max_pairs: int = 200_000) -> bool:

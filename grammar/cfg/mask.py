@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from grammar.cfg_lexer import DEAD, ContextLexer
-from grammar.vocab import TokenVocabulary
+from grammar.cfg.lexer import DEAD, ContextLexer
+from grammar.tokens.vocab import TokenVocabulary
 
 
 class TokenRows:

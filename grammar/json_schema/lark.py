@@ -238,7 +238,7 @@ class _Builder:
 
     # ----- leaves -----
     def scalar(self, schema: dict, ptr: str) -> str:
-        from grammar.json_schema import json_schema_to_regex
+        from grammar.json_schema.schema import json_schema_to_regex
 
         try:
             regex = json_schema_to_regex(schema)
@@ -335,8 +335,8 @@ def _scalar_part(schema: dict) -> dict:
 def _string_except(names: list[str]) -> str:
     """Regex of a JSON string (with quotes) whose raw content is none of `names` (the regex
     path's construction, written as text)."""
-    from grammar import regex_ast as ra
-    from grammar.json_objects import string_except
+    from grammar.automata import regex_ast as ra
+    from grammar.json_schema.objects import string_except
 
     if not names:
         return f'"{STRING_CHAR}*"'
@@ -346,7 +346,7 @@ def _string_except(names: list[str]) -> str:
 def json_schema_to_lark(schema: Any, *, whitespace: bool = False) -> str:
     """A lark grammar (start rule `start`) of the compact serialisations of a schema's
     instances; `$ref` cycles become recursive rules."""
-    from grammar.json_schema import load_schema
+    from grammar.json_schema.schema import load_schema
 
     root = load_schema(schema)
     b = _Builder(root)
@@ -361,6 +361,6 @@ def json_schema_to_lark(schema: Any, *, whitespace: bool = False) -> str:
 
 def compile_json_schema_cfg(schema: Any, vocab: Any, *, whitespace: bool = False) -> Any:
     """A constraint from a JSON Schema through the CFG path (exact for recursive schemas)."""
-    from grammar.cfg import compile_lark
+    from grammar.cfg.compiler import compile_lark
 
     return compile_lark(json_schema_to_lark(schema, whitespace=whitespace), vocab)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from grammar.automata.fsm import DEAD, START, ByteDFA, _prune_dead_ends
 from grammar.errors import GrammarError
-from grammar.fsm import DEAD, START, ByteDFA, _prune_dead_ends
 
 DEFAULT_MAX_PRODUCT = 50_000
 

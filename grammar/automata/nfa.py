@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from interegular import patterns as ip
 
+from grammar.automata.utf8 import chars_to_ranges, utf8_sequences
 from grammar.errors import GrammarError
-from grammar.utf8 import chars_to_ranges, utf8_sequences
 
 _DOT_CLS = type(ip._DOT)
 _EMPTY_CLS = type(ip._EMPTY)

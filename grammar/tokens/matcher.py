@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from grammar.compiled import CompiledGrammar
+from grammar.automata.fsm import DEAD, START
 from grammar.errors import GrammarError
-from grammar.fsm import DEAD, START
+
+if TYPE_CHECKING:
+    from grammar.tokens.compiled import CompiledGrammar
 
 
 def complete_utf8_prefix(data: bytes) -> str:

@@ -21,13 +21,13 @@ import itertools
 import re
 from typing import Any
 
-from grammar import dfa_ops
-from grammar import regex_ast as ra
+from grammar.automata import dfa_ops
+from grammar.automata import regex_ast as ra
+from grammar.automata.fsm import node_to_dfa
+from grammar.automata.intersect import dfas_intersect
+from grammar.automata.pattern import losses
 from grammar.errors import GrammarError, UnsupportedSchemaError
-from grammar.fsm import node_to_dfa
-from grammar.intersect import dfas_intersect
-from grammar.pattern import losses
-from grammar.schema_merge import ANNOTATIONS, merge, type_set
+from grammar.json_schema.merge import ANNOTATIONS, merge, type_set
 
 MAX_PRESENCE_NAMES = 6  # objects split by present names: at most 2**6 cases
 MAX_BRANCH_STATES = 20_000  # per branch DFA in a regular difference

@@ -1,0 +1,211 @@
+"""Normalisation of a schema before it becomes a language: `$ref` resolution (local, with the
+recursion budget), `allOf` merged into one conjunction, `anyOf` / `oneOf` / `if-then-else` /
+`not` kept as alternative groups (`_alts`), `dependencies` with schemas as conditionals, and
+`not` rewritten as the union of the ways to violate each keyword.
+
+`NormaliseRules` is mixed into the builder of `grammar.json_schema.schema`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from grammar.automata.pattern import losses, note_loss
+from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.json_schema.merge import ASSERTIONS, UNSUPPORTED, merge, type_set
+from grammar.json_schema.objects import DEPENDENCY_KEYS, name_lists, ptr_escape
+
+
+class NormaliseRules:
+    """Needs from the builder: `root`, `max_depth`, `ref_stack`, `ref_overrides_siblings`,
+    `accepts` (for negated enum values)."""
+
+    def resolve_ref(self, ref: str, ptr: str) -> Any:
+        if not ref.startswith("#"):
+            raise UnsupportedSchemaError("$ref", ptr, f"only local references: {ref!r}")
+        node: Any = self.root
+        for part in ref[1:].split("/")[1:] if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), part)
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise UnsupportedSchemaError("$ref", ptr, f"cannot resolve {ref!r}")
+        return node
+
+    def normalise(self, schema: Any, ptr: str) -> dict | bool:
+        """Flatten $ref and allOf; returns False when the recursion budget is exhausted."""
+        if isinstance(schema, bool):
+            return schema
+        if not isinstance(schema, dict):
+            raise GrammarError(f"schema at {ptr} is not an object or boolean")
+        if "$ref" in schema and self.ref_overrides_siblings:
+            schema = {"$ref": schema["$ref"]}  # draft 4..7: keywords beside $ref are ignored
+        if "not" in schema and schema["not"] in (True, False, {}):
+            if schema["not"] is not False:
+                return False  # not {} / not true: nothing is valid
+            schema = {k: v for k, v in schema.items() if k != "not"}
+        negated = None
+        if "not" in schema:  # as an anyOf of the ways to violate it
+            negated = ("anyOf", self.violations(schema["not"], f"{ptr}/not"), f"{ptr}/not")
+            if not negated[1]:
+                return False
+            schema = {k: v for k, v in schema.items() if k != "not"}
+        schema = _integral_counts(schema, ptr)
+        schema, dependent = _dependent_schemas(schema)
+        conditional = None
+        if "if" in schema and ("then" in schema or "else" in schema):
+            # (if and then) or (not if and else): an anyOf of two schemas
+            cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
+            branches = [{"allOf": [cond, then]}, {"allOf": [{"not": cond}, other]}]
+            conditional = ("anyOf", branches, f"{ptr}/if")
+        if "if" in schema or "then" in schema or "else" in schema:  # then / else alone: ignored
+            schema = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+        for key in UNSUPPORTED:
+            if key in schema and not (key in DEPENDENCY_KEYS and name_lists(schema[key])):
+                raise UnsupportedSchemaError(key, f"{ptr}/{key}")
+        out: dict | bool = {
+            k: v for k, v in schema.items() if k not in ("$ref", "allOf", "anyOf", "oneOf")
+        }
+        alts = []
+        for kind in ("anyOf", "oneOf"):
+            if kind in schema:
+                branches = schema[kind]
+                if not isinstance(branches, list) or not branches:
+                    raise GrammarError(f"{kind} at {ptr} must be a non-empty list")
+                alts.append((kind, branches, f"{ptr}/{kind}"))
+        if negated and len(negated[1]) > 1:
+            alts.append(negated)
+        if conditional:
+            alts.append(conditional)
+        if alts:
+            out["_alts"] = alts
+        if "$ref" in schema:
+            ref = schema["$ref"]
+            if self.ref_stack.count(ref) >= self.max_depth:
+                note_loss()  # the recursion cut: deeper instances are left out
+                return False
+            self.ref_stack.append(ref)
+            try:
+                target = self.normalise(self.resolve_ref(ref, f"{ptr}/$ref"), ref)
+            finally:
+                self.ref_stack.pop()
+            out = merge(target, out, f"{ptr}/$ref")
+            if isinstance(out, dict):
+                out["_refs"] = [*out.get("_refs", []), ref]
+        for i, branch in enumerate(schema.get("allOf", [])):
+            out = merge(out, self.normalise(branch, f"{ptr}/allOf/{i}"), f"{ptr}/allOf/{i}")
+        for at, name, sub in dependent:  # if the name is present, the schema applies
+            cond = self.normalise({"if": {"required": [name]}, "then": sub}, f"{ptr}/{at}")
+            out = merge(out, cond, f"{ptr}/{at}")
+        if negated and len(negated[1]) == 1:  # one way to violate it: a plain conjunction
+            out = merge(out, self.normalise(negated[1][0], negated[2]), negated[2])
+        return out
+
+    def violations(self, schema: Any, ptr: str) -> list:
+        """Schemas whose union is exactly the instances that fail `schema` (for `not`): one
+        per keyword of the conjunction, each the instances that keyword rejects. Keywords
+        whose failures we cannot describe raise UnsupportedSchemaError naming `not`."""
+        before = losses()
+        n = self.normalise(schema, ptr)
+        if n is False and losses() != before:
+            raise UnsupportedSchemaError("not", ptr, "of a schema cut at the recursion depth")
+        if n is True or n is False:
+            return [True] if n is False else []
+        if "_alts" in n:
+            raise UnsupportedSchemaError("not", ptr, "of anyOf / oneOf")
+        out: list[Any] = []
+        for key, v in n.items():
+            if key not in ASSERTIONS:
+                continue  # annotations and unknown keywords
+            if key == "type":
+                types = type_set(n)
+                if "integer" in types and "number" not in types:
+                    raise UnsupportedSchemaError("not", ptr, "of integer (non-integer numbers)")
+                rest = [t for t in _ALL_TYPES if t not in types]
+                if rest:
+                    out.append({"type": rest})
+            elif key == "required":
+                out += [{"type": "object", "properties": {name: False}} for name in v]
+            elif key in _COUNT_KEYS and isinstance(v, int) and not isinstance(v, bool):
+                kind, other = _COUNT_KEYS[key]
+                if key.startswith("max"):
+                    out.append({"type": kind, other: v + 1})
+                elif v > 0:
+                    out.append({"type": kind, other: v - 1})
+            elif key == "propertyNames" and v is False:
+                out.append({"type": "object", "minProperties": 1})
+            elif key == "properties":
+                for name, sub in v.items():
+                    if sub is False:
+                        out.append({"type": "object", "required": [name]})
+                    elif sub is not True and sub != {}:
+                        out.append(
+                            {
+                                "type": "object",
+                                "required": [name],
+                                "properties": {name: {"not": sub}},
+                            }
+                        )
+            elif key in ("enum", "const"):
+                values = [v] if key == "const" else list(v)
+                if "const" in n and "enum" in n and key == "enum":
+                    continue  # merged already into one list
+                out.append({"_not_values": [x for x in values if self.accepts(n, x)]})
+            elif key == "additionalProperties" and v in (True, {}):
+                continue
+            else:
+                raise UnsupportedSchemaError("not", ptr, f"cannot negate {key!r}")
+        return out
+
+
+_ALL_TYPES = ("string", "number", "boolean", "null", "object", "array")
+# a count keyword -> (the type it applies to, the keyword its failures satisfy)
+_COUNT_KEYS = {
+    "maxProperties": ("object", "minProperties"),
+    "minProperties": ("object", "maxProperties"),
+    "maxLength": ("string", "minLength"),
+    "minLength": ("string", "maxLength"),
+    "maxItems": ("array", "minItems"),
+    "minItems": ("array", "maxItems"),
+}
+
+
+def _integral_counts(schema: dict, ptr: str) -> dict:
+    """Count keywords (minLength, maxItems, ...) as ints: 2.0 is 2; others are errors."""
+    bad = [k for k in _COUNT_KEYS if k in schema and not isinstance(schema[k], int)]
+    bad += [k for k in _COUNT_KEYS if isinstance(schema.get(k), bool)]
+    if not bad and all(schema[k] >= 0 for k in _COUNT_KEYS if k in schema):
+        return schema
+    out = dict(schema)
+    for k in _COUNT_KEYS:
+        v = out.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != int(v):
+            raise GrammarError(f"{k} at {ptr} must be a non-negative integer, not {v!r}")
+        out[k] = int(v)
+    return out
+
+
+def _dependent_schemas(schema: dict) -> tuple[dict, list[tuple[str, str, Any]]]:
+    """Splits off the `dependencies` / `dependentSchemas` entries whose value is a schema, as
+    (pointer part, name, schema); name-list entries stay (the object rules split on them)."""
+    out, dependent = schema, []
+    for key in ("dependencies", "dependentSchemas"):
+        value = schema.get(key)
+        if not isinstance(value, dict):
+            continue
+        out = dict(out)
+        lists = {n: v for n, v in value.items() if isinstance(v, list)}
+        dependent += [
+            (f"{key}/{ptr_escape(n)}", n, v) for n, v in value.items() if not isinstance(v, list)
+        ]
+        if key == "dependentSchemas" or not lists:
+            out.pop(key)
+        else:
+            out[key] = lists
+    return out, dependent

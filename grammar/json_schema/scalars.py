@@ -1,0 +1,164 @@
+"""Strings (lengths, patterns, formats, both at once), integers and numbers (delegated to
+`grammar.json_schema.numbers`), and the any-JSON-value automaton, as regex nodes or prebuilt
+automata shared by every schema.
+
+`ScalarRules` is mixed into the builder of `grammar.json_schema.schema`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from grammar.automata import dfa_ops
+from grammar.automata import regex_ast as ra
+from grammar.automata.fsm import node_to_dfa
+from grammar.automata.pattern import note_loss, pattern_to_content
+from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.json_schema import number_text, numbers
+from grammar.json_schema.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
+
+# one decoded character: a literal one, a short escape, a \uXXXX escape that is no surrogate,
+# or an escaped surrogate pair (one character, as JSON Schema lengths count it)
+STRING_CHAR_TEXT = (
+    r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u([0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})'
+    r"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+STRING_TEXT = f'"{STRING_CHAR_TEXT}*"'
+
+Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
+
+
+class ScalarRules:
+    """Needs from the builder: `ws`, `ws_text`, `colon`, `comma`, `string_char`, `any_string`,
+    `_any` (the any-value nodes built so far, by depth)."""
+
+    def any_value(self, depth: int) -> object:
+        note_loss()  # values nested deeper than any_depth are left out
+        if depth not in self._any:
+            options = [self.any_string, ra.parsed(number_text.NUMBER)]
+            options += [ra.lit("true"), ra.lit("false"), ra.lit("null")]
+            if depth > 0:
+                inner = self.any_value(depth - 1)
+                member = ra.seq(self.any_string, self.colon, inner)
+                members = ra.seq(member, ra.repeat(ra.seq(self.comma, member), 0, None))
+                options.append(self.wrap("{", ra.optional(members), "}"))
+                elems = ra.seq(inner, ra.repeat(ra.seq(self.comma, inner), 0, None))
+                options.append(self.wrap("[", ra.optional(elems), "]"))
+            self._any[depth] = _any_automaton(ra.alt(options), self.ws_text, depth)
+        return self._any[depth]
+
+    def wrap(self, open_: str, inner: Node, close: str) -> Node:
+        return ra.seq(ra.char(open_), self.ws, inner, self.ws, ra.char(close))
+
+    # ----- strings and numbers -----
+    def string(self, s: dict, ptr: str) -> Node:
+        lo, hi = s.get("minLength", 0), s.get("maxLength")
+        fmt, pattern = s.get("format"), s.get("pattern")
+        if fmt in UNSUPPORTED_FORMATS:
+            raise UnsupportedSchemaError("format", f"{ptr}/format", repr(fmt))
+        if hi is not None and hi < lo:
+            return None
+        content: Node
+        if pattern is not None:
+            try:
+                if fmt in FORMAT_REGEXES:  # both: the product of the two automata
+                    both = dfa_ops.product(
+                        node_to_dfa(pattern_to_content(pattern, self.string_char)),
+                        node_to_dfa(ra.parsed(FORMAT_REGEXES[fmt])),
+                        True,
+                    )
+                    content = dfa_ops.DFANode(both, "pattern", f"{ptr}/pattern")
+                    if lo or hi is not None:
+                        content = self.length_bounded(content, lo, hi, ptr)
+                elif lo or hi is not None:
+                    content = _bounded_class_pattern(pattern, lo, hi, self.string_char)
+                    if content is False:
+                        content = self.length_bounded(
+                            pattern_to_content(pattern, self.string_char), lo, hi, ptr
+                        )
+                else:
+                    content = pattern_to_content(pattern, self.string_char)
+            except GrammarError as e:
+                if isinstance(e, UnsupportedSchemaError):
+                    raise
+                raise UnsupportedSchemaError("pattern", f"{ptr}/pattern", str(e)) from None
+        elif fmt in FORMAT_REGEXES:
+            content = ra.parsed(FORMAT_REGEXES[fmt])
+            if lo or hi is not None:
+                content = self.length_bounded(content, lo, hi, ptr)
+        elif not lo and hi is None:
+            return self.any_string
+        else:
+            content = ra.repeat(self.string_char, lo, hi)
+        return ra.seq(ra.char('"'), content, ra.char('"'))
+
+    def length_bounded(self, content: Node, lo: int, hi: int | None, ptr: str) -> Node:
+        """String content `content` restricted to lo..hi decoded characters (exact, via a
+        product of its DFA with a character counter)."""
+        if content is None:
+            return None
+        key = "maxLength" if hi is not None else "minLength"
+        try:
+            dfa = dfa_ops.with_length(node_to_dfa(content), lo, hi)
+        except GrammarError as e:
+            raise UnsupportedSchemaError(key, ptr, f"with a pattern / format: {e}") from None
+        return dfa_ops.DFANode(dfa, key, ptr)
+
+    def integer(self, s: dict, ptr: str) -> Node:
+        bounds = _bounds(s)
+        if bounds == (None,) * 4 and s.get("multipleOf") is None:
+            return shared_leaf(number_text.INTEGER, "integer")
+        return numbers.number_node("integer", *bounds, s.get("multipleOf"), ptr)
+
+    def number(self, s: dict, ptr: str) -> Node:
+        bounds = _bounds(s)
+        if bounds == (None,) * 4 and s.get("multipleOf") is None:
+            return shared_leaf(number_text.NUMBER, "number")
+        return numbers.number_node("number", *bounds, s.get("multipleOf"), ptr)
+
+
+def _bounds(s: dict) -> tuple:
+    mn, mx = s.get("minimum"), s.get("maximum")
+    emn, emx = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
+    if isinstance(emn, bool):  # draft 4: a flag on minimum
+        emn, mn = (mn, None) if emn else (None, mn)
+    if isinstance(emx, bool):
+        emx, mx = (mx, None) if emx else (None, mx)
+    return mn, mx, emn, emx
+
+
+def _bounded_class_pattern(pattern: str, lo: int, hi: int | None, any_char: object) -> Node | bool:
+    """`^[class]+$`-style patterns with length bounds: the class repeated lo..hi times."""
+    m = re.fullmatch(r"\^(\[(?:[^\]\\]|\\.)+\]|\\[dw]|\.)([+*])\$", pattern)
+    if not m:
+        return False
+    one = pattern_to_content(f"^{m.group(1)}$", any_char)
+    if m.group(2) == "+":
+        lo = max(lo, 1)
+    return ra.repeat(one, lo, hi)
+
+
+_ANY_DFAS: dict[tuple[str, int], object] = {}
+_LEAVES: dict[str, object] = {}
+
+
+def shared_leaf(text: str, keyword: str) -> object:
+    """A piece most schemas hold many times (a plain string, a number), as a prebuilt
+    automaton shared by every schema: the NFA embeds it without building its states, and the
+    lazy DFA reads only those walks reach. Keeps its regex text for json_schema_to_regex."""
+    node = _LEAVES.get(text)
+    if node is None:
+        node = _LEAVES.setdefault(
+            text, dfa_ops.DFANode(node_to_dfa(ra.parsed(text)), keyword, "#", text)
+        )
+    return node
+
+
+def _any_automaton(node: object, ws: str, depth: int) -> object:
+    """Any JSON value nested at most `depth` deep, as a prebuilt automaton shared by every
+    schema (built once per whitespace and depth: most schemas hold it, as additional
+    members' values), keeping its regex text for json_schema_to_regex."""
+    key = (ws, depth)
+    if key not in _ANY_DFAS:
+        _ANY_DFAS[key] = dfa_ops.DFANode(node_to_dfa(node), "any", "#", ra.to_text(node))
+    return _ANY_DFAS[key]

@@ -1,0 +1,333 @@
+"""JSON Schema (dict, JSON text or pydantic model class) -> regex over compact JSON text.
+
+Output is what a schema-ordered generator emits: properties in the schema's order (own
+`properties`, then each `allOf` branch's, then those of the chosen `anyOf` / `oneOf` branch, then
+additional keys), `json.dumps(..., separators=(",", ":"), ensure_ascii=False)` spelling, and
+`whitespace` (a regex, default none) between structural tokens.
+
+Recursive `$ref`s are unrolled `max_recursion_depth` times (default 3): beyond that depth the
+recursive branch is impossible (an optional recursive property is left out, a recursive array
+stays empty). Values of unconstrained schemas (`{}` / `true`) are any JSON value nested at most
+`any_depth` levels deep (default 3). Keywords that cannot be honoured raise
+UnsupportedSchemaError naming the keyword and its JSON pointer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from grammar.automata import dfa_ops
+from grammar.automata import regex_ast as ra
+from grammar.automata.fsm import node_to_dfa
+from grammar.automata.pattern import losses
+from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.json_schema import number_text
+from grammar.json_schema import oneof as json_oneof
+from grammar.json_schema.arrays import ArrayRules
+from grammar.json_schema.formats import FORMAT_REGEXES
+from grammar.json_schema.merge import (
+    canonical,
+    merge,
+    type_set,
+)
+from grammar.json_schema.normalise import NormaliseRules
+from grammar.json_schema.objects import (
+    ObjectRules,
+    integral_as,
+    literal,
+)
+from grammar.json_schema.oneof import (
+    CANONICAL_TEXT,
+    OneOfRules,
+    exactly_one_required,
+    kind_of,
+    possible_types,
+    required_only,
+    values_of,
+)
+from grammar.json_schema.scalars import STRING_CHAR_TEXT, STRING_TEXT, ScalarRules, shared_leaf
+
+MAX_ALTERNATIVES = 1024
+
+Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
+
+
+def load_schema(schema: Any) -> dict | bool:
+    """A schema as a dict (or bool) from a dict, JSON text, or pydantic model class."""
+    if isinstance(schema, dict | bool):
+        return schema
+    if isinstance(schema, str | bytes):
+        try:
+            loaded = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"schema is not valid JSON: {e}") from None
+        if not isinstance(loaded, dict | bool):
+            raise GrammarError("a JSON Schema must be an object or a boolean")
+        return loaded
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    raise GrammarError(f"cannot read a JSON Schema from {type(schema).__name__}")
+
+
+def json_schema_to_regex(
+    schema: Any,
+    whitespace: str | None = None,
+    *,
+    max_recursion_depth: int = 3,
+    any_depth: int = 3,
+) -> str:
+    """The regex of every compact serialisation of an instance (see module docstring)."""
+    return ra.to_text(json_schema_to_node(schema, whitespace, max_recursion_depth, any_depth))
+
+
+def json_schema_to_node(
+    schema: Any, whitespace: str | None = None, max_recursion_depth: int = 3, any_depth: int = 3
+) -> object:
+    """Like json_schema_to_regex, as a shared regex syntax tree (what compile uses)."""
+    root = load_schema(schema)
+    try:
+        out = _Builder(root, whitespace or "", max_recursion_depth, any_depth).value(root, "#")
+    except GrammarError:
+        raise
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError, OverflowError) as e:
+        # a keyword with a value of the wrong shape (e.g. "enum": 5, "maxLength": "x")
+        raise GrammarError(f"malformed schema: {type(e).__name__}: {e}") from None
+    except RecursionError:
+        raise GrammarError("schema nests too deeply to compile") from None
+    if out is None:
+        raise GrammarError("the schema admits no instance")
+    return out
+
+
+class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules):
+    def __init__(self, root: dict | bool, ws: str, max_depth: int, any_depth: int) -> None:
+        self.root = root
+        self.ws = ra.parsed(ws) if ws else ra.EMPTY
+        self.ws_text = ws
+        self.comma = ra.seq(self.ws, ra.char(","), self.ws)
+        self.colon = ra.seq(self.ws, ra.char(":"), self.ws)
+        self.string_char = ra.parsed(STRING_CHAR_TEXT)
+        self.any_string = shared_leaf(STRING_TEXT, "string")
+        self.max_depth = max_depth
+        self.any_depth = any_depth
+        self.ref_stack: list[str] = []
+        self._any: dict[int, object] = {}
+        self.n_alternatives = 0
+        self._validator: Any = None
+        # id(merged branch) -> its automaton leaves strings out (see pattern.note_loss)
+        self.lossy_nodes: dict[int, bool] = {}
+        draft = str(root.get("$schema", "")) if isinstance(root, dict) else ""
+        self.ref_overrides_siblings = any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))
+
+    # ----- values -----
+    def value(self, schema: Any, ptr: str) -> Node:
+        values = self.finite_values(schema, ptr)
+        if values is not None:
+            # an enum / const somewhere in the conjunction: the instances are those of its
+            # values that the whole schema (every keyword, `not` / `if` included) accepts
+            return ra.alt([self.literal_of(schema, v) for v in values])
+        return self.from_norm(self.normalise(schema, ptr), ptr)
+
+    def finite_values(self, schema: Any, ptr: str, depth: int = 0) -> list | None:
+        """The values of an `enum` / `const` the schema is conjoined with (at its own level,
+        through `$ref` or an `allOf` branch), or None."""
+        if not isinstance(schema, dict) or depth > 8:
+            return None
+        if "$ref" in schema and self.ref_overrides_siblings:
+            schema = {"$ref": schema["$ref"]}
+        values = values_of(schema)
+        if values is not None:
+            return values
+        if isinstance(schema.get("$ref"), str):
+            target = self.resolve_ref(schema["$ref"], f"{ptr}/$ref")
+            values = self.finite_values(target, schema["$ref"], depth + 1)
+            if values is not None:
+                return values
+        for i, branch in enumerate(schema.get("allOf", [])):
+            values = self.finite_values(branch, f"{ptr}/allOf/{i}", depth + 1)
+            if values is not None:
+                return values
+        return None
+
+    def literal_of(self, schema: Any, value: Any) -> Node:
+        """The spellings of enum / const `value` that are instances of `schema`: its
+        integral numbers as integers and / or with a fraction part, as the schema accepts
+        them (draft 4: 2.0 is no integer); None if neither."""
+        ints, floats = integral_as(value, int), integral_as(value, float)
+        as_int = self.accepts(schema, ints)
+        if repr(ints) == repr(floats):  # no integral number in it
+            return literal(value) if as_int else None
+        as_float = self.accepts(schema, floats)
+        if as_int and as_float:
+            return literal(value)
+        if as_int or as_float:
+            return literal(value, fractions=False if as_int else "only")
+        return None
+
+    def accepts(self, schema: Any, value: Any) -> bool:
+        """Whether `value` is an instance of `schema` (a part of the root: its local `$ref`s
+        resolve against the root), by the jsonschema library with formats asserted."""
+        if self._validator is None:
+            import jsonschema
+
+            cls = jsonschema.validators.validator_for(self.root)
+            root = self.root if isinstance(self.root, dict) else {}
+            self._validator = cls(root, format_checker=cls.FORMAT_CHECKER)
+        clean = {k: v for k, v in schema.items() if not k.startswith("_")}
+        fmt = clean.get("format")
+        if isinstance(value, str) and fmt in FORMAT_REGEXES:
+            # the library skips formats whose checker is not installed: ours decide
+            if not re.fullmatch(FORMAT_REGEXES[fmt], value):
+                return False
+        try:
+            return bool(self._validator.evolve(schema=clean).is_valid(value))
+        except Exception as e:  # an unresolvable reference, a malformed keyword
+            raise UnsupportedSchemaError("enum", "#", f"cannot check a value: {e}") from None
+
+    def from_norm(self, norm: dict | bool, ptr: str) -> Node:
+        if norm is False:
+            return None
+        if norm is True:
+            return self.any_value(self.any_depth)
+        norm = dict(norm)
+        refs = norm.pop("_refs", [])
+        self.ref_stack.extend(refs)  # children of a referenced schema count as recursion
+        try:
+            alts = norm.pop("_alts", None)
+            if not alts:
+                return self.single(norm, ptr)
+            # distribute the first alternative group; the rest stay in each merged branch
+            (kind, branches, where), rest = alts[0], alts[1:]
+            if rest:
+                norm["_alts"] = rest
+            if kind == "oneOf" and len(branches) > 1 and required_only(branches):
+                kind, branches = "anyOf", exactly_one_required(branches, where)
+            options: list[tuple[Node, Any, str]] = []
+            for i, branch in enumerate(branches):
+                self.count_alternative(kind, where)
+                at = f"{where}/{i}"
+                before = losses()
+                merged = merge(norm, self.normalise(branch, at), at)
+                node = self.from_norm(merged, at)
+                self.lossy_nodes[id(merged)] = losses() != before
+                if kind == "oneOf" and node is None and self.lossy_nodes[id(merged)]:
+                    # empty only as approximated: its instances must still be excluded
+                    raise UnsupportedSchemaError(kind, at, "branch not exact (cannot exclude it)")
+                options.append((node, merged, at))
+            if kind == "oneOf":
+                live = [o for o in options if o[0] is not None]
+                try:
+                    self.check_exclusive(live, where)
+                except UnsupportedSchemaError:
+                    split = json_oneof.split_oneof(self, [o[1] for o in live], where)
+                    if split is None:
+                        raise
+                    return split
+            return ra.alt([o[0] for o in options])
+        finally:
+            del self.ref_stack[len(self.ref_stack) - len(refs) :]
+
+    def count_alternative(self, kind: str, ptr: str) -> None:
+        self.n_alternatives += 1
+        if self.n_alternatives > MAX_ALTERNATIVES:
+            raise UnsupportedSchemaError(kind, ptr, "too many alternatives")
+
+    def types_of(self, s: dict, depth: int = 0) -> set[str]:
+        """JSON types an instance of normalised `s` can have: its own keywords' types, within
+        the union of each anyOf / oneOf group's branch types (all types past depth 3)."""
+        types = possible_types(s)
+        if depth > 3:
+            return types
+        for _, branches, where in s.get("_alts", []):
+            union: set[str] = set()
+            for i, branch in enumerate(branches):
+                nb = self.normalise(branch, f"{where}/{i}")
+                # False may only mean "past the recursion depth here": count it as any type
+                union |= type_set({}) if isinstance(nb, bool) else self.types_of(nb, depth + 1)
+            types &= union
+        return types
+
+    def single(self, s: dict, ptr: str) -> Node:
+        values = None
+        if "enum" in s:
+            values = list(s["enum"])
+        if "const" in s:
+            c = s["const"]
+            values = [c] if values is None else [v for v in values if canonical(v) == canonical(c)]
+        excluded = {canonical(v): v for v in s.get("_not_values", [])}
+        if values is not None:
+            return ra.alt([self.literal_of(s, v) for v in values if canonical(v) not in excluded])
+        types = s.get("type")
+        if types is None:
+            types = ["string", "number", "boolean", "null", "object", "array"]
+        elif not isinstance(types, list):
+            types = [types]
+        if "number" in types and "integer" in types:
+            types = [t for t in types if t != "integer"]
+        return ra.alt([self.typed_except(t, s, list(excluded.values()), ptr) for t in types])
+
+    def typed_except(self, t: str, s: dict, excluded: list, ptr: str) -> Node:
+        """Values of type t, minus the `excluded` values (from `not` of an enum / const)."""
+        node = self.typed(t, s, ptr)
+        mine = [
+            v for v in excluded if kind_of(v) == t or (t == "number" and kind_of(v) == "integer")
+        ]
+        if not mine or node is None:
+            return node
+        if t in ("boolean", "null"):
+            return (
+                ra.alt(
+                    [
+                        ra.lit(x)
+                        for x in ("true", "false", "null")
+                        if x not in map(_text, mine) and (t == "null") == (x == "null")
+                    ]
+                )
+                if node is not None
+                else None
+            )
+        if t != "string":  # 1 and 1.0 are one number; objects and arrays have many spellings
+            raise UnsupportedSchemaError("not", ptr, f"of {t} enum values")
+        # strings: over canonical spellings, so that no other spelling of a value slips in
+        dfa = dfa_ops.product(node_to_dfa(node), node_to_dfa(ra.parsed(CANONICAL_TEXT)), True)
+        dfa = dfa_ops.product(dfa, node_to_dfa(ra.alt([literal(v) for v in mine])), False)
+        return dfa_ops.DFANode(dfa, "not", ptr) if dfa.accepting.any() else None
+
+    def typed(self, t: str, s: dict, ptr: str) -> Node:
+        if t == "string":
+            return self.string(s, ptr)
+        if t == "integer":
+            return self.integer(s, ptr)
+        if t == "number":
+            return self.number(s, ptr)
+        if t == "boolean":
+            return ra.alt([ra.lit("true"), ra.lit("false")])
+        if t == "null":
+            return ra.lit("null")
+        if t == "object":
+            return self.object(s, ptr)
+        if t == "array":
+            return self.array(s, ptr)
+        raise GrammarError(f"unknown type {t!r} at {ptr}/type")
+
+
+def _text(v: Any) -> str:
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+
+
+def dtype_to_regex(dtype: type) -> str:
+    """Regex for gen(dtype=...): int, float, bool (True|False), str (a JSON string)."""
+    if dtype is bool:
+        return "(True|False)"
+    if dtype is int:
+        return number_text.INTEGER
+    if dtype is float:
+        return number_text.NUMBER
+    if dtype is str:
+        return STRING_TEXT
+    raise GrammarError(f"unsupported dtype {dtype!r}: use int, float, bool or str")
+
+
+__all__ = ["dtype_to_regex", "json_schema_to_node", "json_schema_to_regex", "load_schema"]

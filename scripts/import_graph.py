@@ -1,0 +1,164 @@
+"""The import graph of the project's packages (grammar, runtime, sgl_dsl), read from source.
+
+Every ``import`` / ``from ... import`` counts, those inside functions too; only imports under
+``if TYPE_CHECKING:`` do not. An edge goes to the module a statement names (``from a.b import
+c`` counts ``a.b.c`` when that is a module, else ``a.b``); importing a package runs its
+``__init__``, so ``a.b``'s ``__init__`` is an edge too.
+
+    python scripts/import_graph.py            # cycles, folder sizes, long files
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("grammar", "runtime", "sgl_dsl")
+
+
+def modules(repo: Path = REPO) -> dict[str, Path]:
+    """{dotted module name: file} of every .py file of the packages (``__init__``: the package)."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((repo / pkg).rglob("*.py")):
+            parts = path.relative_to(repo).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.Module, module: str, is_package: bool, mods: dict) -> set[str]:
+    """The modules of ``mods`` whose code this module's import statements run or read."""
+    out: set[str] = set()
+    own_packages = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+
+    def add_module(name: str) -> None:
+        # importing a.b.c runs a/__init__ and a/b/__init__ first; for a module inside a, those
+        # have already started running, so they are not dependencies of it
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if prefix in mods and (prefix == name or prefix not in own_packages):
+                out.add(prefix)
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add_module(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            for alias in node.names:
+                if f"{prefix}.{alias.name}" in mods:
+                    add_module(f"{prefix}.{alias.name}")
+                elif prefix in mods:
+                    # a name defined by prefix's own code (a package's __init__ included)
+                    add_module(prefix)
+                    out.add(prefix)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    out.discard(module)
+    return out
+
+
+def graph(repo: Path = REPO) -> dict[str, set[str]]:
+    """{module: modules of the packages it imports} (a module never lists itself)."""
+    mods = modules(repo)
+    return {
+        name: _imports(ast.parse(path.read_text(encoding="utf-8")), name,
+                       path.name == "__init__.py", mods)
+        for name, path in mods.items()
+    }  # fmt: skip
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strongconnect(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(edges):
+        if v not in index:
+            strongconnect(v)
+    return sorted(out)
+
+
+def folder_sizes(repo: Path = REPO) -> dict[str, int]:
+    """{folder: number of .py modules directly in it (``__init__`` not counted)}."""
+    sizes: dict[str, int] = {}
+    for path in modules(repo).values():
+        if path.name != "__init__.py":
+            folder = str(path.parent.relative_to(repo))
+            sizes[folder] = sizes.get(folder, 0) + 1
+    return sizes
+
+
+def long_files(limit: int, repo: Path = REPO) -> dict[str, int]:
+    out = {}
+    for path in modules(repo).values():
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        if n > limit:
+            out[str(path.relative_to(repo))] = n
+    return out
+
+
+def main() -> int:
+    edges = graph()
+    found = cycles(edges)
+    for comp in found:
+        print("cycle:", " <-> ".join(comp))
+    for folder, n in sorted(folder_sizes().items()):
+        print(f"{n:3d} modules  {folder}")
+    for path, n in sorted(long_files(450).items()):
+        print(f"{n:5d} lines  {path}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
