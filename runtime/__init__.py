@@ -1,6 +1,6 @@
 """runtime: the engine (model, paged KV pool, radix cache, scheduler); see docs/INTERFACES.md."""
 
 from runtime.engine import Engine
-from runtime.request import GenerateResult, StreamChunk, Usage
+from runtime.scheduling.request import GenerateResult, StreamChunk, Usage
 
 __all__ = ["Engine", "GenerateResult", "StreamChunk", "Usage"]

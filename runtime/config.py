@@ -16,12 +16,19 @@ from runtime.errors import ModelNotFoundError, UnsupportedModelError
 
 # model_type -> whether q/k/v projections always carry a bias (Qwen2 does, without a flag)
 SUPPORTED_MODEL_TYPES = {"llama": False, "mistral": False, "qwen2": True}
+# the architecture a config without `architectures` (a bare or hand-written one) stands for
+DEFAULT_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass(slots=True)
 class ModelConfig:
     model_type: str
+    architecture: str  # picks the model class (runtime/models/registry.py)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -83,8 +90,10 @@ def config_from_dict(cfg: dict[str, Any]) -> ModelConfig:
     always_bias = SUPPORTED_MODEL_TYPES[model_type]
     attention_bias = bool(cfg.get("attention_bias", False))
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    archs = cfg.get("architectures") or [DEFAULT_ARCHITECTURES[model_type]]
     return ModelConfig(
         model_type=model_type,
+        architecture=str(archs[0]),
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=hidden,
         intermediate_size=int(cfg["intermediate_size"]),

@@ -11,14 +11,14 @@ from typing import Any
 import torch
 
 from runtime.default_model import ensure_default_model
-from runtime.kv_pool import KVPool, pages_for_budget, resolve_dtype
-from runtime.model import LlamaModel
-from runtime.output import OutputProcessor
-from runtime.radix_cache import RadixCache
-from runtime.request import GenerateResult, Request, SamplingParams
-from runtime.scheduler import Scheduler
-from runtime.stream import StreamIterator
-from runtime.weights.loader import load_model_files
+from runtime.memory.kv_pool import KVPool, pages_for_budget, resolve_dtype
+from runtime.memory.radix_cache import RadixCache
+from runtime.models.loader import load_model_files
+from runtime.models.registry import model_class
+from runtime.scheduling.output import OutputProcessor
+from runtime.scheduling.request import GenerateResult, Request, SamplingParams
+from runtime.scheduling.scheduler import Scheduler
+from runtime.scheduling.stream import StreamIterator
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Engine:
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.dtype = resolve_dtype(dtype)
-        self.model = LlamaModel(loaded.config, loaded.state_dict, self.dtype)
+        self.model = model_class(loaded.config)(loaded.config, loaded.state_dict, self.dtype)
         del loaded
         dtype_bytes = torch.finfo(self.dtype).bits // 8
         if max_total_tokens is not None:
@@ -97,7 +97,7 @@ class Engine:
 
     def _make_constraint_hooks(self) -> Any:
         try:
-            from runtime.constrained import ConstraintHooks
+            from runtime.scheduling.constrained import ConstraintHooks
         except ImportError:
             return None
         return ConstraintHooks(self)

@@ -33,7 +33,7 @@ def free_port() -> int:
 
 def constrained_decoding_available() -> bool:
     """Whether the engine has constrained decoding (issue 4) yet."""
-    return importlib.util.find_spec("runtime.constrained") is not None
+    return importlib.util.find_spec("runtime.scheduling.constrained") is not None
 
 
 _tiny_model: Path | None = None

@@ -76,7 +76,7 @@ def test_httpx_native_generate_through_router(cluster):
 def test_router_lists_the_served_model(cluster, model):
     replica = cluster.replica_urls()[0]
     if httpx.get(f"{replica}/server_info", timeout=10).status_code == 404:
-        pytest.skip("the server does not call runtime.cluster_worker_routes.add_worker_routes yet")
+        pytest.skip("the server does not call runtime.server.worker_routes.add_worker_routes yet")
     ids = [m["id"] for m in httpx.get(f"{cluster.url}/v1/models", timeout=10).json()["data"]]
     assert ids == [model]
 

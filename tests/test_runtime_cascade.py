@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.cascade_attention import cascade_decode_attention, plan_cascade
 from runtime.kernels import reference
+from runtime.kernels.cascade import cascade_decode_attention, plan_cascade
 
 
 @pytest.mark.parametrize(
@@ -19,7 +19,7 @@ from runtime.kernels import reference
     ],
 )
 def test_cascade_matches_reference(monkeypatch, shared_pages, tails, hq, hkv):
-    from runtime import cascade_attention
+    from runtime.kernels import cascade as cascade_attention
 
     # tiny shapes: switch off the "is it worth it" thresholds so the cascade path runs
     monkeypatch.setattr(cascade_attention, "MIN_SHARED_TO_TAIL", 0)
@@ -74,7 +74,7 @@ def test_cascade_is_used_only_when_it_pays(shared_pages, tail, group, useful):
     ],
 )
 def test_short_extend_matches_reference(prefixes, extends, hq, hkv):
-    from runtime.short_extend_attention import plan_short_extend, short_extend_attention
+    from runtime.kernels.short_extend import plan_short_extend, short_extend_attention
 
     torch.manual_seed(1)
     ps, d, num_pages = 4, 8, 64

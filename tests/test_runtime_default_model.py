@@ -50,8 +50,8 @@ def test_score_prefers_the_right_answer(engine):
 
 
 def test_gguf_file_loads_directly_with_matching_logits(engine):
-    from runtime.model import LlamaModel
-    from runtime.weights.loader import load_model_files
+    from runtime.models.llama import LlamaModel
+    from runtime.models.loader import load_model_files
 
     loaded = load_model_files(default_gguf_path())
     model = LlamaModel(loaded.config, loaded.state_dict, torch.float32)

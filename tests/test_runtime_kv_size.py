@@ -7,7 +7,7 @@ import json
 import pytest
 
 from runtime.config import config_from_dict
-from runtime.kv_size import kv_size, main
+from runtime.memory.kv_size import kv_size, main
 
 LLAMA_31_8B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",

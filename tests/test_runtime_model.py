@@ -9,10 +9,10 @@ import torch
 
 from runtime.config import load_config
 from runtime.errors import ModelNotFoundError, UnsupportedModelError
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_pool import KVPool
-from runtime.model import LlamaModel
-from runtime.weights.loader import load_model_files
+from runtime.memory.kv_pool import KVPool
+from runtime.models.forward_batch import ForwardBatch
+from runtime.models.llama import LlamaModel
+from runtime.models.loader import load_model_files
 from tests._runtime_fixtures import LLAMA3_ROPE, hf_model, make_tiny_model
 
 TOLERANCE = 1e-4
@@ -94,6 +94,29 @@ def test_unsupported_architecture_is_named(tmp_path):
     )
     with pytest.raises(UnsupportedModelError, match="gpt_neox"):
         load_config(tmp_path)
+
+
+def test_model_class_comes_from_the_architecture_registry(tmp_path):
+    from runtime import Engine
+    from runtime.models.registry import MODELS, model_class
+
+    folder = make_tiny_model(tmp_path)
+    config = load_config(folder)
+    assert config.architecture == "LlamaForCausalLM"
+    assert model_class(config) is LlamaModel
+    # a head this engine does not run, on a supported model_type: named, with the supported ones
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForSequenceClassification"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError) as err:
+        Engine(str(folder))
+    message = str(err.value)
+    assert "'LlamaForSequenceClassification'" in message
+    assert all(name in message for name in MODELS)
+    # a bare config without `architectures` stands for its model_type's causal LM
+    del cfg["architectures"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_config(folder).architecture == "LlamaForCausalLM"
 
 
 def test_unsupported_rope_scaling_is_named(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.radix_cache import RadixCache
+from runtime.memory.radix_cache import RadixCache
 
 PS = 2
 

@@ -153,9 +153,9 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 def _add_gateway_routes(app: FastAPI, state: ServerState) -> None:
-    """The worker routes the SGLang Model Gateway reads (runtime/cluster_worker_routes.py)."""
+    """The worker routes the SGLang Model Gateway reads (runtime/server/worker_routes.py)."""
     try:
-        from runtime.cluster_worker_routes import add_worker_routes
+        from runtime.server.worker_routes import add_worker_routes
     except ImportError:
         return
     add_worker_routes(app, state.engine)

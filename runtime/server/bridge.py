@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from runtime.request import GenerateResult, StreamChunk, Usage
+from runtime.scheduling.request import GenerateResult, StreamChunk, Usage
 from runtime.server.errors import APIError
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from runtime.request import GenerateResult, StreamChunk
+from runtime.scheduling.request import GenerateResult, StreamChunk
 from runtime.server.bridge import EngineBridge, EngineStream
 from runtime.server.errors import APIError, from_exception
 

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Request
 
-from runtime.request import GenerateResult
+from runtime.scheduling.request import GenerateResult
 from runtime.server.chat import check_schema
 from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, Job, SSEResponse, collect, sse, sse_error

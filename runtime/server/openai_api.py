@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Request
 
-from runtime.request import GenerateResult
+from runtime.scheduling.request import GenerateResult
 from runtime.server import responses as R
 from runtime.server.bridge import Admission
 from runtime.server.chat import check_schema, render_prompt, response_format_constraint

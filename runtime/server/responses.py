@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any
 
-from runtime.request import GenerateResult
+from runtime.scheduling.request import GenerateResult
 
 
 def new_id(prefix: str) -> str:

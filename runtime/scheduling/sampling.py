@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.request import Request
+from runtime.scheduling.request import Request
 
 
 @dataclass(slots=True)

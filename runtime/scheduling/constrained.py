@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 from runtime import kernels
-from runtime.request import Request
+from runtime.scheduling.request import Request
 
 if TYPE_CHECKING:
-    from runtime.scheduler import Scheduler
+    from runtime.scheduling.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -18,19 +18,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from runtime.errors import PromptTooLongError
-from runtime.kv_pool import KVPool
-from runtime.model import LlamaModel
-from runtime.output import OutputProcessor
-from runtime.pages import PageBook
-from runtime.radix_cache import RadixCache
-from runtime.request import Request, Status
-from runtime.step_output import process_step_output
-from runtime.step_plan import ExtendItem, StepPlan, build_batch
+from runtime.memory.kv_pool import KVPool
+from runtime.memory.pages import PageBook
+from runtime.memory.radix_cache import RadixCache
+from runtime.scheduling.output import OutputProcessor
+from runtime.scheduling.request import Request, Status
+from runtime.scheduling.step_output import process_step_output
+from runtime.scheduling.step_plan import ExtendItem, StepPlan, build_batch
+
+if TYPE_CHECKING:
+    from runtime.models.llama import LlamaModel
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime.forward_batch import ForwardBatch
-from runtime.request import Request
+from runtime.models.forward_batch import ForwardBatch
+from runtime.scheduling.request import Request
 
 
 @dataclass(slots=True)

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.request import Status
-from runtime.sampling import sample
-from runtime.step_plan import StepPlan
+from runtime.scheduling.request import Status
+from runtime.scheduling.sampling import sample
+from runtime.scheduling.step_plan import StepPlan
 
 if TYPE_CHECKING:
-    from runtime.scheduler import Scheduler
+    from runtime.scheduling.scheduler import Scheduler
 
 
 def process_step_output(sched: Scheduler, plan: StepPlan, logits: torch.Tensor) -> None:

@@ -9,10 +9,13 @@ place: the pool's free list, the tree, or one request's own pages.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from runtime.kv_pool import KVPool
-from runtime.radix_cache import MatchResult, RadixCache
-from runtime.request import Request
+from runtime.memory.kv_pool import KVPool
+from runtime.memory.radix_cache import MatchResult, RadixCache
+
+if TYPE_CHECKING:
+    from runtime.scheduling.request import Request
 
 
 class PageBook:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from runtime.request import Request, StreamChunk
+from runtime.scheduling.request import Request, StreamChunk
 
 
 class StreamIterator(Iterator[StreamChunk]):

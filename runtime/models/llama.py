@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 
 from runtime import kernels
-from runtime.cascade_attention import cascade_decode_attention, plan_cascade
 from runtime.config import ModelConfig
 from runtime.errors import UnsupportedModelError
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_pool import KVPool
-from runtime.rope import RotaryEmbedding, apply_rotary
-from runtime.short_extend_attention import plan_short_extend, short_extend_attention
+from runtime.kernels.cascade import cascade_decode_attention, plan_cascade
+from runtime.kernels.short_extend import plan_short_extend, short_extend_attention
+from runtime.memory.kv_pool import KVPool
+from runtime.models.forward_batch import ForwardBatch
+from runtime.models.rope import RotaryEmbedding, apply_rotary
 
 
 @dataclass(slots=True)

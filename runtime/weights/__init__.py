@@ -1,1 +1,0 @@
-"""Loading model weights and tokenizers from local folders or GGUF files."""
