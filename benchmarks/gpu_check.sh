@@ -45,7 +45,8 @@ fi
 status=0
 echo "== kernel tests on CUDA (compiled Triton)"
 timeout 240 "${pytest_cmd[@]}" -q -p no:cacheprovider -o addopts="" -rs \
-    tests/test_kernels_attention.py tests/test_kernels_bitmask.py || status=1
+    tests/test_kernels_attention.py tests/test_kernels_bitmask.py tests/test_kernels_mla.py \
+    || status=1
 
 echo "== benchmark"
 timeout 150 "${bench_cmd[@]}" || status=1

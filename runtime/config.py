@@ -15,14 +15,60 @@ from typing import Any
 from runtime.errors import ModelNotFoundError, UnsupportedModelError
 
 # model_type -> whether q/k/v projections always carry a bias (Qwen2 does, without a flag)
-SUPPORTED_MODEL_TYPES = {"llama": False, "mistral": False, "qwen2": True}
+SUPPORTED_MODEL_TYPES = {
+    "llama": False,
+    "mistral": False,
+    "qwen2": True,
+    "deepseek_v2": False,
+    "deepseek_v3": False,
+}
 # the architecture a config without `architectures` (a bare or hand-written one) stands for
 DEFAULT_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(slots=True, frozen=True)
+class MLAConfig:
+    """Multi-head Latent Attention (DeepSeek V2 / V3): per token the cache holds one latent of
+    `kv_lora_rank` values plus a shared rotated key of `qk_rope_head_dim`."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+    rope_interleave: bool = True  # rotary pairs (x0, x1), (x2, x3), ... as DeepSeek lays them
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(slots=True, frozen=True)
+class MoEConfig:
+    """Routed plus shared experts after the first `first_k_dense_replace` (dense) layers."""
+
+    n_routed_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    n_shared_experts: int
+    first_k_dense_replace: int
+    scoring: str  # "softmax" (V2) or "sigmoid" (V3, with e_score_correction_bias)
+    topk_method: str  # "greedy" | "group_limited_greedy" (V2) | "noaux_tc" (V3)
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    routed_scaling_factor: float
 
 
 @dataclass(slots=True)
@@ -47,14 +93,29 @@ class ModelConfig:
     hidden_act: str = "silu"
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
+    mla: MLAConfig | None = None
+    moe: MoEConfig | None = None
 
     @property
     def rope_type(self) -> str:
         return str(self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default")))
 
+    @property
+    def rope_dim(self) -> int:
+        """The dimensions each head rotates (MLA: only the rope part of a head)."""
+        return self.mla.qk_rope_head_dim if self.mla else self.head_dim
+
+    def kv_layout(self) -> tuple[tuple[str, int, int], ...]:
+        """What the pool holds per layer and token: (name, heads, dim) per tensor. K and V of
+        every KV head, or for MLA one latent "head" of kv_lora_rank + qk_rope_head_dim."""
+        if self.mla:
+            return (("latent", 1, self.mla.latent_dim),)
+        return (("k", self.num_kv_heads, self.head_dim), ("v", self.num_kv_heads, self.head_dim))
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V, every layer: 2 x layers x kv_heads x head_dim x dtype_bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        """Every layer's KV: layers x (2 x kv_heads x head_dim, or the MLA latent) x bytes."""
+        per_layer = sum(heads * dim for _, heads, dim in self.kv_layout())
+        return self.num_layers * per_layer * dtype_bytes
 
 
 def _eos_ids(raw: Any) -> tuple[int, ...]:
@@ -87,6 +148,9 @@ def config_from_dict(cfg: dict[str, Any]) -> ModelConfig:
         raise UnsupportedModelError(
             f"rope scaling {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
         )
+    mla = moe = None
+    if model_type.startswith("deepseek"):
+        mla, moe = _deepseek_parts(cfg, model_type)
     always_bias = SUPPORTED_MODEL_TYPES[model_type]
     attention_bias = bool(cfg.get("attention_bias", False))
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
@@ -112,7 +176,63 @@ def config_from_dict(cfg: dict[str, Any]) -> ModelConfig:
         hidden_act=act,
         eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
         sliding_window=int(window) if window else None,
+        mla=mla,
+        moe=moe,
     )
+
+
+# (model_type, field) -> the values the engine honours (None: the key may be absent)
+_DEEPSEEK_CHOICES = {
+    ("deepseek_v2", "topk_method"): (None, "greedy", "group_limited_greedy"),
+    ("deepseek_v2", "scoring_func"): (None, "softmax"),
+    ("deepseek_v3", "topk_method"): (None, "noaux_tc"),
+    ("deepseek_v3", "scoring_func"): (None, "sigmoid"),
+}
+
+
+def _deepseek_parts(cfg: dict[str, Any], model_type: str) -> tuple[MLAConfig, MoEConfig | None]:
+    """The MLA and MoE shapes of a DeepSeek V2 / V3 config; a field whose value the engine
+    cannot honour raises UnsupportedModelError naming it."""
+    for (kind, key), allowed in _DEEPSEEK_CHOICES.items():
+        if kind == model_type and cfg.get(key) not in allowed:
+            raise UnsupportedModelError(
+                f"{key} {cfg.get(key)!r} is not supported for {model_type}; "
+                f"supported: {[a for a in allowed if a is not None]}"
+            )
+    q_lora = cfg.get("q_lora_rank")
+    mla = MLAConfig(
+        kv_lora_rank=int(cfg["kv_lora_rank"]),
+        qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
+        qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+        v_head_dim=int(cfg["v_head_dim"]),
+        q_lora_rank=int(q_lora) if q_lora else None,
+        # V2 always rotates interleaved pairs; V3 says so with rope_interleave (default true)
+        rope_interleave=model_type == "deepseek_v2" or bool(cfg.get("rope_interleave", True)),
+    )
+    experts = cfg.get("n_routed_experts")
+    if not experts:
+        return mla, None
+    v3 = model_type == "deepseek_v3"
+    default_method = "noaux_tc" if v3 else "greedy"
+    moe = MoEConfig(
+        n_routed_experts=int(experts),
+        num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+        moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+        n_shared_experts=int(cfg.get("n_shared_experts") or 0),
+        first_k_dense_replace=int(cfg.get("first_k_dense_replace") or 0),
+        scoring="sigmoid" if v3 else "softmax",
+        topk_method=str(cfg.get("topk_method") or default_method),
+        n_group=int(cfg.get("n_group") or 1),
+        topk_group=int(cfg.get("topk_group") or 1),
+        # transformers' V2 router never renormalises the top-k weights; V3's does when asked
+        norm_topk_prob=v3 and bool(cfg.get("norm_topk_prob", False)),
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+    )
+    if moe.n_routed_experts % moe.n_group:
+        raise UnsupportedModelError(
+            f"n_routed_experts {moe.n_routed_experts} is not a multiple of n_group {moe.n_group}"
+        )
+    return mla, moe
 
 
 def load_config(path: str | Path) -> ModelConfig:

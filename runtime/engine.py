@@ -242,6 +242,18 @@ class Engine:
             "waiting": len(s.waiting),
             "busy_s": s.busy_s,
             "throughput_tok_s": c["generated_tokens"] / s.busy_s if s.busy_s else 0.0,
+            **self._expert_stats(),
+        }
+
+    def _expert_stats(self) -> dict[str, Any]:
+        """MoE models: routed (token, expert) pairs per MoE layer and expert, in the last
+        forward step and since start."""
+        load = getattr(self.model, "expert_load", None)
+        if load is None or load.numel() == 0:
+            return {}
+        return {
+            "expert_load_last_step": load.tolist(),
+            "expert_load_total": self.model.expert_load_total.tolist(),
         }
 
     def flush_cache(self) -> bool:

@@ -15,6 +15,16 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 64,
 }
 
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
 _tokenizer = None
 
 
@@ -30,9 +40,36 @@ def smollm_tokenizer():
     return _tokenizer
 
 
+# DeepSeek V2 / V3 shapes: MLA (latent 32 + rope 8), 3 layers (1 dense, 2 MoE of 8 experts)
+DEEPSEEK = dict(
+    num_hidden_layers=3,
+    num_key_value_heads=4,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+)
+DEEPSEEK_VERSIONS = {
+    "deepseek_v2": dict(q_lora_rank=None, topk_method="greedy"),
+    "deepseek_v3": dict(q_lora_rank=24, n_group=2, topk_group=1),
+}
+
+
 def tiny_config(kind: str = "llama", **overrides: Any):
-    """A 2-layer GQA config of the given family with SmolLM2's vocabulary size."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    """A 2-layer GQA config of the given family with SmolLM2's vocabulary size (DeepSeek: the
+    MLA + MoE shapes above)."""
+    from transformers import (
+        DeepseekV2Config,
+        DeepseekV3Config,
+        LlamaConfig,
+        MistralConfig,
+        Qwen2Config,
+    )
 
     tok = smollm_tokenizer()
     base = dict(
@@ -48,8 +85,16 @@ def tiny_config(kind: str = "llama", **overrides: Any):
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )
+    if kind in DEEPSEEK_VERSIONS:
+        base.update(DEEPSEEK, **DEEPSEEK_VERSIONS[kind])
     base.update(overrides)
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[kind]
+    cls = {
+        "llama": LlamaConfig,
+        "qwen2": Qwen2Config,
+        "mistral": MistralConfig,
+        "deepseek_v2": DeepseekV2Config,
+        "deepseek_v3": DeepseekV3Config,
+    }[kind]
     return cls(**base)
 
 

@@ -97,3 +97,27 @@ def test_bitmask_kernel_compiles_for_sm90(has_rows):
         dict(HAS_ROWS=has_rows, BLOCK=1024),
     )
     assert compiled > 0
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_latent_decode_kernels_compile_for_sm90(dtype):
+    # DeepSeek V3's latent: R = 512 (c) + Dr = 64 (k_rope), 16 heads per program
+    pointers = _attention_pointers(
+        dtype, ["Q", "Latent", "PageTable", "SeqLens", "PartOut", "PartLse"], ("PartOut", "PartLse")
+    )
+    compiled = compile_for_hopper(
+        "triton_mla",
+        "_mla_decode_split_kernel",
+        pointers,
+        dict(HEADS=128, RANK=512, ROPE_DIM=64, PAGE_SIZE=16, BLOCK_H=16, BLOCK_R=512,
+             BLOCK_DR=64, BLOCK_N=16, PRECISION="ieee" if dtype == "fp32" else "tf32",
+             UPCAST=False),
+    )  # fmt: skip
+    assert compiled > 0
+    merge = compile_for_hopper(
+        "triton_attention",
+        "_decode_merge_kernel",
+        {"PartOut": "fp32", "PartLse": "fp32", "Out": dtype},
+        dict(HEAD_DIM=512, BLOCK_S=8, BLOCK_D=512),
+    )
+    assert merge > 0

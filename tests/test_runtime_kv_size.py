@@ -41,3 +41,22 @@ def test_cli_prints_the_table(tmp_path, capsys):
     assert "131072 (128 KiB)" in out
     assert "4 GiB" in out and "16 GiB" in out and "64 GiB" in out
     assert "4x less" in out
+
+
+def test_deepseek_v3_published_config_latent_figures(tmp_path, capsys):
+    """transformers' DeepseekV3Config() is the published shape: 61 layers, latent 512 + 64."""
+    from transformers import DeepseekV3Config
+
+    config = config_from_dict(DeepseekV3Config().to_dict())
+    size = kv_size(config, context=65536, batch=1, dtype_bytes=2)
+    assert size.bytes_per_token == 61 * (512 + 64) * 2 == 70272
+    assert size.mha_bytes_per_token == 128 * (192 + 128) * 61 * 2 == 4_997_120
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(DeepseekV3Config().to_dict()))
+    assert main([str(path), "--context", "65536", "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "= 70272 (70,272 bytes, 68.62 KiB)" in out
+    assert "4.29 GiB" in out  # 64k tokens of latents
+    assert "4,997,120 bytes per token" in out and "71.1x less than MHA" in out
+    assert "GQA (8 kv heads)" in out  # 8 x 320 x 61 x 2 = 312,320 bytes
+    assert "305 KiB" in out

@@ -13,12 +13,13 @@ from runtime.memory.kv_pool import KVPool
 from runtime.models.forward_batch import ForwardBatch
 from runtime.models.llama import LlamaModel
 from runtime.models.loader import load_model_files
-from tests._runtime_fixtures import LLAMA3_ROPE, hf_model, make_tiny_model
+from runtime.models.registry import model_class
+from tests._runtime_fixtures import LLAMA3_ROPE, YARN, hf_model, make_tiny_model
 
 TOLERANCE = 1e-4
 
 
-def _prefill_then_decode(model: LlamaModel, ids: list[int], split: int) -> torch.Tensor:
+def _prefill_then_decode(model, ids: list[int], split: int) -> torch.Tensor:
     """Logits of every position: prefill ids[:split] in one extend, then decode one by one."""
     page_size = 4
     pool = KVPool(model.config, 64, page_size, torch.float32)
@@ -60,12 +61,29 @@ def _prefill_then_decode(model: LlamaModel, ids: list[int], split: int) -> torch
         pytest.param("qwen2", {}, id="qwen2-qkv-bias"),
         pytest.param("qwen2", {"tie_word_embeddings": True}, id="qwen2-tied"),
         pytest.param("mistral", {"sliding_window": None}, id="mistral"),
+        pytest.param("deepseek_v3", {}, id="deepseek-v3"),
+        pytest.param("deepseek_v3", {"tie_word_embeddings": True}, id="deepseek-v3-tied"),
+        pytest.param(
+            "deepseek_v3", {"rope_scaling": YARN, "rope_interleave": False}, id="deepseek-v3-yarn"
+        ),
+        pytest.param("deepseek_v2", {}, id="deepseek-v2"),
+        pytest.param(
+            "deepseek_v2",
+            {
+                "q_lora_rank": 24,
+                "topk_method": "group_limited_greedy",
+                "n_group": 2,
+                "topk_group": 1,
+                "rope_scaling": YARN,
+            },
+            id="deepseek-v2-lora-groups-yarn",
+        ),  # fmt: skip
     ],
 )
 def test_logits_match_transformers(tmp_path, kind, overrides):
     folder = make_tiny_model(tmp_path, kind, **overrides)
     loaded = load_model_files(folder)
-    model = LlamaModel(loaded.config, loaded.state_dict, torch.float32)
+    model = model_class(loaded.config)(loaded.config, loaded.state_dict, torch.float32)
     ids = torch.randint(
         0, loaded.config.vocab_size, (90,), generator=torch.Generator().manual_seed(1)
     )
@@ -75,6 +93,10 @@ def test_logits_match_transformers(tmp_path, kind, overrides):
     diff = (got - expected).abs().max().item()
     print(f"{kind} {overrides}: max abs logit diff {diff:.2e}")
     assert diff < TOLERANCE
+    if kind.startswith("deepseek"):  # the decompressing path gives the same logits
+        model.absorb = False
+        diff = (_prefill_then_decode(model, ids.tolist(), split=70) - expected).abs().max()
+        assert diff.item() < TOLERANCE
 
 
 def test_tied_embeddings_share_one_tensor(tmp_path):
@@ -122,7 +144,7 @@ def test_model_class_comes_from_the_architecture_registry(tmp_path):
 def test_unsupported_rope_scaling_is_named(tmp_path):
     folder = make_tiny_model(tmp_path)
     cfg = json.loads((folder / "config.json").read_text())
-    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    cfg["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match="yarn"):
+    with pytest.raises(UnsupportedModelError, match="longrope"):
         load_config(folder)

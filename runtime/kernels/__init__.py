@@ -23,23 +23,25 @@ __all__ = [
     "kernel_backend",
     "paged_decode_attention",
     "paged_extend_attention",
+    "paged_latent_decode_attention",
 ]
 
 logger = logging.getLogger(__name__)
 
 _ENV = "SGL_KERNELS"
-_triton_modules: tuple[ModuleType, ModuleType] | None = None
+# (triton_attention, triton_bitmask, triton_mla) once imported
+_triton_modules: tuple[ModuleType, ModuleType, ModuleType] | None = None
 _triton_error: Exception | None = None
 
 
-def _load_triton() -> tuple[ModuleType, ModuleType] | None:
+def _load_triton() -> tuple[ModuleType, ModuleType, ModuleType] | None:
     """Import the Triton kernels once; None (and the error kept) when triton is unusable."""
     global _triton_modules, _triton_error
     if _triton_modules is None and _triton_error is None:
         try:
-            from runtime.kernels import triton_attention, triton_bitmask
+            from runtime.kernels import triton_attention, triton_bitmask, triton_mla
 
-            _triton_modules = (triton_attention, triton_bitmask)
+            _triton_modules = (triton_attention, triton_bitmask, triton_mla)
         except Exception as exc:  # ImportError, or triton failing to find a backend
             _triton_error = exc
             logger.info("Triton kernels unavailable, using the torch reference: %s", exc)
@@ -93,6 +95,22 @@ def paged_extend_attention(
     if kernel_backend(q) == "triton":
         return _triton_modules[0].paged_extend_attention(*args)
     return reference.paged_extend_attention(*args)
+
+
+def paged_latent_decode_attention(
+    q: torch.Tensor,
+    latent_pool: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    rank: int,
+) -> torch.Tensor:
+    """MLA decode, q [B, H, R + Dr] against one shared latent per token [.., 1, R + Dr];
+    returns [B, H, R]. See reference.paged_latent_decode_attention."""
+    args = (q, latent_pool, page_table, seq_lens, scale, rank)
+    if kernel_backend(q) == "triton":
+        return _triton_modules[2].paged_latent_decode_attention(*args)
+    return reference.paged_latent_decode_attention(*args)
 
 
 def apply_token_bitmask_(

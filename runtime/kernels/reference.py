@@ -8,6 +8,9 @@ Query head ``h`` reads kv head ``h // (q_heads // kv_heads)`` (grouped-query att
 Softmax is computed in float32 whatever the input dtype; the output has the dtype of ``q``.
 Entries of ``page_table`` past a request's last page are never dereferenced (they may hold any
 value, e.g. -1 or stale page ids).
+
+Multi-head latent attention (DeepSeek MLA, weights absorbed) keeps one latent per token instead:
+``paged_latent_decode_attention`` reads a pool ``[num_pages, page_size, 1, rank + rope_dim]``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["apply_token_bitmask_", "paged_decode_attention", "paged_extend_attention"]
+__all__ = [
+    "apply_token_bitmask_",
+    "paged_decode_attention",
+    "paged_extend_attention",
+    "paged_latent_decode_attention",
+]
 
 
 def _gather_kv(pool: torch.Tensor, page_rows: torch.Tensor, length: int) -> torch.Tensor:
@@ -125,6 +133,57 @@ def paged_extend_attention(
         out[start : start + extend] = _attend(chunk, k, v, allowed[None], scale)[0].to(q.dtype)
         start += extend
     return out
+
+
+def check_latent_decode(q: torch.Tensor, latent_pool: torch.Tensor, rank: int) -> None:
+    """Raise ValueError unless q [B, H, R + Dr] and latent_pool [pages, page_size, 1, R + Dr]
+    fit together with ``rank`` = R (0 < R <= R + Dr)."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be [batch, heads, rank + rope_dim], got {tuple(q.shape)}")
+    if latent_pool.dim() != 4 or latent_pool.shape[2] != 1:
+        raise ValueError(
+            "latent_pool must be [num_pages, page_size, 1, rank + rope_dim], got "
+            f"{tuple(latent_pool.shape)}"
+        )
+    if q.shape[2] != latent_pool.shape[3]:
+        raise ValueError(
+            f"latent width mismatch: q has {q.shape[2]}, latent_pool has {latent_pool.shape[3]}"
+        )
+    if not 0 < rank <= q.shape[2]:
+        raise ValueError(f"rank must be in 1..{q.shape[2]} (the latent width), got {rank}")
+
+
+def paged_latent_decode_attention(
+    q: torch.Tensor,
+    latent_pool: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    rank: int,
+) -> torch.Tensor:
+    """MLA decode with absorbed weights: every head of a request attends to one shared latent.
+
+    latent_pool [num_pages, page_size, 1, R + Dr] holds per token the normalised compressed KV
+    ``c`` (first R = ``rank`` values) then the rotated shared rope key ``k_rope`` (last Dr).
+    q [B, H, R + Dr]: per head the absorbed nope query (q_nope @ W_uk, R values) then the
+    rotated rope query (Dr values). Request b's ``seq_lens[b]`` tokens are read through
+    ``page_table[b]`` (int32 [B, max_pages]; token j at page page_table[b, j // page_size],
+    offset j % page_size). scores_j = scale * (q . latent_j) over all R + Dr values,
+    p = softmax over j < seq_lens[b], out[b, h] = sum_j p_j * latent_j[:R] (the latent is both
+    key and value). Returns [B, H, R] in ``q.dtype``, computed in float32; seq_len 0 gives zeros.
+    """
+    check_latent_decode(q, latent_pool, rank)
+    batch, heads = q.shape[0], q.shape[1]
+    if batch == 0:
+        return q.new_empty(0, heads, rank)
+    lens = seq_lens.to(device=q.device, dtype=torch.long)
+    max_len = max(int(lens.max()), 1)
+    positions = torch.arange(max_len, device=q.device)
+    valid = positions[None, :] < lens[:, None]  # [B, L]
+    latent = _gather_kv(latent_pool, page_table, max_len)  # [B, L, 1, R + Dr]
+    # one kv head: every query head reads it; the value is the latent's first R values
+    out = _attend(q[:, None], latent, latent[..., :rank], valid[:, None, :], scale)
+    return out[:, 0].to(q.dtype)
 
 
 def apply_token_bitmask_(

@@ -1,4 +1,7 @@
-"""The paged KV pool: per layer K and V tensors `[num_pages, page_size, kv_heads, head_dim]`.
+"""The paged KV pool: per layer one tensor `[num_pages, page_size, heads, dim]` for each entry
+of the model's KV layout (`ModelConfig.kv_layout`): K and V of every KV head for the Llama
+family (`pool.k`, `pool.v`), one latent per token for MLA (`pool.latent`). Pages, the radix
+cache and the scheduler deal only in page ids, so they work the same on any layout.
 
 Pages are handed out by a free list. A page is at any time in exactly one of three places: the
 free list, the radix cache, or the page table of one running request (the scheduler's
@@ -59,9 +62,17 @@ class KVPool:
         self.page_size = page_size
         self.dtype = dtype
         self.bytes_per_token = config.kv_bytes_per_token(torch.finfo(dtype).bits // 8)
-        shape = (num_pages, page_size, config.num_kv_heads, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.layout = config.kv_layout()
+        self.buffers: dict[str, list[torch.Tensor]] = {
+            name: [
+                torch.zeros((num_pages, page_size, heads, dim), dtype=dtype, device=device)
+                for _ in range(config.num_layers)
+            ]
+            for name, heads, dim in self.layout
+        }
+        self.k = self.buffers.get("k", [])
+        self.v = self.buffers.get("v", [])
+        self.latent = self.buffers.get("latent", [])
         # Page 0 is never handed out: padding entries of page tables may point at it safely.
         self._free: list[int] = list(range(num_pages - 1, 0, -1))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from runtime.errors import UnsupportedModelError
+from runtime.models.deepseek import DeepseekModel
 from runtime.models.llama import LlamaModel
 
 if TYPE_CHECKING:
@@ -19,6 +20,8 @@ MODELS: dict[str, type] = {
     "LlamaForCausalLM": LlamaModel,
     "MistralForCausalLM": LlamaModel,
     "Qwen2ForCausalLM": LlamaModel,
+    "DeepseekV2ForCausalLM": DeepseekModel,
+    "DeepseekV3ForCausalLM": DeepseekModel,
 }
 
 

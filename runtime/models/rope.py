@@ -1,4 +1,4 @@
-"""Rotary position embeddings with the config's scaling (default, linear, llama3).
+"""Rotary position embeddings with the config's scaling (default, linear, llama3, yarn).
 
 The inverse frequencies and the cos/sin values are computed exactly as `transformers` computes
 them (float32, `cat(freqs, freqs)`, rotate-half pairing), so logits match to float precision.
@@ -15,7 +15,7 @@ from runtime.config import ModelConfig
 
 def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     """`inv_freq` [head_dim / 2] float32 and the attention scaling factor for cos/sin."""
-    dim = config.head_dim
+    dim = config.rope_dim
     base = config.rope_theta
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     scaling = config.rope_scaling
@@ -36,7 +36,52 @@ def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
         inv_freq = torch.where(is_medium, smoothed, scaled)
+    elif rope_type == "yarn":
+        return _yarn(inv_freq, dim, base, config)
     return inv_freq, 1.0
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(extrapolated: torch.Tensor, dim: int, base: float, config: ModelConfig):
+    """YaRN: low frequencies interpolated by `factor`, high ones kept, a linear ramp between the
+    `beta_fast` / `beta_slow` rotation counts; cos/sin scaled by the attention factor."""
+    p = config.rope_scaling
+    factor = float(p["factor"])
+    original = float(p.get("original_max_position_embeddings") or config.max_position_embeddings)
+    attention = p.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all = p.get("mscale"), p.get("mscale_all_dim")
+        if mscale and mscale_all:
+            attention = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all)
+        else:
+            attention = yarn_mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(p.get("beta_fast") or 32), correction_dim(p.get("beta_slow") or 1)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
+    interpolated = extrapolated / factor
+    return interpolated * (1 - keep) + extrapolated * keep, float(attention)
+
+
+def softmax_scale(config: ModelConfig, head_dim: int) -> float:
+    """head_dim ** -0.5, times YaRN's mscale(factor, mscale_all_dim) squared where set (as
+    DeepSeek's attention applies it)."""
+    scale = head_dim**-0.5
+    p = config.rope_scaling
+    if config.rope_type != "default" and p.get("mscale_all_dim"):
+        scale *= yarn_mscale(float(p["factor"]), float(p["mscale_all_dim"])) ** 2
+    return scale
 
 
 class RotaryEmbedding:
@@ -70,3 +115,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the pairs (x0, x1), (x2, x3), ... (DeepSeek's layout); the result lists the rotated
+    first members, then the second ones. Queries and keys get the same layout, so their dot
+    products equal those of the interleaved rotation."""
+    half = x.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.cat((even * c - odd * s, odd * c + even * s), dim=-1)

@@ -1,0 +1,124 @@
+"""Mixture-of-experts for DeepSeek V2 / V3: the router and the experts of one layer.
+
+Routing follows `transformers`' DeepSeek routers exactly. V2: softmax scores, top-k over all
+experts (`greedy`) or within the `topk_group` groups holding the highest single score
+(`group_limited_greedy`). V3: sigmoid scores; the choice adds `e_score_correction_bias` and is
+limited to the `topk_group` groups whose two best biased scores sum highest; the weights are
+the unbiased scores, renormalised when `norm_topk_prob`. Both scale by `routed_scaling_factor`.
+
+Experts run grouped: the step's (token, expert) pairs are sorted by expert, and each expert
+that received tokens runs once over all of them (two matmuls), never once per token. Shared
+experts are one dense MLP over every token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from runtime.config import MoEConfig
+
+
+@dataclass(slots=True)
+class MoEWeights:
+    router: torch.Tensor  # [E, hidden] float32
+    score_bias: torch.Tensor | None  # [E] float32 (V3's e_score_correction_bias)
+    gate_up: torch.Tensor  # [E, 2 I, hidden]
+    down: torch.Tensor  # [E, hidden, I]
+    shared_gate_up: torch.Tensor | None  # [2 I_shared, hidden]
+    shared_down: torch.Tensor | None  # [hidden, I_shared]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.router, self.score_bias, self.gate_up, self.down,
+                            self.shared_gate_up, self.shared_down) if t is not None]  # fmt: skip
+
+
+def route(x: torch.Tensor, w: MoEWeights, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(expert ids [T, k] int64, weights [T, k] float32) for tokens x [T, hidden]."""
+    logits = F.linear(x.float(), w.router)
+    t, e = logits.shape
+    if cfg.scoring == "sigmoid":
+        scores = logits.sigmoid()
+        choice = scores + w.score_bias if w.score_bias is not None else scores
+        group_rank = choice.view(t, cfg.n_group, e // cfg.n_group).topk(2, dim=-1)[0].sum(-1)
+        choice = _keep_groups(choice, group_rank, cfg, float("-inf"))
+        ids = choice.topk(cfg.num_experts_per_tok, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, ids)
+        if cfg.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    else:
+        scores = logits.softmax(dim=-1, dtype=torch.float32)
+        if cfg.topk_method == "group_limited_greedy":
+            group_rank = scores.view(t, cfg.n_group, e // cfg.n_group).max(dim=-1).values
+            scores = _keep_groups(scores, group_rank, cfg, 0.0)
+        weights, ids = scores.topk(cfg.num_experts_per_tok, dim=-1, sorted=False)
+    return ids, weights * cfg.routed_scaling_factor
+
+
+def _keep_groups(scores: torch.Tensor, group_rank: torch.Tensor, cfg: MoEConfig, fill: float):
+    """`scores` with every expert outside the `topk_group` best groups set to `fill`."""
+    t, e = scores.shape
+    best = group_rank.topk(cfg.topk_group, dim=-1, sorted=False)[1]
+    keep = torch.zeros_like(group_rank, dtype=torch.bool).scatter_(1, best, True)
+    keep = keep.unsqueeze(-1).expand(t, cfg.n_group, e // cfg.n_group).reshape(t, e)
+    return scores.masked_fill(~keep, fill)
+
+
+def moe_forward(
+    x: torch.Tensor, w: MoEWeights, cfg: MoEConfig, load: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Routed experts (grouped by expert) plus shared experts; adds this step's tokens per
+    expert to `load` [E] when given."""
+    ids, weights = route(x, w, cfg)
+    out = torch.zeros_like(x)
+    flat = ids.flatten()
+    counts = torch.bincount(flat, minlength=cfg.n_routed_experts)
+    if load is not None:
+        load += counts
+    order = torch.argsort(flat, stable=True)
+    tokens = order // cfg.num_experts_per_tok  # the token of each (token, expert) pair
+    pair_weights = weights.flatten()[order]
+    start = 0
+    for expert, n in enumerate(counts.tolist()):
+        if n == 0:
+            continue
+        rows = tokens[start : start + n]
+        gate, up = F.linear(x[rows], w.gate_up[expert]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w.down[expert])
+        out.index_add_(0, rows, (y * pair_weights[start : start + n, None]).to(out.dtype))
+        start += n
+    if w.shared_gate_up is not None:
+        gate, up = F.linear(x, w.shared_gate_up).chunk(2, dim=-1)
+        out = out + F.linear(F.silu(gate) * up, w.shared_down)
+    return out
+
+
+def load_moe(take, maybe, prefix: str, cfg: MoEConfig) -> MoEWeights:
+    """A layer's MoE weights from per-expert checkpoint keys (`experts.{e}.gate_proj.weight`,
+    what `save_pretrained` writes) or fused ones (`experts.gate_up_proj`, `experts.down_proj`)."""
+    fused = maybe(prefix + "experts.gate_up_proj")
+    if fused is not None:
+        gate_up, down = fused, take(prefix + "experts.down_proj")
+    else:
+        experts = range(cfg.n_routed_experts)
+        gate_up = torch.stack([
+            torch.cat([take(f"{prefix}experts.{e}.gate_proj.weight"),
+                       take(f"{prefix}experts.{e}.up_proj.weight")])
+            for e in experts
+        ])  # fmt: skip
+        down = torch.stack([take(f"{prefix}experts.{e}.down_proj.weight") for e in experts])
+    shared_gate_up = shared_down = None
+    if cfg.n_shared_experts:
+        s = prefix + "shared_experts."
+        shared_gate_up = torch.cat([take(s + "gate_proj.weight"), take(s + "up_proj.weight")])
+        shared_down = take(s + "down_proj.weight")
+    return MoEWeights(
+        router=take(prefix + "gate.weight", torch.float32),  # routing runs in float32
+        score_bias=maybe(prefix + "gate.e_score_correction_bias", torch.float32),
+        gate_up=gate_up.contiguous(),
+        down=down.contiguous(),
+        shared_gate_up=shared_gate_up,
+        shared_down=shared_down,
+    )

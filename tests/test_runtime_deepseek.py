@@ -1,0 +1,151 @@
+"""DeepSeek V2 / V3 in the engine against `transformers`' own forward, on tiny random configs
+(3 layers: 1 dense, 2 MoE of 8 experts; MLA with a 32 + 8 latent; V3 with q_lora_rank, groups
+and sigmoid routing, V2 with softmax routing): greedy tokens alone, batched, with the cache on
+and off, through chunked prefill, eviction and preemption; logits; the latent KV cache's size;
+absorbed and decompressed attention agreeing; expert load; configs the engine cannot honour."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime import Engine
+from runtime.config import config_from_dict, load_config
+from runtime.errors import UnsupportedModelError
+from tests._runtime_fixtures import PROMPTS, YARN, hf_greedy, hf_model, make_tiny_model
+
+KINDS = ["deepseek_v3", "deepseek_v2"]
+GREEDY = dict(max_new_tokens=10, min_new_tokens=10, temperature=0.0)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def tiny(request, tmp_path_factory):
+    """(kind, folder, transformers' greedy tokens per prompt)."""
+    folder = make_tiny_model(tmp_path_factory.mktemp(request.param) / "m", request.param)
+    hf = hf_model(folder)
+    tok = hf_tokenizer(folder)
+    expected = {p: hf_greedy(hf, tok(p)["input_ids"], GREEDY["max_new_tokens"]) for p in PROMPTS}
+    return request.param, folder, expected
+
+
+def hf_tokenizer(folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cache-on", "cache-off"])
+def test_greedy_tokens_match_transformers_alone_and_batched(tiny, cache):
+    _, folder, expected = tiny
+    with Engine(str(folder), page_size=4, chunked_prefill_tokens=8,
+                enable_radix_cache=cache) as e:  # fmt: skip
+        for p in PROMPTS[:2]:
+            assert e.generate(p, **GREEDY).token_ids == expected[p]
+        batch = PROMPTS * 2  # the second copies reuse the first ones' cached prefixes
+        assert [r.token_ids for r in e.generate(batch, **GREEDY)] == [expected[p] for p in batch]
+        stats = e.stats()
+        assert (stats["cache_hit_tokens"] > 0) == cache
+        e.check_integrity()
+
+
+def test_tiny_pool_evicts_and_preempts_without_changing_outputs(tiny):
+    _, folder, expected = tiny
+    with Engine(str(folder), page_size=4, max_total_tokens=96, chunked_prefill_tokens=16) as e:
+        results = e.generate(PROMPTS * 2, **GREEDY)
+        assert [r.token_ids for r in results] == [expected[p] for p in PROMPTS * 2]
+        assert e.stats()["preemptions"] > 0
+        e.check_integrity()
+
+
+def test_pool_holds_one_latent_per_token(tiny):
+    kind, folder, _ = tiny
+    config = load_config(folder)
+    with Engine(str(folder), page_size=4) as e:
+        latent = config.mla.kv_lora_rank + config.mla.qk_rope_head_dim
+        assert e.stats()["kv_bytes_per_token"] == config.num_layers * latent * 4
+        assert not e.pool.k and not e.pool.v
+        assert e.pool.latent[0].shape[1:] == (4, 1, latent)
+        # 2 x heads x head_dim would be 2 x 4 x (16 + 8) per layer: MLA holds 40 values
+        assert latent < 2 * config.num_heads * config.mla.qk_head_dim
+
+
+def test_absorbed_and_decompressed_attention_agree(tiny):
+    _, folder, expected = tiny
+    with Engine(str(folder), page_size=4, chunked_prefill_tokens=8) as e:
+        absorbed = [r.token_ids for r in e.generate(PROMPTS[:3], **GREEDY)]
+        e.flush_cache()
+        e.model.absorb = False
+        decompressed = [r.token_ids for r in e.generate(PROMPTS[:3], **GREEDY)]
+    assert absorbed == decompressed == [expected[p] for p in PROMPTS[:3]]
+
+
+def test_expert_load_counts_every_routed_token(tiny):
+    _, folder, _ = tiny
+    config = load_config(folder)
+    with Engine(str(folder), page_size=4) as e:
+        r = e.generate("The quick brown fox jumps", max_new_tokens=3, temperature=0.0)
+        stats = e.stats()
+    k = config.moe.num_experts_per_tok
+    moe_layers = config.num_layers - config.moe.first_k_dense_replace
+    last, total = stats["expert_load_last_step"], stats["expert_load_total"]
+    assert len(last) == moe_layers and all(len(row) == config.moe.n_routed_experts for row in last)
+    assert all(sum(row) == k for row in last)  # the last step decoded one token
+    # every token the model ran went to k experts in each MoE layer
+    forwarded = r.usage.prompt_tokens + r.usage.completion_tokens - 1
+    assert all(sum(row) == k * forwarded for row in total)
+
+
+def test_greedy_tokens_match_with_yarn_and_non_interleaved_rope(tmp_path):
+    """V3 with YaRN scaling (mscale in the softmax scale and on cos/sin) and rope_interleave
+    off (the logits themselves: tests/test_runtime_model.py)."""
+    folder = make_tiny_model(tmp_path / "m", "deepseek_v3", rope_scaling=YARN,
+                             rope_interleave=False)  # fmt: skip
+    hf = hf_model(folder)
+    ids = hf_tokenizer(folder)(PROMPTS[1])["input_ids"]
+    with Engine(str(folder), page_size=4) as e:
+        assert e.generate(ids, **GREEDY).token_ids == hf_greedy(hf, ids, 10)
+    assert load_config(folder).rope_type == "yarn"
+
+
+@pytest.mark.parametrize(
+    "kind, field, value",
+    [
+        ("deepseek_v2", "topk_method", "noaux_tc_v9"),
+        ("deepseek_v3", "topk_method", "greedy"),
+        ("deepseek_v3", "scoring_func", "softmax"),
+        ("deepseek_v2", "scoring_func", "sigmoid"),
+    ],
+)
+def test_a_field_the_engine_cannot_honour_is_named(kind, field, value):
+    from tests._runtime_fixtures import tiny_config
+
+    cfg = tiny_config(kind).to_dict()
+    cfg[field] = value
+    with pytest.raises(UnsupportedModelError, match=f"{field} {value!r}"):
+        config_from_dict(cfg)
+
+
+def test_an_unknown_rope_scaling_is_named(tmp_path):
+    folder = make_tiny_model(tmp_path / "m", "deepseek_v3")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 10000.0}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="longrope"):
+        load_config(folder)
+
+
+def test_constrained_json_with_jump_forward_on_the_latent_cache(tiny):
+    """Jump-forward re-tokenises and rolls back KV: on the latent cache too."""
+    _, folder, _ = tiny
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+              "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["name", "age"],
+              "additionalProperties": False}  # fmt: skip
+    with Engine(str(folder), page_size=4) as e:
+        r = e.generate("Give a person as JSON:", json_schema=schema, max_new_tokens=60,
+                       temperature=0.0)  # fmt: skip
+        e.check_integrity()
+    assert r.finish_reason == "stop", r
+    value = json.loads(r.text)
+    assert set(value) == {"name", "age"} and isinstance(value["age"], int)
