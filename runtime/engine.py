@@ -15,10 +15,13 @@ from runtime.memory.kv_pool import KVPool, pages_for_budget, resolve_dtype
 from runtime.memory.radix_cache import RadixCache
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
+from runtime.parallel.shard import local_config, validate
 from runtime.scheduling.output import OutputProcessor
 from runtime.scheduling.request import GenerateResult, Request, SamplingParams
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.stream import StreamIterator
+from runtime.workers.driver import ParallelModel
+from runtime.workers.layout import Layout
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +61,12 @@ class Engine:
         chunked_prefill_tokens: int = 512,
         max_total_tokens: int | None = None,
         num_threads: int | None = None,
+        tp_size: int = 1,
+        pp_size: int = 1,
+        ep_size: int = 1,
+        json_schema_mode: str = "strict",
     ) -> None:
+        self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
         if num_threads:
             torch.set_num_threads(num_threads)
         path = Path(model) if model is not None else ensure_default_model()
@@ -67,15 +75,31 @@ class Engine:
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.dtype = resolve_dtype(dtype)
-        self.model = model_class(loaded.config)(loaded.config, loaded.state_dict, self.dtype)
-        del loaded
+        self.parallel = (tp_size, pp_size, ep_size) != (1, 1, 1)
+        if self.parallel:
+            validate(self.config, tp_size, pp_size, ep_size)
+        rank_config = self.config
+        if self.parallel:  # the budget is per rank: a rank holds its layers' and heads' KV
+            rank_config = local_config(
+                self.config, Layout(tp_size, pp_size, ep_size, self.config.num_layers).shard(1)
+            )
         dtype_bytes = torch.finfo(self.dtype).bits // 8
         if max_total_tokens is not None:
             num_pages = -(-max_total_tokens // page_size) + 1
         else:
             budget = (mem_budget_gb or DEFAULT_MEM_BUDGET_GB) * 1024**3
-            num_pages = pages_for_budget(self.config, int(budget), page_size, dtype_bytes)
-        self.pool = KVPool(self.config, num_pages, page_size, self.dtype)
+            num_pages = pages_for_budget(rank_config, int(budget), page_size, dtype_bytes)
+        if self.parallel:
+            del loaded  # each worker loads its own shard
+            self.model = ParallelModel(path, self.config, self.dtype, tp_size=tp_size,
+                                       pp_size=pp_size, ep_size=ep_size, num_pages=num_pages,
+                                       page_size=page_size)  # fmt: skip
+        else:
+            self.model = model_class(loaded.config)(loaded.config, loaded.state_dict, self.dtype)
+            del loaded
+        self.sizes = {"tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size}
+        self.pool = KVPool(self.config, num_pages, page_size, self.dtype,
+                           allocate=not self.parallel)  # fmt: skip
         self.tree = RadixCache(page_size, self.pool.free) if enable_radix_cache else None
         self.eos_token_ids = _eos_ids(path, self.config.eos_token_ids, self.tokenizer)
         self.output = OutputProcessor(self.tokenizer, self.eos_token_ids)
@@ -113,7 +137,8 @@ class Engine:
         return ids
 
     def _make_request(self, prompt: Prompt, kw: dict[str, Any], stream: bool) -> Request:
-        constraint_kw = {k: kw.pop(k) for k in (*CONSTRAINT_KEYS, "jump_forward") if k in kw}
+        options = (*CONSTRAINT_KEYS, "jump_forward", "json_schema_mode")
+        constraint_kw = {k: kw.pop(k) for k in options if k in kw}
         stop = kw.pop("stop", None)
         kw["stop"] = (stop,) if isinstance(stop, str) else tuple(stop or ())
         kw["stop_token_ids"] = frozenset(kw.pop("stop_token_ids", None) or ())
@@ -141,9 +166,10 @@ class Engine:
         """Generate for one prompt (text or token ids) or a list of them.
 
         Keyword arguments are `SamplingParams` fields plus `regex`, `json_schema`, `choices`,
-        `dtype`, `grammar` (lark text), `jump_forward`. One prompt whose request is invalid
-        raises; in a list, that entry comes back with finish_reason "abort" and `.error` set
-        while the others go on.
+        `dtype`, `grammar` (lark text), `jump_forward`, `json_schema_mode` ("strict", the
+        default: objects emit only their declared properties; "exact"). One prompt whose
+        request is invalid raises; in a list, that entry comes back with finish_reason "abort"
+        and `.error` set while the others go on.
         """
         if isinstance(prompt, Sequence) and not isinstance(prompt, str) and len(prompt) == 0:
             return []  # an empty batch
@@ -224,6 +250,13 @@ class Engine:
             "page_size": ps,
             "num_pages": self.pool.num_usable_pages,
             "kv_bytes_per_token": self.pool.bytes_per_token,
+            "kv_bytes_per_token_per_rank": (
+                self.model.kv_bytes_per_token_per_rank
+                if self.parallel
+                else self.pool.bytes_per_token
+            ),
+            **self.sizes,
+            "worker_pids": self.model.worker_pids if self.parallel else [],
             "kv_capacity_tokens": self.pool.capacity_tokens,
             "pool_used_tokens": used * ps,
             "pool_usage": used / self.pool.num_usable_pages,
@@ -273,6 +306,8 @@ class Engine:
 
     def shutdown(self) -> None:
         self.scheduler.shutdown()
+        if self.parallel:
+            self.model.shutdown()
 
     def __enter__(self) -> Engine:
         return self

@@ -21,3 +21,11 @@ class PromptTooLongError(EngineError, ValueError):
 
 class EngineShutdownError(EngineError):
     """A request was made after `Engine.shutdown()`."""
+
+
+class ParallelConfigError(EngineError, ValueError):
+    """`tp_size` / `pp_size` / `ep_size` that the model's shape cannot be split by."""
+
+
+class WorkerError(EngineError):
+    """A worker process of a parallel engine died or failed; the engine cannot run on."""

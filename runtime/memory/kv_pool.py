@@ -55,7 +55,10 @@ class KVPool:
         page_size: int,
         dtype: torch.dtype,
         device: str | torch.device = "cpu",
+        allocate: bool = True,
     ) -> None:
+        """`allocate=False`: the page allocator only, for a parallel engine's driver (its
+        workers hold the storage, each for its own layers and heads)."""
         if num_pages < 2:
             raise ValueError(f"the KV pool needs at least 2 pages, got {num_pages}")
         self.num_pages = num_pages
@@ -66,7 +69,7 @@ class KVPool:
         self.buffers: dict[str, list[torch.Tensor]] = {
             name: [
                 torch.zeros((num_pages, page_size, heads, dim), dtype=dtype, device=device)
-                for _ in range(config.num_layers)
+                for _ in range(config.num_layers if allocate else 0)
             ]
             for name, heads, dim in self.layout
         }

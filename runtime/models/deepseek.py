@@ -30,6 +30,8 @@ from runtime.models.rope import (
     apply_rotary_interleaved,
     softmax_scale,
 )
+from runtime.parallel.comm import LOCAL, Comm
+from runtime.parallel.shard import SINGLE, Shard, expert_block
 
 
 @dataclass(slots=True)
@@ -57,10 +59,18 @@ class DeepseekModel:
     """Weights plus `forward(batch, pool) -> logits`. `absorb=False` decompresses the cache
     at every step instead (the same numbers; for checks and the benchmark)."""
 
-    def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype):
+    def __init__(
+        self,
+        config: ModelConfig,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        shard: Shard = SINGLE,
+        comm: Comm = LOCAL,
+    ):
         if config.mla is None:
             raise UnsupportedModelError(f"{config.architecture} needs an MLA config")
         self.config = config
+        self.shard, self.comm = shard, comm
         self.dtype = dtype
         self.absorb = True
         mla, moe = config.mla, config.moe
@@ -83,7 +93,8 @@ class DeepseekModel:
         self.lm_head = self.embed if tied else take("lm_head.weight")
         heads, nope, vdim = config.num_heads, mla.qk_nope_head_dim, mla.v_head_dim
         self.layers: list[MLALayer] = []
-        for i in range(config.num_layers):
+        experts = expert_block(moe.n_routed_experts, shard) if moe else None
+        for i in shard.layers(config.num_layers):
             p = f"model.layers.{i}."
             att, mlp = p + "self_attn.", p + "mlp."
             kv_b = take(att + "kv_b_proj.weight").view(heads, nope + vdim, mla.kv_lora_rank)
@@ -111,15 +122,17 @@ class DeepseekModel:
                     if dense
                     else None,
                     down=take(mlp + "down_proj.weight") if dense else None,
-                    moe=None if dense else load_moe(take, maybe, mlp, moe),
+                    moe=None
+                    if dense
+                    else load_moe(take, maybe, mlp, moe, experts, shared=shard.ep_rank == 0),
                 )  # fmt: skip
             )
         self.rotary = RotaryEmbedding(config, dtype)
         moe_layers = sum(layer.moe is not None for layer in self.layers)
-        experts = moe.n_routed_experts if moe else 0
+        n_experts = moe.n_routed_experts if moe else 0
         # routed (token, expert) pairs per MoE layer and expert: the last step's and in total
-        self.expert_load = torch.zeros(moe_layers, experts, dtype=torch.int64)
-        self.expert_load_total = torch.zeros(moe_layers, experts, dtype=torch.int64)
+        self.expert_load = torch.zeros(moe_layers, n_experts, dtype=torch.int64)
+        self.expert_load_total = torch.zeros(moe_layers, n_experts, dtype=torch.int64)
 
     def weight_bytes(self) -> int:
         """Bytes of weights a forward pass may read (every expert counted)."""
@@ -159,22 +172,29 @@ class DeepseekModel:
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Logits (float32) [len(batch.logit_rows), vocab] for the wanted rows."""
         cfg = self.config
-        hidden = F.embedding(batch.input_ids, self.embed)
+        if self.shard.first_stage:
+            hidden = F.embedding(batch.input_ids, self.embed)
+        else:
+            hidden = self.comm.recv_prev((batch.num_tokens, cfg.hidden_size), self.dtype)
         cos, sin = self.rotary.cos_sin(batch.positions)
         self.expert_load.zero_()
         moe_index = 0
-        for li, layer in enumerate(self.layers):
+        for li, layer in enumerate(self.layers):  # li: the index in this stage's pool
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
             hidden = hidden + self._attention(layer, x, cos, sin, pool.latent[li], batch)
             x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
             if layer.moe is not None:
                 load = self.expert_load[moe_index]
-                hidden = hidden + moe_forward(x, layer.moe, cfg.moe, load)
+                # expert parallel: each rank adds its experts' share (and rank 0 the shared ones)
+                hidden = hidden + self.comm.all_reduce(moe_forward(x, layer.moe, cfg.moe, load))
                 moe_index += 1
             else:
                 gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
                 hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
         self.expert_load_total += self.expert_load
+        if not self.shard.last_stage:
+            self.comm.send_next(hidden)
+            return None
         hidden = hidden[batch.logit_rows]
         hidden = rms_norm(hidden, self.final_norm, cfg.rms_norm_eps)
         return F.linear(hidden, self.lm_head).float()

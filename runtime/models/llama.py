@@ -22,6 +22,8 @@ from runtime.memory.kv_pool import KVPool
 from runtime.models.forward_batch import ForwardBatch
 from runtime.models.layers import rms_norm
 from runtime.models.rope import RotaryEmbedding, apply_rotary
+from runtime.parallel.comm import LOCAL, Comm
+from runtime.parallel.shard import SINGLE, Shard, heads_of, vocab_rows
 
 
 @dataclass(slots=True)
@@ -39,14 +41,35 @@ class LayerWeights:
 
 
 class LlamaModel:
-    """Weights plus `forward(batch, pool) -> logits`. Stateless between calls."""
+    """Weights plus `forward(batch, pool) -> logits`. Stateless between calls.
 
-    def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype):
+    With a `shard` (runtime/parallel/shard.py) it holds one rank's part: its query / KV heads
+    and MLP columns (all-reduced through `comm` after o and down), its vocabulary rows
+    (embedding summed, LM head gathered), and its pipeline stage's layers (a stage after the
+    first receives the hidden states, a stage before the last sends them and returns None).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        shard: Shard = SINGLE,
+        comm: Comm = LOCAL,
+    ):
         self.config = config
         self.dtype = dtype
-        self.scale = config.head_dim**-0.5
-        self.q_size = config.num_heads * config.head_dim
-        self.kv_size = config.num_kv_heads * config.head_dim
+        self.shard, self.comm = shard, comm
+        d = config.head_dim
+        self.scale = d**-0.5
+        q0, self.num_heads, kv0, self.num_kv_heads = (
+            heads_of(config, shard) if shard.tp_size > 1 else (0, config.num_heads, 0,
+                                                               config.num_kv_heads)
+        )  # fmt: skip
+        self.q_size = self.num_heads * d
+        self.kv_size = self.num_kv_heads * d
+        inter = config.intermediate_size // shard.tp_size
+        i0 = shard.tp_rank * inter
 
         def take(name: str) -> torch.Tensor:
             if name not in state:
@@ -56,8 +79,16 @@ class LlamaModel:
         def maybe(name: str) -> torch.Tensor | None:
             return take(name) if name in state else None
 
-        def cat_bias(*names: str, sizes: tuple[int, ...]) -> torch.Tensor | None:
-            parts = [maybe(n) for n in names]
+        def q_rows(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[q0 * d : q0 * d + self.q_size]
+
+        def kv_rows(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[kv0 * d : kv0 * d + self.kv_size]
+
+        def mlp_rows(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[i0 : i0 + inter]
+
+        def cat_bias(parts: list[torch.Tensor | None], sizes: tuple[int, ...]):
             if all(p is None for p in parts):
                 return None
             return torch.cat(
@@ -67,36 +98,42 @@ class LlamaModel:
                 ]
             )
 
-        self.embed = take("model.embed_tokens.weight")
+        v0, rows, self.vocab_per_rank = vocab_rows(config.vocab_size, shard)
+        self.vocab_start, self.vocab_rows = v0, rows
+        embed = take("model.embed_tokens.weight")
+        self.embed = embed[v0 : v0 + rows].contiguous()
         self.final_norm = take("model.norm.weight")
         head = state.get("lm_head.weight")
-        self.lm_head = (
-            self.embed if head is None or config.tie_word_embeddings else take("lm_head.weight")
-        )
+        tied = head is None or config.tie_word_embeddings
+        self.lm_head = self.embed if tied else take("lm_head.weight")[v0 : v0 + rows].contiguous()
         self.layers: list[LayerWeights] = []
-        for i in range(config.num_layers):
+        for i in shard.layers(config.num_layers):
             p = f"model.layers.{i}."
             att, mlp = p + "self_attn.", p + "mlp."
+            q, k, v = (take(att + f"{n}_proj.weight") for n in "qkv")
+            qb, kb, vb = (maybe(att + f"{n}_proj.bias") for n in "qkv")
+            gate, up = take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")
+            down = take(mlp + "down_proj.weight")
             self.layers.append(
                 LayerWeights(
                     input_norm=take(p + "input_layernorm.weight"),
-                    qkv=torch.cat([take(att + f"{n}_proj.weight") for n in "qkv"]).contiguous(),
+                    qkv=torch.cat([q_rows(q), kv_rows(k), kv_rows(v)]).contiguous(),
                     qkv_bias=cat_bias(
-                        *(att + f"{n}_proj.bias" for n in "qkv"),
-                        sizes=(self.q_size, self.kv_size, self.kv_size),
+                        [q_rows(qb), kv_rows(kb), kv_rows(vb)],
+                        (self.q_size, self.kv_size, self.kv_size),
                     ),
-                    o=take(att + "o_proj.weight"),
+                    o=take(att + "o_proj.weight")[:, q0 * d : q0 * d + self.q_size].contiguous(),
                     o_bias=maybe(att + "o_proj.bias"),
                     post_norm=take(p + "post_attention_layernorm.weight"),
-                    gate_up=torch.cat(
-                        [take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")]
-                    ).contiguous(),
+                    gate_up=torch.cat([mlp_rows(gate), mlp_rows(up)]).contiguous(),
                     gate_up_bias=cat_bias(
-                        mlp + "gate_proj.bias",
-                        mlp + "up_proj.bias",
-                        sizes=(config.intermediate_size, config.intermediate_size),
-                    ),
-                    down=take(mlp + "down_proj.weight"),
+                        [
+                            mlp_rows(maybe(mlp + "gate_proj.bias")),
+                            mlp_rows(maybe(mlp + "up_proj.bias")),
+                        ],
+                        (inter, inter),
+                    ),  # fmt: skip
+                    down=down[:, i0 : i0 + inter].contiguous(),
                     down_bias=maybe(mlp + "down_proj.bias"),
                 )
             )
@@ -116,7 +153,7 @@ class LlamaModel:
         """Logits (float32) [len(batch.logit_rows), vocab] for the wanted rows."""
         cfg = self.config
         nd = batch.num_decode
-        hidden = F.embedding(batch.input_ids, self.embed)
+        hidden = self.embed_tokens(batch.input_ids)
         cos, sin = self.rotary.cos_sin(batch.positions)
         t = hidden.shape[0]
         cascade = None
@@ -133,17 +170,17 @@ class LlamaModel:
             # attention block
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
             qkv = F.linear(x, layer.qkv, layer.qkv_bias)
-            q = qkv[:, : self.q_size].view(t, cfg.num_heads, cfg.head_dim)
+            q = qkv[:, : self.q_size].view(t, self.num_heads, cfg.head_dim)
             k = qkv[:, self.q_size : self.q_size + self.kv_size].view(
-                t, cfg.num_kv_heads, cfg.head_dim
+                t, self.num_kv_heads, cfg.head_dim
             )
-            v = qkv[:, self.q_size + self.kv_size :].view(t, cfg.num_kv_heads, cfg.head_dim)
+            v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, cfg.head_dim)
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
             k_pool, v_pool = pool.k[li], pool.v[li]
             # the new tokens' K/V go into their slots before attention reads the pages
-            k_pool.view(-1, cfg.num_kv_heads, cfg.head_dim).index_copy_(0, batch.out_slots, k)
-            v_pool.view(-1, cfg.num_kv_heads, cfg.head_dim).index_copy_(0, batch.out_slots, v)
+            k_pool.view(-1, self.num_kv_heads, cfg.head_dim).index_copy_(0, batch.out_slots, k)
+            v_pool.view(-1, self.num_kv_heads, cfg.head_dim).index_copy_(0, batch.out_slots, v)
             parts = []
             if cascade is not None:
                 parts.append(
@@ -183,15 +220,41 @@ class LlamaModel:
                     )
                 )
             attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-            hidden = hidden + F.linear(attn.reshape(t, self.q_size), layer.o, layer.o_bias)
+            out = self.comm.all_reduce(F.linear(attn.reshape(t, self.q_size), layer.o))
+            hidden = hidden + (out if layer.o_bias is None else out + layer.o_bias)
             # SwiGLU MLP block
             x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
             gate_up = F.linear(x, layer.gate_up, layer.gate_up_bias)
             gate, up = gate_up.chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
-        hidden = hidden[batch.logit_rows]
-        hidden = rms_norm(hidden, self.final_norm, cfg.rms_norm_eps)
-        return F.linear(hidden, self.lm_head).float()
+            out = self.comm.all_reduce(F.linear(F.silu(gate) * up, layer.down))
+            hidden = hidden + (out if layer.down_bias is None else out + layer.down_bias)
+        return self.finish(hidden, batch)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """The first stage embeds (vocab-parallel: each rank its rows, summed); later stages
+        receive the previous stage's hidden states."""
+        if not self.shard.first_stage:
+            return self.comm.recv_prev((ids.shape[0], self.config.hidden_size), self.dtype)
+        if self.shard.tp_size == 1:
+            return F.embedding(ids, self.embed)
+        local = ids - self.vocab_start
+        mine = (local >= 0) & (local < self.vocab_rows)
+        hidden = F.embedding(local.clamp(0, self.vocab_rows - 1), self.embed)
+        return self.comm.all_reduce(hidden * mine[:, None].to(hidden.dtype))
+
+    def finish(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
+        """The last stage's logits (vocab-parallel: gathered); earlier stages send on."""
+        if not self.shard.last_stage:
+            self.comm.send_next(hidden)
+            return None
+        hidden = rms_norm(hidden[batch.logit_rows], self.final_norm, self.config.rms_norm_eps)
+        logits = F.linear(hidden, self.lm_head).float()
+        if self.shard.tp_size == 1:
+            return logits
+        pad = self.vocab_per_rank - self.vocab_rows
+        if pad:
+            logits = F.pad(logits, (0, pad), value=float("-inf"))
+        return self.comm.all_gather_last(logits)[:, : self.config.vocab_size]
 
 
 def vars_of(layer: LayerWeights) -> list[torch.Tensor | None]:

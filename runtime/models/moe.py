@@ -29,6 +29,7 @@ class MoEWeights:
     down: torch.Tensor  # [E, hidden, I]
     shared_gate_up: torch.Tensor | None  # [2 I_shared, hidden]
     shared_down: torch.Tensor | None  # [hidden, I_shared]
+    first_expert: int = 0  # gate_up / down hold experts first_expert .. + len (expert parallel)
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.router, self.score_bias, self.gate_up, self.down,
@@ -81,13 +82,14 @@ def moe_forward(
     tokens = order // cfg.num_experts_per_tok  # the token of each (token, expert) pair
     pair_weights = weights.flatten()[order]
     start = 0
+    held = range(w.first_expert, w.first_expert + w.gate_up.shape[0])
     for expert, n in enumerate(counts.tolist()):
-        if n == 0:
-            continue
-        rows = tokens[start : start + n]
-        gate, up = F.linear(x[rows], w.gate_up[expert]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w.down[expert])
-        out.index_add_(0, rows, (y * pair_weights[start : start + n, None]).to(out.dtype))
+        if n and expert in held:  # expert parallel: other ranks run the others
+            rows = tokens[start : start + n]
+            local = expert - w.first_expert
+            gate, up = F.linear(x[rows], w.gate_up[local]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, w.down[local])
+            out.index_add_(0, rows, (y * pair_weights[start : start + n, None]).to(out.dtype))
         start += n
     if w.shared_gate_up is not None:
         gate, up = F.linear(x, w.shared_gate_up).chunk(2, dim=-1)
@@ -95,14 +97,18 @@ def moe_forward(
     return out
 
 
-def load_moe(take, maybe, prefix: str, cfg: MoEConfig) -> MoEWeights:
+def load_moe(
+    take, maybe, prefix: str, cfg: MoEConfig, experts: range | None = None, shared: bool = True
+) -> MoEWeights:
     """A layer's MoE weights from per-expert checkpoint keys (`experts.{e}.gate_proj.weight`,
-    what `save_pretrained` writes) or fused ones (`experts.gate_up_proj`, `experts.down_proj`)."""
+    what `save_pretrained` writes) or fused ones (`experts.gate_up_proj`, `experts.down_proj`):
+    the routed `experts` (default all) and, if `shared`, the shared experts."""
+    experts = range(cfg.n_routed_experts) if experts is None else experts
     fused = maybe(prefix + "experts.gate_up_proj")
     if fused is not None:
-        gate_up, down = fused, take(prefix + "experts.down_proj")
+        gate_up = fused[experts.start : experts.stop]
+        down = take(prefix + "experts.down_proj")[experts.start : experts.stop]
     else:
-        experts = range(cfg.n_routed_experts)
         gate_up = torch.stack([
             torch.cat([take(f"{prefix}experts.{e}.gate_proj.weight"),
                        take(f"{prefix}experts.{e}.up_proj.weight")])
@@ -110,7 +116,7 @@ def load_moe(take, maybe, prefix: str, cfg: MoEConfig) -> MoEWeights:
         ])  # fmt: skip
         down = torch.stack([take(f"{prefix}experts.{e}.down_proj.weight") for e in experts])
     shared_gate_up = shared_down = None
-    if cfg.n_shared_experts:
+    if cfg.n_shared_experts and shared:
         s = prefix + "shared_experts."
         shared_gate_up = torch.cat([take(s + "gate_proj.weight"), take(s + "up_proj.weight")])
         shared_down = take(s + "down_proj.weight")
@@ -121,4 +127,5 @@ def load_moe(take, maybe, prefix: str, cfg: MoEConfig) -> MoEWeights:
         down=down.contiguous(),
         shared_gate_up=shared_gate_up,
         shared_down=shared_down,
+        first_expert=experts.start,
     )

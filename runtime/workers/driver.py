@@ -1,0 +1,215 @@
+"""The engine's side of a parallel model: starts the worker ranks, sends each step's batch to
+all of them, and receives the logits from the last stage.
+
+The engine's process is rank 0 of a `torch.distributed` group (gloo) whose other ranks are
+`python -m runtime.workers.worker` processes on loopback, one per rank, each with its share of
+the CPU threads. The scheduler, the radix cache and the page allocator stay here; a step's plan
+(token ids, positions, out slots, page tables) is broadcast, so every rank writes the same
+pages of its own pool. If any rank dies, the others are stopped and every step from then on
+raises `WorkerError` (the scheduler ends the requests in flight with it); `shutdown()` stops
+them all.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from runtime.config import ModelConfig
+from runtime.errors import WorkerError
+from runtime.models.forward_batch import ForwardBatch
+from runtime.parallel.shard import validate
+from runtime.workers.layout import Layout
+
+logger = logging.getLogger(__name__)
+START_TIMEOUT_S = 300
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ParallelModel:
+    """Stands in for a model in the scheduler: `forward(batch, pool) -> logits`."""
+
+    def __init__(self, path: Path, config: ModelConfig, dtype: torch.dtype, *, tp_size: int,
+                 pp_size: int, ep_size: int, num_pages: int, page_size: int) -> None:  # fmt: skip
+        validate(config, tp_size, pp_size, ep_size)
+        if dist.is_initialized():
+            raise WorkerError("a parallel engine is already running in this process")
+        self.config = config
+        self.layout = Layout(tp_size, pp_size, ep_size, config.num_layers)
+        self.failed: str | None = None
+        self._lock = threading.Lock()
+        workers = self.layout.world - 1
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        addr = f"tcp://127.0.0.1:{_free_port()}"
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env["OMP_NUM_THREADS"] = str(threads)
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
+        for rank in range(1, self.layout.world):
+            job = dict(rank=rank, layout=_fields(self.layout), addr=addr, model=str(path),
+                       dtype=str(dtype).replace("torch.", ""), num_pages=num_pages,
+                       page_size=page_size, threads=threads)  # fmt: skip
+            log = tempfile.TemporaryFile()  # a pipe could fill up and block the rank
+            self.logs.append(log)
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "runtime.workers.worker", json.dumps(job)],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    start_new_session=True,
+                )  # fmt: skip
+            )
+        atexit.register(self._kill)
+        try:
+            self._join(addr)
+        except BaseException:
+            self._kill()
+            raise
+        self._monitor = threading.Thread(target=self._watch, name="sgl-workers", daemon=True)
+        self._monitor.start()
+
+    # ---- start-up ----------------------------------------------------------------------------
+    def _join(self, addr: str) -> None:
+        """rank 0's init (in a thread, so that a worker dying at start-up is seen at once)."""
+        outcome: list[BaseException | None] = []
+
+        def init() -> None:
+            try:
+                dist.init_process_group("gloo", init_method=addr, rank=0,
+                                        world_size=self.layout.world,
+                                        timeout=timedelta(seconds=START_TIMEOUT_S))  # fmt: skip
+                self.layout.make_comm(0)
+                reports: list = [None] * self.layout.world
+                dist.gather_object(None, reports, dst=0)
+                self.reports = reports[1:]
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=init, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while thread.is_alive():
+            dead = self._dead_worker()
+            if dead:
+                raise WorkerError(f"a worker failed to start: {dead}")
+            if time.monotonic() > deadline:
+                raise WorkerError(f"workers did not start within {START_TIMEOUT_S} s")
+            thread.join(0.2)
+        if outcome and outcome[0] is not None:
+            raise WorkerError(f"joining the workers failed: {outcome[0]!r}") from outcome[0]
+
+    def _dead_worker(self) -> str | None:
+        for rank, (proc, log) in enumerate(zip(self.procs, self.logs, strict=True), 1):
+            code = proc.poll()
+            if code is not None:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-2000:].strip()
+                return f"rank {rank} (pid {proc.pid}) exited with {code}: {tail}"
+        return None
+
+    def _watch(self) -> None:
+        """Any rank dying stops the others: a step in flight then fails instead of waiting."""
+        while self.failed is None:
+            dead = self._dead_worker()
+            if dead and self.failed is None:
+                self.failed = dead
+                logger.error("parallel engine: %s; stopping the other ranks", dead)
+                self._kill()
+                return
+            time.sleep(0.2)
+
+    # ---- what the scheduler calls ------------------------------------------------------------
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def weight_bytes(self) -> int:
+        return sum(r["weight_bytes"] for r in self.reports)
+
+    @property
+    def kv_bytes_per_token_per_rank(self) -> int:
+        return max(r["kv_bytes_per_token"] for r in self.reports)
+
+    def forward(self, batch: ForwardBatch, pool: object) -> torch.Tensor:
+        with self._lock:
+            self._check()
+            try:
+                dist.broadcast_object_list([("forward", batch)], src=0)
+                logits = torch.empty(len(batch.logit_rows), self.config.vocab_size)
+                dist.recv(logits, src=self.layout.logits_rank)
+            except Exception as exc:
+                self.failed = self.failed or f"a step failed: {exc!r}"
+                self._kill()
+                raise WorkerError(f"parallel engine: {self.failed}") from exc
+            return logits
+
+    def set(self, name: str, value: object) -> None:
+        """Set a model attribute on every rank (e.g. MLA's `absorb`)."""
+        with self._lock:
+            self._check()
+            dist.broadcast_object_list([("set", name, value)], src=0)
+
+    def comm_seconds(self) -> list[float]:
+        """Seconds each rank has spent in collectives and sends so far."""
+        with self._lock:
+            self._check()
+            dist.broadcast_object_list([("comm_seconds",)], src=0)
+            out: list = [None] * self.layout.world
+            dist.gather_object(0.0, out, dst=0)
+            return out[1:]
+
+    def _check(self) -> None:
+        if self.failed:
+            raise WorkerError(f"parallel engine: {self.failed}")
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self.failed is None:
+                self.failed = "shut down"
+                try:
+                    dist.broadcast_object_list([("stop",)], src=0)
+                    for proc in self.procs:
+                        proc.wait(timeout=30)
+                except Exception:  # a rank already gone: stop the rest below
+                    pass
+            self._kill()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    def _kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _fields(layout: Layout) -> dict:
+    return {name: getattr(layout, name) for name in Layout.__slots__}

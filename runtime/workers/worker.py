@@ -1,0 +1,81 @@
+"""One rank of a parallel engine: loads its shard, then runs what the driver broadcasts.
+
+Commands (broadcast from rank 0 as Python objects): ("forward", ForwardBatch): run this
+rank's part, the last stage's first rank sends the logits to rank 0; ("set", name, value): set
+a model attribute (e.g. MLA's `absorb`); ("stop",): leave. Any error ends the process, which
+the driver sees as a failed step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from runtime.memory.kv_pool import KVPool
+from runtime.models.loader import load_model_files
+from runtime.models.registry import model_class
+from runtime.parallel.shard import local_config
+from runtime.workers.layout import Layout
+
+logger = logging.getLogger(__name__)
+TIMEOUT = timedelta(minutes=10)
+
+
+def main(rank: int, layout: Layout, addr: str, model_path: str, dtype: torch.dtype,
+         num_pages: int, page_size: int, threads: int) -> None:  # fmt: skip
+    torch.set_num_threads(threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    dist.init_process_group("gloo", init_method=addr, rank=rank, world_size=layout.world,
+                            timeout=TIMEOUT)  # fmt: skip
+    comm = layout.make_comm(rank)
+    shard = layout.shard(rank)
+    loaded = load_model_files(model_path)
+    config = loaded.config
+    model = model_class(config)(config, loaded.state_dict, dtype, shard=shard, comm=comm)
+    del loaded
+    pool = KVPool(local_config(config, shard), num_pages, page_size, dtype)
+    report = {
+        "pid": os.getpid(),
+        "weight_bytes": model.weight_bytes(),
+        "kv_bytes_per_token": pool.bytes_per_token,
+        "layers": len(model.layers),
+    }
+    dist.gather_object(report, None, dst=0)
+    sends_logits = rank == layout.logits_rank
+    while True:
+        box: list = [None]
+        dist.broadcast_object_list(box, src=0)
+        command = box[0]
+        if command[0] == "stop":
+            break
+        if command[0] == "set":
+            setattr(model, command[1], command[2])
+        elif command[0] == "forward":
+            logits = model.forward(command[1], pool)
+            if sends_logits:
+                dist.send(logits.contiguous(), dst=0)
+        elif command[0] == "comm_seconds":
+            dist.gather_object(comm.seconds, None, dst=0)
+    dist.destroy_process_group()
+
+
+def _cli() -> None:
+    """`python -m runtime.workers.worker JSON`: how the driver starts a rank."""
+    import json
+    import sys
+
+    from runtime.memory.kv_pool import resolve_dtype
+
+    job = json.loads(sys.argv[1])
+    logging.basicConfig(level=logging.WARNING)
+    dtype = resolve_dtype(job["dtype"])
+    main(job["rank"], Layout(**job["layout"]), job["addr"], job["model"], dtype,
+         job["num_pages"], job["page_size"], job["threads"])  # fmt: skip
+
+
+if __name__ == "__main__":
+    _cli()
