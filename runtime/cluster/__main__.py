@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--health-check-interval", type=int, default=5, help="router's, in seconds")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds per replica")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel ranks per replica")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages per replica")
+    p.add_argument("--ep", type=int, default=1, help="expert parallel ranks per replica")
     return p.parse_args(argv)
 
 
@@ -57,7 +60,8 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
         policy=args.policy,
         host=args.host,
         port=args.port,
-        server_args=shlex.split(args.server_args),
+        server_args=shlex.split(args.server_args)
+        + [f"--{k}={v}" for k, v in (("tp", args.tp), ("pp", args.pp), ("ep", args.ep)) if v > 1],
         log_dir=args.log_dir,
         startup_timeout_s=args.startup_timeout,
         health_check_interval_s=args.health_check_interval,

@@ -33,6 +33,7 @@ from runtime.errors import WorkerError
 from runtime.models.forward_batch import ForwardBatch
 from runtime.parallel.shard import validate
 from runtime.workers.layout import Layout
+from runtime.workers.microbatch import split
 
 logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 300
@@ -119,7 +120,13 @@ class ParallelModel:
         if outcome and outcome[0] is not None:
             raise WorkerError(f"joining the workers failed: {outcome[0]!r}") from outcome[0]
 
-    def _dead_worker(self) -> str | None:
+    def _dead_worker(self, wait: float = 0.0) -> str | None:
+        """Which rank has exited and how (waiting up to `wait` s for one to be seen)."""
+        deadline = time.monotonic() + wait
+        while wait and time.monotonic() < deadline:
+            if any(proc.poll() is not None for proc in self.procs):
+                break
+            time.sleep(0.05)
         for rank, (proc, log) in enumerate(zip(self.procs, self.logs, strict=True), 1):
             code = proc.poll()
             if code is not None:
@@ -154,12 +161,20 @@ class ParallelModel:
     def forward(self, batch: ForwardBatch, pool: object) -> torch.Tensor:
         with self._lock:
             self._check()
+            # pipeline stages overlap on micro-batches (one per stage)
+            parts = split(batch, self.layout.pp_size) if self.layout.pp_size > 1 else [batch]
             try:
-                dist.broadcast_object_list([("forward", batch)], src=0)
-                logits = torch.empty(len(batch.logit_rows), self.config.vocab_size)
-                dist.recv(logits, src=self.layout.logits_rank)
+                dist.broadcast_object_list([("forward", parts)], src=0)
+                outs = []
+                for part in parts:
+                    logits = torch.empty(len(part.logit_rows), self.config.vocab_size)
+                    dist.recv(logits, src=self.layout.logits_rank)
+                    outs.append(logits)
+                logits = outs[0] if len(outs) == 1 else torch.cat(outs)
             except Exception as exc:
-                self.failed = self.failed or f"a step failed: {exc!r}"
+                self.failed = (
+                    self.failed or self._dead_worker(wait=2.0) or f"a step failed: {exc!r}"
+                )
                 self._kill()
                 raise WorkerError(f"parallel engine: {self.failed}") from exc
             return logits

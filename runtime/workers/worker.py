@@ -1,7 +1,8 @@
 """One rank of a parallel engine: loads its shard, then runs what the driver broadcasts.
 
-Commands (broadcast from rank 0 as Python objects): ("forward", ForwardBatch): run this
-rank's part, the last stage's first rank sends the logits to rank 0; ("set", name, value): set
+Commands (broadcast from rank 0 as Python objects): ("forward", [ForwardBatch, ...]): run
+this rank's part of each micro-batch in turn, the last stage's first rank sending each one's
+logits to rank 0; ("set", name, value): set
 a model attribute (e.g. MLA's `absorb`); ("stop",): leave. Any error ends the process, which
 the driver sees as a failed step.
 """
@@ -54,10 +55,11 @@ def main(rank: int, layout: Layout, addr: str, model_path: str, dtype: torch.dty
             break
         if command[0] == "set":
             setattr(model, command[1], command[2])
-        elif command[0] == "forward":
-            logits = model.forward(command[1], pool)
-            if sends_logits:
-                dist.send(logits.contiguous(), dst=0)
+        elif command[0] == "forward":  # micro-batches, in order: the stages overlap
+            for part in command[1]:
+                logits = model.forward(part, pool)
+                if sends_logits:
+                    dist.send(logits.contiguous(), dst=0)
         elif command[0] == "comm_seconds":
             dist.gather_object(comm.seconds, None, dst=0)
     dist.destroy_process_group()
