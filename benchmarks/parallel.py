@@ -47,12 +47,17 @@ def run(model: str | None, sizes: dict, batch: list[str]) -> dict:
         stats = e.stats()
         steps = stats["forward_steps"] - before["forward_steps"]
         comm = e.model.comm_seconds() if e.parallel else [0.0]
-        weights = e.model.reports if e.parallel else [{"weight_bytes": e.model.weight_bytes()}]
+        if e.parallel:
+            weights = e.model.reports
+        else:
+            experts = e.model.expert_bytes() if hasattr(e.model, "expert_bytes") else 0
+            weights = [{"weight_bytes": e.model.weight_bytes(), "expert_bytes": experts}]
     return {
         "tokens": [r.token_ids for r in out],
         "seconds": seconds,
         "tok_s": sum(len(r.token_ids) for r in out) / seconds,
         "weight_bytes_per_rank": max(r["weight_bytes"] for r in weights),
+        "expert_bytes_per_rank": max(r["expert_bytes"] for r in weights),
         "kv_per_rank": stats["kv_bytes_per_token_per_rank"],
         "kv_whole": stats["kv_bytes_per_token"],
         "ranks": max(len(stats["worker_pids"]), 1),
@@ -67,7 +72,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     batch = prompts(4, 8) if args.quick else prompts(8, 24)
     torch.set_num_threads(1)
-    moe = make_tiny_model(Path(tempfile.mkdtemp(prefix="bench-par-")) / "moe", "deepseek_v3")
+    moe = make_tiny_model(
+        Path(tempfile.mkdtemp(prefix="bench-par-")) / "moe",
+        "deepseek_v3",
+        moe_intermediate_size=512,
+    )
     plan = [
         ("SmolLM2-135M", None, {}),
         ("SmolLM2-135M", None, {"tp_size": 3}),
@@ -81,13 +90,15 @@ def main(argv: list[str] | None = None) -> None:
         ref = base.setdefault(name, r)
         rows.append((name, sizes, r, ref))
     print(f"Few-shot: {len(batch)} questions, 16 new tokens each, fp32, one thread per rank\n")
-    print("| model | parallel | ranks | weights/rank (MB) | share of whole | KV bytes/token/rank "
-          "| share of whole | tok/s | vs 1 rank | comm ms/step | outputs equal |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| model | parallel | ranks | weights/rank (MB) | share of whole | routed experts/rank "
+          "(MB) | KV bytes/token/rank | share of whole | tok/s | vs 1 rank | comm ms/step | "
+          "outputs equal |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for name, sizes, r, ref in rows:
         label = ", ".join(f"{k.split('_')[0]}={v}" for k, v in sizes.items()) or "none"
         print(f"| {name} | {label} | {r['ranks']} | {r['weight_bytes_per_rank'] / 1e6:.1f} | "
               f"{r['weight_bytes_per_rank'] / ref['weight_bytes_per_rank']:.2f} | "
+              f"{r['expert_bytes_per_rank'] / 1e6:.2f} | "
               f"{r['kv_per_rank']:,} | {r['kv_per_rank'] / r['kv_whole']:.2f} | "
               f"{r['tok_s']:.1f} | {r['tok_s'] / ref['tok_s']:.2f}x | "
               f"{r['comm_ms_per_step']:.1f} | {r['tokens'] == ref['tokens']} |")  # fmt: skip

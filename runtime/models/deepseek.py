@@ -91,6 +91,11 @@ class DeepseekModel:
         head = state.get("lm_head.weight")
         tied = head is None or config.tie_word_embeddings
         self.lm_head = self.embed if tied else take("lm_head.weight")
+        nothing = torch.empty(0, config.hidden_size, dtype=dtype)  # what a stage does not use
+        if not shard.last_stage:
+            self.lm_head = nothing
+        if not shard.first_stage and not (tied and shard.last_stage):
+            self.embed = nothing
         heads, nope, vdim = config.num_heads, mla.qk_nope_head_dim, mla.v_head_dim
         self.layers: list[MLALayer] = []
         experts = expert_block(moe.n_routed_experts, shard) if moe else None
@@ -133,6 +138,14 @@ class DeepseekModel:
         # routed (token, expert) pairs per MoE layer and expert: the last step's and in total
         self.expert_load = torch.zeros(moe_layers, n_experts, dtype=torch.int64)
         self.expert_load_total = torch.zeros(moe_layers, n_experts, dtype=torch.int64)
+
+    def expert_bytes(self) -> int:
+        """Bytes of the routed experts this rank holds."""
+        return sum(
+            layer.moe.gate_up.numel() * layer.moe.gate_up.element_size()
+            + layer.moe.down.numel() * layer.moe.down.element_size()
+            for layer in self.layers if layer.moe is not None
+        )  # fmt: skip
 
     def weight_bytes(self) -> int:
         """Bytes of weights a forward pass may read (every expert counted)."""

@@ -106,6 +106,12 @@ class LlamaModel:
         head = state.get("lm_head.weight")
         tied = head is None or config.tie_word_embeddings
         self.lm_head = self.embed if tied else take("lm_head.weight")[v0 : v0 + rows].contiguous()
+        # pipeline stages keep only what they use: the embedding on the first, the head on the last
+        nothing = torch.empty(0, config.hidden_size, dtype=dtype)
+        if not shard.last_stage:
+            self.lm_head = nothing
+        if not shard.first_stage and not (tied and shard.last_stage):
+            self.embed = nothing
         self.layers: list[LayerWeights] = []
         for i in shard.layers(config.num_layers):
             p = f"model.layers.{i}."

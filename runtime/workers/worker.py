@@ -44,6 +44,7 @@ def main(rank: int, layout: Layout, addr: str, model_path: str, dtype: torch.dty
         "weight_bytes": model.weight_bytes(),
         "kv_bytes_per_token": pool.bytes_per_token,
         "layers": len(model.layers),
+        "expert_bytes": model.expert_bytes() if hasattr(model, "expert_bytes") else 0,
     }
     dist.gather_object(report, None, dst=0)
     sends_logits = rank == layout.logits_rank
