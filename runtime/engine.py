@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from runtime.default_model import ensure_default_model
+from runtime.errors import ParallelConfigError
 from runtime.memory.kv_pool import KVPool, pages_for_budget, resolve_dtype
 from runtime.memory.radix_cache import RadixCache
 from runtime.models.loader import load_model_files
@@ -64,6 +65,8 @@ class Engine:
         tp_size: int = 1,
         pp_size: int = 1,
         ep_size: int = 1,
+        nnodes: int = 1,
+        dist_init_addr: str | None = None,
         json_schema_mode: str = "strict",
     ) -> None:
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
@@ -76,6 +79,8 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.dtype = resolve_dtype(dtype)
         self.parallel = (tp_size, pp_size, ep_size) != (1, 1, 1)
+        if nnodes > 1 and not self.parallel:
+            raise ParallelConfigError(f"nnodes {nnodes} needs tp_size, pp_size or ep_size > 1")
         if self.parallel:
             validate(self.config, tp_size, pp_size, ep_size)
         rank_config = self.config
@@ -91,9 +96,11 @@ class Engine:
             num_pages = pages_for_budget(rank_config, int(budget), page_size, dtype_bytes)
         if self.parallel:
             del loaded  # each worker loads its own shard
-            self.model = ParallelModel(path, self.config, self.dtype, tp_size=tp_size,
-                                       pp_size=pp_size, ep_size=ep_size, num_pages=num_pages,
-                                       page_size=page_size)  # fmt: skip
+            self.model = ParallelModel(
+                path, self.config, self.dtype, tp_size=tp_size, pp_size=pp_size,
+                ep_size=ep_size, num_pages=num_pages, page_size=page_size, nnodes=nnodes,
+                dist_init_addr=dist_init_addr,
+            )  # fmt: skip
         else:
             self.model = model_class(loaded.config)(loaded.config, loaded.state_dict, self.dtype)
             del loaded

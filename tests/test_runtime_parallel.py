@@ -201,3 +201,30 @@ def test_server_with_tp_serves_and_sigterm_stops_every_rank(llama):
         code = server.stop(signal.SIGTERM)
     assert code == 0, server.logs()
     assert _wait_gone(ranks)
+
+
+def test_two_machines_on_loopback(llama):
+    """Node 0 runs the engine and its block of ranks; `python -m runtime.workers.launch`
+    (another machine, here another process) runs the rest; outputs as with one process."""
+    import subprocess
+    import sys
+
+    from tests._server_fixtures import free_port
+
+    folder, expected, _ = llama
+    addr = f"127.0.0.1:{free_port()}"
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "runtime.workers.launch", "--model", str(folder), "--tp", "2",
+         "--pp", "2", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", addr],
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        with Engine(str(folder), **ENGINE, tp_size=2, pp_size=2, nnodes=2,
+                    dist_init_addr=addr) as e:  # fmt: skip
+            assert [r.token_ids for r in e.generate(PROMPTS * 2, **GREEDY)] == expected
+            stats = e.stats()
+            assert len(stats["worker_pids"]) == 4 and len(e.model.procs) == 2  # 2 here, 2 there
+        assert node1.wait(timeout=30) == 0, node1.stderr.read().decode()[-2000:]
+    finally:
+        if node1.poll() is None:
+            node1.kill()

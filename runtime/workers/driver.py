@@ -13,13 +13,10 @@ them all.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -29,11 +26,12 @@ import torch
 import torch.distributed as dist
 
 from runtime.config import ModelConfig
-from runtime.errors import WorkerError
+from runtime.errors import ParallelConfigError, WorkerError
 from runtime.models.forward_batch import ForwardBatch
 from runtime.parallel.shard import validate
 from runtime.workers.layout import Layout
 from runtime.workers.microbatch import split
+from runtime.workers.worker import spawn
 
 logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 300
@@ -49,37 +47,26 @@ class ParallelModel:
     """Stands in for a model in the scheduler: `forward(batch, pool) -> logits`."""
 
     def __init__(self, path: Path, config: ModelConfig, dtype: torch.dtype, *, tp_size: int,
-                 pp_size: int, ep_size: int, num_pages: int, page_size: int) -> None:  # fmt: skip
+                 pp_size: int, ep_size: int, num_pages: int, page_size: int, nnodes: int = 1,
+                 dist_init_addr: str | None = None) -> None:  # fmt: skip
         validate(config, tp_size, pp_size, ep_size)
         if dist.is_initialized():
             raise WorkerError("a parallel engine is already running in this process")
         self.config = config
-        self.layout = Layout(tp_size, pp_size, ep_size, config.num_layers)
+        self.layout = Layout(tp_size, pp_size, ep_size, config.num_layers, nnodes)
         self.failed: str | None = None
         self._lock = threading.Lock()
-        workers = self.layout.world - 1
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        addr = f"tcp://127.0.0.1:{_free_port()}"
-        root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        env["OMP_NUM_THREADS"] = str(threads)
-        self.procs: list[subprocess.Popen] = []
-        self.logs: list = []
-        for rank in range(1, self.layout.world):
-            job = dict(rank=rank, layout=_fields(self.layout), addr=addr, model=str(path),
-                       dtype=str(dtype).replace("torch.", ""), num_pages=num_pages,
-                       page_size=page_size, threads=threads)  # fmt: skip
-            log = tempfile.TemporaryFile()  # a pipe could fill up and block the rank
-            self.logs.append(log)
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "runtime.workers.worker", json.dumps(job)],
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=log,
-                    start_new_session=True,
-                )  # fmt: skip
+        if (self.layout.world - 1) % nnodes:
+            raise ParallelConfigError(
+                f"{self.layout.world - 1} worker ranks do not split over nnodes {nnodes}"
             )
+        if nnodes > 1 and not dist_init_addr:
+            raise ParallelConfigError("nnodes > 1 needs dist_init_addr (host:port of node 0)")
+        addr = f"tcp://{dist_init_addr or f'127.0.0.1:{_free_port()}'}"
+        self.setup = {"dtype": str(dtype).replace("torch.", ""), "pages": (num_pages, page_size)}
+        spawned = spawn(self.layout, self.layout.node_ranks(0), addr, str(path))
+        self.procs = [proc for proc, _ in spawned]
+        self.logs = [log for _, log in spawned]
         atexit.register(self._kill)
         try:
             self._join(addr)
@@ -100,6 +87,7 @@ class ParallelModel:
                                         world_size=self.layout.world,
                                         timeout=timedelta(seconds=START_TIMEOUT_S))  # fmt: skip
                 self.layout.make_comm(0)
+                dist.broadcast_object_list([self.setup], src=0)
                 reports: list = [None] * self.layout.world
                 dist.gather_object(None, reports, dst=0)
                 self.reports = reports[1:]
@@ -149,7 +137,8 @@ class ParallelModel:
     # ---- what the scheduler calls ------------------------------------------------------------
     @property
     def worker_pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
+        """Every rank's process id (those on other machines too)."""
+        return [r["pid"] for r in self.reports]
 
     def weight_bytes(self) -> int:
         return sum(r["weight_bytes"] for r in self.reports)
@@ -224,7 +213,3 @@ class ParallelModel:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-
-
-def _fields(layout: Layout) -> dict:
-    return {name: getattr(layout, name) for name in Layout.__slots__}

@@ -3,7 +3,9 @@
 Rank 0 is the driver (the engine's own process: scheduler, radix cache, sampling); ranks
 1 .. W are the workers, W = pp_size x group with group = max(tp_size, ep_size). Worker
 `1 + stage * group + g` holds position g of pipeline stage `stage`. Every process creates the
-same stage groups in the same order (torch.distributed requires it).
+same stage groups in the same order (torch.distributed requires it). Over `nnodes` machines
+the workers are dealt out in contiguous blocks: node 0 (with the driver) takes the first
+W / nnodes, node 1 the next, and so on.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Layout:
     pp_size: int
     ep_size: int
     num_layers: int
+    nnodes: int = 1
 
     @property
     def group(self) -> int:
@@ -33,6 +36,11 @@ class Layout:
 
     def stage_ranks(self, stage: int) -> list[int]:
         return [1 + stage * self.group + g for g in range(self.group)]
+
+    def node_ranks(self, node: int) -> range:
+        """The worker ranks machine `node` runs."""
+        per = (self.world - 1) // self.nnodes
+        return range(1 + node * per, 1 + (node + 1) * per)
 
     @property
     def logits_rank(self) -> int:

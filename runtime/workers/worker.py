@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from runtime.memory.kv_pool import KVPool
+from runtime.memory.kv_pool import KVPool, resolve_dtype
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
 from runtime.parallel.shard import local_config
@@ -26,14 +26,16 @@ logger = logging.getLogger(__name__)
 TIMEOUT = timedelta(minutes=10)
 
 
-def main(rank: int, layout: Layout, addr: str, model_path: str, dtype: torch.dtype,
-         num_pages: int, page_size: int, threads: int) -> None:  # fmt: skip
+def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int) -> None:
     torch.set_num_threads(threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     dist.init_process_group("gloo", init_method=addr, rank=rank, world_size=layout.world,
                             timeout=TIMEOUT)  # fmt: skip
     comm = layout.make_comm(rank)
     shard = layout.shard(rank)
+    box: list = [None]
+    dist.broadcast_object_list(box, src=0)  # the driver's setup: dtype and the pool's pages
+    dtype, num_pages, page_size = resolve_dtype(box[0]["dtype"]), *box[0]["pages"]
     loaded = load_model_files(model_path)
     config = loaded.config
     model = model_class(config)(config, loaded.state_dict, dtype, shard=shard, comm=comm)
@@ -66,18 +68,40 @@ def main(rank: int, layout: Layout, addr: str, model_path: str, dtype: torch.dty
     dist.destroy_process_group()
 
 
+def spawn(layout: Layout, ranks: range, addr: str, model: str) -> list[tuple[object, object]]:
+    """Start `ranks` as `python -m runtime.workers.worker` processes, each with its share of
+    this machine's CPU threads; [(Popen, its stderr log file)]."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    threads = max(1, (os.cpu_count() or 1) // max(len(ranks), 1))
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env["OMP_NUM_THREADS"] = str(threads)
+    fields = {name: getattr(layout, name) for name in Layout.__slots__}
+    out = []
+    for rank in ranks:
+        job = dict(rank=rank, layout=fields, addr=addr, model=model, threads=threads)
+        log = tempfile.TemporaryFile()  # a pipe could fill up and block the rank
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime.workers.worker", json.dumps(job)],
+            env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+        )  # fmt: skip
+        out.append((proc, log))
+    return out
+
+
 def _cli() -> None:
-    """`python -m runtime.workers.worker JSON`: how the driver starts a rank."""
+    """`python -m runtime.workers.worker JSON`: how a rank is started (see `spawn`)."""
     import json
     import sys
 
-    from runtime.memory.kv_pool import resolve_dtype
-
     job = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.WARNING)
-    dtype = resolve_dtype(job["dtype"])
-    main(job["rank"], Layout(**job["layout"]), job["addr"], job["model"], dtype,
-         job["num_pages"], job["page_size"], job["threads"])  # fmt: skip
+    main(job["rank"], Layout(**job["layout"]), job["addr"], job["model"], job["threads"])
 
 
 if __name__ == "__main__":
