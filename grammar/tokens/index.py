@@ -10,52 +10,15 @@ built yet (UNEXPANDED, negative): those states are expanded and the gather redon
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 
 from grammar.automata.fsm import DEAD, ByteDFA
 from grammar.automata.lazy_dfa import LazyDFA
-from grammar.tokens.vocab import PreparedTokens, TokenVocabulary, byte_columns, csr_take
+from grammar.tokens.loops import Suffixes, loops_on_all_characters, transparent_set
+from grammar.tokens.vocab import PreparedTokens, TokenVocabulary, csr_take
 
-# a self-looping state's other tokens are cut into suffixes (a Python pass over them, once
-# per vocabulary and loop) only when they are few, as for JSON string content (~3k of 129k)
-_MAX_SUFFIX_ROWS = 4096
 _DENSE_MIN_ROWS = 4096  # a lockstep walk over fewer rows than this goes on as a sparse one
-# UTF-8's well-formed multi-byte sequences: (lead byte range, continuation byte ranges)
-_UTF8_FORMS = (
-    ((0xC2, 0xDF), ((0x80, 0xBF),)),
-    ((0xE0, 0xE0), ((0xA0, 0xBF), (0x80, 0xBF))),
-    ((0xE1, 0xEC), ((0x80, 0xBF), (0x80, 0xBF))),
-    ((0xED, 0xED), ((0x80, 0x9F), (0x80, 0xBF))),
-    ((0xEE, 0xEF), ((0x80, 0xBF), (0x80, 0xBF))),
-    ((0xF0, 0xF0), ((0x90, 0xBF), (0x80, 0xBF), (0x80, 0xBF))),
-    ((0xF1, 0xF3), ((0x80, 0xBF), (0x80, 0xBF), (0x80, 0xBF))),
-    ((0xF4, 0xF4), ((0x80, 0x8F), (0x80, 0xBF), (0x80, 0xBF))),
-)
-
-
-@dataclass(slots=True, frozen=True)
-class Suffixes:
-    """The tokens that leave a self-looping state (see `TokenIndex._transparent`), cut at the
-    first byte that may not loop: what is before it brings the walk back to the same state.
-    Distinct suffixes laid out like PreparedTokens (longest first, column per byte position);
-    the token rows of suffix k are rows[start[k] : start[k + 1]]."""
-
-    columns: np.ndarray
-    n_longer: np.ndarray
-    start: np.ndarray
-    rows: np.ndarray
-    lengths: np.ndarray
-
-    @classmethod
-    def of(cls, tokens: dict[bytes, list[int]]) -> Suffixes:
-        order = sorted(tokens, key=lambda b: (-len(b), b))
-        columns, n_longer, lengths = byte_columns(order)
-        counts = np.array([len(tokens[b]) for b in order], dtype=np.int64)
-        start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        rows = np.array([r for b in order for r in tokens[b]], dtype=np.int64)
-        return cls(columns, n_longer, start, rows, lengths)
 
 
 class TokenIndex:
@@ -143,68 +106,9 @@ class TokenIndex:
         loops = self.row(state) == state
         if np.count_nonzero(loops[:128]) < 64:
             return None
-        all_chars = self._loops_on_all_characters(state)
+        all_chars = loops_on_all_characters(self.dfa, state)
         key = ("transparent", np.packbits(loops[:128]).tobytes(), all_chars)
-        return self.vocab.derived(key, lambda: self._transparent_set(loops, all_chars))
-
-    def _transparent_set(
-        self, loops: np.ndarray, all_chars: bool
-    ) -> tuple[np.ndarray, Suffixes | np.ndarray]:
-        prep = self.prepared
-        bits = np.packbits(loops[:128], bitorder="little").view("<u8")
-        outside = ~bits
-        ok = ((prep.ascii_bits[0] & outside[0]) == 0) & ((prep.ascii_bits[1] & outside[1]) == 0)
-        if all_chars:
-            ok &= ~prep.non_ascii | prep.whole_chars
-        else:
-            ok &= ~prep.non_ascii
-        words = self._pack(ok, self._eos[:0])
-        words.flags.writeable = False
-        others = np.flatnonzero(~ok)
-        if others.size > _MAX_SUFFIX_ROWS:  # a narrow loop (a pattern's class): walk as rows
-            others.flags.writeable = False
-            return words, others
-        return words, self._loop_suffixes(others, loops[:128].tolist(), all_chars)
-
-    def _loop_suffixes(self, rows: np.ndarray, loops: list[bool], all_chars: bool) -> Suffixes:
-        """Each of `rows` cut after its longest prefix of bytes that loop (ASCII in `loops`;
-        whole UTF-8 characters too when `all_chars`), grouped by what is left."""
-        prep, vocab = self.prepared, self.vocab
-        first_id = prep.row_ids[prep.row_start[rows]].tolist()
-        out: dict[bytes, list[int]] = {}
-        for r, i in zip(rows.tolist(), first_id, strict=True):
-            b = vocab.token_bytes(i)
-            p, n = 0, len(b)
-            while p < n:
-                c = b[p]
-                if c < 128:
-                    if not loops[c]:
-                        break
-                    p += 1
-                    continue
-                k = 2 if c < 0xE0 else 3 if c < 0xF0 else 4
-                if not all_chars or not _is_whole_char(b[p : p + k], k):
-                    break
-                p += k
-            out.setdefault(b[p:], []).append(r)
-        return Suffixes.of(out)
-
-    def _loops_on_all_characters(self, state: int) -> bool:
-        """Every multi-byte UTF-8 character read from `state` comes back to `state`."""
-        row = self.dfa.row_list
-        first = row(state)
-        for leads, conts in _UTF8_FORMS:
-            states = set(first[leads[0] : leads[1] + 1])
-            for lo, hi in conts:
-                if DEAD in states:
-                    return False
-                nxt: set[int] = set()
-                for t in states:
-                    nxt.update(row(t)[lo : hi + 1])
-                states = nxt
-            if states != {state}:
-                return False
-        return True
+        return self.vocab.derived(key, lambda: transparent_set(self, loops, all_chars))
 
     def _allowed(self, state: int) -> tuple[np.ndarray | None, np.ndarray]:
         """The tokens that walk from `state` without dying: (packed id bits of a shared set,
@@ -340,17 +244,6 @@ class TokenIndex:
         bit = np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
         np.bitwise_or.at(words, ids >> 5, bit)
         return words.view("<i4")
-
-
-def _is_whole_char(b: bytes, k: int) -> bool:
-    """`b` is one complete, valid UTF-8 character of k bytes."""
-    if len(b) != k:
-        return False
-    try:
-        b.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 Layout = PreparedTokens | Suffixes  # byte columns of token rows, longest first

@@ -49,6 +49,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     engine.add_argument("--max-running-requests", type=int, default=64)
     engine.add_argument("--chunked-prefill-tokens", type=int, default=512)
     engine.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    engine.add_argument(
+        "--json-schema-mode",
+        choices=("strict", "exact"),
+        default="strict",
+        help="JSON-Schema generation: strict (objects emit only their declared properties, "
+        "the default) or exact (the schema's own language); a request's json_schema_mode wins",
+    )
+    par = p.add_argument_group("parallelism (worker ranks joined by torch.distributed)")
+    par.add_argument(
+        "--tp",
+        "--tp-size",
+        dest="tp_size",
+        type=int,
+        default=1,
+        help="tensor parallel ranks (heads, MLP columns, vocabulary split)",
+    )
+    par.add_argument(
+        "--pp",
+        "--pp-size",
+        dest="pp_size",
+        type=int,
+        default=1,
+        help="pipeline parallel stages (layers split)",
+    )
+    par.add_argument(
+        "--ep",
+        "--ep-size",
+        dest="ep_size",
+        type=int,
+        default=1,
+        help="expert parallel ranks (MoE models: routed experts split)",
+    )
+    par.add_argument("--nnodes", type=int, default=1, help="machines the ranks run on")
+    par.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        help="this machine (0 serves; others only run their ranks)",
+    )
+    par.add_argument("--dist-init-addr", default=None, help="HOST:PORT of node 0's rendezvous")
     return p.parse_args(argv)
 
 
@@ -62,6 +102,12 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "max_running_requests": args.max_running_requests,
         "chunked_prefill_tokens": args.chunked_prefill_tokens,
         "num_threads": args.num_threads,
+        "json_schema_mode": args.json_schema_mode,
+        "tp_size": args.tp_size,
+        "pp_size": args.pp_size,
+        "ep_size": args.ep_size,
+        "nnodes": args.nnodes,
+        "dist_init_addr": args.dist_init_addr,
     }
 
 
@@ -88,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     from runtime import Engine
     from runtime.errors import EngineError
 
+    if args.node_rank > 0:  # another machine of a multi-machine engine: its ranks only
+        from runtime.default_model import ensure_default_model
+        from runtime.workers.launch import run_node
+
+        model = args.model or str(ensure_default_model())
+        return run_node(model, args.tp_size, args.pp_size, args.ep_size, args.nnodes,
+                        args.node_rank, args.dist_init_addr)  # fmt: skip
     try:
         engine = Engine(model=args.model, **engine_kwargs(args))
     except (EngineError, FileNotFoundError, OSError) as exc:

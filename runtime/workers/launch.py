@@ -25,12 +25,8 @@ from runtime.workers.layout import Layout
 from runtime.workers.worker import spawn
 
 
-def run_node(model: str | None, tp_size: int, pp_size: int, ep_size: int, nnodes: int,
+def run_node(model: str, tp_size: int, pp_size: int, ep_size: int, nnodes: int,
              node_rank: int, dist_init_addr: str) -> int:  # fmt: skip
-    if model is None:  # the default model, converted into this machine's cache
-        from runtime.default_model import ensure_default_model
-
-        model = str(ensure_default_model())
     config = load_config(model)
     validate(config, tp_size, pp_size, ep_size)
     layout = Layout(tp_size, pp_size, ep_size, config.num_layers, nnodes)

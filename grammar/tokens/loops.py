@@ -1,0 +1,133 @@
+"""Self-looping states (JSON string content, a pattern's character class repeated): the tokens
+that surely walk back to the state (every byte of them loops) are one packed set per
+vocabulary and loop shape, shared by every automaton; the others are cut after their looping
+prefix and walked only from where they may leave (`Suffixes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from grammar.automata.fsm import DEAD
+from grammar.tokens.vocab import byte_columns
+
+if TYPE_CHECKING:
+    from grammar.tokens.index import TokenIndex
+
+# a self-looping state's other tokens are cut into suffixes (a Python pass over them, once
+# per vocabulary and loop) only when they are few, as for JSON string content (~3k of 129k)
+_MAX_SUFFIX_ROWS = 4096
+# UTF-8's well-formed multi-byte sequences: (lead byte range, continuation byte ranges)
+_UTF8_FORMS = (
+    ((0xC2, 0xDF), ((0x80, 0xBF),)),
+    ((0xE0, 0xE0), ((0xA0, 0xBF), (0x80, 0xBF))),
+    ((0xE1, 0xEC), ((0x80, 0xBF), (0x80, 0xBF))),
+    ((0xED, 0xED), ((0x80, 0x9F), (0x80, 0xBF))),
+    ((0xEE, 0xEF), ((0x80, 0xBF), (0x80, 0xBF))),
+    ((0xF0, 0xF0), ((0x90, 0xBF), (0x80, 0xBF), (0x80, 0xBF))),
+    ((0xF1, 0xF3), ((0x80, 0xBF), (0x80, 0xBF), (0x80, 0xBF))),
+    ((0xF4, 0xF4), ((0x80, 0x8F), (0x80, 0xBF), (0x80, 0xBF))),
+)
+
+
+@dataclass(slots=True, frozen=True)
+class Suffixes:
+    """The tokens that leave a self-looping state (see `TokenIndex._transparent`), cut at the
+    first byte that may not loop: what is before it brings the walk back to the same state.
+    Distinct suffixes laid out like PreparedTokens (longest first, column per byte position);
+    the token rows of suffix k are rows[start[k] : start[k + 1]]."""
+
+    columns: np.ndarray
+    n_longer: np.ndarray
+    start: np.ndarray
+    rows: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, tokens: dict[bytes, list[int]]) -> Suffixes:
+        order = sorted(tokens, key=lambda b: (-len(b), b))
+        columns, n_longer, lengths = byte_columns(order)
+        counts = np.array([len(tokens[b]) for b in order], dtype=np.int64)
+        start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        rows = np.array([r for b in order for r in tokens[b]], dtype=np.int64)
+        return cls(columns, n_longer, start, rows, lengths)
+
+
+def transparent_set(
+    index: TokenIndex, loops: np.ndarray, all_chars: bool
+) -> tuple[np.ndarray, Suffixes | np.ndarray]:
+    """(packed id bits of the tokens that surely loop, the others: Suffixes when few, else
+    their rows) for a state whose byte self-loops are `loops` (see TokenIndex._transparent)."""
+    prep = index.prepared
+    bits = np.packbits(loops[:128], bitorder="little").view("<u8")
+    outside = ~bits
+    ok = ((prep.ascii_bits[0] & outside[0]) == 0) & ((prep.ascii_bits[1] & outside[1]) == 0)
+    if all_chars:
+        ok &= ~prep.non_ascii | prep.whole_chars
+    else:
+        ok &= ~prep.non_ascii
+    words = index._pack(ok, index._eos[:0])
+    words.flags.writeable = False
+    others = np.flatnonzero(~ok)
+    if others.size > _MAX_SUFFIX_ROWS:  # a narrow loop (a pattern's class): walk as rows
+        others.flags.writeable = False
+        return words, others
+    return words, loop_suffixes(index, others, loops[:128].tolist(), all_chars)
+
+
+def loop_suffixes(
+    index: TokenIndex, rows: np.ndarray, loops: list[bool], all_chars: bool
+) -> Suffixes:
+    """Each of `rows` cut after its longest prefix of bytes that loop (ASCII in `loops`;
+    whole UTF-8 characters too when `all_chars`), grouped by what is left."""
+    prep, vocab = index.prepared, index.vocab
+    first_id = prep.row_ids[prep.row_start[rows]].tolist()
+    out: dict[bytes, list[int]] = {}
+    for r, i in zip(rows.tolist(), first_id, strict=True):
+        b = vocab.token_bytes(i)
+        p, n = 0, len(b)
+        while p < n:
+            c = b[p]
+            if c < 128:
+                if not loops[c]:
+                    break
+                p += 1
+                continue
+            k = 2 if c < 0xE0 else 3 if c < 0xF0 else 4
+            if not all_chars or not _is_whole_char(b[p : p + k], k):
+                break
+            p += k
+        out.setdefault(b[p:], []).append(r)
+    return Suffixes.of(out)
+
+
+def loops_on_all_characters(dfa, state: int) -> bool:
+    """Every multi-byte UTF-8 character read from `state` comes back to `state`."""
+    row = dfa.row_list
+    first = row(state)
+    for leads, conts in _UTF8_FORMS:
+        states = set(first[leads[0] : leads[1] + 1])
+        for lo, hi in conts:
+            if DEAD in states:
+                return False
+            nxt: set[int] = set()
+            for t in states:
+                nxt.update(row(t)[lo : hi + 1])
+            states = nxt
+        if states != {state}:
+            return False
+    return True
+
+
+def _is_whole_char(b: bytes, k: int) -> bool:
+    """`b` is one complete, valid UTF-8 character of k bytes."""
+    if len(b) != k:
+        return False
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
