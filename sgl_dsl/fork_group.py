@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .errors import ProgramError
 
@@ -28,3 +28,29 @@ class ForkSequence(Generic[S]):
 
     def __len__(self) -> int:
         return len(self.forks)
+
+    def __iadd__(self, other: Any) -> ForkSequence[S]:
+        """SGLang's `forks += ...`: a function of the fork index (`lambda i: ...`), a list or
+        tuple (one item per fork), or one expression / text appended to every fork."""
+        for i, fork in enumerate(self.forks):
+            if callable(other):
+                item = other(i)
+            elif isinstance(other, list | tuple):
+                if len(other) != len(self.forks):
+                    raise ProgramError(
+                        f"forks += a list of {len(other)} items, but there are "
+                        f"{len(self.forks)} forks"
+                    )
+                item = other[i]
+            else:
+                item = other
+            fork += item  # type: ignore[operator]  # appends in place
+        return self
+
+
+JOIN_MODES = ("gather_variable", "concate_and_append")
+
+
+def check_join_mode(mode: str) -> None:
+    if mode not in JOIN_MODES:
+        raise ProgramError(f"invalid join mode {mode!r}; use one of {list(JOIN_MODES)}")

@@ -8,8 +8,11 @@ cache makes the repeated part free); `select` scores every choice in one `score`
 
 from __future__ import annotations
 
+import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from .backend.base import GenOutput
 from .errors import ProgramError
 from .ir import ArgRef, Expr, Gen, RoleBegin, RoleEnd, Select, Text, VarRef, flatten
 from .select_methods import ChoiceScores
@@ -67,14 +70,20 @@ def end_role(state: ProgramState, role: str) -> None:
 
 def run_gen(state: ProgramState, gen: Gen) -> None:
     params: dict[str, Any] = {**state.defaults, **gen.params}
+    n = params.pop("n", 1)
+    patterns = [re.compile(p) for p in params.pop("stop_regex", None) or ()]
     prompt = state._text
-    if state.stream:
-        pieces, output = [], None
-        for chunk in state.backend.generate_stream(prompt, params):
-            pieces.append(chunk.text_delta)
-            state._emit(chunk.text_delta, gen.name)
-            output = chunk.output or output
-        text = "".join(pieces)
+    if n > 1:
+        # SGLang's n: n samples, the variable is their list and the first is appended
+        with ThreadPoolExecutor(min(n, 16), thread_name_prefix="sgl-n") as pool:
+            outputs = list(pool.map(lambda _: _generate(state, prompt, params, patterns), range(n)))
+        state._emit(outputs[0].text, gen.name)
+        if gen.name is not None:
+            state.set_var(gen.name, [o.text for o in outputs], [o.meta() for o in outputs])
+            state._close_var(gen.name)
+        return
+    if state.stream or patterns:
+        text, output = _stream_gen(state, prompt, params, patterns, gen.name)
     else:
         output = state.backend.generate(prompt, params)
         text = output.text
@@ -82,6 +91,60 @@ def run_gen(state: ProgramState, gen: Gen) -> None:
     if gen.name is not None:
         state.set_var(gen.name, text, output.meta() if output is not None else None)
         state._close_var(gen.name)
+
+
+def _generate(
+    state: ProgramState, prompt: str, params: dict[str, Any], patterns: list[re.Pattern[str]]
+) -> GenOutput:
+    if not patterns:
+        return state.backend.generate(prompt, params)
+    text, output = _stream_gen(state, prompt, params, patterns, None, emit=False)
+    return output
+
+
+def _stream_gen(
+    state: ProgramState,
+    prompt: str,
+    params: dict[str, Any],
+    patterns: list[re.Pattern[str]],
+    name: str | None,
+    emit: bool = True,
+) -> tuple[str, GenOutput]:
+    """Generate streamed; with `stop_regex` patterns, end where one first matches (the text
+    is cut before the match, finish_reason "stop", `matched` the matched text, as SGLang
+    does) and close the stream, which aborts the rest of the generation."""
+    text, emitted, output = "", 0, None
+    chunks = state.backend.generate_stream(prompt, params)
+    try:
+        for chunk in chunks:
+            text += chunk.text_delta
+            output = chunk.output or output
+            match = _first_match(patterns, text) if patterns else None
+            if match is not None:
+                cut = max(match.start(), emitted)  # what was already appended stays
+                if emit:
+                    state._emit(text[emitted:cut], name)
+                text = text[:cut]
+                done = output or GenOutput(text, "stop")
+                done.text, done.finish_reason, done.matched_stop = text, "stop", match.group(0)
+                return text, done
+            if emit and state.stream:
+                state._emit(text[emitted:], name)
+                emitted = len(text)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+    if emit:
+        state._emit(text[emitted:], name)
+    if output is None:
+        output = GenOutput(text, "stop")
+    return text, output
+
+
+def _first_match(patterns: list[re.Pattern[str]], text: str) -> re.Match[str] | None:
+    found = [m for m in (p.search(text) for p in patterns) if m is not None]
+    return min(found, key=lambda m: m.start()) if found else None
 
 
 def run_select(state: ProgramState, sel: Select) -> None:
@@ -100,6 +163,7 @@ def run_select(state: ProgramState, sel: Select) -> None:
         neutral = state.template.begin(role) if role else backend.unconditional_prompt()
         unconditional = backend.score(neutral, sel.choices)
     scores = ChoiceScores(sel.choices, token_logprobs, unconditional)
+    normalized = [sum(lp) / max(len(lp), 1) for lp in token_logprobs]
     index = sel.method(scores)
     if not 0 <= index < len(sel.choices):
         raise ProgramError(f"select({sel.name!r}): method returned index {index}")
@@ -107,6 +171,7 @@ def run_select(state: ProgramState, sel: Select) -> None:
     state._emit(chosen, sel.name)
     if sel.name is not None:
         meta = {
+            "normalized_prompt_logprobs": normalized,  # SGLang's name: mean token log-prob
             "choices": sel.choices,
             "index": index,
             "token_logprobs": token_logprobs,

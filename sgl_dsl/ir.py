@@ -143,6 +143,7 @@ class GetForkItem:
 class Join:
     fork: str
     state: str
+    mode: str = "gather_variable"
 
 
 @dataclass(slots=True)
@@ -203,8 +204,9 @@ def format_statement(st: Statement) -> str:
             return f"{fork} = fork {state} n={n}"
         case GetForkItem(fork, index, state):
             return f"{state} = get_fork_item {fork}[{index}]"
-        case Join(fork, state):
-            return f"join {fork} into {state}"
+        case Join(fork, state, mode):
+            shown = "" if mode == "gather_variable" else f" mode={mode}"
+            return f"join {fork} into {state}{shown}"
         case VarScopeBegin(state, name):
             return f"{state} var_scope_begin {name}"
         case VarScopeEnd(state, name):

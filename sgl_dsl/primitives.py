@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from .errors import ProgramError
-from .ir import Gen, RoleBlock, Select, as_expr
+from .ir import Gen, RoleBegin, RoleBlock, RoleEnd, Select, as_expr
 
 _DTYPES = {int: "int", float: "float", bool: "bool", str: "str"}
 
@@ -15,8 +16,10 @@ def gen(
     name: str | None = None,
     max_tokens: int | None = None,
     min_tokens: int | None = None,
+    n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -24,31 +27,51 @@ def gen(
     frequency_penalty: float | None = None,
     presence_penalty: float | None = None,
     ignore_eos: bool | None = None,
-    seed: int | None = None,
     return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
+    choices: list[str] | None = None,
+    choices_method: Any = None,
     regex: str | None = None,
     json_schema: Any = None,
-    choices: list[str] | None = None,
-    dtype: type | str | None = None,
+    seed: int | None = None,
     grammar: str | None = None,
-) -> Gen:
+    json_schema_mode: str | None = None,  # "strict" (the backend's default) or "exact"
+) -> Gen | Select:
     """Generate text into variable `name`. Unset options take the run's defaults.
 
+    The positional order is SGLang's (`gen(name, max_tokens, min_tokens, n, stop, ...)`);
+    `seed`, `grammar` and `json_schema_mode` are ours, after SGLang's keywords.
     At most one constraint (`regex`, `json_schema`, `choices`, `dtype`, `grammar`) may be
     given. `json_schema` is a dict, JSON text or a pydantic model class; `dtype` is int, float,
-    bool or str; `grammar` is the text of a lark (LALR) grammar. The variable always holds the
-    generated text as a `str`.
+    bool or str; `grammar` is the text of a lark (LALR) grammar. The variable holds the
+    generated text as a `str` (with `n` > 1: the list of the n texts, and the first is
+    appended, as SGLang does). `stop_regex` ends the generation where a Python regex matches
+    the text (cut before the match). `choices` as in SGLang: with temperature unset or 0 (or a
+    `choices_method`) it is `select(name, choices, 0, choices_method)`, scoring every
+    choice; with temperature > 0 (which SGLang refuses) the output is sampled constrained to
+    the choices.
     """
     constraints = [c for c in (regex, json_schema, choices, dtype, grammar) if c is not None]
     if len(constraints) > 1:
         raise ProgramError(
             f"gen({name!r}): give at most one of regex, json_schema, choices, dtype, grammar"
         )
+    if choices is not None and (choices_method is not None or not temperature):
+        return select(name, choices, 0.0 if temperature is None else temperature, choices_method)
+    if choices_method is not None:
+        raise ProgramError(f"gen({name!r}): choices_method needs choices")
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise ProgramError(f"gen({name!r}): n must be an integer >= 1, not {n!r}")
     params = {
         "max_tokens": max_tokens,
         "min_tokens": min_tokens,
-        "stop": [stop] if isinstance(stop, str) else stop,
-        "stop_token_ids": stop_token_ids,
+        "n": None if n == 1 else n,
+        "stop": [stop] if isinstance(stop, str) else (list(stop) if stop else None),
+        "stop_token_ids": list(stop_token_ids) if stop_token_ids else None,
+        "stop_regex": _regex_list(name, stop_regex),
         "temperature": temperature,
         "top_p": top_p,
         "top_k": top_k,
@@ -58,38 +81,155 @@ def gen(
         "ignore_eos": ignore_eos,
         "seed": seed,
         "return_logprob": return_logprob,
-        "regex": regex,
+        "logprob_start_len": logprob_start_len,
+        "top_logprobs_num": top_logprobs_num,
+        "return_text_in_logprobs": return_text_in_logprobs,
+        "regex": _checked_regex(name, regex),
         "json_schema": None if json_schema is None else schema_text(json_schema),
         "choices": None if choices is None else [str(c) for c in choices],
         "dtype": None if dtype is None else dtype_name(dtype),
         "grammar": grammar,
+        "json_schema_mode": json_schema_mode,
     }
     return Gen(name, {k: v for k, v in params.items() if v is not None})
 
 
-def select(name: str | None = None, choices: list[str] | None = None, method: Any = None) -> Select:
+def gen_int(name: str | None = None, max_tokens: int | None = None, *args: Any, **kw: Any) -> Gen:
+    """SGLang's `gen_int`: `gen(..., dtype=int)` (same keywords as `gen`, no constraint)."""
+    return _typed_gen(int, name, max_tokens, args, kw)
+
+
+def gen_string(
+    name: str | None = None, max_tokens: int | None = None, *args: Any, **kw: Any
+) -> Gen:
+    """SGLang's `gen_string`: `gen(..., dtype=str)`, a JSON string."""
+    return _typed_gen(str, name, max_tokens, args, kw)
+
+
+# gen_int / gen_string take SGLang's order after max_tokens: n, stop, stop_token_ids, ...
+_TYPED_ORDER = (
+    "n",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "ignore_eos",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+)
+
+
+def _typed_gen(dtype: type, name: Any, max_tokens: Any, args: tuple, kw: dict) -> Gen:
+    if len(args) > len(_TYPED_ORDER):
+        raise ProgramError(f"gen_{dtype.__name__}() takes at most 17 positional arguments")
+    kw = {**dict(zip(_TYPED_ORDER, args, strict=False)), **kw}
+    bad = sorted(set(kw) - set(_TYPED_ORDER) - {"seed"})
+    if bad:
+        raise ProgramError(f"gen_{dtype.__name__}() got unexpected keyword(s) {bad}")
+    out = gen(name, max_tokens, dtype=dtype, **kw)
+    assert isinstance(out, Gen)
+    return out
+
+
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: Any = None,
+    *,
+    method: Any = None,
+) -> Select:
     """Choose one of `choices` by scoring each as a continuation of the text so far.
 
-    `method` is "token_length_normalized" (default, mean token log-likelihood), "greedy"
-    (token by token), "unconditional_likelihood_normalized", or a `SelectMethod`.
+    SGLang's signature. `choices_method` (or `method`, our older name) is
+    "token_length_normalized" (default, mean token log-likelihood), "greedy" (token by
+    token), "unconditional_likelihood_normalized", `sgl.token_length_normalized` /
+    `sgl.greedy_token_selection` / `sgl.unconditional_likelihood_normalized`, or a
+    `SelectMethod`. Scoring has no temperature: above 0 is refused (SGLang asserts it).
     """
     if not choices:
         raise ProgramError(f"select({name!r}) needs a non-empty list of choices")
+    if temperature is not None and temperature > 1e-5:
+        raise ProgramError(
+            f"select({name!r}): temperature {temperature} > 0 is not supported (choices are "
+            "scored, as in SGLang); sample with gen(choices=..., temperature=...) instead"
+        )
+    if choices_method is not None and method is not None:
+        raise ProgramError(f"select({name!r}): give choices_method or method, not both")
     from .select_methods import resolve_method
 
-    return Select(name, [str(c) for c in choices], resolve_method(method))
+    return Select(name, [str(c) for c in choices], resolve_method(choices_method or method))
 
 
-def system(content: Any = "") -> RoleBlock:
-    return RoleBlock("system", as_expr(content))
+def image(expr: Any) -> Any:
+    """SGLang's `image`: refused, the backends here serve text-only models."""
+    raise ProgramError("sgl.image(): images are not supported (text-only models)")
 
 
-def user(content: Any = "") -> RoleBlock:
-    return RoleBlock("user", as_expr(content))
+def video(path: Any, num_frames: Any = None) -> Any:
+    """SGLang's `video`: refused, the backends here serve text-only models."""
+    raise ProgramError("sgl.video(): videos are not supported (text-only models)")
 
 
-def assistant(content: Any = "") -> RoleBlock:
-    return RoleBlock("assistant", as_expr(content))
+def _regex_list(name: Any, value: str | list[str] | None) -> list[str] | None:
+    if not value:
+        return None
+    patterns = [value] if isinstance(value, str) else list(value)
+    for p in patterns:
+        _checked_regex(name, p)
+    return patterns
+
+
+def _checked_regex(name: Any, regex: str | None) -> str | None:
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise ProgramError(f"gen({name!r}): invalid regex {regex!r}: {exc}") from exc
+    return regex
+
+
+def system(content: Any = None) -> RoleBlock:
+    return RoleBlock("system", as_expr("" if content is None else content))
+
+
+def user(content: Any = None) -> RoleBlock:
+    return RoleBlock("user", as_expr("" if content is None else content))
+
+
+def assistant(content: Any = None) -> RoleBlock:
+    return RoleBlock("assistant", as_expr("" if content is None else content))
+
+
+def system_begin() -> RoleBegin:
+    return RoleBegin("system")
+
+
+def system_end() -> RoleEnd:
+    return RoleEnd("system")
+
+
+def user_begin() -> RoleBegin:
+    return RoleBegin("user")
+
+
+def user_end() -> RoleEnd:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> RoleBegin:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> RoleEnd:
+    return RoleEnd("assistant")
 
 
 def schema_text(schema: Any) -> str:

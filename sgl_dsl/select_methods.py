@@ -91,6 +91,17 @@ class _CallableMethod(SelectMethod):
 BUILTIN_METHODS: dict[str, SelectMethod] = {
     m.name: m for m in (TokenLengthNormalized(), Greedy(), UnconditionalLikelihoodNormalized())
 }
+# SGLang's names: `sgl.token_length_normalized`, `sgl.greedy_token_selection`, ...
+token_length_normalized = BUILTIN_METHODS["token_length_normalized"]
+greedy_token_selection = BUILTIN_METHODS["greedy"]
+unconditional_likelihood_normalized = BUILTIN_METHODS["unconditional_likelihood_normalized"]
+_ALIASES = {
+    "greedy_token_selection": "greedy",
+    # SGLang's own method objects, by class name (sglang.lang.choices)
+    "TokenLengthNormalized": "token_length_normalized",
+    "GreedyTokenSelection": "greedy",
+    "UnconditionalLikelihoodNormalized": "unconditional_likelihood_normalized",
+}
 
 
 def resolve_method(method: Any) -> SelectMethod:
@@ -99,7 +110,10 @@ def resolve_method(method: Any) -> SelectMethod:
         return BUILTIN_METHODS["token_length_normalized"]
     if isinstance(method, SelectMethod):
         return method
+    if type(method).__name__ in _ALIASES and type(method).__module__.startswith("sglang"):
+        return BUILTIN_METHODS[_ALIASES[type(method).__name__]]
     if isinstance(method, str):
+        method = _ALIASES.get(method, method)
         if method not in BUILTIN_METHODS:
             raise ProgramError(
                 f"unknown select method {method!r}; use one of {sorted(BUILTIN_METHODS)}"

@@ -9,8 +9,9 @@ read (`s[name]`, `text()`, `join`) first waits for the queued work.
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -19,7 +20,7 @@ from . import interpreter
 from .backend.base import Backend
 from .chat_template import ChatTemplate
 from .errors import ProgramError
-from .fork_group import ForkSequence
+from .fork_group import ForkSequence, check_join_mode
 from .ir import as_expr
 from .role_blocks import RoleBlocks
 
@@ -44,6 +45,7 @@ class ProgramState(RoleBlocks):
         self._open_role: tuple[str, int] | None = None  # (role, text offset of its content)
         self._scopes: dict[str, int] = {}
         self._new_vars: list[str] = []  # set since this state was forked, for join
+        self._fork_start = 0  # length of the text when this state was forked
         # text pieces (variable name or None, text) for text_iter; guarded by _changed
         self._pieces: list[tuple[str | None, str]] = []
         self._closed_vars: set[str] = set()
@@ -94,12 +96,25 @@ class ProgramState(RoleBlocks):
         self._drain()
         return self._meta.get(name)
 
-    def fork(self, n: int) -> ForkGroup:
-        """`n` copies of this state; the shared prefix goes into the cache first."""
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> ForkGroup:
+        """`size` copies of this state; the shared prefix goes into the cache first.
+        (`position_ids_offset` is SGLang's; only None is supported.)"""
+        if position_ids_offset is not None:
+            raise ProgramError("fork(position_ids_offset=...) is not supported")
+        n = int(size)
         self.sync()
         if self.backend.has_prefix_cache:
             self.backend.commit_prefix(self._text)
         return ForkGroup(self, [self._copy_for_fork() for _ in range(n)])
+
+    @contextmanager
+    def copy(self, position_ids_offset: Any = None) -> Iterator[ProgramState]:
+        """SGLang's `with s.copy() as c:` one fork, joined (gathering variables) at the end."""
+        group = self.fork(1, position_ids_offset)
+        try:
+            yield group[0]
+        finally:
+            group.join()
 
     @contextmanager
     def var_scope(self, name: str) -> Iterator[None]:
@@ -119,9 +134,12 @@ class ProgramState(RoleBlocks):
         self.sync()
         return [dict(m) for m in self._messages]
 
-    def text_iter(self, name: str | None = None) -> Iterator[str]:
-        """Text as it is produced: all of it, or only what variable `name` generates."""
-        seen = 0
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Text as it is produced: all of it, or only what variable `var_name` generates.
+
+        Without `stream=True` the pieces come once the program has produced them (SGLang
+        then yields the whole text, or the variable's value, in one piece)."""
+        name, seen = var_name, 0
         while True:
             with self._changed:
                 while seen == len(self._pieces) and not self._iter_done(name):
@@ -135,6 +153,16 @@ class ProgramState(RoleBlocks):
                 break
         if self.error is not None and (name is None or name not in self._vars):
             raise self.error
+
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
+        """`text_iter` for asyncio code (SGLang's); with `return_meta_data`, pairs of (piece,
+        the variable's meta info so far: None until its gen has finished here)."""
+        loop = asyncio.get_running_loop()
+        pieces, end = self.text_iter(var_name), object()
+        while (piece := await loop.run_in_executor(None, next, pieces, end)) is not end:
+            yield (piece, self._meta.get(var_name)) if return_meta_data else piece
 
     def sync(self) -> None:
         """Wait for queued work (a fork's, or a background program); re-raise a fork's error."""
@@ -203,6 +231,7 @@ class ProgramState(RoleBlocks):
         child._messages = [dict(m) for m in self._messages]
         child._open_role = self._open_role
         child._scopes = dict(self._scopes)
+        child._fork_start = len(self._text)
         child._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-fork")
         return child
 
@@ -215,8 +244,11 @@ class ForkGroup(ForkSequence[ProgramState]):
         self.forks = forks
         self._joined = False
 
-    def join(self) -> None:
-        """Wait for every fork; each variable a fork set becomes a list on the parent."""
+    def join(self, mode: str = "gather_variable") -> None:
+        """Wait for every fork. "gather_variable": each variable a fork set becomes a list on
+        the parent; "concate_and_append": each fork's new text is appended to the parent, in
+        fork order (SGLang's parallel encoding; the prefix cache makes it cheap here)."""
+        check_join_mode(mode)
         if self._joined:
             raise ProgramError("these forks were already joined")
         self._joined = True
@@ -226,6 +258,11 @@ class ForkGroup(ForkSequence[ProgramState]):
         finally:
             for fork in self.forks:
                 fork._worker.shutdown(wait=False)
+        if mode == "concate_and_append":
+            text = "".join(fork._text[fork._fork_start :] for fork in self.forks)
+            self.parent._submit(lambda: self.parent._emit(text))
+            self.parent.sync()
+            return
         names: list[str] = []
         for fork in self.forks:
             names += [n for n in fork._new_vars if n not in names]

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .errors import TraceError
-from .fork_group import ForkSequence
+from .fork_group import ForkSequence, check_join_mode
 from .ir import (
     Append,
     ArgRef,
@@ -169,7 +169,8 @@ class TracerState(RoleBlocks):
     def messages(self) -> list[dict[str, str]]:
         raise TraceError("the state's messages are unknown while tracing")
 
-    def fork(self, n: int) -> TracerForkGroup:
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> TracerForkGroup:
+        n = size
         fork_id = self.recorder.new_fork()
         self.recorder.statements.append(Fork(self.id, fork_id, n))
         items = []
@@ -192,8 +193,9 @@ class TracerForkGroup(ForkSequence[TracerState]):
         self.id = fork_id
         self.forks = forks
 
-    def join(self) -> None:
-        self.parent.recorder.statements.append(Join(self.id, self.parent.id))
+    def join(self, mode: str = "gather_variable") -> None:
+        check_join_mode(mode)
+        self.parent.recorder.statements.append(Join(self.id, self.parent.id, mode))
 
 
 def trace(

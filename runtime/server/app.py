@@ -38,6 +38,7 @@ KNOWN_PATHS = frozenset(
         "/get_server_info",
         "/model_info",
         "/get_load",
+        "/concate_and_append_request",
     }
 )
 

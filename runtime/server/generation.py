@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from runtime.scheduling.request import GenerateResult, StreamChunk
+from runtime.scheduling.request import GenerateResult, StreamChunk, Usage
 from runtime.server.bridge import EngineBridge, EngineStream
 from runtime.server.errors import APIError, from_exception
 
@@ -28,6 +29,76 @@ DISCONNECT_POLL_S = 0.25
 class Job:
     prompt_ids: list[int]
     kwargs: dict[str, Any]
+    # SGLang's `stop_regex`: the engine has no regex stops, so the server watches the text
+    stop_regex: tuple[re.Pattern[str], ...] = ()
+
+
+def open_job(bridge: EngineBridge, job: Job) -> Any:
+    stream = bridge.open(job.prompt_ids, job.kwargs)
+    return RegexStopStream(stream, job.stop_regex) if job.stop_regex else stream
+
+
+def _forget(bridge: EngineBridge, stream: Any) -> None:
+    bridge.forget(getattr(stream, "inner", stream))
+
+
+class RegexStopStream:
+    """An `EngineStream` that ends (aborting the engine request) where a stop regex matches.
+
+    As SGLang does, the text is cut before the match (`no_stop_trim` keeps it, applied by the
+    endpoint from `matched`), finish_reason is "stop" and `matched` is the matched text. Text
+    already streamed past the cut (a match that began in an earlier chunk) is not taken back.
+    """
+
+    def __init__(self, inner: EngineStream, patterns: tuple[re.Pattern[str], ...]) -> None:
+        self.inner = inner
+        self._patterns = patterns
+        self._text = ""
+        self._ids: list[int] = []
+        self._done = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # cancel, cancelled, constraint_key
+
+    def __aiter__(self) -> RegexStopStream:
+        return self
+
+    def _search(self, text: str) -> re.Match[str] | None:
+        found = [m for m in (p.search(text) for p in self._patterns) if m is not None]
+        return min(found, key=lambda m: m.start()) if found else None
+
+    async def __anext__(self) -> StreamChunk:
+        if self._done:
+            raise StopAsyncIteration
+        chunk = await anext(self.inner)
+        if chunk.finished:
+            self._done = True
+            result = chunk.result
+            match = self._search(result.text) if result.finish_reason != "abort" else None
+            if match is not None:
+                result.text, result.finish_reason = result.text[: match.start()], "stop"
+                result.matched_stop = match.group(0)
+            return chunk
+        emitted = len(self._text)
+        self._text += chunk.text_delta
+        self._ids.extend(chunk.token_ids)
+        match = self._search(self._text)
+        if match is None:
+            return chunk
+        self._done = True
+        self.inner.cancel()
+        text = self._text[: match.start()]
+        result = GenerateResult(
+            text=text,
+            token_ids=list(self._ids),
+            prompt_token_ids=list(self.inner._prompt_ids),
+            finish_reason="stop",
+            matched_stop=match.group(0),
+            usage=Usage(
+                prompt_tokens=len(self.inner._prompt_ids), completion_tokens=len(self._ids)
+            ),
+        )
+        return StreamChunk(text[emitted:], chunk.token_ids, finished=True, result=result)
 
 
 def _check(result: GenerateResult, stream: EngineStream, param: str | None) -> GenerateResult:
@@ -76,7 +147,7 @@ async def collect(
     on_disconnect: Callable[[], None] | None = None,
 ) -> list[GenerateResult]:
     """Every job's result, in order; all jobs are aborted if the client disconnects."""
-    streams = [bridge.open(j.prompt_ids, j.kwargs) for j in jobs]
+    streams = [open_job(bridge, j) for j in jobs]
 
     def abort_all() -> None:
         for s in streams:
@@ -91,7 +162,7 @@ async def collect(
         watcher.cancel()
         for s in streams:
             s.cancel()
-            bridge.forget(s)
+            _forget(bridge, s)
 
 
 class ChoiceStreams:
@@ -104,7 +175,7 @@ class ChoiceStreams:
     def __init__(self, bridge: EngineBridge, jobs: list[Job], param: str | None = None) -> None:
         self._bridge = bridge
         self._param = param
-        self._streams = [bridge.open(j.prompt_ids, j.kwargs) for j in jobs]
+        self._streams = [open_job(bridge, j) for j in jobs]
         self._first: list[StreamChunk] = []
         self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
@@ -153,7 +224,7 @@ class ChoiceStreams:
             task.cancel()
         for s in self._streams:
             s.cancel()
-            self._bridge.forget(s)
+            _forget(self._bridge, s)
 
     @property
     def cancelled(self) -> bool:

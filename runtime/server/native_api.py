@@ -3,7 +3,10 @@ about the model (`/get_model_info`, `/apply_chat_template`, `/stats`)."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +17,12 @@ from runtime.scheduling.request import GenerateResult
 from runtime.server.chat import check_schema
 from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, Job, SSEResponse, collect, sse, sse_error
-from runtime.server.protocol import ChatTemplateRequest, GenerateRequest, ScoreRequest
+from runtime.server.protocol import (
+    ChatTemplateRequest,
+    ConcatAppendRequest,
+    GenerateRequest,
+    ScoreRequest,
+)
 from runtime.server.state import get_state
 
 router = APIRouter()
@@ -43,42 +51,94 @@ SAMPLING_KEYS = frozenset(
         "grammar",
         "ebnf",  # SGLang's name for a grammar field (the gateway keeps it); lark text here
         "jump_forward",
+        # SGLang's SamplingParams, honoured by the server on top of the engine
+        "n",  # n engine requests per prompt
+        "stop_regex",  # watched in the decoded text (generation.RegexStopStream)
+        "no_stop_trim",  # the matched stop string stays in the text
+        # SGLang's, accepted: they change nothing here (special tokens are always skipped
+        # and never spaced; every chunk is streamed)
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "stream_interval",
+        "custom_params",
+        "ebnf_full_assistant",
     )
 )
+# SGLang's SamplingParams fields this engine cannot honour: accepted when unset, else a 400
+UNSUPPORTED_KEYS = ("logit_bias", "structural_tag", "watermark", "beam_width")
+SERVER_KEYS = ("n", "stop_regex", "no_stop_trim", *UNSUPPORTED_KEYS)
+SERVER_KEYS += ("skip_special_tokens", "spaces_between_special_tokens", "stream_interval")
+SERVER_KEYS += ("custom_params", "ebnf_full_assistant")
 
 
-def _meta(result: GenerateResult, top_n: int) -> dict[str, Any]:
+def _logprob_entries(
+    tok: Any, lps: list[float | None], ids: list[int], with_text: bool
+) -> list[list[Any]]:
+    """SGLang's `[logprob, token_id, text or None]` triples."""
+    texts = [tok.decode([t]) for t in ids] if with_text else [None] * len(ids)
+    return [[lp, t, x] for lp, t, x in zip(lps, ids, texts, strict=True)]
+
+
+def _meta(
+    result: GenerateResult, opts: dict[str, Any], tok: Any, input_lps: Any = None
+) -> dict[str, Any]:
+    reason: dict[str, Any] = {"type": result.finish_reason, "matched": result.matched_stop}
+    if result.finish_reason == "length":
+        reason["length"] = result.usage.completion_tokens
     meta: dict[str, Any] = {
+        "id": opts["rid"],
         "prompt_tokens": result.usage.prompt_tokens,
         "completion_tokens": result.usage.completion_tokens,
         "cached_tokens": result.usage.cached_tokens,
         "decode_steps": result.usage.decode_steps,
-        "finish_reason": {"type": result.finish_reason, "matched": result.matched_stop},
+        "finish_reason": reason,
     }
+    top_n, sglang_shape, with_text = opts["top_n"], opts["sglang_shape"], opts["with_text"]
     if result.logprobs is not None:
-        meta["output_token_logprobs"] = list(result.logprobs)
+        lps = list(result.logprobs)
+        meta["output_token_logprobs"] = (
+            _logprob_entries(tok, lps, result.token_ids, with_text) if sglang_shape else lps
+        )
     if result.top_logprobs is not None and top_n:
-        meta["output_top_logprobs"] = [
-            {str(t): v for t, v in sorted(top.items(), key=lambda kv: -kv[1])[:top_n]}
-            for top in result.top_logprobs
-        ]
+        tops = [sorted(top.items(), key=lambda kv: -kv[1])[:top_n] for top in result.top_logprobs]
+        if sglang_shape:
+            meta["output_top_logprobs"] = [
+                _logprob_entries(tok, [v for _, v in top], [t for t, _ in top], with_text)
+                for top in tops
+            ]
+        else:
+            meta["output_top_logprobs"] = [{str(t): v for t, v in top} for top in tops]
+    if input_lps is not None:
+        meta["input_token_logprobs"] = input_lps
+        if top_n:
+            meta["input_top_logprobs"] = [None] * len(input_lps)  # not computed by the engine
     return meta
 
 
-def _output(result: GenerateResult, top_n: int) -> dict[str, Any]:
-    return {"text": result.text, "output_ids": result.token_ids, "meta_info": _meta(result, top_n)}
+def _output(
+    result: GenerateResult, opts: dict[str, Any], tok: Any, input_lps: Any = None
+) -> dict[str, Any]:
+    text = result.text
+    if opts["no_stop_trim"] and isinstance(result.matched_stop, str):
+        text += result.matched_stop
+    meta = _meta(result, opts, tok, input_lps)
+    return {"text": text, "output_ids": result.token_ids, "meta_info": meta}
 
 
-def _sampling(body: GenerateRequest) -> dict[str, Any]:
-    params = dict(body.sampling_params)
-    unknown = sorted(set(params) - SAMPLING_KEYS)
+def _sampling(raw: dict[str, Any], return_logprob: bool, top_n: int) -> dict[str, Any]:
+    """Engine keywords from one `sampling_params` dict (SGLang's server-side keys removed)."""
+    params = dict(raw)
+    unknown = sorted(set(params) - SAMPLING_KEYS - set(UNSUPPORTED_KEYS))
     if unknown:
         raise APIError(
             400,
             f"unknown sampling parameter(s) {unknown}; known: {sorted(SAMPLING_KEYS)}",
             param="sampling_params",
         )
-    params = {k: v for k, v in params.items() if v is not None}
+    for key in UNSUPPORTED_KEYS:
+        if params.get(key) not in (None, {}, [], "", 1 if key == "beam_width" else None):
+            raise APIError(400, f"sampling_params.{key} is not supported here", param=key)
+    params = {k: v for k, v in params.items() if v is not None and k not in SERVER_KEYS}
     if "ebnf" in params:
         lark_text = params.pop("ebnf")
         if params.setdefault("grammar", lark_text) != lark_text:
@@ -87,9 +147,51 @@ def _sampling(body: GenerateRequest) -> dict[str, Any]:
         seed = params.pop("sampling_seed")
         if params.setdefault("seed", seed) != seed:
             raise APIError(400, "seed and sampling_seed differ", param="sampling_params")
-    if body.return_logprob or body.top_logprobs_num:
-        params.update(logprobs=True, top_logprobs=body.top_logprobs_num)
+    if "stop" in params and not params["stop"]:
+        del params["stop"]  # SGLang's frontend sends [] for "no stop strings"
+    if return_logprob or top_n:
+        params.update(logprobs=True, top_logprobs=top_n)
     return params
+
+
+def _stop_regex(raw: dict[str, Any]) -> tuple[re.Pattern[str], ...]:
+    given = raw.get("stop_regex") or ()
+    try:
+        return tuple(re.compile(p) for p in ([given] if isinstance(given, str) else given))
+    except (re.error, TypeError) as exc:
+        raise APIError(400, f"invalid stop_regex: {exc}", param="stop_regex") from exc
+
+
+def _n(raw: dict[str, Any]) -> int:
+    n = raw.get("n", 1)
+    n = 1 if n is None else n
+    if not isinstance(n, int) or not 1 <= n <= 64:
+        raise APIError(422, "sampling_params.n must be an integer in [1, 64]", param="n")
+    return n
+
+
+def _pick(value: Any, i: int) -> Any:
+    """A per-prompt value of SGLang's batch fields (one value, or one per prompt)."""
+    return value[i] if isinstance(value, list) else value
+
+
+async def _input_logprobs(
+    state: Any, ids: list[int], start: int | None, with_text: bool
+) -> list[list[Any]]:
+    """SGLang's input_token_logprobs from `start` (-1 / None: none), scored through the
+    engine's `score` (the prompt's own KV is in the cache by now); the first token's is None."""
+    if start is None or start < 0 or start >= len(ids):
+        return []
+    lps: list[float | None] = []
+    if len(ids) > max(start, 1):
+        split = max(start, 1)
+        scored = await state.bridge.run(
+            lambda: state.engine.score(ids[:split], [ids[split:]], return_token_logprobs=True)
+        )
+        lps = list(scored[0])
+    if start == 0:
+        lps = [None, *lps]
+    return _logprob_entries(state.tokenizer, lps, ids[start:], with_text)
 
 
 @router.post("/generate")
@@ -98,75 +200,132 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     bridge = state.bridge
     if (body.text is None) == (body.input_ids is None):
         raise APIError(400, "give exactly one of text and input_ids", param="text")
+    for media in ("image_data", "video_data", "audio_data"):
+        if getattr(body, media) not in (None, [], ""):
+            raise APIError(400, f"{media}: this server serves text-only models", param=media)
     raw = body.text if body.text is not None else body.input_ids
     single = isinstance(raw, str) or (bool(raw) and isinstance(raw[0], int))
     prompts = [raw] if single else list(raw or [])
     if not prompts:
         raise APIError(400, "no prompt given", param="text")
-    if body.stream and not single:
-        raise APIError(400, "stream=true takes one prompt", param="stream")
-    params = _sampling(body)
-    if "json_schema" in params:
-        await anyio.to_thread.run_sync(check_schema, params["json_schema"], "json_schema")
+    raw_params = body.sampling_params if body.sampling_params is not None else {}
+    if isinstance(raw_params, list) and len(raw_params) != len(prompts):
+        raise APIError(400, "one sampling_params per prompt", param="sampling_params")
+    per_prompt = [_pick(raw_params, i) for i in range(len(prompts))]
+    counts = [_n(p) for p in per_prompt]
+    # SGLang's triples (`[logprob, id, text]`) for clients that speak its logprob options
+    sglang_shape = bool({"logprob_start_len", "return_text_in_logprobs"} & body.model_fields_set)
     param = "text" if body.text is not None else "input_ids"
-    jobs = []
-    for p in prompts:
+    jobs, opts, input_starts = [], [], []
+    for i, p in enumerate(prompts):
+        top_n = _pick(body.top_logprobs_num, i) or 0
+        if not isinstance(top_n, int) or not 0 <= top_n <= 20:
+            raise APIError(422, "top_logprobs_num must be in [0, 20]", param="top_logprobs_num")
+        want_lp = bool(_pick(body.return_logprob, i))
+        params = _sampling(per_prompt[i], want_lp, top_n)
+        if "json_schema" in params:
+            await anyio.to_thread.run_sync(check_schema, params["json_schema"], "json_schema")
         ids = await bridge.encode(p)
         bridge.check_length(ids, param)
         requested = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
         if not isinstance(requested, int) or requested < 0:
             raise APIError(400, "max_new_tokens must be an integer >= 0", param="max_new_tokens")
         kw = {**params, "max_new_tokens": bridge.clamp_max_tokens(len(ids), requested)}
-        jobs.append(Job(ids, kw))
+        rid = _pick(body.rid, i) or uuid.uuid4().hex
+        for k in range(counts[i]):
+            jobs.append((ids, Job(ids, kw, _stop_regex(per_prompt[i]))))
+            opts.append(
+                {
+                    "rid": rid if counts[i] == 1 else f"{rid}-{k}",
+                    "top_n": top_n,
+                    "sglang_shape": sglang_shape,
+                    "with_text": body.return_text_in_logprobs,
+                    "no_stop_trim": bool(per_prompt[i].get("no_stop_trim")),
+                }
+            )
+            # SGLang: with return_logprob, input logprobs from logprob_start_len (-1 or unset:
+            # none, an empty list); without it, no input_token_logprobs at all
+            start = _pick(body.logprob_start_len, i)
+            input_starts.append((-1 if start is None else start) if want_lp else None)
     admission = bridge.acquire(len(jobs))
-    top_n = body.top_logprobs_num
+    tok = state.tokenizer
     if body.stream:
-        try:
-            streams = ChoiceStreams(bridge, jobs, param=param)
-            await streams.start()
-            state.metrics.record_ttft(streams.ttft_s)
-        except BaseException:
-            admission.release()
-            raise
-
-        async def events() -> AsyncIterator[str]:
-            text, done, started = "", False, time.perf_counter()
-            try:
-                async for _, chunk in streams:
-                    text += chunk.text_delta
-                    event: dict[str, Any] = {
-                        "text": text,
-                        "delta": chunk.text_delta,
-                        "token_ids": chunk.token_ids,
-                    }
-                    if chunk.finished:
-                        done = True
-                        event.update(_output(chunk.result, top_n))
-                        state.record_usage([chunk.result], 1)
-                    yield sse(event)
-                yield sse("[DONE]")
-            except APIError as exc:
-                yield sse_error(exc)
-                yield sse("[DONE]")
-            finally:
-                if not done:
-                    state.metrics.client_aborts += 1
-                streams.close()
-                admission.release()
-                state.metrics.record_stream_end(time.perf_counter() - started)
-
-        def close() -> None:
-            streams.close()
-            admission.release()
-
-        return SSEResponse(events(), on_close=close)
+        return await _stream(state, [j for _, j in jobs], param, opts, admission)
     try:
-        results = await collect(bridge, jobs, request, param, state.metrics_abort)
+        results = await collect(bridge, [j for _, j in jobs], request, param, state.metrics_abort)
+        inputs = await asyncio.gather(
+            *(
+                _input_logprobs(state, ids, start, o["with_text"])
+                for (ids, _), o, start in zip(jobs, opts, input_starts, strict=True)
+            )
+        )  # one engine score request each, batched by the scheduler
+        outputs = [
+            _output(result, o, tok, lps if start is not None else None)
+            for result, o, start, lps in zip(results, opts, input_starts, inputs, strict=True)
+        ]
     finally:
         admission.release()
     state.record_usage(results, 1)
-    outputs = [_output(r, top_n) for r in results]
-    return outputs[0] if single else outputs
+    return outputs[0] if single and len(outputs) == 1 else outputs
+
+
+async def _stream(
+    state: Any, jobs: list[Job], param: str, opts: list[dict[str, Any]], admission: Any
+) -> SSEResponse:
+    """SGLang's stream: every event has the cumulative `text` and `meta_info` (finish_reason
+    null until the last), plus our `delta` / `token_ids`; several prompts or `n` > 1 add the
+    output's `index` (prompt-major, as a plain answer lists them); then `data: [DONE]`."""
+    try:
+        streams = ChoiceStreams(state.bridge, jobs, param=param)
+        await streams.start()
+        state.metrics.record_ttft(streams.ttft_s)
+    except BaseException:
+        admission.release()
+        raise
+    tok, many = state.tokenizer, len(jobs) > 1
+
+    async def events() -> AsyncIterator[str]:
+        texts, counts, started = [""] * len(jobs), [0] * len(jobs), time.perf_counter()
+        left = len(jobs)
+        try:
+            async for i, chunk in streams:
+                texts[i] += chunk.text_delta
+                counts[i] += len(chunk.token_ids)
+                event: dict[str, Any] = {
+                    "text": texts[i],
+                    "delta": chunk.text_delta,
+                    "token_ids": chunk.token_ids,
+                    "meta_info": {
+                        "id": opts[i]["rid"],
+                        "prompt_tokens": len(jobs[i].prompt_ids),
+                        "completion_tokens": counts[i],
+                        "cached_tokens": 0,
+                        "finish_reason": None,
+                    },
+                }
+                if many:
+                    event["index"] = i
+                if chunk.finished:
+                    left -= 1
+                    event.update(_output(chunk.result, opts[i], tok))
+                    state.record_usage([chunk.result], 1)
+                yield sse(event)
+            yield sse("[DONE]")
+        except APIError as exc:
+            yield sse_error(exc)
+            yield sse("[DONE]")
+        finally:
+            if left:
+                state.metrics.client_aborts += 1
+            streams.close()
+            admission.release()
+            state.metrics.record_stream_end(time.perf_counter() - started)
+
+    def close() -> None:
+        streams.close()
+        admission.release()
+
+    return SSEResponse(events(), on_close=close)
 
 
 @router.post("/score")
@@ -231,6 +390,14 @@ async def apply_chat_template(body: ChatTemplateRequest, request: Request) -> di
         msg = f"chat template rejected the messages: {exc}"
         raise APIError(400, msg, param="messages") from exc
     return {"text": text}
+
+
+@router.post("/concate_and_append_request")
+async def concate_and_append(body: ConcatAppendRequest) -> dict[str, Any]:
+    """SGLang's parallel-encoding join: the frontend appends the forks' text to the parent
+    itself, so the parent's next /generate sends (and the radix cache finds) exactly that text.
+    Nothing to do here; request ids this server never saw are not an error."""
+    return {"success": True, "src_rids": body.src_rids, "dst_rid": body.dst_rid}
 
 
 @router.post("/flush_cache")

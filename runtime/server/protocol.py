@@ -115,14 +115,23 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class GenerateRequest(_Body):
-    """Native /generate: text or token ids (one or a batch), SGLang-style sampling_params."""
+    """Native /generate, as SGLang's `GenerateReqInput`: text or token ids (one or a batch),
+    `sampling_params` (one dict, or one per prompt), logprob options, `rid`. Fields SGLang's
+    frontend or the Model Gateway add that change nothing here (`lora_path`, `session_id`,
+    routing keys, ...) are ignored; media inputs are refused (text-only models)."""
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
-    return_logprob: bool = False
-    top_logprobs_num: int = Field(default=0, ge=0, le=20)
+    return_logprob: bool | list[bool] | None = False
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = Field(default=0)
+    return_text_in_logprobs: bool = False
+    rid: str | list[str] | None = None
+    image_data: Any = None
+    video_data: Any = None
+    audio_data: Any = None
 
 
 class ScoreRequest(_Body):
@@ -130,6 +139,13 @@ class ScoreRequest(_Body):
 
     prompt: str | list[int]
     continuations: list[str | list[int]] = Field(min_length=1)
+
+
+class ConcatAppendRequest(_Body):
+    """SGLang's `/concate_and_append_request` (a KV shortcut of `join("concate_and_append")`)."""
+
+    src_rids: list[str] = Field(default_factory=list)
+    dst_rid: str | None = None
 
 
 class ChatTemplateRequest(_Body):

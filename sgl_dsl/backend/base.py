@@ -5,8 +5,11 @@ it with every call, and the backend's prefix cache makes the repeated part free.
 Generation parameters arrive as the `gen()` keywords (`max_tokens`, `min_tokens`, `stop`,
 `stop_token_ids`, `temperature`, `top_p`, `top_k`, `min_p`, `frequency_penalty`,
 `presence_penalty`, `ignore_eos`, `seed`, `return_logprob`, `regex`, `json_schema` as JSON text,
-`choices`, `dtype` as "int" | "float" | "bool" | "str", `grammar` as lark text); absent keys
-take the backend's defaults. Every method must be safe to call from many threads at once.
+`choices`, `dtype` as "int" | "float" | "bool" | "str", `grammar` as lark text, SGLang's
+`logprob_start_len`, `top_logprobs_num`, `return_text_in_logprobs`); absent keys take the
+backend's defaults. `n` and `stop_regex` never arrive: the interpreter runs them on top (n
+calls; a stream closed where the regex matches). Every method must be safe to call from many
+threads at once.
 """
 
 from __future__ import annotations
@@ -19,6 +22,23 @@ from typing import Any
 from ..chat_template import ChatTemplate
 
 
+class FinishReason(dict):
+    """SGLang's `finish_reason`: `{"type": "stop" | "length" | "abort", "matched": ...}`.
+
+    It also compares equal to its type, so `meta["finish_reason"] == "stop"` (this DSL's
+    older string) keeps working beside SGLang's `meta["finish_reason"]["type"]`."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return self.get("type") == other
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @dataclass(slots=True)
 class GenOutput:
     text: str
@@ -28,17 +48,37 @@ class GenOutput:
     completion_tokens: int = 0
     logprobs: list[float] | None = None
     matched_stop: Any = None
+    # SGLang's logprob fields, when asked for: [logprob, token_id, text or None] triples
+    output_token_logprobs: list[list[Any]] | None = None
+    output_top_logprobs: list[list[list[Any]]] | None = None
+    input_token_logprobs: list[list[Any]] | None = None
+    id: str | None = None
 
     def meta(self) -> dict[str, Any]:
-        """What `state.get_meta_info(name)` returns for a gen."""
-        return {
-            "finish_reason": self.finish_reason,
+        """What `state.get_meta_info(name)` returns for a gen: SGLang's fields (`id`,
+        `prompt_tokens`, `completion_tokens`, `cached_tokens`, `finish_reason`, logprobs when
+        asked) plus ours (`matched_stop`, `logprobs` as plain floats)."""
+        reason = FinishReason(type=self.finish_reason, matched=self.matched_stop)
+        if self.finish_reason == "length":
+            reason["length"] = self.completion_tokens
+        meta: dict[str, Any] = {
+            "id": self.id,
+            "finish_reason": reason,
             "matched_stop": self.matched_stop,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "logprobs": self.logprobs,
         }
+        for key in ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs"):
+            if getattr(self, key) is not None:
+                meta[key] = getattr(self, key)
+        return meta
+
+
+def logprob_triples(lps: list[float | None], ids: list[int], decode: Any = None) -> list[list[Any]]:
+    """SGLang's `[logprob, token_id, text]` entries (text None unless `decode` is given)."""
+    return [[lp, t, decode([t]) if decode else None] for lp, t in zip(lps, ids, strict=False)]
 
 
 @dataclass(slots=True)
@@ -81,6 +121,14 @@ class Backend(ABC):
         return ""
 
     def stats(self) -> dict[str, Any]:
+        return {}
+
+    def flush_cache(self) -> bool:
+        """Drop the unused cached prefixes (`sgl.flush_cache()`); False where there are none."""
+        return False
+
+    def get_server_info(self) -> dict[str, Any]:
+        """What `sgl.get_server_info()` returns."""
         return {}
 
     def shutdown(self) -> None:

@@ -39,6 +39,10 @@ _SERVER_NAMES = {
 }
 
 
+# gen() keywords sent beside sampling_params, as SGLang's frontend sends them
+_TOP_LEVEL = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+
+
 def _as_regex(sampling: dict[str, Any]) -> None:
     """Replace `choices` / `dtype` with the equivalent `regex` (in place)."""
     if "choices" in sampling:
@@ -69,17 +73,27 @@ class RuntimeEndpoint(Backend):
 
     def __init__(
         self,
-        url: str,
+        base_url: str,
         api_key: str | None = None,
+        verify: str | bool | None = None,
+        chat_template_name: str | None = None,
         *,
         timeout: float | None = 600.0,
         max_connections: int = 256,
     ) -> None:
-        self.url = url.rstrip("/")
+        # SGLang's signature; `verify` is the TLS CA bundle (or False), and roles always come
+        # from the served model's own chat template, so `chat_template_name` must stay unset
+        if chat_template_name is not None:
+            raise BackendError(
+                "RuntimeEndpoint(chat_template_name=...): roles come from the served model's "
+                "own chat template here; leave it unset"
+            )
+        self.url = self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             base_url=self.url,
             headers=headers,
+            verify=True if verify is None else verify,
             timeout=httpx.Timeout(timeout, connect=10.0),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
         )
@@ -150,18 +164,25 @@ class RuntimeEndpoint(Backend):
         sampling = {
             _SERVER_NAMES.get(k, k): v
             for k, v in params.items()
-            if v is not None and k != "return_logprob"
+            if v is not None and k not in _TOP_LEVEL
         }
         _as_regex(sampling)
         if "seed" in sampling:
             sampling["sampling_seed"] = sampling["seed"]
-        return {
+        body = {
             # the server rejects an empty prompt; generating "after nothing" means after BOS
             "text": prompt or self.unconditional_prompt(),
             "sampling_params": sampling,
             "return_logprob": bool(params.get("return_logprob")),
             "stream": stream,
         }
+        if params.get("return_logprob") or params.get("top_logprobs_num"):
+            # SGLang's triples come back when one of its logprob options is sent
+            body["return_text_in_logprobs"] = bool(params.get("return_text_in_logprobs"))
+            for key in ("logprob_start_len", "top_logprobs_num"):
+                if params.get(key) is not None:
+                    body[key] = params[key]
+        return body
 
     def generate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
         return _to_output(self._request("POST", "/generate", self._body(prompt, params, False)))
@@ -186,7 +207,8 @@ class RuntimeEndpoint(Backend):
                     event = json.loads(payload)
                     if "error" in event:
                         raise BackendError(f"/generate stream failed: {event['error']['message']}")
-                    done = _to_output(event) if "meta_info" in event else None
+                    meta = event.get("meta_info") or {}
+                    done = _to_output(event) if meta.get("finish_reason") else None
                     yield GenChunk(event.get("delta", ""), done)
         except httpx.HTTPError as exc:
             raise BackendError(f"POST {self.url}/generate (stream) failed: {exc}") from exc
@@ -204,38 +226,8 @@ class RuntimeEndpoint(Backend):
         return self._score_by_completions(prompt, continuations)
 
     def _score_by_completions(self, prompt: str, continuations: list[str]) -> list[list[float]]:
-        """Per-token log-probs of each continuation from one `/v1/completions` call.
-
-        The batch is the prompt alone, then prompt + each continuation, echoed with their
-        tokens' log-probs and nothing generated. A continuation's log-probs are those after the
-        prompt's own tokens, which is what `/score` computes whenever the prompt's tokens begin
-        the joint text's tokens and the rest are the continuation's tokens on its own (the
-        usual case, e.g. a continuation that starts a new word). Where the joint text's tokens
-        cross the boundary, the scored tokens start at the first one that differs from the
-        prompt's (that token spans the end of the prompt and the start of the continuation).
-        """
-        body = {
-            "model": self.model_info.get("served_model_name"),
-            "prompt": [prompt] + [prompt + c for c in continuations],
-            "echo": True,
-            "logprobs": 0,
-            "max_tokens": 0,
-        }
-        reply = self._request("POST", "/v1/completions", body)
-        choices = sorted(reply["choices"], key=lambda c: c["index"])
-        if len(choices) != len(continuations) + 1 or any(c["logprobs"] is None for c in choices):
-            raise BackendError("/v1/completions did not echo the prompts' log-probs")
-        base = choices[0]["logprobs"]["tokens"]
-        out = []
-        for choice in choices[1:]:
-            tokens = choice["logprobs"]["tokens"]
-            start = 0
-            while start < min(len(base), len(tokens)) and base[start] == tokens[start]:
-                start += 1
-            if start == len(tokens):
-                raise BackendError("cannot score an empty continuation")
-            out.append([float(lp) for lp in choice["logprobs"]["token_logprobs"][max(start, 1) :]])
-        return out
+        model = self.model_info.get("served_model_name")
+        return score_by_completions(self._request, "/v1/completions", model, prompt, continuations)
 
     def commit_prefix(self, prefix: str) -> None:
         if not prefix or not self.has_prefix_cache:
@@ -250,6 +242,15 @@ class RuntimeEndpoint(Backend):
 
     def stats(self) -> dict[str, Any]:
         return self._request("GET", "/stats")
+
+    def flush_cache(self) -> bool:
+        return bool(self._request("POST", "/flush_cache").get("flushed", True))
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self._request("GET", "/server_info")
+
+    def get_model_name(self) -> str:
+        return self.model_info["model_path"]
 
     def shutdown(self) -> None:
         self._client.close()
@@ -276,12 +277,55 @@ def _to_output(body: dict[str, Any]) -> GenOutput:
     reason = meta["finish_reason"]
     if reason["type"] == "abort":
         raise BackendError("the server aborted the request")
+    out_lps = meta.get("output_token_logprobs")
+    triples = out_lps if out_lps and isinstance(out_lps[0], list) else None
     return GenOutput(
         text=body["text"],
         finish_reason=reason["type"],
         prompt_tokens=meta["prompt_tokens"],
         cached_tokens=meta["cached_tokens"],
         completion_tokens=meta["completion_tokens"],
-        logprobs=meta.get("output_token_logprobs"),
+        logprobs=[t[0] for t in triples] if triples else out_lps,
         matched_stop=reason.get("matched"),
+        output_token_logprobs=triples,
+        output_top_logprobs=meta.get("output_top_logprobs") if triples else None,
+        input_token_logprobs=meta.get("input_token_logprobs"),
+        id=meta.get("id"),
     )
+
+
+def score_by_completions(
+    request: Any, path: str, model: Any, prompt: str, continuations: list[str]
+) -> list[list[float]]:
+    """Per-token log-probs of each continuation from one `/v1/completions` call.
+
+    The batch is the prompt alone, then prompt + each continuation, echoed with their
+    tokens' log-probs and nothing generated. A continuation's log-probs are those after the
+    prompt's own tokens, which is what `/score` computes whenever the prompt's tokens begin
+    the joint text's tokens and the rest are the continuation's tokens on its own (the
+    usual case, e.g. a continuation that starts a new word). Where the joint text's tokens
+    cross the boundary, the scored tokens start at the first one that differs from the
+    prompt's (that token spans the end of the prompt and the start of the continuation).
+    """
+    body = {
+        "model": model,
+        "prompt": [prompt] + [prompt + c for c in continuations],
+        "echo": True,
+        "logprobs": 0,
+        "max_tokens": 0,
+    }
+    reply = request("POST", path, body)
+    choices = sorted(reply["choices"], key=lambda c: c["index"])
+    if len(choices) != len(continuations) + 1 or any(c["logprobs"] is None for c in choices):
+        raise BackendError(f"{path} did not echo the prompts' log-probs")
+    base = choices[0]["logprobs"]["tokens"]
+    out = []
+    for choice in choices[1:]:
+        tokens = choice["logprobs"]["tokens"]
+        start = 0
+        while start < min(len(base), len(tokens)) and base[start] == tokens[start]:
+            start += 1
+        if start == len(tokens):
+            raise BackendError("cannot score an empty continuation")
+        out.append([float(lp) for lp in choice["logprobs"]["token_logprobs"][max(start, 1) :]])
+    return out

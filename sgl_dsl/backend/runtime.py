@@ -8,7 +8,7 @@ from typing import Any
 
 from ..chat_template import ChatTemplate
 from ..errors import BackendError
-from .base import Backend, GenChunk, GenOutput
+from .base import Backend, GenChunk, GenOutput, logprob_triples
 
 # gen() keyword -> Engine.generate keyword, where they differ
 _ENGINE_NAMES = {
@@ -60,7 +60,38 @@ class Runtime(Backend):
             result = self.engine.generate(prompt, **_engine_kwargs(params))
         except Exception as exc:
             raise BackendError(f"engine.generate failed: {exc}") from exc
-        return _to_output(result)
+        out = _to_output(result)
+        self._add_logprobs(out, result, params)
+        return out
+
+    def _add_logprobs(self, out: GenOutput, result: Any, params: dict[str, Any]) -> None:
+        """SGLang's logprob triples, and the prompt's from `logprob_start_len`."""
+        decode = self.engine.tokenizer.decode if params.get("return_text_in_logprobs") else None
+        if result.logprobs is not None:
+            out.output_token_logprobs = logprob_triples(result.logprobs, result.token_ids, decode)
+        top_n = params.get("top_logprobs_num") or 0
+        if result.top_logprobs is not None and top_n:
+            tops = [sorted(t.items(), key=lambda kv: -kv[1])[:top_n] for t in result.top_logprobs]
+            out.output_top_logprobs = [
+                logprob_triples([v for _, v in t], [i for i, _ in t], decode) for t in tops
+            ]
+        start = params.get("logprob_start_len")
+        if not params.get("return_logprob") or start is None or start < 0:
+            return
+        ids = list(result.prompt_token_ids)
+        lps: list[float | None] = []
+        split = max(start, 1)
+        if split < len(ids):
+            lps = list(self.score_ids(ids[:split], ids[split:]))
+        if start == 0:
+            lps = [None, *lps]
+        out.input_token_logprobs = logprob_triples(lps, ids[start:], decode)
+
+    def score_ids(self, prefix: list[int], rest: list[int]) -> list[float]:
+        try:
+            return self.engine.score(prefix, [rest], return_token_logprobs=True)[0]
+        except Exception as exc:
+            raise BackendError(f"engine.score failed: {exc}") from exc
 
     def generate_stream(self, prompt: str, params: dict[str, Any]) -> Iterator[GenChunk]:
         prompt = prompt or self.unconditional_prompt()
@@ -95,6 +126,19 @@ class Runtime(Backend):
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
 
+    def flush_cache(self) -> bool:
+        return bool(self.engine.flush_cache())
+
+    def get_server_info(self) -> dict[str, Any]:
+        engine = self.engine
+        return {
+            "model_path": str(engine.model_path),
+            "context_length": int(engine.config.max_position_embeddings),
+            "radix_cache": self.has_prefix_cache,
+            "in_process": True,
+            **engine.stats(),
+        }
+
     def shutdown(self) -> None:
         if self._owns_engine:
             self.engine.shutdown()
@@ -103,15 +147,29 @@ class Runtime(Backend):
 _DTYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
 
+# SGLang's logprob options, answered by the backend from the engine's result
+_LOGPROB_OPTIONS = ("logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+
+
 def _engine_kwargs(params: dict[str, Any]) -> dict[str, Any]:
-    kwargs = {_ENGINE_NAMES.get(k, k): v for k, v in params.items() if v is not None}
+    kwargs = {
+        _ENGINE_NAMES.get(k, k): v
+        for k, v in params.items()
+        if v is not None and k not in _LOGPROB_OPTIONS
+    }
+    if params.get("top_logprobs_num"):
+        kwargs.update(logprobs=True, top_logprobs=int(params["top_logprobs_num"]))
     if "dtype" in kwargs:  # the IR names the type (it must cross HTTP); the grammar takes it
         kwargs["dtype"] = _DTYPES[kwargs["dtype"]]
     return kwargs
 
 
 def _to_output(result: Any) -> GenOutput:
-    if result.finish_reason == "abort" or getattr(result, "error", None):
+    # a constraint cut short by max_new_tokens is not a failure: the text so far, "length"
+    # (as SGLang returns it); only an aborted request raises
+    if result.finish_reason == "abort" or (
+        getattr(result, "error", None) and result.finish_reason != "length"
+    ):
         raise BackendError(f"engine aborted the request: {result.error}")
     usage = result.usage
     return GenOutput(

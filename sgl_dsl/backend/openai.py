@@ -1,0 +1,274 @@
+"""`OpenAI`: any OpenAI-compatible server as a backend (OpenAI, vLLM, our own `/v1`), as SGLang's
+`sgl.OpenAI`.
+
+Chat models (the default) get the program's role blocks as chat messages: the template's role
+markers are private sentinels, and each generate call turns the text back into messages, so a
+`gen` must come right after `sgl.assistant(` opens (as in SGLang, a chat API cannot continue a
+half-written answer). Completion models (`is_chat_model=False`, or a model SGLang knows as one)
+get the text with plain `Role: ` lines.
+
+Constraints: `json_schema` goes as `response_format` (chat) or `json_schema` (completions, our
+server's extra field); `regex` as the `regex` extra field; `choices` and `dtype` as the regex they
+mean. Engine extras (`top_k`, `min_p`, `min_tokens`, `stop_token_ids`, `ignore_eos`) are sent
+only when set. A server that refuses one answers 400, raised as `BackendError` naming the field.
+`select` scores through `/completions` with `echo` + `logprobs` (completion models only: chat
+models have no way to score a given text, and SGLang refuses it there too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ..chat_template import ChatTemplate
+from ..errors import BackendError
+from .base import Backend, GenChunk, GenOutput
+from .endpoint import score_by_completions
+
+INSTRUCT_MODEL_NAMES = ("gpt-3.5-turbo-instruct",)  # SGLang's list of completion-only models
+_ROLES = ("system", "user", "assistant")
+_BEGIN = {r: f"\x1e<{r}>\x1f" for r in _ROLES}
+_END = {r: f"\x1e</{r}>\x1f" for r in _ROLES}
+# gen() keyword -> OpenAI field; the extras are the OpenAI-compatible servers' own fields
+_FIELDS = {
+    "max_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "stop": "stop",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "seed": "seed",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "min_tokens": "min_tokens",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+    "regex": "regex",
+}
+_REFUSED = ("grammar", "logprob_start_len")
+
+
+@dataclass(slots=True)
+class TokenUsage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def reset(self) -> None:
+        self.prompt_tokens = self.completion_tokens = 0
+
+
+class OpenAI(Backend):
+    """`OpenAI(model, base_url=None, api_key=None, is_chat_model=None)`.
+
+    `base_url` defaults to `$OPENAI_BASE_URL` or https://api.openai.com/v1 (for our server:
+    "http://HOST:PORT/v1"); `api_key` to `$OPENAI_API_KEY`. `token_usage` counts what the
+    server reported, as SGLang's does.
+    """
+
+    has_prefix_cache = False
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        is_chat_model: bool | None = None,
+        *,
+        timeout: float | None = 600.0,
+    ) -> None:
+        self.model = self.model_name = model
+        self.base_url = (
+            base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+        ).rstrip("/")
+        key = api_key or os.environ.get("OPENAI_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._client = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)
+        )
+        if is_chat_model is None:
+            is_chat_model = model not in INSTRUCT_MODEL_NAMES
+        self.is_chat_model = is_chat_model
+        self.token_usage = TokenUsage()
+        if is_chat_model:
+            self._template = ChatTemplate(dict(_BEGIN), dict(_END), source="openai-chat")
+        else:
+            self._template = ChatTemplate.plain()
+
+    def chat_template(self) -> ChatTemplate:
+        return self._template
+
+    # ---- requests ----------------------------------------------------------------------------
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            response = self._client.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"POST {self.base_url}{path} failed: {exc}") from exc
+        if response.status_code >= 400:
+            raise BackendError(_refusal(path, response.status_code, response.text, body))
+        return response.json()
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        return self._post(path, body)
+
+    def _body(self, prompt: str, params: dict[str, Any], stream: bool) -> tuple[str, dict]:
+        refused = [k for k in _REFUSED if params.get(k) is not None]
+        if refused:
+            raise BackendError(f"OpenAI backend: {refused} not supported by the OpenAI API")
+        body: dict[str, Any] = {"model": self.model, "stream": stream}
+        params = _as_regex(dict(params))
+        for key, field in _FIELDS.items():
+            if params.get(key) is not None:
+                body[field] = params[key]
+        if params.get("return_logprob") or params.get("top_logprobs_num"):
+            top = int(params.get("top_logprobs_num") or 0)
+            if self.is_chat_model:
+                body.update(logprobs=True, top_logprobs=top)
+            else:
+                body["logprobs"] = top
+        schema = params.get("json_schema")
+        if self.is_chat_model:
+            body["messages"] = self._messages(prompt)
+            if schema is not None:
+                body["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "output", "schema": json.loads(schema)},
+                }
+            return "/chat/completions", body
+        body["prompt"] = prompt
+        if schema is not None:
+            body["json_schema"] = schema
+        return "/completions", body
+
+    def _messages(self, prompt: str) -> list[dict[str, str]]:
+        """The chat messages a prompt of sentinel-marked role blocks stands for."""
+        messages: list[dict[str, str]] = []
+        rest = prompt
+        while rest:
+            role = next((r for r in _ROLES if rest.startswith(_BEGIN[r])), None)
+            if role is None:
+                raise BackendError(
+                    "OpenAI chat backend: text outside a role block; write the program with "
+                    "sgl.system / sgl.user / sgl.assistant (or use is_chat_model=False)"
+                )
+            rest = rest[len(_BEGIN[role]) :]
+            end = rest.find(_END[role])
+            if end < 0:
+                if role != "assistant" or rest.strip():
+                    raise BackendError(
+                        "OpenAI chat backend: a gen must come right after sgl.assistant( opens "
+                        "(a chat API cannot continue a half-written message)"
+                    )
+                return messages
+            messages.append({"role": role, "content": rest[:end]})
+            rest = rest[end + len(_END[role]) :]
+        raise BackendError("OpenAI chat backend: a gen must be inside sgl.assistant(...)")
+
+    def _count(self, usage: Any) -> None:
+        if usage:
+            self.token_usage.prompt_tokens += usage.get("prompt_tokens", 0)
+            self.token_usage.completion_tokens += usage.get("completion_tokens", 0)
+
+    def generate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
+        path, body = self._body(prompt, params, stream=False)
+        reply = self._post(path, body)
+        self._count(reply.get("usage"))
+        choice = reply["choices"][0]
+        text = choice["message"]["content"] if self.is_chat_model else choice["text"]
+        return _output(text or "", choice, reply.get("usage") or {}, self.is_chat_model)
+
+    def generate_stream(self, prompt: str, params: dict[str, Any]) -> Iterator[GenChunk]:
+        path, body = self._body(prompt, params, stream=True)
+        body["stream_options"] = {"include_usage": True}
+        text, finish, usage = "", None, {}
+        try:
+            with self._client.stream("POST", path, json=body) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise BackendError(_refusal(path, response.status_code, response.text, body))
+                for line in response.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[len("data: ") :])
+                    usage = event.get("usage") or usage
+                    for choice in event.get("choices") or []:
+                        delta = _delta(choice, self.is_chat_model)
+                        finish = choice.get("finish_reason") or finish
+                        if delta:
+                            text += delta
+                            yield GenChunk(delta)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"POST {self.base_url}{path} (stream) failed: {exc}") from exc
+        self._count(usage)
+        yield GenChunk("", _output(text, {"finish_reason": finish}, usage, self.is_chat_model))
+
+    def score(self, prompt: str, continuations: list[str]) -> list[list[float]]:
+        if self.is_chat_model:
+            raise BackendError(
+                "OpenAI backend: select / gen(choices=...) needs a completion model "
+                "(is_chat_model=False) on a server whose /completions echoes log-probs; chat "
+                "models cannot score given text"
+            )
+        return score_by_completions(
+            self._request, "/completions", self.model, prompt, continuations
+        )
+
+    def commit_prefix(self, prefix: str) -> None:
+        return None  # no prefix cache to fill through the OpenAI API
+
+    def get_server_info(self) -> dict[str, Any]:
+        return {"base_url": self.base_url, "model": self.model, "is_chat_model": self.is_chat_model}
+
+    def shutdown(self) -> None:
+        self._client.close()
+
+
+def _as_regex(params: dict[str, Any]) -> dict[str, Any]:
+    """`choices` / `dtype` as the regex they mean (sent in the `regex` extra field)."""
+    if params.get("choices") is not None:
+        from grammar import choices_to_regex
+
+        params["regex"] = choices_to_regex([str(c) for c in params.pop("choices")])
+    if params.get("dtype") is not None:
+        from grammar import dtype_to_regex
+
+        types = {"int": int, "float": float, "bool": bool, "str": str}
+        params["regex"] = dtype_to_regex(types[params.pop("dtype")])
+    return params
+
+
+def _delta(choice: dict[str, Any], chat: bool) -> str | None:
+    return (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+
+
+def _output(text: str, choice: dict, usage: dict, chat: bool) -> GenOutput:
+    reason = choice.get("finish_reason") or "stop"
+    lps = None
+    logprobs = choice.get("logprobs")
+    if logprobs:
+        if chat:
+            lps = [t["logprob"] for t in logprobs.get("content") or []]
+        else:
+            lps = [float(lp) for lp in logprobs.get("token_logprobs") or []]
+    return GenOutput(
+        text=text,
+        finish_reason="length" if reason == "length" else "stop",
+        prompt_tokens=usage.get("prompt_tokens", 0),
+        cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+        completion_tokens=usage.get("completion_tokens", 0),
+        logprobs=lps,
+    )
+
+
+def _refusal(path: str, status: int, text: str, body: dict[str, Any]) -> str:
+    try:
+        message = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = text[:500]
+    extras = [f for f in ("regex", "json_schema", "top_k", "min_p", "min_tokens") if f in body]
+    hint = f" (this request used the extra field(s) {extras}, which the server may lack)"
+    return f"{path} answered {status}: {message}" + (hint if extras and status == 400 else "")
