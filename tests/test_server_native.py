@@ -91,9 +91,10 @@ def test_score_is_per_token_and_matches_generation_logprobs(server):
     assert r.status_code == 200, r.text
     scores = r.json()
     assert len(scores["token_logprobs"][0]) == 3
-    assert scores["token_logprobs"][0] == pytest.approx(
-        gen["meta_info"]["output_token_logprobs"], abs=1e-3
-    )
+    # SGLang's triples: [logprob, token id, text]
+    generated = [t[0] for t in gen["meta_info"]["output_token_logprobs"]]
+    assert scores["token_logprobs"][0] == pytest.approx(generated, abs=1e-3)
+    assert [t[1] for t in gen["meta_info"]["output_token_logprobs"]] == gen["output_ids"]
     assert scores["logprobs"][2] == pytest.approx(sum(scores["token_logprobs"][2]))
 
 

@@ -213,8 +213,8 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         raise APIError(400, "one sampling_params per prompt", param="sampling_params")
     per_prompt = [_pick(raw_params, i) for i in range(len(prompts))]
     counts = [_n(p) for p in per_prompt]
-    # SGLang's triples (`[logprob, id, text]`) for clients that speak its logprob options
-    sglang_shape = bool({"logprob_start_len", "return_text_in_logprobs"} & body.model_fields_set)
+    # SGLang's shape: `[logprob, id, text]` triples (text None unless return_text_in_logprobs)
+    sglang_shape = True
     param = "text" if body.text is not None else "input_ids"
     jobs, opts, input_starts = [], [], []
     for i, p in enumerate(prompts):
