@@ -20,7 +20,7 @@ from runtime.kernels.cascade import cascade_decode_attention, plan_cascade
 from runtime.kernels.short_extend import plan_short_extend, short_extend_attention
 from runtime.memory.kv_pool import KVPool
 from runtime.models.forward_batch import ForwardBatch
-from runtime.models.layers import rms_norm
+from runtime.models.layers import Packed, packing_enabled, rms_norm
 from runtime.models.rope import RotaryEmbedding, apply_rotary
 from runtime.parallel.comm import LOCAL, Comm
 from runtime.parallel.shard import SINGLE, Shard, heads_of, vocab_rows
@@ -144,6 +144,10 @@ class LlamaModel:
                 )
             )
         self.rotary = RotaryEmbedding(config, dtype)
+        big = [self.lm_head]
+        for layer in self.layers:
+            big += [layer.qkv, layer.o, layer.gate_up, layer.down]
+        self.mm = Packed(big, packing_enabled(dtype, self.embed.device)).linear
 
     def weight_bytes(self) -> int:
         """Bytes of weights read per forward pass (the embedding counted once when tied)."""
@@ -175,7 +179,7 @@ class LlamaModel:
         for li, layer in enumerate(self.layers):
             # attention block
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = self.mm(x, layer.qkv, layer.qkv_bias)
             q = qkv[:, : self.q_size].view(t, self.num_heads, cfg.head_dim)
             k = qkv[:, self.q_size : self.q_size + self.kv_size].view(
                 t, self.num_kv_heads, cfg.head_dim
@@ -226,13 +230,13 @@ class LlamaModel:
                     )
                 )
             attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-            out = self.comm.all_reduce(F.linear(attn.reshape(t, self.q_size), layer.o))
+            out = self.comm.all_reduce(self.mm(attn.reshape(t, self.q_size), layer.o))
             hidden = hidden + (out if layer.o_bias is None else out + layer.o_bias)
             # SwiGLU MLP block
             x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
-            gate_up = F.linear(x, layer.gate_up, layer.gate_up_bias)
+            gate_up = self.mm(x, layer.gate_up, layer.gate_up_bias)
             gate, up = gate_up.chunk(2, dim=-1)
-            out = self.comm.all_reduce(F.linear(F.silu(gate) * up, layer.down))
+            out = self.comm.all_reduce(self.mm(F.silu(gate) * up, layer.down))
             hidden = hidden + (out if layer.down_bias is None else out + layer.down_bias)
         return self.finish(hidden, batch)
 
@@ -254,7 +258,7 @@ class LlamaModel:
             self.comm.send_next(hidden)
             return None
         hidden = rms_norm(hidden[batch.logit_rows], self.final_norm, self.config.rms_norm_eps)
-        logits = F.linear(hidden, self.lm_head).float()
+        logits = self.mm(hidden, self.lm_head).float()
         if self.shard.tp_size == 1:
             return logits
         pad = self.vocab_per_rank - self.vocab_rows
