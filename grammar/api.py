@@ -11,6 +11,7 @@ from grammar.automata.fsm import DEFAULT_MAX_STATES, ByteDFA, node_to_lazy_dfa
 from grammar.automata.lazy_dfa import LazyDFA
 from grammar.automata.regex_ast import regex_escape
 from grammar.json_schema.schema import json_schema_to_node, load_schema
+from grammar.json_schema.strict import apply_mode
 from grammar.tokens.cache import CompileCache
 from grammar.tokens.compiled import CompiledGrammar
 from grammar.tokens.vocab import TokenVocabulary
@@ -55,15 +56,20 @@ def compile_json_schema(
     max_recursion_depth: int = 3,
     any_depth: int = 3,
     max_states: int = DEFAULT_MAX_STATES,
+    json_schema_mode: str = "exact",
 ) -> CompiledGrammar:
-    """A constraint from a JSON Schema (dict, JSON text, pydantic class); see json_schema.py."""
-    loaded = load_schema(schema)
+    """A constraint from a JSON Schema (dict, JSON text, pydantic class); see json_schema.py.
+
+    `json_schema_mode` "exact" (the default) generates the schema's own language; "strict"
+    generates only the properties each object declares (`grammar.json_schema.strict`)."""
+    loaded = apply_mode(load_schema(schema), json_schema_mode)
     key = (
         "schema",
         json.dumps(loaded, ensure_ascii=False),
         whitespace,
         max_recursion_depth,
         any_depth,
+        json_schema_mode,
         vocab.hash,
         max_states,
     )
@@ -73,7 +79,7 @@ def compile_json_schema(
             node = json_schema_to_node(loaded, whitespace, max_recursion_depth, any_depth)
             return node_to_lazy_dfa(node, max_states)
 
-        dfa = _DFA_CACHE.get_or_build(("dfa", *key[:5], max_states), build_dfa)
+        dfa = _DFA_CACHE.get_or_build(("dfa", *key[:6], max_states), build_dfa)
         return CompiledGrammar(dfa, vocab, key[1])
 
     return _GRAMMAR_CACHE.get_or_build(key, build)

@@ -280,7 +280,7 @@ def test_forced_tool_call_parses_and_validates(client, model, tool_choice):
 
 
 @needs_constraints
-def test_forced_tool_call_streams_as_one_tool_call_delta(client, model):
+def test_forced_tool_call_streams_as_openai_streams_it(client, model):
     chunks = list(
         _chat(
             client,
@@ -293,11 +293,17 @@ def test_forced_tool_call_streams_as_one_tool_call_delta(client, model):
             stream=True,
         )
     )
-    calls = [
-        c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls
-    ]
-    assert len(calls) == 1 and calls[0][0].function.name == "get_time"
-    assert json.loads(calls[0][0].function.arguments)["zone"] in ("UTC", "CET")
+    deltas = [
+        d for c in chunks if c.choices and c.choices[0].delta.tool_calls
+        for d in c.choices[0].delta.tool_calls
+    ]  # fmt: skip
+    # the first delta names the call (id, type, name, arguments ""); later ones carry the
+    # arguments in pieces, which concatenate to JSON of the tool's parameters
+    first = deltas[0]
+    assert first.id and first.type == "function" and first.function.name == "get_time"
+    assert first.function.arguments == ""
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.index == first.index)
+    assert json.loads(arguments)["zone"] in ("UTC", "CET")
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 

@@ -72,6 +72,7 @@ class ConstraintHooks:
         self._vocab_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-grammar")
         self._wake = engine.scheduler_wake if hasattr(engine, "scheduler_wake") else None
+        self.json_schema_mode = getattr(engine, "json_schema_mode", "strict")
 
     def vocab(self) -> Any:
         from grammar import TokenVocabulary
@@ -93,6 +94,7 @@ class ConstraintHooks:
         grammar: str | None = None,
         jump_forward: bool = True,
         wake: Any = None,
+        json_schema_mode: str | None = None,
     ) -> None:
         lark_text = grammar  # the name `grammar` is the package inside compile_job
         named = {
@@ -109,6 +111,9 @@ class ConstraintHooks:
             if dtype not in DTYPE_NAMES:
                 raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, got {dtype!r}")
             dtype = DTYPE_NAMES[dtype]
+        from grammar.json_schema.strict import check_mode  # "strict" (default) or "exact"
+
+        mode = check_mode(json_schema_mode or self.json_schema_mode)
 
         def compile_job():
             import grammar
@@ -118,7 +123,7 @@ class ConstraintHooks:
             if regex is not None:
                 g = grammar.compile_regex(regex, vocab)
             elif json_schema is not None:
-                g = grammar.compile_json_schema(json_schema, vocab)
+                g = grammar.compile_json_schema(json_schema, vocab, json_schema_mode=mode)
             elif choices is not None:
                 if not choices:
                     raise grammar.GrammarError("choices must not be empty")

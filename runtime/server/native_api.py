@@ -51,6 +51,7 @@ SAMPLING_KEYS = frozenset(
         "grammar",
         "ebnf",  # SGLang's name for a grammar field (the gateway keeps it); lark text here
         "jump_forward",
+        "json_schema_mode",  # "strict" (objects emit only declared properties) or "exact"
         # SGLang's SamplingParams, honoured by the server on top of the engine
         "n",  # n engine requests per prompt
         "stop_regex",  # watched in the decoded text (generation.RegexStopStream)
@@ -149,6 +150,10 @@ def _sampling(raw: dict[str, Any], return_logprob: bool, top_n: int) -> dict[str
             raise APIError(400, "seed and sampling_seed differ", param="sampling_params")
     if "stop" in params and not params["stop"]:
         del params["stop"]  # SGLang's frontend sends [] for "no stop strings"
+    if params.get("json_schema_mode", "strict") not in ("strict", "exact"):
+        raise APIError(
+            400, "json_schema_mode must be 'strict' or 'exact'", param="json_schema_mode"
+        )
     if return_logprob or top_n:
         params.update(logprobs=True, top_logprobs=top_n)
     return params
@@ -224,7 +229,8 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         want_lp = bool(_pick(body.return_logprob, i))
         params = _sampling(per_prompt[i], want_lp, top_n)
         if "json_schema" in params:
-            await anyio.to_thread.run_sync(check_schema, params["json_schema"], "json_schema")
+            mode = params.get("json_schema_mode", "strict")
+            await anyio.to_thread.run_sync(check_schema, params["json_schema"], "json_schema", mode)
         ids = await bridge.encode(p)
         bridge.check_length(ids, param)
         requested = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)

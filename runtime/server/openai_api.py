@@ -12,17 +12,19 @@ from fastapi import APIRouter, Request
 from runtime.scheduling.request import GenerateResult
 from runtime.server import responses as R
 from runtime.server.bridge import Admission
-from runtime.server.chat import check_schema, render_prompt, response_format_constraint
+from runtime.server.chat import (
+    ChatRequest,
+    CompletionsRequest,
+    chat_constraint,
+    has_output_format,
+    render_prompt,
+    schema_constraint,
+)
 from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, Job, SSEResponse, collect, sse, sse_error
-from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from runtime.server.protocol import SamplingFields
 from runtime.server.state import ServerState, get_state
-from runtime.server.tools import (
-    auto_tool_regex,
-    forced_tools,
-    parse_tool_call,
-    tool_call_schema,
-)
+from runtime.server.tools import forced_tools
 
 router = APIRouter()
 
@@ -62,33 +64,24 @@ def _closer(streams: ChoiceStreams, admission: Admission) -> Callable[[], None]:
     return close
 
 
-def _with_usage(event: dict[str, Any], results: list[Any], body: SamplingFields) -> dict:
-    """The last finish chunk carries the usage, unless a separate usage chunk was asked for."""
-    if not body.include_usage_chunk() and all(r is not None for r in results):
-        event["usage"] = R.usage_of(results, body.n)
-    return event
-
-
 # ---- chat ----------------------------------------------------------------------------------
+def json_schema_mode(state: ServerState, requested: str | None) -> str:
+    """The request's mode, else the server's (`--json-schema-mode`), else "strict"."""
+    return requested or getattr(state.engine, "json_schema_mode", None) or "strict"
+
+
 @router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+async def chat_completions(body: ChatRequest, request: Request) -> Any:
     state = get_state(request)
     state.check_model(body.model)
+    body.prepare()
+    mode = json_schema_mode(state, body.json_schema_mode)
     bridge = state.bridge
     prompt = render_prompt(state.tokenizer, body)
     prompt_ids = await bridge.encode(prompt)
     bridge.check_length(prompt_ids, "messages")
-    forced = forced_tools(body)
-    tool_mode = bool(body.tools) and body.tool_choice != "none"
-    if forced is not None:
-        schema = tool_call_schema(forced)
-        await anyio.to_thread.run_sync(check_schema, schema, "tools")
-        constraint: dict[str, Any] = {"json_schema": schema}
-    else:
-        constraint = await anyio.to_thread.run_sync(response_format_constraint, body)
-        if tool_mode and not constraint and body.tool_choice in (None, "auto"):
-            regex = await anyio.to_thread.run_sync(auto_tool_regex, body.tools)
-            constraint = {"regex": regex} if regex else {}
+    constraint = await anyio.to_thread.run_sync(chat_constraint, body, mode)
+    forced = forced_tools(body.tools, body.tool_choice) is not None
     requested = (
         body.max_completion_tokens if body.max_completion_tokens is not None else (body.max_tokens)
     )
@@ -97,7 +90,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     if body.logprobs or body.top_logprobs:
         kwargs.update(logprobs=True, top_logprobs=body.top_logprobs)
     jobs = _jobs(prompt_ids, kwargs, body.n, body.seed)
-    chat = _Chat(state, body, tool_mode)
+    chat = R.ChatAnswer(state, body, forced, buffer=not forced and has_output_format(body))
     admission = bridge.acquire(len(jobs))
     if body.stream:
         try:
@@ -117,87 +110,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     return chat.response(results)
 
 
-class _Chat:
-    """Builds a chat completion (or its chunks) from engine results."""
-
-    def __init__(self, state: ServerState, body: ChatCompletionRequest, tool_mode: bool) -> None:
-        self.state = state
-        self.body = body
-        self.tool_mode = tool_mode
-        self.rid = R.new_id("chatcmpl")
-        self.created = R.now()
-
-    def _message(self, result: GenerateResult) -> tuple[dict[str, Any], str]:
-        reason = R.finish_reason(result)
-        call = parse_tool_call(result.text, self.body.tools or []) if self.tool_mode else None
-        if call is not None:
-            return {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
-        return {"role": "assistant", "content": result.text}, reason
-
-    def response(self, results: list[GenerateResult]) -> dict[str, Any]:
-        self.state.record_usage(results, self.body.n)
-        choices = []
-        for i, result in enumerate(results):
-            message, reason = self._message(result)
-            lp = R.chat_logprobs(self.state.tokenizer, result, self.body.top_logprobs)
-            choices.append(
-                {"index": i, "message": message, "logprobs": lp, "finish_reason": reason}
-            )
-        return {
-            "id": self.rid,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.state.model_name,
-            "choices": choices,
-            "usage": R.usage_of(results, self.body.n),
-        }
-
-    async def events(self, streams: ChoiceStreams, release: Any) -> AsyncIterator[str]:
-        model, rid, created = self.state.model_name, self.rid, self.created
-        results: list[GenerateResult | None] = [None] * self.body.n
-        started = time.perf_counter()
-        try:
-            for i in range(self.body.n):
-                yield sse(
-                    R.chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""})
-                )
-            async for index, chunk in streams:
-                if chunk.text_delta and not self.tool_mode:
-                    yield sse(
-                        R.chat_chunk(rid, model, created, index, {"content": chunk.text_delta})
-                    )
-                if not chunk.finished:
-                    continue
-                result = chunk.result
-                results[index] = result
-                delta: dict[str, Any] = {}
-                reason = R.finish_reason(result)
-                if self.tool_mode:
-                    message, reason = self._message(result)
-                    if message.get("tool_calls"):
-                        delta = {"tool_calls": [{"index": 0, **message["tool_calls"][0]}]}
-                    else:
-                        delta = {"content": result.text}
-                lp = R.chat_logprobs(self.state.tokenizer, result, self.body.top_logprobs)
-                event = R.chat_chunk(rid, model, created, index, delta, reason, lp)
-                yield sse(_with_usage(event, results, self.body))
-            done = [r for r in results if r is not None]
-            self.state.record_usage(done, self.body.n)
-            if self.body.include_usage_chunk():
-                usage = R.usage_of(done, self.body.n)
-                yield sse(R.usage_chunk(rid, model, created, "chat.completion.chunk", usage))
-            yield sse("[DONE]")
-        except APIError as exc:
-            yield sse_error(exc)
-            yield sse("[DONE]")
-        finally:
-            if streams.cancelled or any(r is None for r in results):
-                self.state.metrics.client_aborts += 1
-            streams.close()
-            release()
-            self.state.metrics.record_stream_end(time.perf_counter() - started)
-
-
 # ---- completions ---------------------------------------------------------------------------
 def _prompts(prompt: Any) -> list[str | list[int]]:
     if isinstance(prompt, str):
@@ -210,7 +122,7 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
 
 
 @router.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request) -> Any:
+async def completions(body: CompletionsRequest, request: Request) -> Any:
     state = get_state(request)
     state.check_model(body.model)
     if body.suffix:
@@ -219,8 +131,10 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     prompts = _prompts(body.prompt)
     constraint: dict[str, Any] = {}
     if body.json_schema is not None:
-        await anyio.to_thread.run_sync(check_schema, body.json_schema, "json_schema")
-        constraint["json_schema"] = body.json_schema
+        mode = json_schema_mode(state, body.json_schema_mode)
+        constraint = await anyio.to_thread.run_sync(
+            schema_constraint, body.json_schema, mode, "json_schema"
+        )
     elif body.regex is not None:
         constraint["regex"] = body.regex
     jobs: list[Job] = []
@@ -274,7 +188,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
                         lp = logprobs(result, index)
                         reason = R.finish_reason(result)
                         event = R.completion_chunk(rid, model, created, index, "", reason, lp)
-                        yield sse(_with_usage(event, results, body))
+                        yield sse(R.with_usage(event, results, body))
                 done = [r for r in results if r is not None]
                 state.record_usage(done, body.n)
                 if body.include_usage_chunk():
