@@ -281,6 +281,9 @@ class Engine:
             "running": len(s.running),
             "waiting": len(s.waiting),
             "busy_s": s.busy_s,
+            "forward_s": s.forward_s,
+            # the share of step time outside the model (planning, batching, sampling, outputs)
+            "scheduler_share": 1 - s.forward_s / s.busy_s if s.busy_s else 0.0,
             "throughput_tok_s": c["generated_tokens"] / s.busy_s if s.busy_s else 0.0,
             **self._expert_stats(),
         }

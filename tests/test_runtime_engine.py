@@ -253,3 +253,12 @@ def test_same_prefix_arriving_during_prefill_is_computed_once(model_dir):
         # the long prefix is computed once, plus a page and a tail per request
         assert computed < prefix_len + 4 * 16
         assert len(results) == 4
+
+
+def test_stats_split_step_time_between_the_model_and_the_scheduler(engine):
+    before = engine.stats()
+    engine.generate(PROMPTS[:2], max_new_tokens=4, temperature=0.0)
+    after = engine.stats()
+    assert after["forward_s"] > before["forward_s"]
+    assert after["busy_s"] >= after["forward_s"]
+    assert 0.0 <= after["scheduler_share"] < 1.0

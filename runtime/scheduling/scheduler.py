@@ -64,7 +64,8 @@ class Scheduler:
         self.counters = dict.fromkeys(
             ("prefill_computed", "prefill_cached", "decode_tokens", "generated_tokens",
              "forward_steps", "preemptions", "requests_finished"), 0)  # fmt: skip
-        self.busy_s = 0.0
+        self.busy_s = 0.0  # wall time of steps that ran a forward pass
+        self.forward_s = 0.0  # of which the model's forward (the rest: scheduling, sampling)
         self._admit_clock = 0
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="sgl-scheduler", daemon=True)
@@ -190,7 +191,9 @@ class Scheduler:
                 self.preempt(max(self.running, key=lambda r: r.admit_order))
             return False
         batch = build_batch(plan, self.pool.page_size)
+        start = time.perf_counter()
         logits = self.model.forward(batch, self.pool)
+        self.forward_s += time.perf_counter() - start
         self.counters["forward_steps"] += 1
         process_step_output(self, plan, logits)
         return True
