@@ -222,6 +222,15 @@ class SchemaOrder:
 
 
 def serialise(schema: Any, instance: Any) -> str:
+    """Compact JSON in the schema's property order; references through `$id` / `$anchor`
+    are followed as the engine follows them (made root JSON pointers first)."""
+    from grammar.errors import GrammarError
+    from grammar.json_schema.merge import local_refs
+
+    try:
+        schema = local_refs(schema)
+    except GrammarError:
+        pass  # an $id the engine refuses: order by the schema as written
     return compact(SchemaOrder(schema).order(schema, instance))
 
 

@@ -27,7 +27,8 @@ def _valid(schema: dict, instance: object) -> bool:
     [
         ("2022-01-01T12:00:00.000Z", True),  # Github_medium---o14421, test 0
         ("2022-01-01T12:00:00Z", True),  # Github_medium---o14421, test 1
-        ("2024-02-29t23:59:60.5+05:30", True),
+        ("2024-02-29t05:29:60.5+05:30", True),  # 23:59:60 UTC
+        ("2024-02-29t23:59:60.5+05:30", False),  # a leap second at 18:29:60 UTC
         ("2022-01-01T12:00:00.Z", False),
         ("2022-01-01T24:00:00Z", False),
         ("2023-02-29T12:00:00Z", False),

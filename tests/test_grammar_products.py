@@ -287,9 +287,9 @@ def test_oneOf_overlapping_through_anyOf_still_refused() -> None:
     ("schema", "keyword", "pointer"),
     [
         (
-            {"type": "object", "dependencies": {"a": {"type": "array", "contains": {}}}},
-            "contains",
-            "#/dependencies/a/if/0/allOf/1/contains",
+            {"type": "object", "dependencies": {"a": {"$dynamicRef": "#meta"}}},
+            "$dynamicRef",
+            "#/dependencies/a/if/0/allOf/1/$dynamicRef",
         ),
         (
             {

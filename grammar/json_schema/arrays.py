@@ -1,15 +1,19 @@
 """Arrays: `prefixItems` / `items` (a list in drafts before 2020-12) / `additionalItems`, with
-`minItems` / `maxItems`; `uniqueItems` is refused (not a regular language).
+`minItems` / `maxItems`, `contains` with `minContains` / `maxContains` (counted); `uniqueItems`
+is refused (not a regular language).
 
 `ArrayRules` is mixed into the builder of `grammar.json_schema.schema`.
 """
 
 from __future__ import annotations
 
+from grammar.automata import dfa_ops
 from grammar.automata import regex_ast as ra
-from grammar.errors import UnsupportedSchemaError
+from grammar.automata.fsm import node_to_dfa
+from grammar.errors import GrammarError, UnsupportedSchemaError
 
 Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
+MAX_CONTAINS = 64  # minContains / maxContains counted up to this
 
 
 class ArrayRules:
@@ -60,4 +64,55 @@ class ArrayRules:
         else:
             body = ra.seq(first, tail(1))
             inner = body if lo > 0 else ra.optional(body)
-        return self.wrap("[", inner, "]")
+        if "contains" not in s:
+            return self.wrap("[", inner, "]")
+        plain = not prefix and lo == 0 and hi is None and rest_re is not None
+        return self.containing(s, self.wrap("[", inner, "]"), [*elems, rest_re], plain, ptr)
+
+    def containing(self, s: dict, base: Node, elems: list[Node], plain: bool, ptr: str) -> Node:
+        """`contains` with `minContains` / `maxContains`: arrays of `base` (whose elements are
+        among `elems`) with lo..hi elements valid for `contains`. Counted by a regex over
+        the elements: "matching" ones are the contains schema's instances, the others those
+        of its negation (only needed when hi is bounded; otherwise they are any element).
+        When `base` is a plain `items` array that regex is built on the items schema
+        itself; otherwise it is intersected with `base` (an automaton product)."""
+        where = f"{ptr}/contains"
+        lo, hi = s.get("minContains", 1), s.get("maxContains")
+        if lo == 0 and hi is None or base is None:
+            return base
+        if hi is not None and hi < lo:
+            return None
+        if max(lo, hi or 0) > MAX_CONTAINS:
+            key = "maxContains" if (hi or 0) > MAX_CONTAINS else "minContains"
+            raise UnsupportedSchemaError(key, f"{ptr}/{key}", f"over {MAX_CONTAINS}")
+        items = s.get("items", True) if plain else True
+        match = self.value({"allOf": [items, s["contains"]]}, where)
+        if hi is None:
+            other = elems[-1] if plain else ra.alt([e for e in elems if e is not None])
+        else:
+            try:
+                other = self.value({"allOf": [items, {"not": s["contains"]}]}, where)
+            except UnsupportedSchemaError as e:
+                raise UnsupportedSchemaError("maxContains", f"{ptr}/maxContains", str(e)) from None
+
+        def rest(c: int) -> Node:  # after the first element, c matching ones written
+            end = ra.EMPTY if c >= lo and (hi is None or c <= hi) else None
+            if hi is None and c >= lo:
+                return ra.repeat(ra.seq(self.comma, other), 0, None)
+            more = None if match is None or (hi is not None and c >= hi) else rest(c + 1)
+            again = None if more is None else ra.seq(self.comma, match, more)
+            skip = ra.repeat(ra.seq(self.comma, other), 0, None) if other is not None else ra.EMPTY
+            return ra.seq(skip, ra.alt([end, again]))
+
+        starts = [ra.seq(match, rest(1)) if match is not None else None]
+        starts.append(ra.seq(other, rest(0)) if other is not None else None)
+        if lo == 0:
+            starts.append(ra.EMPTY)
+        counted = self.wrap("[", ra.alt(starts), "]")
+        if plain or counted is None:
+            return counted
+        try:
+            both = dfa_ops.product(node_to_dfa(base), node_to_dfa(counted), True)
+        except GrammarError as e:
+            raise UnsupportedSchemaError("contains", where, str(e)) from None
+        return dfa_ops.DFANode(both, "contains", where) if both.accepting.any() else None

@@ -22,6 +22,7 @@ import re
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.json_schema.merge import local_refs
 
 ANNOTATIONS = frozenset(
     {"title", "description", "examples", "example", "$schema", "$id", "id", "default",
@@ -174,7 +175,7 @@ class _Builder:
         return name
 
     def ref(self, ref: str, ptr: str) -> str:
-        if not ref.startswith("#"):
+        if not ref.startswith("#") or (ref != "#" and not ref.startswith("#/")):
             raise UnsupportedSchemaError("$ref", ptr, f"only local references: {ref!r}")
         hit = self.by_ref.get(ref)
         if hit is not None:
@@ -240,6 +241,9 @@ class _Builder:
     def scalar(self, schema: dict, ptr: str) -> str:
         from grammar.json_schema.schema import json_schema_to_regex
 
+        draft = self.root.get("$schema") if isinstance(self.root, dict) else None
+        if isinstance(draft, str):  # the draft decides what an integer's spellings are
+            schema = {**schema, "$schema": draft}
         try:
             regex = json_schema_to_regex(schema)
         except UnsupportedSchemaError as e:
@@ -348,7 +352,7 @@ def json_schema_to_lark(schema: Any, *, whitespace: bool = False) -> str:
     instances; `$ref` cycles become recursive rules."""
     from grammar.json_schema.schema import load_schema
 
-    root = load_schema(schema)
+    root = local_refs(load_schema(schema))
     b = _Builder(root)
     top = b.rule(root, "#")
     lines = [f"start: {top}", *b.lines]

@@ -19,11 +19,13 @@ from grammar.json_schema.objects import DEPENDENCY_KEYS, name_lists, ptr_escape
 
 class NormaliseRules:
     """Needs from the builder: `root`, `max_depth`, `ref_stack`, `ref_overrides_siblings`,
-    `accepts` (for negated enum values)."""
+    `integral_floats`, `accepts` (for negated enum values)."""
 
     def resolve_ref(self, ref: str, ptr: str) -> Any:
         if not ref.startswith("#"):
             raise UnsupportedSchemaError("$ref", ptr, f"only local references: {ref!r}")
+        if ref != "#" and not ref.startswith("#/"):
+            raise UnsupportedSchemaError("$ref", ptr, f"no place here is named {ref!r}")
         node: Any = self.root
         for part in ref[1:].split("/")[1:] if ref != "#" else []:
             part = part.replace("~1", "/").replace("~0", "~")
@@ -44,6 +46,8 @@ class NormaliseRules:
             raise GrammarError(f"schema at {ptr} is not an object or boolean")
         if "$ref" in schema and self.ref_overrides_siblings:
             schema = {"$ref": schema["$ref"]}  # draft 4..7: keywords beside $ref are ignored
+        if "unevaluatedProperties" in schema or "unevaluatedItems" in schema:
+            schema = unevaluated(self, schema, ptr)
         if "not" in schema and schema["not"] in (True, False, {}):
             if schema["not"] is not False:
                 return False  # not {} / not true: nothing is valid
@@ -55,6 +59,7 @@ class NormaliseRules:
                 return False
             schema = {k: v for k, v in schema.items() if k != "not"}
         schema = _integral_counts(schema, ptr)
+        schema = _contains_counts(schema, ptr, self.ref_overrides_siblings)
         schema, dependent = _dependent_schemas(schema)
         conditional = None
         if "if" in schema and ("then" in schema or "else" in schema):
@@ -123,9 +128,14 @@ class NormaliseRules:
                 continue  # annotations and unknown keywords
             if key == "type":
                 types = type_set(n)
-                if "integer" in types and "number" not in types:
+                fractional = "integer" in types and "number" not in types
+                if fractional and not self.integral_floats:  # draft 4: 1.0 is no integer
                     raise UnsupportedSchemaError("not", ptr, "of integer (non-integer numbers)")
-                rest = [t for t in _ALL_TYPES if t not in types]
+                if fractional:  # numbers with a non-zero fraction digit
+                    out.append({"type": "number", "_fractional": True})
+                rest = [
+                    t for t in _ALL_TYPES if t not in types and not (fractional and t == "number")
+                ]
                 if rest:
                     out.append({"type": rest})
             elif key == "required":
@@ -157,6 +167,8 @@ class NormaliseRules:
                 out.append({"_not_values": [x for x in values if self.accepts(n, x)]})
             elif key == "additionalProperties" and v in (True, {}):
                 continue
+            elif key in _BOUND_KEYS and isinstance(v, int | float) and not isinstance(v, bool):
+                out.append({"type": "number", _BOUND_KEYS[key]: v})  # the numbers past it
             else:
                 raise UnsupportedSchemaError("not", ptr, f"cannot negate {key!r}")
         return out
@@ -174,6 +186,15 @@ _COUNT_KEYS = {
 }
 
 
+# a numeric bound -> the keyword its failures satisfy (draft 4's boolean forms excluded)
+_BOUND_KEYS = {
+    "minimum": "exclusiveMaximum",
+    "maximum": "exclusiveMinimum",
+    "exclusiveMinimum": "maximum",
+    "exclusiveMaximum": "minimum",
+}
+
+
 def _integral_counts(schema: dict, ptr: str) -> dict:
     """Count keywords (minLength, maxItems, ...) as ints: 2.0 is 2; others are errors."""
     bad = [k for k in _COUNT_KEYS if k in schema and not isinstance(schema[k], int)]
@@ -182,6 +203,27 @@ def _integral_counts(schema: dict, ptr: str) -> dict:
         return schema
     out = dict(schema)
     for k in _COUNT_KEYS:
+        v = out.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != int(v):
+            raise GrammarError(f"{k} at {ptr} must be a non-negative integer, not {v!r}")
+        out[k] = int(v)
+    return out
+
+
+def _contains_counts(schema: dict, ptr: str, old_draft: bool) -> dict:
+    """minContains / maxContains made explicit beside `contains` (minContains 1 unless
+    given, so that allOf merges compare like with like), dropped without it or before
+    2019-09 (they apply to `contains` only); values must be non-negative integers."""
+    keys = ("minContains", "maxContains")
+    if "contains" not in schema:
+        if any(k in schema for k in keys):
+            return {k: v for k, v in schema.items() if k not in keys}
+        return schema
+    out = {k: v for k, v in schema.items() if k not in keys or not old_draft}
+    out.setdefault("minContains", 1)
+    for k in keys:
         v = out.get(k)
         if v is None:
             continue
@@ -209,3 +251,112 @@ def _dependent_schemas(schema: dict) -> tuple[dict, list[tuple[str, str, Any]]]:
         else:
             out[key] = lists
     return out, dependent
+
+
+# ----- unevaluatedProperties / unevaluatedItems
+# `unevaluatedProperties` / `unevaluatedItems` as plain object / array keywords.
+#
+# What a schema "evaluates" is collected from its own keywords and those of the schemas it
+# applies in place unconditionally (`allOf` branches, `$ref` targets, recursively): property
+# names, `patternProperties` patterns, `prefixItems` lengths; `additionalProperties`, `items`
+# or a nested `unevaluated*` evaluate everything. The keyword then constrains the rest:
+#
+# - everything evaluated: it is dropped;
+# - nothing in place beside the schema's own keywords: it becomes `additionalProperties` /
+#   `items` (the same members);
+# - otherwise: one more `allOf` branch, `{"properties": {name: true, ...}, "patternProperties":
+#   {pattern: true, ...}, "additionalProperties": U}` (or `{"items": U}` when no
+#   `prefixItems` is involved), which the merge makes exact or refuses.
+#
+# Conditional applicators (`anyOf`, `oneOf`, `if`, `dependentSchemas`, `$dynamicRef`) and
+# `contains` (for items) evaluate depending on the instance: such schemas raise
+# UnsupportedSchemaError naming the keyword and its pointer. Before 2019-09 the keywords do
+# not exist and are dropped as annotations.
+_CONDITIONAL = ("anyOf", "oneOf", "if", "then", "else", "dependentSchemas", "$dynamicRef")
+
+
+class _Seen:
+    def __init__(self) -> None:
+        self.names: dict[str, None] = {}
+        self.patterns: dict[str, None] = {}
+        self.prefix = 0
+        self.all_props = False
+        self.all_items = False
+        self.in_place = False  # some allOf branch or $ref target contributed
+
+
+def _collect(b: Any, schema: Any, key: str, where: str, seen: _Seen, depth: int) -> None:
+    if not isinstance(schema, dict):
+        return
+    if depth > 16:
+        raise UnsupportedSchemaError(key, where, "in-place applicators nest too deeply")
+    for k in _CONDITIONAL:
+        if k in schema or (k == "dependentSchemas" and _schema_dependencies(schema)):
+            raise UnsupportedSchemaError(key, where, f"beside {k!r} (evaluates conditionally)")
+    if key == "unevaluatedItems" and "contains" in schema:
+        raise UnsupportedSchemaError(key, where, "beside 'contains'")
+    seen.names.update(dict.fromkeys(schema.get("properties", {}) or {}))
+    seen.patterns.update(dict.fromkeys(schema.get("patternProperties", {}) or {}))
+    if depth and "unevaluatedProperties" in schema or "additionalProperties" in schema:
+        seen.all_props = True
+    items = schema.get("items")
+    if isinstance(items, list):
+        raise UnsupportedSchemaError(key, where, "beside an items list")
+    if depth and "unevaluatedItems" in schema or "items" in schema:
+        seen.all_items = True
+    seen.prefix = max(seen.prefix, len(schema.get("prefixItems", []) or []))
+    subs = list(enumerate(schema.get("allOf", []) or []))
+    for _, sub in subs:
+        seen.in_place = True
+        _collect(b, sub, key, where, seen, depth + 1)
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        seen.in_place = True
+        _collect(b, b.resolve_ref(ref, where), key, where, seen, depth + 1)
+
+
+def _schema_dependencies(schema: dict) -> bool:
+    deps = schema.get("dependencies")
+    return isinstance(deps, dict) and any(not isinstance(v, list) for v in deps.values())
+
+
+def unevaluated(b: Any, schema: dict, ptr: str) -> dict:
+    """`schema` with its unevaluatedProperties / unevaluatedItems rewritten (module doc)."""
+    out = dict(schema)
+    if b.ref_overrides_siblings:  # draft 7 and before: unknown keywords
+        out.pop("unevaluatedProperties", None)
+        out.pop("unevaluatedItems", None)
+        return out
+    extra: list[dict] = []
+    for key in ("unevaluatedProperties", "unevaluatedItems"):
+        if key not in out:
+            continue
+        u = out.pop(key)
+        where = f"{ptr}/{key}"
+        seen = _Seen()
+        _collect(b, out, key, where, seen, 0)
+        if u is True or u == {}:
+            continue
+        if key == "unevaluatedProperties":
+            if seen.all_props:
+                continue
+            if not seen.in_place:
+                out["additionalProperties"] = u
+                continue
+            conj: dict = {"properties": dict.fromkeys(seen.names, True)}
+            if seen.patterns:
+                conj["patternProperties"] = dict.fromkeys(seen.patterns, True)
+            conj["additionalProperties"] = u
+            extra.append(conj)
+        else:
+            if seen.all_items:
+                continue
+            if not seen.in_place:
+                out["items"] = u
+                continue
+            if seen.prefix:
+                raise UnsupportedSchemaError(key, where, "prefixItems in an in-place applicator")
+            extra.append({"items": u})
+    if extra:
+        out["allOf"] = [*(out.get("allOf", []) or []), *extra]
+    return out

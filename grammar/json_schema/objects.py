@@ -45,12 +45,46 @@ def literal(value: Any, fractions: bool | str = True) -> object:
             parts.append(literal(v, fractions))
         return ra.seq(*parts, ra.char("]"))
     if isinstance(value, dict):
-        parts = [ra.char("{")]
-        for i, (k, v) in enumerate(value.items()):
-            parts += [ra.char(",")] if i else []
-            parts += [ra.lit(json.dumps(k, ensure_ascii=False) + ":"), literal(v, fractions)]
-        return ra.seq(*parts, ra.char("}"))
+        return _object_literal(value, fractions)
     return ra.lit(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+
+
+MAX_ORDERED_MEMBERS = 10  # an object value's members in every order: 2**n shared suffixes
+
+
+def _object_literal(value: dict, fractions: bool | str) -> object:
+    """An object value with its members in any order (JSON objects are unordered): the
+    suffix after each set of members written is one node, so n members take 2**n of them."""
+    members = [
+        ra.seq(ra.lit(json.dumps(k, ensure_ascii=False) + ":"), literal(v, fractions))
+        for k, v in value.items()
+    ]
+    n = len(members)
+    if n > MAX_ORDERED_MEMBERS:
+        raise UnsupportedSchemaError(
+            "enum",
+            "#",
+            f"an object value of {n} members (over {MAX_ORDERED_MEMBERS}: too many member orders)",
+        )
+    full = (1 << n) - 1
+    memo: dict[int, object] = {}
+
+    def rest(done: int) -> object:  # the members not yet written, each after a comma
+        if done == full:
+            return ra.char("}")
+        if done not in memo:
+            memo[done] = ra.alt(
+                [
+                    ra.seq(ra.char(","), m, rest(done | 1 << i))
+                    for i, m in enumerate(members)
+                    if not done >> i & 1
+                ]
+            )
+        return memo[done]
+
+    if not members:
+        return ra.lit("{}")
+    return ra.seq(ra.char("{"), ra.alt([ra.seq(m, rest(1 << i)) for i, m in enumerate(members)]))
 
 
 def _number_literal(value: int | float, fractions: bool | str) -> object:
@@ -290,19 +324,27 @@ class ObjectRules:
         options: list[Node] = []
         for present in itertools.product((True, False), repeat=len(deps)):
             props = dict(base.get("properties", {}))
-            required = list(base.get("required", []))
-            for (trigger, names), here in zip(deps.items(), present, strict=True):
-                if here:
-                    required += [trigger, *names]
-                else:
+            for (trigger, _), here in zip(deps.items(), present, strict=True):
+                if not here:
                     props[trigger] = False
-            if any(props.get(name) is False for name in required):
-                continue
-            options.append(
-                self.object(
-                    {**base, "properties": props, "required": list(dict.fromkeys(required))}, ptr
+            # names outside `properties` follow them in required order: the trigger before
+            # or after its names (either order is an instance); each order once
+            here_deps = [(t, n) for (t, n), h in zip(deps.items(), present, strict=True) if h]
+            seen: set[tuple[str, ...]] = set()
+            for firsts in itertools.product((True, False), repeat=len(here_deps)):
+                required = list(base.get("required", []))
+                for (trigger, names), first in zip(here_deps, firsts, strict=True):
+                    required += [trigger, *names] if first else [*names, trigger]
+                required = list(dict.fromkeys(required))
+                if any(props.get(name) is False for name in required):
+                    break
+                key = tuple(n for n in required if n not in props)
+                if key in seen:
+                    continue
+                seen.add(key)
+                options.append(
+                    self.object({**base, "properties": props, "required": required}, ptr)
                 )
-            )
         return ra.alt(options)
 
     def pattern_member(self, s: dict, props: dict, ptr: str) -> list[tuple[Node, Node]]:

@@ -45,7 +45,17 @@ _TYPE_KEYS = {
         "dependentRequired",
         "propertyNames",
     },
-    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
+    "array": {
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+    },  # fmt: skip
     "string": {"minLength", "maxLength", "pattern", "format"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
     "boolean": set(),

@@ -15,7 +15,7 @@ from grammar.automata.fsm import node_to_dfa
 from grammar.automata.pattern import note_loss, pattern_to_content
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema import number_text, numbers
-from grammar.json_schema.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
+from grammar.json_schema.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS, format_regex
 
 # one decoded character: a literal one, a short escape, a \uXXXX escape that is no surrogate,
 # or an escaped surrogate pair (one character, as JSON Schema lengths count it)
@@ -24,13 +24,15 @@ STRING_CHAR_TEXT = (
     r"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"
 )
 STRING_TEXT = f'"{STRING_CHAR_TEXT}*"'
+_ZERO_FRACTION = r"(\.0+)?"
+_FRACTIONAL = r"-?(0|[1-9][0-9]*)\.[0-9]*[1-9][0-9]*"
 
 Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
 
 
 class ScalarRules:
     """Needs from the builder: `ws`, `ws_text`, `colon`, `comma`, `string_char`, `any_string`,
-    `_any` (the any-value nodes built so far, by depth)."""
+    `_any` (the any-value nodes built so far, by depth), `integral_floats` (draft 6 on)."""
 
     def any_value(self, depth: int) -> object:
         note_loss()  # values nested deeper than any_depth are left out
@@ -58,13 +60,15 @@ class ScalarRules:
             raise UnsupportedSchemaError("format", f"{ptr}/format", repr(fmt))
         if hi is not None and hi < lo:
             return None
+        if fmt in FORMAT_REGEXES:
+            fmt_text, hi = format_regex(fmt, hi)
         content: Node
         if pattern is not None:
             try:
                 if fmt in FORMAT_REGEXES:  # both: the product of the two automata
                     both = dfa_ops.product(
                         node_to_dfa(pattern_to_content(pattern, self.string_char)),
-                        node_to_dfa(ra.parsed(FORMAT_REGEXES[fmt])),
+                        node_to_dfa(ra.parsed(fmt_text)),
                         True,
                     )
                     content = dfa_ops.DFANode(both, "pattern", f"{ptr}/pattern")
@@ -83,7 +87,7 @@ class ScalarRules:
                     raise
                 raise UnsupportedSchemaError("pattern", f"{ptr}/pattern", str(e)) from None
         elif fmt in FORMAT_REGEXES:
-            content = ra.parsed(FORMAT_REGEXES[fmt])
+            content = ra.parsed(fmt_text)
             if lo or hi is not None:
                 content = self.length_bounded(content, lo, hi, ptr)
         elif not lo and hi is None:
@@ -105,16 +109,29 @@ class ScalarRules:
         return dfa_ops.DFANode(dfa, key, ptr)
 
     def integer(self, s: dict, ptr: str) -> Node:
+        """Integers; from draft 6 on also spelled with a zero fraction (1.0, -3.00): the
+        same values, so bounds and multipleOf hold for them as for the integer."""
         bounds = _bounds(s)
+        zeros = self.integral_floats
         if bounds == (None,) * 4 and s.get("multipleOf") is None:
-            return shared_leaf(number_text.INTEGER, "integer")
-        return numbers.number_node("integer", *bounds, s.get("multipleOf"), ptr)
+            text = number_text.INTEGER + (_ZERO_FRACTION if zeros else "")
+            return shared_leaf(text, "integer")
+        node = numbers.number_node("integer", *bounds, s.get("multipleOf"), ptr)
+        if node is None or not zeros:
+            return node
+        return ra.seq(node, ra.parsed(_ZERO_FRACTION))
 
     def number(self, s: dict, ptr: str) -> Node:
         bounds = _bounds(s)
         if bounds == (None,) * 4 and s.get("multipleOf") is None:
-            return shared_leaf(number_text.NUMBER, "number")
-        return numbers.number_node("number", *bounds, s.get("multipleOf"), ptr)
+            node = shared_leaf(number_text.NUMBER, "number")
+        else:
+            node = numbers.number_node("number", *bounds, s.get("multipleOf"), ptr)
+        if not s.get("_fractional") or node is None:
+            return node
+        # `not` of integer: the numbers spelled with a non-zero fraction digit, no exponent
+        dfa = dfa_ops.product(node_to_dfa(node), node_to_dfa(ra.parsed(_FRACTIONAL)), True)
+        return dfa_ops.DFANode(dfa, "not", ptr) if dfa.accepting.any() else None
 
 
 def _bounds(s: dict) -> tuple:

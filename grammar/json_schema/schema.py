@@ -26,9 +26,10 @@ from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema import number_text
 from grammar.json_schema import oneof as json_oneof
 from grammar.json_schema.arrays import ArrayRules
-from grammar.json_schema.formats import FORMAT_REGEXES
+from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
 from grammar.json_schema.merge import (
     canonical,
+    local_refs,
     merge,
     type_set,
 )
@@ -86,7 +87,7 @@ def json_schema_to_node(
     schema: Any, whitespace: str | None = None, max_recursion_depth: int = 3, any_depth: int = 3
 ) -> object:
     """Like json_schema_to_regex, as a shared regex syntax tree (what compile uses)."""
-    root = load_schema(schema)
+    root = local_refs(load_schema(schema))
     try:
         out = _Builder(root, whitespace or "", max_recursion_depth, any_depth).value(root, "#")
     except GrammarError:
@@ -120,6 +121,8 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         self.lossy_nodes: dict[int, bool] = {}
         draft = str(root.get("$schema", "")) if isinstance(root, dict) else ""
         self.ref_overrides_siblings = any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))
+        # draft 6 on: a number with a zero fraction (1.0) is an integer
+        self.integral_floats = not any(f"draft-0{n}" in draft for n in (3, 4))
 
     # ----- values -----
     def value(self, schema: Any, ptr: str) -> Node:
@@ -127,7 +130,7 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         if values is not None:
             # an enum / const somewhere in the conjunction: the instances are those of its
             # values that the whole schema (every keyword, `not` / `if` included) accepts
-            return ra.alt([self.literal_of(schema, v) for v in values])
+            return ra.alt([self.literal_of(schema, v, ptr) for v in values])
         return self.from_norm(self.normalise(schema, ptr), ptr)
 
     def finite_values(self, schema: Any, ptr: str, depth: int = 0) -> list | None:
@@ -151,10 +154,17 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
                 return values
         return None
 
-    def literal_of(self, schema: Any, value: Any) -> Node:
+    def literal_of(self, schema: Any, value: Any, ptr: str = "#") -> Node:
         """The spellings of enum / const `value` that are instances of `schema`: its
         integral numbers as integers and / or with a fraction part, as the schema accepts
-        them (draft 4: 2.0 is no integer); None if neither."""
+        them (draft 4: 2.0 is no integer); None if neither. Objects in any member order."""
+        try:
+            return self._literal_of(schema, value)
+        except UnsupportedSchemaError as e:
+            key = "const" if isinstance(schema, dict) and "const" in schema else "enum"
+            raise UnsupportedSchemaError(key, f"{ptr}/{key}", str(e).split(": ", 1)[-1]) from None
+
+    def _literal_of(self, schema: Any, value: Any) -> Node:
         ints, floats = integral_as(value, int), integral_as(value, float)
         as_int = self.accepts(schema, ints)
         if repr(ints) == repr(floats):  # no integral number in it
@@ -175,11 +185,13 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
             cls = jsonschema.validators.validator_for(self.root)
             root = self.root if isinstance(self.root, dict) else {}
             self._validator = cls(root, format_checker=cls.FORMAT_CHECKER)
+        if schema.get("_fractional") and kind_of(value) == "integer":
+            return False  # the `not` of integer that _fractional stands for
         clean = {k: v for k, v in schema.items() if not k.startswith("_")}
         fmt = clean.get("format")
         if isinstance(value, str) and fmt in FORMAT_REGEXES:
             # the library skips formats whose checker is not installed: ours decide
-            if not re.fullmatch(FORMAT_REGEXES[fmt], value):
+            if not re.fullmatch(FORMAT_VALUE_REGEXES[fmt], value):
                 return False
         try:
             return bool(self._validator.evolve(schema=clean).is_valid(value))
@@ -258,7 +270,9 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
             values = [c] if values is None else [v for v in values if canonical(v) == canonical(c)]
         excluded = {canonical(v): v for v in s.get("_not_values", [])}
         if values is not None:
-            return ra.alt([self.literal_of(s, v) for v in values if canonical(v) not in excluded])
+            return ra.alt(
+                [self.literal_of(s, v, ptr) for v in values if canonical(v) not in excluded]
+            )
         types = s.get("type")
         if types is None:
             types = ["string", "number", "boolean", "null", "object", "array"]
@@ -288,18 +302,22 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
                 if node is not None
                 else None
             )
-        if t != "string":  # 1 and 1.0 are one number; objects and arrays have many spellings
+        if t in ("number", "integer"):
+            # over exponent-free spellings, every one of which literal() lists for a value
+            spelled = ra.parsed(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
+        elif t == "string":  # over canonical spellings: no other spelling of a value slips in
+            spelled = ra.parsed(CANONICAL_TEXT)
+        else:  # objects and arrays have many spellings
             raise UnsupportedSchemaError("not", ptr, f"of {t} enum values")
-        # strings: over canonical spellings, so that no other spelling of a value slips in
-        dfa = dfa_ops.product(node_to_dfa(node), node_to_dfa(ra.parsed(CANONICAL_TEXT)), True)
+        dfa = dfa_ops.product(node_to_dfa(node), node_to_dfa(spelled), True)
         dfa = dfa_ops.product(dfa, node_to_dfa(ra.alt([literal(v) for v in mine])), False)
         return dfa_ops.DFANode(dfa, "not", ptr) if dfa.accepting.any() else None
 
     def typed(self, t: str, s: dict, ptr: str) -> Node:
         if t == "string":
             return self.string(s, ptr)
-        if t == "integer":
-            return self.integer(s, ptr)
+        if t == "integer":  # not an integer (`not` of integer) and an integer: none
+            return None if s.get("_fractional") else self.integer(s, ptr)
         if t == "number":
             return self.number(s, ptr)
         if t == "boolean":
