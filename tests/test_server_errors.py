@@ -179,7 +179,10 @@ CASES = [
                     "type": "function",
                     "function": {
                         "name": "f",
-                        "parameters": {"type": "object", "not": {"minimum": 1}},
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"xs": {"type": "array", "uniqueItems": True}},
+                        },
                     },
                 }
             ],
@@ -187,7 +190,7 @@ CASES = [
         },
         400,
         "unsupported_schema_keyword",
-        "'not'",
+        "'uniqueItems'",
         id="tool-parameters-unsupported-keyword",
     ),
     pytest.param(
