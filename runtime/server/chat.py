@@ -271,7 +271,9 @@ def chat_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
         check_tool_schemas(request.tools, mode, check_schema)
     forced = forced_tools(request.tools, request.tool_choice)
     if forced is not None:
-        return {"json_schema": tool_call_schema(forced, request.parallel), "json_schema_mode": mode}
+        # a named function is one call, as OpenAI answers it; "required" may be several
+        several = request.parallel and not isinstance(request.tool_choice, dict)
+        return {"json_schema": tool_call_schema(forced, several), "json_schema_mode": mode}
     fmt = response_format_constraint(request, mode)
     if not request.tool_mode:
         return fmt
