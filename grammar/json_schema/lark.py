@@ -18,11 +18,11 @@ the keyword and its JSON pointer.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema.merge import local_refs
+from grammar.json_schema.objects import pointer_target
 
 ANNOTATIONS = frozenset(
     {"title", "description", "examples", "example", "$schema", "$id", "id", "default",
@@ -180,16 +180,10 @@ class _Builder:
         hit = self.by_ref.get(ref)
         if hit is not None:
             return hit
-        node: Any = self.root
-        for part in ref[1:].split("/")[1:] if ref != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), part)
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise UnsupportedSchemaError("$ref", ptr, f"cannot resolve {ref!r}")
+        try:
+            node = pointer_target(self.root, ref)
+        except LookupError:
+            raise UnsupportedSchemaError("$ref", ptr, f"cannot resolve {ref!r}") from None
         # name the rule before building it, so a cycle refers back to it
         name = self.by_ref[ref] = self.new_rule()
         body = self.rule(node, ref)

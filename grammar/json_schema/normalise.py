@@ -8,13 +8,12 @@ recursion budget), `allOf` merged into one conjunction, `anyOf` / `oneOf` / `if-
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from grammar.automata.pattern import losses, note_loss
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema.merge import ASSERTIONS, UNSUPPORTED, merge, type_set
-from grammar.json_schema.objects import DEPENDENCY_KEYS, name_lists, ptr_escape
+from grammar.json_schema.objects import DEPENDENCY_KEYS, name_lists, pointer_target, ptr_escape
 
 
 class NormaliseRules:
@@ -26,16 +25,10 @@ class NormaliseRules:
             raise UnsupportedSchemaError("$ref", ptr, f"only local references: {ref!r}")
         if ref != "#" and not ref.startswith("#/"):
             raise UnsupportedSchemaError("$ref", ptr, f"no place here is named {ref!r}")
-        node: Any = self.root
-        for part in ref[1:].split("/")[1:] if ref != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), part)
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise UnsupportedSchemaError("$ref", ptr, f"cannot resolve {ref!r}")
+        try:
+            node = pointer_target(self.root, ref)
+        except LookupError:
+            raise UnsupportedSchemaError("$ref", ptr, f"cannot resolve {ref!r}") from None
         return node
 
     def normalise(self, schema: Any, ptr: str) -> dict | bool:

@@ -167,6 +167,22 @@ def ptr_escape(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
+def pointer_target(root: Any, ref: str) -> Any:
+    """What the local reference `ref` ("#" or "#/a/b", with ~0 / ~1 and %XX escapes) names in
+    `root`; LookupError when nothing there has that path."""
+    node = root
+    for part in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), part)
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise LookupError(ref)
+    return node
+
+
 DEPENDENCY_KEYS = ("dependencies", "dependentRequired")
 
 

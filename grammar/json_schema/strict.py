@@ -27,8 +27,9 @@ compile functions call.
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
+
+from grammar.json_schema.objects import pointer_target
 
 JSON_SCHEMA_MODES = ("strict", "exact")
 
@@ -71,17 +72,10 @@ class _Strict:
     def _target(self, ref: Any) -> Any:
         if not isinstance(ref, str) or not ref.startswith("#"):
             return None
-        node: Any = self.root
-        for part in ref[1:].split("/")[1:] if ref != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), part)
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return None
-        return node
+        try:
+            return pointer_target(self.root, ref)
+        except LookupError:
+            return None
 
     def _in_place(self, s: dict, branches: bool) -> list[Any]:
         """The schemas that apply to the same instance as `s` (allOf, $ref, dependentSchemas;
