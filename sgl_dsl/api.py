@@ -18,6 +18,7 @@ from .backend.base import Backend
 from .compiler import prefix_text
 from .errors import ProgramError
 from .ir import Program
+from .primitives import SAMPLING_KEYWORDS
 from .state import ProgramState
 from .tracer import TracerState, trace
 
@@ -235,24 +236,7 @@ def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | 
 
 # run() keyword -> gen() keyword, where they differ
 _RUN_NAMES = {"max_new_tokens": "max_tokens"}
-_SAMPLING = (
-    "max_new_tokens",
-    "n",
-    "stop",
-    "stop_token_ids",
-    "stop_regex",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "ignore_eos",
-    "return_logprob",
-    "logprob_start_len",
-    "top_logprobs_num",
-    "return_text_in_logprobs",
-)
+_SAMPLING = ("max_new_tokens", *SAMPLING_KEYWORDS)
 
 
 def _defaults(given: dict[str, Any]) -> dict[str, Any]:

@@ -106,8 +106,9 @@ def gen_string(
     return _typed_gen(str, name, max_tokens, args, kw)
 
 
-# gen_int / gen_string take SGLang's order after max_tokens: n, stop, stop_token_ids, ...
-_TYPED_ORDER = (
+# SGLang's sampling keywords after max_tokens, in its order (gen_int / gen_string take them
+# positionally; run() takes them, with max_new_tokens, as keywords)
+SAMPLING_KEYWORDS = (
     "n",
     "stop",
     "stop_token_ids",
@@ -127,10 +128,10 @@ _TYPED_ORDER = (
 
 
 def _typed_gen(dtype: type, name: Any, max_tokens: Any, args: tuple, kw: dict) -> Gen:
-    if len(args) > len(_TYPED_ORDER):
+    if len(args) > len(SAMPLING_KEYWORDS):
         raise ProgramError(f"gen_{dtype.__name__}() takes at most 17 positional arguments")
-    kw = {**dict(zip(_TYPED_ORDER, args, strict=False)), **kw}
-    bad = sorted(set(kw) - set(_TYPED_ORDER) - {"seed"})
+    kw = {**dict(zip(SAMPLING_KEYWORDS, args, strict=False)), **kw}
+    bad = sorted(set(kw) - set(SAMPLING_KEYWORDS) - {"seed"})
     if bad:
         raise ProgramError(f"gen_{dtype.__name__}() got unexpected keyword(s) {bad}")
     out = gen(name, max_tokens, dtype=dtype, **kw)
