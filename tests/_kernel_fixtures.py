@@ -14,7 +14,17 @@ import importlib
 import os
 from types import ModuleType
 
+import torch
+
 DEVICE = os.environ.get("SGL_KERNEL_TEST_DEVICE", "cpu")
+# kernel vs reference tolerances (elementwise atol / rtol), outputs of magnitude ~1; the reasons
+# are in tests/test_kernels_attention.py's docstring
+TOL = {
+    torch.float32: {"atol": 1e-4, "rtol": 1e-4},
+    torch.float16: {"atol": 5e-3, "rtol": 5e-3},
+    torch.bfloat16: {"atol": 4e-2, "rtol": 2e-2},
+}
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
 def interpreter_env(environ: os._Environ | dict) -> None:

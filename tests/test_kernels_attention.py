@@ -22,20 +22,13 @@ import pytest
 import torch
 
 from runtime.kernels import kernel_backend, reference
-from tests._kernel_fixtures import DEVICE, triton_kernels
+from tests._kernel_fixtures import DEVICE, DTYPES, TOL, triton_kernels
 
 # interpreted on CPU (TRITON_INTERPRET=1 for the whole session: tests/conftest.py)
 triton_attention, TRITON_ERROR = triton_kernels("triton_attention")
 needs_triton = pytest.mark.skipif(triton_attention is None, reason=TRITON_ERROR or "")
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("SGL_KERNEL_TEST_DEVICE=cuda but CUDA is not available", allow_module_level=True)
-
-TOL = {
-    torch.float32: {"atol": 1e-4, "rtol": 1e-4},
-    torch.float16: {"atol": 5e-3, "rtol": 5e-3},
-    torch.bfloat16: {"atol": 4e-2, "rtol": 2e-2},
-}
-DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
 class PagedKV:
