@@ -11,7 +11,17 @@ from typing import Any
 import torch
 
 from runtime.default_model import ensure_default_model
-from runtime.errors import ParallelConfigError
+from runtime.disaggregation.modes import (
+    DEFAULT_TIMEOUT_S,
+    Disaggregation,
+    HandoffStream,
+    Ticket,
+    finish_room,
+    model_fingerprint,
+    pool_layout,
+    split_bootstrap,
+)
+from runtime.errors import KVTransferError, ParallelConfigError
 from runtime.memory.kv_pool import KVPool, pages_for_budget, resolve_dtype
 from runtime.memory.radix_cache import RadixCache
 from runtime.models.loader import load_model_files
@@ -68,6 +78,10 @@ class Engine:
         nnodes: int = 1,
         dist_init_addr: str | None = None,
         json_schema_mode: str = "strict",
+        disaggregation_mode: str = "null",
+        disaggregation_bootstrap_port: int | None = None,
+        disaggregation_bootstrap_host: str = "0.0.0.0",
+        disaggregation_timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
         if num_threads:
@@ -94,6 +108,7 @@ class Engine:
         else:
             budget = (mem_budget_gb or DEFAULT_MEM_BUDGET_GB) * 1024**3
             num_pages = pages_for_budget(rank_config, int(budget), page_size, dtype_bytes)
+        self.model_fingerprint = model_fingerprint(loaded.config, loaded.state_dict)
         if self.parallel:
             del loaded  # each worker loads its own shard
             self.model = ParallelModel(
@@ -108,6 +123,13 @@ class Engine:
         self.pool = KVPool(self.config, num_pages, page_size, self.dtype,
                            allocate=not self.parallel)  # fmt: skip
         self.tree = RadixCache(page_size, self.pool.free) if enable_radix_cache else None
+        self.disaggregation = Disaggregation(
+            disaggregation_mode,
+            None if self.parallel else pool_layout(self.pool, self.model_fingerprint),
+            bootstrap_host=disaggregation_bootstrap_host,
+            bootstrap_port=disaggregation_bootstrap_port,
+            timeout_s=disaggregation_timeout_s,
+        )
         self.eos_token_ids = _eos_ids(path, self.config.eos_token_ids, self.tokenizer)
         self.output = OutputProcessor(self.tokenizer, self.eos_token_ids)
         self.scheduler = Scheduler(
@@ -174,23 +196,33 @@ class Engine:
 
         Keyword arguments are `SamplingParams` fields plus `regex`, `json_schema`, `choices`,
         `dtype`, `grammar` (lark text), `jump_forward`, `json_schema_mode` ("strict", the
-        default: objects emit only their declared properties; "exact"). One prompt whose
-        request is invalid raises; in a list, that entry comes back with finish_reason "abort"
-        and `.error` set while the others go on.
+        default: objects emit only their declared properties; "exact"), and on a prefill or
+        decode server `bootstrap_host` / `bootstrap_port` / `bootstrap_room` (one prompt; see
+        `runtime.disaggregation`). One prompt whose request is invalid raises; in a list, that
+        entry comes back with finish_reason "abort" and `.error` set while the others go on.
         """
         if isinstance(prompt, Sequence) and not isinstance(prompt, str) and len(prompt) == 0:
             return []  # an empty batch
         single = isinstance(prompt, str) or isinstance(prompt[0], int)
+        sampling = dict(sampling)
+        boot = split_bootstrap(sampling)
+        if boot is not None and not single:
+            raise ValueError("bootstrap_room takes one prompt")
         if stream:
             if not single:
                 raise ValueError("stream=True takes one prompt")
             req = self._make_request(prompt, dict(sampling), stream=True)  # type: ignore[arg-type]
-            self.scheduler.submit(req)
-            return StreamIterator(req, self.scheduler.abort)
+            ticket = self._submit(req, boot)
+            it = StreamIterator(req, self.scheduler.abort)
+            return it if ticket is None else HandoffStream(it, ticket)  # type: ignore[return-value]
         if single:
             req = self._make_request(prompt, dict(sampling), stream=False)  # type: ignore[arg-type]
-            self.scheduler.submit(req)
+            ticket = self._submit(req, boot)
             result: GenerateResult = req.outbox.get()
+            if ticket is not None:
+                finish_room(ticket, result)
+                if result.finish_reason == "abort":
+                    raise KVTransferError(result.error)
             if req.error is not None and result.finish_reason == "abort":
                 raise req.error
             return result
@@ -205,6 +237,18 @@ class Engine:
             self.scheduler.submit(req)
             reqs.append(req)
         return [r if isinstance(r, GenerateResult) else r.outbox.get() for r in reqs]
+
+    def _submit(self, req: Request, boot: dict[str, Any] | None) -> Ticket | None:
+        """Hand `req` to the scheduler; with a bootstrap room, as this server's role says."""
+        d = self.disaggregation
+        if boot is not None and d.mode == "prefill":
+            ticket = d.attach_prefill(req, boot)
+            self.scheduler.submit(req)
+            return ticket
+        if boot is not None and d.submit_decode(req, boot, self.scheduler.submit):
+            return None  # submitted once its KV has arrived
+        self.scheduler.submit(req)
+        return None
 
     def score(
         self,
@@ -286,6 +330,7 @@ class Engine:
             "scheduler_share": 1 - s.forward_s / s.busy_s if s.busy_s else 0.0,
             "throughput_tok_s": c["generated_tokens"] / s.busy_s if s.busy_s else 0.0,
             **self._expert_stats(),
+            **self.disaggregation.counters(),
         }
 
     def _expert_stats(self) -> dict[str, Any]:
@@ -315,6 +360,7 @@ class Engine:
         self.scheduler.call(self.scheduler.check_integrity)
 
     def shutdown(self) -> None:
+        self.disaggregation.close()
         self.scheduler.shutdown()
         if self.parallel:
             self.model.shutdown()

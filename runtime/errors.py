@@ -29,3 +29,11 @@ class ParallelConfigError(EngineError, ValueError):
 
 class WorkerError(EngineError):
     """A worker process of a parallel engine died or failed; the engine cannot run on."""
+
+
+class KVTransferError(EngineError):
+    """A prefill-decode KV hand-off failed: layout mismatch, a peer gone, a room not arriving."""
+
+
+class DisaggregationConfigError(EngineError, ValueError):
+    """A `disaggregation_mode` / bootstrap setting the engine cannot serve."""

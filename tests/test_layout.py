@@ -30,6 +30,7 @@ LAYERS = [
     ("runtime.models",),
     ("runtime.workers",),
     ("runtime.scheduling",),
+    ("runtime.disaggregation",),
     ("runtime",),
     ("runtime.server",),
     ("runtime.cluster",),

@@ -141,6 +141,10 @@ class Request:
         self.constraint = constraint  # a ConstraintState (constrained.py), or None
         self.cache_limit: int | None = None  # cache at most this many tokens while running
         self.admit_order = 0
+        # prefill-decode disaggregation (runtime/disaggregation): on a prefill server, the room
+        # this request's KV goes to; on a decode server, the KV it arrived with
+        self.handoff: Any = None
+        self.imported: Any = None
 
     @property
     def seq(self) -> list[int]:

@@ -26,6 +26,7 @@ from runtime.errors import PromptTooLongError
 from runtime.memory.kv_pool import KVPool
 from runtime.memory.pages import PageBook
 from runtime.memory.radix_cache import RadixCache
+from runtime.scheduling.handoff import admit_imported
 from runtime.scheduling.output import OutputProcessor
 from runtime.scheduling.request import Request, Status
 from runtime.scheduling.step_output import process_step_output
@@ -175,6 +176,8 @@ class Scheduler:
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> bool:
         """Plan, run and process one forward pass; False when there was nothing to do."""
+        if self.waiting and any(r.imported is not None for r in self.waiting):
+            admit_imported(self)  # KV that arrived from a prefill server: no prefill here
         plan = StepPlan()
         self._plan_decodes(plan)
         budget = self.chunk_tokens
@@ -224,6 +227,8 @@ class Scheduler:
         extending = [i.req for i in plan.extends]
         candidates = []
         for order, req in enumerate(self.waiting):
+            if req.imported is not None:
+                continue  # admitted by admit_imported
             # never reuse the last token (its logits are needed) nor a scored position
             cap = req.seq_len - 1 if req.logprob_start is None else req.logprob_start - 1
             match = self.book.match(req.seq, cap)

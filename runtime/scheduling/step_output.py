@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.scheduling.request import Status
+from runtime.scheduling.request import Request, Status
 from runtime.scheduling.sampling import sample
 from runtime.scheduling.step_plan import StepPlan
 
@@ -57,22 +57,42 @@ def process_step_output(sched: Scheduler, plan: StepPlan, logits: torch.Tensor) 
             if req.top_logprobs is not None:
                 req.top_logprobs.append(out.top_logprobs[i] or {})
             sched.counters["generated_tokens"] += 1
-            if sched.hooks is not None:
-                sched.hooks.after_token(sched, req)
-            if req.finish_reason != "abort":  # a failed constraint keeps its abort and error
-                sched.output.check_finish(req)
-            if req.finish_reason == "length" and sched.hooks is not None:
-                reason = sched.hooks.length_reason(req)
-                if reason:
-                    req.error = RuntimeError(reason)
-            if req.finish_reason is not None:
-                sched.finish(req, req.finish_reason)
-            elif req.stream:
-                chunk = sched.output.stream_chunk(req, finished=False)
-                if chunk is not None:
-                    req.outbox.put(chunk)
+            if req.handoff is not None:  # a prefill server's request ends at its first token
+                hand_off(sched, req)
+            else:
+                after_new_token(sched, req)
     for item in plan.extends:  # prefill-only requests (max_new_tokens=0, score)
         req = item.req
         if req.prefill_done and req.status is Status.RUNNING:
             if len(req.output_ids) >= req.params.max_new_tokens:
-                sched.finish(req, "length")
+                if req.handoff is not None:
+                    hand_off(sched, req)
+                else:
+                    sched.finish(req, "length")
+
+
+def hand_off(sched: Scheduler, req: Request) -> None:
+    """Prefill-decode disaggregation, prefill side: the prompt is prefilled and the first token
+    sampled; the room copies the request's KV out for the decode server, and the request ends
+    here (its pages retire into the radix cache as any finished request's do)."""
+    req.handoff.stage(sched.pool, req)
+    sched.finish(req, "length")
+
+
+def after_new_token(sched: Scheduler, req: Request) -> None:
+    """A token was appended to `req`: advance its constraint (maybe jumping forward), check
+    stop conditions, then finish the request or stream what is new."""
+    if sched.hooks is not None:
+        sched.hooks.after_token(sched, req)
+    if req.finish_reason != "abort":  # a failed constraint keeps its abort and error
+        sched.output.check_finish(req)
+    if req.finish_reason == "length" and sched.hooks is not None:
+        reason = sched.hooks.length_reason(req)
+        if reason:
+            req.error = RuntimeError(reason)
+    if req.finish_reason is not None:
+        sched.finish(req, req.finish_reason)
+    elif req.stream:
+        chunk = sched.output.stream_chunk(req, finished=False)
+        if chunk is not None:
+            req.outbox.put(chunk)

@@ -1,0 +1,234 @@
+"""What `disaggregation_mode` changes in an engine: the prefill side and the decode side.
+
+- prefill: a request that carries a `bootstrap_room` is prefilled (radix cache, chunked
+  prefill as usual), its first token sampled (through its constraint's mask), and then it ends
+  here: its KV is staged for the decode server that asks for that room on the bootstrap port.
+  The request's result is returned only once the hand-off is over, as an error if it failed.
+- decode: a request that carries `bootstrap_host` / `bootstrap_port` / `bootstrap_room` first
+  pulls that room's KV (off the scheduler thread), then enters the queue with it: the
+  scheduler writes the pages into its own pool and decodes from the first token on.
+
+A request without a room is served by either kind of server as by a plain one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from runtime.config import ModelConfig
+from runtime.disaggregation.protocol import KVLayout
+from runtime.disaggregation.receiver import KVReceiver
+from runtime.disaggregation.sender import KVSender, Room
+from runtime.errors import DisaggregationConfigError, KVTransferError
+from runtime.memory.kv_pages import page_bytes, read_pages
+from runtime.memory.kv_pool import KVPool
+from runtime.scheduling.request import GenerateResult, Request, StreamChunk
+
+logger = logging.getLogger(__name__)
+
+MODES = ("null", "prefill", "decode")
+BOOTSTRAP_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+DEFAULT_BOOTSTRAP_PORT = 8998
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def model_fingerprint(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> str:
+    """A digest of the model's shape and a sample of its weights: two servers exchange KV only
+    when they serve the same model."""
+    h = hashlib.sha256(repr(sorted(asdict(config).items())).encode())
+    for name in sorted(state_dict)[:4]:
+        t = state_dict[name].detach().reshape(-1)[:4096].to(torch.float32)
+        h.update(name.encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def pool_layout(pool: KVPool, fingerprint: str) -> KVLayout:
+    layers = len(next(iter(pool.buffers.values()), []))
+    return KVLayout(
+        model=fingerprint,
+        dtype=str(pool.dtype).replace("torch.", ""),
+        page_size=pool.page_size,
+        num_layers=layers,
+        tensors=tuple(pool.layout),
+        page_bytes=page_bytes(pool),
+    )
+
+
+def split_bootstrap(kw: dict[str, Any]) -> dict[str, Any] | None:
+    """Pop the bootstrap keywords out of generate()'s keywords; None when there is no room."""
+    given = {k: kw.pop(k) for k in BOOTSTRAP_KEYS if k in kw}
+    if given.get("bootstrap_room") is None:
+        return None
+    try:
+        room = int(given["bootstrap_room"])
+        port = given.get("bootstrap_port")
+        port = None if port is None else int(port)
+    except (TypeError, ValueError):
+        raise ValueError("bootstrap_room and bootstrap_port must be integers") from None
+    return {"room": room, "host": given.get("bootstrap_host"), "port": port}
+
+
+class Ticket:
+    """A prefill request's room, as the scheduler sees it (`req.handoff`)."""
+
+    def __init__(self, sender: KVSender, room: Room) -> None:
+        self.sender = sender
+        self.room = room
+
+    def stage(self, pool: KVPool, req: Request) -> None:
+        """On the scheduler thread: copy the request's KV out and hand it to the room."""
+        try:
+            tokens = req.computed
+            pages = req.pages[: -(-tokens // pool.page_size)]
+            data = read_pages(pool, pages) if pages else torch.empty((0, 0), dtype=torch.uint8)
+            meta = {
+                "prompt_ids": req.prompt_ids,
+                "output_ids": req.output_ids,
+                "logprobs": req.logprobs,
+                "top_logprobs": None
+                if req.top_logprobs is None
+                else [{str(k): v for k, v in d.items()} for d in req.top_logprobs],
+                "kv_tokens": tokens,
+                "num_pages": len(pages),
+            }
+            self.sender.stage(self.room, meta, data)
+        except Exception as exc:  # only this room fails; the scheduler goes on
+            logger.exception("staging room %d failed", self.room.room)
+            self.sender.fail(self.room, f"staging the KV failed: {exc}")
+
+
+class HandoffStream(Iterator[StreamChunk]):
+    """A prefill request's stream: its last chunk comes once the room is handed off, and says
+    so (finish_reason "abort" with the error) when the hand-off failed."""
+
+    def __init__(self, inner: Iterator[StreamChunk], ticket: Ticket) -> None:
+        self._inner = inner
+        self._ticket = ticket
+
+    def __next__(self) -> StreamChunk:
+        chunk = next(self._inner)
+        if chunk.finished and chunk.result is not None:
+            finish_room(self._ticket, chunk.result)
+        return chunk
+
+    def close(self) -> None:
+        self._inner.close()  # type: ignore[attr-defined]
+        if not self._ticket.room.staged.is_set():
+            self._ticket.sender.fail(self._ticket.room, "the prefill request was cancelled")
+
+    def __enter__(self) -> HandoffStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def finish_room(ticket: Ticket, result: GenerateResult) -> None:
+    """Wait for the room's hand-off; a failed one turns the result into an abort."""
+    sender, room = ticket.sender, ticket.room
+    if not room.staged.is_set():  # the prefill itself ended without a first token
+        sender.fail(room, f"the prefill request ended ({result.finish_reason}): {result.error}")
+    error = sender.wait(room)
+    if error is not None:
+        result.finish_reason = "abort"
+        result.error = f"KVTransferError: {error}"
+
+
+class Disaggregation:
+    """An engine's prefill or decode role (`mode` "null": neither)."""
+
+    def __init__(
+        self,
+        mode: str,
+        layout: KVLayout | None,
+        *,
+        bootstrap_host: str = "0.0.0.0",
+        bootstrap_port: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        if mode not in MODES:
+            raise DisaggregationConfigError(
+                f"disaggregation_mode must be one of {MODES}, got {mode!r}"
+            )
+        self.mode = mode
+        self.sender: KVSender | None = None
+        self.receiver: KVReceiver | None = None
+        if mode == "null":
+            return
+        if layout is None:
+            raise DisaggregationConfigError(
+                f"disaggregation_mode {mode!r} needs the pool in this process (tp/pp/ep > 1 "
+                "keeps it on the worker ranks, which is not supported yet)"
+            )
+        if mode == "prefill":
+            port = DEFAULT_BOOTSTRAP_PORT if bootstrap_port is None else bootstrap_port
+            try:
+                self.sender = KVSender(layout, bootstrap_host, port, timeout_s)
+            except OSError as exc:
+                raise DisaggregationConfigError(
+                    f"cannot listen on the bootstrap port {bootstrap_host}:{port}: {exc}"
+                ) from exc
+            logger.info("prefill server: KV bootstrap on %s:%d", bootstrap_host, self.sender.port)
+        else:
+            self.receiver = KVReceiver(layout, timeout_s)
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        return self.sender.port if self.sender is not None else None
+
+    def counters(self) -> dict[str, Any]:
+        side = self.sender or self.receiver
+        base = {"kv_transfer_requests": 0, "kv_transfer_bytes": 0, "kv_transfer_failures": 0,
+                "kv_transfer_s": 0.0}  # fmt: skip
+        return {"disaggregation_mode": self.mode, **(side.counters if side else base)}
+
+    # ---- prefill ---------------------------------------------------------------------------
+    def attach_prefill(self, req: Request, boot: dict[str, Any]) -> Ticket | None:
+        if self.sender is None:
+            return None
+        ticket = Ticket(self.sender, self.sender.open_room(boot["room"]))
+        req.handoff = ticket
+        return ticket
+
+    # ---- decode ----------------------------------------------------------------------------
+    def submit_decode(
+        self, req: Request, boot: dict[str, Any], submit: Callable[[Request], None]
+    ) -> bool:
+        """Fetch the room on a thread, then `submit(req)` with its KV (or with the error); False
+        (nothing done) on a server that is not a decode server."""
+        if self.receiver is None:
+            return False
+        if boot["host"] is None or boot["port"] is None:
+            raise ValueError("bootstrap_room needs bootstrap_host and bootstrap_port")
+        receiver = self.receiver
+
+        def fetch() -> None:
+            try:
+                got = receiver.fetch(boot["host"], boot["port"], boot["room"])
+                if got.prompt_ids != req.prompt_ids:
+                    raise KVTransferError(
+                        f"room {boot['room']}: the prefill server's prompt has "
+                        f"{len(got.prompt_ids)} tokens, this one {len(req.prompt_ids)} (or "
+                        "they differ): the two servers tokenise differently"
+                    )
+                req.output_ids = list(got.output_ids)
+                req.imported = got
+            except KVTransferError as exc:
+                req.error = exc
+                req.finish_reason = "abort"
+            submit(req)
+
+        threading.Thread(target=fetch, name="sgl-kv-fetch", daemon=True).start()
+        return True
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()

@@ -1,0 +1,98 @@
+"""The decode side: pull one room's KV pages from a prefill server's bootstrap port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from runtime.disaggregation.protocol import Kind, KVLayout, expect, receive, send
+from runtime.errors import KVTransferError
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(slots=True)
+class ReceivedKV:
+    """A room as it arrived: the prefill side's tokens and its pages (in wire form)."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float] | None
+    top_logprobs: list[dict[int, float]] | None
+    kv_tokens: int  # positions 0 .. kv_tokens - 1 have K/V in `data`
+    data: torch.Tensor  # [num_pages, page_bytes] uint8
+
+
+class KVReceiver:
+    def __init__(self, layout: KVLayout, timeout_s: float) -> None:
+        self.layout = layout
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self.counters = {"kv_transfer_requests": 0, "kv_transfer_bytes": 0,
+                         "kv_transfer_failures": 0, "kv_transfer_s": 0.0}  # fmt: skip
+
+    def fetch(self, host: str, port: int, room: int) -> ReceivedKV:
+        """The room's KV, or KVTransferError naming what went wrong (nothing is kept)."""
+        start = time.perf_counter()
+        try:
+            got = self._fetch(host, port, room)
+        except (KVTransferError, OSError, ValueError, KeyError, TypeError) as exc:
+            with self._lock:
+                self.counters["kv_transfer_failures"] += 1
+            if isinstance(exc, KVTransferError):
+                raise
+            if isinstance(exc, TimeoutError | socket.timeout):
+                raise KVTransferError(
+                    f"prefill server {host}:{port} sent nothing for room {room} within "
+                    f"{self.timeout_s:g} s"
+                ) from exc
+            raise KVTransferError(
+                f"KV transfer of room {room} from {host}:{port} failed: {exc}"
+            ) from exc
+        with self._lock:
+            self.counters["kv_transfer_requests"] += 1
+            self.counters["kv_transfer_bytes"] += got.data.numel()
+            self.counters["kv_transfer_s"] += time.perf_counter() - start
+        return got
+
+    def _fetch(self, host: str, port: int, room: int) -> ReceivedKV:
+        try:
+            sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            raise KVTransferError(
+                f"cannot reach the prefill server's bootstrap port {host}:{port}: {exc}"
+            ) from exc
+        with sock:
+            # the prefill side answers within its own timeout; this is the backstop
+            sock.settimeout(self.timeout_s + 10)
+            send(sock, Kind.REGISTER, {"room": room, "layout": self.layout.to_json()})
+            meta = expect(sock, Kind.META, f"room {room}")
+            num_pages, tokens = int(meta["num_pages"]), int(meta["kv_tokens"])
+            if num_pages != -(-tokens // self.layout.page_size):
+                raise KVTransferError(f"room {room}: {num_pages} pages for {tokens} tokens")
+            data = torch.empty((num_pages, self.layout.page_bytes), dtype=torch.uint8)
+            view = memoryview(data.numpy()).cast("B")
+            width = self.layout.page_bytes
+            for i in range(num_pages):
+                kind, header, _ = receive(sock, view[i * width : (i + 1) * width])
+                if kind is Kind.ERROR:
+                    raise KVTransferError(f"room {room}: {header.get('message')}")
+                if kind is not Kind.PAGE or header.get("index") != i:
+                    raise KVTransferError(f"room {room}: expected page {i}, got {kind.name}")
+            expect(sock, Kind.DONE, f"room {room}")
+            send(sock, Kind.ACK, {})
+        top = meta.get("top_logprobs")
+        return ReceivedKV(
+            prompt_ids=[int(t) for t in meta["prompt_ids"]],
+            output_ids=[int(t) for t in meta["output_ids"]],
+            logprobs=meta.get("logprobs"),
+            top_logprobs=None
+            if top is None
+            else [{int(k): float(v) for k, v in d.items()} for d in top],
+            kv_tokens=tokens,
+            data=data,
+        )

@@ -1,0 +1,193 @@
+"""The prefill side: rooms of prefilled requests, served to decode servers on the bootstrap port.
+
+A room is opened when a request with a `bootstrap_room` arrives, staged by the scheduler once
+the prefill and first token are done (its KV pages copied out; the pool pages retire into the
+radix cache at once), and closed when a decode server has acknowledged every page, or with an
+error: the prefill request failed, no decode server asked within the timeout, the decode
+server disconnected, or its pool layout does not match. Whoever waits on the room (the prefill
+request's caller) then sees the outcome; the staged copy is dropped either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from runtime.disaggregation.protocol import Kind, KVLayout, expect, send
+from runtime.errors import KVTransferError
+
+logger = logging.getLogger(__name__)
+
+ACCEPT_POLL_S = 0.5
+
+
+@dataclass(slots=True)
+class Room:
+    room: int
+    opened_at: float = field(default_factory=time.monotonic)
+    meta: dict[str, Any] | None = None
+    data: torch.Tensor | None = None  # [num_pages, page_bytes] uint8, until sent
+    error: str | None = None
+    claimed: bool = False
+    staged: threading.Event = field(default_factory=threading.Event)  # staged or failed
+    done: threading.Event = field(default_factory=threading.Event)  # sent or failed
+
+
+class KVSender:
+    """The bootstrap server of a prefill engine (a listening socket and a thread per peer)."""
+
+    def __init__(self, layout: KVLayout, host: str, port: int, timeout_s: float) -> None:
+        self.layout = layout
+        self.timeout_s = timeout_s
+        self._rooms: dict[int, Room] = {}
+        self._cond = threading.Condition()
+        self.counters = {"kv_transfer_requests": 0, "kv_transfer_bytes": 0,
+                         "kv_transfer_failures": 0, "kv_transfer_s": 0.0}  # fmt: skip
+        self._sock = socket.create_server((host, port), reuse_port=False)
+        self._sock.settimeout(ACCEPT_POLL_S)
+        self.port = self._sock.getsockname()[1]
+        self._stop = False
+        threading.Thread(target=self._accept_loop, name="sgl-kv-bootstrap", daemon=True).start()
+        threading.Thread(target=self._expire_loop, name="sgl-kv-expire", daemon=True).start()
+
+    # ---- the prefill request's side --------------------------------------------------------
+    def open_room(self, room: int) -> Room:
+        with self._cond:
+            if room in self._rooms:
+                raise KVTransferError(f"bootstrap_room {room} is already in use on this server")
+            state = self._rooms[room] = Room(room)
+            self._cond.notify_all()
+            return state
+
+    def stage(self, state: Room, meta: dict[str, Any], data: torch.Tensor) -> None:
+        """Called on the scheduler thread once the room's prefill and first token are done."""
+        with self._cond:
+            if state.error is None:
+                state.meta, state.data = meta, data
+            state.staged.set()
+            self._cond.notify_all()
+
+    def fail(self, state: Room, message: str) -> None:
+        """End the room with an error (if it has not ended yet); a waiting peer is told."""
+        with self._cond:
+            if state.done.is_set():
+                return
+            state.error = state.error or message
+            state.data = None
+            state.staged.set()
+            state.done.set()
+            self._rooms.pop(state.room, None)
+            self.counters["kv_transfer_failures"] += 1
+            self._cond.notify_all()
+
+    def wait(self, state: Room) -> str | None:
+        """Block until the room is sent (None) or failed (its error)."""
+        if not state.done.wait(timeout=3 * self.timeout_s + 10):
+            self.fail(state, f"room {state.room} not finished within {3 * self.timeout_s:.0f} s")
+        return state.error
+
+    # ---- the decode servers' side ------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                             name="sgl-kv-send").start()  # fmt: skip
+
+    def _serve(self, conn: socket.socket) -> None:
+        state: Room | None = None
+        with conn:
+            conn.settimeout(self.timeout_s + 5)
+            try:
+                reg = expect(conn, Kind.REGISTER, "registration")
+                why = self.layout.mismatch(KVLayout.from_json(reg["layout"]))
+                if why is not None:
+                    raise KVTransferError(why)
+                state = self._claim(int(reg["room"]))
+                self._send_room(conn, state)
+            except (KVTransferError, OSError, KeyError, ValueError, TypeError) as exc:
+                message = str(exc) or type(exc).__name__
+                if isinstance(exc, OSError):
+                    message = f"decode server disconnected during the transfer ({message})"
+                logger.warning("KV transfer failed: %s", message)
+                try:
+                    send(conn, Kind.ERROR, {"message": message})
+                except OSError:
+                    pass
+                if state is not None:
+                    self.fail(state, message)
+
+    def _claim(self, room: int) -> Room:
+        """The room, once staged; waits up to the timeout for it to arrive and be prefilled."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            while True:
+                state = self._rooms.get(room)
+                if state is not None and state.staged.is_set():
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if state is not None:
+                        self.fail(state, f"room {room} was not prefilled within the timeout")
+                    raise KVTransferError(
+                        f"bootstrap room {room} did not arrive on this prefill server within "
+                        f"{self.timeout_s:g} s"
+                    )
+                self._cond.wait(timeout=left)
+            if state.error is not None:
+                raise KVTransferError(f"room {room}: {state.error}")
+            if state.claimed:
+                raise KVTransferError(f"room {room} was already taken by another decode server")
+            state.claimed = True
+            return state
+
+    def _send_room(self, conn: socket.socket, state: Room) -> None:
+        start = time.perf_counter()
+        data = state.data
+        assert data is not None and state.meta is not None
+        send(conn, Kind.META, state.meta)
+        for i in range(data.shape[0]):
+            send(conn, Kind.PAGE, {"index": i}, data[i].numpy().tobytes())
+        send(conn, Kind.DONE, {})
+        expect(conn, Kind.ACK, "acknowledgement")
+        with self._cond:
+            state.data = None
+            self._rooms.pop(state.room, None)
+            self.counters["kv_transfer_requests"] += 1
+            self.counters["kv_transfer_bytes"] += data.numel()
+            self.counters["kv_transfer_s"] += time.perf_counter() - start
+            state.done.set()
+
+    def _expire_loop(self) -> None:
+        """Rooms staged but never asked for: dropped after the timeout (their KV freed)."""
+        while not self._stop:
+            time.sleep(min(1.0, self.timeout_s / 4))
+            now = time.monotonic()
+            with self._cond:
+                stale = [r for r in self._rooms.values()
+                         if not r.claimed and now - r.opened_at > 2 * self.timeout_s]  # fmt: skip
+            for state in stale:
+                self.fail(state, f"no decode server asked for room {state.room} in time")
+
+    @property
+    def open_rooms(self) -> int:
+        with self._cond:
+            return len(self._rooms)
+
+    def close(self) -> None:
+        self._stop = True
+        self._sock.close()
+        with self._cond:
+            rooms = list(self._rooms.values())
+        for state in rooms:
+            self.fail(state, "the prefill server shut down")
