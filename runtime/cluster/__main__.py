@@ -1,6 +1,8 @@
 """`python -m runtime.cluster --replicas N [--model PATH] [--policy P] [--host H] [--port P]`
+(or `--prefill N --decode M`: prefill-decode disaggregation)
 
-Starts N `runtime.server` replicas and the SGLang Model Gateway in front of them, prints one
+Starts N `runtime.server` replicas and the SGLang Model Gateway in front of them (with
+`--prefill N --decode M`: N prefill and M decode servers, the gateway in PD mode), prints one
 line `router: http://HOST:PORT` on standard output once the gateway routes to every replica,
 restarts a replica that dies, and stops everything on Ctrl-C or SIGTERM (exit status 0).
 Logs go to standard error; the children's logs to files in --log-dir.
@@ -34,6 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="N runtime.server replicas behind the SGLang Model Gateway.",
     )
     p.add_argument("--replicas", type=int, default=2, help="server processes to start")
+    p.add_argument(
+        "--prefill", type=int, default=0, help="PD mode: prefill servers (with --decode)"
+    )
+    p.add_argument("--decode", type=int, default=0, help="PD mode: decode servers")
     p.add_argument("--model", default=None, help="model folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--policy", choices=POLICIES, default="cache_aware", help="routing policy")
     p.add_argument("--host", default="127.0.0.1", help="where the router listens")
@@ -56,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def config_from_args(args: argparse.Namespace) -> ClusterConfig:
     return ClusterConfig(
         replicas=args.replicas,
+        prefill=args.prefill,
+        decode=args.decode,
         model=args.model,
         policy=args.policy,
         host=args.host,

@@ -5,6 +5,10 @@ few seconds) and stops routing to one that fails twice, which also covers a repl
 hangs. The supervisor here watches the processes: when one exits it removes that URL from
 the gateway at once (so no request waits for a health check to notice), restarts the process
 on the same port after a back-off, and adds the URL back once /health answers.
+
+With `prefill` / `decode` counts the cluster is disaggregated: that many prefill servers
+(each with its own KV bootstrap port) and decode servers, behind the gateway in PD mode; a
+restarted one goes back in with its role.
 """
 
 from __future__ import annotations
@@ -42,15 +46,26 @@ class ClusterConfig:
     stop_grace_s: float = 15.0
     health_check_interval_s: int = 5
     server_module: str = "runtime.server"
+    prefill: int = 0  # PD mode when prefill or decode > 0 (then `replicas` is not used)
+    decode: int = 0
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill > 0 or self.decode > 0
 
 
 class Cluster:
     """Start with `start()`, keep alive with `supervise()` (or `serve_forever()`), `stop()`."""
 
     def __init__(self, config: ClusterConfig) -> None:
-        if config.replicas < 1:
+        if config.disaggregated and (config.prefill < 1 or config.decode < 1):
+            raise ClusterError(
+                f"PD mode needs at least one prefill and one decode server, got --prefill "
+                f"{config.prefill} --decode {config.decode}"
+            )
+        if config.replicas < 1 and not config.disaggregated:
             raise ClusterError(f"--replicas must be at least 1, got {config.replicas}")
-        if config.policy == "power_of_two" and config.replicas < 2:
+        if config.policy == "power_of_two" and config.replicas < 2 and not config.disaggregated:
             raise ClusterError("the power_of_two policy needs at least 2 replicas")
         self.config = config
         self._own_log_dir = config.log_dir is None
@@ -64,6 +79,11 @@ class Cluster:
             health_check_interval_s=config.health_check_interval_s,
         )
         self.gateway = Gateway(settings, self.log_dir)
+        if config.disaggregated:
+            roles = [("prefill", i) for i in range(config.prefill)]
+            roles += [("decode", i) for i in range(config.decode)]
+        else:
+            roles = [(None, i) for i in range(config.replicas)]
         self.replicas = [
             Replica(
                 i,
@@ -72,8 +92,10 @@ class Cluster:
                 server_args=config.server_args,
                 server_module=config.server_module,
                 log_dir=self.log_dir,
+                role=role,
+                bootstrap_port=free_port() if role == "prefill" else None,
             )
-            for i in range(config.replicas)
+            for role, i in roles
         ]
         self._stopped = False
         self._lock = threading.Lock()
@@ -92,7 +114,12 @@ class Cluster:
                 replica.wait_healthy(self.config.startup_timeout_s)
                 logger.info("%s serves on %s", replica.name, replica.url)
             urls = [r.url for r in self.replicas]
-            self.gateway.start(urls)
+            if self.config.disaggregated:
+                prefill = [(r.url, r.bootstrap_port) for r in self.replicas if r.role == "prefill"]
+                decode = [r.url for r in self.replicas if r.role == "decode"]
+                self.gateway.start(decode, prefill)  # type: ignore[arg-type]
+            else:
+                self.gateway.start(urls)
             self.gateway.wait_ready(urls, self.config.startup_timeout_s)
         except BaseException:
             self.stop(keep_logs=True)
@@ -126,7 +153,7 @@ class Cluster:
                 replica.mark_dead(now)
             elif replica.is_healthy():
                 try:
-                    self.gateway.add_worker(replica.url)
+                    self.gateway.add_worker(replica.url, replica.role, replica.bootstrap_port)
                 except (ClusterError, httpx.HTTPError) as exc:
                     logger.warning("could not add %s to the router: %s", replica.url, exc)
                     return  # still STARTING: tried again on the next pass

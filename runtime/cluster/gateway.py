@@ -8,6 +8,11 @@ failing one out of rotation and putting it back once it answers again), retries 
 that failed on one worker, and answers `/v1/models` itself from the workers' model names.
 Workers are added and removed at run time through its HTTP API: POST /workers {"url": ...},
 DELETE /workers/{worker_id}, GET /workers.
+
+In PD mode (`--pd-disaggregation --prefill URL BOOTSTRAP_PORT ... --decode URL ...`) it sends
+each request to one prefill and one decode worker at once, with `bootstrap_host`,
+`bootstrap_port` and `bootstrap_room` added, and answers with the decode worker's response; a
+worker added at run time then says which it is: {"url", "worker_type", "bootstrap_port"}.
 """
 
 from __future__ import annotations
@@ -71,14 +76,25 @@ class Gateway:
         host = self.settings.host
         return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.settings.port}"
 
-    def argv(self, worker_urls: list[str]) -> list[str]:
+    def argv(
+        self, worker_urls: list[str], prefill: list[tuple[str, int]] | None = None
+    ) -> list[str]:
+        """`prefill` (URL, bootstrap port) pairs: PD mode, `worker_urls` being the decoders."""
         s = self.settings
+        if prefill is None:
+            workers = ["--worker-urls", *worker_urls]
+        else:
+            workers = ["--pd-disaggregation"]
+            for url, port in prefill:
+                workers += ["--prefill", url, str(port)]
+            for url in worker_urls:
+                workers += ["--decode", url]
         return [
             sys.executable, "-m", "sglang_router.launch_router",
             "--host", s.host,
             "--port", str(s.port),
             "--policy", s.policy,
-            "--worker-urls", *worker_urls,
+            *workers,
             "--prometheus-host", "127.0.0.1",
             "--prometheus-port", str(self.metrics_port),
             "--health-check-interval-secs", str(s.health_check_interval_s),
@@ -90,8 +106,8 @@ class Gateway:
             "--log-level", s.log_level,
         ]  # fmt: skip
 
-    def start(self, worker_urls: list[str]) -> None:
-        self.process = ChildProcess("router", self.argv(worker_urls), self.log_path)
+    def start(self, worker_urls: list[str], prefill: list[tuple[str, int]] | None = None) -> None:
+        self.process = ChildProcess("router", self.argv(worker_urls, prefill), self.log_path)
         self.process.start()
 
     def is_running(self) -> bool:
@@ -123,9 +139,17 @@ class Gateway:
             for w in reply.get("workers", [])
         ]
 
-    def add_worker(self, url: str) -> None:
-        """Register `url` (the gateway checks its /health and reads its model info first)."""
-        self._call("POST", "/workers", json={"url": url})
+    def add_worker(
+        self, url: str, worker_type: str | None = None, bootstrap_port: int | None = None
+    ) -> None:
+        """Register `url` (the gateway checks its /health and reads its model info first); in
+        PD mode with its `worker_type` ("prefill" with its bootstrap port, or "decode")."""
+        body: dict[str, Any] = {"url": url}
+        if worker_type is not None:
+            body["worker_type"] = worker_type
+        if bootstrap_port is not None:
+            body["bootstrap_port"] = bootstrap_port
+        self._call("POST", "/workers", json=body)
         logger.info("router: added worker %s", url)
 
     def remove_worker(self, url: str) -> bool:

@@ -43,14 +43,18 @@ class Replica:
         server_args: list[str] | None = None,
         server_module: str = "runtime.server",
         log_dir: Path,
+        role: str | None = None,
+        bootstrap_port: int | None = None,
     ) -> None:
         self.index = index
+        self.role = role  # PD mode: "prefill" or "decode"; None: a plain replica
+        self.bootstrap_port = bootstrap_port  # a prefill replica's KV bootstrap port
         self.host = host
         self.port = port
         self.model = model
         self.server_args = list(server_args or [])
         self.server_module = server_module
-        self.log_path = log_dir / f"replica-{index}.log"
+        self.log_path = log_dir / f"{role or 'replica'}-{index}.log"
         self.state = ReplicaState.STARTING
         self.restarts = 0  # in total
         self.quick_failures = 0  # deaths in a row, each within STABLE_AFTER_S of its start
@@ -60,7 +64,7 @@ class Replica:
 
     @property
     def name(self) -> str:
-        return f"replica {self.index}"
+        return f"{self.role or 'replica'} {self.index}"
 
     @property
     def url(self) -> str:
@@ -71,6 +75,10 @@ class Replica:
         argv += ["--port", str(self.port)]
         if self.model is not None:
             argv += ["--model", self.model]
+        if self.role is not None:
+            argv += ["--disaggregation-mode", self.role]
+        if self.bootstrap_port is not None:
+            argv += ["--disaggregation-bootstrap-port", str(self.bootstrap_port)]
         return argv + self.server_args
 
     def start(self) -> None:

@@ -118,7 +118,7 @@ class KVSender:
             except (KVTransferError, OSError, KeyError, ValueError, TypeError) as exc:
                 message = str(exc) or type(exc).__name__
                 if isinstance(exc, OSError):
-                    message = f"decode server disconnected during the transfer ({message})"
+                    message = f"the decode server's connection failed ({message})"
                 logger.warning("KV transfer failed: %s", message)
                 try:
                     send(conn, Kind.ERROR, {"message": message})
@@ -155,11 +155,16 @@ class KVSender:
         start = time.perf_counter()
         data = state.data
         assert data is not None and state.meta is not None
-        send(conn, Kind.META, state.meta)
-        for i in range(data.shape[0]):
-            send(conn, Kind.PAGE, {"index": i}, data[i].numpy().tobytes())
-        send(conn, Kind.DONE, {})
-        expect(conn, Kind.ACK, "acknowledgement")
+        try:
+            send(conn, Kind.META, state.meta)
+            for i in range(data.shape[0]):
+                send(conn, Kind.PAGE, {"index": i}, data[i].numpy().tobytes())
+            send(conn, Kind.DONE, {})
+            expect(conn, Kind.ACK, "acknowledgement")
+        except (OSError, KVTransferError) as exc:
+            raise KVTransferError(
+                f"the decode server disconnected during the transfer of room {state.room} ({exc})"
+            ) from exc
         with self._cond:
             state.data = None
             self._rooms.pop(state.room, None)

@@ -56,6 +56,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="JSON-Schema generation: strict (objects emit only their declared properties, "
         "the default) or exact (the schema's own language); a request's json_schema_mode wins",
     )
+    pd = p.add_argument_group("prefill-decode disaggregation (behind the gateway's PD mode)")
+    pd.add_argument(
+        "--disaggregation-mode",
+        choices=("null", "prefill", "decode"),
+        default="null",
+        help="prefill: prefill each request with a bootstrap room and hand its KV over; "
+        "decode: fetch a room's KV and decode; null: a plain server",
+    )
+    pd.add_argument(
+        "--disaggregation-bootstrap-port",
+        type=int,
+        default=8998,
+        help="prefill servers: the TCP port decode servers fetch KV from",
+    )
+    pd.add_argument(
+        "--disaggregation-transfer-backend",
+        choices=("tcp",),
+        default="tcp",
+        help="how pages move (RDMA engines such as NIXL or Mooncake are not built in)",
+    )
+    pd.add_argument(
+        "--disaggregation-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a room may wait for its prefill or its decode server",
+    )
     par = p.add_argument_group("parallelism (worker ranks joined by torch.distributed)")
     par.add_argument(
         "--tp",
@@ -108,6 +134,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "ep_size": args.ep_size,
         "nnodes": args.nnodes,
         "dist_init_addr": args.dist_init_addr,
+        "disaggregation_mode": args.disaggregation_mode,
+        "disaggregation_bootstrap_port": args.disaggregation_bootstrap_port,
+        "disaggregation_bootstrap_host": args.host,
+        "disaggregation_timeout_s": args.disaggregation_timeout,
     }
 
 

@@ -253,6 +253,15 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
             # none, an empty list); without it, no input_token_logprobs at all
             start = _pick(body.logprob_start_len, i)
             input_starts.append((-1 if start is None else start) if want_lp else None)
+    if body.bootstrap_room is not None:  # PD mode: one generation per room
+        if len(jobs) != 1:
+            raise APIError(
+                400,
+                f"a bootstrap_room names one generation, this request makes {len(jobs)} "
+                "(a batch or n > 1)",
+                param="bootstrap_room",
+            )
+        jobs[0][1].kwargs.update(body.bootstrap())
     admission = bridge.acquire(len(jobs))
     tok = state.tokenizer
     if body.stream:

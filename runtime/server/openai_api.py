@@ -22,7 +22,7 @@ from runtime.server.chat import (
 )
 from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, Job, SSEResponse, collect, sse, sse_error
-from runtime.server.protocol import SamplingFields
+from runtime.server.protocol import BootstrapFields, SamplingFields
 from runtime.server.state import ServerState, get_state
 from runtime.server.tools import forced_tools
 
@@ -56,6 +56,21 @@ def _jobs(prompt_ids: list[int], kwargs: dict[str, Any], n: int, seed: int | Non
     ]
 
 
+def with_room(jobs: list[Job], body: BootstrapFields) -> list[Job]:
+    """PD mode: the gateway's bootstrap room goes with the request's one engine job."""
+    boot = body.bootstrap()
+    if boot:
+        if len(jobs) != 1:
+            raise APIError(
+                400,
+                f"a bootstrap_room names one generation, this request makes {len(jobs)} "
+                "(several prompts or n > 1)",
+                param="bootstrap_room",
+            )
+        jobs[0].kwargs.update(boot)
+    return jobs
+
+
 def _closer(streams: ChoiceStreams, admission: Admission) -> Callable[[], None]:
     def close() -> None:
         streams.close()
@@ -73,7 +88,7 @@ def json_schema_mode(state: ServerState, requested: str | None) -> str:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatRequest, request: Request) -> Any:
     state = get_state(request)
-    state.check_model(body.model)
+    state.check_model(body.requested_model())
     body.prepare()
     mode = json_schema_mode(state, body.json_schema_mode)
     bridge = state.bridge
@@ -89,7 +104,7 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     kwargs.update(constraint)
     if body.logprobs or body.top_logprobs:
         kwargs.update(logprobs=True, top_logprobs=body.top_logprobs)
-    jobs = _jobs(prompt_ids, kwargs, body.n, body.seed)
+    jobs = with_room(_jobs(prompt_ids, kwargs, body.n, body.seed), body)
     chat = R.ChatAnswer(state, body, forced, buffer=not forced and has_output_format(body))
     admission = bridge.acquire(len(jobs))
     if body.stream:
@@ -124,7 +139,7 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
 @router.post("/v1/completions")
 async def completions(body: CompletionsRequest, request: Request) -> Any:
     state = get_state(request)
-    state.check_model(body.model)
+    state.check_model(body.requested_model())
     if body.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
     bridge = state.bridge
@@ -153,6 +168,7 @@ async def completions(body: CompletionsRequest, request: Request) -> Any:
             kwargs.update(logprobs=True, top_logprobs=body.logprobs)
         jobs.extend(_jobs(ids, kwargs, body.n, body.seed))
         prompt_texts.append(p if isinstance(p, str) else state.tokenizer.decode(p))
+    with_room(jobs, body)
     rid, created, model = R.new_id("cmpl"), R.now(), state.model_name
     admission = bridge.acquire(len(jobs))
 

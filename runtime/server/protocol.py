@@ -16,7 +16,26 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class SamplingFields(_Body):
+class BootstrapFields(_Body):
+    """What the SGLang Model Gateway adds in PD mode: the prefill server's host and bootstrap
+    port, and the room (a random 63-bit id) both servers know the request by."""
+
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+
+    def bootstrap(self) -> dict[str, Any]:
+        """The engine keywords for the room (none without one)."""
+        if self.bootstrap_room is None:
+            return {}
+        return {
+            "bootstrap_host": self.bootstrap_host,
+            "bootstrap_port": self.bootstrap_port,
+            "bootstrap_room": self.bootstrap_room,
+        }
+
+
+class SamplingFields(BootstrapFields):
     """The sampling parameters shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
@@ -40,6 +59,13 @@ class SamplingFields(_Body):
     user: str | None = None
     # engine extension: a regex constraint on the output
     regex: str | None = None
+
+    def requested_model(self) -> str | None:
+        """The model the client asked for. The gateway in PD mode fills a missing `model` with
+        "unknown" before it adds the bootstrap room: that means none was given."""
+        if self.bootstrap_room is not None and self.model == "unknown":
+            return None
+        return self.model
 
     def include_usage_chunk(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
@@ -114,7 +140,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class GenerateRequest(_Body):
+class GenerateRequest(BootstrapFields):
     """Native /generate, as SGLang's `GenerateReqInput`: text or token ids (one or a batch),
     `sampling_params` (one dict, or one per prompt), logprob options, `rid`. Fields SGLang's
     frontend or the Model Gateway add that change nothing here (`lora_path`, `session_id`,

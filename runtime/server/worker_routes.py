@@ -40,6 +40,9 @@ def _info(app: FastAPI, engine: Any) -> dict[str, Any]:
         "is_generation": True,
         "context_length": int(engine.config.max_position_embeddings),
         "dp_size": 1,
+        # prefill-decode disaggregation: this server's role and the KV it moved
+        **engine.disaggregation.counters(),
+        "disaggregation_bootstrap_port": engine.disaggregation.bootstrap_port,
     }
 
 

@@ -1,0 +1,307 @@
+"""Prefill-decode disaggregation in the engine, on a tiny random Llama over loopback: a prefill
+engine and a decode engine (one process, the KV moving over the bootstrap port's TCP
+protocol) give the single engine's greedy tokens, for plain, streamed, constrained, chunked and
+cached requests; the faults end the affected request with an error and leave the pools whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from runtime import Engine
+from runtime.disaggregation.protocol import Kind, receive, send
+from runtime.errors import DisaggregationConfigError, KVTransferError
+from tests._runtime_fixtures import PROMPTS, make_tiny_model
+
+N = 10
+GREEDY = dict(max_new_tokens=N, temperature=0.0, ignore_eos=True)
+ENGINE = dict(page_size=4, max_total_tokens=4096)
+_rooms = itertools.count(1000)
+LONG = " ".join(f"item {i} is number {i * 7 % 13}" for i in range(40))  # ~300 tokens
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama-pd"))
+
+
+@pytest.fixture(scope="module")
+def single(model_dir):
+    with Engine(model_dir, **ENGINE) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def prefill(model_dir):
+    kw = dict(ENGINE, chunked_prefill_tokens=64)  # long prompts prefill in chunks
+    with Engine(model_dir, disaggregation_mode="prefill", disaggregation_bootstrap_port=0,
+                disaggregation_bootstrap_host="127.0.0.1", disaggregation_timeout_s=3,
+                **kw) as e:  # fmt: skip
+        yield e
+
+
+@pytest.fixture(scope="module")
+def decode(model_dir):
+    with Engine(model_dir, disaggregation_mode="decode", disaggregation_timeout_s=3,
+                **ENGINE) as e:  # fmt: skip
+        yield e
+
+
+def boot(prefill: Engine, room: int | None = None) -> dict:
+    port = prefill.disaggregation.bootstrap_port
+    room = next(_rooms) if room is None else room
+    return dict(bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=room)
+
+
+def pd(prefill: Engine, decode: Engine, prompt, stream: bool = False, **kw):
+    """What the gateway does: the same request to both servers at once, one room; returns the
+    decode side's result and the prefill side's (or the exception each raised)."""
+    room = boot(prefill)
+    out: dict = {}
+
+    def run_prefill() -> None:
+        try:
+            out["prefill"] = prefill.generate(prompt, **kw, **room)
+        except Exception as exc:
+            out["prefill"] = exc
+
+    t = threading.Thread(target=run_prefill)
+    t.start()
+    try:
+        if stream:
+            chunks = list(decode.generate(prompt, stream=True, **kw, **room))
+            assert chunks[-1].finished
+            out["decode"] = chunks
+        else:
+            out["decode"] = decode.generate(prompt, **kw, **room)
+    except Exception as exc:
+        out["decode"] = exc
+    t.join(timeout=30)
+    assert not t.is_alive(), "the prefill request hung"
+    return out["decode"], out["prefill"]
+
+
+def pool_whole(engine: Engine) -> None:
+    engine.check_integrity()
+    stats = engine.stats()
+    assert stats["running"] == 0 and stats["waiting"] == 0
+    if engine.disaggregation.sender is not None:
+        assert engine.disaggregation.sender.open_rooms == 0  # no staged KV kept
+
+
+def test_greedy_tokens_equal_the_single_engine(single, prefill, decode):
+    for prompt in [*PROMPTS, LONG]:  # LONG is prefilled in chunks of 64 tokens
+        want = single.generate(prompt, **GREEDY)
+        got, pre = pd(prefill, decode, prompt, **GREEDY)
+        assert got.token_ids == want.token_ids, prompt
+        assert got.text == want.text
+        assert got.finish_reason == "length" and got.usage.completion_tokens == N
+        # the prefill server computed the first token; the decode server did not prefill
+        assert pre.token_ids == want.token_ids[:1]
+    for e in (prefill, decode):
+        pool_whole(e)
+
+
+def test_stream_and_logprobs_equal_the_single_engine(single, prefill, decode):
+    kw = dict(GREEDY, logprobs=True, top_logprobs=3)
+    want = single.generate(PROMPTS[0], **kw)
+    chunks, _ = pd(prefill, decode, PROMPTS[0], stream=True, **kw)
+    result = chunks[-1].result
+    assert result.token_ids == want.token_ids
+    assert "".join(c.text_delta for c in chunks) == want.text
+    assert [t for c in chunks for t in c.token_ids] == want.token_ids
+    assert result.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+    assert [sorted(d) for d in result.top_logprobs] == [sorted(d) for d in want.top_logprobs]
+
+
+def test_transfer_counters_count_pages_on_both_sides(prefill, decode):
+    sent0, got0 = prefill.stats(), decode.stats()
+    prompt_ids = decode.encode(LONG)
+    pd(prefill, decode, LONG, **GREEDY)
+    sent, got = prefill.stats(), decode.stats()
+    assert sent["disaggregation_mode"] == "prefill" and got["disaggregation_mode"] == "decode"
+    pages = -(-len(prompt_ids) // 4)
+    nbytes = pages * 4 * decode.pool.bytes_per_token
+    for before, after in ((sent0, sent), (got0, got)):
+        assert after["kv_transfer_requests"] == before["kv_transfer_requests"] + 1
+        assert after["kv_transfer_bytes"] == before["kv_transfer_bytes"] + nbytes
+    # the decode side never prefilled the prompt: it computed only the decoded tokens
+    assert got["prefill_computed_tokens"] == got0["prefill_computed_tokens"]
+
+
+def test_decode_side_radix_cache_knows_the_transferred_prompt(single, prefill, decode):
+    prompt = LONG + " and one more"
+    want = single.generate(prompt, **GREEDY)
+    first, _ = pd(prefill, decode, prompt, **GREEDY)
+    again, _ = pd(prefill, decode, prompt, **GREEDY)
+    assert first.token_ids == again.token_ids == want.token_ids
+    assert again.usage.cached_tokens >= len(decode.encode(prompt)) - 4
+    pool_whole(decode)
+
+
+def test_constrained_output_and_jump_forward_equal_the_single_engine(single, prefill, decode):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    cases = [
+        dict(json_schema=schema, max_new_tokens=40, temperature=0.0),
+        dict(regex=r"(yes|no), because [a-z]{3,8}\.", max_new_tokens=20, temperature=0.0),
+        dict(choices=["alpha", "beta", "gamma"], temperature=0.0),
+    ]
+    for kw in cases:
+        want = single.generate("Answer:", **kw)
+        got, _ = pd(prefill, decode, "Answer:", **kw)
+        assert got.text == want.text and got.token_ids == want.token_ids, kw
+        assert got.finish_reason == want.finish_reason
+    for e in (prefill, decode):
+        pool_whole(e)
+
+
+def test_first_token_that_ends_the_request_and_zero_new_tokens(single, prefill, decode):
+    want = single.generate(PROMPTS[1], max_new_tokens=1, temperature=0.0)
+    got, _ = pd(prefill, decode, PROMPTS[1], max_new_tokens=1, temperature=0.0)
+    assert got.token_ids == want.token_ids and got.finish_reason == "length"
+    got, _ = pd(prefill, decode, PROMPTS[1], max_new_tokens=0)
+    assert got.token_ids == [] and got.finish_reason == "length"
+    pool_whole(decode)
+
+
+def test_many_concurrent_requests_are_each_answered_once(single, prefill, decode):
+    prompts = [f"{PROMPTS[i % len(PROMPTS)]} #{i}" for i in range(16)]
+    want = [single.generate(p, **GREEDY).token_ids for p in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda p: pd(prefill, decode, p, **GREEDY)[0], prompts))
+    assert [g.token_ids for g in got] == want
+    for e in (prefill, decode):
+        pool_whole(e)
+
+
+def test_room_that_never_arrives_times_out_with_an_error(prefill, decode):
+    with pytest.raises(KVTransferError, match="did not arrive"):
+        decode.generate(PROMPTS[0], **GREEDY, **boot(prefill))
+    pool_whole(decode)
+    pool_whole(prefill)
+
+
+def test_prefill_room_no_decode_server_asks_for_is_dropped(model_dir):
+    with Engine(model_dir, disaggregation_mode="prefill", disaggregation_bootstrap_port=0,
+                disaggregation_timeout_s=0.5, **ENGINE) as pre:  # fmt: skip
+        with pytest.raises(KVTransferError, match="no decode server asked"):
+            pre.generate(PROMPTS[0], **GREEDY, **boot(pre))
+        pool_whole(pre)
+        assert pre.stats()["kv_transfer_failures"] == 1
+        assert pre.generate(PROMPTS[0], **GREEDY).finish_reason == "length"  # plain requests go on
+
+
+def test_layout_mismatch_is_refused_at_registration(model_dir, prefill):
+    for other in (dict(page_size=8), dict(dtype="bfloat16")):
+        kw = {**ENGINE, **other}
+        with Engine(model_dir, disaggregation_mode="decode", disaggregation_timeout_s=3,
+                    **kw) as dec:  # fmt: skip
+            name = next(iter(other))
+            got, pre = pd(prefill, dec, PROMPTS[0], **GREEDY)
+            assert isinstance(got, KVTransferError) and name in str(got), got
+            assert isinstance(pre, KVTransferError), pre
+            pool_whole(dec)
+    pool_whole(prefill)
+
+
+def _fake_prefill_server(
+    meta: dict, pages_sent: int, page_bytes: int
+) -> tuple[int, threading.Thread]:
+    """A bootstrap peer that answers META, sends `pages_sent` pages, then dies."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            receive(conn)  # REGISTER
+            send(conn, Kind.META, meta)
+            for i in range(pages_sent):
+                send(conn, Kind.PAGE, {"index": i}, bytes(page_bytes))
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return srv.getsockname()[1], t
+
+
+def test_prefill_server_dying_mid_transfer_ends_the_request(decode):
+    ids = decode.encode(LONG)
+    pages = -(-len(ids) // 4)
+    meta = {"prompt_ids": ids, "output_ids": [5], "logprobs": None, "top_logprobs": None,
+            "kv_tokens": len(ids), "num_pages": pages}  # fmt: skip
+    port, t = _fake_prefill_server(meta, pages_sent=3, page_bytes=4 * decode.pool.bytes_per_token)
+    free_before = decode.pool.num_free_pages
+    with pytest.raises(KVTransferError, match="closed"):
+        decode.generate(LONG, **GREEDY, bootstrap_host="127.0.0.1", bootstrap_port=port,
+                        bootstrap_room=1)  # fmt: skip
+    t.join(timeout=10)
+    pool_whole(decode)
+    assert decode.pool.num_free_pages == free_before  # nothing was allocated for it
+    assert decode.generate(PROMPTS[0], **GREEDY).finish_reason == "length"
+
+
+def test_unreachable_prefill_server_is_an_error(decode):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens here once closed
+    with pytest.raises(KVTransferError, match="cannot reach"):
+        decode.generate(PROMPTS[0], **GREEDY, bootstrap_host="127.0.0.1", bootstrap_port=port,
+                        bootstrap_room=2)  # fmt: skip
+
+
+def test_decode_server_disconnecting_fails_the_prefill_request(prefill):
+    room = boot(prefill)
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["r"] = prefill.generate(LONG, **GREEDY, **room)
+        except Exception as exc:
+            out["r"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    layout = prefill.disaggregation.sender.layout
+    with socket.create_connection(("127.0.0.1", room["bootstrap_port"])) as conn:
+        send(conn, Kind.REGISTER, {"room": room["bootstrap_room"], "layout": layout.to_json()})
+        kind, _, _ = receive(conn)
+        assert kind is Kind.META
+    # gone before the pages and the acknowledgement
+    t.join(timeout=30)
+    assert isinstance(out["r"], KVTransferError) and "disconnected" in str(out["r"])
+    pool_whole(prefill)
+    assert prefill.generate(PROMPTS[0], **GREEDY).finish_reason == "length"
+
+
+def test_prefill_request_that_fails_tells_the_decode_side(prefill, decode):
+    got, pre = pd(prefill, decode, PROMPTS[0], regex="(unclosed", max_new_tokens=5)
+    assert isinstance(got, KVTransferError | ValueError) or got.finish_reason == "abort", got
+    assert "room" in str(got) or "regex" in str(got).lower()
+    for e in (prefill, decode):
+        pool_whole(e)
+
+
+def test_bad_disaggregation_settings_are_typed_errors(model_dir, prefill):
+    with pytest.raises(DisaggregationConfigError, match="disaggregation_mode"):
+        Engine(model_dir, disaggregation_mode="both", **ENGINE)
+    port = prefill.disaggregation.bootstrap_port
+    with pytest.raises(DisaggregationConfigError, match="bootstrap port"):
+        Engine(model_dir, disaggregation_mode="prefill", disaggregation_bootstrap_port=port,
+               disaggregation_bootstrap_host="127.0.0.1", **ENGINE)  # fmt: skip
+    with pytest.raises(ValueError, match="one prompt"):
+        prefill.generate(PROMPTS[:2], **GREEDY, **boot(prefill))
+
+
+def test_servers_without_a_room_serve_as_plain_ones(single, prefill, decode):
+    want = single.generate(PROMPTS[2], **GREEDY).token_ids
+    assert prefill.generate(PROMPTS[2], **GREEDY).token_ids == want
+    assert decode.generate(PROMPTS[2], **GREEDY).token_ids == want
