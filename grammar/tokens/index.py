@@ -15,10 +15,12 @@ import numpy as np
 
 from grammar.automata.fsm import DEAD, ByteDFA
 from grammar.automata.lazy_dfa import LazyDFA
+from grammar.tokens.chains import MAX_FOLLOW, Chains, chain_layout
 from grammar.tokens.loops import Suffixes, loops_on_all_characters, transparent_set
 from grammar.tokens.vocab import PreparedTokens, TokenVocabulary, csr_take
 
 _DENSE_MIN_ROWS = 4096  # a lockstep walk over fewer rows than this goes on as a sparse one
+_MAX_LIKE_DEPTH = 2  # a mask borrowed from a state whose own mask is borrowed, at most
 
 
 class TokenIndex:
@@ -52,11 +54,12 @@ class TokenIndex:
         self._eos = np.array(vocab.eos_token_ids, dtype=np.int64)
         self._masks: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
+        self._chains = Chains(dfa)
 
-    def bitmask(self, state: int) -> np.ndarray:
+    def bitmask(self, state: int, _depth: int = 0) -> np.ndarray:
         words = self._masks.get(state)
         if words is None:
-            words = self._compute(state)
+            words = self._compute(state, _depth)
             with self._lock:
                 words = self._masks.setdefault(state, words)
         return words
@@ -110,7 +113,7 @@ class TokenIndex:
         key = ("transparent", np.packbits(loops[:128]).tobytes(), all_chars)
         return self.vocab.derived(key, lambda: transparent_set(self, loops, all_chars))
 
-    def _allowed(self, state: int) -> tuple[np.ndarray | None, np.ndarray]:
+    def _allowed(self, state: int, depth: int) -> tuple[np.ndarray | None, np.ndarray]:
         """The tokens that walk from `state` without dying: (packed id bits of a shared set,
         or None; more rows: ascending row numbers, or a bool per row when many)."""
         prep = self.prepared
@@ -122,6 +125,12 @@ class TokenIndex:
             cur = self._class_row(state)[self._cls(others.columns[0])]
             alive = self._walk_rows(np.arange(cur.shape[0]), cur, 1, others)
             return words, csr_take(others.start, others.rows, alive)
+        like = self._like(state, depth) if depth < _MAX_LIKE_DEPTH else None
+        if like is not None:
+            return like
+        chain = self._chain(state)
+        if chain is not None:
+            return chain
         # first bytes that live: if their tokens are few, walk only those
         live = self.row(state) != DEAD
         rows = self.vocab.derived(("first", np.packbits(live).tobytes()), lambda: self._led(live))
@@ -150,6 +159,68 @@ class TokenIndex:
                 return None, out
             p += 1
         return None, cur != DEAD
+
+    def _like(self, state: int, depth: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Borrow the mask of the state most bytes lead to (`ref`): a token whose first byte
+        b leads from `state` where it leads from `ref` walks alike from both, so its bit is
+        ref's. Only tokens whose first byte goes elsewhere are walked (e.g. an object key:
+        from the state after the quote, every byte but the property names' initials goes
+        to the free-key loop). None when those are many, or `ref` is `state`."""
+        row = self.row(state)
+        targets = row[row != DEAD]
+        if not targets.size:
+            return None
+        values, counts = np.unique(targets, return_counts=True)
+        ref = int(values[np.argmax(counts)])
+        if ref == state:
+            return None
+        same = row == self.row(ref)
+        walked = ~same & (row != DEAD)  # (a first byte dead from `state` allows nothing)
+        rows = self.vocab.derived(
+            ("first", np.packbits(walked).tobytes()), lambda: self._led(walked)
+        )
+        if rows is None:  # many tokens start with a byte where the two rows differ
+            return None
+        first = self.vocab.derived(
+            ("first-bits", np.packbits(same).tobytes()), lambda: self._first_words(same)
+        )
+        base = self.bitmask(ref, depth + 1) & first  # (no EOS bit: `first` has none)
+        return base, self._allowed_sparse(state, rows)
+
+    def _first_words(self, first: np.ndarray) -> np.ndarray:
+        """Packed id bits of the tokens whose first byte is in `first` (bool [256])."""
+        words = self._pack(first[self.prepared.columns[0]], self._eos[:0])
+        words.flags.writeable = False
+        return words
+
+    def _chain(self, state: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The tokens from the first state of a counting chain (see `chains`): the pure ones
+        of at most r characters as one shared set, the others walked from where their prefix
+        lands; None when `state` starts no chain, or a short one (most tokens outlast it)."""
+        with self._lock:  # chain steps are remembered per automaton
+            start = self._chains.start(state)
+            if start is None:
+                return None
+            c_set, all_chars = start
+            key = ("chain", np.packbits(c_set).tobytes(), all_chars)
+            layout = self.vocab.derived(key, lambda: chain_layout(self, c_set, all_chars))
+            if layout is None:
+                return None
+            states, loops = self._chains.follow(state, c_set, all_chars, MAX_FOLLOW)
+        r = len(states) - 1
+        if not loops and layout.longer_than(r) * 8 >= self.prepared.num_rows:
+            return None
+        words = layout.pure_words(self, -1 if loops else r)
+        others, group_q = layout.others, layout.group_q
+        chain = np.asarray(states, dtype=np.int64)
+        # the other tokens whose prefix ends inside the chain: walk their rest from there
+        sel = np.arange(group_q.shape[0]) if loops else np.flatnonzero(group_q <= r)
+        cur = self._gather(chain[np.minimum(group_q[sel], r)], self._cls(others.columns[0][sel]))
+        alive = self._walk_rows(sel, cur, 1, others)
+        parts = [csr_take(others.start, others.rows, alive)]
+        if not loops:  # tokens with more prefix characters than the chain: walk them whole
+            parts.append(self._allowed_sparse(state, np.flatnonzero(layout.q > r)))
+        return words, np.concatenate(parts)
 
     def _classes(self, p: int) -> np.ndarray:
         """Byte p of every token longer than p, as its byte class (cached)."""
@@ -226,12 +297,12 @@ class TokenIndex:
         bits[eos] = True
         return np.packbits(bits, bitorder="little").view("<i4")
 
-    def _compute(self, state: int) -> np.ndarray:
+    def _compute(self, state: int, depth: int = 0) -> np.ndarray:
         if state == DEAD:  # every byte loops on DEAD: it must not read as "transparent"
             return np.zeros(self.num_words, dtype=np.int32)
         if self._lazy:
             self.dfa.expand([state])
-        base, rows = self._allowed(state)
+        base, rows = self._allowed(state, depth)
         eos = self._eos if self.dfa.accepting[state] else self._eos[:0]
         if rows.dtype == bool:  # most rows: one gather and a pack
             return self._pack(rows, eos)

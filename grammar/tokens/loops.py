@@ -49,10 +49,16 @@ class Suffixes:
     @classmethod
     def of(cls, tokens: dict[bytes, list[int]]) -> Suffixes:
         order = sorted(tokens, key=lambda b: (-len(b), b))
-        columns, n_longer, lengths = byte_columns(order)
-        counts = np.array([len(tokens[b]) for b in order], dtype=np.int64)
+        return cls.of_groups([(b, tokens[b]) for b in order])
+
+    @classmethod
+    def of_groups(cls, groups: list[tuple[bytes, list[int]]]) -> Suffixes:
+        """From (suffix, its rows) groups already ordered longest suffix first (a suffix may
+        repeat: groups that differ in something else, e.g. where their walk starts)."""
+        columns, n_longer, lengths = byte_columns([b for b, _ in groups])
+        counts = np.array([len(rows) for _, rows in groups], dtype=np.int64)
         start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        rows = np.array([r for b in order for r in tokens[b]], dtype=np.int64)
+        rows = np.array([r for _, rs in groups for r in rs], dtype=np.int64)
         return cls(columns, n_longer, start, rows, lengths)
 
 
