@@ -28,9 +28,15 @@ ROUTER_LINE = re.compile(r"^router: (http://\S+)$")
 
 
 def launch(
-    model: Path | str, policy: str, log_dir: Path, replicas: int = 2, **kw
+    model: Path | str,
+    policy: str,
+    log_dir: Path,
+    replicas: int = 2,
+    extra: tuple[str, ...] = (),
+    **kw,
 ) -> subprocess.Popen:
-    """`python -m runtime.cluster ...` with small replicas; stdout piped (stderr: `kw`)."""
+    """`python -m runtime.cluster ...` with small replicas (`extra`: more flags, e.g.
+    `--prefill 1 --decode 1`); stdout piped (stderr: `kw`)."""
     cmd = [
         sys.executable, "-m", "runtime.cluster",
         "--replicas", str(replicas),
@@ -40,16 +46,19 @@ def launch(
         "--log-dir", str(log_dir),
         "--health-check-interval", "1",
         "--server-args", SMALL_REPLICA,
+        *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, **kw)
 
 
 class ClusterProcess:
-    def __init__(self, model: Path, policy: str, replicas: int = 2) -> None:
+    def __init__(
+        self, model: Path, policy: str, replicas: int = 2, extra: tuple[str, ...] = ()
+    ) -> None:
         self.log_dir = Path(tempfile.mkdtemp(prefix="sgl-cluster-test-"))
         self.stderr = open(self.log_dir / "cluster.log", "wb")  # noqa: SIM115
-        self.proc = launch(model, policy, self.log_dir, replicas, stderr=self.stderr)
+        self.proc = launch(model, policy, self.log_dir, replicas, extra, stderr=self.stderr)
         self.stdout_lines: list[str] = []
         self.url = self._read_router_line()
 
