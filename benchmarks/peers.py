@@ -66,7 +66,9 @@ def workloads(tok, quick: bool) -> dict[str, dict]:
     }
 
 
-def run_ours(model: str, dtype: str, work: dict[str, dict]) -> dict[str, dict]:
+def run_ours(model: str, dtype: str, work: dict[str, dict], bound: bool = False) -> dict[str, dict]:
+    """Each workload's best time, tokens and texts, plus the scheduler's share of the step time
+    in the best run; with `bound`, the batch-1 decode measurement under "batch-1"."""
     from runtime import Engine
 
     out = {}
@@ -78,15 +80,37 @@ def run_ours(model: str, dtype: str, work: dict[str, dict]) -> dict[str, dict]:
                 kw.update(ignore_eos=True, min_new_tokens=w["max_tokens"])
             if "schema" in w:
                 kw["json_schema"] = w["schema"]
-            best, tokens, texts = float("inf"), None, None
+            best, tokens, texts, share = float("inf"), None, None, 0.0
             for _ in range(2):
                 engine.flush_cache()
+                before = engine.stats()
                 start = time.perf_counter()
                 results = engine.generate(w["prompts"], **kw)
-                best = min(best, time.perf_counter() - start)
+                seconds = time.perf_counter() - start
+                after = engine.stats()
+                if seconds < best:
+                    busy = after["busy_s"] - before["busy_s"]
+                    share = 1 - (after["forward_s"] - before["forward_s"]) / busy if busy else 0.0
+                best = min(best, seconds)
                 tokens, texts = [r.token_ids for r in results], [r.text for r in results]
-            out[name] = {"seconds": best, "tokens": tokens, "texts": texts}
+            out[name] = {"seconds": best, "tokens": tokens, "texts": texts, "share": share}
+        if bound:
+            out["batch-1"] = batch1_bound(engine)
     return out
+
+
+def batch1_bound(engine) -> dict[str, float]:
+    """Batch-1 decode against the memory-bandwidth bound: every decode step reads all weights
+    once, so a step takes at least weight bytes / bandwidth. Bandwidth is the measured copy
+    bandwidth, counted as STREAM counts it (bytes read + bytes written per second)."""
+    from benchmarks.runtime import decode_b1, memory_bandwidth_gbs
+
+    weights = engine.model.weight_bytes()
+    best_tok_s = max(decode_b1(engine, 64) for _ in range(2))
+    bw = memory_bandwidth_gbs()
+    bound_ms = weights / (bw * 1e9) * 1e3
+    return {"weights_mb": weights / 1e6, "copy_gbs": bw, "bound_ms": bound_ms,
+            "ms": 1e3 / best_tok_s, "ratio": 1e3 / best_tok_s / bound_ms}  # fmt: skip
 
 
 VLLM_SCRIPT = r"""
@@ -156,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller workloads")
     parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--no-bound", action="store_true",
+                        help="skip the batch-1 decode vs memory-bandwidth bound table")  # fmt: skip
     parser.add_argument("--vllm-python", default=os.environ.get(
         "SGL_VLLM_PYTHON", "/work/vllm-venv/bin/python"))  # fmt: skip
     args = parser.parse_args(argv)
@@ -176,8 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| workload | dtype | ours (s) | vLLM (s) | ours vs vLLM | equal outputs | "
           "valid JSON ours / vLLM |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---|")
+    extra = {}
     for dtype in args.dtypes.split(","):
-        ours = run_ours(model, dtype, work)
+        ours = run_ours(model, dtype, work, bound=not args.no_bound)
+        extra[dtype] = ours
         peer = run_vllm(args.vllm_python, model, dtype, work) if have_vllm else {}
         for name, w in work.items():
             o, v = ours[name], peer.get(name)
@@ -198,6 +226,21 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {name} | {dtype} | {o['seconds']:.2f} | {vs} | {ratio} | {equal} | {json_ok} |"
             )
         sys.stdout.flush()
+    print("\nScheduler share of the step time (ours, best run; target < 10%):")
+    print("| dtype | " + " | ".join(work) + " |")
+    print("|---|" + "---:|" * len(work))
+    for dtype, ours in extra.items():
+        print(f"| {dtype} | " + " | ".join(f"{100 * ours[n]['share']:.1f}%" for n in work) + " |")
+    if not args.no_bound:
+        print("\nBatch-1 decode vs the memory-bandwidth bound (weights / copy bandwidth; "
+              "target <= 1.5x):")  # fmt: skip
+        print("| dtype | weights (MB) | copy bandwidth (GB/s) | bound (ms/token) | measured "
+              "(ms/token) | measured / bound |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|")
+        for dtype, ours in extra.items():
+            b = ours["batch-1"]
+            print(f"| {dtype} | {b['weights_mb']:.0f} | {b['copy_gbs']:.1f} | {b['bound_ms']:.2f} "
+                  f"| {b['ms']:.2f} | {b['ratio']:.2f}x |")  # fmt: skip
     return 0
 
 

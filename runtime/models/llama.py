@@ -17,6 +17,7 @@ from runtime import kernels
 from runtime.config import ModelConfig
 from runtime.errors import UnsupportedModelError
 from runtime.kernels.cascade import cascade_decode_attention, plan_cascade
+from runtime.kernels.decode_plan import plan_decode, planned_decode_attention
 from runtime.kernels.short_extend import plan_short_extend, short_extend_attention
 from runtime.memory.kv_pool import KVPool
 from runtime.models.forward_batch import ForwardBatch
@@ -170,6 +171,12 @@ class LlamaModel:
         if nd > 1 and not hidden.is_cuda:
             cascade = plan_cascade(batch.decode_page_table, batch.decode_seq_lens, pool.page_size)
             cascade = cascade if cascade.useful else None
+        decode_plan = None  # the torch path's per-step gather indices and mask, for all layers
+        if nd and cascade is None and kernels.kernel_backend(hidden) == "torch":
+            decode_plan = plan_decode(
+                batch.decode_page_table, batch.decode_seq_lens, pool.page_size,
+                pool.k[0].shape[0],
+            )  # fmt: skip
         short = None
         if t > nd and not hidden.is_cuda:
             short = plan_short_extend(
@@ -203,6 +210,10 @@ class LlamaModel:
                         self.scale,
                         cascade,
                     )
+                )
+            elif decode_plan is not None:
+                parts.append(
+                    planned_decode_attention(q[:nd], k_pool, v_pool, decode_plan, self.scale)
                 )
             elif nd:
                 parts.append(
