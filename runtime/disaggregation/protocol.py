@@ -90,11 +90,14 @@ class KVLayout:
         return None
 
 
-def send(sock: socket.socket, kind: Kind, header: dict[str, Any], payload: bytes = b"") -> None:
+def send(
+    sock: socket.socket, kind: Kind, header: dict[str, Any], payload: bytes | memoryview = b""
+) -> None:
     data = json.dumps(header).encode()
-    sock.sendall(_HEAD.pack(MAGIC, int(kind), len(data), len(payload)) + data)
-    if payload:
-        sock.sendall(payload)
+    size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+    sock.sendall(_HEAD.pack(MAGIC, int(kind), len(data), size) + data)
+    if size:
+        sock.sendall(payload)  # a memoryview goes out without a copy
 
 
 def _read_exact(sock: socket.socket, count: int, into: memoryview | None = None) -> bytes:

@@ -158,7 +158,7 @@ class KVSender:
         try:
             send(conn, Kind.META, state.meta)
             for i in range(data.shape[0]):
-                send(conn, Kind.PAGE, {"index": i}, data[i].numpy().tobytes())
+                send(conn, Kind.PAGE, {"index": i}, memoryview(data[i].numpy()))
             send(conn, Kind.DONE, {})
             expect(conn, Kind.ACK, "acknowledgement")
         except (OSError, KVTransferError) as exc:
