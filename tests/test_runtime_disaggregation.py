@@ -305,3 +305,26 @@ def test_servers_without_a_room_serve_as_plain_ones(single, prefill, decode):
     want = single.generate(PROMPTS[2], **GREEDY).token_ids
     assert prefill.generate(PROMPTS[2], **GREEDY).token_ids == want
     assert decode.generate(PROMPTS[2], **GREEDY).token_ids == want
+
+
+def test_mla_latent_cache_moves_as_well(tmp_path):
+    """DeepSeek's latent KV (one [kv_lora_rank + rope] vector per token and layer) hands off
+    the same way: greedy tokens equal the single engine's."""
+    folder = make_tiny_model(tmp_path / "tiny-deepseek", kind="deepseek_v3")
+    engines = [
+        Engine(folder, **ENGINE),
+        Engine(folder, disaggregation_mode="prefill", disaggregation_bootstrap_port=0,
+               disaggregation_timeout_s=3, **ENGINE),
+        Engine(folder, disaggregation_mode="decode", disaggregation_timeout_s=3, **ENGINE),
+    ]  # fmt: skip
+    one, pre, dec = engines
+    try:
+        assert [name for name, _, _ in dec.pool.layout] == ["latent"]
+        for prompt in (PROMPTS[0], LONG):
+            got, _ = pd(pre, dec, prompt, **GREEDY)
+            assert got.token_ids == one.generate(prompt, **GREEDY).token_ids
+        assert dec.stats()["kv_transfer_bytes"] > 0
+        pool_whole(dec)
+    finally:
+        for e in engines:
+            e.shutdown()
