@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from grammar.automata.fsm import DEFAULT_MAX_STATES, ByteDFA, node_to_lazy_dfa
+from grammar.automata.fsm import DEFAULT_MAX_STATES, ByteDFA, no_gc, node_to_lazy_dfa
 from grammar.automata.lazy_dfa import LazyDFA
 from grammar.automata.regex_ast import regex_escape
 from grammar.json_schema.schema import json_schema_to_node, load_schema
@@ -76,8 +76,9 @@ def compile_json_schema(
 
     def build() -> CompiledGrammar:
         def build_dfa() -> ByteDFA | LazyDFA:
-            node = json_schema_to_node(loaded, whitespace, max_recursion_depth, any_depth)
-            return node_to_lazy_dfa(node, max_states)
+            with no_gc():  # the schema's regex tree too: many small containers, no cycles
+                node = json_schema_to_node(loaded, whitespace, max_recursion_depth, any_depth)
+                return node_to_lazy_dfa(node, max_states)
 
         dfa = _DFA_CACHE.get_or_build(("dfa", *key[:6], max_states), build_dfa)
         return CompiledGrammar(dfa, vocab, key[1])

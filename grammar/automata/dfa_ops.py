@@ -60,6 +60,17 @@ def _explore(
 ) -> ByteDFA:
     """BFS over composite states; `step` returns None for the dead state. `groups`: bytes
     that `step` treats alike (it is called once per group, with the group's first byte)."""
+    rows, order = _explore_rows(start, step, max_states, groups)
+    return from_rows(rows, [False] + [accept(s) for s in order[1:]])
+
+
+def _explore_rows(
+    start: tuple,
+    step: Callable[[tuple, int], tuple | None],
+    max_states: int,
+    groups: list[list[int]] | None,
+) -> tuple[list[list[int]], list[tuple]]:
+    """_explore's BFS: the 256-column rows (row 0 dead) and the composite state of each row."""
     groups = groups or [[b] for b in range(256)]
     index: dict[tuple, int] = {start: START}
     order: list[tuple] = [(), start]
@@ -83,7 +94,72 @@ def _explore(
                 row[b] = j
         rows.append(row)
         i += 1
-    return from_rows(rows, [False] + [accept(s) for s in order[1:]])
+    return rows, order
+
+
+def split_regions(
+    keys: ByteDFA, parts: list[ByteDFA], max_states: int = DEFAULT_MAX_PRODUCT
+) -> list[tuple[ByteDFA, tuple[bool, ...]]]:
+    """The non-empty regions of L(keys) cut by every L(parts[i]): for each signature (in part
+    i or not, for every i) that some key has, the keys with exactly that signature. One
+    product over all automata at once (a state: the key state and the live parts' states);
+    regions in the order of their signatures, "in" before "not in" part by part. When that
+    product outgrows the budget, the regions are cut one part at a time instead."""
+    try:
+        return _split_at_once(keys, parts, max_states)
+    except GrammarError:
+        pass
+    regions: list[tuple[ByteDFA, tuple[bool, ...]]] = [(keys, ())]
+    for dfa in parts:
+        regions = [
+            (part, (*inside, keep))
+            for region, inside in regions
+            for keep in (True, False)
+            if (part := product(region, dfa, keep, max_states)).accepting.any()
+        ]
+    return regions
+
+
+def _split_at_once(
+    keys: ByteDFA, parts: list[ByteDFA], max_states: int
+) -> list[tuple[ByteDFA, tuple[bool, ...]]]:
+    tk = keys.byte_table().tolist()
+    tp = [p.byte_table().tolist() for p in parts]
+    n = len(parts)
+
+    def step(st: tuple, byte: int) -> tuple | None:
+        k = tk[st[0]][byte]
+        if k == DEAD:
+            return None
+        live = []
+        for i, s in st[1]:
+            x = tp[i][s][byte]
+            if x != DEAD:
+                live.append((i, x))
+        return (k, tuple(live))
+
+    def signature(st: tuple) -> tuple[bool, ...] | None:
+        if st == () or not keys.accepting[st[0]]:
+            return None
+        inside = [False] * n
+        for i, s in st[1]:
+            inside[i] = bool(parts[i].accepting[s])
+        return tuple(inside)
+
+    groups = _byte_groups(keys.byte_to_class.item, *(p.byte_to_class.item for p in parts))
+    start = (START, tuple((i, START) for i in range(n)))
+    rows, order = _explore_rows(start, step, max_states, groups)
+    sigs = [signature(st) for st in order]
+    table256 = np.array(rows, dtype=np.int32).reshape(len(rows), 256)
+    cols, byte_to_class = np.unique(table256.T, axis=0, return_inverse=True)
+    table = np.ascontiguousarray(cols.T).astype(np.int32)
+    byte_to_class = byte_to_class.reshape(-1).astype(np.int32)
+    out = []
+    for sig in sorted({g for g in sigs if g is not None}, key=lambda g: [not x for x in g]):
+        acc = np.array([g == sig for g in sigs], dtype=bool)
+        t, a = _prune_dead_ends(table, acc)
+        out.append((ByteDFA(table=t, byte_to_class=byte_to_class, accepting=a), sig))
+    return out
 
 
 def _byte_groups(*keys: Callable[[int], object]) -> list[list[int]]:
@@ -169,4 +245,4 @@ def with_length(
     return _explore((START, 0, 0), step, accept, max_states, groups)
 
 
-__all__ = ["DFANode", "from_rows", "product", "with_length"]
+__all__ = ["DFANode", "from_rows", "product", "split_regions", "with_length"]

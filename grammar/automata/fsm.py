@@ -157,7 +157,7 @@ class ByteDFA:
 
 
 @contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
+def no_gc() -> Iterator[None]:
     """The cyclic GC off while an automaton is built: construction allocates millions of small
     acyclic containers, and the collections they trigger would each rescan all of them
     (more than halves the build time of a large automaton)."""
@@ -172,7 +172,7 @@ def _no_gc() -> Iterator[None]:
 
 def regex_to_dfa(pattern: str, max_states: int = DEFAULT_MAX_STATES) -> ByteDFA:
     """Compile a regex (Python `re` syntax, full match) to a byte-level DFA."""
-    with _no_gc():
+    with no_gc():
         nfa = NFA(max_states=nfa_budget(max_states))
         start = nfa.add_regex(pattern)
         return nfa_to_dfa(nfa, start, max_states)
@@ -180,7 +180,7 @@ def regex_to_dfa(pattern: str, max_states: int = DEFAULT_MAX_STATES) -> ByteDFA:
 
 def node_to_dfa(node: object, max_states: int = DEFAULT_MAX_STATES) -> ByteDFA:
     """Compile a regex syntax tree (grammar.automata.regex_ast) to a byte-level DFA."""
-    with _no_gc():
+    with no_gc():
         nfa = NFA(max_states=nfa_budget(max_states))
         start = nfa.add_node(node)
         return nfa_to_dfa(nfa, start, max_states)
@@ -190,7 +190,7 @@ def node_to_lazy_dfa(node: object, max_states: int = DEFAULT_MAX_STATES) -> Lazy
     """A regex syntax tree (or regex text) to a DFA for a compiled constraint: determinised on
     demand (`LazyDFA`), or eagerly when some piece matches nothing (only the eager
     construction prunes the dead ends that leaves)."""
-    with _no_gc():
+    with no_gc():
         nfa = NFA(max_states=nfa_budget(max_states))
         start = nfa.add_regex(node) if isinstance(node, str) else nfa.add_node(node)
         if nfa.dead_end_possible:

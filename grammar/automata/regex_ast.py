@@ -29,10 +29,14 @@ def parsed(text: str) -> Node:
     return parse_regex(text)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def char(c: str) -> Node:
+    """One character (a shared node: nodes are immutable, the NFA builder keys them by
+    structure, and enum literals would otherwise make hundreds of thousands)."""
     return ip._CharGroup(frozenset(c), False)
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def lit(text: str) -> Node:
     if len(text) == 1:
         return char(text)

@@ -394,16 +394,9 @@ class ObjectRules:
                 keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
             named_inside = any(all(search_name(p, n, where) for p in pp) for n in props)
             # split the escape-free keys by each pattern in turn, keeping non-empty regions
-            regions: list[tuple[object, tuple[bool, ...]]] = [(keys, ())]
-            for dfa in pats:
-                regions = [
-                    (part, (*inside, keep))
-                    for region, inside in regions
-                    for keep in (True, False)
-                    if (part := dfa_ops.product(region, dfa, keep)).accepting.any()
-                ]
-                if len(regions) > MAX_KEY_REGIONS:
-                    raise UnsupportedSchemaError("patternProperties", where, "too many key regions")
+            regions = dfa_ops.split_regions(keys, pats)
+            if len(regions) > MAX_KEY_REGIONS:
+                raise UnsupportedSchemaError("patternProperties", where, "too many key regions")
             members: list[tuple[Node, Node]] = []
             for region, inside in regions:
                 if all(inside) and not named_inside:

@@ -28,6 +28,7 @@ from grammar.json_schema import oneof as json_oneof
 from grammar.json_schema.arrays import ArrayRules
 from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
 from grammar.json_schema.merge import (
+    ANNOTATIONS,
     canonical,
     local_refs,
     merge,
@@ -51,6 +52,8 @@ from grammar.json_schema.oneof import (
 from grammar.json_schema.scalars import STRING_CHAR_TEXT, STRING_TEXT, ScalarRules, shared_leaf
 
 MAX_ALTERNATIVES = 1024
+# keywords that say nothing of a string, boolean or null but its type
+_TYPE_ONLY = ANNOTATIONS | {"type"}
 
 Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
 
@@ -129,8 +132,13 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         values = self.finite_values(schema, ptr)
         if values is not None:
             # an enum / const somewhere in the conjunction: the instances are those of its
-            # values that the whole schema (every keyword, `not` / `if` included) accepts
-            return ra.alt([self.literal_of(schema, v, ptr) for v in values])
+            # values that the whole schema (every keyword, `not` / `if` included) accepts;
+            # the schema's own enum / const surely does (checking it is quadratic)
+            check = schema
+            if not ("$ref" in schema and self.ref_overrides_siblings) and values_of(schema):
+                own = "const" if "const" in schema else "enum"
+                check = {k: v for k, v in schema.items() if k != own}
+            return ra.alt([self.literal_of(schema, v, ptr, check) for v in values])
         return self.from_norm(self.normalise(schema, ptr), ptr)
 
     def finite_values(self, schema: Any, ptr: str, depth: int = 0) -> list | None:
@@ -154,12 +162,12 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
                 return values
         return None
 
-    def literal_of(self, schema: Any, value: Any, ptr: str = "#") -> Node:
+    def literal_of(self, schema: Any, value: Any, ptr: str = "#", check: Any = None) -> Node:
         """The spellings of enum / const `value` that are instances of `schema`: its
         integral numbers as integers and / or with a fraction part, as the schema accepts
         them (draft 4: 2.0 is no integer); None if neither. Objects in any member order."""
         try:
-            return self._literal_of(schema, value)
+            return self._literal_of(schema if check is None else check, value)
         except UnsupportedSchemaError as e:
             key = "const" if isinstance(schema, dict) and "const" in schema else "enum"
             raise UnsupportedSchemaError(key, f"{ptr}/{key}", str(e).split(": ", 1)[-1]) from None
@@ -188,6 +196,12 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         if schema.get("_fractional") and kind_of(value) == "integer":
             return False  # the `not` of integer that _fractional stands for
         clean = {k: v for k, v in schema.items() if not k.startswith("_")}
+        if set(clean) <= _TYPE_ONLY and isinstance(value, str | bool | None):
+            # nothing to check but a type (enum values of strings, the common case: a
+            # validator per value would be most of such a schema's compile time)
+            kind = kind_of(value)
+            t = clean.get("type", kind)
+            return t == kind or (isinstance(t, list) and kind in t)
         fmt = clean.get("format")
         if isinstance(value, str) and fmt in FORMAT_REGEXES:
             # the library skips formats whose checker is not installed: ours decide
