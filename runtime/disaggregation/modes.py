@@ -198,6 +198,12 @@ class Disaggregation:
         req.handoff = ticket
         return ticket
 
+    def reject(self, room: int, message: str) -> None:
+        """A prefill server refused the request of `room` (an HTTP error before or while it
+        ran): the decode server that asks for the room gets `message` at once."""
+        if self.sender is not None:
+            self.sender.reject(room, message)
+
     # ---- decode ----------------------------------------------------------------------------
     def submit_decode(
         self, req: Request, boot: dict[str, Any], submit: Callable[[Request], None]

@@ -46,6 +46,8 @@ class KVSender:
         self.layout = layout
         self.timeout_s = timeout_s
         self._rooms: dict[int, Room] = {}
+        # rooms that ended with an error, kept a while for a decode server that asks late
+        self._failed: dict[int, tuple[str, float]] = {}
         self._cond = threading.Condition()
         self.counters = {"kv_transfer_requests": 0, "kv_transfer_bytes": 0,
                          "kv_transfer_failures": 0, "kv_transfer_s": 0.0}  # fmt: skip
@@ -61,6 +63,8 @@ class KVSender:
         with self._cond:
             if room in self._rooms:
                 raise KVTransferError(f"bootstrap_room {room} is already in use on this server")
+            if room in self._failed:  # its decode server came first and was refused
+                raise KVTransferError(f"room {room}: {self._failed[room][0]}")
             state = self._rooms[room] = Room(room)
             self._cond.notify_all()
             return state
@@ -83,8 +87,20 @@ class KVSender:
             state.staged.set()
             state.done.set()
             self._rooms.pop(state.room, None)
+            self._failed[state.room] = (state.error, time.monotonic())
             self.counters["kv_transfer_failures"] += 1
             self._cond.notify_all()
+
+    def reject(self, room: int, message: str) -> None:
+        """The server refused the request of `room` before (or while) running it: its decode
+        server is told now instead of after the timeout."""
+        with self._cond:
+            state = self._rooms.get(room)
+            if state is None:
+                self._failed[room] = (message, time.monotonic())
+                self._cond.notify_all()
+                return
+        self.fail(state, message)
 
     def wait(self, state: Room) -> str | None:
         """Block until the room is sent (None) or failed (its error)."""
@@ -110,10 +126,12 @@ class KVSender:
             conn.settimeout(self.timeout_s + 5)
             try:
                 reg = expect(conn, Kind.REGISTER, "registration")
+                room = int(reg["room"])
                 why = self.layout.mismatch(KVLayout.from_json(reg["layout"]))
-                if why is not None:
+                if why is not None:  # this room can never be handed over: end it now
+                    self.reject(room, f"the decode server was refused: {why}")
                     raise KVTransferError(why)
-                state = self._claim(int(reg["room"]))
+                state = self._claim(room)
                 self._send_room(conn, state)
             except (KVTransferError, OSError, KeyError, ValueError, TypeError) as exc:
                 message = str(exc) or type(exc).__name__
@@ -135,6 +153,8 @@ class KVSender:
                 state = self._rooms.get(room)
                 if state is not None and state.staged.is_set():
                     break
+                if state is None and room in self._failed:
+                    raise KVTransferError(f"room {room}: {self._failed[room][0]}")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     if state is not None:
@@ -181,6 +201,9 @@ class KVSender:
             with self._cond:
                 stale = [r for r in self._rooms.values()
                          if not r.claimed and now - r.opened_at > 2 * self.timeout_s]  # fmt: skip
+                for room, (_, at) in list(self._failed.items()):
+                    if now - at > 2 * self.timeout_s:
+                        del self._failed[room]
             for state in stale:
                 self.fail(state, f"no decode server asked for room {state.room} in time")
 

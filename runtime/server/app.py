@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -97,6 +98,57 @@ class GateMiddleware:
             self.state.metrics.record_request(path, status, elapsed)
 
 
+ROOM_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+
+
+class RoomRejectMiddleware:
+    """On a prefill server: a request with a `bootstrap_room` that is answered with an error
+    status (invalid, refused, server busy) fails that room at once, so the decode server asking
+    for it is told now instead of after the hand-off timeout."""
+
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app = app
+        self.disaggregation = state.engine.disaggregation
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] not in ROOM_PATHS:
+            await self.app(scope, receive, send)
+            return
+        body: list[bytes] = []
+        status = 0
+
+        async def receive_copy() -> dict[str, Any]:
+            message = await receive()
+            if message["type"] == "http.request":
+                body.append(message.get("body", b""))
+            return message
+
+        async def send_watch(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body" and status >= 400:
+                self._reject(b"".join(body), status, message.get("body", b""))
+                status = 0  # once
+            await send(message)
+
+        await self.app(scope, receive_copy, send_watch)
+
+    def _reject(self, request: bytes, status: int, answer: bytes) -> None:
+        try:
+            room = json.loads(request).get("bootstrap_room")
+        except (ValueError, AttributeError):
+            return  # not a JSON object: it carried no room we could know
+        try:
+            detail = json.loads(answer)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            detail = answer[:200].decode(errors="replace")
+        if isinstance(room, int):
+            self.disaggregation.reject(
+                room, f"the prefill server answered the request with {status}: {detail}"
+            )
+
+
 def create_app(state: ServerState) -> FastAPI:
     """The app for one engine; the engine's lifetime is the caller's."""
 
@@ -149,6 +201,8 @@ def create_app(state: ServerState) -> FastAPI:
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     _add_gateway_routes(app, state)
+    if state.engine.disaggregation.mode == "prefill":
+        app.add_middleware(RoomRejectMiddleware, state=state)
     app.add_middleware(GateMiddleware, state=state)
     return app
 
