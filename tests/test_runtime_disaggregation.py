@@ -328,3 +328,11 @@ def test_mla_latent_cache_moves_as_well(tmp_path):
     finally:
         for e in engines:
             e.shutdown()
+
+
+def test_seeded_sampling_continues_the_single_engine_stream(single, prefill, decode):
+    """The decode side replays the random draw of the prefill side's first token."""
+    kw = dict(max_new_tokens=N, temperature=0.9, top_k=50, seed=1234, ignore_eos=True)
+    want = single.generate(PROMPTS[0], **kw)
+    got, _ = pd(prefill, decode, PROMPTS[0], **kw)
+    assert got.token_ids == want.token_ids

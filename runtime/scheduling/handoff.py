@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from runtime.memory.kv_pages import write_pages
 from runtime.scheduling.request import Request, Status
 from runtime.scheduling.step_output import after_new_token
@@ -64,8 +66,20 @@ def _admit_one(sched: Scheduler, req: Request) -> bool:
     if kv.top_logprobs is not None and req.top_logprobs is not None:
         req.top_logprobs.extend(kv.top_logprobs)
     if req.output_ids:
+        replay_draws(req, sched.model.config.vocab_size, len(req.output_ids))
         sched.counters["generated_tokens"] += len(req.output_ids)
         after_new_token(sched, req)
     elif len(req.output_ids) >= req.params.max_new_tokens:
         sched.finish(req, "length")
     return True
+
+
+def replay_draws(req: Request, vocab_size: int, count: int) -> None:
+    """Advance a seeded request's generator past `count` tokens sampled elsewhere (the prefill
+    server's first token), so its next draws are the ones one engine would have made: a
+    multinomial draw consumes the same random state whatever the probabilities."""
+    if req.generator is None or req.params.is_greedy or count <= 0:
+        return
+    row = torch.full((vocab_size,), 1.0 / vocab_size)
+    for _ in range(count):
+        torch.multinomial(row, 1, generator=req.generator)
