@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,13 @@ CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "grammar")
 Prompt = str | list[int]
 
 
+def overlap_wanted(flag: bool | None) -> bool:
+    """`overlap_schedule` if given, else $SGL_OVERLAP ("1" on, "0" off), else off."""
+    if flag is not None:
+        return flag
+    return os.environ.get("SGL_OVERLAP", "0").strip() == "1"
+
+
 def _eos_ids(loaded_source: Path, config_eos: Sequence[int], tokenizer) -> list[int]:
     ids = set(config_eos)
     gen = loaded_source / "generation_config.json" if loaded_source.is_dir() else None
@@ -78,6 +86,7 @@ class Engine:
         nnodes: int = 1,
         dist_init_addr: str | None = None,
         json_schema_mode: str = "strict",
+        overlap_schedule: bool | None = None,
         disaggregation_mode: str = "null",
         disaggregation_bootstrap_port: int | None = None,
         disaggregation_bootstrap_host: str = "0.0.0.0",
@@ -140,6 +149,7 @@ class Engine:
             max_running=max_running_requests,
             chunk_tokens=chunked_prefill_tokens,
             hooks=self._make_constraint_hooks(),
+            overlap=overlap_wanted(overlap_schedule) and not self.parallel,
         )
         logger.info(
             "engine ready: %s, %d KV bytes/token, %d tokens of KV capacity",
@@ -328,6 +338,8 @@ class Engine:
             "forward_s": s.forward_s,
             # the share of step time outside the model (planning, batching, sampling, outputs)
             "scheduler_share": 1 - s.forward_s / s.busy_s if s.busy_s else 0.0,
+            "overlap_schedule": s.overlap is not None,
+            "steps_planned_ahead": s.overlap.steps_planned_ahead if s.overlap else 0,
             "throughput_tok_s": c["generated_tokens"] / s.busy_s if s.busy_s else 0.0,
             **self._expert_stats(),
             **self.disaggregation.counters(),

@@ -36,11 +36,13 @@ def _apply_penalties(row: torch.Tensor, req: Request) -> None:
         row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
 
-def _forbid_end(row: torch.Tensor, req: Request, eos_ids: Sequence[int]) -> None:
-    """Before min_new_tokens, EOS and stop ids may not be sampled."""
-    banned = [t for t in (*eos_ids, *req.params.stop_token_ids) if t < row.shape[0]]
+def _forbid_end(
+    logits: torch.Tensor, rows: list[int], stop_ids: frozenset[int], eos_ids: Sequence[int]
+) -> None:
+    """Before min_new_tokens, EOS and stop ids may not be sampled (in these rows)."""
+    banned = sorted({t for t in (*eos_ids, *stop_ids) if t < logits.shape[1]})
     if banned:
-        row[banned] = float("-inf")
+        logits[torch.tensor(rows)[:, None], torch.tensor(banned)[None, :]] = float("-inf")
 
 
 def _truncate(logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
@@ -68,6 +70,29 @@ def _truncate(logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
+_ARGMAX_CHUNK = 1024
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.argmax(-1)` for [N, V] (the first index of each row's maximum), ~6x faster on CPU:
+    torch's argmax over a long row is a scalar loop, its max-reduction is vectorised. So: the
+    maximum of each 1024-wide chunk, the first chunk holding the row's maximum, then the
+    argmax inside that chunk alone (and the ragged tail beside it)."""
+    n, v = logits.shape
+    k = v // _ARGMAX_CHUNK
+    if k < 4 or not logits.is_contiguous() or logits.is_cuda:
+        return logits.argmax(dim=-1)
+    head = logits[:, : k * _ARGMAX_CHUNK].view(n, k, _ARGMAX_CHUNK)
+    chunk_max = head.amax(dim=-1)  # [N, k]
+    best = chunk_max.argmax(dim=-1)  # the first chunk holding the maximum
+    tokens = best * _ARGMAX_CHUNK + head[torch.arange(n), best].argmax(dim=-1)
+    if v % _ARGMAX_CHUNK:  # the tail wins only if strictly larger (first occurrence)
+        tail_max, tail_arg = logits[:, k * _ARGMAX_CHUNK :].max(dim=-1)
+        later = tail_max > chunk_max.gather(1, best[:, None])[:, 0]
+        tokens = torch.where(later, tail_arg + k * _ARGMAX_CHUNK, tokens)
+    return tokens
+
+
 def sample(
     logits: torch.Tensor,
     reqs: Sequence[Request],
@@ -76,18 +101,23 @@ def sample(
 ) -> SampleOutput:
     """Next token for each row of `logits` [N, V] (float32, modified in place)."""
     n = len(reqs)
+    forbid: dict[frozenset[int], list[int]] = {}  # rows before min_new_tokens, by stop ids
     for i, req in enumerate(reqs):
         if req.params.has_penalties:
             _apply_penalties(logits[i], req)
         if len(req.output_ids) < req.params.min_new_tokens:
-            _forbid_end(logits[i], req, eos_ids)
+            forbid.setdefault(req.params.stop_token_ids, []).append(i)
+    for stop_ids, rows in forbid.items():  # one masked write per group, not one per row
+        _forbid_end(logits, rows, stop_ids, eos_ids)
     want_lp = [i for i, r in enumerate(reqs) if r.params.logprobs or r.params.top_logprobs]
     logprob_rows = torch.log_softmax(logits[want_lp], dim=-1) if want_lp else None
 
     tokens = torch.empty(n, dtype=torch.long)
     greedy = [i for i, r in enumerate(reqs) if r.params.is_greedy]
-    if greedy:
-        tokens[greedy] = logits[greedy].argmax(dim=-1)
+    if len(greedy) == n:
+        tokens = greedy_tokens(logits)
+    elif greedy:
+        tokens[greedy] = greedy_tokens(logits[greedy])
     sampled = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
     if sampled:
         sub_reqs = [reqs[i] for i in sampled]

@@ -28,6 +28,7 @@ from runtime.memory.pages import PageBook
 from runtime.memory.radix_cache import RadixCache
 from runtime.scheduling.handoff import admit_imported
 from runtime.scheduling.output import OutputProcessor
+from runtime.scheduling.overlap import OverlapRunner
 from runtime.scheduling.request import Request, Status
 from runtime.scheduling.step_output import process_step_output
 from runtime.scheduling.step_plan import ExtendItem, StepPlan, build_batch
@@ -49,6 +50,7 @@ class Scheduler:
         max_running: int,
         chunk_tokens: int,
         hooks: Any = None,
+        overlap: bool = False,
     ) -> None:
         self.model = model
         self.pool = pool
@@ -68,6 +70,8 @@ class Scheduler:
         self.busy_s = 0.0  # wall time of steps that ran a forward pass
         self.forward_s = 0.0  # of which the model's forward (the rest: scheduling, sampling)
         self._admit_clock = 0
+        # overlap.py: plan step N+1 while step N's forward runs on a model thread
+        self.overlap = OverlapRunner(self) if overlap else None
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="sgl-scheduler", daemon=True)
         self._thread.start()
@@ -95,6 +99,8 @@ class Scheduler:
         if self.hooks is not None:
             self.hooks.shutdown()
         self._thread.join(timeout=30)
+        if self.overlap is not None:
+            self.overlap.shutdown()
 
     # ---- the loop --------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -176,6 +182,21 @@ class Scheduler:
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> bool:
         """Plan, run and process one forward pass; False when there was nothing to do."""
+        if self.overlap is not None:
+            return self.overlap.step()
+        plan = self.plan_step()
+        if plan is None:
+            return False
+        batch = build_batch(plan, self.pool.page_size)
+        start = time.perf_counter()
+        logits = self.model.forward(batch, self.pool)
+        self.forward_s += time.perf_counter() - start
+        self.counters["forward_steps"] += 1
+        process_step_output(self, plan, logits)
+        return True
+
+    def plan_step(self) -> StepPlan | None:
+        """Who decodes, who extends by how much, who is admitted; None when nothing can run."""
         if self.waiting and any(r.imported is not None for r in self.waiting):
             admit_imported(self)  # KV that arrived from a prefill server: no prefill here
         plan = StepPlan()
@@ -192,14 +213,8 @@ class Scheduler:
         if not plan:
             if self.running:  # everyone is stuck waiting for pages: free some
                 self.preempt(max(self.running, key=lambda r: r.admit_order))
-            return False
-        batch = build_batch(plan, self.pool.page_size)
-        start = time.perf_counter()
-        logits = self.model.forward(batch, self.pool)
-        self.forward_s += time.perf_counter() - start
-        self.counters["forward_steps"] += 1
-        process_step_output(self, plan, logits)
-        return True
+            return None
+        return plan
 
     def _plan_decodes(self, plan: StepPlan) -> None:
         decoders = [r for r in self.running if r.prefill_done]

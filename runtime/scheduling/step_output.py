@@ -15,8 +15,18 @@ if TYPE_CHECKING:
     from runtime.scheduling.scheduler import Scheduler
 
 
-def process_step_output(sched: Scheduler, plan: StepPlan, logits: torch.Tensor) -> None:
-    """Book the computed tokens, record score log-probs, sample, and finish or stream."""
+def process_step_output(
+    sched: Scheduler, plan: StepPlan, logits: torch.Tensor, booked: bool = False
+) -> None:
+    """Book the computed tokens, record score log-probs, sample, and finish or stream.
+    `booked`: `book_step` already ran for this plan (the overlap path books ahead)."""
+    if not booked:
+        book_step(sched, plan, logits)
+    sample_step(sched, plan, logits)
+
+
+def book_step(sched: Scheduler, plan: StepPlan, logits: torch.Tensor | None) -> None:
+    """Score log-probs (needs `logits`), then count the plan's tokens as computed."""
     for req, row0, count in plan.score_rows:
         # row i scores token (position of the row + 1)
         first = max(req.logprob_start, req.computed + 1)
@@ -36,9 +46,16 @@ def process_step_output(sched: Scheduler, plan: StepPlan, logits: torch.Tensor) 
         if req.computed == req.seq_len:
             req.prefill_done = True
         sched.book.cache_computed(req)
+
+
+@torch.inference_mode()  # the logits are the forward's (inference) tensor, written in place
+def sample_step(sched: Scheduler, plan: StepPlan, logits: torch.Tensor) -> None:
+    """Sample the plan's sample rows (through the grammar masks), then finish or stream."""
     rows = [row for _, row in plan.sample_rows]
     reqs = [req for req, _ in plan.sample_rows]
-    sample_logits = logits[rows]
+    # the usual step samples every logits row in order: no gathered copy then
+    in_order = len(rows) == logits.shape[0] and rows == list(range(len(rows)))
+    sample_logits = logits if in_order else logits[rows]
     if sched.hooks is not None and reqs:
         dead = sched.hooks.mask_logits(reqs, sample_logits)
         for req in dead:  # its constraint allows no token at all (or failed: req.error says)

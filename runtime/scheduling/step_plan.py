@@ -28,6 +28,9 @@ class StepPlan:
     # filled by build_batch: per request, the logits rows it owns in the model output
     sample_rows: list[tuple[Request, int]] = field(default_factory=list)
     score_rows: list[tuple[Request, int, int]] = field(default_factory=list)  # req, row0, count
+    # built ahead of the previous step's sampling (overlap.py): input rows whose token is not
+    # sampled yet, with their request; the token goes in once it is
+    pending_inputs: list[tuple[int, Request]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.decodes or self.extends)
@@ -38,18 +41,26 @@ def _page_table(reqs: list[Request], width: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32).reshape(len(reqs), width)
 
 
-def build_batch(plan: StepPlan, page_size: int) -> ForwardBatch:
-    """Flatten the plan into tensors; records in `plan` which logits rows belong to whom."""
+def build_batch(plan: StepPlan, page_size: int, ahead: bool = False) -> ForwardBatch:
+    """Flatten the plan into tensors; records in `plan` which logits rows belong to whom.
+
+    `ahead`: a decode whose input token is not sampled yet gets a placeholder, listed in
+    `plan.pending_inputs`."""
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
     logit_rows: list[int] = []
     plan.sample_rows.clear()
     plan.score_rows.clear()
+    plan.pending_inputs.clear()
     for req in plan.decodes:
         pos = req.computed
         n_prompt = len(req.prompt_ids)
-        ids.append(req.prompt_ids[pos] if pos < n_prompt else req.output_ids[pos - n_prompt])
+        if ahead and pos - n_prompt == len(req.output_ids):
+            plan.pending_inputs.append((len(ids), req))
+            ids.append(0)  # placeholder
+        else:
+            ids.append(req.prompt_ids[pos] if pos < n_prompt else req.output_ids[pos - n_prompt])
         positions.append(pos)
         slots.append(req.pages[pos // page_size] * page_size + pos % page_size)
         plan.sample_rows.append((req, len(logit_rows)))
