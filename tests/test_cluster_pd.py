@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
@@ -62,9 +63,9 @@ def generate(url: str, text: str, **params) -> dict:
     return reply.json()
 
 
-def stream_generate(url: str, text: str) -> str:
+def stream_generate(url: str, text: str, **params) -> str:
     body = {"text": text, "stream": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 12}}  # fmt: skip
+            "sampling_params": {"temperature": 0, "max_new_tokens": 12, **params}}  # fmt: skip
     last = None
     with httpx.stream("POST", f"{url}/generate", json=body, timeout=120) as r:
         for line in r.iter_lines():
@@ -102,6 +103,10 @@ def test_streamed_generate_equals_one_server(cluster, single):
     assert stream_generate(cluster.url, "Seven small boats") == stream_generate(
         single, "Seven small boats"
     )
+    regex = {"regex": r"(red|blue|green) [a-z]{2,6} \d{1,3}"}
+    got = stream_generate(cluster.url, "Colour, word, number:", **regex)
+    assert got == stream_generate(single, "Colour, word, number:", **regex)
+    assert re.fullmatch(regex["regex"], got), got
 
 
 def test_openai_chat_and_completions_plain_and_streamed(cluster, single, model):
@@ -133,12 +138,19 @@ def test_openai_chat_and_completions_plain_and_streamed(cluster, single, model):
     got = completion(pd, max_tokens=40, extra_body=schema)
     assert got == completion(one, max_tokens=40, extra_body=schema)
     assert set(json.loads(got)) == {"city", "rank"}
-    answer = pd.chat.completions.create(
-        messages=messages,
-        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
-        **{**kw, "max_tokens": 60},
-    )
-    assert set(json.loads(answer.choices[0].message.content)) == {"city", "rank"}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
+
+    def chat_json(client, stream: bool) -> str:
+        answer = client.chat.completions.create(
+            messages=messages, response_format=fmt, stream=stream, **{**kw, "max_tokens": 60}
+        )
+        if not stream:
+            return answer.choices[0].message.content
+        return "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
+
+    got = chat_json(pd, stream=True)
+    assert got == chat_json(pd, stream=False) == chat_json(one, stream=False)
+    assert set(json.loads(got)) == {"city", "rank"}
 
 
 @sgl.function
