@@ -40,3 +40,12 @@ def test_killed_cluster_process_leaves_no_orphans(tmp_path):
     proc.kill()  # SIGKILL: no handler runs; the kernel's parent-death signal stops the children
     proc.wait()
     wait_for(lambda: not any(alive(p) for p in children), 30, "orphaned replicas to exit")
+
+
+@pytest.mark.parametrize("counts", [("1", "0"), ("0", "2")], ids=["no-decode", "no-prefill"])
+def test_pd_mode_needs_both_roles(tmp_path, counts):
+    extra = ("--prefill", counts[0], "--decode", counts[1])
+    proc = launch(tiny_model_dir(), "cache_aware", tmp_path, extra=extra, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and out == ""
+    assert "needs at least one prefill and one decode server" in err
