@@ -60,8 +60,10 @@ def _explore(
 ) -> ByteDFA:
     """BFS over composite states; `step` returns None for the dead state. `groups`: bytes
     that `step` treats alike (it is called once per group, with the group's first byte)."""
-    rows, order = _explore_rows(start, step, max_states, groups)
-    return from_rows(rows, [False] + [accept(s) for s in order[1:]])
+    table, byte_to_class, order = _explore_rows(start, step, max_states, groups)
+    acc = np.array([False] + [accept(s) for s in order[1:]], dtype=bool)
+    table, acc = _prune_dead_ends(table, acc)
+    return ByteDFA(table=table, byte_to_class=byte_to_class, accepting=acc)
 
 
 def _explore_rows(
@@ -69,18 +71,20 @@ def _explore_rows(
     step: Callable[[tuple, int], tuple | None],
     max_states: int,
     groups: list[list[int]] | None,
-) -> tuple[list[list[int]], list[tuple]]:
-    """_explore's BFS: the 256-column rows (row 0 dead) and the composite state of each row."""
+) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+    """_explore's BFS: the table by byte class (row 0 dead; the groups are the classes, the
+    ones with equal columns merged), each byte's class, and the composite state of each row."""
     groups = groups or [[b] for b in range(256)]
     index: dict[tuple, int] = {start: START}
     order: list[tuple] = [(), start]
-    rows: list[list[int]] = [[DEAD] * 256]
+    rows: list[list[int]] = [[DEAD] * len(groups)]
+    firsts = [g[0] for g in groups]
     i = START
     while i < len(order):
         st = order[i]
-        row = [DEAD] * 256
-        for group in groups:
-            nxt = step(st, group[0])
+        row = [DEAD] * len(groups)
+        for c, b in enumerate(firsts):
+            nxt = step(st, b)
             if nxt is None:
                 continue
             j = index.get(nxt)
@@ -90,11 +94,18 @@ def _explore_rows(
                     raise GrammarError(f"product automaton exceeds its budget ({max_states})")
                 index[nxt] = j
                 order.append(nxt)
-            for b in group:
-                row[b] = j
+            row[c] = j
         rows.append(row)
         i += 1
-    return rows, order
+    table = np.array(rows, dtype=np.int32).reshape(len(rows), len(groups))
+    # groups whose columns are equal are one class (hashing columns: no sort of the table)
+    cls_of: dict[bytes, int] = {}
+    group_cls = [cls_of.setdefault(table[:, c].tobytes(), len(cls_of)) for c in range(len(groups))]
+    keep = [group_cls.index(k) for k in range(len(cls_of))]
+    byte_to_class = np.zeros(256, dtype=np.int32)
+    for g, k in zip(groups, group_cls, strict=True):
+        byte_to_class[g] = k
+    return np.ascontiguousarray(table[:, keep]), byte_to_class, order
 
 
 def split_regions(
@@ -148,12 +159,8 @@ def _split_at_once(
 
     groups = _byte_groups(keys.byte_to_class.item, *(p.byte_to_class.item for p in parts))
     start = (START, tuple((i, START) for i in range(n)))
-    rows, order = _explore_rows(start, step, max_states, groups)
+    table, byte_to_class, order = _explore_rows(start, step, max_states, groups)
     sigs = [signature(st) for st in order]
-    table256 = np.array(rows, dtype=np.int32).reshape(len(rows), 256)
-    cols, byte_to_class = np.unique(table256.T, axis=0, return_inverse=True)
-    table = np.ascontiguousarray(cols.T).astype(np.int32)
-    byte_to_class = byte_to_class.reshape(-1).astype(np.int32)
     out = []
     for sig in sorted({g for g in sigs if g is not None}, key=lambda g: [not x for x in g]):
         acc = np.array([g == sig for g in sigs], dtype=bool)

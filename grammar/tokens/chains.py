@@ -24,8 +24,11 @@ from grammar.tokens.loops import _UTF8_FORMS, Suffixes
 if TYPE_CHECKING:
     from grammar.tokens.index import TokenIndex
 
-# tokens longer than this many characters past a chain's known part are walked one by one
-MAX_FOLLOW = 24
+# a chain is followed this many characters at most (a step costs a few row expansions; the
+# few tokens longer than that are walked on from its last state)
+MAX_FOLLOW = 32
+CLOSED = -1  # a chain's end where every one of its characters dies
+_LEAD_LO, _LEAD_HI = 0xC2, 0xF4  # the lead bytes of multi-byte UTF-8 characters
 # a chain's other tokens (not made of its characters) are cut into suffixes only when few
 _MAX_OTHER_ROWS = 8192
 _CONT_LO, _CONT_HI = 0x80, 0xBF
@@ -152,15 +155,18 @@ class Chains:
         return c_set, chars_lead_to(self.dfa, state, nxt)
 
     def step(self, state: int, c_idx: list[int], key: bytes, all_chars: bool) -> int:
-        """The state after one chain character from `state`, or DEAD when `state` ends the
-        chain (its C bytes, or its characters, do not all lead to one live state)."""
+        """The state after one chain character from `state`; when `state` ends the chain,
+        CLOSED if every chain character dies there, else DEAD (some live on elsewhere)."""
         hit = self._step.get(state)
         if hit is not None and hit[0] == key and hit[1] == all_chars:
             return hit[2]
         row = self.dfa.row_list(state)
         nxt = row[c_idx[0]]
-        if nxt == DEAD or any(row[c] != nxt for c in c_idx):
+        if any(row[c] != nxt for c in c_idx):
             nxt = DEAD
+        elif nxt == DEAD:  # every C byte dies: closed if every character does too
+            if not all_chars or not any(row[_LEAD_LO : _LEAD_HI + 1]):
+                nxt = CLOSED
         elif all_chars and not chars_lead_to(self.dfa, state, nxt):
             nxt = DEAD
         self._step[state] = (key, all_chars, nxt)
@@ -168,16 +174,20 @@ class Chains:
 
     def follow(
         self, state: int, c_set: np.ndarray, all_chars: bool, limit: int
-    ) -> tuple[list[int], bool]:
-        """t_0 = state, t_1, ... up to `limit` steps; (the states, whether the last loops)."""
+    ) -> tuple[list[int], str]:
+        """t_0 = state, t_1, ... up to `limit` steps; (the states, how the chain ends after the
+        last: "loop" (it loops on every chain character), "closed" (they all die there), or
+        "open" (unknown: tokens longer than the chain must be walked))."""
         key = np.packbits(c_set).tobytes()
         c_idx = np.flatnonzero(c_set).tolist()
         states = [state]
         while len(states) <= limit:
             nxt = self.step(states[-1], c_idx, key, all_chars)
+            if nxt == CLOSED:
+                return states, "closed"
             if nxt == DEAD:
-                return states, False
+                return states, "open"
             if nxt == states[-1]:
-                return states, True
+                return states, "loop"
             states.append(nxt)
-        return states, False
+        return states, "open"

@@ -206,9 +206,10 @@ class TokenIndex:
             layout = self.vocab.derived(key, lambda: chain_layout(self, c_set, all_chars))
             if layout is None:
                 return None
-            states, loops = self._chains.follow(state, c_set, all_chars, MAX_FOLLOW)
+            states, end = self._chains.follow(state, c_set, all_chars, MAX_FOLLOW)
         r = len(states) - 1
-        if not loops and layout.longer_than(r) * 8 >= self.prepared.num_rows:
+        loops = end == "loop"
+        if end == "open" and layout.longer_than(r) * 8 >= self.prepared.num_rows:
             return None
         words = layout.pure_words(self, -1 if loops else r)
         others, group_q = layout.others, layout.group_q
@@ -218,8 +219,16 @@ class TokenIndex:
         cur = self._gather(chain[np.minimum(group_q[sel], r)], self._cls(others.columns[0][sel]))
         alive = self._walk_rows(sel, cur, 1, others)
         parts = [csr_take(others.start, others.rows, alive)]
-        if not loops:  # tokens with more prefix characters than the chain: walk them whole
-            parts.append(self._allowed_sparse(state, np.flatnonzero(layout.q > r)))
+        if end == "open":  # tokens with more prefix characters than the chain: walk on
+            long = layout.q > r
+            # an ASCII one is r bytes into the chain at its end: walk the rest from there
+            ascii_rows = np.flatnonzero(long & ~self.prepared.non_ascii)
+            col = self.prepared.columns[r][ascii_rows]
+            cur = self._gather(np.full(ascii_rows.shape[0], states[-1], np.int64), self._cls(col))
+            parts.append(self._walk_rows(ascii_rows, cur, r + 1))
+            parts.append(
+                self._allowed_sparse(state, np.flatnonzero(long & self.prepared.non_ascii))
+            )
         return words, np.concatenate(parts)
 
     def _classes(self, p: int) -> np.ndarray:
