@@ -1,0 +1,86 @@
+"""The shortcut mask paths of TokenIndex against a token-by-token walk: masks borrowed from the
+state most bytes lead to (`_like`: object keys beside property names) and counting chains
+(`_chain`: strings with maxLength, bounded character classes), on the deepseek vocabulary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from grammar import clear_caches, compile_json_schema
+from grammar.tokens.index import TokenIndex
+from tests._grammar_fixtures import compact, deepseek_tokenizer, deepseek_vocab
+
+CASES = [
+    pytest.param(
+        {"type": "string", "maxLength": 40},
+        ["a short one", "x" * 40, "日本語 and ascii", 'quote " inside'],
+        "_chain",
+        id="maxLength-40",
+    ),
+    pytest.param(
+        {"type": "string", "minLength": 3, "maxLength": 200},
+        ["abc", "word " * 39, "emoji 🙂 ok"],
+        "_chain",
+        id="minLength-maxLength-long",
+    ),
+    pytest.param(
+        {"type": "string", "pattern": "^[^x]{0,30}$"},
+        ["hello world", "z" * 30, "ünïcode"],
+        "_chain",
+        id="bounded-class",
+    ),
+    pytest.param(
+        {
+            "type": "object",
+            "properties": {"alpha": {"type": "integer"}, "beta": {"type": "string"}},
+            "additionalProperties": {"type": "boolean"},
+        },
+        [{"alpha": 1, "beta": "b", "other": True}, {"abc": False}, {"beat": True}],
+        "_like",
+        id="free-keys-beside-names",
+    ),
+]
+
+
+def _brute_force(grammar, state: int) -> np.ndarray:
+    vocab, dfa = grammar.vocab, grammar.dfa
+    out = np.zeros(len(vocab), dtype=bool)
+    for i in range(len(vocab)):
+        b = vocab.token_bytes(i)
+        out[i] = bool(b) and dfa.walk(state, b) != 0
+    for e in vocab.eos_token_ids:
+        out[e] = bool(dfa.accepting[state])
+    return out
+
+
+def _unpack(words: np.ndarray, n: int) -> np.ndarray:
+    return np.unpackbits(words.view(np.uint8), bitorder="little")[:n].astype(bool)
+
+
+@pytest.mark.parametrize(("schema", "instances", "path"), CASES)
+def test_shortcut_masks_equal_a_token_walk(schema, instances, path, monkeypatch):
+    tok, vocab = deepseek_tokenizer(), deepseek_vocab()
+    taken = []
+    original = getattr(TokenIndex, path)
+
+    def spy(self, *args):
+        out = original(self, *args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(TokenIndex, path, spy)
+    clear_caches()
+    grammar = compile_json_schema(schema, vocab)
+    states: list[int] = []
+    for instance in instances:
+        m = grammar.matcher()
+        for t in tok.encode(compact(instance), add_special_tokens=False):
+            if m.state not in states:
+                states.append(m.state)
+            m.advance(t)
+        assert m.is_accepting(), instance
+    for state in states[:10]:
+        got = _unpack(grammar.index.bitmask(state), len(vocab))
+        assert np.array_equal(got, _brute_force(grammar, state)), state
+    assert any(taken), f"{path} never applied"
