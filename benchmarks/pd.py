@@ -14,10 +14,9 @@ torch threads):
 
 Measured at the client: the inter-token latency of the short requests (time between stream
 events carrying tokens; p50 / p99 over every gap of every request), and the time to first
-token of the long requests. For PD, the transfer time per 1,000 tokens of KV comes from the
-prefill server's counters (`kv_transfer_s`: from the first page sent to the decode server's
-acknowledgement) and the decode server's (from connecting to the last page, prefill wait
-included).
+token of the long requests. For PD, the transfer time per 1,000 tokens of KV comes from both
+servers' counters (`kv_transfer_s`: from the room's first frame to the acknowledgement, the
+wait for the prefill excluded).
 """
 
 from __future__ import annotations
@@ -185,10 +184,9 @@ def main() -> None:
     for o in outcomes:
         if o.transfer:
             print(
-                f"\nKV transfer per 1,000 tokens: {o.transfer.get('prefill', 0) * 1e3:.1f} ms "
-                f"sending (prefill side, first page to acknowledgement); "
-                f"{o.transfer.get('decode', 0) * 1e3:.1f} ms on the decode side (connect to "
-                f"last page, waiting for the prefill included); rooms moved: "
+                f"\nKV transfer per 1,000 tokens (first frame to acknowledgement): "
+                f"{o.transfer.get('prefill', 0) * 1e3:.1f} ms measured by the prefill server, "
+                f"{o.transfer.get('decode', 0) * 1e3:.1f} ms by the decode server; rooms moved: "
                 f"{o.transfer.get('prefill_requests', 0):.0f}"
             )
     if len(outcomes) == 2:

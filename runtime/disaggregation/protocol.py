@@ -100,11 +100,25 @@ def send(
         sock.sendall(payload)  # a memoryview goes out without a copy
 
 
+SOCKET_BUFFER_BYTES = 8 * 1024 * 1024
+
+
+def tune(sock: socket.socket) -> None:
+    """Large kernel buffers, so a page moves in few system calls."""
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+        except OSError:
+            pass  # the kernel's limit applies
+
+
 def _read_exact(sock: socket.socket, count: int, into: memoryview | None = None) -> bytes:
     buf = into if into is not None else memoryview(bytearray(count))
     got = 0
     while got < count:
-        n = sock.recv_into(buf[got:], count - got)
+        # few large reads, so the receiving thread rarely queues for the GIL behind the
+        # engine's scheduler thread (a socket with a timeout may still return early: loop)
+        n = sock.recv_into(buf[got:], count - got, socket.MSG_WAITALL)
         if n == 0:
             raise KVTransferError(f"connection closed by the peer ({got} of {count} bytes read)")
         got += n

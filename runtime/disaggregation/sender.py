@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from runtime.disaggregation.protocol import Kind, KVLayout, expect, send
+from runtime.disaggregation.protocol import Kind, KVLayout, expect, send, tune
 from runtime.errors import KVTransferError
 
 logger = logging.getLogger(__name__)
@@ -123,6 +123,7 @@ class KVSender:
     def _serve(self, conn: socket.socket) -> None:
         state: Room | None = None
         with conn:
+            tune(conn)
             conn.settimeout(self.timeout_s + 5)
             try:
                 reg = expect(conn, Kind.REGISTER, "registration")
