@@ -58,20 +58,32 @@ def boot(prefill: Engine, room: int | None = None) -> dict:
     return dict(bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=room)
 
 
+class Background:
+    """`engine.generate(...)` on a thread; `.result()` is its result or the exception it raised."""
+
+    def __init__(self, engine: Engine, *args, **kw) -> None:
+        self._out: list = []
+        self._thread = threading.Thread(target=self._run, args=(engine, args, kw))
+        self._thread.start()
+
+    def _run(self, engine: Engine, args, kw) -> None:
+        try:
+            self._out.append(engine.generate(*args, **kw))
+        except Exception as exc:
+            self._out.append(exc)
+
+    def result(self, timeout: float = 30):
+        self._thread.join(timeout=timeout)
+        assert not self._thread.is_alive(), "the request hung"
+        return self._out[0]
+
+
 def pd(prefill: Engine, decode: Engine, prompt, stream: bool = False, **kw):
     """What the gateway does: the same request to both servers at once, one room; returns the
     decode side's result and the prefill side's (or the exception each raised)."""
     room = boot(prefill)
     out: dict = {}
-
-    def run_prefill() -> None:
-        try:
-            out["prefill"] = prefill.generate(prompt, **kw, **room)
-        except Exception as exc:
-            out["prefill"] = exc
-
-    t = threading.Thread(target=run_prefill)
-    t.start()
+    pre = Background(prefill, prompt, **kw, **room)
     try:
         if stream:
             chunks = list(decode.generate(prompt, stream=True, **kw, **room))
@@ -81,9 +93,7 @@ def pd(prefill: Engine, decode: Engine, prompt, stream: bool = False, **kw):
             out["decode"] = decode.generate(prompt, **kw, **room)
     except Exception as exc:
         out["decode"] = exc
-    t.join(timeout=30)
-    assert not t.is_alive(), "the prefill request hung"
-    return out["decode"], out["prefill"]
+    return out["decode"], pre.result()
 
 
 def pool_whole(engine: Engine) -> None:
@@ -260,24 +270,15 @@ def test_unreachable_prefill_server_is_an_error(decode):
 
 def test_decode_server_disconnecting_fails_the_prefill_request(prefill):
     room = boot(prefill)
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            out["r"] = prefill.generate(LONG, **GREEDY, **room)
-        except Exception as exc:
-            out["r"] = exc
-
-    t = threading.Thread(target=run)
-    t.start()
+    pre = Background(prefill, LONG, **GREEDY, **room)
     layout = prefill.disaggregation.sender.layout
     with socket.create_connection(("127.0.0.1", room["bootstrap_port"])) as conn:
         send(conn, Kind.REGISTER, {"room": room["bootstrap_room"], "layout": layout.to_json()})
         kind, _, _ = receive(conn)
         assert kind is Kind.META
     # gone before the pages and the acknowledgement
-    t.join(timeout=30)
-    assert isinstance(out["r"], KVTransferError) and "disconnected" in str(out["r"])
+    got = pre.result()
+    assert isinstance(got, KVTransferError) and "disconnected" in str(got)
     pool_whole(prefill)
     assert prefill.generate(PROMPTS[0], **GREEDY).finish_reason == "length"
 
