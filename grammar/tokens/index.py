@@ -174,24 +174,29 @@ class TokenIndex:
         ref = int(values[np.argmax(counts)])
         if ref == state:
             return None
-        same = row == self.row(ref)
-        walked = ~same & (row != DEAD)  # (a first byte dead from `state` allows nothing)
+        ref_row = self.row(ref)
+        differ = row != ref_row
+        walked = differ & (row != DEAD)  # (a first byte dead from `state` allows nothing)
         rows = self.vocab.derived(
             ("first", np.packbits(walked).tobytes()), lambda: self._led(walked)
         )
         if rows is None:  # many tokens start with a byte where the two rows differ
             return None
-        first = self.vocab.derived(
-            ("first-bits", np.packbits(same).tobytes()), lambda: self._first_words(same)
+        gone = differ & (ref_row != DEAD)  # ref's tokens that start there: not borrowed
+        if not np.array_equal(gone, walked):
+            gone_rows = self.vocab.derived(
+                ("first", np.packbits(gone).tobytes()), lambda: self._led(gone)
+            )
+            if gone_rows is None:
+                return None
+        else:
+            gone_rows = rows
+        words = self.bitmask(ref, depth + 1).view("<u4").copy()
+        ids = np.concatenate([self.vocab.ids_of_rows(gone_rows), self._eos])
+        np.bitwise_and.at(
+            words, ids >> 5, ~np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
         )
-        base = self.bitmask(ref, depth + 1) & first  # (no EOS bit: `first` has none)
-        return base, self._allowed_sparse(state, rows)
-
-    def _first_words(self, first: np.ndarray) -> np.ndarray:
-        """Packed id bits of the tokens whose first byte is in `first` (bool [256])."""
-        words = self._pack(first[self.prepared.columns[0]], self._eos[:0])
-        words.flags.writeable = False
-        return words
+        return words.view("<i4"), self._allowed_sparse(state, rows)
 
     def _chain(self, state: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The tokens from the first state of a counting chain (see `chains`): the pure ones
