@@ -18,7 +18,11 @@ at `--vllm-python` or $SGL_VLLM_PYTHON (default /work/vllm-venv/bin/python). Ins
     /work/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
 
 Columns: seconds per engine, ours / vLLM speed ratio (> 1: ours faster), how many of our outputs
-equal vLLM's token for token, and for json how many outputs of each engine validate.
+equal vLLM's token for token, and for json how many outputs of each engine validate. Then two
+tables of ours alone: the scheduler's share of the step time per workload (`stats()`, best run),
+and batch-1 decode (64 tokens) against the memory-bandwidth bound: weight bytes / measured copy
+bandwidth (STREAM's count: bytes read + written per second) is the least time a decode step
+that reads every weight once can take (`--no-bound` skips it).
 """
 
 from __future__ import annotations
