@@ -187,13 +187,11 @@ class LlamaModel:
             # attention block
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
             qkv = self.mm(x, layer.qkv, layer.qkv_bias)
-            q = qkv[:, : self.q_size].view(t, self.num_heads, cfg.head_dim)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(
-                t, self.num_kv_heads, cfg.head_dim
-            )
+            # q and k sit side by side in the projection: rotated as one [T, Hq + Hkv, D] block
+            qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, cfg.head_dim)
+            qk = apply_rotary(qk, cos, sin)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
             v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, cfg.head_dim)
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
             k_pool, v_pool = pool.k[li], pool.v[li]
             # the new tokens' K/V go into their slots before attention reads the pages
             k_pool.view(-1, self.num_kv_heads, cfg.head_dim).index_copy_(0, batch.out_slots, k)
