@@ -21,6 +21,7 @@ _DOT_CLS = type(ip._DOT)
 _EMPTY_CLS = type(ip._EMPTY)
 _CHAR_GROUP = ip._CharGroup
 _COPY_FROM = 8  # counted repetitions with more copies than this copy a built block
+_LAZY_FROM = 64  # bounded ones with more copies than this make their copies on first read
 
 
 def parse_regex(pattern: str) -> ip.Pattern:
@@ -73,8 +74,9 @@ class NFA:
         self._interned: dict[tuple, int] = {}
         self._nodes: list[object] = []  # keeps parsed nodes alive so ids stay unique
         self._cont_masks: dict[tuple[int, int], int] = {}
-        self._block_first: list[int] = []  # first state id of each embedded automaton
-        self._blocks: list[tuple[int, object, int]] = []  # (first id, its ByteDFA, continuation)
+        self._block_first: list[int] = []  # first state id of each lazily filled block
+        # (first id, its ByteDFA, continuation) or (first id, _Copies, None)
+        self._blocks: list[tuple[int, object, int | None]] = []
         self.dead_end_possible = False
         self.final = self._new()
 
@@ -171,6 +173,8 @@ class NFA:
             raise GrammarError(f"bad repetition {{{node.min},{node.max}}}")
         copies = node.min if node.max is None else node.max
         build = self._copier(node.base) if copies > _COPY_FROM else None
+        if build is not None and node.max is not None and copies > _LAZY_FROM:
+            return self._lazy_copies(build, node.min, node.max, k)
         if build is None:
             base = node.base
 
@@ -212,6 +216,7 @@ class NFA:
                 return None
 
         def copy(target: int) -> int:
+            """A copy of the block continuing to `target`; returns its start."""
             off = len(eps) - first
             if len(eps) + last - first > self.max_states:
                 raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
@@ -220,7 +225,21 @@ class NFA:
                 edges.append([(m, target if t == hole else t + off) for m, t in edges[x]])
             return b + off
 
+        copy.block = (first, last, b, hole)  # type: ignore[attr-defined]
         return copy
+
+    def _lazy_copies(self, build: Callable[[int], int], lo: int, hi: int, k: int) -> int:
+        """base{lo,hi} as reserved ids filled on first read (`_Copies`): a long bounded
+        repetition (a string's maxLength 32767) costs only the copies a walk reaches."""
+        first_t, last_t, b, hole = build.block  # type: ignore[attr-defined]
+        copies = _Copies(len(self.eps), first_t, last_t, b, hole, hi - lo, hi, k)
+        if copies.first + copies.size > self.max_states:
+            raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
+        self.eps.extend([None] * copies.size)
+        self.edges.extend([None] * copies.size)
+        self._block_first.append(copies.first)
+        self._blocks.append((copies.first, copies, None))
+        return copies.start(hi - 1)
 
     def _embed_dfa(self, dfa: object, k: int) -> int:
         """Reserve ids for a ByteDFA's live states (filled on first read); its accepting
@@ -240,6 +259,9 @@ class NFA:
     def fill(self, x: int) -> None:
         """Give state x of an embedded automaton its edges (grouped by target) and epsilon."""
         first, dfa, k = self._blocks[bisect.bisect_right(self._block_first, x) - 1]
+        if k is None:  # a block of lazy copies
+            dfa.fill(self, x)
+            return
         i = x - first + 1
         masks = _class_masks(dfa)
         by_target: dict[int, int] = {}
@@ -270,8 +292,8 @@ class NFA:
     def materialize(self) -> None:
         """Fill every embedded automaton's states (for an eager subset construction)."""
         edges = self.edges
-        for first, dfa, _ in self._blocks:
-            for x in range(first, first + dfa.num_states - 1):
+        for first, dfa, k in self._blocks:
+            for x in range(first, first + (dfa.size if k is None else dfa.num_states - 1)):
                 if edges[x] is None:
                     self.fill(x)
 
@@ -314,3 +336,49 @@ def _class_masks(dfa: object) -> list[int]:
             masks[c] |= 1 << b
         dfa.class_masks = masks
     return masks
+
+
+class _Copies:
+    """The copies of a block for base{lo,hi} (`NFA._lazy_copies`), numbered from the last:
+    copy c continues to copy c - 1 (copy 0 to k). The m = hi - lo last copies are optional:
+    each has an entry state (epsilon to k or into its block) before its block; the others are
+    the block alone. Ids: m units of 1 + n, then lo units of n (n: the template's states)."""
+
+    def __init__(
+        self, first: int, t_first: int, t_last: int, t_start: int, hole: int, m: int, hi: int,
+        k: int,
+    ) -> None:  # fmt: skip
+        self.first, self.t_first, self.t_start, self.hole = first, t_first, t_start, hole
+        self.n, self.m, self.hi, self.k = t_last - t_first, m, hi, k
+        self.size = m * (self.n + 1) + (hi - m) * self.n
+
+    def _block(self, c: int) -> int:
+        """The id of copy c's first block state (the template's state t_first)."""
+        if c < self.m:
+            return self.first + c * (self.n + 1) + 1
+        return self.first + self.m * (self.n + 1) + (c - self.m) * self.n
+
+    def start(self, c: int) -> int:
+        """Where copy c begins: its entry state, or its block's start."""
+        if c < self.m:
+            return self.first + c * (self.n + 1)
+        return self._block(c) + self.t_start - self.t_first
+
+    def fill(self, nfa: NFA, x: int) -> None:
+        z = x - self.first
+        if z < self.m * (self.n + 1):
+            c, o = divmod(z, self.n + 1)
+            if o == 0:  # an optional copy's entry: skip to k, or read the copy
+                nfa.eps[x] = [self.k, self._block(c) + self.t_start - self.t_first]
+                nfa.edges[x] = []
+                return
+            o -= 1
+        else:
+            c, o = divmod(z - self.m * (self.n + 1), self.n)
+            c += self.m
+        t = self.t_first + o  # the template state x copies
+        off = self._block(c) - self.t_first
+        after = self.k if c == 0 else self.start(c - 1)
+        hole = self.hole
+        nfa.eps[x] = [after if y == hole else y + off for y in nfa.eps[t]]
+        nfa.edges[x] = [(mask, after if y == hole else y + off) for mask, y in nfa.edges[t]]
