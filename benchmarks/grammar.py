@@ -1,12 +1,16 @@
-"""Grammar benchmark: ours vs outlines-core, XGrammar and llguidance on the JSONSchemaBench
-sample, same deepseek tokenizer (129,280 ids), compact separators, schema-ordered keys.
+"""Grammar benchmark: ours vs llguidance, XGrammar and outlines-core in one run, the same
+deepseek tokenizer (129,280 ids), compact separators, schema-ordered keys.
 
-    python -m benchmarks.grammar                 # ours on all 758 schemas, peers on 100
+    python -m benchmarks.grammar                 # JSONSchemaBench: ours on all 758, peers on 100
+    python -m benchmarks.grammar --suite json-schema-test-suite     # all 694 groups, every engine
     python -m benchmarks.grammar --limit 60 --peer-limit 30 --engines ours,xgrammar
 
-Each schema runs in a forked worker killed after --timeout seconds (counted as failed), single
-threaded; before forking, every engine compiles and walks one unrelated warm-up schema.
-Peers that are not installed are skipped with a note. Prints one table.
+Each schema (a suite's group) runs in a forked worker killed after --timeout seconds (counted
+as failed), single threaded; before forking, every engine compiles and walks one unrelated
+warm-up schema. A peer that is not installed is named, with the command that installs it.
+Prints the engines' table (compile, first mask = compile + first mask, every mask of every
+instance walk, valid and invalid), then a per-keyword table of fully correct schemas over the
+schemas every engine ran.
 """
 
 from __future__ import annotations
@@ -21,15 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from tests._grammar_fixtures import (
-    NO_BENCH,
-    bench_files,
-    deepseek_tokenizer,
-    deepseek_vocab,
-    fixed_slice,
-    load_case,
-    serialise,
-)
+from benchmarks.conformance import NO_SUITE, suite_files
+from benchmarks.grammar_engines import load_engine
+from benchmarks.grammar_suites import SUITES, Item, bench_items, official_items
+from tests._grammar_fixtures import NO_BENCH, bench_files, deepseek_tokenizer, serialise
 
 FIXED_SCHEMAS = {
     "flat": {
@@ -84,148 +83,6 @@ FIXED_INSTANCES = {
 }
 
 
-# ---------------------------------------------------------------- engines
-class Ours:
-    name = "ours (grammar/)"
-
-    def __init__(self, tok: Any) -> None:
-        import grammar
-
-        self.g = grammar
-        self.vocab = deepseek_vocab()
-        self.vocab.prepared()
-        self.out = np.zeros((len(self.vocab) + 31) // 32, dtype=np.int32)
-        self.eos = self.vocab.eos_token_ids[0]
-
-    def compile(self, schema: Any) -> Any:
-        self.g.clear_caches()
-        return self.g.compile_json_schema(schema, self.vocab)
-
-    def matcher(self, compiled: Any) -> Any:
-        return compiled.matcher()
-
-    def fill(self, m: Any) -> np.ndarray:
-        m.fill_bitmask(self.out)
-        return self.out
-
-    def advance(self, m: Any, t: int) -> bool:
-        m.advance(t)
-        return True
-
-    def accepting(self, m: Any) -> bool:
-        return m.is_accepting()
-
-
-class XGrammar:
-    name = "xgrammar"
-
-    def __init__(self, tok: Any) -> None:
-        import torch
-        import xgrammar as xgr
-
-        torch.set_num_threads(1)
-        self.xgr = xgr
-        self.info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok))
-        self.out = xgr.allocate_token_bitmask(1, self.info.vocab_size).numpy()
-        self.eos = tok.eos_token_id
-
-    def compile(self, schema: Any) -> Any:
-        import json
-
-        compiler = self.xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
-        return compiler.compile_json_schema(
-            json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=False
-        )
-
-    def matcher(self, compiled: Any) -> Any:
-        return self.xgr.GrammarMatcher(compiled)
-
-    def fill(self, m: Any) -> np.ndarray:
-        m.fill_next_token_bitmask(self.out)
-        return self.out[0]
-
-    def advance(self, m: Any, t: int) -> bool:
-        return m.accept_token(t)
-
-    def accepting(self, m: Any) -> bool:
-        return m.accept_token(self.eos) if not m.is_terminated() else True
-
-
-class LLGuidance:
-    name = "llguidance"
-
-    def __init__(self, tok: Any) -> None:
-        import llguidance
-        import llguidance.hf
-
-        self.llg = llguidance
-        self.tok = llguidance.hf.from_tokenizer(tok, n_vocab=len(tok))
-        self.eos = tok.eos_token_id
-
-    def compile(self, schema: Any) -> Any:
-        g = self.llg.LLMatcher.grammar_from_json_schema(
-            schema, defaults={"whitespace_flexible": False}
-        )
-        m = self.llg.LLMatcher(self.tok, g, log_level=0)
-        if m.is_error():
-            raise ValueError(m.get_error())
-        return m
-
-    def matcher(self, compiled: Any) -> Any:
-        return compiled.deep_copy()
-
-    def fill(self, m: Any) -> Any:
-        return m.compute_bitmask()
-
-    def advance(self, m: Any, t: int) -> bool:
-        return m.consume_token(t)
-
-    def accepting(self, m: Any) -> bool:
-        return m.is_accepting()
-
-
-class OutlinesCore:
-    name = "outlines-core"
-
-    def __init__(self, tok: Any) -> None:
-        import outlines_core
-
-        self.oc = outlines_core
-        vocab = deepseek_vocab()
-        mapping: dict[bytes, list[int]] = {}
-        for i in range(len(vocab)):
-            b = vocab.token_bytes(i)
-            if b:
-                mapping.setdefault(b, []).append(i)
-        self.eos = tok.eos_token_id
-        self.vocabulary = outlines_core.Vocabulary(self.eos, mapping)
-
-    def compile(self, schema: Any) -> Any:
-        import json
-
-        regex = self.oc.json_schema.build_regex_from_schema(json.dumps(schema))
-        return self.oc.Index(regex, self.vocabulary)
-
-    def matcher(self, compiled: Any) -> Any:
-        return [compiled, compiled.get_initial_state()]
-
-    def fill(self, m: Any) -> Any:
-        return m[0].get_allowed_tokens(m[1])
-
-    def advance(self, m: Any, t: int) -> bool:
-        nxt = m[0].get_next_state(m[1], t)
-        if nxt is None:
-            return False
-        m[1] = nxt
-        return True
-
-    def accepting(self, m: Any) -> bool:
-        return m[0].is_final_state(m[1])
-
-
-ENGINES = {"ours": Ours, "xgrammar": XGrammar, "llguidance": LLGuidance, "outlines": OutlinesCore}
-
-
 # ---------------------------------------------------------------- measuring
 def _walk(engine: Any, compiled: Any, ids: list[int], mask_times: list[float] | None) -> bool:
     """Mask + advance along ids; False if a token is refused or the end is not accepting."""
@@ -243,34 +100,40 @@ def _walk(engine: Any, compiled: Any, ids: list[int], mask_times: list[float] | 
         return False
 
 
-def run_schema(engine: Any, path: str, tok: Any) -> dict:
-    case = load_case(path)
+def run_item(engine: Any, item: Item, tok: Any) -> dict:
+    """Compile one schema, time its first mask, walk every instance (timing every mask)."""
     t0 = time.perf_counter()
     try:
-        compiled = engine.compile(case.schema)
+        compiled = engine.compile(item.schema)
+        t1 = time.perf_counter()
         m = engine.matcher(compiled)
         engine.fill(m)
     except Exception as e:  # unsupported / failed to compile
         return {"compiled": False, "error": type(e).__name__}
-    first_mask = time.perf_counter() - t0
+    t2 = time.perf_counter()
     mask_times: list[float] = []
     valid_rejected = invalid_accepted = 0
-    for instance, valid in case.tests:
-        ids = tok.encode(serialise(case.schema, instance), add_special_tokens=False)
-        ok = _walk(engine, compiled, ids, mask_times if valid else None)
+    for instance, valid in item.tests:
+        try:
+            ids = tok.encode(serialise(item.schema, instance), add_special_tokens=False)
+        except Exception:  # an instance the tokenizer cannot encode counts as refused
+            valid_rejected += valid
+            continue
+        ok = _walk(engine, compiled, ids, mask_times)
         valid_rejected += valid and not ok
         invalid_accepted += (not valid) and ok
     return {
         "compiled": True,
-        "first_mask": first_mask,
+        "compile": t1 - t0,
+        "first_mask": t2 - t0,
         "mask_times": mask_times,
         "valid_rejected": valid_rejected,
         "invalid_accepted": invalid_accepted,
     }
 
 
-def _child(conn: Any, engine: Any, path: str, tok: Any) -> None:
-    conn.send(run_schema(engine, path, tok))
+def _child(conn: Any, engine: Any, item: Item, tok: Any) -> None:
+    conn.send(run_item(engine, item, tok))
     conn.close()
 
 
@@ -282,13 +145,14 @@ def warm_up(engine: Any, tok: Any) -> None:
     _walk(engine, engine.compile(WARM_UP[0]), ids, None)
 
 
-def run_suite(engine: Any, files: list[str], tok: Any, timeout: float) -> dict:
+def run_suite(engine: Any, items: list[Item], tok: Any, timeout: float) -> list[dict]:
+    """One result per item, each from a forked worker (a timeout or crash: not compiled)."""
     ctx = mp.get_context("fork")
     warm_up(engine, tok)
     rows = []
-    for i, path in enumerate(files):
+    for i, item in enumerate(items):
         parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(child, engine, path, tok))
+        p = ctx.Process(target=_child, args=(child, engine, item, tok))
         p.start()
         res = {"compiled": False, "error": "timeout"}
         if parent.poll(timeout):
@@ -299,22 +163,64 @@ def run_suite(engine: Any, files: list[str], tok: Any, timeout: float) -> dict:
         p.kill()
         p.join()
         rows.append(res)
-        if (i + 1) % 25 == 0:
-            print(f"  {engine.name}: {i + 1}/{len(files)}", file=sys.stderr, flush=True)
+        if (i + 1) % 50 == 0:
+            print(f"  {engine.name}: {i + 1}/{len(items)}", file=sys.stderr, flush=True)
+    return rows
+
+
+def fully_correct(r: dict) -> bool:
+    return r["compiled"] and r["valid_rejected"] == 0 and r["invalid_accepted"] == 0
+
+
+def summarise(rows: list[dict]) -> dict:
     compiled = [r for r in rows if r["compiled"]]
     masks = [t for r in compiled for t in r["mask_times"]]
-    firsts = [r["first_mask"] for r in compiled]
     return {
-        "n": len(files),
+        "n": len(rows),
         "compiled": len(compiled),
         "refused": sum(r.get("error") == "UnsupportedSchemaError" for r in rows),
         "timeouts": sum(r.get("error") == "timeout" for r in rows),
-        "correct": sum(r["valid_rejected"] == 0 and r["invalid_accepted"] == 0 for r in compiled),
+        "correct": sum(fully_correct(r) for r in rows),
         "valid_rejected": sum(r["valid_rejected"] for r in compiled),
         "invalid_accepted": sum(r["invalid_accepted"] for r in compiled),
-        "first_mask_ms": _pcts(firsts, 1e3),
+        "compile_ms": _pcts([r["compile"] for r in compiled], 1e3),
+        "first_mask_ms": _pcts([r["first_mask"] for r in compiled], 1e3),
         "mask_us": _pcts(masks, 1e6),
+        "masks_over_1ms": sum(t > 1e-3 for t in masks),
+        "masks": len(masks),
     }
+
+
+def keyword_table(runs: list[tuple[str, list[Item], list[dict]]]) -> list[str]:
+    """Per keyword: the schemas every engine ran that use it, and how many each engine got
+    fully correct (compiled, no valid instance rejected, no invalid one accepted)."""
+    common = set.intersection(*({it.label for it in items} for _, items, _ in runs))
+    by_engine = [
+        {it.label: fully_correct(r) for it, r in zip(items, rows, strict=True)}
+        for _, items, rows in runs
+    ]
+    _, items0, _ = runs[0]
+    counts: dict[str, list[int]] = {}
+    for it in items0:
+        if it.label not in common:
+            continue
+        for kw in it.keywords:
+            row = counts.setdefault(kw, [0] * (len(runs) + 1))
+            row[0] += 1
+            for j, ok in enumerate(by_engine):
+                row[j + 1] += ok[it.label]
+    names = " | ".join(name for name, _, _ in runs)
+    lines = [
+        f"\nfully correct per keyword, over the {len(common)} schemas every engine ran:\n",
+        f"| keyword | schemas | {names} |",
+        "|---|---:|" + "---:|" * len(runs),
+    ]
+    for kw in sorted(counts):
+        n, *oks = counts[kw]
+        lines.append(f"| {kw} | {n} | " + " | ".join(str(k) for k in oks) + " |")
+    totals = [sum(ok[label] for label in common) for ok in by_engine]
+    lines.append(f"| **all** | {len(common)} | " + " | ".join(str(k) for k in totals) + " |")
+    return lines
 
 
 WARM_UP = ({"type": "object", "properties": {"w": {"type": "string"}}}, {"w": "x"})
@@ -353,52 +259,70 @@ def _fmt(p: tuple[float, float] | None, digits: int = 1) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--suite", choices=SUITES, default=SUITES[0])
     ap.add_argument("--limit", type=int, default=0, help="schemas for ours (0: all)")
-    ap.add_argument("--peer-limit", type=int, default=100, help="schemas for the peers")
-    ap.add_argument("--engines", default="ours,xgrammar,llguidance,outlines")
+    ap.add_argument(
+        "--peer-limit", type=int, default=None,
+        help="schemas for the peers (0: all; default 100 of JSONSchemaBench, all of the suite)",
+    )  # fmt: skip
+    ap.add_argument("--engines", default="ours,llguidance,xgrammar,outlines")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per schema")
+    ap.add_argument("--no-fixed", action="store_true", help="skip the three fixed schemas")
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tok = deepseek_tokenizer()
-    files = bench_files()
-    if not files:
+    bench = args.suite == "jsonschemabench"
+    load = bench_items if bench else official_items
+    peer_limit = args.peer_limit if args.peer_limit is not None else (100 if bench else 0)
+    if bench and not bench_files():
         sys.exit(NO_BENCH)
-    ours_files = fixed_slice(args.limit, files) if args.limit else files
-    peer_files = fixed_slice(args.peer_limit, files)
-    lines = []
+    if not bench and not suite_files():
+        sys.exit(NO_SUITE)
+    lines, runs, missing = [], [], []
     for key in args.engines.split(","):
-        try:
-            engine = ENGINES[key](tok)
-        except ImportError as e:
-            print(f"note: {key} skipped (not installed: {e.name})", file=sys.stderr)
+        engine, why = load_engine(key, tok)
+        if engine is None:
+            print(f"note: {why}", file=sys.stderr)
+            missing.append(why)
             continue
-        sel = ours_files if key == "ours" else peer_files
-        suite = run_suite(engine, sel, tok, args.timeout)
-        fixed = {n: fixed_schema(engine, n, tok) for n in FIXED_SCHEMAS}
-        lines.append((engine.name, suite, fixed))
-    cold_col = " | ".join(f"cold {n} (ms)" for n in FIXED_SCHEMAS)
+        items = load(args.limit if key == "ours" else peer_limit)
+        rows = run_suite(engine, items, tok, args.timeout)
+        fixed = {} if args.no_fixed else {n: fixed_schema(engine, n, tok) for n in FIXED_SCHEMAS}
+        lines.append((engine.name, summarise(rows), fixed))
+        runs.append((engine.name, items, rows))
+    print(f"\nsuite: {args.suite}\n")
     print(
-        f"| engine | schemas | compiled | refused | timeouts | fully correct | valid rejected "
-        f"| invalid accepted "
-        f"| first mask p50 / p99 (ms) | mask p50 / p99 (us) | {cold_col} "
-        f"| median cold (ms) | warm mask p50 / p99 (us) |"
+        "| engine | schemas | compiled | refused | timeouts | fully correct | valid rejected "
+        "| invalid accepted | compile p50 / p99 (ms) | first mask p50 / p99 (ms) "
+        "| mask p50 / p99 (us) | masks over 1 ms |"
     )
-    print("|---" * (12 + len(FIXED_SCHEMAS)) + "|")
-    for name, s, fixed in lines:
-        colds = [fixed[n]["cold_ms"] for n in FIXED_SCHEMAS]
-        warm = [fixed[n]["warm_us"] for n in FIXED_SCHEMAS if fixed[n]["warm_us"]]
-        warm_p = (max(w[0] for w in warm), max(w[1] for w in warm)) if warm else None
-        cold_cells = " | ".join(
-            f"{c:,.1f}" + ("" if fixed[n]["ok"] else " (!)")
-            for c, n in zip(colds, FIXED_SCHEMAS, strict=True)
-        )
+    print("|---" * 12 + "|")
+    for name, s, _ in lines:
         print(
             f"| {name} | {s['n']} | {s['compiled']} | {s['refused']} | {s['timeouts']} "
-            f"| {s['correct']} | {s['valid_rejected']} "
-            f"| {s['invalid_accepted']} | {_fmt(s['first_mask_ms'])} | {_fmt(s['mask_us'])} "
-            f"| {cold_cells} | {statistics.median(colds):,.1f} | {_fmt(warm_p)} |"
+            f"| {s['correct']} | {s['valid_rejected']} | {s['invalid_accepted']} "
+            f"| {_fmt(s['compile_ms'])} | {_fmt(s['first_mask_ms'])} | {_fmt(s['mask_us'])} "
+            f"| {s['masks_over_1ms']:,} of {s['masks']:,} |"
         )
+    if any(fixed for _, _, fixed in lines):
+        print("\nthree fixed schemas, from scratch (cold: compile + one walk) and warm:\n")
+        cold_col = " | ".join(f"cold {n} (ms)" for n in FIXED_SCHEMAS)
+        print(f"| engine | {cold_col} | median cold (ms) | warm mask p50 / p99 (us) |")
+        print("|---" * (3 + len(FIXED_SCHEMAS)) + "|")
+        for name, _, fixed in lines:
+            colds = [fixed[n]["cold_ms"] for n in FIXED_SCHEMAS]
+            warm = [fixed[n]["warm_us"] for n in FIXED_SCHEMAS if fixed[n]["warm_us"]]
+            warm_p = (max(w[0] for w in warm), max(w[1] for w in warm)) if warm else None
+            cells = " | ".join(
+                f"{c:,.1f}" + ("" if fixed[n]["ok"] else " (!)")
+                for c, n in zip(colds, FIXED_SCHEMAS, strict=True)
+            )
+            print(f"| {name} | {cells} | {statistics.median(colds):,.1f} | {_fmt(warm_p)} |")
+    if runs:
+        print("\n".join(keyword_table(runs)))
+    for why in missing:
+        print(f"\nnot run: {why}")
 
 
 if __name__ == "__main__":
