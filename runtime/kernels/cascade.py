@@ -92,8 +92,13 @@ def attend_with_lse(
     scores = torch.matmul(qg, k.float().permute(0, 2, 3, 1)).mul_(scale)  # [N, Hkv, G*M, L]
     if valid is not None:
         scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [N, Hkv, G*M]
-    probs = torch.exp(scores - lse[..., None]).nan_to_num_(0.0)
+    # softmax and its log-sum-exp in four passes over the scores, in place: max, exp, sum, scale
+    top = scores.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # rows without keys
+    probs = scores.sub_(top).exp_()
+    total = probs.sum(dim=-1, keepdim=True)
+    probs.div_(torch.where(total > 0, total, torch.ones_like(total)))  # keyless rows stay 0
+    lse = (top + total.log())[..., 0]  # [N, Hkv, G*M]; -inf for a row without keys
     out = torch.matmul(probs, v.float().permute(0, 2, 1, 3))  # [N, Hkv, G*M, D]
     out = out.view(n, hkv, g, m, d).permute(0, 3, 1, 2, 4).reshape(n, m, hq, d)
     lse = lse.view(n, hkv, g, m).permute(0, 3, 1, 2).reshape(n, m, hq)
