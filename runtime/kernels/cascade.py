@@ -129,14 +129,18 @@ def cascade_decode_attention(
     v_flat = v_pool.view(-1, *v_pool.shape[2:])
     for grp in plan.groups:
         qg = q[grp.rows]  # [G, Hq, D]
-        ks, vs = k_flat[grp.shared_slots][None], v_flat[grp.shared_slots][None]
+        ks = k_flat.index_select(0, grp.shared_slots)[None]  # index_select: faster than []
+        vs = v_flat.index_select(0, grp.shared_slots)[None]
         o1, l1 = attend_with_lse(qg[None], ks, vs, None, scale)  # all G queries at once
         tail_len = int(grp.tail_lens.max())
         pages = grp.tail_page_table[:, : -(-tail_len // ps)].long()
         slots = (pages[:, :, None] * ps + torch.arange(ps)).reshape(len(grp.rows), -1)[:, :tail_len]
         valid = torch.arange(tail_len)[None, :] < grp.tail_lens[:, None]
         slots = torch.where(valid, slots, torch.zeros_like(slots))
-        o2, l2 = attend_with_lse(qg[:, None], k_flat[slots], v_flat[slots], valid, scale)
+        flat = slots.reshape(-1)
+        kt = k_flat.index_select(0, flat).view(*slots.shape, *k_flat.shape[1:])
+        vt = v_flat.index_select(0, flat).view(*slots.shape, *v_flat.shape[1:])
+        o2, l2 = attend_with_lse(qg[:, None], kt, vt, valid, scale)
         out[grp.rows] = _merge(o1[0], l1[0], o2[:, 0], l2[:, 0]).to(q.dtype)
     if plan.single_rows.numel():
         rows = plan.single_rows
