@@ -57,8 +57,11 @@ def short_extend_attention(
     """q [T, Hq, D] (chunks concatenated) -> [T, Hq, D], as `paged_extend_attention`."""
     n, _, m, _ = plan.mask.shape
     hq, d = q.shape[1], q.shape[2]
-    k = k_pool.view(-1, *k_pool.shape[2:])[plan.slots]  # [N, L, Hkv, D]
-    v = v_pool.view(-1, *v_pool.shape[2:])[plan.slots]
+    flat = plan.slots.reshape(-1)  # index_select: much faster than advanced indexing on CPU
+    k = k_pool.view(-1, *k_pool.shape[2:]).index_select(0, flat)
+    k = k.view(*plan.slots.shape, *k_pool.shape[2:])  # [N, L, Hkv, D]
+    v = v_pool.view(-1, *v_pool.shape[2:]).index_select(0, flat)
+    v = v.view(*plan.slots.shape, *v_pool.shape[2:])
     qpad = q.new_zeros(n, m, hq, d)
     qpad[plan.batch_idx, plan.chunk_idx] = q
     out = F.scaled_dot_product_attention(
