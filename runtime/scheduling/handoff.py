@@ -27,15 +27,8 @@ def admit_imported(sched: Scheduler) -> None:
     for req in [r for r in sched.waiting if r.imported is not None]:
         if len(sched.running) >= sched.max_running:
             return
-        if sched.hooks is not None:
-            ok = sched.hooks.admissible(req)
-            if ok is not True:
-                if ok is not False:  # its grammar failed to compile
-                    sched.waiting.remove(req)
-                    req.imported = None
-                    req.error = ok
-                    sched._deliver_finished(req, "abort")
-                continue
+        if not sched.constraint_ready(req):
+            continue
         if not _admit_one(sched, req):
             return  # the pool is full: try again after a step has freed pages
 

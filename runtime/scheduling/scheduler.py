@@ -252,14 +252,8 @@ class Scheduler:
         for _, _, cap, req in candidates:
             if budget <= 0 or len(self.running) >= self.max_running:
                 break
-            if self.hooks is not None:
-                ok = self.hooks.admissible(req)
-                if ok is not True:
-                    if ok is not False:  # its grammar failed to compile
-                        self.waiting.remove(req)
-                        req.error = ok
-                        self._deliver_finished(req, "abort")
-                    continue
+            if not self.constraint_ready(req):
+                continue
             # match again: admitting the previous candidate may have evicted pages
             match = self.book.match(req.seq, cap)
             if self._shares_pending_prefix(req, match.length, extending):
@@ -279,6 +273,21 @@ class Scheduler:
             extending.append(req)
             budget -= length
         return budget
+
+    def constraint_ready(self, req: Request) -> bool:
+        """Whether a waiting request may be admitted: True unless its constraint is still
+        compiling; one whose grammar failed to compile leaves the queue with that error."""
+        if self.hooks is None:
+            return True
+        ok = self.hooks.admissible(req)
+        if ok is True:
+            return True
+        if ok is not False:  # its grammar failed to compile
+            self.waiting.remove(req)
+            req.imported = None
+            req.error = ok
+            self._deliver_finished(req, "abort")
+        return False
 
     def _shares_pending_prefix(self, req: Request, matched: int, extending: list[Request]) -> bool:
         if self.tree is None:
