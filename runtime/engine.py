@@ -27,6 +27,7 @@ from runtime.memory.kv_pool import KVPool, pages_for_budget, resolve_dtype
 from runtime.memory.radix_cache import RadixCache
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
+from runtime.models.threads import ThreadChooser, chooser_wanted
 from runtime.parallel.shard import local_config, validate
 from runtime.scheduling.output import OutputProcessor
 from runtime.scheduling.request import GenerateResult, Request, SamplingParams
@@ -128,6 +129,8 @@ class Engine:
         else:
             self.model = model_class(loaded.config)(loaded.config, loaded.state_dict, self.dtype)
             del loaded
+            if chooser_wanted(num_threads, torch.device("cpu")):  # all threads, or one
+                self.model = ThreadChooser(self.model)
         self.sizes = {"tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size}
         self.pool = KVPool(self.config, num_pages, page_size, self.dtype,
                            allocate=not self.parallel)  # fmt: skip
@@ -339,6 +342,7 @@ class Engine:
             # the share of step time outside the model (planning, batching, sampling, outputs)
             "scheduler_share": 1 - s.forward_s / s.busy_s if s.busy_s else 0.0,
             "overlap_schedule": s.overlap is not None,
+            "forward_threads": getattr(self.model, "threads", torch.get_num_threads()),
             "steps_planned_ahead": s.overlap.steps_planned_ahead if s.overlap else 0,
             "throughput_tok_s": c["generated_tokens"] / s.busy_s if s.busy_s else 0.0,
             **self._expert_stats(),

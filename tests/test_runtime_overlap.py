@@ -1,6 +1,7 @@
 """The overlap scheduler (runtime/scheduling/overlap.py) changes no output: greedy equals
 transformers' with it on, alone and batched, through chunked prefill, preemption, stop strings,
-streams, aborts and constraints; and the fast greedy argmax equals torch's."""
+streams, aborts and constraints; the fast greedy argmax equals torch's; the thread chooser
+(runtime/models/threads.py) switches counts without changing tokens."""
 
 from __future__ import annotations
 
@@ -110,3 +111,19 @@ def test_greedy_tokens_equal_argmax(rows, vocab):
     if rows > 1:
         logits[1, :] = float("-inf")
     assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+
+
+def test_thread_chooser_tries_the_other_count_and_keeps_tokens(model_dir, expected, monkeypatch):
+    from runtime.models import threads
+
+    monkeypatch.setattr(threads, "MIN_PERIOD", 2)
+    with Engine(model_dir, page_size=4, max_total_tokens=4096) as e:
+        chooser = e.model
+        if not isinstance(chooser, threads.ThreadChooser):
+            pytest.skip("torch runs one thread here: nothing to choose")
+        chooser._period = 2
+        results = e.generate(PROMPTS * 2, **GREEDY)
+        assert [r.token_ids for r in results] == [expected[p] for p in PROMPTS * 2]
+        assert e.stats()["forward_threads"] in chooser.choices
+        e.model.absorb = False  # a model setting goes through to the model
+        assert chooser._model.absorb is False
