@@ -1,7 +1,8 @@
 """Conformance on the official JSON-Schema-Test-Suite (drafts 2020-12 and 7, required tests plus
 `optional/format`), scored as the suite's README in the shared data says: one group = one
-schema, each `data` serialised compactly in the schema's property order, tokenized with the
-deepseek tokenizer and walked through the compiled constraint.
+schema (a draft-7 group declaring its dialect with `$schema`), each `data` serialised compactly
+in the schema's property order, tokenized with the deepseek tokenizer and walked through the
+compiled constraint.
 
     python -m benchmarks.conformance                     # ours, the whole suite
     python -m benchmarks.conformance --only format       # groups whose file path has "format"
@@ -55,21 +56,29 @@ def groups(files: list[str]) -> list[tuple[str, int, dict]]:
     return out
 
 
-def scored_schema(schema: Any) -> Any:
-    """Bare boolean schemas count as {} / {"not": {}}."""
+DIALECTS = {"draft7": "http://json-schema.org/draft-07/schema#"}
+
+
+def scored_schema(schema: Any, path: str = "") -> Any:
+    """Bare boolean schemas count as {} / {"not": {}}. A group from the draft-7 folder (its
+    file `path`) declares that dialect with `$schema`, as a validator is told its draft for
+    the suite (the suite's schemas leave it out)."""
     if schema is True:
-        return {}
-    if schema is False:
+        schema = {}
+    elif schema is False:
         return {"not": {}}
+    draft = next((d for d in DIALECTS if d in Path(path).parts), None)
+    if draft and isinstance(schema, dict) and "$schema" not in schema:
+        return {"$schema": DIALECTS[draft], **schema}
     return schema
 
 
-def run_group(group: dict, tok: Any, vocab: Any) -> dict:
+def run_group(group: dict, tok: Any, vocab: Any, path: str = "") -> dict:
     """Compile one group's schema and walk each of its instances."""
     import grammar
     from tests._grammar_fixtures import walk
 
-    schema = scored_schema(group["schema"])
+    schema = scored_schema(group["schema"], path)
     try:
         grammar.clear_caches()
         compiled = grammar.compile_json_schema(schema, vocab)
@@ -96,8 +105,8 @@ def run_group(group: dict, tok: Any, vocab: Any) -> dict:
     }
 
 
-def _child(conn: Any, group: dict, tok: Any, vocab: Any) -> None:
-    conn.send(run_group(group, tok, vocab))
+def _child(conn: Any, group: dict, tok: Any, vocab: Any, path: str) -> None:
+    conn.send(run_group(group, tok, vocab, path))
     conn.close()
 
 
@@ -110,9 +119,9 @@ def run_all(items: list[tuple[str, int, dict]], timeout: float) -> list[dict]:
     run_group({"schema": {"type": "string"}, "tests": [{"data": "w", "valid": True}]}, tok, vocab)
     ctx = mp.get_context("fork")
     rows = []
-    for n, (_, _, group) in enumerate(items):
+    for n, (path, _, group) in enumerate(items):
         parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(child, group, tok, vocab))
+        p = ctx.Process(target=_child, args=(child, group, tok, vocab, path))
         p.start()
         res: dict = {"compiled": False, "error": "timeout"}
         if parent.poll(timeout):

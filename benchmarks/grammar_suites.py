@@ -77,7 +77,7 @@ def official_items(limit: int = 0) -> list[Item]:
         stem = os.path.splitext(os.path.basename(path))[0]
         keyword = f"format/{stem}" if "optional" in rel else stem
         tests = [(t["data"], bool(t["valid"])) for t in group["tests"]]
-        out.append(Item(f"{rel}#{i}", [keyword], scored_schema(group["schema"]), tests))
+        out.append(Item(f"{rel}#{i}", [keyword], scored_schema(group["schema"], path), tests))
     if limit:
         step = max(1, len(out) // limit)
         out = out[::step][:limit]
