@@ -25,7 +25,7 @@ import torch
 
 FIXED_TOKENS = 32  # a step's fixed cost (reading every weight once), in tokens of work
 MIN_PERIOD, MAX_PERIOD = 8, 128
-WIN_MARGIN = 0.8  # the trial must cost less than this share of the current average
+WIN_MARGIN = 0.9  # the trial must cost less than this share of the current average
 
 
 def chooser_wanted(num_threads: int | None, device: torch.device) -> bool:
