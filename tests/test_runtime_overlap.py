@@ -116,12 +116,12 @@ def test_greedy_tokens_equal_argmax(rows, vocab):
 def test_thread_chooser_tries_the_other_count_and_keeps_tokens(model_dir, expected, monkeypatch):
     from runtime.models import threads
 
-    monkeypatch.setattr(threads, "MIN_PERIOD", 2)
+    monkeypatch.setattr(threads, "TRIAL_SHARE", 1.0)  # trials every few steps
     with Engine(model_dir, page_size=4, max_total_tokens=4096) as e:
         chooser = e.model
         if not isinstance(chooser, threads.ThreadChooser):
             pytest.skip("torch runs one thread here: nothing to choose")
-        chooser._period = 2
+        chooser._period = 1
         results = e.generate(PROMPTS * 2, **GREEDY)
         assert [r.token_ids for r in results] == [expected[p] for p in PROMPTS * 2]
         assert e.stats()["forward_threads"] in chooser.choices

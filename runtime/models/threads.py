@@ -1,22 +1,25 @@
 """How many threads a CPU forward uses, chosen by measuring: all of them, or one.
 
 On a quiet 2-core machine two threads make a decode step ~1.5x faster than one. On a shared
-machine they can make it 5-20x slower: each oneDNN matmul ends at a barrier that waits for the
-thread the OS has descheduled (measured here: a batch-16 decode step 240-900 ms with two
-threads beside other busy processes, 48-77 ms with one). vLLM's CPU build sidesteps it by
+machine they can make it 5-50x slower: each oneDNN matmul ends at a barrier that waits for the
+thread the OS has descheduled (measured here: a batch-16 decode step 200-2,200 ms with two
+threads beside other busy processes, 29-77 ms with one). vLLM's CPU build sidesteps it by
 running the model on one pinned core; here the engine measures.
 
-`ThreadChooser.forward` runs the model with the current choice, and every `period` decode steps
-one trial step with the other (prefill steps run with the current choice, unmeasured). A step's
-cost is its seconds per unit of work (tokens plus a fixed share for reading the weights); the
-trial wins when it is clearly cheaper than the recent average of the current choice. A losing
-trial doubles the period (up to `MAX_PERIOD`), so a quiet machine pays about one slower step in
-a hundred. oneDNN's matmuls give the same bits with one thread or two (checked for every
-projection shape at 1-512 rows, fp32 and bf16), so the choice does not change tokens.
+`ThreadChooser.forward` runs the model with the current choice, and now and then one trial decode
+step with the other (prefill steps run with the current choice, unmeasured). A step's cost is its
+seconds per unit of work (tokens plus a fixed share for reading the weights); the trial wins when
+it costs less than 0.9x the recent average of the current choice. The first trial comes after 2
+decode steps (a warm-up request decides); after each trial the period at least doubles and grows
+until trials of the losing choice, however slow, take at most 2% of the decode time (a quiet
+machine pays one 1.5x-slower step in ~75, then fewer). oneDNN's matmuls give the same bits with
+one thread or two (checked for every projection shape at 1-512 rows, fp32 and bf16), so the
+choice does not change tokens.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -24,8 +27,10 @@ from typing import Any
 import torch
 
 FIXED_TOKENS = 32  # a step's fixed cost (reading every weight once), in tokens of work
-MIN_PERIOD, MAX_PERIOD = 8, 128
+FIRST_TRIAL = 2  # decode steps before the first trial (a warm-up request decides)
+MAX_PERIOD = 4096
 WIN_MARGIN = 0.9  # the trial must cost less than this share of the current average
+TRIAL_SHARE = 0.02  # losing trials may cost at most this share of the decode time
 
 
 def chooser_wanted(num_threads: int | None, device: torch.device) -> bool:
@@ -45,7 +50,7 @@ class ThreadChooser:
         self.choices = (torch.get_num_threads(), 1)
         self.current = 0  # index into choices
         self._average: float | None = None  # seconds per unit of work, current choice
-        self._period = MIN_PERIOD
+        self._period = FIRST_TRIAL
         self._since_trial = 0
         self.switches = 0
 
@@ -89,9 +94,13 @@ class ThreadChooser:
 
     def _judge(self, choice: int, cost: float) -> None:
         self._since_trial = 0
-        if self._average is not None and cost < WIN_MARGIN * self._average:
+        assert self._average is not None
+        ratio = cost / self._average
+        if ratio < WIN_MARGIN:
             self.current, self._average = choice, cost
-            self._period = MIN_PERIOD
             self.switches += 1
-        else:
-            self._period = min(2 * self._period, MAX_PERIOD)
+            # the next trial runs the choice that just lost: it may be very slow (beside busy
+            # processes, two threads cost ~50x one): not sooner than its cost allows
+            ratio = 1 / ratio
+        # a trial costing `ratio` steps every `period` steps stays under TRIAL_SHARE
+        self._period = min(max(2 * self._period, math.ceil(ratio / TRIAL_SHARE)), MAX_PERIOD)
