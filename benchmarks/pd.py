@@ -5,7 +5,9 @@ Run: .venv/bin/python -m benchmarks.pd [--model PATH] [--short 6] [--short-token
 
 The workload: `short` chat requests stream `short-tokens` tokens each (ignore_eos) while
 `long` requests with ~`long-tokens`-token prompts (each different, so nothing is cached)
-arrive one per second and ask for 4 tokens. Both run through the SGLang Model Gateway on
+arrive one per second and ask for 4 tokens; every request has its own system message (as
+different users' requests do), so the cache-aware gateway spreads the plain replicas' work by
+load rather than keeping all the short requests on one. Both run through the SGLang Model Gateway on
 one machine, in the same number of server processes (two, each with `--threads-per-server`
 torch threads):
 
@@ -63,10 +65,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def stream_chat(url: str, model: str, content: str, max_tokens: int) -> list[float]:
-    """Arrival times of the stream events that carried content."""
-    body = {"model": model, "messages": [{"role": "user", "content": content}], "stream": True,
-            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}  # fmt: skip
+def stream_chat(url: str, model: str, system: str, content: str, max_tokens: int) -> list[float]:
+    """Arrival times of the stream events that carried content. Every request has its own
+    system message, as different users' requests do: no two share more than the template's
+    first tokens, so the cache-aware gateway spreads them by load, not by prefix."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": content}]
+    body = {"model": model, "messages": messages, "stream": True, "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
     times = []
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
         if r.status_code != 200:
@@ -96,12 +101,13 @@ def run_setup(setup: str, long_prompts: list[str], args: argparse.Namespace) -> 
     try:
         url = cluster.router_url
         model = httpx.get(f"{cluster.replicas[0].url}/v1/models").json()["data"][0]["id"]
-        stream_chat(url, model, "Warm up.", 4)  # first requests pay one-time costs
+        stream_chat(url, model, "Be brief.", "Warm up.", 4)  # first requests pay one-time costs
         for rnd in range(args.rounds):
 
             def short(i: int, rnd: int = rnd) -> None:
                 try:
-                    t = stream_chat(url, model, f"Round {rnd}, friend {i}: tell me a story.",
+                    system = f"{WORDS[(i + 7 * rnd) % len(WORDS)].title()} is your name."
+                    t = stream_chat(url, model, system, f"Round {rnd}, friend {i}: a story.",
                                     args.short_tokens)  # fmt: skip
                     with lock:
                         out.gaps.extend(b - a for a, b in zip(t, t[1:], strict=False))
@@ -112,7 +118,7 @@ def run_setup(setup: str, long_prompts: list[str], args: argparse.Namespace) -> 
             def long(prompt: str) -> None:
                 start = time.perf_counter()
                 try:
-                    t = stream_chat(url, model, prompt, 4)
+                    t = stream_chat(url, model, "Summarise.", prompt, 4)
                     with lock:
                         out.ttft.append((t[0] if t else time.perf_counter()) - start)
                 except Exception:
