@@ -124,6 +124,12 @@ class HandoffStream(Iterator[StreamChunk]):
         if not self._ticket.room.staged.is_set():
             self._ticket.sender.fail(self._ticket.room, "the prefill request was cancelled")
 
+    def __del__(self) -> None:  # dropped unfinished, as StreamIterator: end the room too
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
     def __enter__(self) -> HandoffStream:
         return self
 
