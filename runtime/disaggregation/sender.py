@@ -175,7 +175,8 @@ class KVSender:
     def _send_room(self, conn: socket.socket, state: Room) -> None:
         start = time.perf_counter()
         data = state.data
-        assert data is not None and state.meta is not None
+        if data is None or state.meta is None:
+            raise KVTransferError(f"room {state.room} holds no staged KV")
         try:
             send(conn, Kind.META, state.meta)
             for i in range(data.shape[0]):
