@@ -233,8 +233,14 @@ class Disaggregation:
                     )
                 req.output_ids = list(got.output_ids)
                 req.imported = got
-            except KVTransferError as exc:
-                req.error = exc
+            except Exception as exc:  # whatever went wrong, the request ends (never hangs)
+                req.error = (
+                    exc
+                    if isinstance(exc, KVTransferError)
+                    else KVTransferError(
+                        f"room {boot['room']}: receiving the KV failed: {type(exc).__name__}: {exc}"
+                    )
+                )
                 req.finish_reason = "abort"
             submit(req)
 
