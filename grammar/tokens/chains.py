@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grammar.automata.fsm import DEAD
-from grammar.tokens.loops import _UTF8_FORMS, Suffixes
+from grammar.tokens.loops import Suffixes, chars_lead_to
 
 if TYPE_CHECKING:
     from grammar.tokens.index import TokenIndex
@@ -111,24 +111,6 @@ def chain_layout(index: TokenIndex, c_set: np.ndarray, all_chars: bool) -> Chain
     q.flags.writeable = False
     pure.flags.writeable = False
     return ChainLayout(q, pure, np.sort(q), others, group_q)
-
-
-def chars_lead_to(dfa, state: int, target: int) -> bool:
-    """Every whole UTF-8 character read from `state` ends in `target`."""
-    row = dfa.row_list
-    first = row(state)
-    for leads, conts in _UTF8_FORMS:
-        states = set(first[leads[0] : leads[1] + 1])
-        for lo, hi in conts:
-            if DEAD in states:
-                return False
-            nxt: set[int] = set()
-            for t in states:
-                nxt.update(row(t)[lo : hi + 1])
-            states = nxt
-        if states != {target}:
-            return False
-    return True
 
 
 class Chains:

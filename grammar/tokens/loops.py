@@ -110,8 +110,9 @@ def loop_suffixes(
     return Suffixes.of(out)
 
 
-def loops_on_all_characters(dfa, state: int) -> bool:
-    """Every multi-byte UTF-8 character read from `state` comes back to `state`."""
+def chars_lead_to(dfa, state: int, target: int) -> bool:
+    """Every whole UTF-8 character (of the forms in `_UTF8_FORMS`) read from `state` ends in
+    `target`."""
     row = dfa.row_list
     first = row(state)
     for leads, conts in _UTF8_FORMS:
@@ -123,9 +124,14 @@ def loops_on_all_characters(dfa, state: int) -> bool:
             for t in states:
                 nxt.update(row(t)[lo : hi + 1])
             states = nxt
-        if states != {state}:
+        if states != {target}:
             return False
     return True
+
+
+def loops_on_all_characters(dfa, state: int) -> bool:
+    """Every multi-byte UTF-8 character read from `state` comes back to `state`."""
+    return chars_lead_to(dfa, state, state)
 
 
 def _is_whole_char(b: bytes, k: int) -> bool:
