@@ -105,23 +105,19 @@ def run_group(group: dict, tok: Any, vocab: Any, path: str = "") -> dict:
     }
 
 
-def _child(conn: Any, group: dict, tok: Any, vocab: Any, path: str) -> None:
-    conn.send(run_group(group, tok, vocab, path))
+def _child(conn: Any, fn: Any, args: tuple) -> None:
+    conn.send(fn(*args))
     conn.close()
 
 
-def run_all(items: list[tuple[str, int, dict]], timeout: float) -> list[dict]:
-    from tests._grammar_fixtures import deepseek_vocab
-
-    tok = deepseek_tokenizer()
-    vocab = deepseek_vocab()
-    vocab.prepared()
-    run_group({"schema": {"type": "string"}, "tests": [{"data": "w", "valid": True}]}, tok, vocab)
+def forked_rows(fn: Any, arg_tuples: list[tuple], timeout: float, label: str) -> list[dict]:
+    """`fn(*args)` for each argument tuple, each in a forked worker killed after `timeout`
+    seconds (a timeout or a crash: a row that did not compile)."""
     ctx = mp.get_context("fork")
     rows = []
-    for n, (path, _, group) in enumerate(items):
+    for n, args in enumerate(arg_tuples):
         parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(child, group, tok, vocab, path))
+        p = ctx.Process(target=_child, args=(child, fn, args))
         p.start()
         res: dict = {"compiled": False, "error": "timeout"}
         if parent.poll(timeout):
@@ -133,8 +129,19 @@ def run_all(items: list[tuple[str, int, dict]], timeout: float) -> list[dict]:
         p.join()
         rows.append(res)
         if (n + 1) % 50 == 0:
-            print(f"  {n + 1}/{len(items)}", file=sys.stderr, flush=True)
+            print(f"  {label}{n + 1}/{len(arg_tuples)}", file=sys.stderr, flush=True)
     return rows
+
+
+def run_all(items: list[tuple[str, int, dict]], timeout: float) -> list[dict]:
+    from tests._grammar_fixtures import deepseek_vocab
+
+    tok = deepseek_tokenizer()
+    vocab = deepseek_vocab()
+    vocab.prepared()
+    run_group({"schema": {"type": "string"}, "tests": [{"data": "w", "valid": True}]}, tok, vocab)
+    args = [(group, tok, vocab, path) for path, _, group in items]
+    return forked_rows(run_group, args, timeout, "")
 
 
 def summary(rows: list[dict]) -> dict:

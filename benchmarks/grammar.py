@@ -16,7 +16,6 @@ schemas every engine ran.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.conformance import NO_SUITE, suite_files
+from benchmarks.conformance import NO_SUITE, forked_rows, suite_files
 from benchmarks.grammar_engines import load_engine
 from benchmarks.grammar_suites import SUITES, Item, bench_items, official_items
 from tests._grammar_fixtures import NO_BENCH, bench_files, deepseek_tokenizer, serialise
@@ -132,11 +131,6 @@ def run_item(engine: Any, item: Item, tok: Any) -> dict:
     }
 
 
-def _child(conn: Any, engine: Any, item: Item, tok: Any) -> None:
-    conn.send(run_item(engine, item, tok))
-    conn.close()
-
-
 def warm_up(engine: Any, tok: Any) -> None:
     """Compile and walk one unrelated schema in the parent, the same for every engine: each
     forked worker then starts where a long-running process would (first-use set-up done,
@@ -147,25 +141,9 @@ def warm_up(engine: Any, tok: Any) -> None:
 
 def run_suite(engine: Any, items: list[Item], tok: Any, timeout: float) -> list[dict]:
     """One result per item, each from a forked worker (a timeout or crash: not compiled)."""
-    ctx = mp.get_context("fork")
     warm_up(engine, tok)
-    rows = []
-    for i, item in enumerate(items):
-        parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(child, engine, item, tok))
-        p.start()
-        res = {"compiled": False, "error": "timeout"}
-        if parent.poll(timeout):
-            try:
-                res = parent.recv()
-            except EOFError:
-                res = {"compiled": False, "error": "crash"}
-        p.kill()
-        p.join()
-        rows.append(res)
-        if (i + 1) % 50 == 0:
-            print(f"  {engine.name}: {i + 1}/{len(items)}", file=sys.stderr, flush=True)
-    return rows
+    args = [(engine, item, tok) for item in items]
+    return forked_rows(run_item, args, timeout, f"{engine.name}: ")
 
 
 def fully_correct(r: dict) -> bool:
