@@ -8,6 +8,7 @@ recursion budget), `allOf` merged into one conjunction, `anyOf` / `oneOf` / `if-
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from grammar.automata.pattern import losses, note_loss
@@ -188,14 +189,10 @@ _BOUND_KEYS = {
 }
 
 
-def _integral_counts(schema: dict, ptr: str) -> dict:
-    """Count keywords (minLength, maxItems, ...) as ints: 2.0 is 2; others are errors."""
-    bad = [k for k in _COUNT_KEYS if k in schema and not isinstance(schema[k], int)]
-    bad += [k for k in _COUNT_KEYS if isinstance(schema.get(k), bool)]
-    if not bad and all(schema[k] >= 0 for k in _COUNT_KEYS if k in schema):
-        return schema
-    out = dict(schema)
-    for k in _COUNT_KEYS:
+def _as_counts(out: dict, keys: Iterable[str], ptr: str) -> dict:
+    """`out` with each of `keys` it has as an int (2.0 is 2); negative, fractional or
+    non-numeric values are errors naming the keyword and where it is."""
+    for k in keys:
         v = out.get(k)
         if v is None:
             continue
@@ -203,6 +200,16 @@ def _integral_counts(schema: dict, ptr: str) -> dict:
             raise GrammarError(f"{k} at {ptr} must be a non-negative integer, not {v!r}")
         out[k] = int(v)
     return out
+
+
+def _integral_counts(schema: dict, ptr: str) -> dict:
+    """Count keywords (minLength, maxItems, ...) as ints: 2.0 is 2; others are errors."""
+    bad = [k for k in _COUNT_KEYS if k in schema and not isinstance(schema[k], int)]
+    bad += [k for k in _COUNT_KEYS if isinstance(schema.get(k), bool)]
+    if not bad and all(schema[k] >= 0 for k in _COUNT_KEYS if k in schema):
+        return schema
+    out = dict(schema)
+    return _as_counts(out, _COUNT_KEYS, ptr)
 
 
 def _contains_counts(schema: dict, ptr: str, old_draft: bool) -> dict:
@@ -216,14 +223,7 @@ def _contains_counts(schema: dict, ptr: str, old_draft: bool) -> dict:
         return schema
     out = {k: v for k, v in schema.items() if k not in keys or not old_draft}
     out.setdefault("minContains", 1)
-    for k in keys:
-        v = out.get(k)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != int(v):
-            raise GrammarError(f"{k} at {ptr} must be a non-negative integer, not {v!r}")
-        out[k] = int(v)
-    return out
+    return _as_counts(out, keys, ptr)
 
 
 def _dependent_schemas(schema: dict) -> tuple[dict, list[tuple[str, str, Any]]]:
