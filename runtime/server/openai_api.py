@@ -205,12 +205,10 @@ async def completions(body: CompletionsRequest, request: Request) -> Any:
                         reason = R.finish_reason(result)
                         event = R.completion_chunk(rid, model, created, index, "", reason, lp)
                         yield sse(R.with_usage(event, results, body))
-                done = [r for r in results if r is not None]
-                state.record_usage(done, body.n)
-                if body.include_usage_chunk():
-                    usage = R.usage_of(done, body.n)
-                    yield sse(R.usage_chunk(rid, model, created, "text_completion", usage))
-                yield sse("[DONE]")
+                head = (rid, model, created)
+                for line in R.closing_events(state, results, body.n, body, head,
+                                             "text_completion"):  # fmt: skip
+                    yield line
             except APIError as exc:
                 yield sse_error(exc)
                 yield sse("[DONE]")

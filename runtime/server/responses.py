@@ -158,6 +158,20 @@ def usage_chunk(rid: str, model: str, created: int, obj: str, usage_: dict) -> d
     }
 
 
+def closing_events(
+    state: ServerState, results: list[Any], n: int, body: Any, head: tuple[str, str, int], obj: str
+) -> list[str]:
+    """The end of an OpenAI stream once every choice finished: usage recorded, the usage
+    chunk if `stream_options.include_usage` asked for it, then [DONE]. `head`: (id, model,
+    created) of the stream's chunks; `obj`: their `object`."""
+    done = [r for r in results if r is not None]
+    state.record_usage(done, n)
+    events = []
+    if body.include_usage_chunk():
+        events.append(sse(usage_chunk(*head, obj, usage_of(done, n))))
+    return [*events, sse("[DONE]")]
+
+
 def with_usage(event: dict[str, Any], results: list[Any], body: Any) -> dict:
     """The last finish chunk carries the usage, unless a separate usage chunk was asked for."""
     if not body.include_usage_chunk() and all(r is not None for r in results):
@@ -278,12 +292,10 @@ class ChatAnswer:
                 lp = chat_logprobs(self.state.tokenizer, result, self.body.top_logprobs)
                 event = chat_chunk(rid, model, created, index, {}, reason, lp)
                 yield sse(with_usage(event, results, self.body))
-            done = [r for r in results if r is not None]
-            self.state.record_usage(done, n)
-            if self.body.include_usage_chunk():
-                usage_ = usage_of(done, n)
-                yield sse(usage_chunk(rid, model, created, "chat.completion.chunk", usage_))
-            yield sse("[DONE]")
+            head = (rid, model, created)
+            for line in closing_events(self.state, results, n, self.body, head,
+                                       "chat.completion.chunk"):  # fmt: skip
+                yield line
         except APIError as exc:
             yield sse_error(exc)
             yield sse("[DONE]")
