@@ -244,3 +244,17 @@ def walk(grammar: Any, token_ids: list[int]) -> bool:
         m.advance(t)
     eos = grammar.vocab.eos_token_ids
     return m.is_accepting() and (not eos or m.is_allowed(eos[0]))
+
+
+def brute_force_mask(grammar: Any, state: int) -> Any:
+    """Token by token in Python: the reference the vectorised masks must equal."""
+    import numpy as np
+
+    vocab, dfa = grammar.vocab, grammar.dfa
+    out = np.zeros(len(vocab), dtype=bool)
+    for i in range(len(vocab)):
+        b = vocab.token_bytes(i)
+        out[i] = bool(b) and dfa.walk(state, b) != 0
+    for e in vocab.eos_token_ids:
+        out[e] = bool(dfa.accepting[state])
+    return out

@@ -9,7 +9,7 @@ import pytest
 
 from grammar import clear_caches, compile_json_schema
 from grammar.tokens.index import TokenIndex
-from tests._grammar_fixtures import compact, deepseek_tokenizer, deepseek_vocab
+from tests._grammar_fixtures import brute_force_mask, compact, deepseek_tokenizer, deepseek_vocab
 
 CASES = [
     pytest.param(
@@ -43,17 +43,6 @@ CASES = [
 ]
 
 
-def _brute_force(grammar, state: int) -> np.ndarray:
-    vocab, dfa = grammar.vocab, grammar.dfa
-    out = np.zeros(len(vocab), dtype=bool)
-    for i in range(len(vocab)):
-        b = vocab.token_bytes(i)
-        out[i] = bool(b) and dfa.walk(state, b) != 0
-    for e in vocab.eos_token_ids:
-        out[e] = bool(dfa.accepting[state])
-    return out
-
-
 def _unpack(words: np.ndarray, n: int) -> np.ndarray:
     return np.unpackbits(words.view(np.uint8), bitorder="little")[:n].astype(bool)
 
@@ -82,5 +71,5 @@ def test_shortcut_masks_equal_a_token_walk(schema, instances, path, monkeypatch)
         assert m.is_accepting(), instance
     for state in states[:10]:
         got = _unpack(grammar.index.bitmask(state), len(vocab))
-        assert np.array_equal(got, _brute_force(grammar, state)), state
+        assert np.array_equal(got, brute_force_mask(grammar, state)), state
     assert any(taken), f"{path} never applied"

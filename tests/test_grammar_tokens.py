@@ -20,21 +20,15 @@ from grammar import (
     compile_json_schema,
     compile_regex,
 )
-from tests._grammar_fixtures import compact, deepseek_tokenizer, deepseek_vocab, smollm2_tokenizer
+from tests._grammar_fixtures import (
+    brute_force_mask,
+    compact,
+    deepseek_tokenizer,
+    deepseek_vocab,
+    smollm2_tokenizer,
+)
 
 TEXTS = ['{"name":"Zoë 日本語","n":-12.5e3}', "  tabs\tand\nnewlines ", "emoji 🙂 ok"]
-
-
-def _brute_force_mask(grammar, state: int) -> np.ndarray:
-    """Token by token in Python: the reference the vectorised masks must equal."""
-    vocab, dfa = grammar.vocab, grammar.dfa
-    out = np.zeros(len(vocab), dtype=bool)
-    for i in range(len(vocab)):
-        b = vocab.token_bytes(i)
-        out[i] = bool(b) and dfa.walk(state, b) != 0
-    for e in vocab.eos_token_ids:
-        out[e] = bool(dfa.accepting[state])
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +92,7 @@ def test_sentencepiece_byte_tokens_and_word_boundary() -> None:
         assert m.mask()[t]
         m.advance(t)
     assert m.is_accepting()
-    np.testing.assert_array_equal(g.matcher().mask(), _brute_force_mask(g, 1))
+    np.testing.assert_array_equal(g.matcher().mask(), brute_force_mask(g, 1))
 
 
 def test_vocab_hash_is_stable_and_content_based() -> None:
@@ -140,7 +134,7 @@ def _check_masks(g, n: int = 5, prefixes: tuple[bytes, ...] = ()) -> None:
     states += [g.dfa.walk(1, p) for p in prefixes]
     for s in states:
         got = np.unpackbits(g.index.bitmask(s).view(np.uint8), bitorder="little")[: len(vocab)]
-        np.testing.assert_array_equal(got.astype(bool), _brute_force_mask(g, s), err_msg=str(s))
+        np.testing.assert_array_equal(got.astype(bool), brute_force_mask(g, s), err_msg=str(s))
 
 
 @pytest.mark.parametrize(
