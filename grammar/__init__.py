@@ -11,7 +11,7 @@ from grammar.api import choices_to_regex, compile_choices, compile_json_schema, 
 from grammar.automata import intersect as _intersect  # noqa: F401  no compile pays a module import
 from grammar.automata.fsm import ByteDFA, regex_to_dfa
 from grammar.cfg.compiler import CompiledCFG, clear_cfg_caches, compile_lark
-from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.errors import EmptyLanguageError, GrammarError, UnsupportedSchemaError
 from grammar.json_schema import numbers as _decimal_numbers  # noqa: F401  loaded with the package:
 from grammar.json_schema.lark import compile_json_schema_cfg, json_schema_to_lark
 from grammar.json_schema.schema import dtype_to_regex, json_schema_to_regex
@@ -31,6 +31,7 @@ __all__ = [
     "choices_to_regex",
     "CompiledCFG",
     "CompiledGrammar",
+    "EmptyLanguageError",
     "GrammarError",
     "Matcher",
     "TokenVocabulary",

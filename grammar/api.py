@@ -7,9 +7,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from grammar.automata.fsm import DEFAULT_MAX_STATES, ByteDFA, no_gc, node_to_lazy_dfa
 from grammar.automata.lazy_dfa import LazyDFA
 from grammar.automata.regex_ast import regex_escape
+from grammar.errors import EmptyLanguageError
 from grammar.json_schema.schema import json_schema_to_node, load_schema
 from grammar.json_schema.strict import apply_mode
 from grammar.tokens.cache import CompileCache
@@ -37,6 +40,16 @@ def _dfa(pattern: str, max_states: int):
     )
 
 
+def empty_language_dfa() -> ByteDFA:
+    """The DFA that accepts nothing: its start is not accepting and every byte leads to DEAD
+    (the automaton of a schema that admits no instance)."""
+    return ByteDFA(
+        table=np.zeros((2, 1), dtype=np.int32),
+        byte_to_class=np.zeros(256, dtype=np.int32),
+        accepting=np.zeros(2, dtype=bool),
+    )
+
+
 def compile_regex(
     pattern: str, vocab: TokenVocabulary, *, max_states: int = DEFAULT_MAX_STATES
 ) -> CompiledGrammar:
@@ -61,7 +74,9 @@ def compile_json_schema(
     """A constraint from a JSON Schema (dict, JSON text, pydantic class); see json_schema.py.
 
     `json_schema_mode` "exact" (the default) generates the schema's own language; "strict"
-    generates only the properties each object declares (`grammar.json_schema.strict`)."""
+    generates only the properties each object declares (`grammar.json_schema.strict`).
+    A schema that admits no instance compiles to a constraint that refuses every token
+    (`admits_nothing` is true on it): callers that serve requests refuse those."""
     loaded = apply_mode(load_schema(schema), json_schema_mode)
     key = (
         "schema",
@@ -77,7 +92,10 @@ def compile_json_schema(
     def build() -> CompiledGrammar:
         def build_dfa() -> ByteDFA | LazyDFA:
             with no_gc():  # the schema's regex tree too: many small containers, no cycles
-                node = json_schema_to_node(loaded, whitespace, max_recursion_depth, any_depth)
+                try:
+                    node = json_schema_to_node(loaded, whitespace, max_recursion_depth, any_depth)
+                except EmptyLanguageError:
+                    return empty_language_dfa()
                 return node_to_lazy_dfa(node, max_states)
 
         dfa = _DFA_CACHE.get_or_build(("dfa", *key[:6], max_states), build_dfa)

@@ -7,6 +7,13 @@ class GrammarError(ValueError):
     """A constraint that cannot be compiled or a token/byte the constraint forbids."""
 
 
+class EmptyLanguageError(GrammarError):
+    """A constraint no text satisfies (a JSON Schema that admits no instance: `false`,
+    `not: {}`, an empty `enum`, ...). `compile_json_schema` compiles such a schema into a
+    constraint that refuses every token (`CompiledGrammar.admits_nothing`); the runtime ends
+    a request made with one with this error."""
+
+
 class UnsupportedSchemaError(GrammarError):
     """A JSON Schema keyword that cannot be honoured exactly.
 

@@ -5,7 +5,8 @@ Output is what a schema-ordered generator emits: properties in the schema's orde
 additional keys), `json.dumps(..., separators=(",", ":"), ensure_ascii=False)` spelling, and
 `whitespace` (a regex, default none) between structural tokens.
 
-Recursive `$ref`s are unrolled `max_recursion_depth` times (default 3): beyond that depth the
+A schema that admits no instance raises EmptyLanguageError (`compile_json_schema` makes it a
+constraint that refuses every token). Recursive `$ref`s are unrolled `max_recursion_depth` times (default 3): beyond that depth the
 recursive branch is impossible (an optional recursive property is left out, a recursive array
 stays empty). Values of unconstrained schemas (`{}` / `true`) are any JSON value nested at most
 `any_depth` levels deep (default 3). Keywords that cannot be honoured raise
@@ -22,7 +23,7 @@ from grammar.automata import dfa_ops
 from grammar.automata import regex_ast as ra
 from grammar.automata.fsm import node_to_dfa
 from grammar.automata.pattern import losses
-from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.errors import EmptyLanguageError, GrammarError, UnsupportedSchemaError
 from grammar.json_schema import number_text
 from grammar.json_schema import oneof as json_oneof
 from grammar.json_schema.arrays import ArrayRules
@@ -101,7 +102,7 @@ def json_schema_to_node(
     except RecursionError:
         raise GrammarError("schema nests too deeply to compile") from None
     if out is None:
-        raise GrammarError("the schema admits no instance")
+        raise EmptyLanguageError("the schema admits no instance")
     return out
 
 

@@ -34,6 +34,13 @@ class CompiledGrammar:
     def start_state(self) -> int:
         return START
 
+    @property
+    def admits_nothing(self) -> bool:
+        """No text satisfies the constraint: the start is not accepting and every byte leads
+        to DEAD (a schema with no instance). A lazy DFA is never empty (its pieces all match)."""
+        d = self.dfa
+        return not d.lazy and not d.accepting[START] and not d.table[START].any()
+
     def matcher(self) -> Matcher:
         from grammar.tokens.matcher import Matcher
 

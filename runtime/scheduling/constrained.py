@@ -124,6 +124,8 @@ class ConstraintHooks:
                 g = grammar.compile_regex(regex, vocab)
             elif json_schema is not None:
                 g = grammar.compile_json_schema(json_schema, vocab, json_schema_mode=mode)
+                if g.admits_nothing:  # compiled, but no output could ever satisfy it
+                    raise grammar.EmptyLanguageError("the schema admits no instance")
             elif choices is not None:
                 if not choices:
                     raise grammar.GrammarError("choices must not be empty")
