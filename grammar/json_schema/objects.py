@@ -23,6 +23,7 @@ from grammar.automata.fsm import node_to_dfa
 from grammar.automata.pattern import pattern_to_content
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema import oneof as json_oneof
+from grammar.json_schema.exact import names as key_names
 
 Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
 MAX_PATTERNS = 32  # patternProperties patterns of one object
@@ -120,32 +121,11 @@ def integral_as(value: Any, kind: type) -> Any:
 
 
 def string_except(names: list[str], string_char: Node, ptr: str) -> Node:
-    """A JSON string (with its quotes) whose raw content is none of `names`: the complement
-    of the names' trie, any content character being `string_char` (a regex node). Names that
-    need escapes are refused; escapes count as other characters, and only escapes of
-    characters no name holds are allowed in the divergence (a key spelled `\\u0061` or
-    `\\/` could otherwise be a name in disguise). The regex path and the lark path share it."""
-    if any(ord(ch) < 0x20 or ch in '"\\' for name in names for ch in name):
-        raise UnsupportedSchemaError("additionalProperties", ptr, "a property name needs escapes")
-    trie: dict = {}
-    for name in names:
-        node = trie
-        for ch in name:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-    escape = ra.parsed(r'\\["\\bfnrt]|\\u00[01][0-9a-fA-F]')
-    rest = ra.repeat(string_char, 0, None)
-
-    def complement(node: dict) -> Node:
-        children = [c for c in node if c]
-        other = ra.alt([ip_char_not(children), escape])
-        options = [ra.seq(other, rest)]
-        if "" not in node:
-            options.append(ra.EMPTY)
-        options += [ra.seq(ra.char(c), complement(node[c])) for c in children]
-        return ra.alt(options)
-
-    return ra.seq(ra.char('"'), complement(trie), ra.char('"'))
+    """A JSON string (with its quotes) whose decoded content is none of `names`, in any
+    spelling (escapes included: a key spelled `\\u0061` is the name "a"), each content
+    character being `string_char`; see `grammar.json_schema.exact.names`. The regex path and
+    the lark path share it."""
+    return key_names.string_except(names, string_char)
 
 
 _NOT_CONTENT = frozenset('"\\') | frozenset(chr(i) for i in range(0x20))  # never raw in JSON

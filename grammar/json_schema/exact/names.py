@@ -1,0 +1,154 @@
+"""Every JSON spelling of a property name, and the exact complement of a set of names.
+
+A string character has several spellings in JSON text: itself (unless it is the quote, the
+backslash or a control character), a short escape (`\\"`, `\\\\`, `\\/`, `\\b`, `\\f`, `\\n`,
+`\\r`, `\\t`), a `\\uXXXX` escape with hex digits in either case (no surrogate), or, outside
+the basic plane, an escaped surrogate pair. These are the spellings of
+`scalars.STRING_CHAR_TEXT`; each of its matches decodes to exactly one character, so a key
+whose decoded content is one of the names is in `name_spellings`, and every other key is in
+`string_except`: the two are disjoint and together every JSON string.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from interegular import patterns as ip
+
+from grammar.automata import regex_ast as ra
+
+Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
+
+# a character -> the letter of its short escape
+SHORT_ESCAPES = dict(zip('"\\/\b\f\n\r\t', '"\\/bfnrt', strict=True))
+_NOT_RAW = frozenset('"\\') | frozenset(chr(i) for i in range(0x20))  # never raw in JSON
+_BMP = ((0x0000, 0xD7FF), (0xE000, 0xFFFF))  # what a single \uXXXX may spell
+_HIGH, _LOW = (0xD800, 0xDBFF), (0xDC00, 0xDFFF)  # the halves of a surrogate pair
+
+
+def _digits(lo: int, hi: int) -> str:
+    """A class of the hex digits lo..hi (0..15), letters in either case."""
+    chars = "".join(f"{d:x}" for d in range(lo, hi + 1))
+    chars += chars[len([d for d in range(lo, hi + 1) if d < 10]) :].upper()
+    return ra.escape_char(chars) if len(chars) == 1 else f"[{chars}]"
+
+
+def _hex_range(lo: int, hi: int, width: int) -> str:
+    """Regex text of the `width`-digit hex numbers lo..hi (lo <= hi), either letter case."""
+    if width == 0:
+        return ""
+    top = 16 ** (width - 1)
+    (dl, rl), (dh, rh) = divmod(lo, top), divmod(hi, top)
+    if dl == dh:
+        return _digits(dl, dl) + _hex_range(rl, rh, width - 1)
+    parts = []
+    if rl:  # the first leading digit, from rl on
+        parts.append(_digits(dl, dl) + _hex_range(rl, top - 1, width - 1))
+        dl += 1
+    last = None
+    if rh != top - 1:  # the last leading digit, up to rh
+        last = _digits(dh, dh) + _hex_range(0, rh, width - 1)
+        dh -= 1
+    if dl <= dh:  # whole blocks in between
+        parts.append(_digits(dl, dh) + (f"[0-9a-fA-F]{{{width - 1}}}" if width > 1 else ""))
+    if last:
+        parts.append(last)
+    return parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
+
+
+def _ranges_except(ranges: tuple[tuple[int, int], ...], points: set[int]) -> list[tuple[int, int]]:
+    out = []
+    for lo, hi in ranges:
+        for p in sorted(x for x in points if lo <= x <= hi):
+            if lo < p:
+                out.append((lo, p - 1))
+            lo = p + 1
+        if lo <= hi:
+            out.append((lo, hi))
+    return out
+
+
+def _hex_ranges(ranges: list[tuple[int, int]]) -> str | None:
+    """Regex text of 4 hex digits in any of `ranges`, or None if they are empty."""
+    parts = [_hex_range(lo, hi, 4) for lo, hi in ranges]
+    return None if not parts else parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
+
+
+def _pair(c: int) -> tuple[int, int]:
+    c -= 0x10000
+    return 0xD800 + (c >> 10), 0xDC00 + (c & 0x3FF)
+
+
+@functools.lru_cache(maxsize=4096)
+def char_spellings(c: str) -> Node:
+    """Every spelling of the character `c` inside a JSON string; None for a lone surrogate
+    (no spelling: JSON text cannot hold one)."""
+    code = ord(c)
+    if 0xD800 <= code <= 0xDFFF:
+        return None
+    options = [] if c in _NOT_RAW else [ra.char(c)]
+    if c in SHORT_ESCAPES:
+        options.append(ra.lit("\\" + SHORT_ESCAPES[c]))
+    if code <= 0xFFFF:
+        options.append(ra.parsed(r"\\u" + _hex_range(code, code, 4)))
+    else:
+        high, low = _pair(code)
+        text = r"\\u" + _hex_range(high, high, 4) + r"\\u" + _hex_range(low, low, 4)
+        options.append(ra.parsed(text))
+    return ra.alt(options)
+
+
+def name_spellings(name: str) -> Node:
+    """Every JSON spelling of the string `name`, quotes included; None if it has none."""
+    return ra.seq(ra.char('"'), *[char_spellings(c) for c in name], ra.char('"'))
+
+
+@functools.lru_cache(maxsize=4096)
+def char_except(chars: frozenset[str]) -> Node:
+    """One string character, in any spelling, that decodes to none of `chars`."""
+    options: list[Node] = [ip._CharGroup(_NOT_RAW | chars, True)]
+    short = "".join(e for c, e in SHORT_ESCAPES.items() if c not in chars)
+    if short:
+        options.append(ra.parsed(r"\\[" + "".join(ra.escape_char(e, True) for e in short) + "]"))
+    codes = {ord(c) for c in chars}
+    single = _hex_ranges(_ranges_except(_BMP, codes))
+    if single:
+        options.append(ra.parsed(r"\\u" + single))
+    # surrogate pairs: the high halves with no excluded character take any low half
+    lows: dict[int, set[int]] = {}
+    for code in codes:
+        if code > 0xFFFF:
+            high, low = _pair(code)
+            lows.setdefault(high, set()).add(low)
+    any_low = _hex_range(*_LOW, 4)
+    free = _hex_ranges(_ranges_except((_HIGH,), set(lows)))
+    if free:
+        options.append(ra.parsed(r"\\u" + free + r"\\u" + any_low))
+    for high, excluded in lows.items():
+        rest = _hex_ranges(_ranges_except((_LOW,), excluded))
+        if rest:
+            options.append(ra.parsed(r"\\u" + _hex_range(high, high, 4) + r"\\u" + rest))
+    return ra.alt(options)
+
+
+def string_except(names: list[str], string_char: Node) -> Node:
+    """A JSON string (quotes included) whose decoded content is none of `names`: the
+    complement of the names' trie over decoded characters, `string_char` (a regex node
+    of one character in any spelling) after the first character off the trie."""
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for ch in name:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    rest = ra.repeat(string_char, 0, None)
+
+    def complement(node: dict) -> Node:
+        children = [c for c in node if c]
+        options = [ra.seq(char_except(frozenset(children)), rest)]
+        if "" not in node:
+            options.append(ra.EMPTY)
+        options += [ra.seq(char_spellings(c), complement(node[c])) for c in children]
+        return ra.alt(options)
+
+    return ra.seq(ra.char('"'), complement(trie), ra.char('"'))
