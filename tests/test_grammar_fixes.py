@@ -177,7 +177,8 @@ def test_ipv6_format_agrees_with_ipaddress() -> None:
         ("http://host:", True),
         ("http://host:port", False),
         ("http://a@b@c", False),
-        ("http://[::1]/", False),  # IP literals are not generated
+        ("http://[::1]:80/", True),  # an IP literal host
+        ("http://[::1/", False),
     ],
 )
 def test_uri_format(text: str, ok: bool) -> None:

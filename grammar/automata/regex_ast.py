@@ -43,6 +43,12 @@ def lit(text: str) -> Node:
     return ip._Concatenation(tuple(char(c) for c in text))
 
 
+def char_class(chars: frozenset[str], negated: bool = False) -> Node:
+    """A character class (negated: every character but these). A class is a set of its
+    characters: write a large one as the complement of a small one."""
+    return ip._CharGroup(chars, negated)
+
+
 def seq(*parts: Node | None) -> Node | None:
     """Concatenation; None (matches nothing) if any part is None."""
     if any(p is None for p in parts):

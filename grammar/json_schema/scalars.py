@@ -15,7 +15,7 @@ from grammar.automata.fsm import node_to_dfa
 from grammar.automata.pattern import note_loss, pattern_to_content
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema import number_text, numbers
-from grammar.json_schema.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS, format_regex
+from grammar.json_schema.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS, format_node
 
 # one decoded character: a literal one, a short escape, a \uXXXX escape that is no surrogate,
 # or an escaped surrogate pair (one character, as JSON Schema lengths count it)
@@ -61,14 +61,14 @@ class ScalarRules:
         if hi is not None and hi < lo:
             return None
         if fmt in FORMAT_REGEXES:
-            fmt_text, hi = format_regex(fmt, hi)
+            fmt_node, hi = format_node(fmt, hi)
         content: Node
         if pattern is not None:
             try:
                 if fmt in FORMAT_REGEXES:  # both: the product of the two automata
                     both = dfa_ops.product(
                         node_to_dfa(pattern_to_content(pattern, self.string_char)),
-                        node_to_dfa(ra.parsed(fmt_text)),
+                        node_to_dfa(fmt_node),
                         True,
                     )
                     content = dfa_ops.DFANode(both, "pattern", f"{ptr}/pattern")
@@ -87,7 +87,7 @@ class ScalarRules:
                     raise
                 raise UnsupportedSchemaError("pattern", f"{ptr}/pattern", str(e)) from None
         elif fmt in FORMAT_REGEXES:
-            content = ra.parsed(fmt_text)
+            content = fmt_node
             if lo or hi is not None:
                 content = self.length_bounded(content, lo, hi, ptr)
         elif not lo and hi is None:
