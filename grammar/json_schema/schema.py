@@ -6,9 +6,10 @@ additional keys), `json.dumps(..., separators=(",", ":"), ensure_ascii=False)` s
 `whitespace` (a regex, default none) between structural tokens.
 
 A schema that admits no instance raises EmptyLanguageError (`compile_json_schema` makes it a
-constraint that refuses every token). Recursive `$ref`s are unrolled `max_recursion_depth` times (default 3): beyond that depth the
-recursive branch is impossible (an optional recursive property is left out, a recursive array
-stays empty). Values of unconstrained schemas (`{}` / `true`) are any JSON value nested at most
+constraint that refuses every token). Recursive `$ref`s are unrolled `max_recursion_depth`
+times (default 3): beyond that depth the recursive branch is impossible (an optional
+recursive property is left out, a recursive array stays empty). Values of unconstrained
+schemas (`{}` / `true`) are any JSON value nested at most
 `any_depth` levels deep (default 3). Keywords that cannot be honoured raise
 UnsupportedSchemaError naming the keyword and its JSON pointer.
 """
@@ -27,6 +28,7 @@ from grammar.errors import EmptyLanguageError, GrammarError, UnsupportedSchemaEr
 from grammar.json_schema import number_text
 from grammar.json_schema import oneof as json_oneof
 from grammar.json_schema.arrays import ArrayRules
+from grammar.json_schema.exact.exclusive import oneof_by_negation
 from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
 from grammar.json_schema.merge import (
     ANNOTATIONS,
@@ -247,10 +249,10 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
                 live = [o for o in options if o[0] is not None]
                 try:
                     self.check_exclusive(live, where)
-                except UnsupportedSchemaError:
+                except UnsupportedSchemaError as refusal:
                     split = json_oneof.split_oneof(self, [o[1] for o in live], where)
-                    if split is None:
-                        raise
+                    if split is None:  # exactly one branch: each, and not the others
+                        return oneof_by_negation(self, norm, branches, where, refusal)
                     return split
             return ra.alt([o[0] for o in options])
         finally:
