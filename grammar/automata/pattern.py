@@ -15,7 +15,7 @@ import threading
 from interegular import patterns as ip
 
 from grammar.automata import regex_ast as ra
-from grammar.automata.nfa import parse_regex
+from grammar.automata.unicode_props import parse_pattern_regex
 from grammar.errors import GrammarError
 
 # what may appear unescaped inside a JSON string
@@ -143,7 +143,7 @@ def pattern_to_content(pattern: str, any_char: object) -> object | None:
         anchored_start, anchored_end = branch.startswith("^"), _ends_with_anchor(branch)
         body = branch[1:] if anchored_start else branch
         body = body[:-1] if anchored_end else body
-        node = _json_safe(parse_regex(body)) if body else ra.EMPTY
+        node = _json_safe(parse_pattern_regex(body)) if body else ra.EMPTY
         branches.append(
             ra.seq(ra.EMPTY if anchored_start else free, node, ra.EMPTY if anchored_end else free)
         )
@@ -164,7 +164,7 @@ def _with_end_anchors(branches: list[str], free: object) -> object:
             anchored = branch.startswith("^")
             body = branch[1:] if anchored else branch
             marked, _ = _mark_end_anchors(body)
-            node = _json_safe(parse_regex(marked))
+            node = _json_safe(parse_pattern_regex(marked))
             nodes.append(ra.seq(ra.EMPTY if anchored else free, node, free))
     finally:
         _MARKING.on = False

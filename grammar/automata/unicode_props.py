@@ -1,0 +1,188 @@
+"""ECMA-262 Unicode property escapes in JSON Schema patterns: `\\p{...}` / `\\P{...}` for the
+General_Category values (`\\p{L}`, `\\p{Letter}`, `\\p{Lu}`, `\\p{gc=Nd}`,
+`\\p{General_Category=Decimal_Number}`), their code points read from this Python's
+`unicodedata` (so its Unicode version, `unicodedata.unidata_version`, decides).
+
+Scripts (`\\p{Script=Greek}`, `\\p{sc=...}`, `\\p{scx=...}`) and binary properties
+(`\\p{Alphabetic}`, `\\p{Emoji}`, ...) raise GrammarError naming them.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import unicodedata
+
+from interegular import patterns as ip
+from interegular.utils.simple_parser import nomatch
+
+from grammar.errors import GrammarError
+
+# PropertyValueAliases.txt for General_Category: short name -> the other names ECMA-262 takes
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "L": ("Letter",),
+    "LC": ("Cased_Letter",),
+    "Lu": ("Uppercase_Letter",),
+    "Ll": ("Lowercase_Letter",),
+    "Lt": ("Titlecase_Letter",),
+    "Lm": ("Modifier_Letter",),
+    "Lo": ("Other_Letter",),
+    "M": ("Mark", "Combining_Mark"),
+    "Mn": ("Nonspacing_Mark",),
+    "Mc": ("Spacing_Mark",),
+    "Me": ("Enclosing_Mark",),
+    "N": ("Number",),
+    "Nd": ("Decimal_Number", "digit"),
+    "Nl": ("Letter_Number",),
+    "No": ("Other_Number",),
+    "P": ("Punctuation", "punct"),
+    "Pc": ("Connector_Punctuation",),
+    "Pd": ("Dash_Punctuation",),
+    "Ps": ("Open_Punctuation",),
+    "Pe": ("Close_Punctuation",),
+    "Pi": ("Initial_Punctuation",),
+    "Pf": ("Final_Punctuation",),
+    "Po": ("Other_Punctuation",),
+    "S": ("Symbol",),
+    "Sm": ("Math_Symbol",),
+    "Sc": ("Currency_Symbol",),
+    "Sk": ("Modifier_Symbol",),
+    "So": ("Other_Symbol",),
+    "Z": ("Separator",),
+    "Zs": ("Space_Separator",),
+    "Zl": ("Line_Separator",),
+    "Zp": ("Paragraph_Separator",),
+    "C": ("Other",),
+    "Cc": ("Control", "cntrl"),
+    "Cf": ("Format",),
+    "Cs": ("Surrogate",),
+    "Co": ("Private_Use",),
+    "Cn": ("Unassigned",),
+}
+_SHORT = {alias: short for short, names in _ALIASES.items() for alias in (short, *names)}
+_SCRIPT_KEYS = ("Script", "sc", "Script_Extensions", "scx")
+_END = sys.maxunicode + 1
+
+
+@functools.cache
+def _runs() -> dict[str, list[tuple[int, int]]]:
+    """Two-letter category -> its runs of code points (unassigned ones are Cn)."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    start, current = 0, unicodedata.category("\x00")
+    for cp in range(1, _END):
+        category = unicodedata.category(chr(cp))
+        if category != current:
+            out.setdefault(current, []).append((start, cp - 1))
+            start, current = cp, category
+    out.setdefault(current, []).append((start, _END - 1))
+    return out
+
+
+def category_ranges(short: str) -> list[tuple[int, int]]:
+    """The code-point ranges of a General_Category value by its short name (`L` is every
+    `L?`, `LC` is Lu, Ll and Lt), sorted."""
+    runs = _runs()
+    if short == "LC":
+        parts = ["Lu", "Ll", "Lt"]
+    elif len(short) == 1:
+        parts = [c for c in runs if c[0] == short]
+    else:
+        parts = [short]
+    return sorted(r for c in parts for r in runs.get(c, []))
+
+
+def category_short_name(name: str) -> str:
+    """The short name of a `\\p{...}` body naming a General_Category value; GrammarError for
+    any other property."""
+    key, eq, value = name.partition("=")
+    if eq and key in ("General_Category", "gc") and value in _SHORT:
+        return _SHORT[value]
+    if not eq and name in _SHORT:
+        return _SHORT[name]
+    if eq and key in _SCRIPT_KEYS:
+        kind = "a script property"
+    elif eq:
+        kind = "an unknown property"
+    else:
+        kind = "a binary property or an unknown value"
+    raise GrammarError(
+        f"regex construct not supported: \\p{{{name}}} is {kind}; only General_Category values "
+        f"are (\\p{{L}}, \\p{{Letter}}, \\p{{gc=Lu}}, ...)"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def property_class(name: str, negated: bool) -> ip._CharGroup:
+    """`\\p{name}` (or `\\P{name}` if negated) as a character class, kept as the smaller of the
+    set and its complement (a class is a set of its characters)."""
+    ranges = category_ranges(category_short_name(name))
+    if 2 * sum(hi - lo + 1 for lo, hi in ranges) > _END:
+        ranges = _complement(ranges)
+        negated = not negated
+    return ip._CharGroup(frozenset(chr(c) for lo, hi in ranges for c in range(lo, hi + 1)), negated)
+
+
+def _complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out, start = [], 0
+    for lo, hi in ranges:
+        if lo > start:
+            out.append((start, lo - 1))
+        start = hi + 1
+    return out + ([(start, _END - 1)] if start < _END else [])
+
+
+def _union(groups: list[ip._CharGroup], negate: bool) -> ip._CharGroup:
+    """The class of a `[...]` (`[^...]` if negate) holding these items: everything but what
+    every negated item leaves out and no plain item holds (interegular unites the negated
+    items' sets instead, which narrows `[\\D\\S]`)."""
+    plain = frozenset().union(*(g.chars for g in groups if not g.negated))
+    excluded = [g.chars for g in groups if g.negated]
+    if not excluded:
+        return ip._CharGroup(plain, negate)
+    return ip._CharGroup(frozenset.intersection(*excluded) - plain, not negate)
+
+
+class _EcmaPattern(ip._ParsePattern):
+    """interegular's parser with `\\p{...}` / `\\P{...}` and exact classes of several
+    negated items."""
+
+    def escaped(self, inner: bool = False) -> ip._CharGroup:
+        for letter, negated in (("p", False), ("P", True)):
+            if self.static_b(letter):
+                end = self.data.find("}", self.index)
+                if not self.data.startswith("{", self.index) or end < 0:
+                    raise GrammarError(
+                        f"regex construct not supported: \\{letter} without a braced property "
+                        f"name (write \\{letter}{{L}}) in {self.data[:200]!r}"
+                    )
+                name, self.index = self.data[self.index + 1 : end], end + 1
+                return property_class(name, negated)
+        return super().escaped(inner)
+
+    def chargroup(self) -> ip._CharGroup:
+        negate = self.static_b("^")
+        groups = []
+        while True:
+            try:
+                groups.append(self.chargroup_inner())
+            except nomatch:
+                break
+        self.static("]")
+        return _union(groups, negate)
+
+
+def parse_pattern_regex(pattern: str) -> object:
+    """A `pattern`'s regex as interegular nodes, with property escapes (as
+    grammar.automata.nfa.parse_regex otherwise; GrammarError naming what is refused)."""
+    try:
+        return _EcmaPattern(pattern).parse().simplify()
+    except ip.Unsupported as e:
+        raise GrammarError(f"regex construct not supported: {e} in {pattern[:200]!r}") from None
+    except ip.InvalidSyntax as e:
+        raise GrammarError(f"invalid regex syntax {e} in {pattern[:200]!r}") from None
+    except RecursionError:
+        raise GrammarError(f"regex too deeply nested: {pattern[:200]!r}") from None
+    except GrammarError:
+        raise
+    except Exception as e:  # interegular's parser raises bare errors on odd input
+        raise GrammarError(f"invalid regex {pattern[:200]!r}: {e}") from None
