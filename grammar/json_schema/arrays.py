@@ -1,6 +1,7 @@
 """Arrays: `prefixItems` / `items` (a list in drafts before 2020-12) / `additionalItems`, with
 `minItems` / `maxItems`, `contains` with `minContains` / `maxContains` (counted); `uniqueItems`
-is refused (not a regular language).
+over items with finitely many values (`grammar.json_schema.exact.unique`), refused otherwise
+(not a regular language).
 
 `ArrayRules` is mixed into the builder of `grammar.json_schema.schema`.
 """
@@ -11,6 +12,7 @@ from grammar.automata import dfa_ops
 from grammar.automata import regex_ast as ra
 from grammar.automata.fsm import node_to_dfa
 from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.json_schema.exact.unique import unique_array
 
 Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
 MAX_CONTAINS = 64  # minContains / maxContains counted up to this
@@ -20,8 +22,6 @@ class ArrayRules:
     """Needs from the builder: `value`, `comma`, `wrap`."""
 
     def array(self, s: dict, ptr: str) -> Node:
-        if s.get("uniqueItems"):
-            raise UnsupportedSchemaError("uniqueItems", f"{ptr}/uniqueItems")
         items = s.get("items", True)
         if "prefixItems" in s:
             prefix, rest, rest_ptr = s["prefixItems"], items, f"{ptr}/items"
@@ -29,11 +29,12 @@ class ArrayRules:
             prefix, rest, rest_ptr = items, s.get("additionalItems", True), f"{ptr}/additionalItems"
         else:
             prefix, rest, rest_ptr = [], items, f"{ptr}/items"
+        at = f"{ptr}/{'prefixItems' if 'prefixItems' in s else 'items'}"
+        if s.get("uniqueItems"):
+            ptrs = [*(f"{at}/{i}" for i in range(len(prefix))), rest_ptr]
+            return unique_array(self, s, prefix, rest, ptrs, ptr)
         lo, hi = s.get("minItems", 0), s.get("maxItems")
-        elems: list[Node] = [
-            self.value(p, f"{ptr}/{'prefixItems' if 'prefixItems' in s else 'items'}/{i}")
-            for i, p in enumerate(prefix)
-        ]
+        elems: list[Node] = [self.value(p, f"{at}/{i}") for i, p in enumerate(prefix)]
         # positions past an impossible element cannot exist
         for i, e in enumerate(elems):
             if e is None:
