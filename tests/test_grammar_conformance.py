@@ -20,7 +20,7 @@ NO_SUITE = f"JSON-Schema-Test-Suite not found at {suite_dir()} (set SGL_SHARED_D
 # keyword files whose fixes these tests cover, beside every optional/format file
 KEYWORD_FILES = ("const", "enum", "type", "contains", "minContains", "maxContains", "anchor",
                  "ref.json", "unevaluatedProperties", "unevaluatedItems", "defs",
-                 "definitions")  # fmt: skip
+                 "definitions", "pattern")  # fmt: skip
 
 
 def _scored_files() -> list[str]:

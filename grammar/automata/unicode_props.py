@@ -99,7 +99,9 @@ def category_short_name(name: str) -> str:
         return _SHORT[value]
     if not eq and name in _SHORT:
         return _SHORT[name]
-    if eq and key in _SCRIPT_KEYS:
+    if eq and key in ("General_Category", "gc"):
+        kind = "an unknown General_Category value"
+    elif eq and key in _SCRIPT_KEYS:
         kind = "a script property"
     elif eq:
         kind = "an unknown property"

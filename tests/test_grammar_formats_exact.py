@@ -1,0 +1,263 @@
+"""The exact formats (json-pointer, relative-json-pointer, duration, uri-template, iri,
+iri-reference, uri's IP-literal hosts) from their RFC grammars, and `\\p{...}` property escapes
+in patterns against `unicodedata`: each case through Python's `re` on the value regex and on the
+JSON-content regex, and through a compiled constraint (a token walk, or the DFA for JSON
+spellings written by hand)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import re
+import sys
+import unicodedata
+
+import pytest
+
+import grammar
+from grammar import UnsupportedSchemaError
+from grammar.automata.fsm import node_to_lazy_dfa
+from grammar.automata.unicode_props import property_class
+from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
+from grammar.json_schema.schema import json_schema_to_node
+from tests._grammar_fixtures import compact, deepseek_tokenizer, deepseek_vocab, walk
+
+
+def _cases(fmt: str, valid: list[str], invalid: list[str]) -> list:
+    return [pytest.param(fmt, v, True, id=f"{fmt}-ok-{v!r}") for v in valid] + [
+        pytest.param(fmt, v, False, id=f"{fmt}-bad-{v!r}") for v in invalid
+    ]
+
+
+# fmt: off
+CASES = [
+    *_cases(
+        "json-pointer",
+        ["", "/", "//", "/a~0b~1c", "/~01", "/a b", '/"', "/\\", "/\n\t\x00\x1f", "/\u2028",
+         "/😀", "/-", "/0/-/a"],
+        ["/~", "/~2", "/~a", "a", "#/a", "~0", "/a~", "/~~0", " /a"],
+    ),
+    *_cases(
+        "relative-json-pointer",
+        ["0", "0#", "10/a", "0/", "3//", "1/a~1b", "120/foo/bar"],
+        # 0+1/a: index manipulation of the later draft, left out (valid there only)
+        ["00", "01", "-1", "+1", "#", "0#/a", "0##", "1 ", "0/~", "", "0+1/a", "\u0663"],
+    ),
+    *_cases(
+        "duration",
+        ["P1Y", "P1M", "P1W", "PT1S", "PT1M", "P1DT1H", "P1Y2M3DT4H5M6S", "P0000D", "PT1H2M",
+         "P1M2D", "PT36H"],
+        # p1d: lower-case designators, left out
+        ["PT1H1S", "P1Y1D", "P", "PT", "P1YT", "P1W1D", "P1.5D", "p1d", "P1DT", "PT1M1H",
+         "P1H", "P1S", "P1D1Y", "P1WT1H", "P-1D", "P1D ", "PT0,5S"],
+    ),
+    *_cases(
+        "uri-template",
+        ["", "{a}", "{+a}", "{#a,b}", "{=a}", "{|a}", "{,a}", "{a:9999}", "{a*}", "{a.b.c}", "{.a}",
+         "{%7Ea}", "{a_1}", "a'b", "a%2Fb", "x{a}y{b}z", "\u00a0", "\ue000", "\U0010fffd"],
+        ["{a:10000}", "{a:0}", "{a:01}", "{a:1*}", "{a*:1}", "{a.}", "{.}", "{a..b}", "{%7}",
+         "{a b}", "{a-b}", "{}", "{{a}}", "}", "{", "{a,}", "{,+a}", "{+}", "a%2", 'a"b',
+         "a<b", "a\\b", "a^b", "a`b", "a|b", "a b", "\ufdd0", "\U000e0001", "\x7f", "\u0085",
+         "%"],
+    ),
+    *_cases(
+        "iri",
+        ["http://ƒøø.ßår/?∂éœ=πîx#πîüx", "http://[::1]", "http://[v1.x]", "http://[V1.x:y]",
+         "a:?\ue000", "a:?\U0010fffd", "a:\u00a0", "a:\U000e1000", "http://ex.com:8080",
+         "urn:a:b", "file:/etc", "a:", "http://-.~_!$&'()*+,;=:%40:80%2f@ex.com",
+         "http://[1::2:3.4.5.6]"],
+        ["http://[v1.]", "http://[vg.x]", "http://[::1%25eth0]", "a:\ue000", "a:#\ue000",
+         "a:\U000f0000", "a:?\U0010fffe", "a:\ufdd0", "a:\u0080", "a:b c", "ab", "/a",
+         "a:\U000e0fff", "http://ex.com:x", "http://[::1", "http://[1::2::3]", "a:%g0",
+         "http://[::ffff:01.2.3.4]", "1a:b", "a:\n"],
+    ),
+    *_cases(
+        "iri-reference",
+        ["", "//ƒøø", "âππ", "#ƒ", "?q=\ue000", "a:b", "./a:b", "//[::1]:1/x", "//u@h"],
+        ["a\ue000", "1:b", "#a#b", "\\a", "[::1]", "//a@b@c", "a b", "//h:p"],
+    ),
+    *_cases(
+        "uri",
+        ["ldap://[2001:db8::7]/c=GB?objectClass?one", "http://[::ffff:1.2.3.4]",
+         "http://[v7.a]", "http://[::1]:80", "http://087.10.0.1/"],
+        ["http://[::ffff:01.2.3.4]", "http://[1:2:3:4:5:6:7:8:9]", "http://[::1]x",
+         "a:\u00a0", "http://ƒ", "http:/[::1]"],
+    ),
+    *_cases("uri-reference", ["//[::1]/a", "//[v1.a]"], ["[::1]", "/[", "a/[::1]"]),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("fmt", "value", "ok"), CASES)
+def test_value_regex(fmt: str, value: str, ok: bool) -> None:
+    assert (re.fullmatch(FORMAT_VALUE_REGEXES[fmt], value) is not None) is ok
+
+
+@pytest.mark.parametrize(("fmt", "value", "ok"), CASES)
+def test_json_content_regex(fmt: str, value: str, ok: bool) -> None:
+    content = json.dumps(value, ensure_ascii=False)[1:-1]
+    assert (re.fullmatch(FORMAT_REGEXES[fmt], content) is not None) is ok
+
+
+@functools.cache
+def _compiled(fmt: str) -> grammar.CompiledGrammar:
+    return grammar.compile_json_schema({"type": "string", "format": fmt}, deepseek_vocab())
+
+
+@pytest.mark.parametrize(("fmt", "value", "ok"), CASES)
+def test_compiled_constraint_walk(fmt: str, value: str, ok: bool) -> None:
+    ids = deepseek_tokenizer().encode(compact(value), add_special_tokens=False)
+    assert walk(_compiled(fmt), ids) is ok
+
+
+@functools.cache
+def _dfa(schema_text: str):
+    return node_to_lazy_dfa(json_schema_to_node(json.loads(schema_text)))
+
+
+def _matches(schema: dict, text: str) -> bool:
+    return _dfa(json.dumps(schema)).matches(text.encode())
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        pytest.param(r'"/a\u000a"', True, id="newline-as-u-escape"),
+        pytest.param(r'"/a\u000A\n\r"', True, id="control-escapes-upper-hex"),
+        pytest.param(r'"/\u0022\""', True, id="quote-both-escapes"),
+        pytest.param(r'"/\u005c\u005C\\"', True, id="backslash-all-escapes"),
+        pytest.param('"/a\n"', False, id="raw-newline-is-not-json"),
+        pytest.param(r'"/\u007e"', False, id="escaped-tilde-alone"),
+        pytest.param(r'"/~\u0032"', False, id="escaped-2-after-tilde"),
+        # escapes of characters JSON need not escape: left out (valid, not generated)
+        pytest.param(r'"/\u0061"', False, id="escaped-letter-left-out"),
+        pytest.param(r'"\/"', False, id="escaped-slash-left-out"),
+    ],
+)
+def test_json_pointer_json_spellings(text: str, ok: bool) -> None:
+    assert _matches({"type": "string", "format": "json-pointer"}, text) is ok
+
+
+@pytest.mark.parametrize(
+    ("fmt", "max_length", "value", "ok"),
+    [
+        pytest.param("json-pointer", 4, "/\n~0", True, id="pointer-escapes-count-once"),
+        pytest.param("json-pointer", 4, "/ab~0", False, id="pointer-too-long"),
+        pytest.param("iri", 4, "a:ƒø", True, id="iri-characters-not-bytes"),
+        pytest.param("iri", 4, "a:ƒøø", False, id="iri-too-long"),
+        pytest.param("duration", 3, "P1D", True, id="duration-short"),
+        pytest.param("uri-template", 4, "{ab}", True, id="template-short"),
+    ],
+)
+def test_formats_under_max_length(fmt: str, max_length: int, value: str, ok: bool) -> None:
+    schema = {"type": "string", "format": fmt, "maxLength": max_length}
+    assert _matches(schema, compact(value)) is ok
+
+
+def test_format_with_a_pattern_is_the_product() -> None:
+    schema = {"type": "string", "format": "duration", "pattern": "^P[0-9]+D$"}
+    assert _matches(schema, '"P12D"')
+    assert not _matches(schema, '"P1Y"')
+    assert not _matches(schema, '"P1"')
+
+
+# ----- \p{...} property escapes -----
+
+_NAMES = {  # a \p{...} body -> the two-letter categories it stands for
+    "L": {"Lu", "Ll", "Lt", "Lm", "Lo"},
+    "Letter": {"Lu", "Ll", "Lt", "Lm", "Lo"},
+    "LC": {"Lu", "Ll", "Lt"},
+    "Cased_Letter": {"Lu", "Ll", "Lt"},
+    "Lu": {"Lu"},
+    "gc=Lu": {"Lu"},
+    "General_Category=Uppercase_Letter": {"Lu"},
+    "Ll": {"Ll"},
+    "Lo": {"Lo"},
+    "M": {"Mn", "Mc", "Me"},
+    "Combining_Mark": {"Mn", "Mc", "Me"},
+    "Nd": {"Nd"},
+    "digit": {"Nd"},
+    "N": {"Nd", "Nl", "No"},
+    "P": {"Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po"},
+    "S": {"Sm", "Sc", "Sk", "So"},
+    "Zs": {"Zs"},
+    "Z": {"Zs", "Zl", "Zp"},
+    "Cc": {"Cc"},
+    "Co": {"Co"},
+    "Cn": {"Cn"},
+    "Unassigned": {"Cn"},
+    "C": {"Cc", "Cf", "Cs", "Co", "Cn"},
+    "Other": {"Cc", "Cf", "Cs", "Co", "Cn"},
+}
+_SAMPLE = sorted(
+    set(random.Random(7).sample(range(sys.maxunicode + 1), 3000))
+    | set(range(0x80))
+    | {0xA0, 0xAA, 0x2028, 0x3000, 0x4E00, 0xD800, 0xE000, 0xFFFF, 0x1F600, 0x10FFFF}
+)
+
+
+@pytest.mark.parametrize("name", list(_NAMES))
+@pytest.mark.parametrize("negated", [False, True], ids=["p", "P"])
+def test_property_class_matches_unicodedata(name: str, negated: bool) -> None:
+    group = property_class(name, negated)
+    for cp in _SAMPLE:
+        c = chr(cp)
+        inside = (c in group.chars) != group.negated
+        assert inside == ((unicodedata.category(c) in _NAMES[name]) != negated), (name, hex(cp))
+
+
+# characters a pattern can match unescaped in JSON text (no surrogates, controls, " or \)
+_PLAIN = [
+    chr(cp) for cp in _SAMPLE if cp >= 0x20 and chr(cp) not in '"\\' and not 0xD800 <= cp <= 0xDFFF
+]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "categories"),
+    [
+        pytest.param(r"^\p{Letter}$", {"Lu", "Ll", "Lt", "Lm", "Lo"}, id="letter"),
+        pytest.param(r"^\p{Lu}$", {"Lu"}, id="upper"),
+        pytest.param(r"^[\p{Nd}\p{Zs}]$", {"Nd", "Zs"}, id="class-of-two"),
+        pytest.param(r"^[^\p{L}]$", {"M", "N", "P", "S", "Z", "C"}, id="negated-class"),
+        pytest.param(r"^\P{L}$", {"M", "N", "P", "S", "Z", "C"}, id="capital-P"),
+        pytest.param(r"^[\P{L}\P{N}]$", {"L", "M", "N", "P", "S", "Z", "C"}, id="two-negated"),
+        pytest.param(r"^[\D\S]$", {"L", "M", "N", "P", "S", "Z", "C"}, id="two-negated-short"),
+        pytest.param(r"^[^\P{L}\p{Lu}]$", {"Ll", "Lt", "Lm", "Lo"}, id="letter-but-upper"),
+    ],
+)
+def test_pattern_with_property_escapes(pattern: str, categories: set[str]) -> None:
+    schema = {"type": "string", "pattern": pattern}
+    for c in _PLAIN:
+        cat = unicodedata.category(c)
+        expected = cat in categories or cat[0] in categories
+        assert _matches(schema, compact(c)) is expected, (pattern, hex(ord(c)))
+
+
+def test_property_escape_in_pattern_properties() -> None:
+    schema = {
+        "type": "object",
+        "patternProperties": {r"^\p{Lu}+$": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    assert _matches(schema, '{"ΠΣ":1}')
+    assert not _matches(schema, '{"Πσ":1}')
+
+
+@pytest.mark.parametrize(
+    ("pattern", "named"),
+    [
+        pytest.param(r"\p{Script=Greek}", "script", id="script"),
+        pytest.param(r"\p{sc=Grek}", "script", id="script-short"),
+        pytest.param(r"\p{scx=Grek}", "script", id="script-extensions"),
+        pytest.param(r"\p{Alphabetic}", "binary", id="binary"),
+        pytest.param(r"\p{Letters}", "binary", id="unknown-value"),
+        pytest.param(r"\p{gc=Letters}", "unknown general_category value", id="unknown-gc-value"),
+        pytest.param(r"\pL", "braced", id="unbraced"),
+        pytest.param(r"[\p{L}-z]", "range", id="range-of-a-class"),
+    ],
+)
+def test_other_property_escapes_are_refused(pattern: str, named: str) -> None:
+    with pytest.raises(UnsupportedSchemaError, match="pattern") as e:
+        json_schema_to_node({"type": "string", "pattern": pattern})
+    assert named in str(e.value).lower()
