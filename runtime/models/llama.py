@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from runtime import kernels
 from runtime.config import ModelConfig
 from runtime.errors import UnsupportedModelError
+from runtime.kernels import cpu_fused
 from runtime.kernels.cascade import cascade_decode_attention, plan_cascade
 from runtime.kernels.decode_plan import plan_decode, planned_decode_attention
 from runtime.kernels.short_extend import plan_short_extend, short_extend_attention
@@ -149,6 +150,15 @@ class LlamaModel:
         for layer in self.layers:
             big += [layer.qkv, layer.o, layer.gate_up, layer.down]
         self.mm = Packed(big, packing_enabled(dtype, self.embed.device)).linear
+        # fused CPU kernels (runtime/kernels/cpu_fused.py): rotary + K/V write and decode
+        # attention in both dtypes; residual add + RMSNorm in bf16 only, where they give torch's
+        # bits (float32 keeps torch's fused RMSNorm, equal to transformers')
+        self.fused = (
+            self.embed.device.type == "cpu"
+            and config.rope_dim == d
+            and cpu_fused.available(dtype)
+        )
+        self.fused_norm = self.fused and dtype == torch.bfloat16
 
     def weight_bytes(self) -> int:
         """Bytes of weights read per forward pass (the embedding counted once when tied)."""
@@ -165,14 +175,20 @@ class LlamaModel:
         cfg = self.config
         nd = batch.num_decode
         hidden = self.embed_tokens(batch.input_ids)
-        cos, sin = self.rotary.cos_sin(batch.positions)
         t = hidden.shape[0]
+        fused = self.fused and not hidden.is_cuda
+        if fused:  # the kernel reads the tables at each token's position
+            cos, sin = self.rotary.tables(batch.positions)
+        else:
+            cos, sin = self.rotary.cos_sin(batch.positions)
         cascade = None
         if nd > 1 and not hidden.is_cuda:
             cascade = plan_cascade(batch.decode_page_table, batch.decode_seq_lens, pool.page_size)
             cascade = cascade if cascade.useful else None
+        torch_path = nd and cascade is None and kernels.kernel_backend(hidden) == "torch"
+        fused_decode = fused and torch_path
         decode_plan = None  # the torch path's per-step gather indices and mask, for all layers
-        if nd and cascade is None and kernels.kernel_backend(hidden) == "torch":
+        if torch_path and not fused_decode:
             decode_plan = plan_decode(
                 batch.decode_page_table, batch.decode_seq_lens, pool.page_size,
                 pool.k[0].shape[0],
@@ -183,19 +199,19 @@ class LlamaModel:
                 batch.extend_page_table, batch.extend_prefix_lens, batch.extend_lens,
                 pool.page_size,
             )  # fmt: skip
+        add_norm = self._add_norm
+        residual: tuple[torch.Tensor, torch.Tensor | None] | None = None  # not yet in hidden
         for li, layer in enumerate(self.layers):
-            # attention block
-            x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
+            # attention block (the previous layer's MLP output joins the residual here)
+            hidden, x = add_norm(hidden, residual, layer.input_norm)
             qkv = self.mm(x, layer.qkv, layer.qkv_bias)
-            # q and k sit side by side in the projection: rotated as one [T, Hq + Hkv, D] block
-            qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, cfg.head_dim)
-            qk = apply_rotary(qk, cos, sin)
-            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-            v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, cfg.head_dim)
             k_pool, v_pool = pool.k[li], pool.v[li]
             # the new tokens' K/V go into their slots before attention reads the pages
-            k_pool.view(-1, self.num_kv_heads, cfg.head_dim).index_copy_(0, batch.out_slots, k)
-            v_pool.view(-1, self.num_kv_heads, cfg.head_dim).index_copy_(0, batch.out_slots, v)
+            if fused:
+                q = cpu_fused.rotary_kv(qkv, cos, sin, batch.positions, batch.out_slots, k_pool,
+                                        v_pool, self.num_heads)  # fmt: skip
+            else:
+                q = self._rotary_kv(qkv, cos, sin, batch.out_slots, k_pool, v_pool)
             parts = []
             if cascade is not None:
                 parts.append(
@@ -208,6 +224,13 @@ class LlamaModel:
                         self.scale,
                         cascade,
                     )
+                )
+            elif fused_decode:
+                parts.append(
+                    cpu_fused.decode_attention(
+                        q[:nd], k_pool, v_pool, batch.decode_page_table, batch.decode_seq_lens,
+                        self.scale,
+                    )  # fmt: skip
                 )
             elif decode_plan is not None:
                 parts.append(
@@ -240,14 +263,45 @@ class LlamaModel:
                 )
             attn = parts[0] if len(parts) == 1 else torch.cat(parts)
             out = self.comm.all_reduce(self.mm(attn.reshape(t, self.q_size), layer.o))
-            hidden = hidden + (out if layer.o_bias is None else out + layer.o_bias)
             # SwiGLU MLP block
-            x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
+            hidden, x = add_norm(hidden, (out, layer.o_bias), layer.post_norm)
             gate_up = self.mm(x, layer.gate_up, layer.gate_up_bias)
             gate, up = gate_up.chunk(2, dim=-1)
             out = self.comm.all_reduce(self.mm(F.silu(gate) * up, layer.down))
-            hidden = hidden + (out if layer.down_bias is None else out + layer.down_bias)
+            residual = (out, layer.down_bias)
+        if residual is not None:
+            out, bias = residual
+            hidden = hidden + (out if bias is None else out + bias)
         return self.finish(hidden, batch)
+
+    def _add_norm(
+        self,
+        hidden: torch.Tensor,
+        residual: tuple[torch.Tensor, torch.Tensor | None] | None,
+        weight: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden + residual, RMSNorm of it): `hidden + (out + bias)` then the norm, as
+        torch rounds them; the fused kernel adds in place into `hidden` (a tensor this
+        forward pass allocated)."""
+        eps = self.config.rms_norm_eps
+        if self.fused_norm:
+            out, bias = residual if residual is not None else (None, None)
+            return hidden, cpu_fused.add_rms_norm(hidden, out, bias, weight, eps)
+        if residual is not None:
+            out, bias = residual
+            hidden = hidden + (out if bias is None else out + bias)
+        return hidden, rms_norm(hidden, weight, eps)
+
+    def _rotary_kv(self, qkv, cos, sin, slots, k_pool, v_pool) -> torch.Tensor:
+        """Torch ops: q rotated [T, Hq, D]; the rotated k and the v written into the pools."""
+        t, d = qkv.shape[0], self.config.head_dim
+        # q and k sit side by side in the projection: rotated as one [T, Hq + Hkv, D] block
+        qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(t, -1, d), cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, d)
+        k_pool.view(-1, self.num_kv_heads, d).index_copy_(0, slots, k)
+        v_pool.view(-1, self.num_kv_heads, d).index_copy_(0, slots, v)
+        return q
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """The first stage embeds (vocab-parallel: each rank its rows, summed); later stages

@@ -109,6 +109,14 @@ class RotaryEmbedding:
             self._grow(needed)
         return self._cos[positions][:, None, :], self._sin[positions][:, None, :]
 
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole cos and sin tables [P, D], grown to cover `positions` (for kernels that
+        index them themselves)."""
+        needed = int(positions.max()) + 1 if positions.numel() else 0
+        if needed > self._cache_len:
+            self._grow(needed)
+        return self._cos, self._sin
+
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x * cos + rotate_half(x) * sin, with x [T, H, D]."""

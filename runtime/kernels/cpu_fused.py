@@ -1,0 +1,195 @@
+"""Fused CPU kernels for the dense model's small ops, compiled on first use with the system C
+compiler and called through ctypes.
+
+A decode step of a small model is mostly fixed costs: SmolLM2-135M runs ~55 torch ops per
+layer, ~1,650 per step, each a few microseconds of dispatch, allocation and a pass over memory.
+Three kernels replace most of them: the residual add with the following RMSNorm, rotary on q
+and k with the K/V write into the pool, and decode attention over the paged pool (float32
+softmax, one pass per request and kv head, no gathered copy of the K/V). SiLU(gate) * up was
+tried too and dropped: two torch ops on one row cost what one ctypes call does.
+
+`available()` is False (and callers keep the torch path) when SGL_FUSED_CPU=0, when no C
+compiler is found or compiling fails. The library is cached under $SGL_NATIVE_CACHE (default
+~/.cache/sgl-native), keyed by the source, the flags and the CPU, and built with
+`-march=native`: one machine's build is never loaded on another CPU.
+
+Numerics (see cpu_source.py): rotary, the K/V write and the residual add give torch's bits;
+RMSNorm may differ by an ulp of its scale (float32; bf16 measured equal); attention differs by
+summation order and `expf`, at float32 rounding level.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from runtime.kernels.cpu_source import EXACT, FAST, render
+
+logger = logging.getLogger(__name__)
+
+_COMMON = ["-O3", "-march=native", "-fPIC", "-std=c11"]
+_FLAGS = {"exact": _COMMON + ["-ffp-contract=off"], "fast": _COMMON + ["-ffast-math"]}
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_SIGNATURES = {
+    "add_rms_norm": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32],
+    "rotary_kv": [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR],
+    "decode_attention": [_PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64, _I64, _I64, _I64,
+                         _F32, _PTR],  # fmt: skip
+}
+
+_lib: dict[str, ctypes._CFuncPtr] | None = None
+_failed = False
+
+
+def _cpu_id() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        return next((ln for ln in text.splitlines() if ln.startswith("flags")), text[:4000])
+    except OSError:
+        return platform.processor()
+
+
+def _build(target: Path, compiler: str) -> None:
+    """Compile both units into `target` (written to a temporary name, then renamed: processes
+    building at once never load a half-written file)."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as d:
+        objects = []
+        for name, body in (("exact", EXACT), ("fast", FAST)):
+            src, obj = Path(d, f"{name}.c"), Path(d, f"{name}.o")
+            src.write_text(render(body))
+            subprocess.run([compiler, *_FLAGS[name], "-c", str(src), "-o", str(obj)],
+                           check=True, capture_output=True, timeout=120)  # fmt: skip
+            objects.append(str(obj))
+        tmp = Path(d, "lib.so")
+        subprocess.run([compiler, "-shared", *objects, "-o", str(tmp), "-lm"], check=True,
+                       capture_output=True, timeout=120)  # fmt: skip
+        os.replace(tmp, target)
+
+
+def _load() -> dict[str, ctypes._CFuncPtr] | None:
+    global _lib, _failed
+    if _lib is not None or _failed:
+        return _lib
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    try:
+        if compiler is None:
+            raise RuntimeError("no C compiler found")
+        key = hashlib.sha256(
+            "\n".join([EXACT, FAST, repr(_FLAGS), _cpu_id(), compiler]).encode()
+        ).hexdigest()[:16]
+        cache = Path(os.environ.get("SGL_NATIVE_CACHE") or Path.home() / ".cache" / "sgl-native")
+        cache.mkdir(parents=True, exist_ok=True)
+        target = cache / f"fused-{key}.so"
+        if not target.exists():
+            _build(target, compiler)
+        lib = ctypes.CDLL(str(target))
+        funcs = {}
+        for name, argtypes in _SIGNATURES.items():
+            for suffix in _SUFFIX.values():
+                fn = getattr(lib, f"{name}_{suffix}")
+                fn.argtypes, fn.restype = argtypes, None
+                funcs[f"{name}_{suffix}"] = fn
+        _lib = funcs
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
+        _failed = True
+        logger.info("fused CPU kernels unavailable, using torch ops: %s", exc)
+    return _lib
+
+
+def available(dtype: torch.dtype) -> bool:
+    """Whether the fused kernels run for CPU tensors of `dtype` (float32 or bfloat16)."""
+    if os.environ.get("SGL_FUSED_CPU", "1").strip() == "0" or dtype not in _SUFFIX:
+        return False
+    return _load() is not None
+
+
+def _fn(name: str, dtype: torch.dtype) -> ctypes._CFuncPtr:
+    assert _lib is not None, "call available() first"
+    return _lib[f"{name}_{_SUFFIX[dtype]}"]
+
+
+def add_rms_norm(
+    hidden: torch.Tensor,
+    delta: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """`hidden += delta (+ bias)` in place, then RMSNorm(hidden) * weight as a new tensor.
+
+    hidden, delta [N, H] contiguous, bias and weight [H], all of one dtype."""
+    assert hidden.is_contiguous() and (delta is None or delta.is_contiguous())
+    out = torch.empty_like(hidden)
+    n, h = hidden.shape
+    _fn("add_rms_norm", hidden.dtype)(
+        hidden.data_ptr(), None if delta is None else delta.data_ptr(),
+        None if bias is None else bias.data_ptr(), weight.data_ptr(), out.data_ptr(), n, h, eps,
+    )  # fmt: skip
+    return out
+
+
+def rotary_kv(
+    qkv: torch.Tensor,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    num_heads: int,
+) -> torch.Tensor:
+    """Rotated q [N, Hq, D] from qkv [N, (Hq + 2 Hkv) D]; the rotated k and v are written into
+    the pools' `slots` (flat `page * page_size + offset`, int64 [N]).
+
+    cos_table / sin_table [P, D] must cover every position (int64 [N]); the pools are
+    [pages, page_size, Hkv, D], contiguous, of qkv's dtype."""
+    n = qkv.shape[0]
+    hkv, d = k_pool.shape[2], k_pool.shape[3]
+    assert qkv.stride(1) == 1 and k_pool.is_contiguous() and v_pool.is_contiguous()
+    assert positions.dtype == slots.dtype == torch.int64
+    q = torch.empty(n, num_heads, d, dtype=qkv.dtype)
+    _fn("rotary_kv", qkv.dtype)(
+        qkv.data_ptr(), qkv.stride(0), cos_table.data_ptr(), sin_table.data_ptr(),
+        positions.data_ptr(), slots.data_ptr(), n, num_heads, hkv, d, q.data_ptr(),
+        k_pool.data_ptr(), v_pool.data_ptr(),
+    )  # fmt: skip
+    return q
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """As reference.paged_decode_attention: q [B, Hq, D] against each request's cached K/V;
+    page_table [B, max_pages] and seq_lens [B] int32. Entries of the table past a request's
+    last page are never read."""
+    b, hq, d = q.shape
+    if hq % k_pool.shape[2]:
+        raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({k_pool.shape[2]})")
+    out = torch.empty_like(q)
+    if b == 0:
+        return out
+    q = q.contiguous()
+    table = page_table.to(torch.int32).contiguous()
+    lens = seq_lens.to(torch.int32).contiguous()
+    assert k_pool.is_contiguous() and v_pool.is_contiguous()
+    _fn("decode_attention", q.dtype)(
+        q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), table.data_ptr(), table.stride(0),
+        lens.data_ptr(), b, hq, k_pool.shape[2], d, k_pool.shape[1], k_pool.shape[0], scale,
+        out.data_ptr(),
+    )  # fmt: skip
+    return out

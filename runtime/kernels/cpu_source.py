@@ -1,0 +1,208 @@
+"""C source of the fused CPU kernels (`cpu_fused.py` compiles and calls them).
+
+Two units, compiled with different floating-point rules:
+
+- EXACT (no reassociation, no FMA contraction): RMSNorm with the residual add, rotary with the
+  K/V write. Each step rounds where torch's op-by-op code rounds (bf16: after every op), so
+  rotary and the residual add give torch's bits; RMSNorm differs only by the order of its sum
+  of squares: an ulp of the scale at most (bf16 outputs measured bit-equal to torch's; float32
+  ones differ in the last bit).
+- FAST (-ffast-math: vectorised `expf`, reassociated sums): decode attention, whose torch
+  counterpart (SDPA) has its own summation order anyway.
+
+Each body is written once with the placeholders `SUF` (function suffix), `T_` (storage type),
+`LD(x)` (to float) and `RND(x)` (float rounded to the storage type, kept as float), `ST(x)`
+(float to storage); `render` instantiates it for float32 and bfloat16.
+"""
+
+from __future__ import annotations
+
+PRELUDE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* round to nearest even, as torch's float -> bfloat16 conversion (NaN stays a quiet NaN) */
+static inline uint16_t f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Start loading a page's rows (`bytes` of them) into the cache while the current one is used. */
+static inline void prefetch_page(const void *p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
+}
+"""
+
+EXACT = r"""
+/* hidden[n, h] += delta (+ bias, added to delta first, as `out + bias`); then
+   out = w * RND(x * rsqrt(mean(x^2) + eps)) with x = hidden in float. delta may be NULL. */
+void add_rms_norm_SUF(T_ *hidden, const T_ *delta, const T_ *bias, const T_ *w, T_ *out,
+                      int64_t n, int64_t h, float eps) {
+    for (int64_t i = 0; i < n; i++) {
+        T_ *x = hidden + i * h;
+        if (delta) {
+            const T_ *dl = delta + i * h;
+            for (int64_t j = 0; j < h; j++) {
+                float add = LD(dl[j]);
+                if (bias) add = RND(add + LD(bias[j]));
+                x[j] = ST(LD(x[j]) + add);
+            }
+        }
+        float part[16] = {0};
+        int64_t j = 0;
+        for (; j + 16 <= h; j += 16)
+            for (int k = 0; k < 16; k++) part[k] += LD(x[j + k]) * LD(x[j + k]);
+        for (; j < h; j++) part[0] += LD(x[j]) * LD(x[j]);
+        float sum = 0.0f;
+        for (int k = 0; k < 16; k++) sum += part[k];
+        float r = 1.0f / sqrtf(sum / (float)h + eps);
+        T_ *o = out + i * h;
+        for (j = 0; j < h; j++) o[j] = ST(LD(w[j]) * RND(LD(x[j]) * r));
+    }
+}
+
+/* qkv [n, row] holds q (hq heads), k (hkv heads), v (hkv heads) of width d per token. Rotates
+   q into q_out [n, hq, d] and k into k_flat[slot], copies v into v_flat[slot] (flat pools
+   [slots, hkv, d]); cos/sin tables [positions, d]: x * cos + rotate_half(x) * sin. */
+void rotary_kv_SUF(const T_ *qkv, int64_t row, const T_ *cos_t, const T_ *sin_t,
+                   const int64_t *pos, const int64_t *slots, int64_t n, int64_t hq, int64_t hkv,
+                   int64_t d, T_ *q_out, T_ *k_flat, T_ *v_flat) {
+    int64_t half = d / 2;
+    for (int64_t i = 0; i < n; i++) {
+        const T_ *src = qkv + i * row;
+        const T_ *c = cos_t + pos[i] * d, *s = sin_t + pos[i] * d;
+        for (int64_t hh = 0; hh < hq + hkv; hh++) {
+            const T_ *x = src + hh * d;
+            T_ *dst = hh < hq ? q_out + (i * hq + hh) * d : k_flat + (slots[i] * hkv + hh - hq) * d;
+            for (int64_t j = 0; j < half; j++)
+                dst[j] = ST(RND(LD(x[j]) * LD(c[j])) + RND(-LD(x[j + half]) * LD(s[j])));
+            for (int64_t j = half; j < d; j++)
+                dst[j] = ST(RND(LD(x[j]) * LD(c[j])) + RND(LD(x[j - half]) * LD(s[j])));
+        }
+        memcpy(v_flat + slots[i] * hkv * d, src + (hq + hkv) * d, sizeof(T_) * hkv * d);
+    }
+}
+"""
+
+FAST = r"""
+/* Attention of one request's query heads (qf: scaled, float [hq, d]) to its `len` keys, into
+   acc [hq, d] (normalised). Token by token over all kv heads (a token's K or V row is one
+   contiguous run of hkv * d values), the next page prefetched. Inlined with constant d and
+   ps for the common shapes, so the row loops unroll into whole vectors. */
+static inline __attribute__((always_inline)) void attend_SUF(
+    const float *qf, const T_ *k_pool, const T_ *v_pool, const int32_t *pages, int64_t len,
+    int64_t g, int64_t hkv, int64_t d, int64_t ps, int64_t num_pages, float *scores, float *row,
+    float *acc) {
+    int64_t hq = g * hkv, width = hkv * d, npages = (len + ps - 1) / ps;
+    for (int pass = 0; pass < 2; pass++) {
+        const T_ *pool = pass == 0 ? k_pool : v_pool;
+        if (pass == 1) memset(acc, 0, sizeof(float) * (size_t)(hq * d));
+        for (int64_t pi = 0; pi < npages; pi++) {
+            int64_t page = pages[pi];
+            page = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+            if (pi + 1 < npages) {
+                int64_t next = pages[pi + 1];
+                next = next < 0 ? 0 : (next >= num_pages ? num_pages - 1 : next);
+                prefetch_page(pool + next * ps * width, (int64_t)sizeof(T_) * ps * width);
+            }
+            int64_t t0 = pi * ps, m = len - t0 < ps ? len - t0 : ps;
+            for (int64_t o = 0; o < m; o++) {
+                const T_ *src = pool + (page * ps + o) * width;
+                for (int64_t j = 0; j < width; j++) row[j] = LD(src[j]);
+                for (int64_t h = 0; h < hkv; h++) {
+                    const float *r = row + h * d;
+                    for (int64_t gi = 0; gi < g; gi++) {
+                        int64_t qh = h * g + gi;
+                        if (pass == 0) {
+                            float dot = 0.0f;
+                            for (int64_t j = 0; j < d; j++) dot += qf[qh * d + j] * r[j];
+                            scores[qh * len + t0 + o] = dot;
+                        } else {
+                            float p = scores[qh * len + t0 + o];
+                            for (int64_t j = 0; j < d; j++) acc[qh * d + j] += p * r[j];
+                        }
+                    }
+                }
+            }
+        }
+        if (pass == 1) break;
+        for (int64_t qh = 0; qh < hq; qh++) {
+            float *sc = scores + qh * len, top = sc[0], total = 0.0f;
+            for (int64_t t = 1; t < len; t++) top = sc[t] > top ? sc[t] : top;
+            for (int64_t t = 0; t < len; t++) {
+                sc[t] = expf(sc[t] - top);
+                total += sc[t];
+            }
+            float inv = 1.0f / total;
+            for (int64_t t = 0; t < len; t++) sc[t] *= inv;
+        }
+    }
+}
+
+/* One query per request against its paged K/V (pools [pages, ps, hkv, d]); query head h reads
+   kv head h / (hq / hkv). Float32 softmax; a request with no key gets zeros. */
+void decode_attention_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool, const int32_t *table,
+                          int64_t table_stride, const int32_t *lens, int64_t b, int64_t hq,
+                          int64_t hkv, int64_t d, int64_t ps, int64_t num_pages, float scale,
+                          T_ *out) {
+    int64_t g = hq / hkv, cap = 0;
+    float *scores = NULL;
+    float *qf = malloc(sizeof(float) * (size_t)(2 * hq * d + hkv * d));
+    float *acc = qf + hq * d, *row = acc + hq * d;
+    for (int64_t bi = 0; bi < b; bi++) {
+        int64_t len = lens[bi];
+        T_ *oh = out + bi * hq * d;
+        if (len <= 0) {
+            for (int64_t j = 0; j < hq * d; j++) oh[j] = ST(0.0f);
+            continue;
+        }
+        if (len > cap) {
+            cap = len;
+            free(scores);
+            scores = malloc(sizeof(float) * (size_t)(hq * cap));
+        }
+        const int32_t *pages = table + bi * table_stride;
+        for (int64_t j = 0; j < hq * d; j++) qf[j] = LD(q[bi * hq * d + j]) * scale;
+        if (d == 64 && ps == 16)
+            attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, 64, 16, num_pages, scores, row,
+                       acc);
+        else if (d == 128 && ps == 16)
+            attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, 128, 16, num_pages, scores, row,
+                       acc);
+        else
+            attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, d, ps, num_pages, scores, row,
+                       acc);
+        for (int64_t j = 0; j < hq * d; j++) oh[j] = ST(acc[j]);
+    }
+    free(scores);
+    free(qf);
+}
+"""
+
+# (suffix, storage type, to float, round, to storage)
+TYPES = [
+    ("f32", "float", "(x)", "(x)", "(x)"),
+    ("bf16", "uint16_t", "bf2f(x)", "bf2f(f2bf(x))", "f2bf(x)"),
+]
+
+
+def render(body: str) -> str:
+    """The unit's C source: the prelude, then `body` once per storage type."""
+    out = [PRELUDE]
+    for suffix, storage, load, rnd, store in TYPES:
+        macros = f"#define LD(x) {load}\n#define RND(x) {rnd}\n#define ST(x) {store}\n"
+        text = body.replace("SUF", suffix).replace("T_", storage)
+        out.append(macros + text + "#undef LD\n#undef RND\n#undef ST\n")
+    return "\n".join(out)
