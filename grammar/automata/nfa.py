@@ -4,6 +4,10 @@ The regex is parsed by ``interegular``; we build the automaton ourselves. ``buil
 returns a state from which ``node`` is matched and then control continues at state ``k``.
 Memoising on (structure of node, k) means identical suffixes share states: the quadratic regex
 a JSON object with optional properties needs becomes a linear NFA (and a small DFA).
+
+States are tuples (epsilon targets; (byte mask, target) edges) and the builder's tables are
+dropped once the automaton is built (`add_node`), so what a compiled constraint keeps is a few
+flat lists the cyclic GC scans once and then leaves (tuples of ints are untracked).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable
 
 from interegular import patterns as ip
 
+from grammar.automata.nfa_blocks import Copies, Embedded
 from grammar.automata.utf8 import chars_to_ranges, utf8_sequences
 from grammar.errors import GrammarError
 
@@ -22,6 +27,7 @@ _EMPTY_CLS = type(ip._EMPTY)
 _CHAR_GROUP = ip._CharGroup
 _COPY_FROM = 8  # counted repetitions with more copies than this copy a built block
 _LAZY_FROM = 64  # bounded ones with more copies than this make their copies on first read
+_CONCAT, _ALT, _REPEAT = ip._Concatenation, ip.Pattern, ip._Repeated
 
 
 def parse_regex(pattern: str) -> ip.Pattern:
@@ -57,63 +63,83 @@ def byte_mask(lo: int, hi: int) -> int:
 class NFA:
     """States with epsilon edges and byte-set edges (a byte set is a 256-bit int).
 
-    An embedded automaton (a DFANode) is a block of reserved state ids whose `eps` / `edges`
-    entries stay None until `fill` reads them from the automaton's table: a lazy DFA only reads
-    the few it reaches (the any-JSON-value automaton has ~800 states). `materialize` fills all.
+    `eps[s]` is a tuple of states, `edges[s]` a tuple of (byte mask, target). Lazily filled
+    blocks (`nfa_blocks`: embedded automata, long repetitions) are
+    ranges of reserved ids whose entries stay None until `fill` writes them: a lazy DFA only
+    reads the few it reaches. `materialize` fills all.
 
     `dead_end_possible` is set when some piece matches nothing (an empty character class, an
-    embedded automaton with an empty language): only then can a state fail to reach `final`.
+    embedded automaton with an empty language): only then can a state fail to reach `final`
     """
 
     def __init__(self, max_states: int) -> None:
         self.max_states = max_states
-        self.eps: list[list[int]] = []
-        self.edges: list[list[tuple[int, int]]] = []  # (byte mask, target)
-        self._memo: dict[tuple, int] = {}
-        self._keys: dict[int, int] = {}  # id(node) -> structural key
-        self._interned: dict[tuple, int] = {}
-        self._nodes: list[object] = []  # keeps parsed nodes alive so ids stay unique
-        self._cont_masks: dict[tuple[int, int], int] = {}
+        self.eps: list[tuple[int, ...] | None] = []
+        self.edges: list[tuple[tuple[int, int], ...] | None] = []
         self._block_first: list[int] = []  # first state id of each lazily filled block
-        # (first id, its ByteDFA, continuation) or (first id, _Copies, None)
-        self._blocks: list[tuple[int, object, int | None]] = []
+        self._blocks: list[Embedded | Copies] = []
         self.dead_end_possible = False
+        self._reset_tables()
         self.final = self._new()
+
+    def _reset_tables(self) -> None:
+        """The builder's tables: needed while a tree is built, dropped after."""
+        self._memo: dict[tuple, int] = {}
+        self._keys: dict[int, int] = {}  # id(node) -> structural key (from 1)
+        self._interned: dict[tuple, int] = {}
+        self._cont_masks: dict[tuple[int, int], int] = {}
 
     def _new(self) -> int:
         if len(self.eps) >= self.max_states:
             raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
-        self.eps.append([])
-        self.edges.append([])
+        self.eps.append(())
+        self.edges.append(())
         return len(self.eps) - 1
+
+    def _reserve(self, n: int) -> int:
+        """n ids for a lazily filled block; returns the first."""
+        first = len(self.eps)
+        if first + n > self.max_states:
+            raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
+        self.eps.extend([None] * n)
+        self.edges.extend([None] * n)
+        return first
+
+    def _add_block(self, block: Embedded | Copies) -> None:
+        self._block_first.append(block.first)
+        self._blocks.append(block)
 
     def add_regex(self, pattern: str) -> int:
         """Build the NFA for `pattern` ending in `final`; returns its start state."""
         return self.add_node(parse_regex(pattern))
 
     def add_node(self, tree: object) -> int:
-        """Build the NFA for a parsed regex (interegular nodes, possibly a shared DAG)."""
-        self._nodes.append(tree)
+        """Build the NFA for a parsed regex (interegular nodes, possibly a shared DAG). The
+        tree must stay alive while it is built (its nodes are keyed by identity)."""
         try:
             return self._build(tree, self.final)
         except RecursionError:
             raise GrammarError("regex too deeply nested") from None
+        finally:
+            self._reset_tables()
 
     def _key(self, node: object) -> int:
         """Structural identity of a parse node, interned to a small int (linear time)."""
-        k = self._keys.get(id(node))
+        keys = self._keys
+        k = keys.get(id(node))
         if k is not None:
             return k
-        if isinstance(node, ip._CharGroup):
+        tp = type(node)
+        if tp is _CHAR_GROUP:
             t: tuple = ("c", node.chars, node.negated)
-        elif isinstance(node, ip._Repeated):
-            t = ("r", self._key(node.base), node.min, node.max)
-        elif isinstance(node, ip._Concatenation):
-            t = ("&", *(self._key(p) for p in node.parts))
-        elif isinstance(node, ip.Pattern):
+        elif tp is _CONCAT:
+            t = ("&", *[keys.get(id(p)) or self._key(p) for p in node.parts])
+        elif tp is _ALT:
             if node.added_flags or node.removed_flags:
                 raise GrammarError(f"regex flags are not supported: {node.added_flags}")
-            t = ("|", *(self._key(o) for o in node.options))
+            t = ("|", *[keys.get(id(o)) or self._key(o) for o in node.options])
+        elif tp is _REPEAT:
+            t = ("r", self._key(node.base), node.min, node.max)
         elif isinstance(node, _DOT_CLS):
             t = (".",)
         elif isinstance(node, _EMPTY_CLS):
@@ -125,20 +151,21 @@ class NFA:
             raise GrammarError(
                 f"regex construct not supported: {kind} (?{'<' * node.backwards}...)"
             )
+        elif isinstance(node, _CHAR_GROUP | _CONCAT | _ALT | _REPEAT):
+            raise GrammarError(f"regex node subclass not supported: {type(node).__name__}")
         else:
             raise GrammarError(f"regex construct not supported: {type(node).__name__}")
-        k = self._interned.setdefault(t, len(self._interned))
-        self._keys[id(node)] = k
+        k = self._interned.setdefault(t, len(self._interned) + 1)
+        keys[id(node)] = k
         return k
 
     def _build(self, node: object, k: int) -> int:
-        nk = self._keys.get(id(node))
-        if nk is None:
-            nk = self._key(node)
+        nk = self._keys.get(id(node)) or self._key(node)
         memo_key = (nk, k)
         s = self._memo.get(memo_key)
         if s is None:
-            if type(node) is _CHAR_GROUP:  # the commonest node: no dispatch
+            tp = type(node)
+            if tp is _CHAR_GROUP:  # the commonest node: no dispatch
                 s = self._chars(node.chars, node.negated, k)
             else:
                 s = self._build_new(node, k)
@@ -146,24 +173,26 @@ class NFA:
         return s
 
     def _build_new(self, node: object, k: int) -> int:
-        if isinstance(node, ip._CharGroup):
+        tp = type(node)
+        if tp is _CONCAT:
+            for part in reversed(node.parts):
+                k = self._build(part, k)
+            return k
+        if tp is _ALT:
+            if len(node.options) == 1:
+                return self._build(node.options[0], k)
+            targets = tuple([self._build(o, k) for o in node.options])
+            s = self._new()
+            self.eps[s] = targets
+            return s
+        if tp is _REPEAT:
+            return self._repeat(node, k)
+        if tp is _CHAR_GROUP:
             return self._chars(node.chars, node.negated, k)
         if isinstance(node, _DOT_CLS):
             return self._chars(frozenset("\n"), True, k)
         if isinstance(node, _EMPTY_CLS):
             return k
-        if isinstance(node, ip._Concatenation):
-            for part in reversed(node.parts):
-                k = self._build(part, k)
-            return k
-        if isinstance(node, ip.Pattern):
-            if len(node.options) == 1:
-                return self._build(node.options[0], k)
-            s = self._new()
-            self.eps[s] = [self._build(o, k) for o in node.options]
-            return s
-        if isinstance(node, ip._Repeated):
-            return self._repeat(node, k)
         if type(node).__name__ == "DFANode":
             return self._embed_dfa(node.dfa, k)
         raise GrammarError(f"regex construct not supported: {type(node).__name__}")
@@ -184,13 +213,13 @@ class NFA:
         if node.max is None:
             # loop: s -> k, s -> base -> s
             s = self._new()
-            self.eps[s] = [k, self._build(node.base, s)]
+            self.eps[s] = (k, self._build(node.base, s))
         else:
             # (base (base (...)?)?)? : every optional copy may skip straight to k
             s = k
             for _ in range(node.max - node.min):
                 opt = self._new()
-                self.eps[opt] = [k, build(s)]
+                self.eps[opt] = (k, build(s))
                 s = opt
         for _ in range(node.min):
             s = build(s)
@@ -207,7 +236,7 @@ class NFA:
         if not first <= b < last:
             return None
         if self._block_first and self._block_first[-1] >= first:
-            return None  # holds an embedded automaton: its copies are embedded one by one
+            return None  # holds a lazily filled block: its copies are built one by one
         eps, edges = self.eps, self.edges
         for x in range(first, last):
             if any(not (first <= y < last or y == hole) for y in eps[x]):
@@ -221,60 +250,38 @@ class NFA:
             if len(eps) + last - first > self.max_states:
                 raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
             for x in range(first, last):
-                eps.append([target if y == hole else y + off for y in eps[x]])
-                edges.append([(m, target if t == hole else t + off) for m, t in edges[x]])
+                eps.append(tuple([target if y == hole else y + off for y in eps[x]]))
+                edges.append(tuple([(m, target if t == hole else t + off) for m, t in edges[x]]))
             return b + off
 
         copy.block = (first, last, b, hole)  # type: ignore[attr-defined]
         return copy
 
     def _lazy_copies(self, build: Callable[[int], int], lo: int, hi: int, k: int) -> int:
-        """base{lo,hi} as reserved ids filled on first read (`_Copies`): a long bounded
+        """base{lo,hi} as reserved ids filled on first read (`Copies`): a long bounded
         repetition (a string's maxLength 32767) costs only the copies a walk reaches."""
         first_t, last_t, b, hole = build.block  # type: ignore[attr-defined]
-        copies = _Copies(len(self.eps), first_t, last_t, b, hole, hi - lo, hi, k)
-        if copies.first + copies.size > self.max_states:
-            raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
-        self.eps.extend([None] * copies.size)
-        self.edges.extend([None] * copies.size)
-        self._block_first.append(copies.first)
-        self._blocks.append((copies.first, copies, None))
+        n = last_t - first_t
+        copies = Copies(self._reserve(hi * n + (hi - lo)), first_t, last_t, b, hole, hi - lo, hi, k)
+        self._add_block(copies)
         return copies.start(hi - 1)
 
     def _embed_dfa(self, dfa: object, k: int) -> int:
         """Reserve ids for a ByteDFA's live states (filled on first read); its accepting
         states continue at k. DFA state i (>= 1) is NFA state first + i - 1."""
-        n = dfa.num_states - 1
-        first = len(self.eps)
-        if first + n > self.max_states:
-            raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
-        self.eps.extend([None] * n)
-        self.edges.extend([None] * n)
-        self._block_first.append(first)
-        self._blocks.append((first, dfa, k))
+        block = Embedded(self._reserve(dfa.num_states - 1), dfa, k)
+        self._add_block(block)
         if not dfa.table[1].any() and not dfa.accepting[1]:
             self.dead_end_possible = True  # an automaton of the empty language
-        return first
+        return block.first
 
     def fill(self, x: int) -> None:
-        """Give state x of an embedded automaton its edges (grouped by target) and epsilon."""
-        first, dfa, k = self._blocks[bisect.bisect_right(self._block_first, x) - 1]
-        if k is None:  # a block of lazy copies
-            dfa.fill(self, x)
-            return
-        i = x - first + 1
-        masks = _class_masks(dfa)
-        by_target: dict[int, int] = {}
-        for c, j in enumerate(dfa.rows[i]):
-            if j:
-                by_target[j] = by_target.get(j, 0) | masks[c]
-        off = first - 1
-        self.edges[x] = [(m, j + off) for j, m in by_target.items()]
-        self.eps[x] = [k] if dfa.accepting[i] else []
+        """Give state x of a lazily filled block its edges and epsilon targets."""
+        self._blocks[bisect.bisect_right(self._block_first, x) - 1].fill(self, x)
 
     def eps_closure(self, s: int) -> list[int]:
         """The states reachable from s by epsilon edges that matter to a DFA state: those with
-        byte edges, and `final` (states of embedded automata are filled as they are read)."""
+        byte edges, and `final` (states of lazily filled blocks are filled as they are read)."""
         eps, edges, final = self.eps, self.edges, self.final
         seen, stack, keep = {s}, [s], []
         while stack:
@@ -290,10 +297,10 @@ class NFA:
         return keep
 
     def materialize(self) -> None:
-        """Fill every embedded automaton's states (for an eager subset construction)."""
+        """Fill every lazily filled block's states (for an eager subset construction)."""
         edges = self.edges
-        for first, dfa, k in self._blocks:
-            for x in range(first, first + (dfa.size if k is None else dfa.num_states - 1)):
+        for block in self._blocks:
+            for x in range(block.first, block.first + block.size):
                 if edges[x] is None:
                     self.fill(x)
 
@@ -303,13 +310,13 @@ class NFA:
         if not form:
             self.dead_end_possible = True  # a character class that matches nothing
         if len(form) == 1 and not form[0][1]:
-            self.edges[s] = [(form[0][0], k)]
+            self.edges[s] = ((form[0][0], k),)
             return s
         by_target: dict[int, int] = {}
         for mask, rest in form:
             t = self._suffix(rest, k) if rest else k
             by_target[t] = by_target.get(t, 0) | mask
-        self.edges[s] = [(m, t) for t, m in by_target.items()]
+        self.edges[s] = tuple([(m, t) for t, m in by_target.items()])
         return s
 
     def _suffix(self, seq: tuple[tuple[int, int], ...], k: int) -> int:
@@ -322,63 +329,6 @@ class NFA:
             mask = self._cont_masks.get(seq[0])
             if mask is None:
                 mask = self._cont_masks[seq[0]] = byte_mask(*seq[0])
-            self.edges[s] = [(mask, t)]
+            self.edges[s] = ((mask, t),)
             self._memo[key] = s
         return s
-
-
-def _class_masks(dfa: object) -> list[int]:
-    """The bytes of each byte class of a ByteDFA, as 256-bit ints (kept on the automaton)."""
-    masks = dfa.class_masks
-    if masks is None:
-        masks = [0] * dfa.num_classes
-        for b, c in enumerate(dfa.classes):
-            masks[c] |= 1 << b
-        dfa.class_masks = masks
-    return masks
-
-
-class _Copies:
-    """The copies of a block for base{lo,hi} (`NFA._lazy_copies`), numbered from the last:
-    copy c continues to copy c - 1 (copy 0 to k). The m = hi - lo last copies are optional:
-    each has an entry state (epsilon to k or into its block) before its block; the others are
-    the block alone. Ids: m units of 1 + n, then lo units of n (n: the template's states)."""
-
-    def __init__(
-        self, first: int, t_first: int, t_last: int, t_start: int, hole: int, m: int, hi: int,
-        k: int,
-    ) -> None:  # fmt: skip
-        self.first, self.t_first, self.t_start, self.hole = first, t_first, t_start, hole
-        self.n, self.m, self.hi, self.k = t_last - t_first, m, hi, k
-        self.size = m * (self.n + 1) + (hi - m) * self.n
-
-    def _block(self, c: int) -> int:
-        """The id of copy c's first block state (the template's state t_first)."""
-        if c < self.m:
-            return self.first + c * (self.n + 1) + 1
-        return self.first + self.m * (self.n + 1) + (c - self.m) * self.n
-
-    def start(self, c: int) -> int:
-        """Where copy c begins: its entry state, or its block's start."""
-        if c < self.m:
-            return self.first + c * (self.n + 1)
-        return self._block(c) + self.t_start - self.t_first
-
-    def fill(self, nfa: NFA, x: int) -> None:
-        z = x - self.first
-        if z < self.m * (self.n + 1):
-            c, o = divmod(z, self.n + 1)
-            if o == 0:  # an optional copy's entry: skip to k, or read the copy
-                nfa.eps[x] = [self.k, self._block(c) + self.t_start - self.t_first]
-                nfa.edges[x] = []
-                return
-            o -= 1
-        else:
-            c, o = divmod(z - self.m * (self.n + 1), self.n)
-            c += self.m
-        t = self.t_first + o  # the template state x copies
-        off = self._block(c) - self.t_first
-        after = self.k if c == 0 else self.start(c - 1)
-        hole = self.hole
-        nfa.eps[x] = [after if y == hole else y + off for y in nfa.eps[t]]
-        nfa.edges[x] = [(mask, after if y == hole else y + off) for mask, y in nfa.edges[t]]
