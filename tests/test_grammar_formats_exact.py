@@ -261,3 +261,22 @@ def test_other_property_escapes_are_refused(pattern: str, named: str) -> None:
     with pytest.raises(UnsupportedSchemaError, match="pattern") as e:
         json_schema_to_node({"type": "string", "pattern": pattern})
     assert named in str(e.value).lower()
+
+
+def test_one_of_subtracts_an_exact_format() -> None:
+    schema = {
+        "oneOf": [
+            {"type": "string", "format": "json-pointer"},
+            {"type": "string", "pattern": "^/a"},
+        ]
+    }
+    assert _matches(schema, '"/b"')  # a pointer only
+    assert _matches(schema, '"/a~"')  # the pattern only
+    assert not _matches(schema, '"/a"')  # both
+
+
+@pytest.mark.parametrize("fmt", ["duration", "relative-json-pointer", "hostname", "time"])
+def test_one_of_refuses_to_subtract_a_format_that_leaves_strings_out(fmt: str) -> None:
+    schema = {"oneOf": [{"type": "string", "format": fmt}, {"type": "string", "pattern": "^p"}]}
+    with pytest.raises(UnsupportedSchemaError, match="oneOf"):
+        json_schema_to_node(schema)

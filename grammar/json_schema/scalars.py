@@ -15,7 +15,12 @@ from grammar.automata.fsm import node_to_dfa
 from grammar.automata.pattern import note_loss, pattern_to_content
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema import number_text, numbers
-from grammar.json_schema.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS, format_node
+from grammar.json_schema.formats import (
+    FORMAT_REGEXES,
+    INEXACT_FORMATS,
+    UNSUPPORTED_FORMATS,
+    format_node,
+)
 
 # one decoded character: a literal one, a short escape, a \uXXXX escape that is no surrogate,
 # or an escaped surrogate pair (one character, as JSON Schema lengths count it)
@@ -58,6 +63,8 @@ class ScalarRules:
         fmt, pattern = s.get("format"), s.get("pattern")
         if fmt in UNSUPPORTED_FORMATS:
             raise UnsupportedSchemaError("format", f"{ptr}/format", repr(fmt))
+        if fmt in INEXACT_FORMATS:
+            note_loss()
         if hi is not None and hi < lo:
             return None
         if fmt in FORMAT_REGEXES:

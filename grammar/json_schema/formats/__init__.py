@@ -79,6 +79,11 @@ FORMAT_VALUE_REGEXES: Mapping[str, str] = _Regexes(
 # standard formats whose exact language we do not build: refuse rather than ignore
 # (idn-*: IDNA 2008 needs Unicode tables and contextual rules; regex: ECMA 262 is not regular)
 UNSUPPORTED_FORMATS = frozenset({"idn-email", "idn-hostname", "regex"})
+# formats whose regex leaves valid strings out (leap seconds, A-labels, lower-case duration
+# designators, index manipulation): an automaton of them must not be subtracted (oneOf)
+INEXACT_FORMATS = frozenset(
+    {"time", "date-time", "hostname", "email", "duration", "relative-json-pointer"}
+)
 
 
 def format_regex(fmt: str, max_length: int | None) -> tuple[str, int | None]:
