@@ -154,9 +154,7 @@ class LlamaModel:
         # attention in both dtypes; residual add + RMSNorm in bf16 only, where they give torch's
         # bits (float32 keeps torch's fused RMSNorm, equal to transformers')
         self.fused = (
-            self.embed.device.type == "cpu"
-            and config.rope_dim == d
-            and cpu_fused.available(dtype)
+            self.embed.device.type == "cpu" and config.rope_dim == d and cpu_fused.available(dtype)
         )
         self.fused_norm = self.fused and dtype == torch.bfloat16
 
@@ -172,7 +170,6 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Logits (float32) [len(batch.logit_rows), vocab] for the wanted rows."""
-        cfg = self.config
         nd = batch.num_decode
         hidden = self.embed_tokens(batch.input_ids)
         t = hidden.shape[0]
@@ -228,9 +225,13 @@ class LlamaModel:
             elif fused_decode:
                 parts.append(
                     cpu_fused.decode_attention(
-                        q[:nd], k_pool, v_pool, batch.decode_page_table, batch.decode_seq_lens,
+                        q[:nd],
+                        k_pool,
+                        v_pool,
+                        batch.decode_page_table,
+                        batch.decode_seq_lens,
                         self.scale,
-                    )  # fmt: skip
+                    )
                 )
             elif decode_plan is not None:
                 parts.append(

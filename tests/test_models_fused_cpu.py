@@ -1,0 +1,178 @@
+"""The fused CPU kernels (runtime/kernels/cpu_fused.py) against the torch ops they replace, and
+the Llama forward with them against the forward without them: same greedy tokens, logits
+within float tolerance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.kernels import cpu_fused, reference
+from runtime.memory.kv_pool import KVPool
+from runtime.models.forward_batch import ForwardBatch
+from runtime.models.layers import rms_norm
+from runtime.models.loader import load_model_files
+from runtime.models.registry import model_class
+from runtime.models.rope import apply_rotary
+from tests._runtime_fixtures import make_tiny_model
+
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
+ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+pytestmark = pytest.mark.skipif(
+    not cpu_fused.available(torch.float32), reason="no C compiler: the torch ops run instead"
+)
+
+
+def _rand(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("lens", "heads", "kv_heads", "head_dim", "page_size"),
+    [
+        pytest.param([100], 9, 3, 64, 16, id="batch1-gqa3-d64"),
+        pytest.param([100, 93, 1, 17], 9, 3, 64, 16, id="unequal-lengths"),
+        pytest.param([40, 0, 5], 4, 2, 16, 4, id="empty-row-generic-shape"),
+        pytest.param([33, 64], 8, 8, 128, 16, id="mha-d128"),
+        pytest.param([7, 300], 6, 1, 32, 8, id="one-kv-head"),
+    ],
+)
+def test_decode_attention_matches_the_reference(dtype, lens, heads, kv_heads, head_dim, page_size):
+    b = len(lens)
+    per = max(-(-max(lens) // page_size), 1)
+    k_pool = _rand(b * per + 3, page_size, kv_heads, head_dim, dtype=dtype, seed=1)
+    v_pool = _rand(b * per + 3, page_size, kv_heads, head_dim, dtype=dtype, seed=2)
+    # shuffled pages; one spare column of -1 past every request's pages (never read)
+    table = torch.randperm(b * per, generator=torch.Generator().manual_seed(3)) + 1
+    table = torch.cat([table.view(b, per), torch.full((b, 1), -1)], dim=1).to(torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    q = _rand(b, heads, head_dim, dtype=dtype, seed=4)
+    want = reference.paged_decode_attention(q, k_pool, v_pool, table, seq_lens, 0.125)
+    got = cpu_fused.decode_attention(q, k_pool, v_pool, table, seq_lens, 0.125)
+    assert got.dtype == dtype and got.shape == q.shape
+    assert (got.float() - want.float()).abs().max().item() < ATTENTION_TOLERANCE[dtype]
+    assert torch.equal(got[seq_lens == 0], torch.zeros_like(got[seq_lens == 0]))
+
+
+def test_decode_attention_rejects_heads_that_do_not_group():
+    pool = torch.zeros(2, 4, 3, 8)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        cpu_fused.decode_attention(
+            torch.zeros(1, 4, 8), pool, pool, torch.ones(1, 1, dtype=torch.int32),
+            torch.ones(1, dtype=torch.int32), 1.0,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [pytest.param(1, id="one"), pytest.param(37, id="many")])
+def test_rotary_and_kv_write_give_torchs_bits(dtype, tokens):
+    hq, hkv, d, page_size = 6, 2, 32, 4
+    qkv = _rand(tokens, (hq + 2 * hkv) * d, dtype=dtype, seed=5)
+    cos, sin = _rand(512, d, dtype=dtype, seed=6), _rand(512, d, dtype=dtype, seed=7)
+    positions = torch.randint(0, 512, (tokens,), generator=torch.Generator().manual_seed(8))
+    slots = torch.randperm(64 * page_size, generator=torch.Generator().manual_seed(9))[:tokens]
+    k_pool = torch.zeros(64, page_size, hkv, d, dtype=dtype)
+    v_pool = torch.zeros_like(k_pool)
+    q = cpu_fused.rotary_kv(qkv, cos, sin, positions, slots, k_pool, v_pool, hq)
+    qk = apply_rotary(qkv[:, : (hq + hkv) * d].view(tokens, -1, d), cos[positions][:, None],
+                      sin[positions][:, None])  # fmt: skip
+    assert torch.equal(q, qk[:, :hq])
+    assert torch.equal(k_pool.view(-1, hkv, d)[slots], qk[:, hq:])
+    assert torch.equal(v_pool.view(-1, hkv, d)[slots], qkv[:, (hq + hkv) * d :].view(-1, hkv, d))
+    untouched = torch.ones(64 * page_size, dtype=torch.bool)
+    untouched[slots] = False
+    assert not k_pool.view(-1, hkv, d)[untouched].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("with_delta", "with_bias"),
+    [
+        pytest.param(False, False, id="norm-only"),
+        pytest.param(True, False, id="residual"),
+        pytest.param(True, True, id="residual-and-bias"),
+    ],
+)
+def test_add_rms_norm_matches_torch(dtype, with_delta, with_bias):
+    hidden = _rand(19, 200, dtype=dtype, seed=10) * 3
+    delta = _rand(19, 200, dtype=dtype, seed=11) if with_delta else None
+    bias = _rand(200, dtype=dtype, seed=12) if with_bias else None
+    weight = _rand(200, dtype=dtype, seed=13)
+    want_hidden = hidden if delta is None else hidden + (delta if bias is None else delta + bias)
+    want = rms_norm(want_hidden, weight, 1e-5)
+    got_hidden = hidden.clone()
+    got = cpu_fused.add_rms_norm(got_hidden, delta, bias, weight, 1e-5)
+    assert torch.equal(got_hidden, want_hidden)  # the residual add rounds as torch does
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, want)  # measured bit-equal; the sum order differs in fp32 only
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _decode_run(model, dtype: torch.dtype, prompts: list[list[int]], steps: int):
+    """Prefill each prompt, then `steps` greedy decode steps of the whole batch; returns
+    (tokens [B, steps], logits of every decode step [steps, B, V])."""
+    page_size, per = 4, 32
+    b = len(prompts)
+    pool = KVPool(model.config, b * per + 1, page_size, dtype)
+    table = torch.arange(1, b * per + 1, dtype=torch.int32).view(b, per)
+    none = torch.zeros(0, dtype=torch.int32)
+
+    def slot(row: int, pos: int) -> int:
+        return int(table[row, pos // page_size]) * page_size + pos % page_size
+
+    last = []
+    for row, ids in enumerate(prompts):
+        n = len(ids)
+        batch = ForwardBatch(
+            torch.tensor(ids), torch.arange(n), torch.tensor([slot(row, p) for p in range(n)]),
+            0, table[:0], none, table[row : row + 1], torch.tensor([0], dtype=torch.int32),
+            torch.tensor([n], dtype=torch.int32), torch.tensor([n - 1]),
+        )  # fmt: skip
+        last.append(int(model.forward(batch, pool).argmax(-1)))
+    lens = [len(p) for p in prompts]
+    tokens, logits = [], []
+    for _ in range(steps):
+        batch = ForwardBatch(
+            torch.tensor(last), torch.tensor(lens), torch.tensor([slot(r, p) for r, p in
+            enumerate(lens)]), b, table, torch.tensor(lens, dtype=torch.int32) + 1, table[:0],
+            none, none, torch.arange(b),
+        )  # fmt: skip
+        out = model.forward(batch, pool)
+        logits.append(out)
+        last = out.argmax(-1).tolist()
+        tokens.append(last)
+        lens = [n + 1 for n in lens]
+    return torch.tensor(tokens).T, torch.stack(logits)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("kind", "overrides"),
+    [
+        pytest.param("llama", {}, id="llama"),
+        pytest.param("qwen2", {}, id="qwen2-qkv-bias"),
+        pytest.param("llama", {"attention_bias": True, "mlp_bias": True}, id="llama-biases"),
+    ],
+)
+def test_fused_forward_matches_the_torch_forward(tmp_path, dtype, kind, overrides):
+    loaded = load_model_files(make_tiny_model(tmp_path, kind, **overrides))
+    model = model_class(loaded.config)(loaded.config, loaded.state_dict, dtype)
+    assert model.fused and model.fused_norm == (dtype == torch.bfloat16)
+    prompts = [[5, 17, 300, 42, 9], [7, 7, 1000], [12] * 11]
+    fused_tokens, fused_logits = _decode_run(model, dtype, prompts, steps=12)
+    model.fused = model.fused_norm = False
+    torch_tokens, torch_logits = _decode_run(model, dtype, prompts, steps=12)
+    assert torch.equal(fused_tokens, torch_tokens)
+    tolerance = 1e-4 if dtype == torch.float32 else 0.1
+    assert (fused_logits - torch_logits).abs().max().item() < tolerance
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("SGL_FUSED_CPU", "0")
+    assert not cpu_fused.available(torch.float32)
+    monkeypatch.setenv("SGL_FUSED_CPU", "1")
+    assert cpu_fused.available(torch.float32)
+    assert not cpu_fused.available(torch.float16)
