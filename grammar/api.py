@@ -13,7 +13,7 @@ from grammar.automata.fsm import DEFAULT_MAX_STATES, ByteDFA, no_gc, node_to_laz
 from grammar.automata.lazy_dfa import LazyDFA
 from grammar.automata.regex_ast import regex_escape
 from grammar.errors import EmptyLanguageError
-from grammar.json_schema.schema import json_schema_to_node, load_schema
+from grammar.json_schema.schema import ANY_DEPTH, json_schema_to_node, load_schema
 from grammar.json_schema.strict import apply_mode
 from grammar.tokens.cache import CompileCache
 from grammar.tokens.compiled import CompiledGrammar
@@ -67,7 +67,7 @@ def compile_json_schema(
     *,
     whitespace: str | None = None,
     max_recursion_depth: int = 3,
-    any_depth: int = 3,
+    any_depth: int = ANY_DEPTH,
     max_states: int = DEFAULT_MAX_STATES,
     json_schema_mode: str = "exact",
 ) -> CompiledGrammar:

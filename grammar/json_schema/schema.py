@@ -9,8 +9,8 @@ A schema that admits no instance raises EmptyLanguageError (`compile_json_schema
 constraint that refuses every token). Recursive `$ref`s are unrolled `max_recursion_depth`
 times (default 3): beyond that depth the recursive branch is impossible (an optional
 recursive property is left out, a recursive array stays empty). Values of unconstrained
-schemas (`{}` / `true`) are any JSON value nested at most
-`any_depth` levels deep (default 3). Keywords that cannot be honoured raise
+schemas (`{}` / `true`) are any JSON value nested at most `any_depth` levels deep (default 3
+as regex text, ANY_DEPTH = 5 as automata). Keywords that cannot be honoured raise
 UnsupportedSchemaError naming the keyword and its JSON pointer.
 """
 
@@ -55,6 +55,7 @@ from grammar.json_schema.oneof import (
 from grammar.json_schema.scalars import STRING_CHAR_TEXT, STRING_TEXT, ScalarRules, shared_leaf
 
 MAX_ALTERNATIVES = 1024
+ANY_DEPTH = 5  # nesting of unconstrained values in compiled constraints (automata)
 # keywords that say nothing of a string, boolean or null but its type
 _TYPE_ONLY = ANNOTATIONS | {"type"}
 
@@ -90,9 +91,14 @@ def json_schema_to_regex(
 
 
 def json_schema_to_node(
-    schema: Any, whitespace: str | None = None, max_recursion_depth: int = 3, any_depth: int = 3
+    schema: Any,
+    whitespace: str | None = None,
+    max_recursion_depth: int = 3,
+    any_depth: int = ANY_DEPTH,
 ) -> object:
-    """Like json_schema_to_regex, as a shared regex syntax tree (what compile uses)."""
+    """Like json_schema_to_regex, as a shared regex syntax tree (what compile uses).
+    Unconstrained values nest `ANY_DEPTH` (5) levels here, as automata; the regex text of
+    json_schema_to_regex keeps 3 (that text grows 4-fold with each level)."""
     root = local_refs(load_schema(schema))
     try:
         out = _Builder(root, whitespace or "", max_recursion_depth, any_depth).value(root, "#")
