@@ -8,6 +8,7 @@ result back into the regex tree; the NFA builder copies its states in.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -98,14 +99,20 @@ def _explore_rows(
         rows.append(row)
         i += 1
     table = np.array(rows, dtype=np.int32).reshape(len(rows), len(groups))
-    # groups whose columns are equal are one class (hashing columns: no sort of the table)
+    table, byte_to_class = _merge_columns(table, groups)
+    return table, byte_to_class, order
+
+
+def _merge_columns(table: np.ndarray, groups: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """A table by byte group made a table by byte class: groups whose columns are equal are
+    one class (hashing columns: no sort of the table); returns it and each byte's class."""
     cls_of: dict[bytes, int] = {}
     group_cls = [cls_of.setdefault(table[:, c].tobytes(), len(cls_of)) for c in range(len(groups))]
     keep = [group_cls.index(k) for k in range(len(cls_of))]
     byte_to_class = np.zeros(256, dtype=np.int32)
     for g, k in zip(groups, group_cls, strict=True):
         byte_to_class[g] = k
-    return np.ascontiguousarray(table[:, keep]), byte_to_class, order
+    return np.ascontiguousarray(table[:, keep]), byte_to_class
 
 
 def split_regions(
@@ -227,29 +234,144 @@ def with_length(
     """The strings of `content` (valid JSON string content) whose decoded length is in lo..hi.
 
     A decoded character starts at every byte that is not a UTF-8 continuation byte and not
-    inside an escape sequence (`\\n`, `\\uXXXX` count once)."""
-    t = content.byte_table().tolist()
-    cap = lo if hi is None else hi + 1
-
-    def step(st: tuple, byte: int) -> tuple | None:
-        s, esc, n = st
-        x = t[s][byte]
-        if x == DEAD:
-            return None
-        esc2, add = _char_step(esc, byte)
-        n2 = min(n + add, cap)
-        if hi is not None and n2 > hi:
-            return None
-        return (x, esc2, n2)
-
-    def accept(st: tuple) -> bool:
-        s, esc, n = st
-        return bool(content.accepting[s]) and esc in (0, 9) and n >= lo
-
-    groups = _byte_groups(
-        content.byte_to_class.item, lambda b: tuple(_char_step(e, b) for e in range(11))
+    inside an escape sequence (`\\n`, `\\uXXXX` count once). Built layer by layer (layer n:
+    the (content state, escape state) pairs reachable with n characters read), with numpy;
+    layers repeat once the counter no longer changes which pairs are reachable, and those are
+    laid out in one broadcast. Kept per (content automaton, lo, hi): schemas repeat them."""
+    key = (
+        content.table.tobytes(),
+        content.byte_to_class.tobytes(),
+        content.accepting.tobytes(),
+        lo,
+        hi,
+        max_states,
     )
-    return _explore((START, 0, 0), step, accept, max_states, groups)
+    with _LENGTH_LOCK:
+        hit = _LENGTH_CACHE.get(key)
+    if hit is None:
+        hit = _counted(content, lo, hi, max_states)
+        with _LENGTH_LOCK:
+            if len(_LENGTH_CACHE) >= 64:
+                _LENGTH_CACHE.pop(next(iter(_LENGTH_CACHE)))
+            _LENGTH_CACHE[key] = hit
+    return hit
+
+
+_LENGTH_CACHE: dict[tuple, ByteDFA] = {}
+_LENGTH_LOCK = threading.Lock()
+_ESC = 11  # escape states of _char_step
+
+
+def _counted(content: ByteDFA, lo: int, hi: int | None, max_states: int) -> ByteDFA:
+    groups = _byte_groups(
+        content.byte_to_class.item, lambda b: tuple(_char_step(e, b) for e in range(_ESC))
+    )
+    reps = [g[0] for g in groups]
+    steps = [[_char_step(e, b) for b in reps] for e in range(_ESC)]
+    esc2 = np.array([[x for x, _ in row] for row in steps], dtype=np.int64)  # [E, G]
+    add = np.array([[a for _, a in row] for row in steps], dtype=np.int64)
+    nxt = content.table[:, content.byte_to_class[reps]].astype(np.int64)  # [S, G]
+    n_pairs, n_groups = content.num_states * _ESC, len(groups)
+    # pair p = content state * E + escape state; per byte group: the next pair (-1: dead) and
+    # whether a character starts there
+    to = np.where(nxt[:, None, :] == DEAD, -1, nxt[:, None, :] * _ESC + esc2[None])
+    to = to.reshape(n_pairs, n_groups)
+    starts = np.broadcast_to(add[None], (content.num_states, _ESC, n_groups))
+    starts = starts.reshape(n_pairs, n_groups) == 1
+    top = lo if hi is None else hi  # layers 0..top; with no hi, layer lo counts "lo or more"
+
+    def close(seed: np.ndarray, every_edge: bool) -> np.ndarray:
+        """The pairs reachable from `seed` without starting a character (or by any byte)."""
+        reach, frontier = seed.copy(), np.flatnonzero(seed)
+        while frontier.size:
+            t = to[frontier]
+            ok = t >= 0 if every_edge else (t >= 0) & ~starts[frontier]
+            cand = t[ok]
+            cand = np.unique(cand[~reach[cand]])
+            reach[cand] = True
+            frontier = cand
+        return reach
+
+    seed = np.zeros(n_pairs, dtype=bool)
+    seed[START * _ESC] = True
+    runs = [[close(seed, hi is None and top == 0), 1]]  # [pairs of a layer, layers in a row]
+    n = 0
+    while n < top:
+        src = np.flatnonzero(runs[-1][0])
+        t = to[src]
+        seed = np.zeros(n_pairs, dtype=bool)
+        seed[t[(t >= 0) & starts[src]]] = True
+        if not seed.any():
+            break
+        last = hi is None and n + 1 == top
+        layer = close(seed, last)
+        if not last and np.array_equal(layer, runs[-1][0]):
+            # the same pairs from here on: every layer up to top (or the one before lo) is this
+            more = (top if hi is not None else top - 1) - n
+            runs[-1][1] += more
+            n += more
+        else:
+            runs.append([layer, 1])
+            n += 1
+        if sum(int(r.sum()) * c for r, c in runs) > max_states:
+            raise GrammarError(f"product automaton exceeds its budget ({max_states})")
+    return _layer_table(content, runs, to, starts, lo, hi, groups)
+
+
+def _layer_table(
+    content: ByteDFA,
+    runs: list[list],
+    to: np.ndarray,
+    starts: np.ndarray,
+    lo: int,
+    hi: int | None,
+    groups: list[list[int]],
+) -> ByteDFA:
+    """The product's rows from its layers (row 0 dead; layer 0's first pair, the start, is
+    row 1), accepting where content accepts outside an escape with at least lo characters."""
+    blocks, acc_blocks = [np.zeros((1, to.shape[1]), dtype=np.int32)], [np.zeros(1, dtype=bool)]
+    base, layer = 1, 0
+    ranks = []
+    for pairs, count in runs:
+        rank = np.full(pairs.shape[0], -1, dtype=np.int64)
+        rank[pairs] = np.arange(int(pairs.sum()))
+        ranks.append((base, rank, int(pairs.sum()), count))
+        base += int(pairs.sum()) * count
+    saturating = hi is None
+    for i, (pairs, count) in enumerate(runs):
+        b0, rank, m, _ = ranks[i]
+        src = np.flatnonzero(pairs)
+        t, a = to[src], starts[src]
+        dead = t < 0
+        tt = np.where(dead, 0, t)
+        # within the run: layer j's targets are layer j (no character) or j + 1
+        same = b0 + rank[tt]
+        inner = np.where(dead, DEAD, same + np.where(a, m, 0))
+        lay = np.arange(count, dtype=np.int64)[:, None, None] * m
+        rows = inner[None] + lay  # [count, m, G]
+        rows[:, dead] = DEAD
+        # the run's last layer: a new character goes to the next run's first layer, or dies
+        # past hi, or stays (the saturating layer lo)
+        end = layer + count - 1
+        last = rows[-1]
+        if i + 1 < len(runs):
+            nb, nrank, _, _ = ranks[i + 1]
+            last[a & ~dead] = (nb + nrank[tt])[a & ~dead]
+        elif saturating and end == lo:
+            last[a & ~dead] = (same + (count - 1) * m)[a & ~dead]
+        else:
+            last[a] = DEAD
+        blocks.append(rows.reshape(-1, to.shape[1]).astype(np.int32))
+        s_of, e_of = src // _ESC, src % _ESC
+        ok = content.accepting[s_of] & ((e_of == 0) | (e_of == 9))
+        n_of = layer + np.arange(count)[:, None]
+        acc_blocks.append((ok[None] & (n_of >= lo)).reshape(-1))
+        layer += count
+    table = np.concatenate(blocks)
+    acc = np.concatenate(acc_blocks)
+    table, acc = _prune_dead_ends(table, acc)
+    table, byte_to_class = _merge_columns(table, groups)
+    return ByteDFA(table=table, byte_to_class=byte_to_class, accepting=acc)
 
 
 __all__ = ["DFANode", "from_rows", "product", "split_regions", "with_length"]
