@@ -2,7 +2,8 @@
 prompts, greedy, each engine warmed up with one short request, then timed as the faster of two
 runs of one `generate` call over the whole list.
 
-Run: .venv/bin/python -m benchmarks.peers [--quick] [--dtypes fp32,bf16] [--vllm-python PATH]
+Run: .venv/bin/python -m benchmarks.peers [--quick] [--dtypes fp32,bf16]
+         [--workloads few-shot,decode,json] [--vllm-python PATH]
 
 Workloads (SmolLM2-135M-Instruct, converted once into the default model folder):
   few-shot  64 questions behind one ~1,500-token prefix, 32 new tokens each
@@ -184,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller workloads")
     parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--workloads", default="few-shot,decode,json",
+                        help="comma list of the workloads to run")  # fmt: skip
     parser.add_argument("--no-bound", action="store_true",
                         help="skip the batch-1 decode vs memory-bandwidth bound table")  # fmt: skip
     parser.add_argument("--vllm-python", default=os.environ.get(
@@ -195,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     work = workloads(AutoTokenizer.from_pretrained(model), args.quick)
+    wanted = args.workloads.split(",")
+    if unknown := set(wanted) - set(work):
+        parser.error(f"unknown workloads {sorted(unknown)}; choose from {list(work)}")
+    work = {name: work[name] for name in wanted}
     have_vllm = (
         Path(args.vllm_python).exists()
         and subprocess.run([args.vllm_python, "-c", "import vllm"], capture_output=True).returncode
