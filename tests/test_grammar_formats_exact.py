@@ -7,6 +7,7 @@ spellings written by hand)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import random
 import re
@@ -280,3 +281,74 @@ def test_one_of_refuses_to_subtract_a_format_that_leaves_strings_out(fmt: str) -
     schema = {"oneOf": [{"type": "string", "format": fmt}, {"type": "string", "pattern": "^p"}]}
     with pytest.raises(UnsupportedSchemaError, match="oneOf"):
         json_schema_to_node(schema)
+
+
+def _duration_by_units(text: str) -> bool:
+    """RFC 3339 Appendix A said another way: after "P", digit runs each ending in a unit; the
+    date units a contiguous run of "YMD" or a lone "W", then optionally "T" and a non-empty
+    contiguous run of "HMS"."""
+    units = re.findall(r"[0-9]+([YMWDHS])|(T)|(.)", text[1:])
+    if not text.startswith("P") or any(u[2] for u in units):
+        return False
+    letters = "".join(u[0] or u[1] for u in units)
+    date, t, time = letters.partition("T")
+    if "T" in time or (t and not time) or not (date or time):
+        return False
+    if date == "W":
+        return not t
+    return date in "YMD" and time in "HMS"
+
+
+def test_duration_against_its_units_on_every_short_string() -> None:
+    rx = re.compile(FORMAT_VALUE_REGEXES["duration"])
+    for n in range(7):
+        for tail in itertools.product("TYMWDHS1", repeat=n):
+            text = "P" + "".join(tail)
+            assert (rx.fullmatch(text) is not None) is _duration_by_units(text), text
+
+
+def _varname_ok(name: str) -> bool:
+    parts = name.split(".")
+    return all(re.fullmatch(r"([A-Za-z0-9_]|%[0-9A-Fa-f]{2})+", p) for p in parts)
+
+
+def _template_by_scanning(text: str) -> bool:
+    """RFC 6570 read as a scan: literals outside braces (no space, quote, <>\\^`{|}, a "%"
+    only before two hex digits), each "{...}" an optional operator and comma-separated
+    varspecs, a varspec a dotted name with a ":1".."9999" prefix or a "*" explode."""
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "{":
+            end = text.find("}", i)
+            if end < 0:
+                return False
+            body = text[i + 1 : end]
+            if body[:1] and body[0] in "+#./;?&=,!@|":
+                body = body[1:]
+            for spec in body.split(","):
+                name, colon, prefix = spec.partition(":")
+                if colon and not re.fullmatch(r"[1-9][0-9]{0,3}", prefix):
+                    return False
+                if not colon and name.endswith("*"):
+                    name = name[:-1]
+                if not _varname_ok(name):
+                    return False
+            i = end + 1
+        elif c == "%":
+            if not re.fullmatch(r"[0-9A-Fa-f]{2}", text[i + 1 : i + 3]):
+                return False
+            i += 3
+        elif c in ' "<>\\^`{|}' or ord(c) <= 0x20 or ord(c) == 0x7F:
+            return False
+        else:
+            i += 1
+    return True
+
+
+def test_uri_template_against_a_scan_on_every_short_string() -> None:
+    rx = re.compile(FORMAT_VALUE_REGEXES["uri-template"])
+    for n in range(6):
+        for chars in itertools.product("{}a.,:1*+%F", repeat=n):
+            text = "".join(chars)
+            assert (rx.fullmatch(text) is not None) is _template_by_scanning(text), text
