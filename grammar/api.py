@@ -96,7 +96,10 @@ def compile_json_schema(
                     node = json_schema_to_node(loaded, whitespace, max_recursion_depth, any_depth)
                 except EmptyLanguageError:
                     return empty_language_dfa()
-                return node_to_lazy_dfa(node, max_states)
+                dfa = node_to_lazy_dfa(node, max_states)
+                # freed while the GC is off: its first pass after scans only what is kept
+                del node
+            return dfa
 
         dfa = _DFA_CACHE.get_or_build(("dfa", *key[:6], max_states), build_dfa)
         return CompiledGrammar(dfa, vocab, key[1])
