@@ -106,16 +106,21 @@ static inline __attribute__((always_inline)) void attend_SUF(
     int64_t g, int64_t hkv, int64_t d, int64_t ps, int64_t num_pages, float *scores, float *row,
     float *acc) {
     int64_t hq = g * hkv, width = hkv * d, npages = (len + ps - 1) / ps;
+    int64_t page_bytes = (int64_t)sizeof(T_) * ps * width;
+    for (int64_t pi = 0; pi < npages && pi < 2; pi++) {  /* the V pass's first pages, early */
+        int64_t page = pages[pi] < 0 ? 0 : (pages[pi] >= num_pages ? num_pages - 1 : pages[pi]);
+        prefetch_page(v_pool + page * ps * width, page_bytes);
+    }
     for (int pass = 0; pass < 2; pass++) {
         const T_ *pool = pass == 0 ? k_pool : v_pool;
         if (pass == 1) memset(acc, 0, sizeof(float) * (size_t)(hq * d));
         for (int64_t pi = 0; pi < npages; pi++) {
             int64_t page = pages[pi];
             page = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
-            if (pi + 1 < npages) {
-                int64_t next = pages[pi + 1];
+            if (pi + 2 < npages) {  /* two pages ahead */
+                int64_t next = pages[pi + 2];
                 next = next < 0 ? 0 : (next >= num_pages ? num_pages - 1 : next);
-                prefetch_page(pool + next * ps * width, (int64_t)sizeof(T_) * ps * width);
+                prefetch_page(pool + next * ps * width, page_bytes);
             }
             int64_t t0 = pi * ps, m = len - t0 < ps ? len - t0 : ps;
             for (int64_t o = 0; o < m; o++) {
@@ -174,6 +179,13 @@ void decode_attention_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool, const
             scores = malloc(sizeof(float) * (size_t)(hq * cap));
         }
         const int32_t *pages = table + bi * table_stride;
+        if (bi + 1 < b) {  /* the next request's first K pages */
+            const int32_t *next = pages + table_stride;
+            for (int64_t pi = 0; pi * ps < lens[bi + 1] && pi < 2; pi++) {
+                int64_t page = next[pi] < 0 ? 0 : (next[pi] >= num_pages ? num_pages - 1 : next[pi]);
+                prefetch_page(k_pool + page * ps * hkv * d, (int64_t)sizeof(T_) * ps * hkv * d);
+            }
+        }
         for (int64_t j = 0; j < hq * d; j++) qf[j] = LD(q[bi * hq * d + j]) * scale;
         if (d == 64 && ps == 16)
             attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, 64, 16, num_pages, scores, row,
