@@ -7,10 +7,12 @@ spellings written by hand)."""
 from __future__ import annotations
 
 import functools
+import ipaddress
 import itertools
 import json
 import random
 import re
+import string
 import sys
 import unicodedata
 
@@ -352,3 +354,81 @@ def test_uri_template_against_a_scan_on_every_short_string() -> None:
         for chars in itertools.product("{}a.,:1*+%F", repeat=n):
             text = "".join(chars)
             assert (rx.fullmatch(text) is not None) is _template_by_scanning(text), text
+
+
+_SPLIT = re.compile(r"(([^:/?#]+):)?(//([^/?#]*))?([^?#]*)(\?([^#]*))?(#(.*))?", re.S)
+_UNRESERVED_SUB = re.escape(string.ascii_letters + string.digits + "-._~!$&'()*+,;=")
+
+
+# RFC 3987's ucschar and iprivate, as it lists them
+_UCSCHAR = (
+    "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef"
+    + "".join(f"{chr(p << 16)}-{chr(p << 16 | 0xFFFD)}" for p in range(1, 14))
+    + "\U000e1000-\U000efffd"
+)
+_IPRIVATE = "\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd"
+
+
+def _run(more: str = "", ucs: str = "") -> str:
+    """A regex of any run of unreserved / sub-delims characters, %XX triplets, `more` and
+    the code-point ranges `ucs`."""
+    return rf"(%[0-9A-Fa-f]{{2}}|[{_UNRESERVED_SUB}{re.escape(more)}{ucs}])*"
+
+
+def _host_ok(host: str, ucs: str) -> bool:
+    if not host.startswith("["):
+        return re.fullmatch(_run(ucs=ucs), host) is not None
+    inner = host[1:-1]
+    if re.fullmatch(rf"[vV][0-9A-Fa-f]+\.[{_UNRESERVED_SUB}:]+", inner):
+        return True
+    try:  # ipaddress takes zone ids ("%eth0"), which RFC 3986 does not
+        return "%" not in inner and bool(ipaddress.IPv6Address(inner))
+    except ValueError:
+        return False
+
+
+def _uri_by_parts(text: str, absolute: bool, iri: bool) -> bool:
+    """RFC 3986 read through its Appendix B split into scheme, authority, path, query and
+    fragment, each part then checked alone (the IPv6 literal by Python's ipaddress); for an
+    IRI (RFC 3987) with ucschar in every part but the scheme and port, iprivate in queries."""
+    ucs = _UCSCHAR if iri else ""
+    scheme, auth, path, query, frag = _SPLIT.fullmatch(text).group(2, 4, 5, 7, 9)
+    if scheme is None and (absolute or ":" in path.split("/")[0]):
+        return False  # no scheme, or a relative path whose first segment reads as one
+    if scheme is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.\-]*", scheme):
+        return False
+    if auth is not None:
+        userinfo, _, hostport = auth.rpartition("@")
+        if not re.fullmatch(_run(":", ucs), userinfo):
+            return False
+        if hostport.startswith("["):
+            host, bracket, rest = hostport.partition("]")
+            if not bracket or (rest and not rest.startswith(":")):
+                return False
+            host, port = host + bracket, rest[1:]
+        else:
+            host, _, port = hostport.partition(":")
+        if not re.fullmatch("[0-9]*", port) or not _host_ok(host, ucs):
+            return False
+    query_ucs = ucs + _IPRIVATE if iri else ""
+    parts = [(path, ":@/", ucs), (query, ":@/?", query_ucs), (frag, ":@/?", ucs)]
+    return all(p is None or re.fullmatch(_run(more, u), p) for p, more, u in parts)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "absolute", "iri"),
+    [("uri", True, False), ("uri-reference", False, False), ("iri", True, True),
+     ("iri-reference", False, True)],
+)  # fmt: skip
+def test_uri_against_its_parts_on_short_and_random_strings(
+    fmt: str, absolute: bool, iri: bool
+) -> None:
+    rx = re.compile(FORMAT_VALUE_REGEXES[fmt])
+    r = random.Random(3)
+    alphabet = "a:/?#@[]1%.vF \u00e9\ue000\U000f0000\ufdd0\U000e0001\x85"
+    texts = ["".join(c) for n in range(6) for c in itertools.product("a:/?#@[]1%.", repeat=n)]
+    texts += ["".join(r.choices(alphabet, k=r.randint(0, 14))) for _ in range(50000)]
+    texts += [f"a://[{''.join(r.choices('0123456789abcdef:.v', k=r.randint(0, 16)))}]:8/x"
+              for _ in range(20000)]  # fmt: skip
+    for text in texts:
+        assert (rx.fullmatch(text) is not None) is _uri_by_parts(text, absolute, iri), text
