@@ -264,3 +264,57 @@ def test_unconstrained_values_nest_five_levels_in_a_compiled_constraint() -> Non
     deep = {"a": [{"b": [{"c": [1]}]}]}  # 6 containers: nested 5 levels below the first
     walks = _walks({"properties": {"x": {}}}, [{"x": deep}, {"x": {"y": deep}}])
     assert [(ok, valid) for _, ok, valid in walks] == [(True, True), (False, True)]  # 7: cut
+
+
+# ----- unevaluatedProperties beside conditional applicators -----
+D2020 = "https://json-schema.org/draft/2020-12/schema"
+BAR, BAZ = {"properties": {"bar": {"const": 1}}}, {"properties": {"baz": {"const": 2}}}
+
+
+@pytest.mark.parametrize(
+    "schema, instances",
+    [
+        pytest.param(
+            {"$schema": D2020, "anyOf": [BAR, BAZ], "unevaluatedProperties": False},
+            [{}, {"bar": 1}, {"baz": 2}, {"bar": 1, "baz": 2}, {"bar": 2}, {"bar": 1, "q": 0}],
+            id="anyOf",
+        ),
+        pytest.param(
+            {
+                "$schema": D2020,
+                "oneOf": [BAR, {"required": ["baz"]}],
+                "unevaluatedProperties": False,
+            },
+            [{"bar": 1}, {"baz": 2}, {"bar": 1, "baz": 2}, {"bar": 2, "baz": 2}, {"q": 1}],
+            id="oneOf",
+        ),
+        pytest.param(
+            {
+                "$schema": D2020,
+                "if": {"required": ["bar"]},
+                "then": BAR,
+                "else": BAZ,
+                "unevaluatedProperties": {"type": "string"},
+            },
+            [{"bar": 1}, {"bar": 1, "baz": 2}, {"bar": 1, "baz": "x"}, {"baz": 2}, {"baz": 3}],
+            id="if-then-else",
+        ),
+        pytest.param(
+            {
+                "$schema": D2020,
+                "properties": {"foo": {}},
+                "dependentSchemas": {"foo": BAR},
+                "unevaluatedProperties": False,
+            },
+            [{"foo": 1}, {"foo": 1, "bar": 1}, {"bar": 1}, {"foo": 1, "bar": 2}, {}],
+            id="dependentSchemas",
+        ),
+        pytest.param(
+            {"$schema": D2020, "allOf": [{"oneOf": [BAR, BAZ]}], "unevaluatedProperties": False},
+            [{"bar": 1}, {"baz": 2}, {"bar": 1, "baz": 2}, {}, {"x": 1}],
+            id="oneOf-in-allOf",
+        ),
+    ],
+)
+def test_unevaluated_properties_beside_conditional_applicators_are_exact(schema, instances) -> None:
+    _exact(schema, instances)

@@ -13,6 +13,7 @@ from typing import Any
 
 from grammar.automata.pattern import losses, note_loss
 from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.json_schema.exact.evaluated import conditional_cases
 from grammar.json_schema.merge import ASSERTIONS, UNSUPPORTED, merge, type_set
 from grammar.json_schema.objects import DEPENDENCY_KEYS, name_lists, pointer_target, ptr_escape
 
@@ -261,10 +262,11 @@ def _dependent_schemas(schema: dict) -> tuple[dict, list[tuple[str, str, Any]]]:
 #   {pattern: true, ...}, "additionalProperties": U}` (or `{"items": U}` when no
 #   `prefixItems` is involved), which the merge makes exact or refuses.
 #
-# Conditional applicators (`anyOf`, `oneOf`, `if`, `dependentSchemas`, `$dynamicRef`) and
-# `contains` (for items) evaluate depending on the instance: such schemas raise
-# UnsupportedSchemaError naming the keyword and its pointer. Before 2019-09 the keywords do
-# not exist and are dropped as annotations.
+# Conditional applicators (`anyOf`, `oneOf`, `if`, `dependentSchemas`) evaluate depending on
+# the instance: at the schema's top and in its `allOf` branches they are split first into
+# the cases of which branches apply (`grammar.json_schema.exact.evaluated`); elsewhere (in a
+# `$ref` target), and `$dynamicRef` or `contains` (for items), raise UnsupportedSchemaError
+# naming the keyword and its pointer. Before 2019-09 the keywords are dropped as annotations.
 _CONDITIONAL = ("anyOf", "oneOf", "if", "then", "else", "dependentSchemas", "$dynamicRef")
 
 
@@ -320,6 +322,10 @@ def unevaluated(b: Any, schema: dict, ptr: str) -> dict:
         out.pop("unevaluatedProperties", None)
         out.pop("unevaluatedItems", None)
         return out
+    key = next(k for k in ("unevaluatedProperties", "unevaluatedItems") if k in out)
+    cases = conditional_cases(out, key, f"{ptr}/{key}")
+    if cases is not None:  # one case per set of conditional branches that apply
+        return {"anyOf": cases}
     extra: list[dict] = []
     for key in ("unevaluatedProperties", "unevaluatedItems"):
         if key not in out:
