@@ -62,19 +62,26 @@ def _grammar(iri: bool) -> tuple[Node, Node]:
     userinfo = ra.seq(_any(_chars(base + ":", ucs)), ra.char("@"))
     authority = ra.seq(ra.optional(userinfo), host, ra.parsed("(:[0-9]*)?"))
     net_path = ra.seq(ra.lit("//"), authority, segments)
-    absolute_path = ra.seq(ra.char("/"), ra.optional(ra.seq(_any(pchar, 1), segments)))
     tail = ra.seq(
         ra.optional(ra.seq(ra.char("?"), _any(_chars(base + ":@/?", ucs_private)))),
         ra.optional(ra.seq(ra.char("#"), _any(_chars(base + ":@/?", ucs)))),
     )
-    rootless = ra.seq(_any(pchar, 1), segments)
+    # written so that each class appears in few places (regex text repeats a shared node,
+    # and an IRI class is large): after a scheme, an absolute, rootless or empty path is
+    # ["/"] [segment-nz *("/" segment)]; a relative path is that after "/", or starts with
+    # a segment without ":"
+    path = ra.optional(ra.seq(_any(pchar, 1), segments))
+    scheme = ra.seq(ra.parsed(r"[a-zA-Z][a-zA-Z0-9+.\-]*"), ra.char(":"))
     no_scheme = ra.seq(_any(_chars(base + "@", ucs), 1), segments)
-    scheme = ra.parsed(r"[a-zA-Z][a-zA-Z0-9+.\-]*")
-    absolute = ra.seq(
-        scheme, ra.char(":"), ra.optional(ra.alt([net_path, absolute_path, rootless])), tail
+    absolute = ra.seq(scheme, ra.alt([net_path, ra.seq(ra.optional(ra.char("/")), path)]), tail)
+    reference = ra.alt(
+        [
+            ra.seq(ra.optional(scheme), net_path),
+            ra.seq(ra.alt([ra.seq(scheme, ra.optional(ra.char("/"))), ra.char("/")]), path),
+            no_scheme,
+        ]
     )
-    relative = ra.seq(ra.optional(ra.alt([net_path, absolute_path, no_scheme])), tail)
-    return absolute, ra.alt([absolute, relative])
+    return absolute, ra.seq(ra.optional(reference), tail)
 
 
 def uri() -> Node:
