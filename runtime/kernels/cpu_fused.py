@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.kernels.cpu_source import EXACT, FAST, render
+from runtime.kernels.cpu_source import EXACT, FAST, FAST_PRELUDE, render
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +63,9 @@ def _build(target: Path, compiler: str) -> None:
     building at once never load a half-written file)."""
     with tempfile.TemporaryDirectory(dir=target.parent) as d:
         objects = []
-        for name, body in (("exact", EXACT), ("fast", FAST)):
+        for name, text in (("exact", render(EXACT)), ("fast", render(FAST, FAST_PRELUDE))):
             src, obj = Path(d, f"{name}.c"), Path(d, f"{name}.o")
-            src.write_text(render(body))
+            src.write_text(text)
             subprocess.run([compiler, *_FLAGS[name], "-c", str(src), "-o", str(obj)],
                            check=True, capture_output=True, timeout=120)  # fmt: skip
             objects.append(str(obj))
@@ -84,7 +84,7 @@ def _load() -> dict[str, ctypes._CFuncPtr] | None:
         if compiler is None:
             raise RuntimeError("no C compiler found")
         key = hashlib.sha256(
-            "\n".join([EXACT, FAST, repr(_FLAGS), _cpu_id(), compiler]).encode()
+            "\n".join([EXACT, FAST, FAST_PRELUDE, repr(_FLAGS), _cpu_id(), compiler]).encode()
         ).hexdigest()[:16]
         cache = Path(os.environ.get("SGL_NATIVE_CACHE") or Path.home() / ".cache" / "sgl-native")
         cache.mkdir(parents=True, exist_ok=True)

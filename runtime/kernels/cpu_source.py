@@ -40,6 +40,11 @@ static inline uint16_t f2bf(float f) {
 }
 
 /* Start loading a page's rows (`bytes` of them) into the cache while the current one is used. */
+/* a page id read from a page table, clamped into the pool */
+static inline int64_t clamp_page(int64_t page, int64_t num_pages) {
+    return page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+}
+
 static inline void prefetch_page(const void *p, int64_t bytes) {
     for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
 }
@@ -96,7 +101,78 @@ void rotary_kv_SUF(const T_ *qkv, int64_t row, const T_ *cos_t, const T_ *sin_t,
 }
 """
 
+FAST_PRELUDE = r"""
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define HAVE_VECTORS 1
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+
+static inline v16f ldv_f32(const float *p) {
+    v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline v16f ldv_bf16(const uint16_t *p) {
+    v16h h;
+    memcpy(&h, p, sizeof h);
+    v16u u = __builtin_convertvector(h, v16u) << 16;
+    v16f v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+/* out[t] = the sum of p[t]'s 16 lanes, for 16 vectors at once: four rounds that each add
+   pairs of lanes from two vectors into one (15 adds instead of 16 separate reductions) */
+static inline v16f sum_lanes16(v16f *p) {
+    v16f q[8], r[4], s[2];
+    for (int i = 0; i < 8; i++)
+        q[i] = __builtin_shufflevector(p[2 * i], p[2 * i + 1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24,
+                                       10, 26, 12, 28, 14, 30) +
+               __builtin_shufflevector(p[2 * i], p[2 * i + 1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25,
+                                       11, 27, 13, 29, 15, 31);
+    for (int i = 0; i < 4; i++)
+        r[i] = __builtin_shufflevector(q[2 * i], q[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9,
+                                       24, 25, 12, 13, 28, 29) +
+               __builtin_shufflevector(q[2 * i], q[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11,
+                                       26, 27, 14, 15, 30, 31);
+    for (int i = 0; i < 2; i++)
+        s[i] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9,
+                                       10, 11, 24, 25, 26, 27) +
+               __builtin_shufflevector(r[2 * i], r[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13,
+                                       14, 15, 28, 29, 30, 31);
+    return __builtin_shufflevector(s[0], s[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
+                                   22, 23) +
+           __builtin_shufflevector(s[0], s[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28,
+                                   29, 30, 31);
+}
+#endif
+"""
+
 FAST = r"""
+#ifdef HAVE_VECTORS
+/* The scores of a full 16-token page: for each query head, 16 per-token vectors of partial
+   products (d / 16 multiply-adds each), summed across lanes together. */
+static inline __attribute__((always_inline)) void page_scores_SUF(
+    const float *qf, const T_ *page_rows, int64_t g, int64_t hkv, int64_t d, int64_t len,
+    int64_t t0, float *scores) {
+    for (int64_t h = 0; h < hkv; h++)
+        for (int64_t gi = 0; gi < g; gi++) {
+            const float *qh = qf + (h * g + gi) * d;
+            v16f part[16];
+            for (int o = 0; o < 16; o++) {
+                const T_ *k = page_rows + (o * hkv + h) * d;
+                v16f acc = ldv_f32(qh) * ldv_SUF(k);
+                for (int64_t c = 16; c < d; c += 16) acc += ldv_f32(qh + c) * ldv_SUF(k + c);
+                part[o] = acc;
+            }
+            v16f sums = sum_lanes16(part);
+            memcpy(scores + (h * g + gi) * len + t0, &sums, sizeof sums);
+        }
+}
+#endif
+
 /* Attention of one request's query heads (qf: scaled, float [hq, d]) to its `len` keys, into
    acc [hq, d] (normalised). Token by token over all kv heads (a token's K or V row is one
    contiguous run of hkv * d values), the next page prefetched. Inlined with constant d and
@@ -108,21 +184,24 @@ static inline __attribute__((always_inline)) void attend_SUF(
     int64_t hq = g * hkv, width = hkv * d, npages = (len + ps - 1) / ps;
     int64_t page_bytes = (int64_t)sizeof(T_) * ps * width;
     for (int64_t pi = 0; pi < npages && pi < 2; pi++) {  /* the V pass's first pages, early */
-        int64_t page = pages[pi] < 0 ? 0 : (pages[pi] >= num_pages ? num_pages - 1 : pages[pi]);
+        int64_t page = clamp_page(pages[pi], num_pages);
         prefetch_page(v_pool + page * ps * width, page_bytes);
     }
     for (int pass = 0; pass < 2; pass++) {
         const T_ *pool = pass == 0 ? k_pool : v_pool;
         if (pass == 1) memset(acc, 0, sizeof(float) * (size_t)(hq * d));
         for (int64_t pi = 0; pi < npages; pi++) {
-            int64_t page = pages[pi];
-            page = page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+            int64_t page = clamp_page(pages[pi], num_pages);
             if (pi + 2 < npages) {  /* two pages ahead */
-                int64_t next = pages[pi + 2];
-                next = next < 0 ? 0 : (next >= num_pages ? num_pages - 1 : next);
-                prefetch_page(pool + next * ps * width, page_bytes);
+                prefetch_page(pool + clamp_page(pages[pi + 2], num_pages) * ps * width, page_bytes);
             }
             int64_t t0 = pi * ps, m = len - t0 < ps ? len - t0 : ps;
+#ifdef HAVE_VECTORS
+            if (pass == 0 && ps == 16 && m == 16 && d % 16 == 0) {
+                page_scores_SUF(qf, pool + page * ps * width, g, hkv, d, len, t0, scores);
+                continue;
+            }
+#endif
             for (int64_t o = 0; o < m; o++) {
                 const T_ *src = pool + (page * ps + o) * width;
                 for (int64_t j = 0; j < width; j++) row[j] = LD(src[j]);
@@ -182,7 +261,7 @@ void decode_attention_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool, const
         if (bi + 1 < b) {  /* the next request's first K pages */
             const int32_t *next = pages + table_stride;
             for (int64_t pi = 0; pi * ps < lens[bi + 1] && pi < 2; pi++) {
-                int64_t page = next[pi] < 0 ? 0 : (next[pi] >= num_pages ? num_pages - 1 : next[pi]);
+                int64_t page = clamp_page(next[pi], num_pages);
                 prefetch_page(k_pool + page * ps * hkv * d, (int64_t)sizeof(T_) * ps * hkv * d);
             }
         }
@@ -210,9 +289,9 @@ TYPES = [
 ]
 
 
-def render(body: str) -> str:
-    """The unit's C source: the prelude, then `body` once per storage type."""
-    out = [PRELUDE]
+def render(body: str, prelude: str = "") -> str:
+    """The unit's C source: the preludes, then `body` once per storage type."""
+    out = [PRELUDE, prelude]
     for suffix, storage, load, rnd, store in TYPES:
         macros = f"#define LD(x) {load}\n#define RND(x) {rnd}\n#define ST(x) {store}\n"
         text = body.replace("SUF", suffix).replace("T_", storage)
