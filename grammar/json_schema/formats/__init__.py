@@ -56,6 +56,9 @@ class _Regexes(Mapping[str, str]):
             self._texts[fmt] = ra.to_text(_NODES[fmt]())
         return self._texts[fmt]
 
+    def __contains__(self, fmt: object) -> bool:  # without writing a node-built one out
+        return isinstance(fmt, str) and (fmt in self._texts or fmt in _NODES)
+
     def __iter__(self) -> Iterator[str]:
         return iter({**dict.fromkeys(self._texts), **dict.fromkeys(_NODES)})
 
