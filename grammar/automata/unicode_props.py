@@ -113,15 +113,22 @@ def category_short_name(name: str) -> str:
     )
 
 
-@functools.lru_cache(maxsize=64)
 def property_class(name: str, negated: bool) -> ip._CharGroup:
-    """`\\p{name}` (or `\\P{name}` if negated) as a character class, kept as the smaller of the
-    set and its complement (a class is a set of its characters)."""
-    ranges = category_ranges(category_short_name(name))
-    if 2 * sum(hi - lo + 1 for lo, hi in ranges) > _END:
+    """`\\p{name}` (or `\\P{name}` if negated) as a character class."""
+    chars, complemented = _category_chars(category_short_name(name))
+    return ip._CharGroup(chars, negated != complemented)
+
+
+@functools.cache
+def _category_chars(short: str) -> tuple[frozenset[str], bool]:
+    """A category's characters, or those of its complement (then True) where that is the
+    smaller set: a class is a set of its characters. One set per category, whatever its
+    name or negation (L, Lo and C hold over 100,000 characters)."""
+    ranges = category_ranges(short)
+    complemented = 2 * sum(hi - lo + 1 for lo, hi in ranges) > _END
+    if complemented:
         ranges = _complement(ranges)
-        negated = not negated
-    return ip._CharGroup(frozenset(chr(c) for lo, hi in ranges for c in range(lo, hi + 1)), negated)
+    return frozenset(chr(c) for lo, hi in ranges for c in range(lo, hi + 1)), complemented
 
 
 def _complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
