@@ -318,3 +318,54 @@ BAR, BAZ = {"properties": {"bar": {"const": 1}}}, {"properties": {"baz": {"const
 )
 def test_unevaluated_properties_beside_conditional_applicators_are_exact(schema, instances) -> None:
     _exact(schema, instances)
+
+
+# ----- prefixItems merged element by element; unevaluatedItems past an evaluated prefix -----
+@pytest.mark.parametrize(
+    "schema, instances",
+    [
+        pytest.param(
+            {
+                "$schema": D2020,
+                "prefixItems": [{"type": "integer"}],
+                "allOf": [{"prefixItems": [{"minimum": 2}, {"type": "string"}]}],
+            },
+            [[], [1], [2], [2, "x"], [2, 3], [2, "x", None], [2.5]],
+            id="prefix-and-prefix",
+        ),
+        pytest.param(
+            {
+                "$schema": D2020,
+                "prefixItems": [True, {"type": "null"}],
+                "allOf": [{"items": {"type": ["integer", "null"]}}],
+                "items": {"const": 7},
+            },
+            [[1, None], ["x"], [1, None, 7], [1, None, 8], [None]],
+            id="prefix-and-items",
+        ),
+        pytest.param(
+            {
+                "$schema": D2020,
+                "allOf": [{"prefixItems": [True, True]}],
+                "unevaluatedItems": {"type": "boolean"},
+            },
+            [[1, 2], [1, 2, True], [1, 2, 3], ["a"]],
+            id="unevaluated-past-allOf-prefix",
+        ),
+        pytest.param(
+            {
+                "$schema": D2020,
+                "prefixItems": [{"const": "a"}],
+                "anyOf": [
+                    {"prefixItems": [True, {"const": "b"}]},
+                    {"prefixItems": [True, True, True]},
+                ],
+                "unevaluatedItems": False,
+            },
+            [["a", "b"], ["a", "c"], ["a", "b", 1], ["a", "c", 1], ["a", "b", 1, 2], ["a"]],
+            id="unevaluated-items-anyOf",
+        ),
+    ],
+)
+def test_tuples_merge_element_by_element(schema, instances) -> None:
+    _exact(schema, instances)

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit, uses_relative
 
 from grammar.errors import UnsupportedSchemaError
+from grammar.json_schema.exact.tuples import merged_tuples
 from grammar.json_schema.number_grid import exact
 
 ANNOTATIONS = frozenset(
@@ -136,10 +137,8 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
         return b
     if b is True:
         return a
-    for x, y in ((a, b), (b, a)):
-        if "prefixItems" in x and ("items" in y or "prefixItems" in y) and "items" not in x:
-            # x's items (default: any) start after its prefix; y's from the first element
-            raise UnsupportedSchemaError("allOf", ptr, "prefixItems with another items")
+    if "prefixItems" in a or "prefixItems" in b:  # tuples: element by element
+        a, b = merged_tuples(a, b, ptr)
     patterned = _pattern_side(a, b, ptr)
     out = dict(a)
     for key, bv in b.items():

@@ -259,8 +259,8 @@ def _dependent_schemas(schema: dict) -> tuple[dict, list[tuple[str, str, Any]]]:
 # - nothing in place beside the schema's own keywords: it becomes `additionalProperties` /
 #   `items` (the same members);
 # - otherwise: one more `allOf` branch, `{"properties": {name: true, ...}, "patternProperties":
-#   {pattern: true, ...}, "additionalProperties": U}` (or `{"items": U}` when no
-#   `prefixItems` is involved), which the merge makes exact or refuses.
+#   {pattern: true, ...}, "additionalProperties": U}` (or `{"prefixItems": [true] * P,
+#   "items": U}`, P the longest evaluated prefix), which the merge makes exact or refuses.
 #
 # Conditional applicators (`anyOf`, `oneOf`, `if`, `dependentSchemas`) evaluate depending on
 # the instance: at the schema's top and in its `allOf` branches they are split first into
@@ -353,9 +353,8 @@ def unevaluated(b: Any, schema: dict, ptr: str) -> dict:
             if not seen.in_place:
                 out["items"] = u
                 continue
-            if seen.prefix:
-                raise UnsupportedSchemaError(key, where, "prefixItems in an in-place applicator")
-            extra.append({"items": u})
+            past = {"prefixItems": [True] * seen.prefix} if seen.prefix else {}
+            extra.append({**past, "items": u})  # the items past every evaluated prefix
     if extra:
         out["allOf"] = [*(out.get("allOf", []) or []), *extra]
     return out
