@@ -151,11 +151,23 @@ def _union(groups: list[ip._CharGroup], negate: bool) -> ip._CharGroup:
     return ip._CharGroup(frozenset.intersection(*excluded) - plain, not negate)
 
 
+@functools.cache
+def ecma_space() -> frozenset[str]:
+    """ECMA-262's `\\s`: WhiteSpace (tab, VT, FF, space, NBSP, ZWNBSP, every Zs) and
+    LineTerminator (LF, CR, LS, PS); Python's `\\s` in interegular is ASCII only."""
+    zs = (chr(c) for lo, hi in category_ranges("Zs") for c in range(lo, hi + 1))
+    return frozenset("\t\n\v\f\r \u00a0\ufeff\u2028\u2029").union(zs)
+
+
 class _EcmaPattern(ip._ParsePattern):
-    """interegular's parser with `\\p{...}` / `\\P{...}` and exact classes of several
-    negated items."""
+    """interegular's parser with ECMA-262's `\\s` / `\\S`, `\\p{...}` / `\\P{...}` and
+    exact classes of several negated items."""
 
     def escaped(self, inner: bool = False) -> ip._CharGroup:
+        if self.static_b("s"):
+            return ip._CharGroup(ecma_space(), False)
+        if self.static_b("S"):
+            return ip._CharGroup(ecma_space(), True)
         for letter, negated in (("p", False), ("P", True)):
             if self.static_b(letter):
                 end = self.data.find("}", self.index)
