@@ -50,7 +50,8 @@ def test_decode_attention_matches_the_reference(dtype, lens, heads, kv_heads, he
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     q = _rand(b, heads, head_dim, dtype=dtype, seed=4)
     want = reference.paged_decode_attention(q, k_pool, v_pool, table, seq_lens, 0.125)
-    got = cpu_fused.decode_attention(q, k_pool, v_pool, table, seq_lens, 0.125)
+    rows = cpu_fused.DecodeRows.of(table, seq_lens)
+    got = cpu_fused.decode_attention(q, k_pool, v_pool, rows, 0.125)
     assert got.dtype == dtype and got.shape == q.shape
     assert (got.float() - want.float()).abs().max().item() < ATTENTION_TOLERANCE[dtype]
     assert torch.equal(got[seq_lens == 0], torch.zeros_like(got[seq_lens == 0]))
@@ -58,11 +59,9 @@ def test_decode_attention_matches_the_reference(dtype, lens, heads, kv_heads, he
 
 def test_decode_attention_rejects_heads_that_do_not_group():
     pool = torch.zeros(2, 4, 3, 8)
+    rows = cpu_fused.DecodeRows.of(torch.ones(1, 1), torch.ones(1))
     with pytest.raises(ValueError, match="multiple of kv heads"):
-        cpu_fused.decode_attention(
-            torch.zeros(1, 4, 8), pool, pool, torch.ones(1, 1, dtype=torch.int32),
-            torch.ones(1, dtype=torch.int32), 1.0,
-        )  # fmt: skip
+        cpu_fused.decode_attention(torch.zeros(1, 4, 8), pool, pool, rows, 1.0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -28,6 +28,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -165,16 +166,24 @@ def rotary_kv(
     return q
 
 
+@dataclass(slots=True)
+class DecodeRows:
+    """What decode attention reads per step, prepared once for all layers: the page table
+    [B, max_pages] and sequence lengths [B] as contiguous int32."""
+
+    table: torch.Tensor
+    lens: torch.Tensor
+
+    @classmethod
+    def of(cls, page_table: torch.Tensor, seq_lens: torch.Tensor) -> DecodeRows:
+        return cls(page_table.to(torch.int32).contiguous(), seq_lens.to(torch.int32).contiguous())
+
+
 def decode_attention(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, rows: DecodeRows, scale: float
 ) -> torch.Tensor:
-    """As reference.paged_decode_attention: q [B, Hq, D] against each request's cached K/V;
-    page_table [B, max_pages] and seq_lens [B] int32. Entries of the table past a request's
+    """As reference.paged_decode_attention: q [B, Hq, D] against each request's cached K/V
+    (pools [pages, page_size, Hkv, D], contiguous). Entries of the page table past a request's
     last page are never read."""
     b, hq, d = q.shape
     if hq % k_pool.shape[2]:
@@ -183,12 +192,10 @@ def decode_attention(
     if b == 0:
         return out
     q = q.contiguous()
-    table = page_table.to(torch.int32).contiguous()
-    lens = seq_lens.to(torch.int32).contiguous()
-    assert k_pool.is_contiguous() and v_pool.is_contiguous()
+    assert k_pool.is_contiguous() and v_pool.is_contiguous() and rows.lens.shape[0] == b
     _fn("decode_attention", q.dtype)(
-        q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), table.data_ptr(), table.stride(0),
-        lens.data_ptr(), b, hq, k_pool.shape[2], d, k_pool.shape[1], k_pool.shape[0], scale,
-        out.data_ptr(),
+        q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), rows.table.data_ptr(),
+        rows.table.stride(0), rows.lens.data_ptr(), b, hq, k_pool.shape[2], d, k_pool.shape[1],
+        k_pool.shape[0], scale, out.data_ptr(),
     )  # fmt: skip
     return out

@@ -183,9 +183,11 @@ class LlamaModel:
             cascade = plan_cascade(batch.decode_page_table, batch.decode_seq_lens, pool.page_size)
             cascade = cascade if cascade.useful else None
         torch_path = nd and cascade is None and kernels.kernel_backend(hidden) == "torch"
-        fused_decode = fused and torch_path
+        fused_decode = None  # the fused kernel's int32 page table and lengths, for all layers
+        if fused and torch_path:
+            fused_decode = cpu_fused.DecodeRows.of(batch.decode_page_table, batch.decode_seq_lens)
         decode_plan = None  # the torch path's per-step gather indices and mask, for all layers
-        if torch_path and not fused_decode:
+        if torch_path and fused_decode is None:
             decode_plan = plan_decode(
                 batch.decode_page_table, batch.decode_seq_lens, pool.page_size,
                 pool.k[0].shape[0],
@@ -222,16 +224,9 @@ class LlamaModel:
                         cascade,
                     )
                 )
-            elif fused_decode:
+            elif fused_decode is not None:
                 parts.append(
-                    cpu_fused.decode_attention(
-                        q[:nd],
-                        k_pool,
-                        v_pool,
-                        batch.decode_page_table,
-                        batch.decode_seq_lens,
-                        self.scale,
-                    )
+                    cpu_fused.decode_attention(q[:nd], k_pool, v_pool, fused_decode, self.scale)
                 )
             elif decode_plan is not None:
                 parts.append(
