@@ -4,7 +4,8 @@ General_Category values (`\\p{L}`, `\\p{Letter}`, `\\p{Lu}`, `\\p{gc=Nd}`,
 `unicodedata` (so its Unicode version, `unicodedata.unidata_version`, decides).
 
 Scripts (`\\p{Script=Greek}`, `\\p{sc=...}`, `\\p{scx=...}`) and binary properties
-(`\\p{Alphabetic}`, `\\p{Emoji}`, ...) raise GrammarError naming them.
+(`\\p{Alphabetic}`, `\\p{Emoji}`, ...) raise GrammarError naming them. `\\s` / `\\S` take
+ECMA-262's Unicode white space too (interegular's are ASCII).
 """
 
 from __future__ import annotations
