@@ -369,3 +369,15 @@ def test_unevaluated_properties_beside_conditional_applicators_are_exact(schema,
 )
 def test_tuples_merge_element_by_element(schema, instances) -> None:
     _exact(schema, instances)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        pytest.param({"not": {"prefixItems": [{"type": "integer"}, {"const": "x"}]}}, id="prefix"),
+        pytest.param({"not": {"items": {"type": "integer"}}}, id="items"),
+        pytest.param({"not": {"prefixItems": [True], "items": False}}, id="items-false"),
+    ],
+)
+def test_not_of_tuples_and_items_is_exact(schema) -> None:
+    _exact(schema, [[], [1], ["a"], [1, "x"], [1, "y"], [1, "x", 3], [2.5, "x"], "s", {}])

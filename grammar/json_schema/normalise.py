@@ -162,6 +162,18 @@ class NormaliseRules:
                 out.append({"_not_values": [x for x in values if self.accepts(n, x)]})
             elif key == "additionalProperties" and v in (True, {}):
                 continue
+            elif key == "prefixItems" and isinstance(v, list):  # item i is there and fails
+                out += [
+                    {"type": "array", "minItems": i + 1, "prefixItems": [*[True] * i, {"not": x}]}
+                    for i, x in enumerate(v)
+                    if x is not True and x != {}
+                ]
+            elif key == "items" and (v is True or v == {}):
+                continue
+            elif key == "items" and v is False:  # an item past the prefix
+                out.append({"type": "array", "minItems": len(n.get("prefixItems", [])) + 1})
+            elif key == "items" and isinstance(v, dict) and "prefixItems" not in n:
+                out.append({"type": "array", "contains": {"not": v}})  # an item fails it
             elif key in _BOUND_KEYS and isinstance(v, int | float) and not isinstance(v, bool):
                 out.append({"type": "number", _BOUND_KEYS[key]: v})  # the numbers past it
             else:
