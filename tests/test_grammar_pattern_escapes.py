@@ -120,6 +120,7 @@ def test_property_escape_in_pattern_properties() -> None:
         pytest.param(r"\p{gc=Letters}", "unknown general_category value", id="unknown-gc-value"),
         pytest.param(r"\pL", "braced", id="unbraced"),
         pytest.param(r"[\p{L}-z]", "range", id="range-of-a-class"),
+        pytest.param(r"^a{,3}$", "{,n}", id="python-only-quantifier"),
     ],
 )
 def test_other_property_escapes_are_refused(pattern: str, named: str) -> None:

@@ -161,8 +161,8 @@ def ecma_space() -> frozenset[str]:
 
 
 class _EcmaPattern(ip._ParsePattern):
-    """interegular's parser with ECMA-262's `\\s` / `\\S`, `\\p{...}` / `\\P{...}` and
-    exact classes of several negated items."""
+    """interegular's parser with ECMA-262's `\\s` / `\\S`, `\\p{...}` / `\\P{...}`, exact
+    classes of several negated items, and no `{,n}` quantifier."""
 
     def escaped(self, inner: bool = False) -> ip._CharGroup:
         if self.static_b("s"):
@@ -180,6 +180,14 @@ class _EcmaPattern(ip._ParsePattern):
                 name, self.index = self.data[self.index + 1 : end], end + 1
                 return property_class(name, negated)
         return super().escaped(inner)
+
+    def repetition(self, base: object) -> object:
+        if self.data.startswith("{,", self.index):  # Python's {0,n}; no quantifier in ECMA 262
+            raise GrammarError(
+                f"regex construct not supported: {{,n}} (ECMA 262 has no such quantifier; "
+                f"write {{0,n}}) in {self.data[:200]!r}"
+            )
+        return super().repetition(base)
 
     def chargroup(self) -> ip._CharGroup:
         negate = self.static_b("^")
