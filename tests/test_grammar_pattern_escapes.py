@@ -14,8 +14,8 @@ import unicodedata
 import pytest
 
 from grammar import UnsupportedSchemaError
+from grammar.automata.ecma_regex import property_class
 from grammar.automata.fsm import node_to_lazy_dfa
-from grammar.automata.unicode_props import property_class
 from grammar.json_schema.schema import json_schema_to_node
 from tests._grammar_fixtures import compact
 

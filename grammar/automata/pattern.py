@@ -15,7 +15,7 @@ import threading
 from interegular import patterns as ip
 
 from grammar.automata import regex_ast as ra
-from grammar.automata.unicode_props import parse_pattern_regex
+from grammar.automata.ecma_regex import parse_pattern_regex
 from grammar.errors import GrammarError
 
 # what may appear unescaped inside a JSON string

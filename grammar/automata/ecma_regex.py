@@ -1,11 +1,13 @@
-"""ECMA-262 Unicode property escapes in JSON Schema patterns: `\\p{...}` / `\\P{...}` for the
-General_Category values (`\\p{L}`, `\\p{Letter}`, `\\p{Lu}`, `\\p{gc=Nd}`,
-`\\p{General_Category=Decimal_Number}`), their code points read from this Python's
-`unicodedata` (so its Unicode version, `unicodedata.unidata_version`, decides).
+"""ECMA-262 regex semantics for JSON Schema patterns, on interegular's parser: Unicode
+property escapes `\\p{...}` / `\\P{...}` for the General_Category values (`\\p{L}`,
+`\\p{Letter}`, `\\p{Lu}`, `\\p{gc=Nd}`, `\\p{General_Category=Decimal_Number}`), their code
+points read from this Python's `unicodedata` (so its Unicode version,
+`unicodedata.unidata_version`, decides); `\\s` / `\\S` with ECMA-262's Unicode white space
+(interegular's are ASCII); classes of several negated items (`[\\D\\S]`) united exactly; no
+`{,n}` quantifier (Python's {0,n}).
 
 Scripts (`\\p{Script=Greek}`, `\\p{sc=...}`, `\\p{scx=...}`) and binary properties
-(`\\p{Alphabetic}`, `\\p{Emoji}`, ...) raise GrammarError naming them. `\\s` / `\\S` take
-ECMA-262's Unicode white space too (interegular's are ASCII).
+(`\\p{Alphabetic}`, `\\p{Emoji}`, ...) raise GrammarError naming them.
 """
 
 from __future__ import annotations
