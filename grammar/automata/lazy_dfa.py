@@ -59,12 +59,17 @@ def _template(masks: tuple[int, ...]) -> tuple[list[tuple[int, ...]], np.ndarray
     that fire together (slot 0: none), the slot of each byte, how many bytes fire some edge,
     and that byte when it is one (else -1). A pure function of the masks: shared by every
     automaton (JSON strings, digits, literals repeat across schemas)."""
-    classes = byte_classes(sorted(set(masks)))
+    distinct = sorted(set(masks))
+    classes = byte_classes(distinct)
+    edges_of: dict[int, list[int]] = {}  # each distinct mask's edges (masks repeat often)
+    for e, m in enumerate(masks):
+        edges_of.setdefault(m, []).append(e)
+    groups = [(m, edges_of[m]) for m in distinct]
     slots: list[tuple[int, ...]] = [()]
     slot_of: dict[tuple[int, ...], int] = {(): 0}
     cls_slot = []
     for c in classes:
-        fire = tuple([e for e, m in enumerate(masks) if c & m])
+        fire = tuple(sorted([e for m, es in groups if c & m for e in es]))
         j = slot_of.get(fire)
         if j is None:
             j = slot_of[fire] = len(slots)
@@ -95,15 +100,19 @@ class LazyDFA:
         self.max_states = max_states
         self._nfa = nfa
         self._lock = threading.RLock()
-        self._closures: dict[int, frozenset[int]] = {}
-        self._index: dict[frozenset[int], int] = {frozenset(): DEAD}
-        self._order: list[frozenset[int]] = [frozenset()]
+        # NFA state sets as sorted tuples (not frozensets): the cyclic GC untracks tuples of
+        # ints on its first pass, so a walk's thousands of states add nothing to what its
+        # full collections rescan (they would come every few large walks, ~100 ms each)
+        self._closures: dict[int, tuple[int, ...]] = {}
+        self._index: dict[tuple[int, ...], int] = {(): DEAD}
+        self._order: list[tuple[int, ...]] = [()]
         self._single: dict[int, int] = {}  # NFA state t -> id of closure(t)
-        self._multi: dict[frozenset[int], int] = {}  # NFA targets -> id of their closure
+        self._multi: dict[tuple[int, ...], int] = {}  # NFA targets -> id of their closure
         self.table = np.full((64, 256), UNEXPANDED, dtype=np.int32)
         self.table[DEAD] = DEAD
         self.accepting = np.zeros(64, dtype=bool)
-        self._rows: list[list[int] | None] = [[DEAD] * 256]  # Python rows, for scalar walks
+        # Python rows for scalar walks (tuples: untracked by the GC, as the state sets)
+        self._rows: list[tuple[int, ...] | None] = [(DEAD,) * 256]
         self._py_rows = 1
         self._live: list[int] = [0]  # live bytes per expanded state (-1: not expanded)
         self._forced: list[int] = [-1]  # the one byte a state forces, or -1
@@ -132,13 +141,13 @@ class LazyDFA:
 
     # --- reads -------------------------------------------------------------------------
 
-    def row_list(self, state: int) -> list[int]:
-        """The state's transitions by byte, as a Python list (made on first scalar read: mask
+    def row_list(self, state: int) -> tuple[int, ...]:
+        """The state's transitions by byte, as a Python tuple (made on first scalar read: mask
         walks, which build most rows, read the table only)."""
         r = self._rows[state]
         if r is None:
             self._built(state)
-            r = self._rows[state] = self.table[state].tolist()
+            r = self._rows[state] = tuple(self.table[state].tolist())
             self._py_rows += 1
         return r
 
@@ -198,16 +207,23 @@ class LazyDFA:
 
     # --- construction (under the lock) ------------------------------------------------
 
-    def _closure(self, s: int) -> frozenset[int]:
+    def _closure(self, s: int) -> tuple[int, ...]:
         """NFA states reachable from s by epsilon edges that matter for a DFA state: those
         with byte edges, and the final state."""
         c = self._closures.get(s)
         if c is not None:
             return c
-        c = self._closures[s] = frozenset(self._nfa.eps_closure(s))
+        nfa = self._nfa
+        if nfa.edges[s] is None:
+            nfa.fill(s)
+        if nfa.eps[s]:
+            c = tuple(sorted(nfa.eps_closure(s)))
+        else:  # most targets: a state with byte edges and no epsilon
+            c = (s,) if nfa.edges[s] or s == nfa.final else ()
+        self._closures[s] = c
         return c
 
-    def _state_id(self, target: frozenset[int]) -> int:
+    def _state_id(self, target: tuple[int, ...]) -> int:
         j = self._index.get(target)
         if j is None:
             j = len(self._order)
@@ -240,25 +256,24 @@ class LazyDFA:
 
     def _expand(self, i: int) -> None:
         edges = self._nfa.edges
-        masks: list[int] = []
-        targets: list[int] = []
-        for s in self._order[i]:
-            for m, t in edges[s]:
-                masks.append(m)
-                targets.append(t)
-        slots, byte_slot, n_live, only = _template(tuple(masks))
+        # sorted by mask: a state set's edges in one canonical order, so sets of the same shape
+        # (the copies of a counted character, the same key trie under other targets) share
+        # their template
+        pairs = sorted([e for s in self._order[i] for e in edges[s]])
+        masks = tuple([m for m, _ in pairs])
+        targets = [t for _, t in pairs]
+        slots, byte_slot, n_live, only = _template(masks)
         ids = [DEAD]
         for sl in slots[1:]:
             ts = {targets[e] for e in sl}
             if len(ts) == 1:
                 ids.append(self._single_id(next(iter(ts))))
                 continue
-            key = frozenset(ts)
+            key = tuple(sorted(ts))
             j = self._multi.get(key)
             if j is None:
-                j = self._multi[key] = self._state_id(
-                    frozenset().union(*(self._closure(t) for t in ts))
-                )
+                union = set().union(*[self._closure(t) for t in key])
+                j = self._multi[key] = self._state_id(tuple(sorted(union)))
             ids.append(j)
         # after any growth (the current table); the row before `_live` marks it built, as
         # readers check `_live` without the lock

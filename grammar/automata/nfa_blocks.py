@@ -32,7 +32,9 @@ class Embedded:
         i = x - self.first + 1
         masks = class_masks(dfa)
         by_target: dict[int, int] = {}
-        for c, j in enumerate(dfa.rows[i]):
+        # one row read (not `dfa.rows`: the whole table as lists, ~30x its size, for a large
+        # product automaton of which walks read a few rows)
+        for c, j in enumerate(dfa.table[i].tolist()):
             if j:
                 by_target[j] = by_target.get(j, 0) | masks[c]
         off = self.first - 1
