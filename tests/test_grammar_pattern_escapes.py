@@ -14,7 +14,7 @@ import unicodedata
 import pytest
 
 from grammar import UnsupportedSchemaError
-from grammar.automata.ecma_regex import property_class
+from grammar.automata.ecma_regex import category_ranges, ecma_space, property_class
 from grammar.automata.fsm import node_to_lazy_dfa
 from grammar.json_schema.schema import json_schema_to_node
 from tests._grammar_fixtures import compact
@@ -146,3 +146,8 @@ def test_other_property_escapes_are_refused(pattern: str, named: str) -> None:
 )
 def test_whitespace_escapes_are_ecma_262s(pattern: str, text: str, ok: bool) -> None:
     assert _matches({"type": "string", "pattern": pattern}, compact(text)) is ok
+
+
+def test_ecma_space_holds_every_space_separator() -> None:
+    zs = {chr(c) for lo, hi in category_ranges("Zs") for c in range(lo, hi + 1)}
+    assert ecma_space() == zs | set("\t\n\v\f\r \u00a0\ufeff\u2028\u2029")
