@@ -21,8 +21,8 @@ import json
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaError
-from grammar.json_schema.merge import local_refs
 from grammar.json_schema.objects import pointer_target
+from grammar.json_schema.refs.local import local_refs
 
 ANNOTATIONS = frozenset(
     {"title", "description", "examples", "example", "$schema", "$id", "id", "default",

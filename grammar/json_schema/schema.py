@@ -30,13 +30,7 @@ from grammar.json_schema import oneof as json_oneof
 from grammar.json_schema.arrays import ArrayRules
 from grammar.json_schema.exact.exclusive import oneof_by_negation
 from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
-from grammar.json_schema.merge import (
-    ANNOTATIONS,
-    canonical,
-    local_refs,
-    merge,
-    type_set,
-)
+from grammar.json_schema.merge import ANNOTATIONS, canonical, merge, type_set
 from grammar.json_schema.normalise import NormaliseRules
 from grammar.json_schema.objects import (
     ObjectRules,
@@ -52,6 +46,7 @@ from grammar.json_schema.oneof import (
     required_only,
     values_of,
 )
+from grammar.json_schema.refs.local import local_refs
 from grammar.json_schema.scalars import STRING_CHAR_TEXT, STRING_TEXT, ScalarRules, shared_leaf
 
 MAX_ALTERNATIVES = 1024

@@ -1,0 +1,2 @@
+"""JSON Schema references: `$id` / `$anchor` / relative URIs made local, `$dynamicRef` resolved
+statically through the dynamic scope."""
