@@ -171,6 +171,33 @@ static inline __attribute__((always_inline)) void page_scores_SUF(
             memcpy(scores + (h * g + gi) * len + t0, &sums, sizeof sums);
         }
 }
+
+/* acc[qh] = sum_t p[qh, t] v_t for the nb query heads qh0 .. qh0 + nb - 1 (all reading kv
+   head h): their accumulators stay in registers (nb * d / 16 vectors, at most 16) while the
+   tokens' value rows stream past. */
+static inline __attribute__((always_inline)) void value_block_SUF(
+    const T_ *v_pool, const int32_t *pages, int64_t len, int64_t h, int64_t hkv, int64_t d,
+    int64_t ps, int64_t num_pages, const float *scores, int64_t qh0, int nb, float *acc,
+    const T_ *fetch_pool, const int32_t *fetch_pages, int64_t fetch_count) {
+    v16f a[4][8];
+    for (int i = 0; i < nb; i++)
+        for (int c = 0; c < d / 16; c++) a[i][c] = (v16f){0};
+    for (int64_t t0 = 0; t0 < len; t0 += ps) {
+        int64_t page = clamp_page(pages[t0 / ps], num_pages);
+        for (int64_t f = t0 / ps; f < fetch_count && f < t0 / ps + 1; f++)
+            prefetch_page(fetch_pool + clamp_page(fetch_pages[f], num_pages) * ps * hkv * d,
+                          (int64_t)sizeof(T_) * ps * hkv * d);
+        int64_t m = len - t0 < ps ? len - t0 : ps;
+        for (int64_t o = 0; o < m; o++) {
+            const T_ *v = v_pool + ((page * ps + o) * hkv + h) * d;
+            for (int c = 0; c < d / 16; c++) {
+                v16f x = ldv_SUF(v + 16 * c);
+                for (int i = 0; i < nb; i++) a[i][c] += scores[(qh0 + i) * len + t0 + o] * x;
+            }
+        }
+    }
+    for (int i = 0; i < nb; i++) memcpy(acc + (qh0 + i) * d, a[i], sizeof(float) * (size_t)d);
+}
 #endif
 
 /* Attention of one request's query heads (qf: scaled, float [hq, d]) to its `len` keys, into
@@ -180,20 +207,37 @@ static inline __attribute__((always_inline)) void page_scores_SUF(
 static inline __attribute__((always_inline)) void attend_SUF(
     const float *qf, const T_ *k_pool, const T_ *v_pool, const int32_t *pages, int64_t len,
     int64_t g, int64_t hkv, int64_t d, int64_t ps, int64_t num_pages, float *scores, float *row,
-    float *acc) {
+    float *acc, const int32_t *next_pages, int64_t next_count) {
     int64_t hq = g * hkv, width = hkv * d, npages = (len + ps - 1) / ps;
     int64_t page_bytes = (int64_t)sizeof(T_) * ps * width;
-    for (int64_t pi = 0; pi < npages && pi < 2; pi++) {  /* the V pass's first pages, early */
-        int64_t page = clamp_page(pages[pi], num_pages);
-        prefetch_page(v_pool + page * ps * width, page_bytes);
-    }
     for (int pass = 0; pass < 2; pass++) {
         const T_ *pool = pass == 0 ? k_pool : v_pool;
+#ifdef HAVE_VECTORS
+        if (pass == 1 && d % 16 == 0 && d <= 128) {
+            int most = d <= 64 ? 4 : 2; /* query heads per block: at most 16 accumulators */
+            for (int64_t h = 0; h < hkv; h++)
+                for (int64_t qh = h * g, nb; qh < (h + 1) * g; qh += nb) {
+                    nb = (h + 1) * g - qh < most ? (h + 1) * g - qh : most;
+                    /* a constant block size each, so the accumulators are registers */
+#define VALUE_BLOCK(n)                                                                    \
+    value_block_SUF(v_pool, pages, len, h, hkv, d, ps, num_pages, scores, qh, n, acc, k_pool, \
+                    next_pages, qh == 0 ? next_count : 0)
+                    if (nb == 4) VALUE_BLOCK(4);
+                    else if (nb == 3) VALUE_BLOCK(3);
+                    else if (nb == 2) VALUE_BLOCK(2);
+                    else VALUE_BLOCK(1);
+#undef VALUE_BLOCK
+                }
+            break;
+        }
+#endif
         if (pass == 1) memset(acc, 0, sizeof(float) * (size_t)(hq * d));
         for (int64_t pi = 0; pi < npages; pi++) {
             int64_t page = clamp_page(pages[pi], num_pages);
             if (pi + 2 < npages) {  /* two pages ahead */
                 prefetch_page(pool + clamp_page(pages[pi + 2], num_pages) * ps * width, page_bytes);
+            if (pass == 0)  /* the V pass reads this page next */
+                prefetch_page(v_pool + page * ps * width, page_bytes);
             }
             int64_t t0 = pi * ps, m = len - t0 < ps ? len - t0 : ps;
 #ifdef HAVE_VECTORS
@@ -258,23 +302,19 @@ void decode_attention_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool, const
             scores = malloc(sizeof(float) * (size_t)(hq * cap));
         }
         const int32_t *pages = table + bi * table_stride;
-        if (bi + 1 < b) {  /* the next request's first K pages */
-            const int32_t *next = pages + table_stride;
-            for (int64_t pi = 0; pi * ps < lens[bi + 1] && pi < 2; pi++) {
-                int64_t page = clamp_page(next[pi], num_pages);
-                prefetch_page(k_pool + page * ps * hkv * d, (int64_t)sizeof(T_) * ps * hkv * d);
-            }
-        }
+        /* the V pass prefetches the next request's K pages, one per page it reads */
+        const int32_t *next = bi + 1 < b ? pages + table_stride : NULL;
+        int64_t next_count = next ? (lens[bi + 1] + ps - 1) / ps : 0;
         for (int64_t j = 0; j < hq * d; j++) qf[j] = LD(q[bi * hq * d + j]) * scale;
         if (d == 64 && ps == 16)
             attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, 64, 16, num_pages, scores, row,
-                       acc);
+                       acc, next, next_count);
         else if (d == 128 && ps == 16)
             attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, 128, 16, num_pages, scores, row,
-                       acc);
+                       acc, next, next_count);
         else
             attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, d, ps, num_pages, scores, row,
-                       acc);
+                       acc, next, next_count);
         for (int64_t j = 0; j < hq * d; j++) oh[j] = ST(acc[j]);
     }
     free(scores);
