@@ -201,7 +201,7 @@ def node_to_lazy_dfa(node: object, max_states: int = DEFAULT_MAX_STATES) -> Lazy
 def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
     nfa.materialize()
     eps, edges, final = nfa.eps, nfa.edges, nfa.final
-    masks = sorted({m for es in edges for m, _ in es})
+    masks = sorted({m for es in edges for m in es[::2]})
     class_sets = _byte_classes(masks)
     n_classes = len(class_sets)
     b2c = [0] * 256
@@ -293,14 +293,13 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
         return hit
 
     def edge_info(s: int) -> int:
-        es = edges[s]
-        if len(es) == 1:
-            ((m, t),) = es
-            k: tuple[int, ...] = (m,)
-            tgt[s] = (t,)
+        es = edges[s]  # flat: mask, target, mask, target, ...
+        if len(es) == 2:
+            k: tuple[int, ...] = (es[0],)
+            tgt[s] = (es[1],)
         else:
-            k = tuple([m for m, _ in es])
-            tgt[s] = tuple([t for _, t in es])
+            k = es[::2]
+            tgt[s] = es[1::2]
         x = sig_ids.get(k)
         if x is None:
             x = sig_ids[k] = len(sig_masks)

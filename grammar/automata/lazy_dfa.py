@@ -24,6 +24,7 @@ import threading
 import numpy as np
 
 from grammar.automata.nfa import NFA
+from grammar.automata.nfa_blocks import pairs as nfa_pairs
 from grammar.errors import GrammarError
 
 DEAD = 0
@@ -259,7 +260,7 @@ class LazyDFA:
         # sorted by mask: a state set's edges in one canonical order, so sets of the same shape
         # (the copies of a counted character, the same key trie under other targets) share
         # their template
-        pairs = sorted([e for s in self._order[i] for e in edges[s]])
+        pairs = sorted([e for s in self._order[i] for e in nfa_pairs(edges[s])])
         masks = tuple([m for m, _ in pairs])
         targets = [t for _, t in pairs]
         slots, byte_slot, n_live, only = _template(masks)

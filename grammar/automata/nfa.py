@@ -5,9 +5,10 @@ returns a state from which ``node`` is matched and then control continues at sta
 Memoising on (structure of node, k) means identical suffixes share states: the quadratic regex
 a JSON object with optional properties needs becomes a linear NFA (and a small DFA).
 
-States are tuples (epsilon targets; (byte mask, target) edges) and the builder's tables are
-dropped once the automaton is built (`add_node`), so what a compiled constraint keeps is a few
-flat lists the cyclic GC scans once and then leaves (tuples of ints are untracked).
+States are flat tuples of ints (epsilon targets; byte masks and targets, alternating) and the
+builder's tables are dropped once the automaton is built (`add_node`), so what a compiled
+constraint keeps is one tuple per state that the cyclic GC scans once and then leaves (tuples
+of ints are untracked).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 
 from interegular import patterns as ip
 
-from grammar.automata.nfa_blocks import Copies, Embedded
+from grammar.automata.nfa_blocks import Copies, Embedded, moved
 from grammar.automata.utf8 import chars_to_ranges, utf8_sequences
 from grammar.errors import GrammarError
 
@@ -63,7 +64,8 @@ def byte_mask(lo: int, hi: int) -> int:
 class NFA:
     """States with epsilon edges and byte-set edges (a byte set is a 256-bit int).
 
-    `eps[s]` is a tuple of states, `edges[s]` a tuple of (byte mask, target). Lazily filled
+    `eps[s]` is a tuple of states, `edges[s]` a flat tuple mask, target, mask, target, ...
+    (`pairs(edges[s])` gives them as pairs). Lazily filled
     blocks (`nfa_blocks`: embedded automata, long repetitions) are
     ranges of reserved ids whose entries stay None until `fill` writes them: a lazy DFA only
     reads the few it reaches. `materialize` fills all.
@@ -75,7 +77,7 @@ class NFA:
     def __init__(self, max_states: int) -> None:
         self.max_states = max_states
         self.eps: list[tuple[int, ...] | None] = []
-        self.edges: list[tuple[tuple[int, int], ...] | None] = []
+        self.edges: list[tuple[int, ...] | None] = []
         self._block_first: list[int] = []  # first state id of each lazily filled block
         self._blocks: list[Embedded | Copies] = []
         self.dead_end_possible = False
@@ -241,7 +243,7 @@ class NFA:
         for x in range(first, last):
             if any(not (first <= y < last or y == hole) for y in eps[x]):
                 return None
-            if any(not (first <= t < last or t == hole) for _, t in edges[x]):
+            if any(not (first <= t < last or t == hole) for t in edges[x][1::2]):
                 return None
 
         def copy(target: int) -> int:
@@ -251,7 +253,7 @@ class NFA:
                 raise GrammarError(f"regex automaton exceeds the state budget ({self.max_states})")
             for x in range(first, last):
                 eps.append(tuple([target if y == hole else y + off for y in eps[x]]))
-                edges.append(tuple([(m, target if t == hole else t + off) for m, t in edges[x]]))
+                edges.append(moved(edges[x], hole, target, off))
             return b + off
 
         copy.block = (first, last, b, hole)  # type: ignore[attr-defined]
@@ -310,13 +312,13 @@ class NFA:
         if not form:
             self.dead_end_possible = True  # a character class that matches nothing
         if len(form) == 1 and not form[0][1]:
-            self.edges[s] = ((form[0][0], k),)
+            self.edges[s] = (form[0][0], k)
             return s
         by_target: dict[int, int] = {}
         for mask, rest in form:
             t = self._suffix(rest, k) if rest else k
             by_target[t] = by_target.get(t, 0) | mask
-        self.edges[s] = tuple([(m, t) for t, m in by_target.items()])
+        self.edges[s] = tuple([x for t, m in by_target.items() for x in (m, t)])
         return s
 
     def _suffix(self, seq: tuple[tuple[int, int], ...], k: int) -> int:
@@ -329,6 +331,6 @@ class NFA:
             mask = self._cont_masks.get(seq[0])
             if mask is None:
                 mask = self._cont_masks[seq[0]] = byte_mask(*seq[0])
-            self.edges[s] = ((mask, t),)
+            self.edges[s] = (mask, t)
             self._memo[key] = s
         return s

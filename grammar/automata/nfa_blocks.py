@@ -38,8 +38,22 @@ class Embedded:
             if j:
                 by_target[j] = by_target.get(j, 0) | masks[c]
         off = self.first - 1
-        nfa.edges[x] = tuple([(m, j + off) for j, m in by_target.items()])
+        nfa.edges[x] = tuple([v for j, m in by_target.items() for v in (m, j + off)])
         nfa.eps[x] = (self.k,) if dfa.accepting[i] else ()
+
+
+def pairs(edges: tuple[int, ...]) -> zip:
+    """A state's flat edges (mask, target, mask, target, ...) as (mask, target) pairs."""
+    return zip(edges[::2], edges[1::2], strict=True)
+
+
+def moved(edges: tuple[int, ...], hole: int, target: int, off: int) -> tuple[int, ...]:
+    """Flat edges of a copy: each target shifted by off, the hole made `target`."""
+    out = list(edges)
+    for i in range(1, len(out), 2):
+        y = out[i]
+        out[i] = target if y == hole else y + off
+    return tuple(out)
 
 
 def class_masks(dfa: object) -> list[int]:
@@ -98,4 +112,4 @@ class Copies:
         after = self.k if c == 0 else self.start(c - 1)
         hole = self.hole
         nfa.eps[x] = tuple([after if y == hole else y + off for y in nfa.eps[t]])
-        nfa.edges[x] = tuple([(mask, after if y == hole else y + off) for mask, y in nfa.edges[t]])
+        nfa.edges[x] = moved(nfa.edges[t], hole, after, off)
