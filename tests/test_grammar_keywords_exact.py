@@ -381,3 +381,65 @@ def test_tuples_merge_element_by_element(schema, instances) -> None:
 )
 def test_not_of_tuples_and_items_is_exact(schema) -> None:
     _exact(schema, [[], [1], ["a"], [1, "x"], [1, "y"], [1, "x", 3], [2.5, "x"], "s", {}])
+
+
+# ----- $dynamicRef through the dynamic scope -----
+GENERIC = {
+    "$id": "generic",
+    "type": "array",
+    "items": {"$dynamicRef": "#item"},
+    "$defs": {"default": {"$dynamicAnchor": "item"}},
+}
+
+
+def _typed_list(name: str, t: str) -> dict:
+    return {"$id": name, "$defs": {"t": {"$dynamicAnchor": "item", "type": t}}, "$ref": "generic"}
+
+
+@pytest.mark.parametrize(
+    "schema, instances",
+    [
+        pytest.param(
+            {
+                "$schema": D2020,
+                "$id": "https://example.test/root",
+                "$ref": "generic",
+                "$defs": {"s": {"$dynamicAnchor": "item", "type": "string"}, "generic": GENERIC},
+            },
+            [[], ["a", "b"], [1], ["a", None]],
+            id="outermost-anchor",
+        ),
+        pytest.param(
+            {
+                "$schema": D2020,
+                "$id": "https://example.test/two",
+                "properties": {"n": {"$ref": "numbers"}, "s": {"$ref": "strings"}},
+                "$defs": {
+                    "generic": GENERIC,
+                    "numbers": _typed_list("numbers", "number"),
+                    "strings": _typed_list("strings", "string"),
+                },
+            },
+            [{"n": [1.5], "s": ["x"]}, {"n": ["x"]}, {"s": [1]}, {"n": [], "s": []}],
+            id="two-paths",
+        ),
+        pytest.param(
+            {
+                "$schema": D2020,
+                "$id": "https://example.test/left",
+                "properties": {
+                    "a": {
+                        "$id": "scope",
+                        "$defs": {"t": {"$dynamicAnchor": "item", "type": "null"}},
+                    },
+                    "b": {"$ref": "generic"},
+                },
+                "$defs": {"generic": GENERIC},
+            },
+            [{"a": 1, "b": [1, "x"]}, {"b": [None]}],
+            id="scope-left-behind",
+        ),
+    ],
+)
+def test_dynamic_refs_resolve_through_the_dynamic_scope(schema, instances) -> None:
+    _exact(schema, instances)

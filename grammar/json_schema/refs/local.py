@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit, uses_relative
 
 from grammar.errors import UnsupportedSchemaError
+from grammar.json_schema.refs.dynamic import expand_dynamic
 
 # ----- references through $id / $anchor (local_refs)
 # `$ref`s through `$id`, `$anchor` and relative URIs inside one document, made local.
@@ -20,7 +21,7 @@ from grammar.errors import UnsupportedSchemaError
 # name no place here (other documents, unknown anchors) are left as they are: the builders
 # refuse them with UnsupportedSchemaError naming `$ref`. A `$dynamicRef` is a `$ref` when its
 # anchor is the `$dynamicAnchor` of at most one schema here (dynamic scope then finds that
-# one or none); with more it stays, and is refused.
+# one or none); with more, the document is expanded with its dynamic scope (`refs.dynamic`).
 DEFAULT_BASE = "https://root.invalid/schema.json"  # the root's URI when it has no $id
 _IDS = ("$id", "$anchor", "$dynamicAnchor")
 # keywords whose value is a schema, a list of schemas, or a name -> schema map
@@ -89,6 +90,8 @@ def local_refs(root: Any) -> Any:
     places: dict[str, str] = {}  # absolute URI (with fragment) -> pointer from the root
     bases: dict[int, str] = {}  # id(schema dict) -> its base URI
     dynamic: list[str] = []  # the $dynamicAnchor names, once per schema
+    dynamic_refs: list[str] = []  # the anchor names $dynamicRefs name
+    at_ptr: dict[str, Any] = {}  # pointer from the root -> the schema there
 
     def index(schema: Any, base: str, ptr: str, depth: int) -> None:
         if not isinstance(schema, dict) or depth > 200:
@@ -112,7 +115,10 @@ def local_refs(root: Any) -> Any:
                 places.setdefault(f"{base}#{schema[key]}", ptr)
         if isinstance(schema.get("$dynamicAnchor"), str):
             dynamic.append(schema["$dynamicAnchor"])
+        if isinstance(schema.get("$dynamicRef"), str):
+            dynamic_refs.append(schema["$dynamicRef"].partition("#")[2])
         bases[id(schema)] = base
+        at_ptr[ptr] = schema
         for suffix, sub in subschemas(schema):
             index(sub, base, ptr + suffix, depth + 1)
 
@@ -158,4 +164,7 @@ def local_refs(root: Any) -> Any:
 
     places[DEFAULT_BASE] = ""
     index(root, DEFAULT_BASE, "", 0)
+    if not old and any(dynamic.count(name) > 1 for name in dynamic_refs):
+        # several anchors of a $dynamicRef's name: which one depends on the dynamic scope
+        return expand_dynamic(root, target, bases, at_ptr, (_ONE, _LIST, _MAP))
     return rewrite(root, 0)
