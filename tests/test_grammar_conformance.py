@@ -197,8 +197,9 @@ def test_unevaluated_properties_and_items() -> None:
     _check(s, [{"x1": "s", "y": 1}], [{"y": "s"}])
     _check({"type": "array", "prefixItems": [{"type": "string"}], "unevaluatedItems": False},
            [["a"], []], [["a", 1]])  # fmt: skip
+    _check({"anyOf": [{"properties": {"a": {}}}], "unevaluatedProperties": False},
+           [{}, {"a": 1}], [{"b": 1}])  # fmt: skip
     for schema, key in [
-        ({"anyOf": [{"properties": {}}], "unevaluatedProperties": False}, "unevaluatedProperties"),
         ({"contains": {}, "unevaluatedItems": False}, "unevaluatedItems"),
     ]:  # fmt: skip
         with pytest.raises(UnsupportedSchemaError) as e:
@@ -229,9 +230,9 @@ def test_dynamic_refs_with_one_anchor_are_plain_refs() -> None:
     }
     _check(schema, [["a"], []], [[1]])
     two = {**schema, "$defs": {**schema["$defs"], "t": {"$dynamicAnchor": "items"}}}
-    with pytest.raises(UnsupportedSchemaError) as e:
+    with pytest.raises(UnsupportedSchemaError) as e:  # two of one name in one resource
         json_schema_to_node(two)
-    assert (e.value.keyword, e.value.pointer) == ("$dynamicRef", "#/items/$dynamicRef")
+    assert (e.value.keyword, e.value.pointer) == ("$dynamicAnchor", "#/$defs/t/$dynamicAnchor")
 
 
 def test_scorer_lists_the_peers() -> None:

@@ -39,7 +39,11 @@ def expand_dynamic(
     anchors: dict[str, Binding] = {}  # resource base -> its dynamic anchors
     for ptr, s in at_ptr.items():
         if isinstance(s, dict) and isinstance(s.get("$dynamicAnchor"), str):
-            anchors.setdefault(bases[id(s)], {}).setdefault(s["$dynamicAnchor"], ptr)
+            mine = anchors.setdefault(bases[id(s)], {})
+            if s["$dynamicAnchor"] in mine:  # names are unique in a resource
+                where = f"#{ptr}/$dynamicAnchor"
+                raise UnsupportedSchemaError("$dynamicAnchor", where, "twice in one resource")
+            mine[s["$dynamicAnchor"]] = ptr
     taken = set(root.get("$defs", {}) or {})
     prefix = next(p for p in (f"_dynamic{'_' * i}" for i in range(99)) if not _clash(p, taken))
     copies: dict[tuple, str] = {}
