@@ -24,9 +24,9 @@ from grammar.tokens.loops import Suffixes, chars_lead_to
 if TYPE_CHECKING:
     from grammar.tokens.index import TokenIndex
 
-# a chain is followed this many characters at most (a step costs a few row expansions; the
-# few tokens longer than that are walked on from its last state)
-MAX_FOLLOW = 32
+# a chain is followed this many characters at most (a step costs ~9 row expansions, its UTF-8
+# paths; the few tokens longer than that are walked on from its last state, one row a byte)
+MAX_FOLLOW = 16
 CLOSED = -1  # a chain's end where every one of its characters dies
 _LEAD_LO, _LEAD_HI = 0xC2, 0xF4  # the lead bytes of multi-byte UTF-8 characters
 # a chain's other tokens (not made of its characters) are cut into suffixes only when few
