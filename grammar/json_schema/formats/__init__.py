@@ -15,9 +15,12 @@ relative-json-pointer).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 
+from grammar.automata import dfa_ops
 from grammar.automata import regex_ast as ra
+from grammar.automata.fsm import node_to_dfa
 from grammar.json_schema.formats import dates, hosts, pointers, uris
 
 _UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -105,9 +108,14 @@ def format_regex(fmt: str, max_length: int | None) -> tuple[str, int | None]:
     return hosts.labels(None if max_length <= 63 else 63), max_length
 
 
+@functools.lru_cache(maxsize=256)
 def format_node(fmt: str, max_length: int | None) -> tuple[object, int | None]:
-    """format_regex as a regex node (the node-built formats without writing their text)."""
+    """format_regex as a prebuilt automaton shared by every schema (a format's NFA is large:
+    an IP literal's alternatives; embedded, a schema holding a format in many places builds
+    none of its states), keeping its regex text for json_schema_to_regex."""
     if fmt in _NODES:
-        return _NODES[fmt](), max_length
-    text, hi = format_regex(fmt, max_length)
-    return ra.parsed(text), hi
+        node, text, hi = _NODES[fmt](), FORMAT_REGEXES[fmt], max_length
+    else:
+        text, hi = format_regex(fmt, max_length)
+        node = ra.parsed(text)
+    return dfa_ops.DFANode(node_to_dfa(node), "format", "#", text), hi
