@@ -1,6 +1,7 @@
 """URIs (RFC 3986), IRIs (RFC 3987) and URI templates (RFC 6570 with erratum 6937), built as
-regex nodes: an IRI's ucschar class holds about a million code points, and regex text would
-make a set of them at every place the class is written (a node is one shared class).
+regex nodes: an IRI's ucschar class holds about a million code points (written as the
+complement, still 144,000), and interegular would make a set of them at every place regex text
+writes the class (a node is one shared class).
 
 Every character is taken in its literal spelling (none of these grammars allows one that
 JSON must escape).
@@ -19,15 +20,16 @@ _PCT = "%[0-9A-Fa-f]{2}"
 _UNRESERVED = string.ascii_letters + string.digits + "-._~"
 _SUB_DELIMS = "!$&'()*+,;="
 _PLANE_ENDS = [((p << 16) | 0xFFFE, (p << 16) | 0xFFFF) for p in range(1, 17)]
-# what ucschar and iprivate leave out above ASCII (surrogates aside: UTF-8 has none)
+# what ucschar and iprivate leave out: ASCII (the ASCII classes beside them take their part)
+# and C1 controls, noncharacters, tags (surrogates aside: UTF-8 has none)
 _NOT_UCS_OR_PRIVATE = [(0, 0x9F), (0xFDD0, 0xFDEF), (0xFFF0, 0xFFFF), (0xE0000, 0xE0FFF)]
 _PRIVATE = [(0xE000, 0xF8FF), (0xF0000, 0x10FFFF)]  # iprivate (with plane 15/16 ends)
 
 
 @functools.cache
 def _ucs(private: bool) -> Node:
-    """ucschar (and iprivate if `private`): the complement of the few code points they
-    leave out (controls and ASCII, noncharacters, tags E0000-E0FFF), the smaller set."""
+    """ucschar (and iprivate if `private`) as the complement of what they leave out, the
+    smaller set."""
     gaps = _NOT_UCS_OR_PRIVATE + _PLANE_ENDS + ([] if private else _PRIVATE)
     return ra.char_class(frozenset(chr(c) for lo, hi in gaps for c in range(lo, hi + 1)), True)
 
