@@ -1,6 +1,6 @@
 """URIs (RFC 3986), IRIs (RFC 3987) and URI templates (RFC 6570 with erratum 6937), built as
 regex nodes: an IRI's ucschar class holds about a million code points (written as the
-complement, still 144,000), and interegular would make a set of them at every place regex text
+complement, still about 140,000), and interegular would make a set of them at every place regex text
 writes the class (a node is one shared class).
 
 Every character is taken in its literal spelling (none of these grammars allows one that
