@@ -443,3 +443,15 @@ def _typed_list(name: str, t: str) -> dict:
 )
 def test_dynamic_refs_resolve_through_the_dynamic_scope(schema, instances) -> None:
     _exact(schema, instances)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        pytest.param({"not": {"anyOf": [{"type": "integer"}, {"maxLength": 1}]}}, id="anyOf"),
+        pytest.param({"not": {"oneOf": [{"type": "integer"}, {"minimum": 2}]}}, id="oneOf"),
+        pytest.param({"not": {"if": {"minimum": 2}, "then": {"type": "integer"}}}, id="if-then"),
+    ],
+)
+def test_not_of_alternatives_is_exact(schema) -> None:
+    _exact(schema, [1, 2, 3, 2.5, 1.5, "a", "ab", None, [], {}])

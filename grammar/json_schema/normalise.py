@@ -14,6 +14,7 @@ from typing import Any
 from grammar.automata.pattern import losses, note_loss
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema.exact.evaluated import conditional_cases
+from grammar.json_schema.exact.exclusive import group_violations
 from grammar.json_schema.merge import ASSERTIONS, UNSUPPORTED, merge, type_set
 from grammar.json_schema.objects import DEPENDENCY_KEYS, name_lists, pointer_target, ptr_escape
 
@@ -115,9 +116,11 @@ class NormaliseRules:
             raise UnsupportedSchemaError("not", ptr, "of a schema cut at the recursion depth")
         if n is True or n is False:
             return [True] if n is False else []
-        if "_alts" in n:
-            raise UnsupportedSchemaError("not", ptr, "of anyOf / oneOf")
         out: list[Any] = []
+        for kind, branches, where in n.get("_alts", []):
+            if where.endswith("/not"):  # a `not` inside: its violations, not its schema
+                raise UnsupportedSchemaError("not", ptr, "of a not of several keywords")
+            out += group_violations(kind, branches)
         for key, v in n.items():
             if key not in ASSERTIONS:
                 continue  # annotations and unknown keywords

@@ -7,10 +7,14 @@ built as schemas (`allOf` with `not`), so each negation goes through the builder
 `not` (the union of the ways to violate each keyword), which refuses what it cannot negate
 exactly. The cases are pairwise disjoint and together exactly the valid instances; each
 case's automaton is within its schema's language, so the union is too.
+
+The other way round, for `not`: an `anyOf` fails when every branch does, a `oneOf` when none
+or two of its branches hold (`group_violations`).
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from grammar.automata import regex_ast as ra
@@ -40,3 +44,11 @@ def oneof_by_negation(b: Any, norm: dict, branches: list, where: str, refusal: E
         b.n_alternatives = counted  # the refused attempt spends no alternatives
         raise refusal from None
     return ra.alt(options)
+
+
+def group_violations(kind: str, branches: list) -> list:
+    """Schemas whose union is exactly the instances that fail an `anyOf` / `oneOf` group."""
+    none = {"allOf": [{"not": x} for x in branches]}
+    if kind == "anyOf":
+        return [none]
+    return [none, *({"allOf": [x, y]} for x, y in itertools.combinations(branches, 2))]
