@@ -90,6 +90,8 @@ class NFA:
         self._keys: dict[int, int] = {}  # id(node) -> structural key (from 1)
         self._interned: dict[tuple, int] = {}
         self._cont_masks: dict[tuple[int, int], int] = {}
+        self._one_byte: dict[int, int] = {}  # a character class's key -> its byte mask, when
+        # every character in it is one byte (0 when not)
 
     def _new(self) -> int:
         if len(self.eps) >= self.max_states:
@@ -134,6 +136,13 @@ class NFA:
         tp = type(node)
         if tp is _CHAR_GROUP:
             t: tuple = ("c", node.chars, node.negated)
+            k = self._interned.get(t)
+            if k is None:
+                k = self._interned[t] = len(self._interned) + 1
+                form = _char_form(node.chars, node.negated)
+                self._one_byte[k] = form[0][0] if len(form) == 1 and not form[0][1] else 0
+            keys[id(node)] = k
+            return k
         elif tp is _CONCAT:
             t = ("&", *[keys.get(id(p)) or self._key(p) for p in node.parts])
         elif tp is _ALT:
@@ -163,12 +172,21 @@ class NFA:
 
     def _build(self, node: object, k: int) -> int:
         nk = self._keys.get(id(node)) or self._key(node)
-        memo_key = (nk, k)
+        memo_key = (nk << 32) | k  # (structure, continuation) as one int: no tuple to hash
         s = self._memo.get(memo_key)
         if s is None:
-            tp = type(node)
-            if tp is _CHAR_GROUP:  # the commonest node: no dispatch
-                s = self._chars(node.chars, node.negated, k)
+            if type(node) is _CHAR_GROUP:  # the commonest node: no dispatch
+                mask = self._one_byte[nk]
+                if mask:  # one state, one edge (ASCII classes, most of a schema)
+                    s = len(self.eps)
+                    if s >= self.max_states:
+                        raise GrammarError(
+                            f"regex automaton exceeds the state budget ({self.max_states})"
+                        )
+                    self.eps.append(())
+                    self.edges.append((mask, k))
+                else:
+                    s = self._chars(node.chars, node.negated, k)
             else:
                 s = self._build_new(node, k)
             self._memo[memo_key] = s
