@@ -150,13 +150,12 @@ class LlamaModel:
         for layer in self.layers:
             big += [layer.qkv, layer.o, layer.gate_up, layer.down]
         self.mm = Packed(big, packing_enabled(dtype, self.embed.device)).linear
-        # fused CPU kernels (runtime/kernels/cpu_fused.py): rotary + K/V write and decode
-        # attention in both dtypes; residual add + RMSNorm in bf16 only, where they give torch's
-        # bits (float32 keeps torch's fused RMSNorm, equal to transformers')
+        # fused CPU kernels (runtime/kernels/cpu_fused.py): residual add + RMSNorm, rotary +
+        # K/V write, decode attention (float32: within an ulp or so of torch's ops, greedy tokens
+        # unchanged; bf16: the norm and rotary bit-equal, attention rounding-level)
         self.fused = (
             self.embed.device.type == "cpu" and config.rope_dim == d and cpu_fused.available(dtype)
         )
-        self.fused_norm = self.fused and dtype == torch.bfloat16
 
     def weight_bytes(self) -> int:
         """Bytes of weights read per forward pass (the embedding counted once when tied)."""
@@ -280,7 +279,7 @@ class LlamaModel:
         torch rounds them; the fused kernel adds in place into `hidden` (a tensor this
         forward pass allocated)."""
         eps = self.config.rms_norm_eps
-        if self.fused_norm:
+        if self.fused:
             out, bias = residual if residual is not None else (None, None)
             return hidden, cpu_fused.add_rms_norm(hidden, out, bias, weight, eps)
         if residual is not None:
