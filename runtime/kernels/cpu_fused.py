@@ -47,7 +47,7 @@ _SIGNATURES = {
     "decode_attention": [_PTR, _PTR, _PTR, _PTR, _I64, _PTR] + [_I64] * 6 + [_F32, _PTR],
 }
 
-_lib: dict[str, ctypes._CFuncPtr] | None = None
+_lib: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None = None  # (kernel, dtype) -> C
 _failed = False
 
 
@@ -76,7 +76,7 @@ def _build(target: Path, compiler: str) -> None:
         os.replace(tmp, target)
 
 
-def _load() -> dict[str, ctypes._CFuncPtr] | None:
+def _load() -> dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None:
     global _lib, _failed
     if _lib is not None or _failed:
         return _lib
@@ -95,10 +95,10 @@ def _load() -> dict[str, ctypes._CFuncPtr] | None:
         lib = ctypes.CDLL(str(target))
         funcs = {}
         for name, argtypes in _SIGNATURES.items():
-            for suffix in _SUFFIX.values():
+            for dtype, suffix in _SUFFIX.items():
                 fn = getattr(lib, f"{name}_{suffix}")
                 fn.argtypes, fn.restype = argtypes, None
-                funcs[f"{name}_{suffix}"] = fn
+                funcs[name, dtype] = fn
         _lib = funcs
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
         _failed = True
@@ -115,7 +115,7 @@ def available(dtype: torch.dtype) -> bool:
 
 def _fn(name: str, dtype: torch.dtype) -> ctypes._CFuncPtr:
     assert _lib is not None, "call available() first"
-    return _lib[f"{name}_{_SUFFIX[dtype]}"]
+    return _lib[name, dtype]
 
 
 def add_rms_norm(
