@@ -175,3 +175,12 @@ def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("SGL_FUSED_CPU", "1")
     assert cpu_fused.available(torch.float32)
     assert not cpu_fused.available(torch.float16)
+
+
+def test_a_failing_compiler_leaves_the_torch_ops(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_fused, "_lib", None)
+    monkeypatch.setattr(cpu_fused, "_failed", False)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("SGL_NATIVE_CACHE", str(tmp_path / "cache"))  # nothing built there yet
+    assert not cpu_fused.available(torch.float32)
+    assert not cpu_fused.available(torch.bfloat16)  # the failure is remembered, not retried
