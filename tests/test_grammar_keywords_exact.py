@@ -162,6 +162,30 @@ def test_names_that_need_escapes_are_exact_in_every_spelling(schema, instances) 
     _exact(schema, instances)
 
 
+@pytest.mark.parametrize(
+    "names",
+    [
+        pytest.param(['foo"bar', "foo\nbar", "foo\\bar", "a", "ab", "/"], id="escapes"),
+        pytest.param(["\U0001f600x", "\U0001f601", "é", "\ud7ff", "\ue000", "\uffff"], id="wide"),
+        pytest.param(["", "\x00", "\x1f", "a", "a"], id="empty-and-controls"),
+    ],
+)
+def test_extra_keys_and_name_spellings_partition_the_strings(names) -> None:
+    """Every JSON string is either a spelling of a name or in the extra-key language."""
+    from grammar.automata import dfa_ops
+    from grammar.automata import regex_ast as ra
+    from grammar.automata.fsm import node_to_dfa
+    from grammar.json_schema.exact.names import name_spellings, string_except
+    from grammar.json_schema.scalars import STRING_CHAR_TEXT, STRING_TEXT
+
+    extra = string_except(names, ra.parsed(STRING_CHAR_TEXT))
+    spelt = ra.alt([name_spellings(n) for n in names])
+    strings, either = node_to_dfa(ra.parsed(STRING_TEXT)), node_to_dfa(ra.alt([extra, spelt]))
+    assert not dfa_ops.product(node_to_dfa(extra), node_to_dfa(spelt), True).accepting.any()
+    assert not dfa_ops.product(strings, either, False).accepting.any()
+    assert not dfa_ops.product(either, strings, False).accepting.any()
+
+
 # ----- oneOf whose branches may both match -----
 @pytest.mark.parametrize(
     "schema, instances",

@@ -79,6 +79,22 @@ def _pair(c: int) -> tuple[int, int]:
     return 0xD800 + (c >> 10), 0xDC00 + (c & 0x3FF)
 
 
+_U = ra.lit("\\u")
+_ANY_PAIR = ra.parsed(r"\\u" + _hex_range(*_HIGH, 4) + r"\\u" + _hex_range(*_LOW, 4))
+_ANY_HEX = [ra.EMPTY, *(ra.parsed(f"[0-9a-fA-F]{{{n}}}") for n in range(1, 4))]  # n digits
+
+
+def _digit_class(digits: set[int]) -> Node:
+    """One hex digit among `digits`, letters in either case; None if there are none."""
+    return _digit_group(frozenset(digits)) if digits else None
+
+
+@functools.cache
+def _digit_group(digits: frozenset[int]) -> object:
+    lower = "".join(f"{d:x}" for d in digits)
+    return ip._CharGroup(frozenset(lower + lower.upper()), False)
+
+
 @functools.lru_cache(maxsize=4096)
 def char_spellings(c: str) -> Node:
     """Every spelling of the character `c` inside a JSON string; None for a lone surrogate
@@ -89,8 +105,8 @@ def char_spellings(c: str) -> Node:
     options = [] if c in _NOT_RAW else [ra.char(c)]
     if c in SHORT_ESCAPES:
         options.append(ra.lit("\\" + SHORT_ESCAPES[c]))
-    if code <= 0xFFFF:
-        options.append(ra.parsed(r"\\u" + _hex_range(code, code, 4)))
+    if code <= 0xFFFF:  # \\u and its 4 digits, each in either case
+        options.append(ra.seq(_U, *(_digit_class({code >> s & 15}) for s in (12, 8, 4, 0))))
     else:
         high, low = _pair(code)
         text = r"\\u" + _hex_range(high, high, 4) + r"\\u" + _hex_range(low, low, 4)
@@ -107,19 +123,20 @@ def name_spellings(name: str) -> Node:
 def char_except(chars: frozenset[str]) -> Node:
     """One string character, in any spelling, that decodes to none of `chars`."""
     options: list[Node] = [ip._CharGroup(_NOT_RAW | chars, True)]
-    short = "".join(e for c, e in SHORT_ESCAPES.items() if c not in chars)
+    short = frozenset(e for c, e in SHORT_ESCAPES.items() if c not in chars)
     if short:
-        options.append(ra.parsed(r"\\[" + "".join(ra.escape_char(e, True) for e in short) + "]"))
+        options.append(ra.seq(ra.char("\\"), ip._CharGroup(short, False)))
     codes = {ord(c) for c in chars}
-    single = _hex_ranges(_ranges_except(_BMP, codes))
-    if single:
-        options.append(ra.parsed(r"\\u" + single))
+    options.append(ra.seq(_U, _bmp_except(frozenset(c for c in codes if c <= 0xFFFF))))
     # surrogate pairs: the high halves with no excluded character take any low half
     lows: dict[int, set[int]] = {}
     for code in codes:
         if code > 0xFFFF:
             high, low = _pair(code)
             lows.setdefault(high, set()).add(low)
+    if not lows:
+        options.append(_ANY_PAIR)
+        return ra.alt(options)
     any_low = _hex_range(*_LOW, 4)
     free = _hex_ranges(_ranges_except((_HIGH,), set(lows)))
     if free:
@@ -131,10 +148,63 @@ def char_except(chars: frozenset[str]) -> Node:
     return ra.alt(options)
 
 
+@functools.lru_cache(maxsize=4096)
+def _bmp_except(codes: frozenset[int]) -> Node:
+    """4 hex digits (after `\\u`) of a basic-plane character that is no surrogate and none of
+    `codes`: digit by digit, the digits no excluded code starts with take any tail."""
+    plain = frozenset(c for c in codes if not 0xD000 <= c <= 0xDFFF)
+    in_d = frozenset(c - 0xD000 for c in codes if 0xD000 <= c <= 0xD7FF)
+    # first digit d: only d0-d7 (d8-df start surrogates)
+    return ra.alt(
+        [
+            _hex_tail(4, frozenset(range(16)) - {0xD}, plain),
+            ra.seq(_digit_class({0xD}), _hex_tail(3, frozenset(range(8)), in_d)),
+        ]
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _hex_tail(width: int, allowed: frozenset[int], points: frozenset[int]) -> Node:
+    """`width` hex digits, the first among `allowed`, spelling none of `points` (shared by
+    every character set with the same excluded tails: most names are ASCII)."""
+    if width == 0:
+        return ra.EMPTY if not points else None
+    top = 16 ** (width - 1)
+    firsts: dict[int, set[int]] = {}
+    for p in points:
+        firsts.setdefault(p // top, set()).add(p % top)
+    options = [ra.seq(_digit_class(set(allowed) - set(firsts)), _ANY_HEX[width - 1])]
+    for d, rest in sorted(firsts.items()):
+        options.append(
+            ra.seq(_digit_class({d}), _hex_tail(width - 1, _ALL_DIGITS, frozenset(rest)))
+        )
+    return ra.alt(options)
+
+
+_ALL_DIGITS = frozenset(range(16))
+
+
+_BUILT: dict[tuple, tuple[Node, Node]] = {}  # (names, id(string_char)) -> (string_char, node)
+MAX_BUILT = 256
+
+
 def string_except(names: list[str], string_char: Node) -> Node:
     """A JSON string (quotes included) whose decoded content is none of `names`: the
     complement of the names' trie over decoded characters, `string_char` (a regex node
-    of one character in any spelling) after the first character off the trie."""
+    of one character in any spelling) after the first character off the trie. Built once
+    per name list (an object's copies share it: unrolled recursion, alternatives)."""
+    key = (tuple(names), id(string_char))
+    hit = _BUILT.get(key)
+    if hit is not None and hit[0] is string_char:
+        return hit[1]
+    if len(_BUILT) >= MAX_BUILT:
+        _BUILT.clear()
+    node = _string_except(names, string_char)
+    _BUILT[key] = (string_char, node)  # holding string_char keeps its id from being reused
+    return node
+
+
+def _string_except(names: list[str], string_char: Node) -> Node:
     trie: dict = {}
     for name in names:
         node = trie
