@@ -59,21 +59,31 @@ def _cpu_id() -> str:
         return platform.processor()
 
 
-def _build(target: Path, compiler: str) -> None:
+def _build(target: Path, compiler: str, openmp: bool) -> None:
     """Compile both units into `target` (written to a temporary name, then renamed: processes
-    building at once never load a half-written file)."""
+    building at once never load a half-written file). With `openmp`, decode attention splits
+    its requests over OpenMP threads."""
+    omp = ["-fopenmp"] if openmp else []
     with tempfile.TemporaryDirectory(dir=target.parent) as d:
         objects = []
         for name, text in (("exact", render(EXACT)), ("fast", render(FAST, FAST_PRELUDE))):
             src, obj = Path(d, f"{name}.c"), Path(d, f"{name}.o")
             src.write_text(text)
-            subprocess.run([compiler, *_FLAGS[name], "-c", str(src), "-o", str(obj)],
+            flags = _FLAGS[name] + (omp if name == "fast" else [])
+            subprocess.run([compiler, *flags, "-c", str(src), "-o", str(obj)],
                            check=True, capture_output=True, timeout=120)  # fmt: skip
             objects.append(str(obj))
         tmp = Path(d, "lib.so")
-        subprocess.run([compiler, "-shared", *objects, "-o", str(tmp), "-lm"], check=True,
+        subprocess.run([compiler, "-shared", *omp, *objects, "-o", str(tmp), "-lm"], check=True,
                        capture_output=True, timeout=120)  # fmt: skip
         os.replace(tmp, target)
+
+
+def _open(cache: Path, key: str, compiler: str, openmp: bool) -> ctypes.CDLL:
+    target = cache / f"fused-{key}{'-omp' if openmp else ''}.so"
+    if not target.exists():
+        _build(target, compiler, openmp)
+    return ctypes.CDLL(str(target))
 
 
 def _load() -> dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None:
@@ -89,10 +99,13 @@ def _load() -> dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None:
         ).hexdigest()[:16]
         cache = Path(os.environ.get("SGL_NATIVE_CACHE") or Path.home() / ".cache" / "sgl-native")
         cache.mkdir(parents=True, exist_ok=True)
-        target = cache / f"fused-{key}.so"
-        if not target.exists():
-            _build(target, compiler)
-        lib = ctypes.CDLL(str(target))
+        try:
+            # OpenMP links against the libgomp torch already loaded (one runtime, torch's
+            # thread count); a compiler or runtime without it gets the single-threaded build
+            lib = _open(cache, key, compiler, openmp=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            logger.info("fused CPU kernels without OpenMP: %s", exc)
+            lib = _open(cache, key, compiler, openmp=False)
         funcs = {}
         for name, argtypes in _SIGNATURES.items():
             for dtype, suffix in _SUFFIX.items():

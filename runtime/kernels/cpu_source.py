@@ -102,6 +102,9 @@ void rotary_kv_SUF(const T_ *qkv, int64_t row, const T_ *cos_t, const T_ *sin_t,
 """
 
 FAST_PRELUDE = r"""
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
 #define HAVE_VECTORS 1
 typedef float v16f __attribute__((vector_size(64)));
@@ -281,15 +284,16 @@ static inline __attribute__((always_inline)) void attend_SUF(
 
 /* One query per request against its paged K/V (pools [pages, ps, hkv, d]); query head h reads
    kv head h / (hq / hkv). Float32 softmax; a request with no key gets zeros. */
-void decode_attention_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool, const int32_t *table,
-                          int64_t table_stride, const int32_t *lens, int64_t b, int64_t hq,
-                          int64_t hkv, int64_t d, int64_t ps, int64_t num_pages, float scale,
-                          T_ *out) {
+/* decode attention for requests first .. last - 1 */
+static void attend_rows_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool,
+                            const int32_t *table, int64_t table_stride, const int32_t *lens,
+                            int64_t first, int64_t last, int64_t hq, int64_t hkv, int64_t d,
+                            int64_t ps, int64_t num_pages, float scale, T_ *out) {
     int64_t g = hq / hkv, cap = 0;
     float *scores = NULL;
     float *qf = malloc(sizeof(float) * (size_t)(2 * hq * d + hkv * d));
     float *acc = qf + hq * d, *row = acc + hq * d;
-    for (int64_t bi = 0; bi < b; bi++) {
+    for (int64_t bi = first; bi < last; bi++) {
         int64_t len = lens[bi];
         T_ *oh = out + bi * hq * d;
         if (len <= 0) {
@@ -303,7 +307,7 @@ void decode_attention_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool, const
         }
         const int32_t *pages = table + bi * table_stride;
         /* the V pass prefetches the next request's K pages, one per page it reads */
-        const int32_t *next = bi + 1 < b ? pages + table_stride : NULL;
+        const int32_t *next = bi + 1 < last ? pages + table_stride : NULL;
         int64_t next_count = next ? (lens[bi + 1] + ps - 1) / ps : 0;
         for (int64_t j = 0; j < hq * d; j++) qf[j] = LD(q[bi * hq * d + j]) * scale;
         if (d == 64 && ps == 16)
@@ -319,6 +323,27 @@ void decode_attention_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool, const
     }
     free(scores);
     free(qf);
+}
+
+void decode_attention_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool, const int32_t *table,
+                          int64_t table_stride, const int32_t *lens, int64_t b, int64_t hq,
+                          int64_t hkv, int64_t d, int64_t ps, int64_t num_pages, float scale,
+                          T_ *out) {
+#ifdef _OPENMP
+    /* OpenMP is torch's own runtime here, so this follows torch's thread count: each thread
+       takes a contiguous run of requests */
+    if (b > 1 && omp_get_max_threads() > 1) {
+#pragma omp parallel
+        {
+            int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+            attend_rows_SUF(q, k_pool, v_pool, table, table_stride, lens, b * id / nt,
+                            b * (id + 1) / nt, hq, hkv, d, ps, num_pages, scale, out);
+        }
+        return;
+    }
+#endif
+    attend_rows_SUF(q, k_pool, v_pool, table, table_stride, lens, 0, b, hq, hkv, d, ps,
+                    num_pages, scale, out);
 }
 """
 
