@@ -5,8 +5,12 @@ A decode step of a small model is mostly fixed costs: SmolLM2-135M runs ~55 torc
 layer, ~1,650 per step, each a few microseconds of dispatch, allocation and a pass over memory.
 Three kernels replace most of them: the residual add with the following RMSNorm, rotary on q
 and k with the K/V write into the pool, and decode attention over the paged pool (float32
-softmax, one pass per request and kv head, no gathered copy of the K/V). SiLU(gate) * up was
-tried too and dropped: two torch ops on one row cost what one ctypes call does.
+softmax; per request a pass over its keys, then one over its values, no gathered copy).
+SiLU(gate) * up was tried too and dropped: two torch ops on one row cost one ctypes call.
+
+Decode attention splits its requests over OpenMP threads: built with `-fopenmp`, the library
+binds to the `libgomp.so.1` torch's Linux wheels already loaded, so it follows torch's thread
+count (a torch with another OpenMP would give it a second runtime; set SGL_FUSED_CPU=0 there).
 
 `available()` is False (and callers keep the torch path) when SGL_FUSED_CPU=0, when no C
 compiler is found or compiling fails. The library is cached under $SGL_NATIVE_CACHE (default
