@@ -22,7 +22,6 @@ Node = object | None  # a regex node (grammar.automata.regex_ast); None matches 
 # a character -> the letter of its short escape
 SHORT_ESCAPES = dict(zip('"\\/\b\f\n\r\t', '"\\/bfnrt', strict=True))
 _NOT_RAW = frozenset('"\\') | frozenset(chr(i) for i in range(0x20))  # never raw in JSON
-_BMP = ((0x0000, 0xD7FF), (0xE000, 0xFFFF))  # what a single \uXXXX may spell
 _HIGH, _LOW = (0xD800, 0xDBFF), (0xDC00, 0xDFFF)  # the halves of a surrogate pair
 
 
