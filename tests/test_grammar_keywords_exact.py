@@ -260,6 +260,11 @@ METHODS = {"type": "string", "enum": ["GET", "POST", "PATCH", "PUT", "DELETE"]}
             [["a"], ["a", None, True], ["a", True, True], [None], ["a", False, None, True]],
             id="prefix-then-scalars",
         ),
+        pytest.param(
+            {"items": {"type": "string"}, "uniqueItems": True, "maxItems": 1},
+            [[], ["a"], ["a", "b"], [1]],
+            id="at-most-one-item",
+        ),
     ],
 )
 def test_unique_items_over_finite_values_are_exact(schema, instances) -> None:

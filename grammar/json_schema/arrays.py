@@ -30,7 +30,7 @@ class ArrayRules:
         else:
             prefix, rest, rest_ptr = [], items, f"{ptr}/items"
         at = f"{ptr}/{'prefixItems' if 'prefixItems' in s else 'items'}"
-        if s.get("uniqueItems"):
+        if s.get("uniqueItems") and s.get("maxItems", 2) > 1:  # one item is always unique
             ptrs = [*(f"{at}/{i}" for i in range(len(prefix))), rest_ptr]
             return unique_array(self, s, prefix, rest, ptrs, ptr)
         lo, hi = s.get("minItems", 0), s.get("maxItems")
