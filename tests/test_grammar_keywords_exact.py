@@ -484,3 +484,38 @@ def test_dynamic_refs_resolve_through_the_dynamic_scope(schema, instances) -> No
 )
 def test_not_of_alternatives_is_exact(schema) -> None:
     _exact(schema, [1, 2, 3, 2.5, 1.5, "a", "ab", None, [], {}])
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        pytest.param(
+            {
+                "allOf": [
+                    {
+                        "patternProperties": {"^a": {"type": "integer"}},
+                        "properties": {"b": {"type": "string"}},
+                    },
+                    {
+                        "patternProperties": {"^a": {"minimum": 2}},
+                        "additionalProperties": False,
+                        "properties": {"ab": {"maximum": 5}},
+                    },
+                ]
+            },
+            id="same-patterns",
+        ),
+        pytest.param(
+            {
+                "$schema": D2020,
+                "properties": {"foo": {"type": "string"}},
+                "allOf": [{"patternProperties": {"^bar": {"type": "string"}}}],
+                "unevaluatedProperties": False,
+            },
+            id="unevaluated-beside-patterns",
+        ),
+    ],
+)
+def test_objects_with_the_same_patterns_merge_exactly(schema) -> None:
+    instances = [{}, {"a": 1}, {"a": 3}, {"ab": 3}, {"ab": 7}, {"b": "x"}, {"b": 1}, {"c": 1}]
+    _exact(schema, [*instances, {"a": "x"}, {"foo": "x", "bar": "y"}, {"bark": 1}, {"baz": 1}])

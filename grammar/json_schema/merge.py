@@ -172,8 +172,8 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
             out[key] = list(dict.fromkeys([*av, *bv]))
         elif key in ("_alts", "_refs", "_not_values"):
             out[key] = [*av, *bv]
-        elif key in ("properties", "additionalProperties"):
-            continue  # handled together below
+        elif key in ("properties", "additionalProperties", "patternProperties"):
+            continue  # handled together below (patterns: beside the same patterns)
         elif (
             key == "items"
             and isinstance(av, dict | bool)
@@ -185,7 +185,9 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
         elif key in ASSERTIONS:
             raise UnsupportedSchemaError("allOf", ptr, f"cannot merge two different {key!r}")
         # else: a keyword outside the vocabulary is an annotation (kept from the first side)
-    if patterned is not None:
+    if patterned is _SAME_PATTERNS:
+        _merge_same_patterns(out, a, b)
+    elif patterned is not None:
         order = [*a.get("properties", {}), *b.get("properties", {})]
         _merge_pattern_object(out, *patterned, order)
     elif "properties" in b or "additionalProperties" in b:
@@ -204,11 +206,41 @@ def _pattern_side(a: dict, b: dict, ptr: str) -> tuple[dict, dict] | None:
     plain, patterned = (b, a) if pa else (a, b)
     if not any(k in plain for k in ("properties", "additionalProperties", "patternProperties")):
         return None  # nothing to combine: the patterned side's keywords are copied
+    if pa and pb and set(a["patternProperties"]) == set(b["patternProperties"]):
+        return _SAME_PATTERNS
     if pa and pb:
         raise UnsupportedSchemaError("allOf", ptr, "patternProperties on both sides")
     if plain.get("additionalProperties", True) not in (True, False, {}):
         raise UnsupportedSchemaError("allOf", ptr, "patternProperties with additionalProperties")
     return plain, patterned
+
+
+_SAME_PATTERNS = ({}, {})  # both sides have patternProperties, with the same patterns
+
+
+def _merge_same_patterns(out: dict, a: dict, b: dict) -> None:
+    """Conjunction of two objects with the same patternProperties patterns: a key matches
+    them on both sides or on neither, so each pattern's schemas, each name's (a side
+    without the name: its additionalProperties where no pattern matches) and the
+    additionalProperties are conjoined one by one."""
+    import re
+
+    pats = a["patternProperties"]
+    out["patternProperties"] = {p: _all_of(pats[p], b["patternProperties"][p]) for p in pats}
+    props: dict[str, Any] = {}
+    for name in dict.fromkeys([*a.get("properties", {}), *b.get("properties", {})]):
+        try:
+            patterned = any(re.search(p, name) for p in pats)
+        except re.error as e:
+            raise UnsupportedSchemaError("patternProperties", "#", str(e)) from None
+        sides = []
+        for x in (a, b):
+            other = True if patterned else x.get("additionalProperties", True)
+            sides.append(x.get("properties", {}).get(name, other))
+        props[name] = False if False in sides else _all_of(*sides)
+    out["properties"] = props
+    xa, xb = a.get("additionalProperties", True), b.get("additionalProperties", True)
+    out["additionalProperties"] = False if False in (xa, xb) else _all_of(xa, xb)
 
 
 def _merge_pattern_object(out: dict, plain: dict, patterned: dict, order: list[str]) -> None:
