@@ -10,9 +10,12 @@ A walk advances a matcher from the start: most steps take one byte (its single-b
 picked by first choosing uniformly among the distinct states the allowed bytes lead to (so the
 closing quote of a string is as likely as "one more letter" and walks stay short), some steps
 take a longer token the mask allows; at an accepting state it ends with probability
---end-bias. Walks that reach --cap tokens are discarded. `jsonschema` asserts only the formats
-it has checkers for (several need optional packages: rfc3987, rfc3339-validator, isoduration,
-uri-template, fqdn); the table lists the formats walked that were not asserted.
+--end-bias. Walks that reach --cap tokens are discarded. A text naming a member twice (which
+a regular language cannot rule out among free-form names) is counted, and both readings (first
+or last member wins) must be valid. Formats: date-time, time, duration and uri-template are
+checked by `benchmarks.soundness_formats`; the others by `jsonschema`, as far as it has
+checkers (uri, iri, hostname need the optional packages rfc3987 and fqdn); the run lists the
+formats walked but not asserted.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from benchmarks.conformance import forked_rows
+from benchmarks.soundness_formats import CHECKERS, format_checker
 from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab
 
 
@@ -54,47 +58,56 @@ class SchemaRow:
     walks: int = 0  # kept walks (ended at an accepting state)
     capped: int = 0
     stuck: int = 0  # reached a state with no byte allowed that is not accepting
+    invalid_count: int = 0  # kept walks whose text is not a valid instance
+    duplicate_names: int = 0  # kept walks whose text names a member twice
     invalid: list[Emitted] = field(default_factory=list)
     validator_error: str = ""
 
 
-def byte_token_ids(vocab: Any) -> list[int]:
-    """The single-byte token of each byte value (a byte-level vocabulary has all 256)."""
-    out = [-1] * 256
-    for i in range(len(vocab)):
-        b = vocab.token_bytes(i)
-        if b is not None and len(b) == 1 and out[b[0]] < 0:
-            out[b[0]] = i
-    missing = [b for b in range(256) if out[b] < 0]
-    if missing:
-        raise ValueError(f"the vocabulary has no single-byte token for bytes {missing[:8]}")
-    return out
+@dataclass(slots=True)
+class WalkTokens:
+    """The vocabulary as walks use it: the single-byte token of each byte value (a byte-level
+    vocabulary has all 256) and which ids are tokens of two or more bytes."""
+
+    byte_ids: list[int]
+    multi_byte: Any  # numpy bool [len(vocab)]
+
+    @classmethod
+    def of(cls, vocab: Any) -> WalkTokens:
+        import numpy as np
+
+        byte_ids = [-1] * 256
+        multi = np.zeros(len(vocab), dtype=bool)
+        for i in range(len(vocab)):
+            b = vocab.token_bytes(i) or b""
+            multi[i] = len(b) > 1
+            if len(b) == 1 and byte_ids[b[0]] < 0:
+                byte_ids[b[0]] = i
+        missing = [b for b in range(256) if byte_ids[b] < 0]
+        if missing:
+            raise ValueError(f"the vocabulary has no single-byte token for bytes {missing[:8]}")
+        return cls(byte_ids, multi)
 
 
-def random_walk(compiled: Any, rng: random.Random, byte_ids: list[int], s: WalkSettings) -> Any:
+def random_walk(compiled: Any, rng: random.Random, wt: WalkTokens, s: WalkSettings) -> Any:
     """Token ids of one walk that ended at an accepting state; "capped" or "stuck" otherwise."""
     import numpy as np
 
     m = compiled.matcher()
-    dfa, vocab, eos = compiled.dfa, compiled.vocab, compiled.eos_token_ids
     ids: list[int] = []
     while len(ids) < s.cap:
         accepting = m.is_accepting()
         if accepting and rng.random() < s.end_bias:
             return ids
-        row = dfa.byte_row(m.state)
+        row = compiled.dfa.byte_row(m.state)
         live = np.nonzero(row)[0]
         if not len(live):
             return ids if accepting else "stuck"
         if rng.random() < s.token_share:
             # a token of two or more bytes the packed mask allows (as a decoder would pick)
-            allowed = [
-                int(t)
-                for t in np.nonzero(m.mask())[0]
-                if t not in eos and len(vocab.token_bytes(int(t)) or b"") > 1
-            ]
-            if allowed:
-                t = rng.choice(allowed)
+            allowed = np.nonzero(m.mask() & wt.multi_byte)[0]
+            if len(allowed):
+                t = int(allowed[rng.randrange(len(allowed))])
                 m.advance(t)
                 ids.append(t)
                 continue
@@ -102,8 +115,8 @@ def random_walk(compiled: Any, rng: random.Random, byte_ids: list[int], s: WalkS
         targets = row[live]
         target = rng.choice(sorted(set(targets.tolist())))
         byte = int(rng.choice(live[targets == target].tolist()))
-        m.advance(byte_ids[byte])
-        ids.append(byte_ids[byte])
+        m.advance(wt.byte_ids[byte])
+        ids.append(wt.byte_ids[byte])
     return "capped"
 
 
@@ -111,22 +124,27 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict:
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise ValueError(
-            f"duplicate member names {sorted(k for k in set(keys) if keys.count(k) > 1)}"
-        )
-    return dict(pairs)
+class DuplicateNames(ValueError):
+    """An object names a member twice: JSON (RFC 8259) leaves its meaning open."""
 
 
-def parse_instance(text: str, exact: bool = False) -> Any:
-    """Strict JSON: no NaN / Infinity, no duplicate member names (ValueError). `exact` reads
-    fractions and exponents as Decimal."""
+def parse_instance(text: str, exact: bool = False, keep: str = "") -> Any:
+    """Strict JSON: no NaN / Infinity (ValueError); `exact` reads fractions and exponents as
+    Decimal. A name given twice raises DuplicateNames unless `keep` says which member wins
+    ("first" or "last")."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict:
+        keys = [k for k, _ in items]
+        if len(set(keys)) != len(keys):
+            if not keep:
+                raise DuplicateNames(sorted(k for k in set(keys) if keys.count(k) > 1))
+            return dict(items if keep == "last" else reversed(items))
+        return dict(items)
+
     return json.loads(
         text,
         parse_constant=_no_constants,
-        object_pairs_hook=_unique_pairs,
+        object_pairs_hook=pairs,
         parse_float=decimal.Decimal if exact else float,
     )
 
@@ -155,22 +173,33 @@ class InstanceCheck:
             base, type_checker=base.TYPE_CHECKER.redefine("integer", is_integer)
         )
         exact_schema = json.loads(json.dumps(schema), parse_float=decimal.Decimal)
+        formats = format_checker(base.FORMAT_CHECKER)
         return cls(
-            base(schema, format_checker=base.FORMAT_CHECKER),
-            exact_cls(exact_schema, format_checker=base.FORMAT_CHECKER),
+            base(schema, format_checker=formats), exact_cls(exact_schema, format_checker=formats)
         )
 
-    def why_invalid(self, text: str) -> str:
-        """ "" when `text` is a valid instance, else why not."""
+    def why_invalid(self, text: str) -> tuple[str, bool]:
+        """("", _) when `text` is a valid instance, else why not; and whether it names a member
+        twice (then both readings, first and last member winning, must be valid)."""
         try:
-            instance = parse_instance(text)
+            parse_instance(text)
+            readings, twice = [""], False
+        except DuplicateNames:
+            readings, twice = ["first", "last"], True
         except ValueError as e:
-            return f"not JSON: {e}"[:200]
-        if self.plain.is_valid(instance):
+            return f"not JSON: {e}"[:200], False
+        for keep in readings:
+            reason = self._reading(text, keep)
+            if reason:
+                return (f"({keep} member wins) " if keep else "") + reason, twice
+        return "", twice
+
+    def _reading(self, text: str, keep: str) -> str:
+        if self.plain.is_valid(parse_instance(text, keep=keep)):
             return ""
         with decimal.localcontext() as ctx:
             ctx.prec = 4000
-            errors = list(self.exact.iter_errors(parse_instance(text, exact=True)))
+            errors = list(self.exact.iter_errors(parse_instance(text, exact=True, keep=keep)))
         if not errors:
             return ""
         e = errors[0]
@@ -178,7 +207,7 @@ class InstanceCheck:
         return f"at /{where}: {e.message}"[:300]
 
 
-def walk_schema(schema: Any, tok: Any, vocab: Any, byte_ids: list[int], s: WalkSettings) -> dict:
+def walk_schema(schema: Any, tok: Any, vocab: Any, wt: WalkTokens, s: WalkSettings) -> dict:
     """Compile `schema`, take s.walks walks (within s.budget_s) and validate what they emit."""
     import grammar
 
@@ -202,7 +231,7 @@ def walk_schema(schema: Any, tok: Any, vocab: Any, byte_ids: list[int], s: WalkS
     for _ in range(s.walks):
         if time.monotonic() - start > s.budget_s:
             break
-        ids = random_walk(compiled, rng, byte_ids, s)
+        ids = random_walk(compiled, rng, wt, s)
         if ids == "capped":
             row.capped += 1
             continue
@@ -214,6 +243,7 @@ def walk_schema(schema: Any, tok: Any, vocab: Any, byte_ids: list[int], s: WalkS
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError:
+            row.invalid_count += 1
             row.invalid.append(Emitted(repr(raw)[:300], "not UTF-8"))
             continue
         text = tok.decode(ids)
@@ -221,10 +251,12 @@ def walk_schema(schema: Any, tok: Any, vocab: Any, byte_ids: list[int], s: WalkS
             continue
         seen.add(text)
         try:
-            reason = check.why_invalid(text)
+            reason, twice = check.why_invalid(text)
         except Exception as e:  # e.g. a remote $ref the validator cannot resolve
             row.validator_error = f"{type(e).__name__}: {e}"[:200]
             break
+        row.duplicate_names += twice
+        row.invalid_count += bool(reason)
         if reason and len(row.invalid) < 5:
             row.invalid.append(Emitted(text[:300], reason))
     return asdict(row)
@@ -233,7 +265,7 @@ def walk_schema(schema: Any, tok: Any, vocab: Any, byte_ids: list[int], s: WalkS
 def asserted_formats() -> set[str]:
     import jsonschema
 
-    return set(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
+    return set(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers) | set(CHECKERS)
 
 
 def formats_used(schema: Any, out: set[str] | None = None) -> set[str]:
@@ -279,12 +311,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"no schemas for --suite {args.suite} --only {args.only!r} (set SGL_SHARED_DIR)")
     tok, vocab = deepseek_tokenizer(), deepseek_vocab()
     vocab.prepared()
-    byte_ids = byte_token_ids(vocab)
+    wt = WalkTokens.of(vocab)
     budget = max(1.0, args.timeout / 2)
     s = WalkSettings(args.walks, args.seed, args.cap, args.end_bias, budget_s=budget)
-    walk_schema({"type": "string"}, tok, vocab, byte_ids, s)  # warm the fork parent
+    walk_schema({"type": "string"}, tok, vocab, wt, s)  # warm the fork parent
     rows = forked_rows(
-        walk_schema, [(i.schema, tok, vocab, byte_ids, s) for i in items], args.timeout, ""
+        walk_schema, [(i.schema, tok, vocab, wt, s) for i in items], args.timeout, ""
     )
     done = [r for r in rows if r["compiled"]]
     bad = [(i, r) for i, r in zip(items, rows, strict=True) if r["compiled"] and r["invalid"]]
@@ -296,12 +328,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  text:   {e['text']!r}\n  why:    {e['reason']}")
     skipped = sum(bool(r.get("validator_error")) for r in done)
     print(f"\n{args.suite}: {len(items)} schemas, seed {args.seed}, {args.walks} walks each\n")
-    print("| compiled | walked | walks | capped | stuck | invalid emitted | schemas with one |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| compiled | walked | walks | capped | stuck | duplicate names | invalid emitted "
+        "| schemas with one |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(
         f"| {len(done)} | {sum(r['walks'] > 0 for r in done)} | {sum(r['walks'] for r in done)} "
         f"| {sum(r['capped'] for r in done)} | {sum(r['stuck'] for r in done)} "
-        f"| {sum(len(r['invalid']) for r in done)} | {len(bad)} |"
+        f"| {sum(r['duplicate_names'] for r in done)} "
+        f"| {sum(r['invalid_count'] for r in done)} | {len(bad)} |"
     )
     if skipped:
         print(f"\n{skipped} compiled schemas not validated (jsonschema could not build or run)")

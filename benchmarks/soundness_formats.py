@@ -1,0 +1,107 @@
+"""Format checkers for the soundness benchmark where `jsonschema`'s own (or the packages it
+leans on) are wrong or lax, written from the RFCs:
+
+- date-time / time: rfc3339-validator refuses every leap second; JSON Schema's reading
+  (the suite's tests) allows `:60` exactly when the time is 23:59:60 in UTC.
+- duration: isoduration reads ISO 8601 (fractions, weeks beside days); RFC 3339 appendix A.
+- uri-template: the `uri-template` package refuses prefixes of 4 digits (`{a:1000}`) and
+  percent-encoded variable names (`{%41}`), which RFC 6570 allows; literals also take the
+  apostrophe of erratum 6937.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})")
+_TIME = re.compile(
+    r"([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.[0-9]+)?(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))"
+)
+
+
+def _leap_year(y: int) -> bool:
+    return y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
+
+
+def _date_ok(text: str) -> bool:
+    m = _DATE.fullmatch(text)
+    if not m:
+        return False
+    y, mo, d = (int(g) for g in m.groups())
+    days = [31, 29 if _leap_year(y) else 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
+    return 1 <= mo <= 12 and 1 <= d <= days[mo - 1]
+
+
+def _time_ok(text: str) -> bool:
+    m = _TIME.fullmatch(text)
+    if not m:
+        return False
+    h, mi, s = int(m[1]), int(m[2]), int(m[3])
+    oh, om = (int(m[6]), int(m[7])) if m[5] else (0, 0)
+    if h > 23 or mi > 59 or s > 60 or oh > 23 or om > 59:
+        return False
+    if s < 60:
+        return True
+    sign = -1 if m[5] == "-" else 1
+    utc = (h * 60 + mi - sign * (oh * 60 + om)) % 1440
+    return utc == 23 * 60 + 59
+
+
+def is_date_time(value: Any) -> bool:
+    if not isinstance(value, str):
+        return True
+    parts = re.split("[Tt]", value)
+    return len(parts) == 2 and _date_ok(parts[0]) and _time_ok(parts[1])
+
+
+def is_time(value: Any) -> bool:
+    return not isinstance(value, str) or _time_ok(value)
+
+
+_D = "[0-9]+"
+_DUR_TIME = f"T(?:{_D}H(?:{_D}M(?:{_D}S)?)?|{_D}M(?:{_D}S)?|{_D}S)"
+_DUR_DATE = f"(?:{_D}D|{_D}M(?:{_D}D)?|{_D}Y(?:{_D}M(?:{_D}D)?)?)(?:{_DUR_TIME})?"
+_DURATION = re.compile(f"P(?:{_DUR_DATE}|{_DUR_TIME}|{_D}W)")
+
+
+def is_duration(value: Any) -> bool:
+    return not isinstance(value, str) or _DURATION.fullmatch(value) is not None
+
+
+_UCS = (
+    "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef"
+    + "".join(f"{chr(p << 16)}-{chr((p << 16) + 0xFFFD)}" for p in range(1, 14))
+    + "\U000e1000-\U000efffd"
+)
+_PRIVATE = "\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd"
+_PCT = "%[0-9A-Fa-f]{2}"
+_ASCII_LITERAL = "\\x21\\x23\\x24\\x26\\x27\\x28-\\x3b\\x3d\\x3f-\\x5b\\x5d\\x5f\\x61-\\x7a\\x7e"
+_LITERAL = f"(?:[{_ASCII_LITERAL}{_UCS}{_PRIVATE}]|{_PCT})"
+_VARCHAR = f"(?:[A-Za-z0-9_]|{_PCT})"
+_VARSPEC = f"{_VARCHAR}(?:\\.?{_VARCHAR})*(?::[1-9][0-9]{{0,3}}|\\*)?"
+_EXPRESSION = f"\\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\\}}"
+_URI_TEMPLATE = re.compile(f"(?:{_LITERAL}|{_EXPRESSION})*")
+
+
+def is_uri_template(value: Any) -> bool:
+    return not isinstance(value, str) or _URI_TEMPLATE.fullmatch(value) is not None
+
+
+CHECKERS = {
+    "date-time": is_date_time,
+    "time": is_time,
+    "duration": is_duration,
+    "uri-template": is_uri_template,
+}
+
+
+def format_checker(base: Any) -> Any:
+    """`base` (a validator class's FORMAT_CHECKER) with the checkers above in place."""
+    import jsonschema
+
+    out = jsonschema.FormatChecker(formats=())
+    out.checkers = dict(base.checkers)
+    for name, fn in CHECKERS.items():
+        out.checks(name)(fn)
+    return out
