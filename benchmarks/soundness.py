@@ -12,9 +12,11 @@ closing quote of a string is as likely as "one more letter" and walks stay short
 take a longer token the mask allows; at an accepting state it ends with probability
 --end-bias. Walks that reach --cap tokens are discarded. A text naming a member twice (which
 a regular language cannot rule out among free-form names) is counted, and both readings (first
-or last member wins) must be valid. Formats: date-time, time, duration and uri-template are
-checked by `benchmarks.soundness_formats`; the others by `jsonschema`, as far as it has
-checkers (uri, iri, hostname need the optional packages rfc3987 and fqdn); the run lists the
+or last member wins) must be valid. Formats date-time, time, duration, uri-template and
+relative-json-pointer, and patterns (read as ECMA-262, `\\p{..}` with the `regex` package's
+Unicode, which may be newer than the grammar's `unicodedata`) are checked by
+`benchmarks.soundness_checkers`; the other formats by `jsonschema`, as far as it has checkers
+(uri, iri, hostname need the optional packages rfc3987 and fqdn); the run lists the
 formats walked but not asserted.
 """
 
@@ -31,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from benchmarks.conformance import forked_rows
-from benchmarks.soundness_formats import CHECKERS, format_checker
+from benchmarks.soundness_checkers import CHECKERS, ecma_patterns, format_checker
 from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab
 
 
@@ -173,6 +175,7 @@ class InstanceCheck:
             base, type_checker=base.TYPE_CHECKER.redefine("integer", is_integer)
         )
         exact_schema = json.loads(json.dumps(schema), parse_float=decimal.Decimal)
+        ecma_patterns()
         formats = format_checker(base.FORMAT_CHECKER)
         return cls(
             base(schema, format_checker=formats), exact_cls(exact_schema, format_checker=formats)
@@ -225,7 +228,8 @@ def walk_schema(schema: Any, tok: Any, vocab: Any, wt: WalkTokens, s: WalkSettin
     except Exception as e:
         row.validator_error = f"{type(e).__name__}: {e}"[:200]
         return asdict(row)
-    rng = random.Random(s.seed)
+    # seeded by the schema too, so schemas that compile alike still take different walks
+    rng = random.Random(f"{s.seed}:{json.dumps(schema, sort_keys=True)}")
     start = time.monotonic()
     seen: set[str] = set()
     for _ in range(s.walks):

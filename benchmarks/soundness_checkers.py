@@ -1,5 +1,5 @@
-"""Format checkers for the soundness benchmark where `jsonschema`'s own (or the packages it
-leans on) are wrong or lax, written from the RFCs:
+r"""Checkers for the soundness benchmark where `jsonschema`'s own (or the packages it leans on)
+are wrong or lax, written from the RFCs and ECMA-262:
 
 - date-time / time: rfc3339-validator refuses every leap second; JSON Schema's reading
   (the suite's tests) allows `:60` exactly when the time is 23:59:60 in UTC.
@@ -7,6 +7,11 @@ leans on) are wrong or lax, written from the RFCs:
 - uri-template: the `uri-template` package refuses prefixes of 4 digits (`{a:1000}`) and
   percent-encoded variable names (`{%41}`), which RFC 6570 allows; literals also take the
   apostrophe of erratum 6937.
+- relative-json-pointer: jsonschema refuses a digit after any 0 (`70421`).
+- pattern / patternProperties: jsonschema searches with Python's `re`, whose `\s`, `\d`,
+  `\w`, `.` and `$` differ from ECMA-262's (`\s` lacks U+FEFF and has U+001C-1F and U+0085;
+  `$` matches before a final newline) and which has no `\p{..}`. `ecma_patterns()` makes
+  jsonschema search with the `regex` package on a translation to ECMA meanings instead.
 """
 
 from __future__ import annotations
@@ -88,7 +93,15 @@ def is_uri_template(value: Any) -> bool:
     return not isinstance(value, str) or _URI_TEMPLATE.fullmatch(value) is not None
 
 
+_RJP = re.compile("(?:0|[1-9][0-9]*)(?:#|(?:/(?:[^~/]|~[01])*)*)", re.DOTALL)
+
+
+def is_relative_json_pointer(value: Any) -> bool:
+    return not isinstance(value, str) or _RJP.fullmatch(value) is not None
+
+
 CHECKERS = {
+    "relative-json-pointer": is_relative_json_pointer,
     "date-time": is_date_time,
     "time": is_time,
     "duration": is_duration,
@@ -105,3 +118,72 @@ def format_checker(base: Any) -> Any:
     for name, fn in CHECKERS.items():
         out.checks(name)(fn)
     return out
+
+
+_SPACE = "\\t\\n\\v\\f\\r \\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
+_CLASS_BODY = {"d": "0-9", "w": "A-Za-z0-9_", "s": _SPACE}
+_OUTSIDE = {
+    **{k: f"[{v}]" for k, v in _CLASS_BODY.items()},
+    **{k.upper(): f"[^{v}]" for k, v in _CLASS_BODY.items()},
+    ".": "[^\\n\\r\\u2028\\u2029]",
+    "$": "\\Z",
+}
+
+
+def ecma_to_regex(pattern: str) -> str:
+    """An ECMA-262 pattern (no flags) as a `regex` pattern of the same meaning: the class
+    escapes and `.` spelled out, `$` only at the very end. Negated escapes inside a class
+    (`[^\\S]`) are left as `regex` reads them (Unicode)."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            e = pattern[i + 1]
+            if in_class and e in _CLASS_BODY:
+                out.append(_CLASS_BODY[e])
+            elif not in_class and e in "dDwWsS":
+                out.append(_OUTSIDE[e])
+            else:
+                out.append(c + e)
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]" or out[-1] in ("[", "[^")
+        elif c == "[":
+            in_class = True
+            if pattern.startswith("[^", i):
+                out.append("[^")
+                i += 2
+                continue
+        elif c in ".$":
+            c = _OUTSIDE[c]
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+class _EcmaRe:
+    """Stands in for the `re` module inside jsonschema: `search` reads ECMA-262."""
+
+    def __init__(self) -> None:
+        self._compiled: dict[str, Any] = {}
+
+    def search(self, pattern: str, string: str) -> Any:
+        import regex
+
+        if pattern not in self._compiled:
+            self._compiled[pattern] = regex.compile(ecma_to_regex(pattern))
+        return self._compiled[pattern].search(string)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(re, name)
+
+
+def ecma_patterns() -> None:
+    """Make jsonschema's pattern keywords (pattern, patternProperties, additionalProperties
+    and unevaluatedProperties beside them) search with ECMA-262 meanings, in this process."""
+    from jsonschema import _keywords, _legacy_keywords, _utils
+
+    shim = _EcmaRe()
+    for module in (_keywords, _legacy_keywords, _utils):
+        module.re = shim
