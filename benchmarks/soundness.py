@@ -12,8 +12,8 @@ closing quote of a string is as likely as "one more letter" and walks stay short
 take a longer token the mask allows; at an accepting state it ends with probability
 --end-bias. Walks that reach --cap tokens are discarded. A text naming a member twice (which
 a regular language cannot rule out among free-form names) is counted, and both readings (first
-or last member wins) must be valid. Formats date-time, time, duration, uri-template and
-relative-json-pointer, and patterns (read as ECMA-262, `\\p{..}` with the `regex` package's
+or last member wins) must be valid. Formats date, date-time, time, duration, uri-template
+and relative-json-pointer, and patterns (read as ECMA-262, `\\p{..}` with the `regex` package's
 Unicode, which may be newer than the grammar's `unicodedata`) are checked by
 `benchmarks.soundness_checkers`; the other formats by `jsonschema`, as far as it has checkers
 (uri, iri, hostname need the optional packages rfc3987 and fqdn); the run lists the
@@ -44,6 +44,7 @@ class WalkSettings:
     cap: int = 400  # tokens; a walk that reaches it is discarded
     end_bias: float = 0.4  # chance of ending at each accepting state
     token_share: float = 0.15  # chance of a multi-byte token (from the mask) instead of a byte
+    hint_share: float = 0.25  # chance of following a hint (a spelling from the schema)
     budget_s: float = 10.0  # walking time per schema, after compiling
 
 
@@ -91,7 +92,38 @@ class WalkTokens:
         return cls(byte_ids, multi)
 
 
-def random_walk(compiled: Any, rng: random.Random, wt: WalkTokens, s: WalkSettings) -> Any:
+def schema_hints(schema: Any) -> list[bytes]:
+    """Spellings worth trying: the schema's strings (names, consts, enums) as JSON strings, with
+    their first character \\u-escaped too, and other spellings of its numbers (1.0, 1e0, -0).
+    Walks follow them as far as the constraint allows, to reach the corners (an escaped name
+    that equals a declared one, a number equal to a const) that uniform choice rarely finds."""
+    out: set[bytes] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                visit(k)
+                visit(v)
+        elif isinstance(node, list):
+            for v in node:
+                visit(v)
+        elif isinstance(node, str) and len(node) < 40:
+            out.add(json.dumps(node, ensure_ascii=False).encode())
+            if node:
+                first = node[0]
+                esc = json.dumps(first)[1:-1] if ord(first) > 0x7E else f"\\u{ord(first):04x}"
+                out.add(f'"{esc}{json.dumps(node[1:], ensure_ascii=False)[1:]}'.encode())
+        elif isinstance(node, int | float) and not isinstance(node, bool):
+            out.update(f"{node}".encode() for node in (node, float(node), -node))
+            out.add(f"{node}e0".encode())
+
+    visit(schema)
+    return sorted(out)
+
+
+def random_walk(
+    compiled: Any, rng: random.Random, wt: WalkTokens, s: WalkSettings, hints: list[bytes] = ()
+) -> Any:
     """Token ids of one walk that ended at an accepting state; "capped" or "stuck" otherwise."""
     import numpy as np
 
@@ -105,6 +137,15 @@ def random_walk(compiled: Any, rng: random.Random, wt: WalkTokens, s: WalkSettin
         live = np.nonzero(row)[0]
         if not len(live):
             return ids if accepting else "stuck"
+        fits = [h for h in hints if row[h[0]]] if hints else []
+        if fits and rng.random() < s.hint_share:
+            # a hint whose first byte is allowed, as far as its bytes stay allowed
+            for b in rng.choice(fits):
+                if len(ids) >= s.cap or not compiled.dfa.byte_row(m.state)[b]:
+                    break
+                m.advance(wt.byte_ids[b])
+                ids.append(wt.byte_ids[b])
+            continue
         if rng.random() < s.token_share:
             # a token of two or more bytes the packed mask allows (as a decoder would pick)
             allowed = np.nonzero(m.mask() & wt.multi_byte)[0]
@@ -232,10 +273,11 @@ def walk_schema(schema: Any, tok: Any, vocab: Any, wt: WalkTokens, s: WalkSettin
     rng = random.Random(f"{s.seed}:{json.dumps(schema, sort_keys=True)}")
     start = time.monotonic()
     seen: set[str] = set()
+    hints = schema_hints(schema)
     for _ in range(s.walks):
         if time.monotonic() - start > s.budget_s:
             break
-        ids = random_walk(compiled, rng, wt, s)
+        ids = random_walk(compiled, rng, wt, s, hints)
         if ids == "capped":
             row.capped += 1
             continue

@@ -1,6 +1,7 @@
 r"""Checkers for the soundness benchmark where `jsonschema`'s own (or the packages it leans on)
 are wrong or lax, written from the RFCs and ECMA-262:
 
+- date: jsonschema (Python's `date.fromisoformat`) refuses the year 0000, RFC 3339 allows it.
 - date-time / time: rfc3339-validator refuses every leap second; JSON Schema's reading
   (the suite's tests) allows `:60` exactly when the time is 23:59:60 in UTC.
 - duration: isoduration reads ISO 8601 (fractions, weeks beside days); RFC 3339 appendix A.
@@ -60,6 +61,10 @@ def is_date_time(value: Any) -> bool:
     return len(parts) == 2 and _date_ok(parts[0]) and _time_ok(parts[1])
 
 
+def is_date(value: Any) -> bool:
+    return not isinstance(value, str) or _date_ok(value)
+
+
 def is_time(value: Any) -> bool:
     return not isinstance(value, str) or _time_ok(value)
 
@@ -102,6 +107,7 @@ def is_relative_json_pointer(value: Any) -> bool:
 
 CHECKERS = {
     "relative-json-pointer": is_relative_json_pointer,
+    "date": is_date,
     "date-time": is_date_time,
     "time": is_time,
     "duration": is_duration,
