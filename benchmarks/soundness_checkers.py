@@ -8,6 +8,9 @@ are wrong or lax, written from the RFCs and ECMA-262:
 - uri-template: the `uri-template` package refuses prefixes of 4 digits (`{a:1000}`) and
   percent-encoded variable names (`{%41}`), which RFC 6570 allows; literals also take the
   apostrophe of erratum 6937.
+- uri / uri-reference / iri / iri-reference: rfc3987 reads IPvFuture's "v" as lower case
+  only (`//[VC.x]`), while ABNF strings are case-insensitive (RFC 5234): the host is read with
+  a lower-case "v" before the package's check.
 - relative-json-pointer: jsonschema refuses a digit after any 0 (`70421`).
 - pattern / patternProperties: jsonschema searches with Python's `re`, whose `\s`, `\d`,
   `\w`, `.` and `$` differ from ECMA-262's (`\s` lacks U+FEFF and has U+001C-1F and U+0085;
@@ -115,6 +118,16 @@ CHECKERS = {
 }
 
 
+_FUTURE_HOST = re.compile(r"(?<=[/@])\[V")
+
+
+def _ip_future_any_case(check: Any) -> Any:
+    def checked(value: Any) -> bool:
+        return check(_FUTURE_HOST.sub("[v", value) if isinstance(value, str) else value)
+
+    return checked
+
+
 def format_checker(base: Any) -> Any:
     """`base` (a validator class's FORMAT_CHECKER) with the checkers above in place."""
     import jsonschema
@@ -123,6 +136,10 @@ def format_checker(base: Any) -> Any:
     out.checkers = dict(base.checkers)
     for name, fn in CHECKERS.items():
         out.checks(name)(fn)
+    for name in ("uri", "uri-reference", "iri", "iri-reference"):
+        if name in base.checkers:
+            fn, raises = base.checkers[name]
+            out.checks(name, raises)(_ip_future_any_case(fn))
     return out
 
 
