@@ -13,8 +13,8 @@ take a longer token the mask allows; at an accepting state it ends with probabil
 --end-bias. Walks that reach --cap tokens are discarded. A text naming a member twice (which
 a regular language cannot rule out among free-form names) is counted, and both readings (first
 or last member wins) must be valid. Formats date, date-time, time, duration, uri-template
-and relative-json-pointer, and patterns (read as ECMA-262, `\\p{..}` with the `regex` package's
-Unicode, which may be newer than the grammar's `unicodedata`) are checked by
+and relative-json-pointer, and patterns (read as ECMA-262, `\\p{..}` in the Unicode version
+of this Python's `unicodedata`, as the grammar reads it) are checked by
 `benchmarks.soundness_checkers`; the other formats by `jsonschema`, as far as it has checkers
 (uri, iri, hostname need the optional packages rfc3987 and fqdn); the run lists the
 formats walked but not asserted.

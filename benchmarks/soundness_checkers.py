@@ -14,13 +14,16 @@ are wrong or lax, written from the RFCs and ECMA-262:
 - relative-json-pointer: jsonschema refuses a digit after any 0 (`70421`).
 - pattern / patternProperties: jsonschema searches with Python's `re`, whose `\s`, `\d`,
   `\w`, `.` and `$` differ from ECMA-262's (`\s` lacks U+FEFF and has U+001C-1F and U+0085;
-  `$` matches before a final newline) and which has no `\p{..}`. `ecma_patterns()` makes
+  `$` matches before a final newline) and which has no `\p{..}` (read here with the Unicode
+  version of this Python's `unicodedata`, as the grammar reads it). `ecma_patterns()` makes
   jsonschema search with the `regex` package on a translation to ECMA meanings instead.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import unicodedata
 from typing import Any
 
 _DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})")
@@ -153,15 +156,39 @@ _OUTSIDE = {
 }
 
 
-def ecma_to_regex(pattern: str) -> str:
-    """An ECMA-262 pattern (no flags) as a `regex` pattern of the same meaning: the class
-    escapes and `.` spelled out, `$` only at the very end. Negated escapes inside a class
-    (`[^\\S]`) are left as `regex` reads them (Unicode)."""
-    out, i, in_class = [], 0, False
+@functools.cache
+def _unassigned() -> str:
+    """A class body of the code points this Python's `unicodedata` has no character for (Cn):
+    the grammar reads `\\p{..}` with this Unicode version, the `regex` package with its own
+    (newer) one, so property escapes leave out what is unassigned here."""
+    spans, start = [], None
+    for cp in range(0x110001):
+        cn = cp < 0x110000 and unicodedata.category(chr(cp)) == "Cn"
+        if cn and start is None:
+            start = cp
+        elif not cn and start is not None:
+            spans.append(f"\\U{start:08x}-\\U{cp - 1:08x}")
+            start = None
+    return "".join(spans)
+
+
+def ecma_to_regex(pattern: str) -> tuple[str, int]:
+    """An ECMA-262 pattern (no flags) as a `regex` pattern of the same meaning, and its flags:
+    the class escapes and `.` spelled out, `$` only at the very end, `\\p{..}` / `\\P{..}` as
+    this Python's Unicode version has them (set operations, so the V1 flag). Negated escapes
+    inside a class (`[^\\S]`) are left as `regex` reads them (Unicode)."""
+    out, i, in_class, flags = [], 0, False, 0
     while i < len(pattern):
         c = pattern[i]
         if c == "\\" and i + 1 < len(pattern):
             e = pattern[i + 1]
+            prop = re.match(r"\\[pP]\{[^}]*\}", pattern[i:]) if e in "pP" else None
+            if prop:
+                op = "--" if e == "p" else ""  # \\p minus, \\P plus the unassigned
+                out.append(f"[{prop[0]}{op}[{_unassigned()}]]")
+                flags = regex_v1()
+                i += len(prop[0])
+                continue
             if in_class and e in _CLASS_BODY:
                 out.append(_CLASS_BODY[e])
             elif not in_class and e in "dDwWsS":
@@ -182,7 +209,13 @@ def ecma_to_regex(pattern: str) -> str:
             c = _OUTSIDE[c]
         out.append(c)
         i += 1
-    return "".join(out)
+    return "".join(out), flags
+
+
+def regex_v1() -> int:
+    import regex
+
+    return regex.V1
 
 
 class _EcmaRe:
@@ -195,7 +228,8 @@ class _EcmaRe:
         import regex
 
         if pattern not in self._compiled:
-            self._compiled[pattern] = regex.compile(ecma_to_regex(pattern))
+            text, flags = ecma_to_regex(pattern)
+            self._compiled[pattern] = regex.compile(text, flags)
         return self._compiled[pattern].search(string)
 
     def __getattr__(self, name: str) -> Any:
