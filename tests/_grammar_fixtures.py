@@ -258,3 +258,23 @@ def brute_force_mask(grammar: Any, state: int) -> Any:
     for e in vocab.eos_token_ids:
         out[e] = bool(dfa.accepting[state])
     return out
+
+
+def assert_masks_on_walks_match(grammar: Any, tok: Any, instances: list, n_states: int) -> None:
+    """Walk each instance (compact JSON) to its accepting end, then check the packed masks of
+    the first `n_states` states visited against brute_force_mask."""
+    import numpy as np
+
+    states: list[int] = []
+    for instance in instances:
+        m = grammar.matcher()
+        for t in tok.encode(compact(instance), add_special_tokens=False):
+            if m.state not in states:
+                states.append(m.state)
+            m.advance(t)
+        assert m.is_accepting(), instance
+    n = len(grammar.vocab)
+    for state in states[:n_states]:
+        words = grammar.index.bitmask(state)
+        got = np.unpackbits(words.view(np.uint8), bitorder="little")[:n].astype(bool)
+        assert np.array_equal(got, brute_force_mask(grammar, state)), state

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import weakref
 
-import numpy as np
 import pytest
 
 from grammar import clear_caches, compile_json_schema
@@ -16,7 +15,7 @@ from grammar.automata import dfa_ops
 from grammar.automata.fsm import START, ByteDFA, regex_to_dfa
 from grammar.automata.nfa import NFA, parse_regex
 from grammar.json_schema.scalars import STRING_CHAR_TEXT
-from tests._grammar_fixtures import brute_force_mask, compact, deepseek_tokenizer, deepseek_vocab
+from tests._grammar_fixtures import assert_masks_on_walks_match, deepseek_tokenizer, deepseek_vocab
 
 
 def _same_language(a: ByteDFA, b: ByteDFA) -> bool:
@@ -118,15 +117,4 @@ def test_masks_on_length_products_equal_a_token_walk(schema, instances):
     tok, vocab = deepseek_tokenizer(), deepseek_vocab()
     clear_caches()
     grammar = compile_json_schema(schema, vocab)
-    states: list[int] = []
-    for instance in instances:
-        m = grammar.matcher()
-        for t in tok.encode(compact(instance), add_special_tokens=False):
-            if m.state not in states:
-                states.append(m.state)
-            m.advance(t)
-        assert m.is_accepting(), instance
-    for state in states[:8]:
-        words = grammar.index.bitmask(state)
-        got = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(vocab)].astype(bool)
-        assert np.array_equal(got, brute_force_mask(grammar, state)), state
+    assert_masks_on_walks_match(grammar, tok, instances, 8)

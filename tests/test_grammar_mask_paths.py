@@ -4,12 +4,11 @@ state most bytes lead to (`_like`: object keys beside property names) and counti
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from grammar import clear_caches, compile_json_schema
 from grammar.tokens.index import TokenIndex
-from tests._grammar_fixtures import brute_force_mask, compact, deepseek_tokenizer, deepseek_vocab
+from tests._grammar_fixtures import assert_masks_on_walks_match, deepseek_tokenizer, deepseek_vocab
 
 CASES = [
     pytest.param(
@@ -43,10 +42,6 @@ CASES = [
 ]
 
 
-def _unpack(words: np.ndarray, n: int) -> np.ndarray:
-    return np.unpackbits(words.view(np.uint8), bitorder="little")[:n].astype(bool)
-
-
 @pytest.mark.parametrize(("schema", "instances", "path"), CASES)
 def test_shortcut_masks_equal_a_token_walk(schema, instances, path, monkeypatch):
     tok, vocab = deepseek_tokenizer(), deepseek_vocab()
@@ -61,15 +56,5 @@ def test_shortcut_masks_equal_a_token_walk(schema, instances, path, monkeypatch)
     monkeypatch.setattr(TokenIndex, path, spy)
     clear_caches()
     grammar = compile_json_schema(schema, vocab)
-    states: list[int] = []
-    for instance in instances:
-        m = grammar.matcher()
-        for t in tok.encode(compact(instance), add_special_tokens=False):
-            if m.state not in states:
-                states.append(m.state)
-            m.advance(t)
-        assert m.is_accepting(), instance
-    for state in states[:10]:
-        got = _unpack(grammar.index.bitmask(state), len(vocab))
-        assert np.array_equal(got, brute_force_mask(grammar, state)), state
+    assert_masks_on_walks_match(grammar, tok, instances, 10)
     assert any(taken), f"{path} never applied"

@@ -19,6 +19,7 @@ import unicodedata
 from interegular import patterns as ip
 from interegular.utils.simple_parser import nomatch
 
+from grammar.automata.nfa import parsed_or_refused
 from grammar.errors import GrammarError
 
 # PropertyValueAliases.txt for General_Category: short name -> the other names ECMA-262 takes
@@ -208,15 +209,4 @@ class _EcmaPattern(ip._ParsePattern):
 def parse_pattern_regex(pattern: str) -> object:
     """A `pattern`'s regex as interegular nodes, with property escapes (as
     grammar.automata.nfa.parse_regex otherwise; GrammarError naming what is refused)."""
-    try:
-        return _EcmaPattern(pattern).parse().simplify()
-    except ip.Unsupported as e:
-        raise GrammarError(f"regex construct not supported: {e} in {pattern[:200]!r}") from None
-    except ip.InvalidSyntax as e:
-        raise GrammarError(f"invalid regex syntax {e} in {pattern[:200]!r}") from None
-    except RecursionError:
-        raise GrammarError(f"regex too deeply nested: {pattern[:200]!r}") from None
-    except GrammarError:
-        raise
-    except Exception as e:  # interegular's parser raises bare errors on odd input
-        raise GrammarError(f"invalid regex {pattern[:200]!r}: {e}") from None
+    return parsed_or_refused(lambda text: _EcmaPattern(text).parse().simplify(), pattern)

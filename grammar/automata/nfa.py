@@ -33,8 +33,15 @@ _CONCAT, _ALT, _REPEAT = ip._Concatenation, ip.Pattern, ip._Repeated
 
 def parse_regex(pattern: str) -> ip.Pattern:
     """Parse with interegular; unsupported constructs raise GrammarError naming them."""
+    return parsed_or_refused(ip.parse_pattern, pattern)
+
+
+def parsed_or_refused(parse: Callable[[str], ip.Pattern], pattern: str) -> ip.Pattern:
+    """`parse(pattern)`, with every parser failure as a GrammarError naming the pattern."""
     try:
-        return ip.parse_pattern(pattern)
+        return parse(pattern)
+    except GrammarError:
+        raise
     except ip.Unsupported as e:
         raise GrammarError(f"regex construct not supported: {e} in {pattern[:200]!r}") from None
     except ip.InvalidSyntax as e:
