@@ -172,7 +172,7 @@ class LlamaModel:
         nd = batch.num_decode
         hidden = self.embed_tokens(batch.input_ids)
         t = hidden.shape[0]
-        fused = self.fused and not hidden.is_cuda
+        fused = self.fused  # decided at load time from the weights' device (packed for it)
         if fused:  # the kernel reads the tables at each token's position
             cos, sin = self.rotary.tables(batch.positions)
         else:
