@@ -20,6 +20,10 @@ import json
 import re
 from typing import Any
 
+# imported with the module, not at a schema's first enum check: the library's import (about
+# 50 ms, with attrs, idna and referencing) would otherwise land on that schema's compile time
+import jsonschema
+
 from grammar.automata import dfa_ops
 from grammar.automata import regex_ast as ra
 from grammar.automata.fsm import node_to_dfa
@@ -192,8 +196,6 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         """Whether `value` is an instance of `schema` (a part of the root: its local `$ref`s
         resolve against the root), by the jsonschema library with formats asserted."""
         if self._validator is None:
-            import jsonschema
-
             cls = jsonschema.validators.validator_for(self.root)
             root = self.root if isinstance(self.root, dict) else {}
             self._validator = cls(root, format_checker=cls.FORMAT_CHECKER)
