@@ -7,7 +7,8 @@ deepseek tokenizer (129,280 ids), compact separators, schema-ordered keys.
 
 Each schema (a suite's group) runs in a forked worker killed after --timeout seconds (counted
 as failed), single threaded; before forking, every engine compiles and walks one unrelated
-warm-up schema. A peer that is not installed is named, with the command that installs it.
+warm-up schema (and ours builds its shared format automata, `grammar.prebuild`, as the engine
+does at start). A peer that is not installed is named, with the command that installs it.
 Prints the engines' table (compile, first mask = compile + first mask, every mask of every
 instance walk, valid and invalid), then a per-keyword table of fully correct schemas over the
 schemas every engine ran.

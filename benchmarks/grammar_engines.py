@@ -23,7 +23,7 @@ class Ours:
 
         self.g = grammar
         self.vocab = deepseek_vocab()
-        self.vocab.prepared()
+        grammar.prebuild(self.vocab)  # what the engine builds at start (format automata)
         self.out = np.zeros((len(self.vocab) + 31) // 32, dtype=np.int32)
         self.eos = self.vocab.eos_token_ids[0]
 

@@ -97,7 +97,8 @@ def compile_json_schema(
                 except EmptyLanguageError:
                     return empty_language_dfa()
                 dfa = node_to_lazy_dfa(node, max_states)
-                # freed while the GC is off: its first pass after scans only what is kept
+                # freed while the GC is off, unless the NFA keeps it for the members it builds
+                # on first read: the GC's first pass after scans only what is kept
                 del node
             return dfa
 

@@ -192,7 +192,10 @@ def node_to_lazy_dfa(node: object, max_states: int = DEFAULT_MAX_STATES) -> Lazy
     construction prunes the dead ends that leaves)."""
     with no_gc():
         nfa = NFA(max_states=nfa_budget(max_states))
-        start = nfa.add_regex(node) if isinstance(node, str) else nfa.add_node(node)
+        if isinstance(node, str):
+            start = nfa.add_regex(node, lazy=True)
+        else:
+            start = nfa.add_node(node, lazy=True)
         if nfa.dead_end_possible:
             return nfa_to_dfa(nfa, start, max_states)
         return LazyDFA(nfa, start, max_states)

@@ -29,6 +29,12 @@ _CHAR_GROUP = ip._CharGroup
 _COPY_FROM = 8  # counted repetitions with more copies than this copy a built block
 _LAZY_FROM = 64  # bounded ones with more copies than this make their copies on first read
 _CONCAT, _ALT, _REPEAT = ip._Concatenation, ip.Pattern, ip._Repeated
+_DEFERRED = (_ALT, _REPEAT)  # node kinds a lazy build defers to their first read
+
+
+def _matches_nothing(dfa: object) -> bool:
+    """An embedded ByteDFA of the empty language (its start neither accepts nor moves)."""
+    return not dfa.table[1].any() and not dfa.accepting[1]
 
 
 def parse_regex(pattern: str) -> ip.Pattern:
@@ -88,6 +94,10 @@ class NFA:
         self._block_first: list[int] = []  # first state id of each lazily filled block
         self._blocks: list[Embedded | Copies] = []
         self.dead_end_possible = False
+        self._lazy = False  # build ALT / REPEAT states on first read (add_node(lazy=True))
+        self._eager = 0  # > 0 while a block must be built whole (a copier's template)
+        self._pending: dict[int, tuple[object, int]] = {}  # state -> (node, continuation)
+        self._tree: object = None  # kept alive while states are pending (keys are by id)
         self._reset_tables()
         self.final = self._new()
 
@@ -120,19 +130,31 @@ class NFA:
         self._block_first.append(block.first)
         self._blocks.append(block)
 
-    def add_regex(self, pattern: str) -> int:
+    def add_regex(self, pattern: str, lazy: bool = False) -> int:
         """Build the NFA for `pattern` ending in `final`; returns its start state."""
-        return self.add_node(parse_regex(pattern))
+        return self.add_node(parse_regex(pattern), lazy)
 
-    def add_node(self, tree: object) -> int:
+    def add_node(self, tree: object, lazy: bool = False) -> int:
         """Build the NFA for a parsed regex (interegular nodes, possibly a shared DAG). The
-        tree must stay alive while it is built (its nodes are keyed by identity)."""
+        tree must stay alive while it is built (its nodes are keyed by identity).
+
+        One structural pass first: it keys every node, refuses what cannot be built, and
+        finds pieces that match nothing (`dead_end_possible`). With `lazy` (and no such
+        piece), alternations and repetitions are built when first read (`fill`): a lazy DFA
+        reads only the states its walks reach, so a large schema's unvisited members cost
+        their keys only. The states are those the whole build makes, numbered in another
+        order (a repetition's entry is one epsilon step before its first copy)."""
         try:
+            self._key(tree)
+            self._lazy = lazy and not self.dead_end_possible
             return self._build(tree, self.final)
         except RecursionError:
             raise GrammarError("regex too deeply nested") from None
         finally:
-            self._reset_tables()
+            if self._pending:
+                self._tree = tree
+            else:
+                self._reset_tables()
 
     def _key(self, node: object) -> int:
         """Structural identity of a parse node, interned to a small int (linear time)."""
@@ -148,6 +170,8 @@ class NFA:
                 k = self._interned[t] = len(self._interned) + 1
                 form = _char_form(node.chars, node.negated)
                 self._one_byte[k] = form[0][0] if len(form) == 1 and not form[0][1] else 0
+                if not form:
+                    self.dead_end_possible = True  # a character class that matches nothing
             keys[id(node)] = k
             return k
         elif tp is _CONCAT:
@@ -157,6 +181,8 @@ class NFA:
                 raise GrammarError(f"regex flags are not supported: {node.added_flags}")
             t = ("|", *[keys.get(id(o)) or self._key(o) for o in node.options])
         elif tp is _REPEAT:
+            if node.max is not None and node.max < node.min:
+                raise GrammarError(f"bad repetition {{{node.min},{node.max}}}")
             t = ("r", self._key(node.base), node.min, node.max)
         elif isinstance(node, _DOT_CLS):
             t = (".",)
@@ -164,6 +190,8 @@ class NFA:
             t = ("e",)
         elif hasattr(node, "dfa") and type(node).__name__ == "DFANode":
             t = ("d", id(node.dfa))
+            if _matches_nothing(node.dfa):
+                self.dead_end_possible = True  # an automaton of the empty language
         elif isinstance(node, ip._NonCapturing):
             kind = "lookbehind" if node.backwards else "lookahead"
             raise GrammarError(
@@ -194,10 +222,28 @@ class NFA:
                     self.edges.append((mask, k))
                 else:
                     s = self._chars(node.chars, node.negated, k)
+            elif self._lazy and not self._eager and type(node) in _DEFERRED:
+                if type(node) is _ALT and len(node.options) == 1:
+                    s = self._build(node.options[0], k)
+                else:
+                    s = self._new()
+                    self.eps[s] = self.edges[s] = None  # type: ignore[assignment]
+                    self._pending[s] = (node, k)
             else:
                 s = self._build_new(node, k)
             self._memo[memo_key] = s
         return s
+
+    def _fill_pending(self, x: int, node: object, k: int) -> None:
+        """A deferred alternation or repetition's state: its options, or its loop, built
+        (their own alternations and repetitions deferred in turn)."""
+        if type(node) is _REPEAT and node.min == 0 and node.max is None:
+            self.eps[x] = (k, self._build(node.base, x))  # the loop state itself, as eagerly
+        elif type(node) is _ALT:
+            self.eps[x] = tuple([self._build(o, k) for o in node.options])
+        else:
+            self.eps[x] = (self._repeat(node, k),)
+        self.edges[x] = ()
 
     def _build_new(self, node: object, k: int) -> int:
         tp = type(node)
@@ -258,7 +304,11 @@ class NFA:
         None when the base's automaton is not a self-contained block (then copies are built)."""
         hole = self._new()  # the placeholder continuation; it and the template stay unreachable
         first = len(self.eps)
-        b = self._build(base, hole)
+        self._eager += 1  # the template is built whole: its copies are renumbered from it
+        try:
+            b = self._build(base, hole)
+        finally:
+            self._eager -= 1
         last = len(self.eps)
         if not first <= b < last:
             return None
@@ -298,13 +348,23 @@ class NFA:
         states continue at k. DFA state i (>= 1) is NFA state first + i - 1."""
         block = Embedded(self._reserve(dfa.num_states - 1), dfa, k)
         self._add_block(block)
-        if not dfa.table[1].any() and not dfa.accepting[1]:
+        if _matches_nothing(dfa):
             self.dead_end_possible = True  # an automaton of the empty language
         return block.first
 
     def fill(self, x: int) -> None:
-        """Give state x of a lazily filled block its edges and epsilon targets."""
-        self._blocks[bisect.bisect_right(self._block_first, x) - 1].fill(self, x)
+        """Give state x (deferred, or of a lazily filled block) its edges and epsilon targets."""
+        pending = self._pending.pop(x, None)
+        if pending is None:
+            self._blocks[bisect.bisect_right(self._block_first, x) - 1].fill(self, x)
+            return
+        try:
+            self._fill_pending(x, *pending)
+        except RecursionError:
+            raise GrammarError("regex too deeply nested") from None
+        if not self._pending:  # the whole tree is built: the builder's tables can go
+            self._tree = None
+            self._reset_tables()
 
     def eps_closure(self, s: int) -> list[int]:
         """The states reachable from s by epsilon edges that matter to a DFA state: those with
@@ -324,7 +384,14 @@ class NFA:
         return keep
 
     def materialize(self) -> None:
-        """Fill every lazily filled block's states (for an eager subset construction)."""
+        """Fill every deferred state and every lazily filled block's states (for an eager
+        subset construction)."""
+        self._eager += 1  # what the deferred states build is built whole
+        try:
+            while self._pending:
+                self.fill(next(iter(self._pending)))
+        finally:
+            self._eager -= 1
         edges = self.edges
         for block in self._blocks:
             for x in range(block.first, block.first + block.size):

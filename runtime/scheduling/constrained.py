@@ -20,6 +20,7 @@ Jumped tokens were not sampled: their log-probs are reported as 0.0 (forced).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -73,6 +74,20 @@ class ConstraintHooks:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-grammar")
         self._wake = engine.scheduler_wake if hasattr(engine, "scheduler_wake") else None
         self.json_schema_mode = getattr(engine, "json_schema_mode", "strict")
+        if os.environ.get("SGL_GRAMMAR_PREBUILD", "1").strip() != "0":
+            # first on the grammar thread, so no request's compile waits for these
+            self._pool.submit(self._prebuild)
+
+    def _prebuild(self) -> None:
+        """The vocabulary and the pieces every schema shares (`grammar.prebuild`: format
+        automata, token tables). A failure here is logged; the first compile then builds
+        what it needs (and reports its own error)."""
+        try:
+            import grammar
+
+            grammar.prebuild(self.vocab())
+        except Exception:  # never fatal: nothing has asked for a constraint yet
+            logger.warning("grammar prebuild failed", exc_info=True)
 
     def vocab(self) -> Any:
         from grammar import TokenVocabulary
