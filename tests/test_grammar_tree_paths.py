@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def test_an_enum_check_imports_no_module_at_compile_time():
     # the enum values are checked against the rest of the schema by the jsonschema library
@@ -19,3 +21,151 @@ def test_an_enum_check_imports_no_module_at_compile_time():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ----- property-name complements: subtries shared between name lists -----
+def _partitions_strings(names: list[str]) -> bool:
+    """string_except(names) and the names' spellings are disjoint and together every JSON
+    string."""
+    from grammar.automata import dfa_ops
+    from grammar.automata import regex_ast as ra
+    from grammar.automata.fsm import node_to_dfa
+    from grammar.json_schema.exact.names import name_spellings, string_except
+    from grammar.json_schema.scalars import STRING_CHAR_TEXT, STRING_TEXT
+
+    extra = string_except(names, ra.parsed(STRING_CHAR_TEXT))
+    spelt = ra.alt([name_spellings(n) for n in names])
+    strings, either = node_to_dfa(ra.parsed(STRING_TEXT)), node_to_dfa(ra.alt([extra, spelt]))
+    return not (
+        dfa_ops.product(node_to_dfa(extra), node_to_dfa(spelt), True).accepting.any()
+        or dfa_ops.product(strings, either, False).accepting.any()
+        or dfa_ops.product(either, strings, False).accepting.any()
+    )
+
+
+def test_name_lists_sharing_subtries_each_partition_the_strings():
+    # built in this order, later lists reuse the subtries of earlier ones ("kind", "pec",
+    # "ata", a name that is a prefix of another in one list and not in the next)
+    lists = [
+        ["apiVersion", "kind", "metadata", "spec"],
+        ["kind", "spec", "status", "data"],
+        ["metadata", "meta", "kind"],
+        ["xkind", "metadat", "spec", "apiVersion", "a"],
+        ["meta", "kind", "kind"],
+    ]
+    assert all(_partitions_strings(names) for names in lists)
+
+
+# ----- per-schema memos of the builder: the same language as building every copy afresh -----
+class _NoMemo(dict):
+    """A memo that keeps nothing: every lookup misses, as before the memos."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+_MEMO_CASES = {
+    "pattern-and-length-twice": {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "pattern": "^x.y", "maxLength": 5},
+            "b": {"type": "string", "pattern": "^x.y", "maxLength": 5},
+            "c": {"type": "string", "pattern": "^x.y"},
+        },
+        "required": ["a"],
+    },
+    "lossy-string-in-two-oneof-branches": {
+        "oneOf": [
+            {"type": "string", "pattern": "^a.$"},
+            {"type": "string", "pattern": "^a.$", "minLength": 2},
+            {"type": "integer"},
+        ]
+    },
+    "pattern-properties-under-dependencies": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}},
+        "patternProperties": {"^x": {"type": "integer"}, "y$": {"type": "null"}},
+        "additionalProperties": False,
+        "dependencies": {"a": ["b"]},
+    },
+    "same-patterns-other-names": {
+        "type": "object",
+        "properties": {
+            "p": {
+                "properties": {"xa": {"type": "string"}},
+                "patternProperties": {"^x": {"type": "integer"}},
+                "additionalProperties": False,
+            },
+            "q": {
+                "properties": {"xb": {"type": "string"}},
+                "patternProperties": {"^x": {"type": "integer"}},
+                "additionalProperties": False,
+            },
+        },
+    },
+    "recursive-pattern-properties": {
+        "type": "object",
+        "patternProperties": {"^k.": {"$ref": "#"}},
+        "additionalProperties": False,
+    },
+    "enum-by-ref-in-oneof-cases": {
+        "$defs": {"e": {"enum": ["p", "q", 1, 2.5]}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/e"}, "b": {"$ref": "#/$defs/e", "type": "string"}},
+        "oneOf": [{"required": ["a"]}, {"required": ["b"]}],
+    },
+}
+
+
+def _language_or_error(schema: dict, memo: bool):
+    from grammar.automata.fsm import node_to_dfa
+    from grammar.errors import GrammarError
+    from grammar.json_schema import schema as js
+
+    init = js._Builder.__init__
+
+    def no_memos(self, *args) -> None:
+        init(self, *args)
+        self._finite, self._strings, self._key_regions = _NoMemo(), _NoMemo(), _NoMemo()
+
+    js._Builder.__init__ = init if memo else no_memos
+    try:
+        return node_to_dfa(js.json_schema_to_node(schema))
+    except GrammarError as e:
+        return type(e).__name__
+    finally:
+        js._Builder.__init__ = init
+
+
+@pytest.mark.parametrize("name", sorted(_MEMO_CASES))
+def test_memoised_builder_compiles_the_same_language(name):
+    from grammar.automata import dfa_ops
+
+    with_memo = _language_or_error(_MEMO_CASES[name], True)
+    without = _language_or_error(_MEMO_CASES[name], False)
+    if isinstance(without, str) or isinstance(with_memo, str):
+        assert with_memo == without
+        return
+    assert not dfa_ops.product(with_memo, without, False).accepting.any()
+    assert not dfa_ops.product(without, with_memo, False).accepting.any()
+
+
+def test_a_memoised_string_still_records_its_narrowing():
+    # `.` is narrowed to unescaped characters (note_loss): a oneOf branch holding it must be
+    # seen as inexact every time, or subtracting it would be unsound
+    from grammar.automata.pattern import losses
+    from grammar.json_schema.schema import _Builder
+
+    b = _Builder({}, "", 3, 5)
+    s = {"type": "string", "pattern": "^a.b$", "maxLength": 4}
+    n0 = losses()
+    first = b.string(s, "#/a")
+    n1 = losses()
+    again = b.string(dict(s), "#/b")
+    n2 = losses()
+    assert again is first and n1 > n0 and n2 - n1 == n1 - n0
+    o = {"patternProperties": {"^x.": {"type": "integer"}}, "additionalProperties": False}
+    b.object(o, "#/o")
+    n3 = losses()
+    b.object(dict(o), "#/p")
+    assert losses() - n3 == n3 - n2 > 0

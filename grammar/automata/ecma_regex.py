@@ -206,7 +206,9 @@ class _EcmaPattern(ip._ParsePattern):
         return _union(groups, negate)
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_pattern_regex(pattern: str) -> object:
     """A `pattern`'s regex as interegular nodes, with property escapes (as
-    grammar.automata.nfa.parse_regex otherwise; GrammarError naming what is refused)."""
+    grammar.automata.nfa.parse_regex otherwise; GrammarError naming what is refused).
+    Nodes are immutable: one parse per text (a schema repeats its patterns)."""
     return parsed_or_refused(lambda text: _EcmaPattern(text).parse().simplify(), pattern)

@@ -18,6 +18,7 @@ from grammar.automata.utf8 import chars_to_ranges
 
 Node = object  # an interegular pattern node
 EMPTY = ip._EMPTY
+_CONCAT, _ALT = ip._Concatenation, ip.Pattern
 
 _SPECIAL = set("\\.^$|?*+()[]{}-/")
 _CLASS_SPECIAL = set("\\]^-[")
@@ -51,29 +52,27 @@ def char_class(chars: frozenset[str], negated: bool = False) -> Node:
 
 def seq(*parts: Node | None) -> Node | None:
     """Concatenation; None (matches nothing) if any part is None."""
-    if any(p is None for p in parts):
-        return None
+    # (exact type tests: isinstance against interegular's ABC-derived classes is slow, and
+    # these two are the hot calls of the tree phase)
     flat: list[Node] = []
     for p in parts:
-        if isinstance(p, ip._Concatenation):
+        if p is None:
+            return None
+        if type(p) is _CONCAT:
             flat.extend(p.parts)
         elif p is not EMPTY:
             flat.append(p)
     if len(flat) == 1:
         return flat[0]
-    return ip._Concatenation(tuple(flat)) if flat else EMPTY
+    return _CONCAT(tuple(flat)) if flat else EMPTY
 
 
 def alt(options: list[Node | None]) -> Node | None:
     """Alternation of the options that can match (deduplicated by identity)."""
-    seen: dict[int, Node] = {}
-    for o in options:
-        if o is not None:
-            seen.setdefault(id(o), o)
-    opts = list(seen.values())
+    opts = list({id(o): o for o in options if o is not None}.values())
     if not opts:
         return None
-    return opts[0] if len(opts) == 1 else ip.Pattern(tuple(opts))
+    return opts[0] if len(opts) == 1 else _ALT(tuple(opts))
 
 
 def repeat(node: Node | None, lo: int, hi: int | None) -> Node | None:

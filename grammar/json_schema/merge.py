@@ -148,7 +148,7 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
             out[key] = bv
             continue
         av = out[key]
-        if canonical(av) == canonical(bv) and key not in ("properties", "_alts"):
+        if key not in ("properties", "_alts") and (av is bv or canonical(av) == canonical(bv)):
             continue
         if key == "type":
             both = type_set({"type": av}) & type_set({"type": bv})

@@ -20,7 +20,7 @@ from interegular import patterns as ip
 from grammar.automata import dfa_ops
 from grammar.automata import regex_ast as ra
 from grammar.automata.fsm import node_to_dfa
-from grammar.automata.pattern import pattern_to_content
+from grammar.automata.pattern import losses, note_loss, pattern_to_content
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema import oneof as json_oneof
 from grammar.json_schema.exact import names as key_names
@@ -360,32 +360,8 @@ class ObjectRules:
             )
         required = [n for n in s.get("required", []) if n not in props]
         try:
-            pats, contents = [], []
-            for pattern in pp:
-                contents.append(pattern_to_content(pattern, self.string_char))
-                pats.append(node_to_dfa(contents[-1]))
-            literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
-            keys = node_to_dfa(ra.repeat(literal, 0, None))
-            anykey = node_to_dfa(ra.repeat(self.string_char, 0, None))
-            names = [
-                n for n in [*props, *required] if not any(ord(c) < 0x20 or c in '"\\' for c in n)
-            ]
-            if names:
-                keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
-            named_inside = any(all(search_name(p, n, where) for p in pp) for n in props)
-            # split the escape-free keys by each pattern in turn, keeping non-empty regions
-            regions = dfa_ops.split_regions(keys, pats)
-            if len(regions) > MAX_KEY_REGIONS:
-                raise UnsupportedSchemaError("patternProperties", where, "too many key regions")
             members: list[tuple[Node, Node]] = []
-            for region, inside in regions:
-                if all(inside) and not named_inside:
-                    # a key in every pattern may use escapes (pattern_to_content is sound)
-                    # unless a property name matches them all (it must stay out in every
-                    # spelling); "matches none of" needs exactness: escape-free keys
-                    region = anykey
-                    for dfa in pats:
-                        region = dfa_ops.product(region, dfa, True)
+            for key, inside in self.key_regions(list(pp), list(props), required, where):
                 subs = [sub for sub, keep in zip(pp.values(), inside, strict=True) if keep]
                 if not subs:
                     if extra is False:
@@ -396,15 +372,56 @@ class ObjectRules:
                     value = self.value(subs[0], f"{where}/{ptr_escape(pat)}")
                 else:
                     value = self.value({"allOf": subs}, where)
-                key: Node = dfa_ops.DFANode(region, "patternProperties", where)
-                if inside == (True,) and not named_inside:
-                    key = contents[0]  # the same language, and it has a regex text form
-                members.append((ra.seq(ra.char('"'), key, ra.char('"')), value))
+                members.append((key, value))
         except (re.error, GrammarError) as e:
             if isinstance(e, UnsupportedSchemaError):
                 raise
             raise UnsupportedSchemaError("patternProperties", where, str(e)) from None
         return members
+
+    def key_regions(
+        self, pp: list[str], props: list[str], required: list[str], where: str
+    ) -> list[tuple[Node, tuple[bool, ...]]]:
+        """(quoted key, which patterns it matches) for each region of the keys that are not
+        property names (see pattern_member). A function of the names and patterns only,
+        built once per schema for each (an object's copies and dependency cases share it)."""
+        memo_key = (tuple(pp), tuple(props), tuple(required))
+        hit = self._key_regions.get(memo_key)
+        if hit is not None:
+            for _ in range(hit[1]):  # the narrowings of the pattern nodes, replayed
+                note_loss()
+            return hit[0]
+        before = losses()
+        pats, contents = [], []
+        for pattern in pp:
+            contents.append(pattern_to_content(pattern, self.string_char))
+            pats.append(node_to_dfa(contents[-1]))
+        literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
+        keys = node_to_dfa(ra.repeat(literal, 0, None))
+        anykey = node_to_dfa(ra.repeat(self.string_char, 0, None))
+        names = [n for n in [*props, *required] if not any(ord(c) < 0x20 or c in '"\\' for c in n)]
+        if names:
+            keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
+        named_inside = any(all(search_name(p, n, where) for p in pp) for n in props)
+        # split the escape-free keys by each pattern in turn, keeping non-empty regions
+        regions = dfa_ops.split_regions(keys, pats)
+        if len(regions) > MAX_KEY_REGIONS:
+            raise UnsupportedSchemaError("patternProperties", where, "too many key regions")
+        out: list[tuple[Node, tuple[bool, ...]]] = []
+        for region, inside in regions:
+            if all(inside) and not named_inside:
+                # a key in every pattern may use escapes (pattern_to_content is sound)
+                # unless a property name matches them all (it must stay out in every
+                # spelling); "matches none of" needs exactness: escape-free keys
+                region = anykey
+                for dfa in pats:
+                    region = dfa_ops.product(region, dfa, True)
+            key: Node = dfa_ops.DFANode(region, "patternProperties", where)
+            if inside == (True,) and not named_inside:
+                key = contents[0]  # the same language, and it has a regex text form
+            out.append((ra.seq(ra.char('"'), key, ra.char('"')), inside))
+        self._key_regions[memo_key] = (out, losses() - before)
+        return out
 
     def string_except(self, names: list[str], ptr: str) -> object:
         """A JSON string whose content is none of `names` (the complement of a trie)."""

@@ -12,7 +12,7 @@ import re
 from grammar.automata import dfa_ops
 from grammar.automata import regex_ast as ra
 from grammar.automata.fsm import node_to_dfa
-from grammar.automata.pattern import note_loss, pattern_to_content
+from grammar.automata.pattern import losses, note_loss, pattern_to_content
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema import number_text, numbers
 from grammar.json_schema.formats import (
@@ -37,7 +37,8 @@ Node = object | None  # a regex node (grammar.automata.regex_ast); None matches 
 
 class ScalarRules:
     """Needs from the builder: `ws`, `ws_text`, `colon`, `comma`, `string_char`, `any_string`,
-    `_any` (the any-value nodes built so far, by depth), `integral_floats` (draft 6 on)."""
+    `_any` (the any-value nodes built so far, by depth), `_strings` (string nodes built so
+    far, by their keywords), `integral_floats` (draft 6 on)."""
 
     def any_value(self, depth: int) -> object:
         note_loss()  # values nested deeper than any_depth are left out
@@ -59,6 +60,21 @@ class ScalarRules:
 
     # ----- strings and numbers -----
     def string(self, s: dict, ptr: str) -> Node:
+        """A JSON string: a function of four keywords only, so built once per schema for
+        each spelling of them (a pattern and its automata recur in every copy of an object:
+        unrolled recursion, oneOf cases); the narrowings it records are replayed."""
+        key = tuple(repr(s.get(k)) for k in ("minLength", "maxLength", "format", "pattern"))
+        hit = self._strings.get(key)
+        if hit is not None:
+            for _ in range(hit[1]):
+                note_loss()
+            return hit[0]
+        before = losses()
+        node = self._string(s, ptr)
+        self._strings[key] = (node, losses() - before)
+        return node
+
+    def _string(self, s: dict, ptr: str) -> Node:
         lo, hi = s.get("minLength", 0), s.get("maxLength")
         fmt, pattern = s.get("format"), s.get("pattern")
         if fmt in UNSUPPORTED_FORMATS:

@@ -126,6 +126,9 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         self.any_depth = any_depth
         self.ref_stack: list[str] = []
         self._any: dict[int, object] = {}
+        self._finite: dict[int, tuple[Any, Node]] = {}  # id(schema) -> (schema, its node)
+        self._strings: dict[tuple, tuple[Node, int]] = {}  # see ScalarRules.string
+        self._key_regions: dict[tuple, tuple[list, int]] = {}  # see ObjectRules.key_regions
         self.n_alternatives = 0
         self._validator: Any = None
         # id(merged branch) -> its automaton leaves strings out (see pattern.note_loss)
@@ -139,15 +142,25 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
     def value(self, schema: Any, ptr: str) -> Node:
         values = self.finite_values(schema, ptr)
         if values is not None:
-            # an enum / const somewhere in the conjunction: the instances are those of its
-            # values that the whole schema (every keyword, `not` / `if` included) accepts;
-            # the schema's own enum / const surely does (checking it is quadratic)
-            check = schema
-            if not ("$ref" in schema and self.ref_overrides_siblings) and values_of(schema):
-                own = "const" if "const" in schema else "enum"
-                check = {k: v for k, v in schema.items() if k != own}
-            return ra.alt([self.literal_of(schema, v, ptr, check) for v in values])
+            # a pure function of the schema object (no recursion depth in it): a subschema
+            # met again (each oneOf / presence case re-merges its parent) is built once
+            hit = self._finite.get(id(schema))
+            if hit is not None and hit[0] is schema:
+                return hit[1]
+            node = self._finite_value(schema, values, ptr)
+            self._finite[id(schema)] = (schema, node)
+            return node
         return self.from_norm(self.normalise(schema, ptr), ptr)
+
+    def _finite_value(self, schema: Any, values: list, ptr: str) -> Node:
+        """An enum / const somewhere in the conjunction: the instances are those of its
+        values that the whole schema (every keyword, `not` / `if` included) accepts; the
+        schema's own enum / const surely does (checking it is quadratic)."""
+        check = schema
+        if not ("$ref" in schema and self.ref_overrides_siblings) and values_of(schema):
+            own = "const" if "const" in schema else "enum"
+            check = {k: v for k, v in schema.items() if k != own}
+        return ra.alt([self.literal_of(schema, v, ptr, check) for v in values])
 
     def finite_values(self, schema: Any, ptr: str, depth: int = 0) -> list | None:
         """The values of an `enum` / `const` the schema is conjoined with (at its own level,

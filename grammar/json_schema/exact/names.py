@@ -185,6 +185,11 @@ _ALL_DIGITS = frozenset(range(16))
 
 _BUILT: dict[tuple, tuple[Node, Node]] = {}  # (names, id(string_char)) -> (string_char, node)
 MAX_BUILT = 256
+# id(string_char) -> (string_char, {frozenset of name suffixes: their complement node}):
+# the subtries of one schema's name lists recur across its objects (`apiVersion`, `kind`,
+# `metadata` in every Kubernetes resource), so each is built once and shared
+_SUBTRIES: dict[int, tuple[Node, dict[frozenset[str], Node]]] = {}
+MAX_SUBTRIES = 1 << 16
 
 
 def string_except(names: list[str], string_char: Node) -> Node:
@@ -203,21 +208,41 @@ def string_except(names: list[str], string_char: Node) -> Node:
     return node
 
 
+def _subtries(string_char: Node) -> dict[frozenset[str], Node]:
+    held = _SUBTRIES.get(id(string_char))
+    if held is None or held[0] is not string_char or len(held[1]) > MAX_SUBTRIES:
+        held = (string_char, {})  # holding string_char keeps its id from being reused
+        _SUBTRIES[id(string_char)] = held
+    return held[1]
+
+
 def _string_except(names: list[str], string_char: Node) -> Node:
-    trie: dict = {}
-    for name in names:
-        node = trie
-        for ch in name:
-            node = node.setdefault(ch, {})
-        node[""] = {}
     rest = ra.repeat(string_char, 0, None)
+    built = _subtries(string_char)
+    off: dict[frozenset[str], Node] = {}  # next characters -> leaving the trie there
 
-    def complement(node: dict) -> Node:
-        children = [c for c in node if c]
-        options = [ra.seq(char_except(frozenset(children)), rest)]
-        if "" not in node:
-            options.append(ra.EMPTY)
-        options += [ra.seq(char_spellings(c), complement(node[c])) for c in children]
-        return ra.alt(options)
+    def complement(suffixes: list[str]) -> Node:
+        """Strings that, read from this trie node (the names' remaining `suffixes`), spell
+        none of the suffixes: leave the trie on a character no suffix goes on with, stop
+        here unless a name ends here, or go on in a child."""
+        key = frozenset(suffixes)
+        hit = built.get(key)
+        if hit is not None:
+            return hit
+        children: dict[str, list[str]] = {}
+        ends = False
+        for suffix in suffixes:
+            if suffix:
+                children.setdefault(suffix[0], []).append(suffix[1:])
+            else:
+                ends = True
+        nexts = frozenset(children)
+        leave = off.get(nexts)
+        if leave is None:
+            leave = off[nexts] = ra.seq(char_except(nexts), rest)
+        options = [leave] if ends else [leave, ra.EMPTY]
+        options += [ra.seq(char_spellings(c), complement(sub)) for c, sub in children.items()]
+        node = built[key] = ra.alt(options)
+        return node
 
-    return ra.seq(ra.char('"'), complement(trie), ra.char('"'))
+    return ra.seq(ra.char('"'), complement(list(dict.fromkeys(names))), ra.char('"'))
