@@ -1,0 +1,120 @@
+"""`grammar.prebuild`: the format automata every schema shares are built once, ahead of the
+first compile that needs them, and the engine's constraint hooks run it at start."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import grammar
+from grammar.json_schema import formats
+from grammar.json_schema.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
+from runtime.scheduling.constrained import ConstraintHooks
+from tests._grammar_fixtures import deepseek_vocab, serialise, smollm2_tokenizer
+
+SUPPORTED = sorted(f for f in FORMAT_REGEXES if f not in UNSUPPORTED_FORMATS)
+EXAMPLES = {
+    "date": "2024-02-29",
+    "date-time": "2024-02-29T12:30:00Z",
+    "duration": "P1DT2H",
+    "email": "ada@example.org",
+    "hostname": "example.org",
+    "ipv4": "192.168.0.1",
+    "ipv6": "::1",
+    "iri": "https://é.example/ü",
+    "iri-reference": "ü/x",
+    "json-pointer": "/a/0",
+    "relative-json-pointer": "1/a",
+    "time": "12:30:00+01:00",
+    "uri": "https://example.org/a?b#c",
+    "uri-reference": "../a",
+    "uri-template": "/users/{id}",
+    "uuid": "123e4567-e89b-12d3-a456-426614174000",
+}
+
+
+def _schema_with_every_format() -> dict:
+    props = {f"p{i}": {"type": "string", "format": f} for i, f in enumerate(SUPPORTED)}
+    return {"type": "object", "properties": props, "required": sorted(props)}
+
+
+def _refuse_building(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("a format automaton was built after prebuild")
+
+    monkeypatch.setattr(formats, "node_to_dfa", refuse)
+
+
+def test_after_prebuild_no_compile_builds_a_format_automaton(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    formats.format_node.cache_clear()  # as in a fresh process
+    grammar.prebuild()
+    _refuse_building(monkeypatch)
+    grammar.clear_caches()  # compiled constraints go; the shared format automata stay
+    schema = _schema_with_every_format()
+    g = grammar.compile_json_schema(schema, deepseek_vocab())
+    values = {f"p{i}": EXAMPLES[f] for i, f in enumerate(SUPPORTED)}
+    assert g.dfa.matches(serialise(schema, values).encode())
+    values["p0"] = "2023-02-29"  # no such day
+    assert not g.dfa.matches(serialise(schema, values).encode())
+
+
+def test_without_prebuild_the_first_compile_builds_them() -> None:
+    # the check above could pass with nothing shared: without prebuild a compile does build
+    formats.format_node.cache_clear()
+    built = []
+    real = formats.node_to_dfa
+
+    def counting(node):
+        built.append(node)
+        return real(node)
+
+    formats.node_to_dfa = counting
+    try:
+        grammar.clear_caches()
+        grammar.compile_json_schema(_schema_with_every_format(), deepseek_vocab())
+    finally:
+        formats.node_to_dfa = real
+    assert len(built) >= len(SUPPORTED) - 1  # date-time's pieces may be shared with date/time
+
+
+class _Engine:
+    """What ConstraintHooks reads from an engine."""
+
+    def __init__(self) -> None:
+        self.tokenizer = smollm2_tokenizer()
+        self.eos_token_ids = [self.tokenizer.eos_token_id]
+
+
+def test_constraint_hooks_prebuild_on_their_grammar_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    called = threading.Event()
+    seen: list = []
+
+    def fake_prebuild(vocab=None):
+        seen.append((vocab, threading.current_thread().name))
+        called.set()
+
+    monkeypatch.setattr(grammar, "prebuild", fake_prebuild)
+    monkeypatch.delenv("SGL_GRAMMAR_PREBUILD", raising=False)
+    hooks = ConstraintHooks(_Engine())
+    try:
+        assert called.wait(60)
+        vocab, thread = seen[0]
+        assert vocab is hooks.vocab()  # the vocabulary requests will use, built once
+        assert thread.startswith("sgl-grammar")
+    finally:
+        hooks.shutdown()
+
+
+def test_constraint_hooks_skip_prebuild_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list = []
+    monkeypatch.setattr(grammar, "prebuild", lambda vocab=None: seen.append(vocab))
+    monkeypatch.setenv("SGL_GRAMMAR_PREBUILD", "0")
+    hooks = ConstraintHooks(_Engine())
+    hooks._pool.submit(lambda: None).result(60)  # anything queued before this has run
+    hooks.shutdown()
+    assert seen == []
