@@ -103,6 +103,62 @@ _MEMO_CASES = {
             },
         },
     },
+    "oneof-scalars-disjoint-by-automata": {
+        "oneOf": [
+            {"type": "string", "pattern": "^a", "maxLength": 3},
+            {"type": "string", "pattern": "^b"},
+            {"type": "string", "pattern": "^a", "minLength": 4},
+        ]
+    },
+    "oneof-objects-discriminated-by-member-patterns": {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {"k": {"type": "string", "pattern": "^a"}, "v": {"type": "integer"}},
+                "required": ["k"],
+            },
+            {
+                "type": "object",
+                "properties": {"k": {"type": "string", "pattern": "^b"}, "v": {"type": "string"}},
+                "required": ["k"],
+            },
+        ]
+    },
+    "tree-with-a-shared-leaf-definition": {
+        "$defs": {
+            "n": {
+                "type": "object",
+                "properties": {
+                    "kids": {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 2},
+                    "meta": {"$ref": "#/$defs/m"},
+                },
+                "additionalProperties": False,
+            },
+            "m": {
+                "type": "object",
+                "properties": {"a": {"type": "null"}},
+                "additionalProperties": False,
+            },
+        },
+        "$ref": "#/$defs/n",
+    },
+    "mutual-recursion-entered-at-two-places": {
+        "$defs": {
+            "a": {
+                "type": "object",
+                "properties": {"b": {"$ref": "#/$defs/b"}},
+                "additionalProperties": False,
+            },
+            "b": {
+                "type": "object",
+                "properties": {"a": {"$ref": "#/$defs/a"}, "x": {"type": "null"}},
+                "additionalProperties": False,
+            },
+        },
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/a"}, "q": {"$ref": "#/$defs/b"}},
+        "additionalProperties": False,
+    },
     "recursive-pattern-properties": {
         "type": "object",
         "patternProperties": {"^k.": {"$ref": "#"}},
@@ -127,6 +183,7 @@ def _language_or_error(schema: dict, memo: bool):
     def no_memos(self, *args) -> None:
         init(self, *args)
         self._finite, self._strings, self._key_regions = _NoMemo(), _NoMemo(), _NoMemo()
+        self._dfas = self._values = _NoMemo()
 
     js._Builder.__init__ = init if memo else no_memos
     try:

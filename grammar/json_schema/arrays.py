@@ -113,7 +113,7 @@ class ArrayRules:
         if plain or counted is None:
             return counted
         try:
-            both = dfa_ops.product(node_to_dfa(base), node_to_dfa(counted), True)
+            both = dfa_ops.product(self.dfa(base), node_to_dfa(counted), True)
         except GrammarError as e:
             raise UnsupportedSchemaError("contains", where, str(e)) from None
         return dfa_ops.DFANode(both, "contains", where) if both.accepting.any() else None

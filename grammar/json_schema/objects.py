@@ -303,7 +303,7 @@ class ObjectRules:
             def keys(_, key: Node) -> Node:
                 if names is None or key is None:
                     return None
-                both = dfa_ops.product(node_to_dfa(key), node_to_dfa(names), True)
+                both = dfa_ops.product(self.dfa(key), self.dfa(names), True)
                 return (
                     dfa_ops.DFANode(both, "propertyNames", where) if both.accepting.any() else None
                 )
@@ -395,7 +395,7 @@ class ObjectRules:
         pats, contents = [], []
         for pattern in pp:
             contents.append(pattern_to_content(pattern, self.string_char))
-            pats.append(node_to_dfa(contents[-1]))
+            pats.append(self.dfa(contents[-1]))
         literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
         keys = node_to_dfa(ra.repeat(literal, 0, None))
         anykey = node_to_dfa(ra.repeat(self.string_char, 0, None))

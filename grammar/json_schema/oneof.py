@@ -23,7 +23,6 @@ from typing import Any
 
 from grammar.automata import dfa_ops
 from grammar.automata import regex_ast as ra
-from grammar.automata.fsm import node_to_dfa
 from grammar.automata.intersect import dfas_intersect
 from grammar.automata.pattern import losses
 from grammar.errors import GrammarError, UnsupportedSchemaError
@@ -142,10 +141,10 @@ def _regular_difference(b: Any, branches: list[dict], ptr: str) -> object | None
         for x in branches:
             node = b.from_norm(x, ptr)
             if node is not None:
-                dfas.append(node_to_dfa(node, MAX_BRANCH_STATES))
+                dfas.append(b.dfa(node, MAX_BRANCH_STATES))
         if losses() != before:
             return None  # subtracting an automaton that leaves strings out is unsound
-        canonical = node_to_dfa(ra.parsed(CANONICAL_TEXT))
+        canonical = b.dfa(ra.parsed(CANONICAL_TEXT))
         dfas = [dfa_ops.product(d, canonical, True) for d in dfas]
         out = []
         for i, d in enumerate(dfas):
@@ -301,7 +300,7 @@ class OneOfRules:
             if (ta | tb) & {"object", "array"}:
                 raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
             try:
-                overlap = dfas_intersect(node_to_dfa(na, 20_000), node_to_dfa(nb, 20_000))
+                overlap = dfas_intersect(self.dfa(na, 20_000), self.dfa(nb, 20_000))
             except GrammarError:
                 overlap = True
             if overlap:
@@ -342,6 +341,6 @@ class OneOfRules:
                 return False  # an approximated language cannot show disjointness
             if ra_ is None or rb is None:
                 return True
-            return not dfas_intersect(node_to_dfa(ra_, 20_000), node_to_dfa(rb, 20_000))
+            return not dfas_intersect(self.dfa(ra_, 20_000), self.dfa(rb, 20_000))
         except GrammarError:
             return False

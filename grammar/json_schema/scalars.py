@@ -90,8 +90,8 @@ class ScalarRules:
             try:
                 if fmt in FORMAT_REGEXES:  # both: the product of the two automata
                     both = dfa_ops.product(
-                        node_to_dfa(pattern_to_content(pattern, self.string_char)),
-                        node_to_dfa(fmt_node),
+                        self.dfa(pattern_to_content(pattern, self.string_char)),
+                        self.dfa(fmt_node),
                         True,
                     )
                     content = dfa_ops.DFANode(both, "pattern", f"{ptr}/pattern")
@@ -126,7 +126,7 @@ class ScalarRules:
             return None
         key = "maxLength" if hi is not None else "minLength"
         try:
-            dfa = dfa_ops.with_length(node_to_dfa(content), lo, hi)
+            dfa = dfa_ops.with_length(self.dfa(content), lo, hi)
         except GrammarError as e:
             raise UnsupportedSchemaError(key, ptr, f"with a pattern / format: {e}") from None
         return dfa_ops.DFANode(dfa, key, ptr)
@@ -153,7 +153,7 @@ class ScalarRules:
         if not s.get("_fractional") or node is None:
             return node
         # `not` of integer: the numbers spelled with a non-zero fraction digit, no exponent
-        dfa = dfa_ops.product(node_to_dfa(node), node_to_dfa(ra.parsed(_FRACTIONAL)), True)
+        dfa = dfa_ops.product(self.dfa(node), self.dfa(ra.parsed(_FRACTIONAL)), True)
         return dfa_ops.DFANode(dfa, "not", ptr) if dfa.accepting.any() else None
 
 

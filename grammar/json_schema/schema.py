@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from typing import Any
 
 # imported with the module, not at a schema's first enum check: the library's import (about
@@ -26,8 +27,8 @@ import jsonschema
 
 from grammar.automata import dfa_ops
 from grammar.automata import regex_ast as ra
-from grammar.automata.fsm import node_to_dfa
-from grammar.automata.pattern import losses
+from grammar.automata.fsm import DEFAULT_MAX_STATES, node_to_dfa
+from grammar.automata.pattern import losses, note_loss
 from grammar.errors import EmptyLanguageError, GrammarError, UnsupportedSchemaError
 from grammar.json_schema import number_text
 from grammar.json_schema import oneof as json_oneof
@@ -51,6 +52,7 @@ from grammar.json_schema.oneof import (
     values_of,
 )
 from grammar.json_schema.refs.local import local_refs
+from grammar.json_schema.refs.reach import RefReach
 from grammar.json_schema.scalars import STRING_CHAR_TEXT, STRING_TEXT, ScalarRules, shared_leaf
 
 MAX_ALTERNATIVES = 1024
@@ -129,6 +131,9 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         self._finite: dict[int, tuple[Any, Node]] = {}  # id(schema) -> (schema, its node)
         self._strings: dict[tuple, tuple[Node, int]] = {}  # see ScalarRules.string
         self._key_regions: dict[tuple, tuple[list, int]] = {}  # see ObjectRules.key_regions
+        self._dfas: dict[tuple, tuple[object, Any]] = {}  # (id(node), budget) -> (node, DFA)
+        self._values: dict[tuple, tuple] = {}  # see value
+        self.reach = RefReach(root)
         self.n_alternatives = 0
         self._validator: Any = None
         # id(merged branch) -> its automaton leaves strings out (see pattern.note_loss)
@@ -137,6 +142,17 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         self.ref_overrides_siblings = any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))
         # draft 6 on: a number with a zero fraction (1.0) is an integer
         self.integral_floats = not any(f"draft-0{n}" in draft for n in (3, 4))
+
+    def dfa(self, node: object, max_states: int = DEFAULT_MAX_STATES) -> Any:
+        """node_to_dfa(node, max_states), once per node object in a compile (the memoised
+        pieces come back as the same node: a oneOf check or product meets them again)."""
+        key = (id(node), max_states)
+        hit = self._dfas.get(key)
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        dfa = node_to_dfa(node, max_states)
+        self._dfas[key] = (node, dfa)  # holding the node keeps its id from being reused
+        return dfa
 
     # ----- values -----
     def value(self, schema: Any, ptr: str) -> Node:
@@ -150,7 +166,28 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
             node = self._finite_value(schema, values, ptr)
             self._finite[id(schema)] = (schema, node)
             return node
-        return self.from_norm(self.normalise(schema, ptr), ptr)
+        if not isinstance(schema, dict):
+            return self.from_norm(self.normalise(schema, ptr), ptr)
+        # the language of a subschema depends on it and on how often each `$ref` it can
+        # reach is being expanded (the recursion cut) only: a definition met again in such
+        # a context is built once, and the narrowings and alternatives it counted are
+        # counted again
+        reach = self.reach.of(schema)
+        depths = Counter(r for r in self.ref_stack if r in reach)
+        key = (id(schema), tuple(sorted((r, min(n, self.max_depth)) for r, n in depths.items())))
+        hit = self._values.get(key)
+        if hit is not None and hit[0] is schema:
+            _, node, lost, alternatives = hit
+            for _ in range(lost):
+                note_loss()
+            for _ in range(alternatives):
+                self.count_alternative("anyOf", ptr)
+            return node
+        lost, alternatives = losses(), self.n_alternatives
+        node = self.from_norm(self.normalise(schema, ptr), ptr)
+        lost, alternatives = losses() - lost, self.n_alternatives - alternatives
+        self._values[key] = (schema, node, lost, alternatives)
+        return node
 
     def _finite_value(self, schema: Any, values: list, ptr: str) -> Node:
         """An enum / const somewhere in the conjunction: the instances are those of its
@@ -342,7 +379,7 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
             spelled = ra.parsed(CANONICAL_TEXT)
         else:  # objects and arrays have many spellings
             raise UnsupportedSchemaError("not", ptr, f"of {t} enum values")
-        dfa = dfa_ops.product(node_to_dfa(node), node_to_dfa(spelled), True)
+        dfa = dfa_ops.product(self.dfa(node), self.dfa(spelled), True)
         dfa = dfa_ops.product(dfa, node_to_dfa(ra.alt([literal(v) for v in mine])), False)
         return dfa_ops.DFANode(dfa, "not", ptr) if dfa.accepting.any() else None
 

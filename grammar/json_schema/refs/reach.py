@@ -1,0 +1,65 @@
+"""Which `$ref`s building a subschema may expand: what the schema builder's memo of built
+values keys on besides the subschema (its language depends on how often each of those is
+being expanded at the time, through the recursion cut, and on nothing else)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grammar.json_schema.objects import pointer_target
+
+
+class RefReach:
+    """The `$ref`s reachable from the subschemas of one document, memoised by object."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self._reaches: dict[int, tuple[Any, frozenset[str]]] = {}
+        self._closures: dict[str, frozenset[str]] = {}
+        self._written: dict[int, tuple[Any, frozenset[str]]] = {}
+
+    def of(self, schema: Any) -> frozenset[str]:
+        """Every `$ref` that building `schema` may expand: those written anywhere inside it,
+        and those their targets reach (a superset: any keyword counts)."""
+        hit = self._reaches.get(id(schema))
+        if hit is not None and hit[0] is schema:
+            return hit[1]
+        direct = self.written(schema)
+        out = frozenset(direct.union(*(self.closure(r) for r in direct)))
+        self._reaches[id(schema)] = (schema, out)  # holding it keeps its id from reuse
+        return out
+
+    def closure(self, ref: str) -> frozenset[str]:
+        """`ref` and every `$ref` its target reaches, transitively."""
+        hit = self._closures.get(ref)
+        if hit is not None:
+            return hit
+        seen, todo = {ref}, [ref]
+        while todo:
+            try:
+                target = pointer_target(self.root, todo.pop())
+            except LookupError:
+                continue  # (building it refuses the reference)
+            for r in self.written(target):
+                if r not in seen:
+                    seen.add(r)
+                    todo.append(r)
+        out = self._closures[ref] = frozenset(seen)
+        return out
+
+    def written(self, x: Any) -> frozenset[str]:
+        """The `$ref` strings written inside a JSON value (not following them)."""
+        if not isinstance(x, dict | list):
+            return frozenset()
+        hit = self._written.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        found: set[str] = set()
+        if isinstance(x, dict) and isinstance(x.get("$ref"), str):
+            found.add(x["$ref"])
+        for v in x.values() if isinstance(x, dict) else x:
+            if isinstance(v, dict | list):
+                found |= self.written(v)
+        out = frozenset(found)
+        self._written[id(x)] = (x, out)
+        return out
