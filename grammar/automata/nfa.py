@@ -157,14 +157,19 @@ class NFA:
                 self._reset_tables()
 
     def _key(self, node: object) -> int:
-        """Structural identity of a parse node, interned to a small int (linear time)."""
+        """Structural identity of a parse node, interned to a small int (linear time). The one
+        pass over the whole tree: it also refuses what cannot be built and notes pieces that
+        match nothing (`dead_end_possible`)."""
         keys = self._keys
         k = keys.get(id(node))
         if k is not None:
             return k
         tp = type(node)
-        if tp is _CHAR_GROUP:
-            t: tuple = ("c", node.chars, node.negated)
+        if tp is _CONCAT:  # the commonest inner node first
+            get = keys.get
+            t: tuple = ("&", *[get(id(p)) or self._key(p) for p in node.parts])
+        elif tp is _CHAR_GROUP:
+            t = ("c", node.chars, node.negated)
             k = self._interned.get(t)
             if k is None:
                 k = self._interned[t] = len(self._interned) + 1
@@ -174,12 +179,11 @@ class NFA:
                     self.dead_end_possible = True  # a character class that matches nothing
             keys[id(node)] = k
             return k
-        elif tp is _CONCAT:
-            t = ("&", *[keys.get(id(p)) or self._key(p) for p in node.parts])
         elif tp is _ALT:
             if node.added_flags or node.removed_flags:
                 raise GrammarError(f"regex flags are not supported: {node.added_flags}")
-            t = ("|", *[keys.get(id(o)) or self._key(o) for o in node.options])
+            get = keys.get
+            t = ("|", *[get(id(o)) or self._key(o) for o in node.options])
         elif tp is _REPEAT:
             if node.max is not None and node.max < node.min:
                 raise GrammarError(f"bad repetition {{{node.min},{node.max}}}")
@@ -201,7 +205,10 @@ class NFA:
             raise GrammarError(f"regex node subclass not supported: {type(node).__name__}")
         else:
             raise GrammarError(f"regex construct not supported: {type(node).__name__}")
-        k = self._interned.setdefault(t, len(self._interned) + 1)
+        interned = self._interned
+        k = interned.get(t)
+        if k is None:
+            k = interned[t] = len(interned) + 1
         keys[id(node)] = k
         return k
 
