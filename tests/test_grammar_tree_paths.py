@@ -226,3 +226,20 @@ def test_a_memoised_string_still_records_its_narrowing():
     n3 = losses()
     b.object(dict(o), "#/p")
     assert losses() - n3 == n3 - n2 > 0
+
+
+def test_basic_plane_escapes_of_ascii_sets_match_the_digit_construction():
+    # _bmp_except's shortcut for codes below U+0100 against the general digit-by-digit one
+    import random
+
+    from grammar.automata import dfa_ops
+    from grammar.automata.fsm import node_to_dfa
+    from grammar.json_schema.exact import names
+
+    rng = random.Random(7)
+    sets = [frozenset({0}), frozenset({0xFF}), frozenset(range(0x100)), frozenset({0x41, 0x61})]
+    sets += [frozenset(rng.sample(range(0x100), rng.randint(1, 8))) for _ in range(12)]
+    for codes in sets:
+        fast, general = node_to_dfa(names._bmp_except(codes)), node_to_dfa(names._bmp_digits(codes))
+        assert not dfa_ops.product(fast, general, False).accepting.any(), sorted(codes)
+        assert not dfa_ops.product(general, fast, False).accepting.any(), sorted(codes)

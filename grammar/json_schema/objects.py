@@ -147,13 +147,18 @@ def ptr_escape(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
 def pointer_target(root: Any, ref: str) -> Any:
     """What the local reference `ref` ("#" or "#/a/b", with ~0 / ~1 and %XX escapes) names in
     `root`; LookupError when nothing there has that path."""
     node = root
     for part in ref[1:].split("/")[1:] if ref != "#" else []:
-        part = part.replace("~1", "/").replace("~0", "~")
-        part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), part)
+        if "~" in part:
+            part = part.replace("~1", "/").replace("~0", "~")
+        if "%" in part:
+            part = _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), part)
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from typing import Any
 
 # imported with the module, not at a schema's first enum check: the library's import (about
@@ -172,9 +171,13 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         # reach is being expanded (the recursion cut) only: a definition met again in such
         # a context is built once, and the narrowings and alternatives it counted are
         # counted again
-        reach = self.reach.of(schema)
-        depths = Counter(r for r in self.ref_stack if r in reach)
-        key = (id(schema), tuple(sorted((r, min(n, self.max_depth)) for r, n in depths.items())))
+        depths: dict[str, int] = {}
+        if self.ref_stack:
+            reach = self.reach.of(schema)
+            for r in self.ref_stack:
+                if r in reach:
+                    depths[r] = min(depths.get(r, 0) + 1, self.max_depth)
+        key = (id(schema), tuple(sorted(depths.items())))
         hit = self._values.get(key)
         if hit is not None and hit[0] is schema:
             _, node, lost, alternatives = hit

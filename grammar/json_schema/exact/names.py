@@ -151,6 +151,15 @@ def char_except(chars: frozenset[str]) -> Node:
 def _bmp_except(codes: frozenset[int]) -> Node:
     """4 hex digits (after `\\u`) of a basic-plane character that is no surrogate and none of
     `codes`: digit by digit, the digits no excluded code starts with take any tail."""
+    if codes and max(codes) < 0x100:
+        # the common case (names are mostly ASCII): every code from 0x100 on (one shared
+        # node), or `00` and two digits spelling none of `codes`
+        zero = _digit_class({0})
+        return ra.alt([_bmp_from_100(), ra.seq(zero, zero, _hex_tail(2, _ALL_DIGITS, codes))])
+    return _bmp_digits(codes)
+
+
+def _bmp_digits(codes: frozenset[int]) -> Node:
     plain = frozenset(c for c in codes if not 0xD000 <= c <= 0xDFFF)
     in_d = frozenset(c - 0xD000 for c in codes if 0xD000 <= c <= 0xD7FF)
     # first digit d: only d0-d7 (d8-df start surrogates)
@@ -160,6 +169,12 @@ def _bmp_except(codes: frozenset[int]) -> Node:
             ra.seq(_digit_class({0xD}), _hex_tail(3, frozenset(range(8)), in_d)),
         ]
     )
+
+
+@functools.cache
+def _bmp_from_100() -> Node:
+    """4 hex digits of a basic-plane character from U+0100 on that is no surrogate."""
+    return _bmp_digits(frozenset(range(0x100)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -208,23 +223,51 @@ def string_except(names: list[str], string_char: Node) -> Node:
     return node
 
 
-def _subtries(string_char: Node) -> dict[frozenset[str], Node]:
+def _subtries(string_char: Node) -> tuple[dict[frozenset[str], Node], dict[frozenset[str], Node]]:
+    """The complements built so far (by set of name suffixes) and the ways off the trie (by
+    set of next characters) for this `string_char`."""
     held = _SUBTRIES.get(id(string_char))
     if held is None or held[0] is not string_char or len(held[1]) > MAX_SUBTRIES:
-        held = (string_char, {})  # holding string_char keeps its id from being reused
+        held = (string_char, {}, {})  # holding string_char keeps its id from being reused
         _SUBTRIES[id(string_char)] = held
-    return held[1]
+    return held[1], held[2]
 
 
 def _string_except(names: list[str], string_char: Node) -> Node:
     rest = ra.repeat(string_char, 0, None)
-    built = _subtries(string_char)
-    off: dict[frozenset[str], Node] = {}  # next characters -> leaving the trie there
+    built, off = _subtries(string_char)
+
+    def leave(nexts: frozenset[str]) -> Node:
+        """A character no suffix goes on with, then anything."""
+        node = off.get(nexts)
+        if node is None:
+            node = off[nexts] = ra.seq(char_except(nexts), rest)
+        return node
+
+    def chain(suffix: str) -> Node:
+        """complement([suffix]), from its end (one name's rest: most of a trie's nodes),
+        without recursion; the same nodes complement builds."""
+        node: Node = None
+        for i in range(len(suffix), -1, -1):
+            key = frozenset((suffix[i:],))
+            hit = built.get(key)
+            if hit is None:
+                if i == len(suffix):
+                    hit = leave(frozenset())
+                else:
+                    c = suffix[i]
+                    after = ra.seq(char_spellings(c), node)
+                    hit = ra.alt([leave(frozenset(c)), ra.EMPTY, after])
+                built[key] = hit
+            node = hit
+        return node
 
     def complement(suffixes: list[str]) -> Node:
         """Strings that, read from this trie node (the names' remaining `suffixes`), spell
         none of the suffixes: leave the trie on a character no suffix goes on with, stop
         here unless a name ends here, or go on in a child."""
+        if len(suffixes) == 1:
+            return chain(suffixes[0])
         key = frozenset(suffixes)
         hit = built.get(key)
         if hit is not None:
@@ -236,11 +279,8 @@ def _string_except(names: list[str], string_char: Node) -> Node:
                 children.setdefault(suffix[0], []).append(suffix[1:])
             else:
                 ends = True
-        nexts = frozenset(children)
-        leave = off.get(nexts)
-        if leave is None:
-            leave = off[nexts] = ra.seq(char_except(nexts), rest)
-        options = [leave] if ends else [leave, ra.EMPTY]
+        first = leave(frozenset(children))
+        options = [first] if ends else [first, ra.EMPTY]
         options += [ra.seq(char_spellings(c), complement(sub)) for c, sub in children.items()]
         node = built[key] = ra.alt(options)
         return node

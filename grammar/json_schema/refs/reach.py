@@ -17,6 +17,7 @@ class RefReach:
         self._reaches: dict[int, tuple[Any, frozenset[str]]] = {}
         self._closures: dict[str, frozenset[str]] = {}
         self._written: dict[int, tuple[Any, frozenset[str]]] = {}
+        self._by_written: dict[frozenset[str], frozenset[str]] = {}
 
     def of(self, schema: Any) -> frozenset[str]:
         """Every `$ref` that building `schema` may expand: those written anywhere inside it,
@@ -25,7 +26,10 @@ class RefReach:
         if hit is not None and hit[0] is schema:
             return hit[1]
         direct = self.written(schema)
-        out = frozenset(direct.union(*(self.closure(r) for r in direct)))
+        out = self._by_written.get(direct)
+        if out is None:  # (many subschemas write the same refs, most of them none)
+            out = frozenset(direct.union(*(self.closure(r) for r in direct)))
+            self._by_written[direct] = out
         self._reaches[id(schema)] = (schema, out)  # holding it keeps its id from reuse
         return out
 
