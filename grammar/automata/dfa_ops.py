@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from grammar.automata.fsm import DEAD, START, ByteDFA, _prune_dead_ends
+from grammar.automata.fsm import DEAD, START, ByteDFA, _prune_dead_ends, edges_into
 from grammar.errors import GrammarError
 
 DEFAULT_MAX_PRODUCT = 50_000
@@ -169,9 +169,10 @@ def _split_at_once(
     table, byte_to_class, order = _explore_rows(start, step, max_states, groups)
     sigs = [signature(st) for st in order]
     out = []
+    into = edges_into(table)  # one reverse graph for every region's pruning
     for sig in sorted({g for g in sigs if g is not None}, key=lambda g: [not x for x in g]):
         acc = np.array([g == sig for g in sigs], dtype=bool)
-        t, a = _prune_dead_ends(table, acc)
+        t, a = _prune_dead_ends(table, acc, into)
         out.append((ByteDFA(table=t, byte_to_class=byte_to_class, accepting=a), sig))
     return out
 

@@ -383,13 +383,12 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
     return ByteDFA(table=table, byte_to_class=byte_to_class, accepting=accepting)
 
 
-def _prune_dead_ends(table: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Send transitions into states that cannot reach acceptance to DEAD."""
-    n = table.shape[0]
-    src = np.repeat(np.arange(n), table.shape[1])
-    dst = table.reshape(-1)
-    order = np.argsort(dst, kind="stable")
-    src_sorted, starts = src[order], np.searchsorted(dst[order], np.arange(n + 1))
+def _prune_dead_ends(
+    table: np.ndarray, accepting: np.ndarray, into: tuple | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Send transitions into states that cannot reach acceptance to DEAD. `into`: the
+    table's `edges_into` (several pruning passes over one table share it)."""
+    src_sorted, starts = edges_into(table) if into is None else into
     live = accepting.copy()
     live[DEAD] = False
     stack = list(np.nonzero(live)[0])
@@ -404,3 +403,12 @@ def _prune_dead_ends(table: np.ndarray, accepting: np.ndarray) -> tuple[np.ndarr
     table = np.where(live[table], table, DEAD).astype(np.int32)
     table[~live] = DEAD
     return table, accepting & live
+
+
+def edges_into(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The table's edges by target: (sources sorted by target, where each target's start)."""
+    n = table.shape[0]
+    src = np.repeat(np.arange(n), table.shape[1])
+    dst = table.reshape(-1)
+    order = np.argsort(dst)  # (the order of sources within one target does not matter)
+    return src[order], np.searchsorted(dst[order], np.arange(n + 1))
