@@ -243,3 +243,16 @@ def test_basic_plane_escapes_of_ascii_sets_match_the_digit_construction():
         fast, general = node_to_dfa(names._bmp_except(codes)), node_to_dfa(names._bmp_digits(codes))
         assert not dfa_ops.product(fast, general, False).accepting.any(), sorted(codes)
         assert not dfa_ops.product(general, fast, False).accepting.any(), sorted(codes)
+
+
+def test_a_length_bounded_pattern_imports_no_module_at_compile_time():
+    # the length product's np.unique would import numpy.ma on its first call
+    code = (
+        "import sys, grammar\n"
+        "from grammar.json_schema.schema import json_schema_to_node\n"
+        "before = set(sys.modules)\n"
+        "json_schema_to_node({'type': 'string', 'pattern': '^a.c', 'maxLength': 9})\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
