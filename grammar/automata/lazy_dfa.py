@@ -140,6 +140,14 @@ class LazyDFA:
         numbered state (its NFA state set, index entries), ~2.1 KB per Python row."""
         return int(self.table.nbytes) + 300 * len(self._order) + 2100 * self._py_rows
 
+    @property
+    def nfa(self) -> NFA:
+        return self._nfa
+
+    def nfa_states(self, state: int) -> tuple[int, ...]:
+        """The NFA states (sorted) that a DFA state stands for."""
+        return self._order[state]
+
     # --- reads -------------------------------------------------------------------------
 
     def row_list(self, state: int) -> tuple[int, ...]:

@@ -17,10 +17,14 @@ from grammar.automata.fsm import DEAD, ByteDFA
 from grammar.automata.lazy_dfa import LazyDFA
 from grammar.tokens.chains import MAX_FOLLOW, Chains, chain_layout
 from grammar.tokens.loops import Suffixes, loops_on_all_characters, transparent_set
+from grammar.tokens.shifts import CopyShapes
 from grammar.tokens.vocab import PreparedTokens, TokenVocabulary, csr_take
 
 _DENSE_MIN_ROWS = 4096  # a lockstep walk over fewer rows than this goes on as a sparse one
 _MAX_LIKE_DEPTH = 2  # a mask borrowed from a state whose own mask is borrowed, at most
+# a state shaped like one whose mask is known (see `shifts`) takes that mask for the tokens of
+# at most D bytes, D the largest of these within both states' copies left; walks the others
+_SHARED_UP_TO = (16, 24, 32, 48, 64, 96, 128)
 
 
 class TokenIndex:
@@ -55,6 +59,8 @@ class TokenIndex:
         self._masks: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
         self._chains = Chains(dfa)
+        self._shapes = CopyShapes(dfa) if self._lazy else None
+        self._by_shape: dict[tuple, tuple[np.ndarray, int]] = {}  # shape key -> (mask, dist)
 
     def bitmask(self, state: int, _depth: int = 0) -> np.ndarray:
         words = self._masks.get(state)
@@ -316,6 +322,43 @@ class TokenIndex:
             return np.zeros(self.num_words, dtype=np.int32)
         if self._lazy:
             self.dfa.expand([state])
+        shape = self._shapes.shape(state) if self._shapes is not None else None
+        if shape is None:
+            return self._computed(state, depth)
+        key, dist = shape
+        hit = self._by_shape.get(key)
+        if hit is not None:
+            words = self._shifted(state, hit[0], min(dist, hit[1]))
+            if words is not None:
+                return words
+        words = self._computed(state, depth)
+        if hit is None or dist > hit[1]:
+            self._by_shape[key] = (words, dist)
+        return words
+
+    def _shifted(self, state: int, words: np.ndarray, dist: int) -> np.ndarray | None:
+        """The mask of `state` from `words`, the mask of a state of its shape (both at least
+        `dist` copies above the end of their copies): the tokens of at most D bytes as there,
+        the longer ones walked. None when `dist` is too short to share much."""
+        prep = self.prepared
+        up_to = [d for d in _SHARED_UP_TO if d <= dist]
+        if not up_to:
+            return None
+        d = up_to[-1]
+        if d >= prep.columns.shape[0]:  # no token is longer
+            return words
+        n = int(prep.n_longer[d])  # the rows longer than d bytes: the first n
+        longer = self.vocab.derived(
+            ("longer than", d), lambda: self._pack(prep.lengths > d, self._eos[:0])
+        )
+        out = words.view("<u4") & ~longer.view("<u4")
+        cur = self._class_row(state)[self._cls(prep.columns[0][:n])]
+        ids = self.vocab.ids_of_rows(self._walk_rows(np.arange(n), cur, 1))
+        np.bitwise_or.at(out, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+        return out.view("<i4")
+
+    def _computed(self, state: int, depth: int) -> np.ndarray:
+        """The mask of `state` by its own walk."""
         base, rows = self._allowed(state, depth)
         eos = self._eos if self.dfa.accepting[state] else self._eos[:0]
         if rows.dtype == bool:  # most rows: one gather and a pack
