@@ -159,6 +159,22 @@ _MEMO_CASES = {
         "properties": {"p": {"$ref": "#/$defs/a"}, "q": {"$ref": "#/$defs/b"}},
         "additionalProperties": False,
     },
+    "oneof-discriminated-by-const-and-enum": {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {"kind": {"const": "a"}, "n": {"type": "integer", "minimum": 2}},
+                "required": ["kind"],
+            },
+            {"type": "object", "properties": {"kind": {"enum": ["b", 1.0]}}, "required": ["kind"]},
+            {
+                "type": "object",
+                "properties": {"kind": {"enum": ["c", 1, True]}, "n": {"type": "null"}},
+                "required": ["kind", "n"],
+            },
+        ]
+    },
+    "enum-of-one-and-true-under-integer": {"type": "integer", "enum": [1, True, 1.0, "x"]},
     "recursive-pattern-properties": {
         "type": "object",
         "patternProperties": {"^k.": {"$ref": "#"}},
@@ -183,7 +199,7 @@ def _language_or_error(schema: dict, memo: bool):
     def no_memos(self, *args) -> None:
         init(self, *args)
         self._finite, self._strings, self._key_regions = _NoMemo(), _NoMemo(), _NoMemo()
-        self._dfas = self._values = _NoMemo()
+        self._dfas = self._values = self._accepted = _NoMemo()
 
     js._Builder.__init__ = init if memo else no_memos
     try:

@@ -132,6 +132,7 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         self._key_regions: dict[tuple, tuple[list, int]] = {}  # see ObjectRules.key_regions
         self._dfas: dict[tuple, tuple[object, Any]] = {}  # (id(node), budget) -> (node, DFA)
         self._values: dict[tuple, tuple] = {}  # see value
+        self._accepted: dict[tuple, tuple[Any, bool]] = {}  # see accepts
         self.reach = RefReach(root)
         self.n_alternatives = 0
         self._validator: Any = None
@@ -247,7 +248,19 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
 
     def accepts(self, schema: Any, value: Any) -> bool:
         """Whether `value` is an instance of `schema` (a part of the root: its local `$ref`s
-        resolve against the root), by the jsonschema library with formats asserted."""
+        resolve against the root), by the jsonschema library with formats asserted. Once
+        per schema object and scalar value (oneOf checks ask again for every pair)."""
+        if not isinstance(value, str | int | float | bool | None):
+            return self._accepts(schema, value)
+        key = (id(schema), type(value), value)
+        hit = self._accepted.get(key)
+        if hit is not None and hit[0] is schema:
+            return hit[1]
+        out = self._accepts(schema, value)
+        self._accepted[key] = (schema, out)  # holding the schema keeps its id from reuse
+        return out
+
+    def _accepts(self, schema: Any, value: Any) -> bool:
         if self._validator is None:
             cls = jsonschema.validators.validator_for(self.root)
             root = self.root if isinstance(self.root, dict) else {}
