@@ -272,3 +272,47 @@ def test_a_length_bounded_pattern_imports_no_module_at_compile_time():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _reference_string_except(names: list[str], string_char):
+    """The complement of the names' trie, written plainly (one recursive pass, nothing
+    shared between calls): what names.string_except must build node for node."""
+    from grammar.automata import regex_ast as ra
+    from grammar.json_schema.exact.names import char_except, char_spellings
+
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for ch in name:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    rest = ra.repeat(string_char, 0, None)
+
+    def complement(node: dict):
+        children = [c for c in node if c]
+        options = [ra.seq(char_except(frozenset(children)), rest)]
+        if "" not in node:
+            options.append(ra.EMPTY)
+        options += [ra.seq(char_spellings(c), complement(node[c])) for c in children]
+        return ra.alt(options)
+
+    return ra.seq(ra.char('"'), complement(trie), ra.char('"'))
+
+
+def test_name_complements_are_the_plain_trie_complement_node_for_node():
+    from grammar.automata import regex_ast as ra
+    from grammar.json_schema.exact import names
+    from grammar.json_schema.scalars import STRING_CHAR_TEXT
+
+    string_char = ra.parsed(STRING_CHAR_TEXT)
+    lists = [
+        ["apiVersion", "kind", "metadata"],
+        ["kind", "kinds", "kin"],
+        ["a\x01b", 'q"', "x\\y", "\U0001f600z", "\ud800", "é"],
+        ["", "spec", "spec2"],
+        ["metadata", "status", "apiVersion", "data"],
+    ]
+    names._BUILT.clear()
+    names._SUBTRIES.clear()
+    for n in lists:  # built in turn, later lists reuse the earlier ones' pieces
+        assert names.string_except(n, string_char) == _reference_string_except(n, string_char)

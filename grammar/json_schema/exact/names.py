@@ -17,6 +17,8 @@ from interegular import patterns as ip
 
 from grammar.automata import regex_ast as ra
 
+_CONCAT, _ALT = ip._Concatenation, ip.Pattern
+
 Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
 
 # a character -> the letter of its short escape
@@ -223,19 +225,33 @@ def string_except(names: list[str], string_char: Node) -> Node:
     return node
 
 
-def _subtries(string_char: Node) -> tuple[dict[frozenset[str], Node], dict[frozenset[str], Node]]:
-    """The complements built so far (by set of name suffixes) and the ways off the trie (by
-    set of next characters) for this `string_char`."""
+class _Built:
+    """The pieces of name complements built so far for one `string_char`: complements by
+    set of name suffixes (`chains` for a single suffix, by that suffix), and the ways off
+    the trie by set of next characters (`off`; `off1` by the one next character)."""
+
+    def __init__(self, string_char: Node) -> None:
+        self.string_char = string_char  # holding it keeps its id from being reused
+        self.rest = ra.repeat(string_char, 0, None)
+        self.tries: dict[frozenset[str], Node] = {}
+        self.chains: dict[str, Node] = {}
+        self.off: dict[frozenset[str], Node] = {}
+        self.off1: dict[str, Node] = {}
+
+    def size(self) -> int:
+        return len(self.tries) + len(self.chains)
+
+
+def _subtries(string_char: Node) -> _Built:
     held = _SUBTRIES.get(id(string_char))
-    if held is None or held[0] is not string_char or len(held[1]) > MAX_SUBTRIES:
-        held = (string_char, {}, {})  # holding string_char keeps its id from being reused
-        _SUBTRIES[id(string_char)] = held
-    return held[1], held[2]
+    if held is None or held.string_char is not string_char or held.size() > MAX_SUBTRIES:
+        held = _SUBTRIES[id(string_char)] = _Built(string_char)
+    return held
 
 
 def _string_except(names: list[str], string_char: Node) -> Node:
-    rest = ra.repeat(string_char, 0, None)
-    built, off = _subtries(string_char)
+    b = _subtries(string_char)
+    built, off, chains, off1, rest = b.tries, b.off, b.chains, b.off1, b.rest
 
     def leave(nexts: frozenset[str]) -> Node:
         """A character no suffix goes on with, then anything."""
@@ -245,20 +261,31 @@ def _string_except(names: list[str], string_char: Node) -> Node:
         return node
 
     def chain(suffix: str) -> Node:
-        """complement([suffix]), from its end (one name's rest: most of a trie's nodes),
-        without recursion; the same nodes complement builds."""
-        node: Node = None
-        for i in range(len(suffix), -1, -1):
-            key = frozenset((suffix[i:],))
-            hit = built.get(key)
+        """complement([suffix]) (one name's rest: most of a trie's nodes), built from its
+        end without recursion, into the nodes complement's general case would make: for
+        each character c, alt(off the trie at c, stop here, c then the rest's complement)."""
+        node = chains.get(suffix)
+        if node is not None:
+            return node
+        node = chains.get("")
+        if node is None:
+            node = chains[""] = leave(frozenset())
+        for i in range(len(suffix) - 1, -1, -1):
+            tail = suffix[i:]
+            hit = chains.get(tail)
             if hit is None:
-                if i == len(suffix):
-                    hit = leave(frozenset())
+                c = tail[0]
+                away = off1.get(c)
+                if away is None:
+                    away = off1[c] = leave(frozenset(c))
+                spelt = char_spellings(c)
+                if spelt is None:  # a lone surrogate: no spelling goes on
+                    hit = _ALT((away, ra.EMPTY))
+                elif type(spelt) is _CONCAT or type(node) is _CONCAT:  # seq flattens them
+                    hit = _ALT((away, ra.EMPTY, ra.seq(spelt, node)))
                 else:
-                    c = suffix[i]
-                    after = ra.seq(char_spellings(c), node)
-                    hit = ra.alt([leave(frozenset(c)), ra.EMPTY, after])
-                built[key] = hit
+                    hit = _ALT((away, ra.EMPTY, _CONCAT((spelt, node))))
+                chains[tail] = hit
             node = hit
         return node
 
