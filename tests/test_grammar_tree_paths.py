@@ -316,3 +316,44 @@ def test_name_complements_are_the_plain_trie_complement_node_for_node():
     names._SUBTRIES.clear()
     for n in lists:  # built in turn, later lists reuse the earlier ones' pieces
         assert names.string_except(n, string_char) == _reference_string_except(n, string_char)
+
+
+def test_reachable_refs_match_a_plain_walk():
+    # RefReach reuses closures already built; a plain walk follows every reference anew
+    from grammar.json_schema.objects import pointer_target
+    from grammar.json_schema.refs.reach import RefReach
+
+    def plain(root, schema) -> set[str]:
+        found, todo, walked = set(), [schema], set()
+        while todo:
+            x = todo.pop()
+            if isinstance(x, dict):
+                if isinstance(x.get("$ref"), str) and x["$ref"] not in found:
+                    found.add(x["$ref"])
+                    try:
+                        target = pointer_target(root, x["$ref"])
+                    except LookupError:
+                        target = None
+                    if id(target) not in walked:
+                        walked.add(id(target))
+                        todo.append(target)
+                todo.extend(x.values())
+            elif isinstance(x, list):
+                todo.extend(x)
+        return found
+
+    root = {
+        "$defs": {
+            "a": {"properties": {"b": {"$ref": "#/$defs/b"}, "c": {"$ref": "#/$defs/c"}}},
+            "b": {"items": {"$ref": "#/$defs/a"}},
+            "c": {"anyOf": [{"$ref": "#/$defs/d"}, {"$ref": "#/$defs/missing"}]},
+            "d": {"type": "string"},
+            "e": {"not": {"$ref": "#/$defs/c"}},
+            "f": {"$ref": "#"},
+        },
+        "properties": {"x": {"$ref": "#/$defs/e"}, "y": {"$ref": "#/$defs/b"}},
+    }
+    reach = RefReach(root)
+    subs = [root, *root["$defs"].values(), *root["properties"].values()]
+    for sub in [*subs, *reversed(subs)]:  # in both orders: closures built early or late
+        assert reach.of(sub) == plain(root, sub)

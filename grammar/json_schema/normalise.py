@@ -16,12 +16,13 @@ from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema.exact.evaluated import conditional_cases
 from grammar.json_schema.exact.exclusive import group_violations
 from grammar.json_schema.merge import ASSERTIONS, UNSUPPORTED, merge, type_set
-from grammar.json_schema.objects import DEPENDENCY_KEYS, name_lists, pointer_target, ptr_escape
+from grammar.json_schema.objects import DEPENDENCY_KEYS, name_lists, ptr_escape
 
 
 class NormaliseRules:
-    """Needs from the builder: `root`, `max_depth`, `ref_stack`, `ref_overrides_siblings`,
-    `integral_floats`, `accepts` (for negated enum values)."""
+    """Needs from the builder: `root`, `reach` (refs.reach.RefReach of the root: its targets),
+    `max_depth`, `ref_stack`, `ref_overrides_siblings`, `integral_floats`, `accepts` (for
+    negated enum values)."""
 
     def resolve_ref(self, ref: str, ptr: str) -> Any:
         if not ref.startswith("#"):
@@ -29,7 +30,7 @@ class NormaliseRules:
         if ref != "#" and not ref.startswith("#/"):
             raise UnsupportedSchemaError("$ref", ptr, f"no place here is named {ref!r}")
         try:
-            node = pointer_target(self.root, ref)
+            node = self.reach.target(ref)
         except LookupError:
             raise UnsupportedSchemaError("$ref", ptr, f"cannot resolve {ref!r}") from None
         return node

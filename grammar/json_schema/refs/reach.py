@@ -8,6 +8,8 @@ from typing import Any
 
 from grammar.json_schema.objects import pointer_target
 
+_UNSEEN, _MISSING = object(), object()
+
 
 class RefReach:
     """The `$ref`s reachable from the subschemas of one document, memoised by object."""
@@ -18,6 +20,7 @@ class RefReach:
         self._closures: dict[str, frozenset[str]] = {}
         self._written: dict[int, tuple[Any, frozenset[str]]] = {}
         self._by_written: dict[frozenset[str], frozenset[str]] = {}
+        self._targets: dict[str, Any] = {}
 
     def of(self, schema: Any) -> frozenset[str]:
         """Every `$ref` that building `schema` may expand: those written anywhere inside it,
@@ -40,16 +43,35 @@ class RefReach:
             return hit
         seen, todo = {ref}, [ref]
         while todo:
+            r = todo.pop()
+            done = self._closures.get(r)
+            if done is not None:  # already closed: no need to walk it again
+                seen |= done
+                continue
             try:
-                target = pointer_target(self.root, todo.pop())
+                target = self.target(r)
             except LookupError:
                 continue  # (building it refuses the reference)
-            for r in self.written(target):
-                if r not in seen:
-                    seen.add(r)
-                    todo.append(r)
+            for nxt in self.written(target):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
         out = self._closures[ref] = frozenset(seen)
         return out
+
+    def target(self, ref: str) -> Any:
+        """What the local reference `ref` names in the document (objects.pointer_target,
+        once per reference); LookupError when nothing there has that path."""
+        hit = self._targets.get(ref, _UNSEEN)
+        if hit is _UNSEEN:
+            try:
+                hit = pointer_target(self.root, ref)
+            except LookupError:
+                hit = _MISSING
+            self._targets[ref] = hit
+        if hit is _MISSING:
+            raise LookupError(ref)
+        return hit
 
     def written(self, x: Any) -> frozenset[str]:
         """The `$ref` strings written inside a JSON value (not following them)."""
