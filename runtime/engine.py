@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,22 @@ def _eos_ids(loaded_source: Path, config_eos: Sequence[int], tokenizer) -> list[
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return sorted(ids)
+
+
+# Engines not shut down by the program are shut down at exit, before the interpreter finalizes:
+# a daemon scheduler thread caught inside a native op (a matmul, an OpenMP kernel) when Python
+# finalizes is unwound by pthread_exit through C++ frames, which aborts the process
+# ("terminate called without an active exception") after the program itself has finished.
+_LIVE_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_engines() -> None:
+    for engine in list(_LIVE_ENGINES):
+        try:
+            engine.shutdown()
+        except Exception:  # at exit: a failing shutdown must not stop the others
+            logger.warning("engine shutdown at exit failed", exc_info=True)
 
 
 class Engine:
@@ -154,6 +172,8 @@ class Engine:
             hooks=self._make_constraint_hooks(),
             overlap=overlap_wanted(overlap_schedule) and not self.parallel,
         )
+        self._closed = False
+        _LIVE_ENGINES.add(self)  # shut down at exit if the program never closes it
         logger.info(
             "engine ready: %s, %d KV bytes/token, %d tokens of KV capacity",
             path,
@@ -376,6 +396,11 @@ class Engine:
         self.scheduler.call(self.scheduler.check_integrity)
 
     def shutdown(self) -> None:
+        """Stop the scheduler and its threads (idempotent; also run at interpreter exit)."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        _LIVE_ENGINES.discard(self)
         self.disaggregation.close()
         self.scheduler.shutdown()
         if self.parallel:
