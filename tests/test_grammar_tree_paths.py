@@ -357,3 +357,20 @@ def test_reachable_refs_match_a_plain_walk():
     subs = [root, *root["$defs"].values(), *root["properties"].values()]
     for sub in [*subs, *reversed(subs)]:  # in both orders: closures built early or late
         assert reach.of(sub) == plain(root, sub)
+
+
+def test_prebuild_leaves_no_shared_automaton_for_a_compile_to_build():
+    code = (
+        "from grammar.json_schema import schema\n"
+        "from grammar.json_schema.scalars import _ANY_DFAS, _LEAVES\n"
+        "schema.prebuild()\n"
+        "before = (len(_ANY_DFAS), len(_LEAVES))\n"
+        "for s in ({'type': 'object', 'properties': {'a': {'type': 'integer'}}},\n"
+        "          {'type': 'array', 'items': {'type': ['string', 'number']}},\n"
+        "          {'$schema': 'http://json-schema.org/draft-04/schema#', 'type': 'integer'},\n"
+        "          {'$schema': 'http://json-schema.org/draft-07/schema#', 'items': {}}):\n"
+        "    schema.json_schema_to_node(s)\n"
+        "print(before == (len(_ANY_DFAS), len(_LEAVES)), before)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[0] == "True", out.stdout

@@ -114,6 +114,16 @@ def json_schema_to_node(
     return out
 
 
+def prebuild() -> None:
+    """Build now the automata compiles share and no schema decides (any JSON value at each
+    nesting depth, the plain string / number / integer leaves, both integer spellings:
+    ~40-80 ms once per process, else paid by the first schema with an open object), as
+    formats.prebuild does for the formats; a server calls both at start."""
+    json_schema_to_node({"type": ["object", "string", "number", "boolean", "null"]})
+    json_schema_to_node({"type": "integer"})
+    json_schema_to_node({"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"})
+
+
 class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules):
     def __init__(self, root: dict | bool, ws: str, max_depth: int, any_depth: int) -> None:
         self.root = root
@@ -168,10 +178,9 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
             return node
         if not isinstance(schema, dict):
             return self.from_norm(self.normalise(schema, ptr), ptr)
-        # the language of a subschema depends on it and on how often each `$ref` it can
-        # reach is being expanded (the recursion cut) only: a definition met again in such
-        # a context is built once, and the narrowings and alternatives it counted are
-        # counted again
+        # a subschema's language depends on it and on how often each `$ref` it can reach is
+        # being expanded (the recursion cut) only: built once per such context (narrowings
+        # and alternatives it counted are counted again)
         depths: dict[str, int] = {}
         if self.ref_stack:
             reach = self.reach.of(schema)
