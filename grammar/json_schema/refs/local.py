@@ -58,20 +58,6 @@ def subschemas(schema: dict) -> list[tuple[str, Any]]:
     return out
 
 
-def child_schemas(schema: dict):
-    """The subschemas of `subschemas(schema)`, without their pointers (cheaper: a check of
-    the whole document before any rewrite)."""
-    for key in _ONE:
-        if isinstance(schema.get(key), dict | bool):
-            yield schema[key]
-    for key in _LIST:
-        if isinstance(schema.get(key), list):
-            yield from schema[key]
-    for key in _MAP:
-        if isinstance(schema.get(key), dict):
-            yield from (s for s in schema[key].values() if isinstance(s, dict | bool))
-
-
 def join(base: str, ref: str) -> str | None:
     """`ref` resolved against `base` (None where the base cannot take a relative URI)."""
     if ref.startswith("#"):
@@ -83,15 +69,34 @@ def join(base: str, ref: str) -> str | None:
     return None
 
 
-def _needs_rewrite(schema: Any, depth: int = 0) -> bool:
-    if not isinstance(schema, dict) or depth > 200:
-        return False
-    if any(isinstance(schema.get(k), str) for k in _IDS):
-        return True
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")) or "$dynamicRef" in schema:
-        return True
-    return any(_needs_rewrite(s, depth + 1) for s in child_schemas(schema))
+def _needs_rewrite(root: Any) -> bool:
+    """Whether some schema in the document (to depth 200) has an identifier, a `$ref` that
+    is no root JSON pointer, or a `$dynamicRef`: one walk with a stack, over the
+    subschemas `subschemas` lists, without their pointers."""
+    todo: list[tuple[Any, int]] = [(root, 0)]
+    while todo:
+        schema, depth = todo.pop()
+        if not isinstance(schema, dict) or depth > 200:
+            continue
+        for key in _IDS:
+            if isinstance(schema.get(key), str):
+                return True
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
+            return True
+        if "$dynamicRef" in schema:
+            return True
+        depth += 1
+        for key in _ONE:
+            if isinstance(schema.get(key), dict):
+                todo.append((schema[key], depth))
+        for key in _LIST:
+            if isinstance(schema.get(key), list):
+                todo += [(s, depth) for s in schema[key]]
+        for key in _MAP:
+            if isinstance(schema.get(key), dict):
+                todo += [(s, depth) for s in schema[key].values()]
+    return False
 
 
 def local_refs(root: Any) -> Any:
