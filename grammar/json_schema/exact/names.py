@@ -120,13 +120,19 @@ def name_spellings(name: str) -> Node:
     return ra.seq(ra.char('"'), *[char_spellings(c) for c in name], ra.char('"'))
 
 
+@functools.cache
+def _short_escapes(letters: frozenset[str]) -> Node:
+    """A backslash and one of these short-escape letters (most sets exclude none of them)."""
+    return ra.seq(ra.char("\\"), ip._CharGroup(letters, False))
+
+
 @functools.lru_cache(maxsize=4096)
 def char_except(chars: frozenset[str]) -> Node:
     """One string character, in any spelling, that decodes to none of `chars`."""
     options: list[Node] = [ip._CharGroup(_NOT_RAW | chars, True)]
     short = frozenset(e for c, e in SHORT_ESCAPES.items() if c not in chars)
     if short:
-        options.append(ra.seq(ra.char("\\"), ip._CharGroup(short, False)))
+        options.append(_short_escapes(short))
     codes = {ord(c) for c in chars}
     options.append(ra.seq(_U, _bmp_except(frozenset(c for c in codes if c <= 0xFFFF))))
     # surrogate pairs: the high halves with no excluded character take any low half
