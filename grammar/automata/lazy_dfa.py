@@ -24,7 +24,6 @@ import threading
 import numpy as np
 
 from grammar.automata.nfa import NFA
-from grammar.automata.nfa_blocks import pairs as nfa_pairs
 from grammar.errors import GrammarError
 
 DEAD = 0
@@ -250,8 +249,9 @@ class LazyDFA:
 
     def _grow(self) -> None:
         cap = self.table.shape[0]
-        table = np.full((2 * cap, 256), UNEXPANDED, dtype=np.int32)
+        table = np.empty((2 * cap, 256), dtype=np.int32)  # (each byte written once)
         table[:cap] = self.table
+        table[cap:] = UNEXPANDED
         accepting = np.zeros(2 * cap, dtype=bool)
         accepting[:cap] = self.accepting
         self.accepting = accepting
@@ -268,12 +268,25 @@ class LazyDFA:
         # sorted by mask: a state set's edges in one canonical order, so sets of the same shape
         # (the copies of a counted character, the same key trie under other targets) share
         # their template
-        pairs = sorted([e for s in self._order[i] for e in nfa_pairs(edges[s])])
+        pairs = []
+        for s in self._order[i]:
+            e = edges[s]
+            if len(e) == 2:  # most NFA states: one edge
+                pairs.append((e[0], e[1]))
+            else:
+                pairs.extend(zip(e[::2], e[1::2], strict=True))
+        pairs.sort()
         masks = tuple([m for m, _ in pairs])
         targets = [t for _, t in pairs]
         slots, byte_slot, n_live, only = _template(masks)
         ids = [DEAD]
+        single = self._single
         for sl in slots[1:]:
+            if len(sl) == 1:
+                t = targets[sl[0]]
+                j = single.get(t)
+                ids.append(self._single_id(t) if j is None else j)
+                continue
             ts = {targets[e] for e in sl}
             if len(ts) == 1:
                 ids.append(self._single_id(next(iter(ts))))

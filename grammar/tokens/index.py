@@ -27,6 +27,31 @@ _MAX_LIKE_DEPTH = 2  # a mask borrowed from a state whose own mask is borrowed, 
 _SHARED_UP_TO = (16, 24, 32, 48, 64, 96, 128)
 
 
+_least = np.minimum.reduce
+_AT_MOST = 1024  # bits set one by one up to this many; more: through a bool array, packed
+
+
+def set_bits(words: np.ndarray, ids: np.ndarray) -> None:
+    """Set bit id of packed uint32 `words` for every id in `ids` (in place)."""
+    if ids.size <= _AT_MOST:
+        np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+        return
+    on = np.zeros(words.shape[0] * 32, dtype=bool)
+    on[ids] = True
+    words |= np.packbits(on, bitorder="little").view("<u4")
+
+
+def clear_bits(words: np.ndarray, ids: np.ndarray) -> None:
+    """Clear bit id of packed uint32 `words` for every id in `ids` (in place)."""
+    if ids.size <= _AT_MOST:
+        bit = np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
+        np.bitwise_and.at(words, ids >> 5, ~bit)
+        return
+    on = np.zeros(words.shape[0] * 32, dtype=bool)
+    on[ids] = True
+    words &= ~np.packbits(on, bitorder="little").view("<u4")
+
+
 class TokenIndex:
     """Token masks of one DFA over one vocabulary.
 
@@ -91,9 +116,11 @@ class TokenIndex:
         # each gather, never keep it (an older one may lack rows or room for newer states)
         if self._wide:
             cur = cur.astype(np.int64)
-        nxt = self.dfa.table.reshape(-1)[cur * self.n_cls + cls]
-        if nxt.size and nxt.min() < 0:  # rows not built yet: build them, read again
-            bad = np.flatnonzero(nxt < 0)
+        at = cur * self.n_cls
+        at += cls
+        nxt = self.dfa.table.reshape(-1).take(at)
+        if nxt.size and _least(nxt) < 0:  # rows not built yet: build them, read again
+            bad = (nxt < 0).nonzero()[0]
             src = cur[bad]
             todo = np.zeros(self.dfa.num_states, dtype=bool)  # the distinct states, in O(n)
             todo[src] = True
@@ -198,10 +225,7 @@ class TokenIndex:
         else:
             gone_rows = rows
         words = self.bitmask(ref, depth + 1).view("<u4").copy()
-        ids = np.concatenate([self.vocab.ids_of_rows(gone_rows), self._eos])
-        np.bitwise_and.at(
-            words, ids >> 5, ~np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
-        )
+        clear_bits(words, np.concatenate([self.vocab.ids_of_rows(gone_rows), self._eos]))
         return words.view("<i4"), self._allowed_sparse(state, rows)
 
     def _chain(self, state: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -278,16 +302,18 @@ class TokenIndex:
         """Continue walking `rows` (ascending, in states `cur`) from byte position p; returns
         the surviving rows, ascending. `prep`: the byte layout (the vocabulary's by default)."""
         prep = prep or self.prepared
-        keep = cur != DEAD
-        rows, cur = rows[keep], cur[keep]
+        n_longer, columns, width = prep.n_longer, prep.columns, prep.n_longer.shape[0]
+        keep = cur.nonzero()[0]  # (DEAD is 0)
+        if keep.size < cur.size:
+            rows, cur = rows[keep], cur[keep]
         done: list[np.ndarray] = []
         while rows.size:
             # rows that end before byte p survived every byte: allowed
-            n = int(prep.n_longer[p]) if p < prep.n_longer.shape[0] else 0
-            cut = int(np.searchsorted(rows, n))
-            done.append(rows[cut:])
-            rows, cur = rows[:cut], cur[:cut]
-            if not rows.size:
+            cut = int(rows.searchsorted(n_longer[p])) if p < width else 0
+            if cut < rows.size:
+                done.append(rows[cut:])
+                rows, cur = rows[:cut], cur[:cut]
+            if not cut:
                 break
             if rows.size <= 16:  # a few long tokens left: walk each one's rest in Python
                 walk, cols, lengths = self.dfa.walk, prep.columns, prep.lengths
@@ -298,9 +324,10 @@ class TokenIndex:
                 ]
                 done.append(np.array(ok, dtype=np.int64))
                 break
-            cur = self._gather(cur, self._cls(prep.columns[p][rows]))
-            keep = cur != DEAD
-            rows, cur = rows[keep], cur[keep]
+            cur = self._gather(cur, self._cls(columns[p].take(rows)))
+            keep = cur.nonzero()[0]
+            if keep.size < cur.size:
+                rows, cur = rows[keep], cur[keep]
             p += 1
         if not done:
             return np.zeros(0, dtype=np.int64)
@@ -354,7 +381,7 @@ class TokenIndex:
         out = words.view("<u4") & ~longer.view("<u4")
         cur = self._class_row(state)[self._cls(prep.columns[0][:n])]
         ids = self.vocab.ids_of_rows(self._walk_rows(np.arange(n), cur, 1))
-        np.bitwise_or.at(out, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+        set_bits(out, ids)
         return out.view("<i4")
 
     def _computed(self, state: int, depth: int) -> np.ndarray:
@@ -368,9 +395,7 @@ class TokenIndex:
             words = np.zeros(self.num_words, dtype=np.uint32)
         else:
             words = base.view("<u4").copy()
-        ids = np.concatenate([self.vocab.ids_of_rows(rows), eos])
-        bit = np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
-        np.bitwise_or.at(words, ids >> 5, bit)
+        set_bits(words, np.concatenate([self.vocab.ids_of_rows(rows), eos]))
         return words.view("<i4")
 
 
