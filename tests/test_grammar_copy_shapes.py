@@ -1,7 +1,8 @@
 """Masks shared between DFA states of one shape along a long counted repetition (see
 `grammar.tokens.shifts`) must equal a plain token walk from each state: near the start of a
 long string, near its end (fewer copies left than the longest token), in its mandatory copies
-(minLength) and its optional ones, inside an escape or a multi-byte character."""
+(minLength) and its optional ones, inside an escape or a multi-byte character. And the ids of
+a row when several ids share its bytes (the lookup that skips them for the usual one id)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from grammar import clear_caches, compile_json_schema
 from grammar.tokens.index import TokenIndex
+from grammar.tokens.vocab import TokenVocabulary
 from tests._grammar_fixtures import brute_force_mask, compact, deepseek_tokenizer, deepseek_vocab
 
 SCHEMA = {
@@ -96,3 +98,12 @@ def test_no_shape_without_a_long_repetition(schema):
     dfa = grammar.dfa
     s = dfa.walk(1, b'"a' if schema["type"] == "string" else b"1")
     assert grammar.index._shapes is None or grammar.index._shapes.shape(s) is None
+
+
+def test_ids_of_rows_keeps_every_id_of_a_repeated_byte_string():
+    vocab = TokenVocabulary([b"a", b"b", b"a", b"cd", None], eos_token_ids=[4])
+    prep = vocab.prepared()
+    row_a = int(prep.id_to_unique[0])
+    row_b = int(prep.id_to_unique[1])
+    assert sorted(vocab.ids_of_rows(np.array([row_a, row_b])).tolist()) == [0, 1, 2]
+    assert vocab.ids_of_rows(np.array([row_b])).tolist() == [1]

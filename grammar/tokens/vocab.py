@@ -90,6 +90,7 @@ class TokenVocabulary:
             h.update(b"\xff\x00" if b is None else len(b).to_bytes(2, "little") + b)
         self.hash: str = h.hexdigest()
         self._prepared: PreparedTokens | None = None
+        self._single_ids: tuple[np.ndarray, np.ndarray] | None = None  # see ids_of_rows
         self._lock = threading.Lock()
         self._derived: dict[tuple, Any] = {}  # per-vocabulary token sets (see `derived`)
 
@@ -149,6 +150,14 @@ class TokenVocabulary:
     def ids_of_rows(self, rows: np.ndarray) -> np.ndarray:
         """Every token id whose bytes are one of the prepared `rows` (int64)."""
         prep = self.prepared()
+        single = self._single_ids
+        if single is None:  # each row's first id, and which rows have more than one
+            counts = np.diff(prep.row_start)
+            single = (prep.row_ids[prep.row_start[:-1]], counts > 1)
+            self._single_ids = single
+        first, multi = single
+        if not multi[rows].any():  # (all but a vocabulary's duplicate byte strings)
+            return first[rows]
         return csr_take(prep.row_start, prep.row_ids, rows)
 
     def _prepare(self) -> PreparedTokens:
