@@ -173,10 +173,7 @@ class NFA:
             k = self._interned.get(t)
             if k is None:
                 k = self._interned[t] = len(self._interned) + 1
-                form = _char_form(node.chars, node.negated)
-                self._one_byte[k] = form[0][0] if len(form) == 1 and not form[0][1] else 0
-                if not form:
-                    self.dead_end_possible = True  # a character class that matches nothing
+                self._one_byte[k] = self._class_mask(node.chars, node.negated)
             keys[id(node)] = k
             return k
         elif tp is _ALT:
@@ -211,6 +208,23 @@ class NFA:
             k = interned[t] = len(interned) + 1
         keys[id(node)] = k
         return k
+
+    def _class_mask(self, chars: frozenset[str], negated: bool) -> int:
+        """The byte mask of a class whose characters are all one byte (ASCII), else 0; notes a
+        class that matches nothing. Without building the class's UTF-8 paths where it can
+        tell: a schema's name complements hold hundreds of `[^...]` classes, and only those
+        a walk reaches need their paths (built by `_chars` then)."""
+        if not negated and chars and max(chars) < "\x80":
+            mask = 0
+            for c in chars:
+                mask |= 1 << ord(c)
+            return mask
+        if negated and len(chars) < 0x80:  # holds non-ASCII characters: never empty
+            return 0
+        form = _char_form(chars, negated)
+        if not form:
+            self.dead_end_possible = True  # a character class that matches nothing
+        return form[0][0] if len(form) == 1 and not form[0][1] else 0
 
     def _build(self, node: object, k: int) -> int:
         nk = self._keys.get(id(node)) or self._key(node)
