@@ -29,7 +29,6 @@ _CHAR_GROUP = ip._CharGroup
 _COPY_FROM = 8  # counted repetitions with more copies than this copy a built block
 _LAZY_FROM = 64  # bounded ones with more copies than this make their copies on first read
 _CONCAT, _ALT, _REPEAT = ip._Concatenation, ip.Pattern, ip._Repeated
-_DEFERRED = (_ALT, _REPEAT)  # node kinds a lazy build defers to their first read
 
 
 def _matches_nothing(dfa: object) -> bool:
@@ -96,16 +95,20 @@ class NFA:
         self.dead_end_possible = False
         self._lazy = False  # build ALT / REPEAT states on first read (add_node(lazy=True))
         self._eager = 0  # > 0 while a block must be built whole (a copier's template)
-        self._pending: dict[int, tuple[object, int]] = {}  # state -> (node, continuation)
-        self._tree: object = None  # kept alive while states are pending (keys are by id)
+        self._pending: dict[int, int] = {}  # state -> its (structure << 32) | continuation
         self._reset_tables()
         self.final = self._new()
 
     def _reset_tables(self) -> None:
         """The builder's tables: needed while a tree is built, dropped after."""
         self._memo: dict[tuple, int] = {}
-        self._keys: dict[int, int] = {}  # id(node) -> structural key (from 1)
+        self._keys: dict[int, int] = {}  # id(node) -> structural key (from 1), in the key pass
         self._interned: dict[tuple, int] = {}
+        # key -> its structure: ("&", part keys...), ("|", option keys...), ("r", base key,
+        # min, max), ("c", chars, negated), (".",), ("e",), ("d", id(dfa)); tuples of ints
+        # (the GC stops scanning them), so what is built later needs no parse node alive
+        self._struct: list[tuple] = [()]
+        self._dfas: dict[int, object] = {}  # an embedded automaton's key -> the ByteDFA
         self._cont_masks: dict[tuple[int, int], int] = {}
         self._one_byte: dict[int, int] = {}  # a character class's key -> its byte mask, when
         # every character in it is one byte (0 when not)
@@ -135,25 +138,24 @@ class NFA:
         return self.add_node(parse_regex(pattern), lazy)
 
     def add_node(self, tree: object, lazy: bool = False) -> int:
-        """Build the NFA for a parsed regex (interegular nodes, possibly a shared DAG). The
-        tree must stay alive while it is built (its nodes are keyed by identity).
+        """Build the NFA for a parsed regex (interegular nodes, possibly a shared DAG).
 
-        One structural pass first: it keys every node, refuses what cannot be built, and
+        One structural pass first: it keys every node (`_struct` keeps each structure as a
+        tuple of ints, so the tree may go once keyed), refuses what cannot be built, and
         finds pieces that match nothing (`dead_end_possible`). With `lazy` (and no such
         piece), alternations and repetitions are built when first read (`fill`): a lazy DFA
         reads only the states its walks reach, so a large schema's unvisited members cost
         their keys only. The states are those the whole build makes, numbered in another
         order (a repetition's entry is one epsilon step before its first copy)."""
         try:
-            self._key(tree)
+            root = self._key(tree)
+            self._keys = {}  # ids of the tree's nodes: not read once every node is keyed
             self._lazy = lazy and not self.dead_end_possible
-            return self._build(tree, self.final)
+            return self._build(root, self.final)
         except RecursionError:
             raise GrammarError("regex too deeply nested") from None
         finally:
-            if self._pending:
-                self._tree = tree
-            else:
+            if not self._pending:
                 self._reset_tables()
 
     def _key(self, node: object) -> int:
@@ -173,6 +175,7 @@ class NFA:
             k = self._interned.get(t)
             if k is None:
                 k = self._interned[t] = len(self._interned) + 1
+                self._struct.append(t)
                 self._one_byte[k] = self._class_mask(node.chars, node.negated)
             keys[id(node)] = k
             return k
@@ -193,6 +196,8 @@ class NFA:
             t = ("d", id(node.dfa))
             if _matches_nothing(node.dfa):
                 self.dead_end_possible = True  # an automaton of the empty language
+            if t not in self._interned:
+                self._dfas[len(self._interned) + 1] = node.dfa
         elif isinstance(node, ip._NonCapturing):
             kind = "lookbehind" if node.backwards else "lookahead"
             raise GrammarError(
@@ -206,6 +211,7 @@ class NFA:
         k = interned.get(t)
         if k is None:
             k = interned[t] = len(interned) + 1
+            self._struct.append(t)
         keys[id(node)] = k
         return k
 
@@ -226,12 +232,14 @@ class NFA:
             self.dead_end_possible = True  # a character class that matches nothing
         return form[0][0] if len(form) == 1 and not form[0][1] else 0
 
-    def _build(self, node: object, k: int) -> int:
-        nk = self._keys.get(id(node)) or self._key(node)
+    def _build(self, nk: int, k: int) -> int:
+        """A state matching the structure keyed `nk`, then continuing at state k."""
         memo_key = (nk << 32) | k  # (structure, continuation) as one int: no tuple to hash
         s = self._memo.get(memo_key)
         if s is None:
-            if type(node) is _CHAR_GROUP:  # the commonest node: no dispatch
+            t = self._struct[nk]
+            tag = t[0]
+            if tag == "c":  # the commonest node: no dispatch
                 mask = self._one_byte[nk]
                 if mask:  # one state, one edge (ASCII classes, most of a schema)
                     s = len(self.eps)
@@ -242,84 +250,81 @@ class NFA:
                     self.eps.append(())
                     self.edges.append((mask, k))
                 else:
-                    s = self._chars(node.chars, node.negated, k)
-            elif self._lazy and not self._eager and type(node) in _DEFERRED:
-                if type(node) is _ALT and len(node.options) == 1:
-                    s = self._build(node.options[0], k)
+                    s = self._chars(t[1], t[2], k)
+            elif self._lazy and not self._eager and (tag == "|" or tag == "r"):
+                if tag == "|" and len(t) == 2:
+                    s = self._build(t[1], k)
                 else:
                     s = self._new()
                     self.eps[s] = self.edges[s] = None  # type: ignore[assignment]
-                    self._pending[s] = (node, k)
+                    self._pending[s] = memo_key
             else:
-                s = self._build_new(node, k)
+                s = self._build_new(nk, t, k)
             self._memo[memo_key] = s
         return s
 
-    def _fill_pending(self, x: int, node: object, k: int) -> None:
+    def _fill_pending(self, x: int, nk: int, k: int) -> None:
         """A deferred alternation or repetition's state: its options, or its loop, built
         (their own alternations and repetitions deferred in turn)."""
-        if type(node) is _REPEAT and node.min == 0 and node.max is None:
-            self.eps[x] = (k, self._build(node.base, x))  # the loop state itself, as eagerly
-        elif type(node) is _ALT:
-            self.eps[x] = tuple([self._build(o, k) for o in node.options])
+        t = self._struct[nk]
+        if t[0] == "|":
+            self.eps[x] = tuple([self._build(o, k) for o in t[1:]])
+        elif t[2] == 0 and t[3] is None:
+            self.eps[x] = (k, self._build(t[1], x))  # the loop state itself, as eagerly
         else:
-            self.eps[x] = (self._repeat(node, k),)
+            self.eps[x] = (self._repeat(t[1], t[2], t[3], k),)
         self.edges[x] = ()
 
-    def _build_new(self, node: object, k: int) -> int:
-        tp = type(node)
-        if tp is _CONCAT:
-            for part in reversed(node.parts):
+    def _build_new(self, nk: int, t: tuple, k: int) -> int:
+        tag = t[0]
+        if tag == "&":
+            for part in t[:0:-1]:
                 k = self._build(part, k)
             return k
-        if tp is _ALT:
-            if len(node.options) == 1:
-                return self._build(node.options[0], k)
-            targets = tuple([self._build(o, k) for o in node.options])
+        if tag == "|":
+            if len(t) == 2:
+                return self._build(t[1], k)
+            targets = tuple([self._build(o, k) for o in t[1:]])
             s = self._new()
             self.eps[s] = targets
             return s
-        if tp is _REPEAT:
-            return self._repeat(node, k)
-        if tp is _CHAR_GROUP:
-            return self._chars(node.chars, node.negated, k)
-        if isinstance(node, _DOT_CLS):
+        if tag == "r":
+            return self._repeat(t[1], t[2], t[3], k)
+        if tag == "c":
+            return self._chars(t[1], t[2], k)
+        if tag == ".":
             return self._chars(frozenset("\n"), True, k)
-        if isinstance(node, _EMPTY_CLS):
+        if tag == "e":
             return k
-        if type(node).__name__ == "DFANode":
-            return self._embed_dfa(node.dfa, k)
-        raise GrammarError(f"regex construct not supported: {type(node).__name__}")
+        return self._embed_dfa(self._dfas[nk], k)  # "d"
 
-    def _repeat(self, node: ip._Repeated, k: int) -> int:
-        if node.max is not None and node.max < node.min:
-            raise GrammarError(f"bad repetition {{{node.min},{node.max}}}")
-        copies = node.min if node.max is None else node.max
-        build = self._copier(node.base) if copies > _COPY_FROM else None
-        if build is not None and node.max is not None and copies > _LAZY_FROM:
-            return self._lazy_copies(build, node.min, node.max, k)
+    def _repeat(self, base: int, lo: int, hi: int | None, k: int) -> int:
+        """base{lo,hi} (hi None: unbounded), base a structure key, then k."""
+        copies = lo if hi is None else hi
+        build = self._copier(base) if copies > _COPY_FROM else None
+        if build is not None and hi is not None and copies > _LAZY_FROM:
+            return self._lazy_copies(build, lo, hi, k)
         if build is None:
-            base = node.base
 
             def build(t: int) -> int:
                 return self._build(base, t)
 
-        if node.max is None:
+        if hi is None:
             # loop: s -> k, s -> base -> s
             s = self._new()
-            self.eps[s] = (k, self._build(node.base, s))
+            self.eps[s] = (k, self._build(base, s))
         else:
             # (base (base (...)?)?)? : every optional copy may skip straight to k
             s = k
-            for _ in range(node.max - node.min):
+            for _ in range(hi - lo):
                 opt = self._new()
                 self.eps[opt] = (k, build(s))
                 s = opt
-        for _ in range(node.min):
+        for _ in range(lo):
             s = build(s)
         return s
 
-    def _copier(self, base: object) -> Callable[[int], int] | None:
+    def _copier(self, base: int) -> Callable[[int], int] | None:
         """For a long counted repetition: the base's states built once (towards a placeholder
         continuation), then each copy made by renumbering that block, with no per-node work.
         None when the base's automaton is not a self-contained block (then copies are built)."""
@@ -380,11 +385,10 @@ class NFA:
             self._blocks[bisect.bisect_right(self._block_first, x) - 1].fill(self, x)
             return
         try:
-            self._fill_pending(x, *pending)
+            self._fill_pending(x, pending >> 32, pending & 0xFFFFFFFF)
         except RecursionError:
             raise GrammarError("regex too deeply nested") from None
         if not self._pending:  # the whole tree is built: the builder's tables can go
-            self._tree = None
             self._reset_tables()
 
     def eps_closure(self, s: int) -> list[int]:

@@ -65,6 +65,8 @@ class ArrayRules:
         else:
             body = ra.seq(first, tail(1))
             inner = body if lo > 0 else ra.optional(body)
+        # a recursive closure is a cycle through its cell: emptied, it is freed now
+        tail = None  # type: ignore[assignment]  # noqa: F841
         if "contains" not in s:
             return self.wrap("[", inner, "]")
         plain = not prefix and lo == 0 and hi is None and rest_re is not None

@@ -288,7 +288,11 @@ class ObjectRules:
             memo[(i, c)] = out
             return out
 
-        return rest(0, 0)
+        try:
+            return rest(0, 0)
+        finally:
+            # a recursive closure is a cycle through its cell: emptied, it is freed now
+            rest = None  # type: ignore[assignment]  # noqa: F841
 
     def property_names(self, s: dict, ptr: str) -> Any:
         """`propertyNames` as a filter: names_ok(name) and names_ok.keys(quoted key node)."""

@@ -100,8 +100,9 @@ def json_schema_to_node(
     Unconstrained values nest `ANY_DEPTH` (5) levels here, as automata; the regex text of
     json_schema_to_regex keeps 3 (that text grows 4-fold with each level)."""
     root = local_refs(load_schema(schema))
+    builder = _Builder(root, whitespace or "", max_recursion_depth, any_depth)
     try:
-        out = _Builder(root, whitespace or "", max_recursion_depth, any_depth).value(root, "#")
+        out = builder.value(root, "#")
     except GrammarError:
         raise
     except (TypeError, AttributeError, KeyError, IndexError, ValueError, OverflowError) as e:
@@ -109,6 +110,11 @@ def json_schema_to_node(
         raise GrammarError(f"malformed schema: {type(e).__name__}: {e}") from None
     except RecursionError:
         raise GrammarError("schema nests too deeply to compile") from None
+    finally:
+        # its memos hold closures over it (a cycle): emptied, the builder and every piece
+        # the result does not use are freed now by reference counting, not left for the
+        # next GC pass to trace (~35k objects, ~9 ms on a Kubernetes schema)
+        builder.__dict__.clear()
     if out is None:
         raise EmptyLanguageError("the schema admits no instance")
     return out
