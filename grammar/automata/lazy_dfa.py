@@ -180,6 +180,22 @@ class LazyDFA:
                 return DEAD
         return state
 
+    def lives(self, state: int, data: bytes) -> bool:
+        """`walk(state, data) != DEAD`, reading the table for states without a Python row
+        (a token walk passes through most of its states once: no row made for them)."""
+        rows = self._rows
+        for b in data:
+            r = rows[state]
+            if r is None:
+                if self._live[state] < 0:
+                    self._built(state)
+                state = int(self.table[state, b])  # (the table as it is after any growth)
+            else:
+                state = r[b]
+            if state == DEAD:
+                return False
+        return True
+
     def matches(self, data: bytes) -> bool:
         end = self.walk(START, data)  # first: the walk may grow (replace) `accepting`
         return bool(self.accepting[end])

@@ -84,6 +84,8 @@ class TokenIndex:
         self._masks: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
         self._chains = Chains(dfa)
+        # a scalar walk's verdict (a lazy DFA reads its table for states walked once)
+        self._lives = dfa.lives if self._lazy else lambda s, data: dfa.walk(s, data) != DEAD
         self._shapes = CopyShapes(dfa) if self._lazy else None
         self._by_shape: dict[tuple, tuple[np.ndarray, int]] = {}  # shape key -> (mask, dist)
 
@@ -316,11 +318,11 @@ class TokenIndex:
             if not cut:
                 break
             if rows.size <= 16:  # a few long tokens left: walk each one's rest in Python
-                walk, cols, lengths = self.dfa.walk, prep.columns, prep.lengths
+                lives, cols, lengths = self._lives, prep.columns, prep.lengths
                 ok = [
                     r
                     for r, c in zip(rows.tolist(), cur.tolist(), strict=True)
-                    if walk(c, cols[p : lengths[r], r].tobytes()) != DEAD
+                    if lives(c, cols[p : lengths[r], r].tobytes())
                 ]
                 done.append(np.array(ok, dtype=np.int64))
                 break
