@@ -236,3 +236,47 @@ def test_not_of_alternatives_is_exact(schema) -> None:
 def test_objects_with_the_same_patterns_merge_exactly(schema) -> None:
     instances = [{}, {"a": 1}, {"a": 3}, {"ab": 3}, {"ab": 7}, {"b": "x"}, {"b": 1}, {"c": 1}]
     _exact(schema, [*instances, {"a": "x"}, {"foo": "x", "bar": "y"}, {"bark": 1}, {"baz": 1}])
+
+
+@pytest.mark.parametrize(
+    ("schema", "inner"),
+    [
+        (  # a refused keyword in one anyOf branch
+            {
+                "type": "object",
+                "anyOf": [
+                    {"properties": {"a": {"type": "string"}}},
+                    {"properties": {"b": {"type": "array", "items": {"type": "string"},
+                                          "uniqueItems": True}}},
+                ],
+                "unevaluatedProperties": False,
+            },
+            "uniqueItems",
+        ),
+        (  # oneOf's "and not the others" needs a negation that cannot be exact
+            {
+                "properties": {"box": {
+                    "type": "object",
+                    "oneOf": [{"properties": {"a": {"pattern": "^x"}}},
+                              {"properties": {"a": {"pattern": "^y"}}}],
+                    "unevaluatedProperties": False,
+                }},
+            },
+            "not",
+        ),
+    ],
+)
+def test_refusals_inside_an_unevaluated_case_split_name_the_users_keyword(schema, inner) -> None:
+    """The split's cases are made up (`anyOf` of `allOf`s): a refusal inside one names the
+    unevaluated* keyword where the user wrote it, and what was refused."""
+    from grammar import UnsupportedSchemaError
+    from grammar.json_schema.schema import json_schema_to_node
+
+    with pytest.raises(UnsupportedSchemaError) as caught:
+        json_schema_to_node(schema)
+    e = caught.value
+    at = "#/properties/box/unevaluatedProperties" if "properties" in schema and "box" in \
+        schema["properties"] else "#/unevaluatedProperties"
+    assert (e.keyword, e.pointer) == ("unevaluatedProperties", at)
+    assert f"{inner!r} is refused" in str(e)
+    assert "allOf" not in e.pointer

@@ -18,6 +18,8 @@ from grammar.json_schema.exact.exclusive import group_violations
 from grammar.json_schema.merge import ASSERTIONS, UNSUPPORTED, merge, type_set
 from grammar.json_schema.objects import DEPENDENCY_KEYS, name_lists, ptr_escape
 
+CASES_OF = "_cases_of"  # on the anyOf of an unevaluated* case split: where the keyword is
+
 
 class NormaliseRules:
     """Needs from the builder: `root`, `reach` (refs.reach.RefReach of the root: its targets),
@@ -70,7 +72,9 @@ class NormaliseRules:
             if key in schema and not (key in DEPENDENCY_KEYS and name_lists(schema[key])):
                 raise UnsupportedSchemaError(key, f"{ptr}/{key}")
         out: dict | bool = {
-            k: v for k, v in schema.items() if k not in ("$ref", "allOf", "anyOf", "oneOf")
+            k: v
+            for k, v in schema.items()
+            if k not in ("$ref", "allOf", "anyOf", "oneOf", CASES_OF)
         }
         alts = []
         for kind in ("anyOf", "oneOf"):
@@ -78,7 +82,9 @@ class NormaliseRules:
                 branches = schema[kind]
                 if not isinstance(branches, list) or not branches:
                     raise GrammarError(f"{kind} at {ptr} must be a non-empty list")
-                alts.append((kind, branches, f"{ptr}/{kind}"))
+                # a case split's refusals name the keyword split for, not its made-up cases
+                where = schema.get(CASES_OF, f"{ptr}/{kind}")
+                alts.append((kind, branches, where))
         if negated and len(negated[1]) > 1:
             alts.append(negated)
         if conditional:
@@ -341,7 +347,7 @@ def unevaluated(b: Any, schema: dict, ptr: str) -> dict:
     key = next(k for k in ("unevaluatedProperties", "unevaluatedItems") if k in out)
     cases = conditional_cases(out, key, f"{ptr}/{key}")
     if cases is not None:  # one case per set of conditional branches that apply
-        return {"anyOf": cases}
+        return {"anyOf": cases, CASES_OF: f"{ptr}/{key}"}
     extra: list[dict] = []
     for key in ("unevaluatedProperties", "unevaluatedItems"):
         if key not in out:

@@ -130,6 +130,9 @@ def prebuild() -> None:
     json_schema_to_node({"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"})
 
 
+_SPLIT_FOR = ("/unevaluatedProperties", "/unevaluatedItems")  # where a case split's group is
+
+
 class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules):
     def __init__(self, root: dict | bool, ws: str, max_depth: int, any_depth: int) -> None:
         self.root = root
@@ -322,8 +325,20 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
                 self.count_alternative(kind, where)
                 at = f"{where}/{i}"
                 before = losses()
-                merged = merge(norm, self.normalise(branch, at), at)
-                node = self.from_norm(merged, at)
+                try:
+                    merged = merge(norm, self.normalise(branch, at), at)
+                    node = self.from_norm(merged, at)
+                except UnsupportedSchemaError as e:
+                    if not where.endswith(_SPLIT_FOR):
+                        raise
+                    # a case of an unevaluated* split (exact/evaluated.py): its pointers lead
+                    # into made-up allOf cases; name the keyword the split is for instead
+                    key = where.rsplit("/", 1)[1]
+                    detail = str(e).split(": ", 1)[-1]
+                    raise UnsupportedSchemaError(
+                        key, where, f"in the case where some of its conditional branches "
+                        f"apply, {e.keyword!r} is refused: {detail}"
+                    ) from None
                 self.lossy_nodes[id(merged)] = losses() != before
                 if kind == "oneOf" and node is None and self.lossy_nodes[id(merged)]:
                     # empty only as approximated: its instances must still be excluded
