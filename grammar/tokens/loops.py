@@ -113,16 +113,16 @@ def loop_suffixes(
 def chars_lead_to(dfa, state: int, target: int) -> bool:
     """Every whole UTF-8 character (of the forms in `_UTF8_FORMS`) read from `state` ends in
     `target`."""
-    row = dfa.row_list
+    row = dfa.byte_row  # (numpy rows, sliced: most of these states are read only here)
     first = row(state)
     for leads, conts in _UTF8_FORMS:
-        states = set(first[leads[0] : leads[1] + 1])
+        states = set(first[leads[0] : leads[1] + 1].tolist())
         for lo, hi in conts:
             if DEAD in states:
                 return False
             nxt: set[int] = set()
             for t in states:
-                nxt.update(row(t)[lo : hi + 1])
+                nxt.update(row(t)[lo : hi + 1].tolist())
             states = nxt
         if states != {target}:
             return False
