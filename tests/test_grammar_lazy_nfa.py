@@ -10,6 +10,7 @@ import re
 import pytest
 
 from grammar import GrammarError, compile_json_schema
+from grammar.automata import nfa as nfa_module
 from grammar.automata import regex_ast as ra
 from grammar.automata.fsm import DEFAULT_MAX_STATES, nfa_budget, node_to_lazy_dfa
 from grammar.automata.lazy_dfa import LazyDFA
@@ -45,8 +46,18 @@ def _samples(pattern: str, alphabet: str, n: int, seed: int) -> list[str]:
     return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(n)]
 
 
+@pytest.fixture
+def defer_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tree deferred from its first node (small trees otherwise start eager)."""
+    monkeypatch.setattr(nfa_module, "EAGER_STRUCTURES", 0)
+
+
+@pytest.mark.parametrize("eager_structures", [0, 1500])
 @pytest.mark.parametrize("pattern", REGEXES)
-def test_lazy_nfa_gives_the_eager_dfa_state_for_state(pattern: str) -> None:
+def test_lazy_nfa_gives_the_eager_dfa_state_for_state(
+    pattern: str, eager_structures: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nfa_module, "EAGER_STRUCTURES", eager_structures)
     tree = parse_regex(pattern)
     lazy, eager, _ = _dfas(tree)
     alphabet = "".join(sorted(set(re.sub(r"[\\()|*+?{},\[\]^0-9-]", "", pattern)))) + "x"
@@ -73,7 +84,9 @@ def _wide_schema(n: int) -> dict:
     return {"type": "object", "properties": props, "additionalProperties": False}
 
 
-def test_lazy_build_leaves_unread_members_unbuilt_until_a_walk_reaches_them() -> None:
+def test_lazy_build_leaves_unread_members_unbuilt_until_a_walk_reaches_them(
+    defer_at_once: None,
+) -> None:
     tree = json_schema_to_node(_wide_schema(40))
     lazy, eager, nfa = _dfas(tree)
     built_at_start = len(nfa.eps) - len(nfa._pending)
@@ -113,7 +126,20 @@ def test_a_piece_matching_nothing_makes_the_build_eager() -> None:
     assert dfa.matches(b"bbb") and not dfa.matches(b"a")
 
 
-def test_lazy_fill_past_the_state_budget_raises_a_grammar_error() -> None:
+def test_a_small_tree_starts_eager_and_defers_past_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tree = json_schema_to_node(_wide_schema(40))
+    _, _, whole = _dfas(tree)
+    assert not whole._pending  # small enough: built whole at once
+    monkeypatch.setattr(nfa_module, "EAGER_WORK", 50)
+    lazy, eager, capped = _dfas(tree)
+    assert capped._pending and capped._work >= 50
+    text = b'{"field_2":{"size":1},"field_39":{"tags":[]}}'
+    assert lazy.matches(text) and lazy.walk(1, text) == eager.walk(1, text)
+
+
+def test_lazy_fill_past_the_state_budget_raises_a_grammar_error(defer_at_once: None) -> None:
     # nothing deferred is built at compile time; reading past the budget raises, typed
     tree = ra.seq(ra.char("x"), ra.repeat(ra.alt([ra.lit("ab"), ra.lit("cd")]), 0, None))
     nfa = NFA(max_states=6)

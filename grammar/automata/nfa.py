@@ -5,22 +5,19 @@ returns a state from which ``node`` is matched and then control continues at sta
 Memoising on (structure of node, k) means identical suffixes share states: the quadratic regex
 a JSON object with optional properties needs becomes a linear NFA (and a small DFA).
 
-States are flat tuples of ints (epsilon targets; byte masks and targets, alternating) and the
-builder's tables are dropped once the automaton is built (`add_node`), so what a compiled
-constraint keeps is one tuple per state that the cyclic GC scans once and then leaves (tuples
-of ints are untracked).
+States are flat tuples of ints (epsilon targets; byte masks and targets, alternating), which
+the cyclic GC scans once and then leaves; the builder's tables go once nothing is deferred.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 from collections.abc import Callable
 
 from interegular import patterns as ip
 
 from grammar.automata.nfa_blocks import Copies, Embedded, moved
-from grammar.automata.utf8 import chars_to_ranges, utf8_sequences
+from grammar.automata.utf8 import byte_mask, char_form
 from grammar.errors import GrammarError
 
 _DOT_CLS = type(ip._DOT)
@@ -28,6 +25,8 @@ _EMPTY_CLS = type(ip._EMPTY)
 _CHAR_GROUP = ip._CharGroup
 _COPY_FROM = 8  # counted repetitions with more copies than this copy a built block
 _LAZY_FROM = 64  # bounded ones with more copies than this make their copies on first read
+EAGER_STRUCTURES = 1500  # a lazy build of a tree of at most this many structures starts eager
+EAGER_WORK = 20_000  # ... and builds at most this many nodes before it defers
 _CONCAT, _ALT, _REPEAT = ip._Concatenation, ip.Pattern, ip._Repeated
 
 
@@ -57,22 +56,6 @@ def parsed_or_refused(parse: Callable[[str], ip.Pattern], pattern: str) -> ip.Pa
         raise GrammarError(f"invalid regex {pattern[:200]!r}: {e}") from None
 
 
-@functools.lru_cache(maxsize=4096)
-def _char_form(chars: frozenset[str], negated: bool) -> tuple[tuple[int, tuple], ...]:
-    """A character class as UTF-8 byte paths: (first-byte mask, continuation byte ranges) per
-    byte-range sequence (a pure function of the class: shared by every automaton)."""
-    return tuple(
-        (byte_mask(*seq[0]), seq[1:])
-        for lo, hi in chars_to_ranges(chars, negated)
-        for seq in utf8_sequences(lo, hi)
-    )
-
-
-def byte_mask(lo: int, hi: int) -> int:
-    """A set of bytes lo..hi as a 256-bit integer."""
-    return ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
-
-
 class NFA:
     """States with epsilon edges and byte-set edges (a byte set is a 256-bit int).
 
@@ -94,6 +77,8 @@ class NFA:
         self._blocks: list[Embedded | Copies] = []
         self.dead_end_possible = False
         self._lazy = False  # build ALT / REPEAT states on first read (add_node(lazy=True))
+        self._work = 0  # nodes built (`_build_new`)
+        self._defer_after = 0  # with `_lazy`: nodes built before alternations are deferred
         self._eager = 0  # > 0 while a block must be built whole (a copier's template)
         self._pending: dict[int, int] = {}  # state -> its (structure << 32) | continuation
         self._reset_tables()
@@ -138,20 +123,29 @@ class NFA:
         return self.add_node(parse_regex(pattern), lazy)
 
     def add_node(self, tree: object, lazy: bool = False) -> int:
-        """Build the NFA for a parsed regex (interegular nodes, possibly a shared DAG).
-
-        One structural pass first: it keys every node (`_struct` keeps each structure as a
-        tuple of ints, so the tree may go once keyed), refuses what cannot be built, and
-        finds pieces that match nothing (`dead_end_possible`). With `lazy` (and no such
-        piece), alternations and repetitions are built when first read (`fill`): a lazy DFA
-        reads only the states its walks reach, so a large schema's unvisited members cost
-        their keys only. The states are those the whole build makes, numbered in another
-        order (a repetition's entry is one epsilon step before its first copy)."""
+        """Build the NFA for a parsed regex (interegular nodes, possibly a shared DAG). A key
+        pass first (`_struct` keeps each structure as ints: the tree may go once keyed)
+        refuses what cannot be built and finds pieces that match nothing. With `lazy` (and no
+        such piece) alternations and repetitions are built when first read (`fill`): a lazy
+        DFA reads only what its walks reach. The states are the whole build's, numbered in
+        another order (a repetition's entry one epsilon step before its first copy)."""
         try:
             root = self._key(tree)
             self._keys = {}  # ids of the tree's nodes: not read once every node is keyed
             self._lazy = lazy and not self.dead_end_possible
-            return self._build(root, self.final)
+            # a small tree is built whole now (up to a cap): no NFA building in its first masks
+            small = len(self._struct) <= EAGER_STRUCTURES
+            self._defer_after = EAGER_WORK if small and self._lazy else 0
+            mark = len(self.eps), len(self._blocks)
+            try:
+                return self._build(root, self.final)
+            except GrammarError as e:  # built whole, past the budget: again, all deferred
+                if not self._defer_after or "state budget" not in str(e):
+                    raise
+                del self.eps[mark[0] :], self.edges[mark[0] :]
+                del self._blocks[mark[1] :], self._block_first[mark[1] :]
+                self._memo, self._pending, self._defer_after = {}, {}, 0
+                return self._build(root, self.final)
         except RecursionError:
             raise GrammarError("regex too deeply nested") from None
         finally:
@@ -227,7 +221,7 @@ class NFA:
             return mask
         if negated and len(chars) < 0x80:  # holds non-ASCII characters: never empty
             return 0
-        form = _char_form(chars, negated)
+        form = char_form(chars, negated)
         if not form:
             self.dead_end_possible = True  # a character class that matches nothing
         return form[0][0] if len(form) == 1 and not form[0][1] else 0
@@ -251,7 +245,7 @@ class NFA:
                     self.edges.append((mask, k))
                 else:
                     s = self._chars(t[1], t[2], k)
-            elif self._lazy and not self._eager and (tag == "|" or tag == "r"):
+            elif tag in "|r" and self._lazy and not self._eager and self._work >= self._defer_after:
                 if tag == "|" and len(t) == 2:
                     s = self._build(t[1], k)
                 else:
@@ -276,6 +270,7 @@ class NFA:
         self.edges[x] = ()
 
     def _build_new(self, nk: int, t: tuple, k: int) -> int:
+        self._work += 1
         tag = t[0]
         if tag == "&":
             for part in t[:0:-1]:
@@ -424,7 +419,7 @@ class NFA:
                     self.fill(x)
 
     def _chars(self, chars: frozenset[str], negated: bool, k: int) -> int:
-        form = _char_form(chars, negated)
+        form = char_form(chars, negated)
         s = self._new()
         if not form:
             self.dead_end_possible = True  # a character class that matches nothing

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = (0xD800, 0xDFFF)
 
@@ -64,3 +66,19 @@ def utf8_sequences(lo: int, hi: int) -> list[tuple[tuple[int, int], ...]]:
                 return utf8_sequences(lo, (hi & ~m) - 1) + utf8_sequences(hi & ~m, hi)
     a, b = chr(lo).encode(), chr(hi).encode()
     return [tuple((a[i], b[i]) for i in range(n))]
+
+
+@functools.lru_cache(maxsize=4096)
+def char_form(chars: frozenset[str], negated: bool) -> tuple[tuple[int, tuple], ...]:
+    """A character class as UTF-8 byte paths: (first-byte mask, continuation byte ranges) per
+    byte-range sequence (a pure function of the class: shared by every automaton)."""
+    return tuple(
+        (byte_mask(*seq[0]), seq[1:])
+        for lo, hi in chars_to_ranges(chars, negated)
+        for seq in utf8_sequences(lo, hi)
+    )
+
+
+def byte_mask(lo: int, hi: int) -> int:
+    """A set of bytes lo..hi as a 256-bit integer."""
+    return ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
