@@ -32,6 +32,7 @@ from grammar.errors import EmptyLanguageError, GrammarError, UnsupportedSchemaEr
 from grammar.json_schema import number_text
 from grammar.json_schema import oneof as json_oneof
 from grammar.json_schema.arrays import ArrayRules
+from grammar.json_schema.exact.evaluated import split_refusal
 from grammar.json_schema.exact.exclusive import oneof_by_negation
 from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
 from grammar.json_schema.merge import ANNOTATIONS, canonical, merge, type_set
@@ -110,27 +111,19 @@ def json_schema_to_node(
         raise GrammarError(f"malformed schema: {type(e).__name__}: {e}") from None
     except RecursionError:
         raise GrammarError("schema nests too deeply to compile") from None
-    finally:
-        # its memos hold closures over it (a cycle): emptied, the builder and every piece
-        # the result does not use are freed now by reference counting, not left for the
-        # next GC pass to trace (~35k objects, ~9 ms on a Kubernetes schema)
-        builder.__dict__.clear()
+    finally:  # its memos make cycles: emptied, what the result does not use is freed now,
+        builder.__dict__.clear()  # not left for the next GC pass (~35k objects on Kubernetes)
     if out is None:
         raise EmptyLanguageError("the schema admits no instance")
     return out
 
 
 def prebuild() -> None:
-    """Build now the automata compiles share and no schema decides (any JSON value at each
-    nesting depth, the plain string / number / integer leaves, both integer spellings:
-    ~40-80 ms once per process, else paid by the first schema with an open object), as
-    formats.prebuild does for the formats; a server calls both at start."""
+    """Build the shared automata no schema decides (any value at each depth, plain scalars,
+    both integer spellings; ~40-80 ms once per process): `grammar.prebuild` calls this."""
     json_schema_to_node({"type": ["object", "string", "number", "boolean", "null"]})
     json_schema_to_node({"type": "integer"})
     json_schema_to_node({"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"})
-
-
-_SPLIT_FOR = ("/unevaluatedProperties", "/unevaluatedItems")  # where a case split's group is
 
 
 class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules):
@@ -329,16 +322,10 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
                     merged = merge(norm, self.normalise(branch, at), at)
                     node = self.from_norm(merged, at)
                 except UnsupportedSchemaError as e:
-                    if not where.endswith(_SPLIT_FOR):
+                    renamed = split_refusal(e, where)  # in a made-up case: name the keyword
+                    if renamed is None:
                         raise
-                    # a case of an unevaluated* split (exact/evaluated.py): its pointers lead
-                    # into made-up allOf cases; name the keyword the split is for instead
-                    key = where.rsplit("/", 1)[1]
-                    detail = str(e).split(": ", 1)[-1]
-                    raise UnsupportedSchemaError(
-                        key, where, f"in the case where some of its conditional branches "
-                        f"apply, {e.keyword!r} is refused: {detail}"
-                    ) from None
+                    raise renamed from None
                 self.lossy_nodes[id(merged)] = losses() != before
                 if kind == "oneOf" and node is None and self.lossy_nodes[id(merged)]:
                     # empty only as approximated: its instances must still be excluded
@@ -453,14 +440,10 @@ def _text(v: Any) -> str:
 
 def dtype_to_regex(dtype: type) -> str:
     """Regex for gen(dtype=...): int, float, bool (True|False), str (a JSON string)."""
-    if dtype is bool:
-        return "(True|False)"
-    if dtype is int:
-        return number_text.INTEGER
-    if dtype is float:
-        return number_text.NUMBER
-    if dtype is str:
-        return STRING_TEXT
+    known = (bool, "(True|False)"), (int, number_text.INTEGER), (float, number_text.NUMBER)
+    for t, regex in (*known, (str, STRING_TEXT)):
+        if dtype is t:
+            return regex
     raise GrammarError(f"unsupported dtype {dtype!r}: use int, float, bool or str")
 
 

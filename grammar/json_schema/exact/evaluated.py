@@ -91,3 +91,20 @@ def _branches(value: Any, kind: str, where: str) -> list:
     if not isinstance(value, list) or not value:
         raise UnsupportedSchemaError(kind, where, f"{kind} must be a non-empty list")
     return value
+
+
+_SPLIT_FOR = ("/unevaluatedProperties", "/unevaluatedItems")  # where a split's cases are built
+
+
+def split_refusal(e: UnsupportedSchemaError, where: str) -> UnsupportedSchemaError | None:
+    """A refusal raised building one case of a split (its pointer leads into made-up `allOf`
+    cases) as one at the unevaluated* keyword the user wrote; None for any other group."""
+    if not where.endswith(_SPLIT_FOR):
+        return None
+    detail = str(e).split(": ", 1)[-1]
+    return UnsupportedSchemaError(
+        where.rsplit("/", 1)[1],
+        where,
+        f"in the case where some of its conditional branches apply, {e.keyword!r} is refused: "
+        f"{detail}",
+    )
