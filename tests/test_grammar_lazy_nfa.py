@@ -173,3 +173,17 @@ def test_a_compile_leaves_no_reference_cycle_behind() -> None:
     assert tree is not None
     assert "_Builder" not in kinds
     assert not {q for q in closures if q.endswith(("members.<locals>.rest", "array.<locals>.tail"))}
+
+
+def test_a_fill_that_fails_fails_again_on_the_next_read(defer_at_once: None) -> None:
+    tree = ra.seq(ra.char("x"), ra.repeat(ra.alt([ra.lit("ab"), ra.lit("cd")]), 0, None))
+    nfa = NFA(max_states=1000)
+    start = nfa.add_node(tree, lazy=True)
+    nfa.max_states = len(nfa.eps)  # no room left: the next state a fill makes is refused
+    pending = dict(nfa._pending)
+    x = next(iter(pending))
+    for _ in range(2):  # the same typed error each time, the state still deferred
+        with pytest.raises(GrammarError, match="state budget"):
+            nfa.fill(x)
+        assert nfa._pending.get(x) == pending[x]
+    assert start is not None

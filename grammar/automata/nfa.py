@@ -210,10 +210,9 @@ class NFA:
         return k
 
     def _class_mask(self, chars: frozenset[str], negated: bool) -> int:
-        """The byte mask of a class whose characters are all one byte (ASCII), else 0; notes a
-        class that matches nothing. Without building the class's UTF-8 paths where it can
-        tell: a schema's name complements hold hundreds of `[^...]` classes, and only those
-        a walk reaches need their paths (built by `_chars` then)."""
+        """The byte mask of an all-ASCII class, else 0; notes a class that matches nothing.
+        Without the class's UTF-8 paths where it can tell: a schema's name complements hold
+        hundreds of `[^...]` classes, and `_chars` builds paths for those a walk reaches."""
         if not negated and chars and max(chars) < "\x80":
             mask = 0
             for c in chars:
@@ -381,8 +380,11 @@ class NFA:
             return
         try:
             self._fill_pending(x, pending >> 32, pending & 0xFFFFFFFF)
-        except RecursionError:
-            raise GrammarError("regex too deeply nested") from None
+        except (GrammarError, RecursionError) as e:  # e.g. the budget: a later read fails alike
+            self._pending[x] = pending
+            if isinstance(e, RecursionError):
+                raise GrammarError("regex too deeply nested") from None
+            raise
         if not self._pending:  # the whole tree is built: the builder's tables can go
             self._reset_tables()
 
