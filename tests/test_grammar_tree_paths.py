@@ -10,17 +10,22 @@ import sys
 import pytest
 
 
-def test_an_enum_check_imports_no_module_at_compile_time():
-    # the enum values are checked against the rest of the schema by the jsonschema library
+def _modules_imported_compiling(schema_text: str) -> str:
+    """The modules a fresh process imports while compiling `schema_text` (a Python literal)."""
     code = (
         "import sys, grammar\n"
         "from grammar.json_schema.schema import json_schema_to_node\n"
         "before = set(sys.modules)\n"
-        "json_schema_to_node({'type': 'integer', 'minimum': 2, 'enum': [1, 2, 3]})\n"
+        f"json_schema_to_node({schema_text})\n"
         "print(sorted(set(sys.modules) - before))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    return out.stdout.strip()
+
+def test_an_enum_check_imports_no_module_at_compile_time():
+    # the enum values are checked against the rest of the schema by the jsonschema library
+    schema = "{'type': 'integer', 'minimum': 2, 'enum': [1, 2, 3]}"
+    assert _modules_imported_compiling(schema) == "[]"
 
 
 # ----- property-name complements: subtries shared between name lists -----
@@ -263,15 +268,8 @@ def test_basic_plane_escapes_of_ascii_sets_match_the_digit_construction():
 
 def test_a_length_bounded_pattern_imports_no_module_at_compile_time():
     # the length product's np.unique would import numpy.ma on its first call
-    code = (
-        "import sys, grammar\n"
-        "from grammar.json_schema.schema import json_schema_to_node\n"
-        "before = set(sys.modules)\n"
-        "json_schema_to_node({'type': 'string', 'pattern': '^a.c', 'maxLength': 9})\n"
-        "print(sorted(set(sys.modules) - before))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    schema = "{'type': 'string', 'pattern': '^a.c', 'maxLength': 9}"
+    assert _modules_imported_compiling(schema) == "[]"
 
 
 def _reference_string_except(names: list[str], string_char):
