@@ -37,18 +37,24 @@ from pathlib import Path
 
 import torch
 
+from runtime.kernels import cpu_gemv
 from runtime.kernels.cpu_source import EXACT, FAST, FAST_PRELUDE, render
 
 logger = logging.getLogger(__name__)
 
 _COMMON = ["-O3", "-march=native", "-fPIC", "-std=c11"]
-_FLAGS = {"exact": _COMMON + ["-ffp-contract=off"], "fast": _COMMON + ["-ffast-math"]}
+_FLAGS = {
+    "exact": _COMMON + ["-ffp-contract=off"],
+    "fast": _COMMON + ["-ffast-math"],
+    "gemv": _COMMON + ["-ffp-contract=fast"],
+}
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
     "add_rms_norm": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32],
     "rotary_kv": [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR],
     "decode_attention": [_PTR, _PTR, _PTR, _PTR, _I64, _PTR] + [_I64] * 6 + [_F32, _PTR],
+    "gemv": [_PTR, _PTR, _PTR, _I64, _I64],
 }
 
 _lib: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None = None  # (kernel, dtype) -> C
@@ -64,16 +70,18 @@ def _cpu_id() -> str:
 
 
 def _build(target: Path, compiler: str, openmp: bool) -> None:
-    """Compile both units into `target` (written to a temporary name, then renamed: processes
+    """Compile the three units into `target` (written to a temporary name, then renamed: processes
     building at once never load a half-written file). With `openmp`, decode attention splits
     its requests over OpenMP threads."""
     omp = ["-fopenmp"] if openmp else []
     with tempfile.TemporaryDirectory(dir=target.parent) as d:
         objects = []
-        for name, text in (("exact", render(EXACT)), ("fast", render(FAST, FAST_PRELUDE))):
+        units = (("exact", render(EXACT)), ("fast", render(FAST, FAST_PRELUDE)),
+                 ("gemv", cpu_gemv.SOURCE))  # fmt: skip
+        for name, text in units:
             src, obj = Path(d, f"{name}.c"), Path(d, f"{name}.o")
             src.write_text(text)
-            flags = _FLAGS[name] + (omp if name == "fast" else [])
+            flags = _FLAGS[name] + (omp if name != "exact" else [])
             subprocess.run([compiler, *flags, "-c", str(src), "-o", str(obj)],
                            check=True, capture_output=True, timeout=120)  # fmt: skip
             objects.append(str(obj))
@@ -98,8 +106,9 @@ def _load() -> dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None:
     try:
         if compiler is None:
             raise RuntimeError("no C compiler found")
+        sources = [EXACT, FAST, FAST_PRELUDE, cpu_gemv.SOURCE]
         key = hashlib.sha256(
-            "\n".join([EXACT, FAST, FAST_PRELUDE, repr(_FLAGS), _cpu_id(), compiler]).encode()
+            "\n".join([*sources, repr(_FLAGS), _cpu_id(), compiler]).encode()
         ).hexdigest()[:16]
         cache = Path(os.environ.get("SGL_NATIVE_CACHE") or Path.home() / ".cache" / "sgl-native")
         cache.mkdir(parents=True, exist_ok=True)
@@ -216,3 +225,13 @@ def decode_attention(
         k_pool.shape[0], scale, out.data_ptr(),
     )  # fmt: skip
     return out
+
+
+def gemv(packed: torch.Tensor, x: torch.Tensor, out_features: int) -> torch.Tensor:
+    """y [1, out] = x [1, in] @ w.T for `packed` = cpu_gemv.pack(w), all of one dtype; the
+    output rows split over torch's threads (cpu_gemv.py)."""
+    assert x.dim() == 2 and x.shape[0] == 1 and packed.dtype == x.dtype
+    x = x.contiguous()
+    y = torch.empty(1, out_features, dtype=x.dtype)
+    _fn("gemv", x.dtype)(packed.data_ptr(), x.data_ptr(), y.data_ptr(), out_features, x.shape[1])
+    return y

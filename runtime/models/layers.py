@@ -7,6 +7,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from runtime.kernels import cpu_fused, cpu_gemv
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """As transformers' RMSNorm: normalise in float32, cast back, then scale."""
@@ -39,24 +41,38 @@ def packing_enabled(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.float32
 
 
+def gemv_enabled(dtype: torch.dtype, device: torch.device) -> bool:
+    """One-row projections through the packed CPU matrix-vector kernel (cpu_gemv.py) unless
+    SGL_CPU_GEMV=0 or the fused CPU kernels are unavailable (read at model load)."""
+    if os.environ.get("SGL_CPU_GEMV", "1").strip() == "0" or device.type != "cpu":
+        return False
+    return cpu_fused.available(dtype)
+
+
 class Packed:
-    """Weights [out, in] with a oneDNN-reordered copy each (found by tensor identity), and
-    `linear`, which multiplies through the reordered copy when there is one, else `F.linear`.
+    """Weights [out, in] with a oneDNN-reordered copy each and, for one-row inputs, a copy in
+    the CPU matrix-vector kernel's layout (both found by tensor identity), and `linear`, which
+    multiplies through one of them when there is one, else `F.linear`.
 
-    Invariant: a weight is never modified after construction (the copy would go stale)."""
+    Invariant: a weight is never modified after construction (the copies would go stale)."""
 
-    def __init__(self, weights: list[torch.Tensor], enabled: bool) -> None:
+    def __init__(self, weights: list[torch.Tensor], enabled: bool, gemv: bool = False) -> None:
         self._packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        if not enabled:
-            return
+        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # for one-row inputs
         for w in weights:
-            if w.dim() == 2 and w.numel() and id(w) not in self._packed:
+            if gemv and cpu_gemv.packable(w) and id(w) not in self._rows:
+                self._rows[id(w)] = (w, cpu_gemv.pack(w))
+            if enabled and w.dim() == 2 and w.numel() and id(w) not in self._packed:
                 reordered = torch.ops.mkldnn._reorder_linear_weight(w, _REORDER_HINT_ROWS)
                 self._packed[id(w)] = (w, reordered)
 
     def linear(
         self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if bias is None and x.dim() == 2 and x.shape[0] == 1:
+            rows = self._rows.get(id(w))
+            if rows is not None:
+                return cpu_fused.gemv(rows[1], x, w.shape[0])
         entry = self._packed.get(id(w))
         if entry is None or x.dim() != 2 or x.shape[0] == 0:
             return torch.nn.functional.linear(x, w, bias)

@@ -22,7 +22,7 @@ from runtime.kernels.decode_plan import plan_decode, planned_decode_attention
 from runtime.kernels.short_extend import plan_short_extend, short_extend_attention
 from runtime.memory.kv_pool import KVPool
 from runtime.models.forward_batch import ForwardBatch
-from runtime.models.layers import Packed, packing_enabled, rms_norm
+from runtime.models.layers import Packed, gemv_enabled, packing_enabled, rms_norm
 from runtime.models.rope import RotaryEmbedding, apply_rotary
 from runtime.parallel.comm import LOCAL, Comm
 from runtime.parallel.shard import SINGLE, Shard, heads_of, vocab_rows
@@ -149,7 +149,8 @@ class LlamaModel:
         big = [self.lm_head]
         for layer in self.layers:
             big += [layer.qkv, layer.o, layer.gate_up, layer.down]
-        self.mm = Packed(big, packing_enabled(dtype, self.embed.device)).linear
+        device = self.embed.device
+        self.mm = Packed(big, packing_enabled(dtype, device), gemv_enabled(dtype, device)).linear
         # fused CPU kernels (runtime/kernels/cpu_fused.py): residual add + RMSNorm, rotary +
         # K/V write, decode attention (float32: within an ulp or so of torch's ops, greedy tokens
         # unchanged; bf16: the norm and rotary bit-equal, attention rounding-level)

@@ -1,0 +1,150 @@
+"""The one-row CPU projection kernel (runtime/kernels/cpu_gemv.py): its products against float64
+and torch's, the same bits on one thread or two and from its portable build, where `Packed`
+uses it, and a model's batch-1 decode with it against the same model without it."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from runtime.kernels import cpu_fused, cpu_gemv
+from runtime.models.layers import Packed, gemv_enabled
+from runtime.models.loader import load_model_files
+from runtime.models.registry import model_class
+from tests._runtime_fixtures import make_tiny_model
+from tests.test_models_fused_cpu import _decode_run
+
+pytestmark = pytest.mark.skipif(
+    not cpu_fused.available(torch.float32), reason="no C compiler: the torch ops run instead"
+)
+
+# SmolLM2's projections (qkv, o, gate_up, down, the LM head) and small odd ones
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (16, 2), (48, 70)]
+
+
+def _rand(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize(("out", "n"), SHAPES)
+def test_float32_products_are_within_rounding_of_float64(out, n):
+    w, x = _rand(out, n, dtype=torch.float32, seed=1), _rand(1, n, dtype=torch.float32, seed=2)
+    got = cpu_fused.gemv(cpu_gemv.pack(w), x, out)
+    want = x.double() @ w.double().T
+    scale = (x.double().abs() @ w.double().abs().T).max().item()
+    assert got.shape == (1, out) and got.dtype == torch.float32
+    assert (got.double() - want).abs().max().item() <= 1e-6 * scale
+
+
+@pytest.mark.parametrize(("out", "n"), SHAPES)
+def test_bfloat16_products_round_like_torch(out, n):
+    w, x = _rand(out, n, dtype=torch.bfloat16, seed=3), _rand(1, n, dtype=torch.bfloat16, seed=4)
+    got = cpu_fused.gemv(cpu_gemv.pack(w), x, out)
+    exact = (x.double() @ w.double().T).float()
+    assert got.dtype == torch.bfloat16
+    # the float32 sum (n roundings of at most 2^-24 of the running magnitude) is rounded once
+    # to bfloat16 (2^-8 relative, round to nearest)
+    sums = (x.double().abs() @ w.double().abs().T).float()
+    bound = (exact.abs() + n * 2**-24 * sums) * 2**-8 + n * 2**-24 * sums
+    assert ((got.float() - exact).abs() <= bound).all()
+    same = (got == torch.nn.functional.linear(x, w)).float().mean().item()
+    assert same >= 0.99  # torch sums in another order: a rare last-bit difference
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_thread_or_two_give_the_same_bits(dtype):
+    before = torch.get_num_threads()
+    w, x = _rand(3072, 576, dtype=dtype, seed=5), _rand(1, 576, dtype=dtype, seed=6)
+    packed = cpu_gemv.pack(w)
+    try:
+        torch.set_num_threads(1)
+        one = cpu_fused.gemv(packed, x, 3072)
+        torch.set_num_threads(2)
+        two = cpu_fused.gemv(packed, x, 3072)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def _avx512_bf16() -> bool:
+    try:
+        return "avx512_bf16" in open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _avx512_bf16(), reason="the CPU has no AVX-512 BF16 to compare with")
+def test_the_portable_bfloat16_build_gives_the_vector_build_bits(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src, lib = tmp_path / "gemv.c", tmp_path / "gemv.so"
+    src.write_text(cpu_gemv.SOURCE)
+    subprocess.run([cc, "-O2", "-march=native", "-mno-avx512bf16", "-fPIC", "-shared",
+                    str(src), "-o", str(lib)], check=True, capture_output=True)  # fmt: skip
+    portable = ctypes.CDLL(str(lib)).gemv_bf16
+    portable.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2
+    for out, n in [(960, 576), (48, 70), (16, 6)]:  # 70 / 2 = 35 pairs: a tail past k mod 4
+        w, x = (
+            _rand(out, n, dtype=torch.bfloat16, seed=7),
+            _rand(1, n, dtype=torch.bfloat16, seed=8),
+        )
+        packed = cpu_gemv.pack(w)
+        y = torch.empty(1, out, dtype=torch.bfloat16)
+        portable(packed.data_ptr(), x.data_ptr(), y.data_ptr(), out, n)
+        assert torch.equal(y, cpu_fused.gemv(packed, x, out))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_uses_the_kernel_for_one_row_only(dtype, monkeypatch):
+    w = _rand(64, 32, dtype=dtype, seed=9)
+    odd = _rand(20, 32, dtype=dtype, seed=10)  # 20 rows: not a multiple of 16
+    bias = _rand(64, dtype=dtype, seed=11)
+    mm = Packed([w, odd], enabled=False, gemv=True).linear
+    calls = []
+    real = cpu_fused.gemv
+    monkeypatch.setattr(cpu_fused, "gemv", lambda *a: calls.append(a[2]) or real(*a))
+    one, three = _rand(1, 32, dtype=dtype, seed=12), _rand(3, 32, dtype=dtype, seed=13)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(mm(one, w), torch.nn.functional.linear(one, w), **tol)
+    assert calls == [64]
+    for got, want in [
+        (mm(three, w), torch.nn.functional.linear(three, w)),  # three rows: torch
+        (mm(one, w, bias), torch.nn.functional.linear(one, w, bias)),  # a bias: torch
+        (mm(one, odd), torch.nn.functional.linear(one, odd)),  # not packable: torch
+    ]:
+        assert torch.equal(got, want)
+    assert calls == [64]
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("SGL_CPU_GEMV", "0")
+    assert not gemv_enabled(torch.float32, torch.device("cpu"))
+    monkeypatch.setenv("SGL_CPU_GEMV", "1")
+    assert gemv_enabled(torch.bfloat16, torch.device("cpu"))
+    assert not gemv_enabled(torch.float32, torch.device("meta"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_batch1_decode_with_the_kernel_matches_without(tmp_path, monkeypatch, dtype):
+    loaded = load_model_files(make_tiny_model(tmp_path, "llama"))
+    models = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("SGL_CPU_GEMV", flag)
+        models[flag] = model_class(loaded.config)(loaded.config, loaded.state_dict, dtype)
+    calls = []
+    real = cpu_fused.gemv
+    monkeypatch.setattr(cpu_fused, "gemv", lambda *a: calls.append(a[2]) or real(*a))
+    prompt = [[5, 17, 300, 42, 9, 11]]
+    with_tokens, with_logits = _decode_run(models["1"], dtype, prompt, steps=12)
+    assert calls, "the batch-1 decode never reached the kernel"
+    n = len(calls)
+    without_tokens, without_logits = _decode_run(models["0"], dtype, prompt, steps=12)
+    assert len(calls) == n  # the model loaded with SGL_CPU_GEMV=0 never calls it
+    assert torch.equal(with_tokens, without_tokens)
+    tolerance = 1e-4 if dtype == torch.float32 else 0.1
+    assert (with_logits - without_logits).abs().max().item() < tolerance
