@@ -148,3 +148,16 @@ def test_batch1_decode_with_the_kernel_matches_without(tmp_path, monkeypatch, dt
     assert torch.equal(with_tokens, without_tokens)
     tolerance = 1e-4 if dtype == torch.float32 else 0.1
     assert (with_logits - without_logits).abs().max().item() < tolerance
+
+
+def test_pack_all_gives_each_weight_its_packed_copy_aligned():
+    ws = [_rand(o, n, dtype=torch.bfloat16, seed=20 + i) for i, (o, n) in enumerate(SHAPES[:4])]
+    ws.append(_rand(16, 6, dtype=torch.bfloat16, seed=30))  # 96 elements: the next one realigns
+    ws.append(_rand(32, 8, dtype=torch.bfloat16, seed=31))
+    for w, p in zip(ws, cpu_gemv.pack_all(ws), strict=True):
+        assert torch.equal(p, cpu_gemv.pack(w)) and p.data_ptr() % 64 == 0
+    mixed = [ws[0], ws[1].float()]  # two dtypes: packed one by one
+    assert all(
+        torch.equal(p, cpu_gemv.pack(w))
+        for w, p in zip(mixed, cpu_gemv.pack_all(mixed), strict=True)
+    )

@@ -59,9 +59,11 @@ class Packed:
     def __init__(self, weights: list[torch.Tensor], enabled: bool, gemv: bool = False) -> None:
         self._packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # for one-row inputs
+        if gemv:
+            rows = list({id(w): w for w in weights if cpu_gemv.packable(w)}.values())
+            for w, p in zip(rows, cpu_gemv.pack_all(rows), strict=True):
+                self._rows[id(w)] = (w, p)
         for w in weights:
-            if gemv and cpu_gemv.packable(w) and id(w) not in self._rows:
-                self._rows[id(w)] = (w, cpu_gemv.pack(w))
             if enabled and w.dim() == 2 and w.numel() and id(w) not in self._packed:
                 reordered = torch.ops.mkldnn._reorder_linear_weight(w, _REORDER_HINT_ROWS)
                 self._packed[id(w)] = (w, reordered)
