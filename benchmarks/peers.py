@@ -115,7 +115,8 @@ def batch1_bound(engine) -> dict[str, float]:
     bw = memory_bandwidth_gbs()
     bound_ms = weights / (bw * 1e9) * 1e3
     return {"weights_mb": weights / 1e6, "copy_gbs": bw, "bound_ms": bound_ms,
-            "ms": 1e3 / best_tok_s, "ratio": 1e3 / best_tok_s / bound_ms}  # fmt: skip
+            "ms": 1e3 / best_tok_s, "ratio": 1e3 / best_tok_s / bound_ms,
+            "threads": engine.stats().get("forward_threads")}  # fmt: skip
 
 
 VLLM_SCRIPT = r"""
@@ -246,12 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\nBatch-1 decode vs the memory-bandwidth bound (weights / copy bandwidth; "
               "target <= 1.5x):")  # fmt: skip
         print("| dtype | weights (MB) | copy bandwidth (GB/s) | bound (ms/token) | measured "
-              "(ms/token) | measured / bound |")  # fmt: skip
-        print("|---|---:|---:|---:|---:|---:|")
+              "(ms/token) | measured / bound | forward threads |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for dtype, ours in extra.items():
             b = ours["batch-1"]
             print(f"| {dtype} | {b['weights_mb']:.0f} | {b['copy_gbs']:.1f} | {b['bound_ms']:.2f} "
-                  f"| {b['ms']:.2f} | {b['ratio']:.2f}x |")  # fmt: skip
+                  f"| {b['ms']:.2f} | {b['ratio']:.2f}x | {b['threads']} |")  # fmt: skip
     return 0
 
 
