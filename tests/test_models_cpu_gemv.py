@@ -161,3 +161,57 @@ def test_pack_all_gives_each_weight_its_packed_copy_aligned():
         torch.equal(p, cpu_gemv.pack(w))
         for w, p in zip(mixed, cpu_gemv.pack_all(mixed), strict=True)
     )
+
+
+def _gemv_two_threads(packed: torch.Tensor, x: torch.Tensor, out: int) -> torch.Tensor:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        return cpu_fused.gemv(packed, x, out)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_callers_on_several_threads_each_get_their_own_product():
+    import threading
+
+    cases = [(_rand(3072, 576, dtype=torch.bfloat16, seed=40 + i),
+              _rand(1, 576, dtype=torch.bfloat16, seed=50 + i)) for i in range(4)]  # fmt: skip
+    packed = [cpu_gemv.pack(w) for w, _ in cases]
+    want = [cpu_fused.gemv(p, x, 3072) for p, (_, x) in zip(packed, cases, strict=True)]
+    got: dict[int, list[torch.Tensor]] = {i: [] for i in range(4)}
+
+    def work(i: int) -> None:  # the pool takes one caller at a time; the others run alone
+        for _ in range(50):
+            got[i].append(_gemv_two_threads(packed[i], cases[i][1], 3072))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    for i in range(4):
+        assert len(got[i]) == 50 and all(torch.equal(g, want[i]) for g in got[i])
+
+
+def _child(packed, x, conn) -> None:
+    conn.send(_gemv_two_threads(packed, x, 3072).tolist())  # a list: no shared memory
+
+
+def test_a_forked_child_starts_its_own_workers():
+    import multiprocessing as mp
+
+    w, x = (
+        _rand(3072, 576, dtype=torch.float32, seed=60),
+        _rand(1, 576, dtype=torch.float32, seed=61),
+    )
+    packed = cpu_gemv.pack(w)
+    want = _gemv_two_threads(packed, x, 3072)  # the parent's workers exist now
+    parent, child = mp.get_context("fork").Pipe(duplex=False)
+    p = mp.get_context("fork").Process(target=_child, args=(packed, x, child))
+    p.start()
+    assert parent.poll(60), "the forked child's product never came (waiting on missing workers?)"
+    got = parent.recv()
+    p.join(10)
+    assert got == want.tolist()

@@ -1,13 +1,14 @@
-"""One-token projections on CPU (batch-1 decode, the LM head of one row): C source of a
+"""One-row projections on CPU (batch-1 decode, the LM head of one row): C source of a
 matrix-vector product over weights packed once at load time, and its Python side.
 
 A decode step of one request reads every weight once and does little else, so its speed is
 the rate at which the weights stream from memory. oneDNN's matmul for one row reads its
 blocked layout at ~20-28 GB/s on one core of this machine and splits poorly over two (a
 whole SmolLM2 step's projections: bf16 ~11 ms with two threads, the same as one). This kernel
-reads each weight as one sequential stream and splits the output rows over torch's OpenMP
-threads: measured side by side, the same 121 projections in bf16 take ~12 ms on one thread
-(oneDNN ~17) and ~8 ms on two (oneDNN ~11).
+reads each weight as one sequential stream and splits the output rows over torch's number of
+threads, on a spinning pool of its own (cpu_pool.py; not OpenMP, whose regions opened from
+the engine's scheduler thread cost ~35 us each). Measured side by side, the same 121
+projections in bf16 take ~12 ms on one thread (oneDNN ~17) and ~8 ms on two (oneDNN ~11).
 
 Layout: the rows in blocks of 16. bf16: [out / 16, in / 2, 16, 2], so one 64-byte load holds
 two consecutive inputs of 16 rows and one `vdpbf16ps` (AVX-512 BF16) adds both products into
@@ -28,15 +29,16 @@ import mmap
 
 import torch
 
+from runtime.kernels import cpu_pool
+
 BLOCK = 16  # rows per block
 MIN_PARALLEL = 1 << 16  # weights (elements) below which one thread does it all
 
-SOURCE = r"""
+SOURCE = (
+    cpu_pool.SOURCE
+    + r"""
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -129,41 +131,37 @@ static void gemv_blocks_bf16(const uint16_t *w, const uint16_t *x, uint16_t *y, 
     }
 }
 
-#define GEMV_SPLIT(fn)                                                                     \
-    int64_t nb = out / 16;                                                                 \
-    int nt = 1;                                                                            \
-    GEMV_THREADS(nt);                                                                      \
-    if (nt <= 1 || out * in < MIN_PAR) {                                                   \
-        fn(w, x, y, 0, nb, in);                                                            \
-        return;                                                                            \
-    }                                                                                      \
-    GEMV_PARALLEL                                                                          \
-    {                                                                                      \
-        int id = GEMV_ID, n = GEMV_N;                                                      \
-        int64_t b0 = nb * id / n, b1 = nb * (id + 1) / n;                                  \
-        if (b0 < b1) fn(w, x, y, b0, b1, in);                                              \
-    }
+struct gemv_job {
+    const void *w, *x;
+    void *y;
+    int64_t blocks, in;
+    int bf16;
+};
 
-#ifdef _OPENMP
-#define GEMV_THREADS(nt) nt = omp_get_max_threads()
-#define GEMV_PARALLEL _Pragma("omp parallel num_threads(nt)")
-#define GEMV_ID omp_get_thread_num()
-#define GEMV_N omp_get_num_threads()
-#else
-#define GEMV_THREADS(nt) (void)0
-#define GEMV_PARALLEL
-#define GEMV_ID 0
-#define GEMV_N 1
-#endif
+static void gemv_part(void *p, int part, int parts) {
+    const struct gemv_job *j = p;
+    int64_t b0 = j->blocks * part / parts, b1 = j->blocks * (part + 1) / parts;
+    if (b0 >= b1) return;
+    if (j->bf16)
+        gemv_blocks_bf16(j->w, j->x, j->y, b0, b1, j->in);
+    else
+        gemv_blocks_f32(j->w, j->x, j->y, b0, b1, j->in);
+}
+
+static void gemv_run(const void *w, const void *x, void *y, int64_t out, int64_t in, int bf16) {
+    struct gemv_job j = {w, x, y, out / 16, in, bf16};
+    pool_run(gemv_part, &j, out * in < MIN_PAR ? 1 : pool_threads());
+}
 
 void gemv_f32(const float *w, const float *x, float *y, int64_t out, int64_t in) {
-    GEMV_SPLIT(gemv_blocks_f32)
+    gemv_run(w, x, y, out, in, 0);
 }
 
 void gemv_bf16(const uint16_t *w, const uint16_t *x, uint16_t *y, int64_t out, int64_t in) {
-    GEMV_SPLIT(gemv_blocks_bf16)
+    gemv_run(w, x, y, out, in, 1);
 }
 """.replace("MIN_PAR", str(MIN_PARALLEL))
+)
 
 
 def packable(w: torch.Tensor) -> bool:
