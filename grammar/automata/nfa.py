@@ -17,22 +17,14 @@ from collections.abc import Callable
 from interegular import patterns as ip
 
 from grammar.automata.nfa_blocks import Copies, Embedded, moved
+from grammar.automata.nfa_keys import Structures, _matches_nothing
 from grammar.automata.utf8 import byte_mask, char_form
 from grammar.errors import GrammarError
 
-_DOT_CLS = type(ip._DOT)
-_EMPTY_CLS = type(ip._EMPTY)
-_CHAR_GROUP = ip._CharGroup
 _COPY_FROM = 8  # counted repetitions with more copies than this copy a built block
 _LAZY_FROM = 64  # bounded ones with more copies than this make their copies on first read
 EAGER_STRUCTURES = 1500  # a lazy build of a tree of at most this many structures starts eager
 EAGER_WORK = 20_000  # ... and builds at most this many nodes before it defers
-_CONCAT, _ALT, _REPEAT = ip._Concatenation, ip.Pattern, ip._Repeated
-
-
-def _matches_nothing(dfa: object) -> bool:
-    """An embedded ByteDFA of the empty language (its start neither accepts nor moves)."""
-    return not dfa.table[1].any() and not dfa.accepting[1]
 
 
 def parse_regex(pattern: str) -> ip.Pattern:
@@ -87,16 +79,11 @@ class NFA:
     def _reset_tables(self) -> None:
         """The builder's tables: needed while a tree is built, dropped after."""
         self._memo: dict[tuple, int] = {}
-        self._keys: dict[int, int] = {}  # id(node) -> structural key (from 1), in the key pass
-        self._interned: dict[tuple, int] = {}
-        # key -> its structure: ("&", part keys...), ("|", option keys...), ("r", base key,
-        # min, max), ("c", chars, negated), (".",), ("e",), ("d", id(dfa)); tuples of ints
-        # (the GC stops scanning them), so what is built later needs no parse node alive
-        self._struct: list[tuple] = [()]
-        self._dfas: dict[int, object] = {}  # an embedded automaton's key -> the ByteDFA
+        self._structures = Structures()  # the key pass's (`nfa_keys`): structures as ints,
+        # so what is built later needs no parse node alive
+        self._struct = self._structures.struct
+        self._one_byte = self._structures.one_byte
         self._cont_masks: dict[tuple[int, int], int] = {}
-        self._one_byte: dict[int, int] = {}  # a character class's key -> its byte mask, when
-        # every character in it is one byte (0 when not)
 
     def _new(self) -> int:
         if len(self.eps) >= self.max_states:
@@ -124,17 +111,19 @@ class NFA:
 
     def add_node(self, tree: object, lazy: bool = False) -> int:
         """Build the NFA for a parsed regex (interegular nodes, possibly a shared DAG). A key
-        pass first (`_struct` keeps each structure as ints: the tree may go once keyed)
-        refuses what cannot be built and finds pieces that match nothing. With `lazy` (and no
-        such piece) alternations and repetitions are built when first read (`fill`): a lazy
-        DFA reads only what its walks reach. The states are the whole build's, numbered in
-        another order (a repetition's entry one epsilon step before its first copy)."""
+        pass first (`nfa_keys.Structures`: each structure as ints, so the tree may go once
+        keyed) refuses what cannot be built and finds pieces that match nothing. With `lazy`
+        (and no such piece) alternations, repetitions and `Deferred` nodes are built when
+        first read (`fill`): a lazy DFA reads only what its walks reach. The states are the
+        whole build's, numbered in another order (a repetition's entry one epsilon step
+        before its first copy; a Deferred's subtree is keyed when it is built)."""
         try:
-            root = self._key(tree)
-            self._keys = {}  # ids of the tree's nodes: not read once every node is keyed
+            structures = self._structures
+            root = structures.key_tree(tree)
+            self.dead_end_possible |= structures.dead_end_possible
             self._lazy = lazy and not self.dead_end_possible
             # a small tree is built whole now (up to a cap): no NFA building in its first masks
-            small = len(self._struct) <= EAGER_STRUCTURES
+            small = len(self._struct) + structures.weight <= EAGER_STRUCTURES
             self._defer_after = EAGER_WORK if small and self._lazy else 0
             mark = len(self.eps), len(self._blocks)
             try:
@@ -151,79 +140,6 @@ class NFA:
         finally:
             if not self._pending:
                 self._reset_tables()
-
-    def _key(self, node: object) -> int:
-        """Structural identity of a parse node, interned to a small int (linear time). The one
-        pass over the whole tree: it also refuses what cannot be built and notes pieces that
-        match nothing (`dead_end_possible`)."""
-        keys = self._keys
-        k = keys.get(id(node))
-        if k is not None:
-            return k
-        tp = type(node)
-        if tp is _CONCAT:  # the commonest inner node first
-            get = keys.get
-            t: tuple = ("&", *[get(id(p)) or self._key(p) for p in node.parts])
-        elif tp is _CHAR_GROUP:
-            t = ("c", node.chars, node.negated)
-            k = self._interned.get(t)
-            if k is None:
-                k = self._interned[t] = len(self._interned) + 1
-                self._struct.append(t)
-                self._one_byte[k] = self._class_mask(node.chars, node.negated)
-            keys[id(node)] = k
-            return k
-        elif tp is _ALT:
-            if node.added_flags or node.removed_flags:
-                raise GrammarError(f"regex flags are not supported: {node.added_flags}")
-            get = keys.get
-            t = ("|", *[get(id(o)) or self._key(o) for o in node.options])
-        elif tp is _REPEAT:
-            if node.max is not None and node.max < node.min:
-                raise GrammarError(f"bad repetition {{{node.min},{node.max}}}")
-            t = ("r", self._key(node.base), node.min, node.max)
-        elif isinstance(node, _DOT_CLS):
-            t = (".",)
-        elif isinstance(node, _EMPTY_CLS):
-            t = ("e",)
-        elif hasattr(node, "dfa") and type(node).__name__ == "DFANode":
-            t = ("d", id(node.dfa))
-            if _matches_nothing(node.dfa):
-                self.dead_end_possible = True  # an automaton of the empty language
-            if t not in self._interned:
-                self._dfas[len(self._interned) + 1] = node.dfa
-        elif isinstance(node, ip._NonCapturing):
-            kind = "lookbehind" if node.backwards else "lookahead"
-            raise GrammarError(
-                f"regex construct not supported: {kind} (?{'<' * node.backwards}...)"
-            )
-        elif isinstance(node, _CHAR_GROUP | _CONCAT | _ALT | _REPEAT):
-            raise GrammarError(f"regex node subclass not supported: {type(node).__name__}")
-        else:
-            raise GrammarError(f"regex construct not supported: {type(node).__name__}")
-        interned = self._interned
-        k = interned.get(t)
-        if k is None:
-            k = interned[t] = len(interned) + 1
-            self._struct.append(t)
-        keys[id(node)] = k
-        return k
-
-    def _class_mask(self, chars: frozenset[str], negated: bool) -> int:
-        """The byte mask of an all-ASCII class, else 0; notes a class that matches nothing.
-        Without the class's UTF-8 paths where it can tell: a schema's name complements hold
-        hundreds of `[^...]` classes, and `_chars` builds paths for those a walk reaches."""
-        if not negated and chars and max(chars) < "\x80":
-            mask = 0
-            for c in chars:
-                mask |= 1 << ord(c)
-            return mask
-        if negated and len(chars) < 0x80:  # holds non-ASCII characters: never empty
-            return 0
-        form = char_form(chars, negated)
-        if not form:
-            self.dead_end_possible = True  # a character class that matches nothing
-        return form[0][0] if len(form) == 1 and not form[0][1] else 0
 
     def _build(self, nk: int, k: int) -> int:
         """A state matching the structure keyed `nk`, then continuing at state k."""
@@ -244,7 +160,9 @@ class NFA:
                     self.edges.append((mask, k))
                 else:
                     s = self._chars(t[1], t[2], k)
-            elif tag in "|r" and self._lazy and not self._eager and self._work >= self._defer_after:
+            elif (
+                tag in "|rl" and self._lazy and not self._eager and self._work >= self._defer_after
+            ):
                 if tag == "|" and len(t) == 2:
                     s = self._build(t[1], k)
                 else:
@@ -260,7 +178,9 @@ class NFA:
         """A deferred alternation or repetition's state: its options, or its loop, built
         (their own alternations and repetitions deferred in turn)."""
         t = self._struct[nk]
-        if t[0] == "|":
+        if t[0] == "l":
+            self.eps[x] = (self._build(self._expand(nk), k),)
+        elif t[0] == "|":
             self.eps[x] = tuple([self._build(o, k) for o in t[1:]])
         elif t[2] == 0 and t[3] is None:
             self.eps[x] = (k, self._build(t[1], x))  # the loop state itself, as eagerly
@@ -290,7 +210,19 @@ class NFA:
             return self._chars(frozenset("\n"), True, k)
         if tag == "e":
             return k
-        return self._embed_dfa(self._dfas[nk], k)  # "d"
+        if tag == "l":
+            return self._build(self._expand(nk), k)
+        return self._embed_dfa(self._structures.dfas[nk], k)  # "d"
+
+    def _expand(self, nk: int) -> int:
+        """The key of what the Deferred keyed `nk` builds (keyed on first read)."""
+        structures = self._structures
+        out = structures.expand(nk)
+        if structures.dead_end_possible and not self.dead_end_possible:
+            if self._lazy:  # a lazy DFA cannot prune dead ends: the Deferred broke its contract
+                raise GrammarError("internal: a deferred regex piece has one that matches nothing")
+            self.dead_end_possible = True
+        return out
 
     def _repeat(self, base: int, lo: int, hi: int | None, k: int) -> int:
         """base{lo,hi} (hi None: unbounded), base a structure key, then k."""

@@ -14,6 +14,7 @@ import functools
 from interegular import patterns as ip
 
 from grammar.automata.nfa import parse_regex
+from grammar.automata.nfa_keys import Deferred
 from grammar.automata.utf8 import chars_to_ranges
 
 Node = object  # an interegular pattern node
@@ -147,6 +148,8 @@ def to_text(node: Node | None) -> str:
                 out = inner + "?"
             else:
                 out = f"{inner}{{{n.min},{'' if n.max is None else n.max}}}"
+        elif type(n) is Deferred:
+            out = write(n.build())
         elif type(n).__name__ == "DFANode" and n.text is not None:
             out = f"({n.text})"
         elif type(n).__name__ == "DFANode":

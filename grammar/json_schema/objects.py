@@ -123,9 +123,9 @@ def integral_as(value: Any, kind: type) -> Any:
 def string_except(names: list[str], string_char: Node, ptr: str) -> Node:
     """A JSON string (with its quotes) whose decoded content is none of `names`, in any
     spelling (escapes included: a key spelled `\\u0061` is the name "a"), each content
-    character being `string_char`; see `grammar.json_schema.exact.names`. The regex path and
-    the lark path share it."""
-    return key_names.string_except(names, string_char)
+    character being `string_char`; see `grammar.json_schema.exact.names` (a `Deferred` node:
+    built when first read). The regex path and the lark path share it."""
+    return key_names.deferred_string_except(names, string_char)
 
 
 _NOT_CONTENT = frozenset('"\\') | frozenset(chr(i) for i in range(0x20))  # never raw in JSON

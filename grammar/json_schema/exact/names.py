@@ -16,6 +16,7 @@ import functools
 from interegular import patterns as ip
 
 from grammar.automata import regex_ast as ra
+from grammar.automata.nfa_keys import Deferred
 
 _CONCAT, _ALT = ip._Concatenation, ip.Pattern
 
@@ -215,6 +216,26 @@ _SUBTRIES: dict[int, tuple[Node, dict[frozenset[str], Node]]] = {}
 MAX_SUBTRIES = 1 << 16
 
 
+MAX_DEFERRED_NAME = 64  # a complement with a longer name is built at once (see deferred_...)
+
+
+def deferred_string_except(names: list[str], string_char: Node) -> Node:
+    """`string_except(names, string_char)` as a `Deferred` node (names not empty): the NFA
+    builds the trie when a walk first reaches the object's other keys. Most objects of a
+    large schema are not reached by its first masks, and their complements are most of its
+    tree. With a name over MAX_DEFERRED_NAME characters it is built now: the trie nests as
+    deep as its longest name, and a deferred one is keyed inside a walk's own stack."""
+    names = list(names)
+    if max(map(len, names)) > MAX_DEFERRED_NAME:
+        return string_except(names, string_char)
+    return Deferred(
+        ("names", frozenset(names)),
+        (string_char,),
+        lambda: string_except(names, string_char),
+        2 * sum(map(len, names)) + 8,
+    )
+
+
 def string_except(names: list[str], string_char: Node) -> Node:
     """A JSON string (quotes included) whose decoded content is none of `names`: the
     complement of the names' trie over decoded characters, `string_char` (a regex node
@@ -318,4 +339,8 @@ def _string_except(names: list[str], string_char: Node) -> Node:
         node = built[key] = ra.alt(options)
         return node
 
-    return ra.seq(ra.char('"'), complement(list(dict.fromkeys(names))), ra.char('"'))
+    try:
+        return ra.seq(ra.char('"'), complement(list(dict.fromkeys(names))), ra.char('"'))
+    finally:
+        # recursive closures are cycles through their cells: emptied, they are freed now
+        leave = chain = complement = None  # type: ignore[assignment]  # noqa: F841
