@@ -25,6 +25,7 @@ from runtime.disaggregation.modes import (
     split_bootstrap,
 )
 from runtime.errors import KVTransferError, ParallelConfigError
+from runtime.kernels import cpu_fused
 from runtime.memory.kv_pool import KVPool, pages_for_budget, resolve_dtype
 from runtime.memory.radix_cache import RadixCache
 from runtime.models.loader import load_model_files
@@ -172,6 +173,10 @@ class Engine:
             hooks=self._make_constraint_hooks(),
             overlap=overlap_wanted(overlap_schedule) and not self.parallel,
         )
+        if not self.parallel and cpu_fused.available(torch.float32):
+            # this thread's OpenMP team (from loading) would make libgomp stop spinning the
+            # scheduler thread's: free it (cpu_fused.release_openmp_team)
+            cpu_fused.release_openmp_team()
         self._closed = False
         _LIVE_ENGINES.add(self)  # shut down at exit if the program never closes it
         logger.info(

@@ -107,7 +107,7 @@ def test_packed_uses_the_kernel_for_one_row_only(dtype, monkeypatch):
     mm = Packed([w, odd], enabled=False, gemv=True).linear
     calls = []
     real = cpu_fused.gemv
-    monkeypatch.setattr(cpu_fused, "gemv", lambda *a: calls.append(a[2]) or real(*a))
+    monkeypatch.setattr(cpu_fused, "gemv", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     one, three = _rand(1, 32, dtype=dtype, seed=12), _rand(3, 32, dtype=dtype, seed=13)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(mm(one, w), torch.nn.functional.linear(one, w), **tol)
@@ -138,7 +138,7 @@ def test_batch1_decode_with_the_kernel_matches_without(tmp_path, monkeypatch, dt
         models[flag] = model_class(loaded.config)(loaded.config, loaded.state_dict, dtype)
     calls = []
     real = cpu_fused.gemv
-    monkeypatch.setattr(cpu_fused, "gemv", lambda *a: calls.append(a[2]) or real(*a))
+    monkeypatch.setattr(cpu_fused, "gemv", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     prompt = [[5, 17, 300, 42, 9, 11]]
     with_tokens, with_logits = _decode_run(models["1"], dtype, prompt, steps=12)
     assert calls, "the batch-1 decode never reached the kernel"
@@ -215,3 +215,58 @@ def test_a_forked_child_starts_its_own_workers():
     got = parent.recv()
     p.join(10)
     assert got == want.tolist()
+
+
+def test_the_wide_bfloat16_product_is_the_product_widened():
+    w, x = (
+        _rand(49152, 576, dtype=torch.bfloat16, seed=70),
+        _rand(1, 576, dtype=torch.bfloat16, seed=71),
+    )
+    packed = cpu_gemv.pack(w)
+    wide = cpu_fused.gemv(packed, x, 49152, wide=True)
+    assert wide.dtype == torch.float32
+    assert torch.equal(wide, cpu_fused.gemv(packed, x, 49152).float())
+    mm = Packed([w], enabled=False, gemv=True).linear
+    assert torch.equal(mm(x, w, float_out=True), wide)
+    three = _rand(3, 576, dtype=torch.bfloat16, seed=72)  # more rows: torch, then .float()
+    assert torch.equal(mm(three, w, float_out=True), torch.nn.functional.linear(three, w).float())
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param([0.5, 3.0, -1.0, 3.0], id="tie-first-index"),
+        pytest.param([float("-inf")] * 5, id="all-minus-inf"),
+        pytest.param([1.0, float("nan"), 7.0, float("nan")], id="nan-first"),
+        pytest.param([2.0], id="one"),
+        pytest.param(
+            torch.randn(49152, generator=torch.Generator().manual_seed(3)).tolist(), id="vocab"
+        ),  # fmt: skip
+    ],
+)
+def test_argmax_of_one_row_is_torchs(row):
+    logits = torch.tensor([row], dtype=torch.float32)
+    assert torch.equal(cpu_fused.argmax_row(logits), logits.argmax(dim=-1))
+
+
+def test_the_thread_that_loaded_a_model_gives_back_its_openmp_team():
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch\n"
+        "from runtime.kernels import cpu_fused\n"
+        "torch.set_num_threads(2)\n"
+        "assert cpu_fused.available(torch.float32)\n"
+        "n = lambda: len(os.listdir('/proc/self/task'))\n"
+        "torch.ones(1 << 22).add_(1)\n"  # a parallel op: this thread's team starts
+        "before = n()\n"
+        "freed = cpu_fused.release_openmp_team()\n"
+        "after = n()\n"
+        "print(freed, before - after, cpu_fused.release_openmp_team(), n() - after)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    freed, gone, again, change = out.stdout.split()
+    assert freed == "True" and int(gone) >= 1  # the team's worker thread exited
+    assert again == "True" and change == "0"  # no team left: a second call changes nothing

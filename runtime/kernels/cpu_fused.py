@@ -56,8 +56,14 @@ _SIGNATURES = {
     "decode_attention": [_PTR, _PTR, _PTR, _PTR, _I64, _PTR] + [_I64] * 6 + [_F32, _PTR],
     "gemv": [_PTR, _PTR, _PTR, _I64, _I64],
 }
+_ONE_TYPE = {  # name: (argtypes, restype), one C function each (cpu_gemv.py)
+    "gemv_bf16_wide": ([_PTR, _PTR, _PTR, _I64, _I64], None),
+    "argmax_f32": ([_PTR, _I64], _I64),
+    "release_openmp_team": ([], ctypes.c_int),
+}
 
-_lib: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None = None  # (kernel, dtype) -> C
+# (kernel, dtype) -> C; dtype None: the functions of one type
+_lib: dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None = None
 _failed = False
 
 
@@ -98,7 +104,7 @@ def _open(cache: Path, key: str, compiler: str, openmp: bool) -> ctypes.CDLL:
     return ctypes.CDLL(str(target))
 
 
-def _load() -> dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None:
+def _load() -> dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None:
     global _lib, _failed
     if _lib is not None or _failed:
         return _lib
@@ -125,6 +131,10 @@ def _load() -> dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None:
                 fn = getattr(lib, f"{name}_{suffix}")
                 fn.argtypes, fn.restype = argtypes, None
                 funcs[name, dtype] = fn
+        for name, (argtypes, restype) in _ONE_TYPE.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, restype
+            funcs[name, None] = fn
         _lib = funcs
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
         _failed = True
@@ -139,7 +149,7 @@ def available(dtype: torch.dtype) -> bool:
     return _load() is not None
 
 
-def _fn(name: str, dtype: torch.dtype) -> ctypes._CFuncPtr:
+def _fn(name: str, dtype: torch.dtype | None) -> ctypes._CFuncPtr:
     assert _lib is not None, "call available() first"
     return _lib[name, dtype]
 
@@ -227,11 +237,39 @@ def decode_attention(
     return out
 
 
-def gemv(packed: torch.Tensor, x: torch.Tensor, out_features: int) -> torch.Tensor:
-    """y [1, out] = x [1, in] @ w.T for `packed` = cpu_gemv.pack(w), all of one dtype; the
-    output rows split over torch's threads (cpu_gemv.py)."""
+def gemv(
+    packed: torch.Tensor, x: torch.Tensor, out_features: int, wide: bool = False
+) -> torch.Tensor:
+    """y [1, out] = x [1, in] @ w.T for `packed` = cpu_gemv.pack(w), all of one dtype; with
+    `wide`, y in float32 (bf16 results widened: `(x @ w.T).float()`). The output rows split
+    over torch's threads (cpu_gemv.py)."""
     assert x.dim() == 2 and x.shape[0] == 1 and packed.dtype == x.dtype
     x = x.contiguous()
-    y = torch.empty(1, out_features, dtype=x.dtype)
-    _fn("gemv", x.dtype)(packed.data_ptr(), x.data_ptr(), y.data_ptr(), out_features, x.shape[1])
+    if wide and x.dtype == torch.bfloat16:
+        y = torch.empty(1, out_features, dtype=torch.float32)
+        fn = _fn("gemv_bf16_wide", None)
+    else:
+        y = torch.empty(1, out_features, dtype=x.dtype)
+        fn = _fn("gemv", x.dtype)
+    fn(packed.data_ptr(), x.data_ptr(), y.data_ptr(), out_features, x.shape[1])
     return y
+
+
+def argmax_row(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.argmax(-1)` of one contiguous float32 row [1, V], in C: torch's reduction over
+    a long row opens an OpenMP region, whose spinning worker would hold the other core while
+    the next step's projections want it (cpu_pool.py)."""
+    assert logits.dim() == 2 and logits.shape[0] == 1 and logits.dtype == torch.float32
+    logits = logits.contiguous()
+    return torch.tensor([_fn("argmax_f32", None)(logits.data_ptr(), logits.shape[1])])
+
+
+def release_openmp_team() -> bool:
+    """Free the calling thread's OpenMP team (True if freed or there was none; False where
+    the OpenMP runtime cannot). An engine calls it on the thread
+    that built it: libgomp stops spinning once two threads own teams, and every region the
+    scheduler thread opens (oneDNN's matmuls, attention) would then pay a wake-up (~35 us
+    against ~7 here)."""
+    if _load() is None:
+        return False
+    return bool(_fn("release_openmp_team", None)())

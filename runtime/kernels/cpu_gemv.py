@@ -79,8 +79,8 @@ static void gemv_blocks_f32(const float *w, const float *x, float *y, int64_t b0
 }
 
 /* blocks [b0, b1) of y = w x, bfloat16, w packed [out/16][in/2][16][2] */
-static void gemv_blocks_bf16(const uint16_t *w, const uint16_t *x, uint16_t *y, int64_t b0,
-                             int64_t b1, int64_t in) {
+static void gemv_blocks_bf16(const uint16_t *w, const uint16_t *x, void *y, int64_t b0,
+                             int64_t b1, int64_t in, int wide) {
     int64_t kp = in / 2;
     for (int64_t b = b0; b < b1; b++) {
         const uint16_t *wb = w + b * 16 * in;
@@ -127,7 +127,15 @@ static void gemv_blocks_bf16(const uint16_t *w, const uint16_t *x, uint16_t *y, 
         g16f t = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         memcpy(s, &t, sizeof t);
 #endif
-        for (int r = 0; r < 16; r++) y[b * 16 + r] = g_f2bf(s[r]);
+        for (int r = 0; r < 16; r++) {
+            uint16_t h = g_f2bf(s[r]);
+            if (wide) { /* the bf16 value, widened to float32 (the LM head's logits) */
+                uint32_t u = (uint32_t)h << 16;
+                memcpy((float *)y + b * 16 + r, &u, 4);
+            } else {
+                ((uint16_t *)y)[b * 16 + r] = h;
+            }
+        }
     }
 }
 
@@ -135,7 +143,7 @@ struct gemv_job {
     const void *w, *x;
     void *y;
     int64_t blocks, in;
-    int bf16;
+    int bf16, wide;
 };
 
 static void gemv_part(void *p, int part, int parts) {
@@ -143,22 +151,55 @@ static void gemv_part(void *p, int part, int parts) {
     int64_t b0 = j->blocks * part / parts, b1 = j->blocks * (part + 1) / parts;
     if (b0 >= b1) return;
     if (j->bf16)
-        gemv_blocks_bf16(j->w, j->x, j->y, b0, b1, j->in);
+        gemv_blocks_bf16(j->w, j->x, j->y, b0, b1, j->in, j->wide);
     else
         gemv_blocks_f32(j->w, j->x, j->y, b0, b1, j->in);
 }
 
-static void gemv_run(const void *w, const void *x, void *y, int64_t out, int64_t in, int bf16) {
-    struct gemv_job j = {w, x, y, out / 16, in, bf16};
+static void gemv_run(const void *w, const void *x, void *y, int64_t out, int64_t in, int bf16,
+                     int wide) {
+    struct gemv_job j = {w, x, y, out / 16, in, bf16, wide};
     pool_run(gemv_part, &j, out * in < MIN_PAR ? 1 : pool_threads());
 }
 
 void gemv_f32(const float *w, const float *x, float *y, int64_t out, int64_t in) {
-    gemv_run(w, x, y, out, in, 0);
+    gemv_run(w, x, y, out, in, 0, 0);
 }
 
 void gemv_bf16(const uint16_t *w, const uint16_t *x, uint16_t *y, int64_t out, int64_t in) {
-    gemv_run(w, x, y, out, in, 1);
+    gemv_run(w, x, y, out, in, 1, 0);
+}
+
+/* as gemv_bf16, the bf16 results written widened to float32 */
+void gemv_bf16_wide(const uint16_t *w, const uint16_t *x, float *y, int64_t out, int64_t in) {
+    gemv_run(w, x, y, out, in, 1, 1);
+}
+
+/* torch's argmax of one float32 row: the first index of the maximum, a NaN counting as the
+   maximum (the first NaN wins) */
+int64_t argmax_f32(const float *x, int64_t n) {
+    float best = x[0];
+    int nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        nan |= v != v;
+        best = v > best ? v : best;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (nan ? x[i] != x[i] : x[i] == best) return i;
+    return 0;
+}
+
+/* Free the calling thread's OpenMP team (OpenMP 5.0; GCC >= 9): 1 if freed or none was
+   there, 0 where the runtime cannot. libgomp stops spinning once
+   two threads own teams, so the thread that loaded a model lets the one running it keep its
+   team spinning. */
+int release_openmp_team(void) {
+#if defined(_OPENMP) && (_OPENMP >= 201811 || (!defined(__clang__) && __GNUC__ >= 9))
+    return omp_pause_resource_all(omp_pause_soft) == 0;
+#else
+    return 0;
+#endif
 }
 """.replace("MIN_PAR", str(MIN_PARALLEL))
 )

@@ -69,12 +69,21 @@ class Packed:
                 self._packed[id(w)] = (w, reordered)
 
     def linear(
-        self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        float_out: bool = False,
     ) -> torch.Tensor:
+        """x @ w.T (+ bias); with `float_out`, `.float()` of it (one row: in the same kernel)."""
         if bias is None and x.dim() == 2 and x.shape[0] == 1:
             rows = self._rows.get(id(w))
             if rows is not None:
-                return cpu_fused.gemv(rows[1], x, w.shape[0])
+                return cpu_fused.gemv(rows[1], x, w.shape[0], wide=float_out)
+        out = self._dense(x, w, bias)
+        return out.float() if float_out else out
+
+    def _dense(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         entry = self._packed.get(id(w))
         if entry is None or x.dim() != 2 or x.shape[0] == 0:
             return torch.nn.functional.linear(x, w, bias)

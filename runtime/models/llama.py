@@ -317,7 +317,7 @@ class LlamaModel:
             self.comm.send_next(hidden)
             return None
         hidden = rms_norm(hidden[batch.logit_rows], self.final_norm, self.config.rms_norm_eps)
-        logits = self.mm(hidden, self.lm_head).float()
+        logits = self.mm(hidden, self.lm_head, float_out=True)
         if self.shard.tp_size == 1:
             return logits
         pad = self.vocab_per_rank - self.vocab_rows

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.kernels import cpu_fused
 from runtime.scheduling.request import Request
 
 
@@ -73,12 +74,19 @@ def _truncate(logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
 _ARGMAX_CHUNK = 1024
 
 
+def _fused_argmax() -> bool:
+    return cpu_fused.available(torch.float32)
+
+
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(-1)` for [N, V] (the first index of each row's maximum), ~6x faster on CPU:
     torch's argmax over a long row is a scalar loop, its max-reduction is vectorised. So: the
     maximum of each 1024-wide chunk, the first chunk holding the row's maximum, then the
-    argmax inside that chunk alone (and the ragged tail beside it)."""
+    argmax inside that chunk alone (and the ragged tail beside it). One CPU row: a C loop
+    (cpu_fused.argmax_row), which opens no OpenMP region."""
     n, v = logits.shape
+    if n == 1 and v and logits.dtype == torch.float32 and not logits.is_cuda and _fused_argmax():
+        return cpu_fused.argmax_row(logits)
     k = v // _ARGMAX_CHUNK
     if k < 4 or not logits.is_contiguous() or logits.is_cuda:
         return logits.argmax(dim=-1)
