@@ -1,4 +1,4 @@
-"""The one-row CPU projection kernel (runtime/kernels/cpu_gemv.py): its products against float64
+"""The few-row CPU projection kernel (runtime/kernels/cpu_gemv.py): its products against float64
 and torch's, the same bits on one thread or two and from its portable build, where `Packed`
 uses it, and a model's batch-1 decode with it against the same model without it."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from runtime.kernels import cpu_fused, cpu_gemv
-from runtime.models.layers import Packed, gemv_enabled
+from runtime.models.layers import GEMV_ROWS, Packed, gemv_enabled
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
 from tests._runtime_fixtures import make_tiny_model
@@ -87,7 +87,7 @@ def test_the_portable_bfloat16_build_gives_the_vector_build_bits(tmp_path):
     subprocess.run([cc, "-O2", "-march=native", "-mno-avx512bf16", "-fPIC", "-shared",
                     str(src), "-o", str(lib)], check=True, capture_output=True)  # fmt: skip
     portable = ctypes.CDLL(str(lib)).gemv_bf16
-    portable.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2
+    portable.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
     for out, n in [(960, 576), (48, 70), (16, 6)]:  # 70 / 2 = 35 pairs: a tail past k mod 4
         w, x = (
             _rand(out, n, dtype=torch.bfloat16, seed=7),
@@ -95,30 +95,46 @@ def test_the_portable_bfloat16_build_gives_the_vector_build_bits(tmp_path):
         )
         packed = cpu_gemv.pack(w)
         y = torch.empty(1, out, dtype=torch.bfloat16)
-        portable(packed.data_ptr(), x.data_ptr(), y.data_ptr(), out, n)
+        portable(packed.data_ptr(), x.data_ptr(), y.data_ptr(), out, n, 1)
         assert torch.equal(y, cpu_fused.gemv(packed, x, out))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_uses_the_kernel_for_one_row_only(dtype, monkeypatch):
+def test_packed_uses_the_kernel_for_a_few_rows_only(dtype, monkeypatch):
     w = _rand(64, 32, dtype=dtype, seed=9)
     odd = _rand(20, 32, dtype=dtype, seed=10)  # 20 rows: not a multiple of 16
     bias = _rand(64, dtype=dtype, seed=11)
     mm = Packed([w, odd], enabled=False, gemv=True).linear
     calls = []
     real = cpu_fused.gemv
-    monkeypatch.setattr(cpu_fused, "gemv", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
-    one, three = _rand(1, 32, dtype=dtype, seed=12), _rand(3, 32, dtype=dtype, seed=13)
+    monkeypatch.setattr(
+        cpu_fused, "gemv", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k)
+    )
+    one, few = _rand(1, 32, dtype=dtype, seed=12), _rand(GEMV_ROWS, 32, dtype=dtype, seed=13)
+    more = _rand(GEMV_ROWS + 1, 32, dtype=dtype, seed=14)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(mm(one, w), torch.nn.functional.linear(one, w), **tol)
-    assert calls == [64]
+    torch.testing.assert_close(mm(few, w), torch.nn.functional.linear(few, w), **tol)
+    assert calls == [1, GEMV_ROWS]
     for got, want in [
-        (mm(three, w), torch.nn.functional.linear(three, w)),  # three rows: torch
+        (mm(more, w), torch.nn.functional.linear(more, w)),  # more rows: torch
         (mm(one, w, bias), torch.nn.functional.linear(one, w, bias)),  # a bias: torch
         (mm(one, odd), torch.nn.functional.linear(one, odd)),  # not packable: torch
     ]:
         assert torch.equal(got, want)
-    assert calls == [64]
+    assert calls == [1, GEMV_ROWS]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("wide", [False, True])
+def test_each_row_gets_the_bits_it_gets_alone(dtype, wide):
+    w = _rand(960, 576, dtype=dtype, seed=15)
+    packed = cpu_gemv.pack(w)
+    for m in range(2, cpu_gemv.MAX_ROWS + 1):
+        x = _rand(m, 576, dtype=dtype, seed=16 + m)
+        together = cpu_fused.gemv(packed, x, 960, wide=wide)
+        alone = torch.cat([cpu_fused.gemv(packed, x[i : i + 1], 960, wide=wide) for i in range(m)])
+        assert together.shape == (m, 960) and torch.equal(together, alone)
 
 
 def test_switched_off_by_the_environment(monkeypatch):
@@ -228,8 +244,8 @@ def test_the_wide_bfloat16_product_is_the_product_widened():
     assert torch.equal(wide, cpu_fused.gemv(packed, x, 49152).float())
     mm = Packed([w], enabled=False, gemv=True).linear
     assert torch.equal(mm(x, w, float_out=True), wide)
-    three = _rand(3, 576, dtype=torch.bfloat16, seed=72)  # more rows: torch, then .float()
-    assert torch.equal(mm(three, w, float_out=True), torch.nn.functional.linear(three, w).float())
+    more = _rand(GEMV_ROWS + 1, 576, dtype=torch.bfloat16, seed=72)  # torch, then .float()
+    assert torch.equal(mm(more, w, float_out=True), torch.nn.functional.linear(more, w).float())
 
 
 @pytest.mark.parametrize(

@@ -54,10 +54,10 @@ _SIGNATURES = {
     "add_rms_norm": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32],
     "rotary_kv": [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR],
     "decode_attention": [_PTR, _PTR, _PTR, _PTR, _I64, _PTR] + [_I64] * 6 + [_F32, _PTR],
-    "gemv": [_PTR, _PTR, _PTR, _I64, _I64],
+    "gemv": [_PTR, _PTR, _PTR, _I64, _I64, _I64],
 }
 _ONE_TYPE = {  # name: (argtypes, restype), one C function each (cpu_gemv.py)
-    "gemv_bf16_wide": ([_PTR, _PTR, _PTR, _I64, _I64], None),
+    "gemv_bf16_wide": ([_PTR, _PTR, _PTR, _I64, _I64, _I64], None),
     "argmax_f32": ([_PTR, _I64], _I64),
     "release_openmp_team": ([], ctypes.c_int),
 }
@@ -240,18 +240,19 @@ def decode_attention(
 def gemv(
     packed: torch.Tensor, x: torch.Tensor, out_features: int, wide: bool = False
 ) -> torch.Tensor:
-    """y [1, out] = x [1, in] @ w.T for `packed` = cpu_gemv.pack(w), all of one dtype; with
-    `wide`, y in float32 (bf16 results widened: `(x @ w.T).float()`). The output rows split
-    over torch's threads (cpu_gemv.py)."""
-    assert x.dim() == 2 and x.shape[0] == 1 and packed.dtype == x.dtype
+    """y [M, out] = x [M, in] @ w.T (M <= cpu_gemv.MAX_ROWS) for `packed` = cpu_gemv.pack(w),
+    all of one dtype; with `wide`, y in float32 (bf16 results widened: `(x @ w.T).float()`).
+    Each row's result is the same whatever M; the output rows split over torch's threads."""
+    assert x.dim() == 2 and 1 <= x.shape[0] <= cpu_gemv.MAX_ROWS and packed.dtype == x.dtype
     x = x.contiguous()
+    m = x.shape[0]
     if wide and x.dtype == torch.bfloat16:
-        y = torch.empty(1, out_features, dtype=torch.float32)
+        y = torch.empty(m, out_features, dtype=torch.float32)
         fn = _fn("gemv_bf16_wide", None)
     else:
-        y = torch.empty(1, out_features, dtype=x.dtype)
+        y = torch.empty(m, out_features, dtype=x.dtype)
         fn = _fn("gemv", x.dtype)
-    fn(packed.data_ptr(), x.data_ptr(), y.data_ptr(), out_features, x.shape[1])
+    fn(packed.data_ptr(), x.data_ptr(), y.data_ptr(), out_features, x.shape[1], m)
     return y
 
 

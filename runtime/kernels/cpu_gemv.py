@@ -1,5 +1,7 @@
 """One-row projections on CPU (batch-1 decode, the LM head of one row): C source of a
-matrix-vector product over weights packed once at load time, and its Python side.
+matrix-vector product over weights packed once at load time, and its Python side. It takes
+up to MAX_ROWS rows (each row's result the same as alone); the engine gives it one
+(layers.GEMV_ROWS says why).
 
 A decode step of one request reads every weight once and does little else, so its speed is
 the rate at which the weights stream from memory. oneDNN's matmul for one row reads its
@@ -32,6 +34,7 @@ import torch
 from runtime.kernels import cpu_pool
 
 BLOCK = 16  # rows per block
+MAX_ROWS = 4  # inputs of at most this many rows take the kernel (more: oneDNN's matmul)
 MIN_PARALLEL = 1 << 16  # weights (elements) below which one thread does it all
 
 SOURCE = (
@@ -59,11 +62,9 @@ static inline uint16_t g_f2bf(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* blocks [b0, b1) of y = w x, float32, w packed [out/16][in][16] */
-static void gemv_blocks_f32(const float *w, const float *x, float *y, int64_t b0, int64_t b1,
-                            int64_t in) {
-    for (int64_t b = b0; b < b1; b++) {
-        const float *wb = w + b * 16 * in;
+/* one block of 16 rows (wb, packed [in][16]) times x, float32 */
+static inline void block_f32(const float *wb, const float *x, int64_t in, float *y) {
+    {
         g16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         int64_t k = 0;
         for (; k + 4 <= in; k += 4) {
@@ -74,17 +75,23 @@ static void gemv_blocks_f32(const float *w, const float *x, float *y, int64_t b0
         }
         for (; k < in; k++) a0 += gld(wb + k * 16) * x[k];
         g16f s = (a0 + a1) + (a2 + a3);
-        memcpy(y + b * 16, &s, sizeof s);
+        memcpy(y, &s, sizeof s);
     }
 }
 
-/* blocks [b0, b1) of y = w x, bfloat16, w packed [out/16][in/2][16][2] */
-static void gemv_blocks_bf16(const uint16_t *w, const uint16_t *x, void *y, int64_t b0,
-                             int64_t b1, int64_t in, int wide) {
+/* blocks [b0, b1) of y = x w^T for `rows` rows of x [rows, in] (y [rows, out]), float32, w
+   packed [out/16][in][16]; each row's sums as for one row, the block re-read from cache */
+static void gemv_blocks_f32(const float *w, const float *x, float *y, int64_t b0, int64_t b1,
+                            int64_t in, int64_t rows, int64_t out) {
+    for (int64_t b = b0; b < b1; b++)
+        for (int64_t m = 0; m < rows; m++)
+            block_f32(w + b * 16 * in, x + m * in, in, y + m * out + b * 16);
+}
+
+/* one block of 16 rows (wb, packed [in/2][16][2]) times x, bfloat16, the float32 sums in s */
+static inline void block_bf16(const uint16_t *wb, const uint16_t *x, int64_t in, float *s) {
     int64_t kp = in / 2;
-    for (int64_t b = b0; b < b1; b++) {
-        const uint16_t *wb = w + b * 16 * in;
-        float s[16];
+    {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
         int32_t x2[4];
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -127,22 +134,33 @@ static void gemv_blocks_bf16(const uint16_t *w, const uint16_t *x, void *y, int6
         g16f t = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         memcpy(s, &t, sizeof t);
 #endif
-        for (int r = 0; r < 16; r++) {
-            uint16_t h = g_f2bf(s[r]);
-            if (wide) { /* the bf16 value, widened to float32 (the LM head's logits) */
-                uint32_t u = (uint32_t)h << 16;
-                memcpy((float *)y + b * 16 + r, &u, 4);
-            } else {
-                ((uint16_t *)y)[b * 16 + r] = h;
+    }
+}
+
+/* as gemv_blocks_f32, bfloat16 (w packed [out/16][in/2][16][2]); with `wide`, y float32 */
+static void gemv_blocks_bf16(const uint16_t *w, const uint16_t *x, void *y, int64_t b0,
+                             int64_t b1, int64_t in, int64_t rows, int64_t out, int wide) {
+    float s[16];
+    for (int64_t b = b0; b < b1; b++)
+        for (int64_t m = 0; m < rows; m++) {
+            block_bf16(w + b * 16 * in, x + m * in, in, s);
+            for (int r = 0; r < 16; r++) {
+                uint16_t h = g_f2bf(s[r]);
+                int64_t at = m * out + b * 16 + r;
+                if (wide) { /* the bf16 value, widened to float32 (the LM head's logits) */
+                    uint32_t u = (uint32_t)h << 16;
+                    memcpy((float *)y + at, &u, 4);
+                } else {
+                    ((uint16_t *)y)[at] = h;
+                }
             }
         }
-    }
 }
 
 struct gemv_job {
     const void *w, *x;
     void *y;
-    int64_t blocks, in;
+    int64_t blocks, in, rows, out;
     int bf16, wide;
 };
 
@@ -151,28 +169,31 @@ static void gemv_part(void *p, int part, int parts) {
     int64_t b0 = j->blocks * part / parts, b1 = j->blocks * (part + 1) / parts;
     if (b0 >= b1) return;
     if (j->bf16)
-        gemv_blocks_bf16(j->w, j->x, j->y, b0, b1, j->in, j->wide);
+        gemv_blocks_bf16(j->w, j->x, j->y, b0, b1, j->in, j->rows, j->out, j->wide);
     else
-        gemv_blocks_f32(j->w, j->x, j->y, b0, b1, j->in);
+        gemv_blocks_f32(j->w, j->x, j->y, b0, b1, j->in, j->rows, j->out);
 }
 
-static void gemv_run(const void *w, const void *x, void *y, int64_t out, int64_t in, int bf16,
-                     int wide) {
-    struct gemv_job j = {w, x, y, out / 16, in, bf16, wide};
+static void gemv_run(const void *w, const void *x, void *y, int64_t out, int64_t in,
+                     int64_t rows, int bf16, int wide) {
+    struct gemv_job j = {w, x, y, out / 16, in, rows, out, bf16, wide};
     pool_run(gemv_part, &j, out * in < MIN_PAR ? 1 : pool_threads());
 }
 
-void gemv_f32(const float *w, const float *x, float *y, int64_t out, int64_t in) {
-    gemv_run(w, x, y, out, in, 0, 0);
+/* y [rows, out] = x [rows, in] w^T, w packed */
+void gemv_f32(const float *w, const float *x, float *y, int64_t out, int64_t in, int64_t rows) {
+    gemv_run(w, x, y, out, in, rows, 0, 0);
 }
 
-void gemv_bf16(const uint16_t *w, const uint16_t *x, uint16_t *y, int64_t out, int64_t in) {
-    gemv_run(w, x, y, out, in, 1, 0);
+void gemv_bf16(const uint16_t *w, const uint16_t *x, uint16_t *y, int64_t out, int64_t in,
+               int64_t rows) {
+    gemv_run(w, x, y, out, in, rows, 1, 0);
 }
 
 /* as gemv_bf16, the bf16 results written widened to float32 */
-void gemv_bf16_wide(const uint16_t *w, const uint16_t *x, float *y, int64_t out, int64_t in) {
-    gemv_run(w, x, y, out, in, 1, 1);
+void gemv_bf16_wide(const uint16_t *w, const uint16_t *x, float *y, int64_t out, int64_t in,
+                    int64_t rows) {
+    gemv_run(w, x, y, out, in, rows, 1, 1);
 }
 
 /* torch's argmax of one float32 row: the first index of the maximum, a NaN counting as the

@@ -41,6 +41,14 @@ def packing_enabled(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.float32
 
 
+# Inputs of at most this many rows take the matrix-vector kernel. It runs up to
+# cpu_gemv.MAX_ROWS, and with two threads measured faster than oneDNN there too (4 rows: 7.9
+# vs 11.0 ms a step's projections), but a decode step of 2-4 requests opens OpenMP regions
+# (attention, the argmax), whose spinning worker would compete with the kernel's pool for the
+# other core; one row opens none.
+GEMV_ROWS = 1
+
+
 def gemv_enabled(dtype: torch.dtype, device: torch.device) -> bool:
     """One-row projections through the packed CPU matrix-vector kernel (cpu_gemv.py) unless
     SGL_CPU_GEMV=0 or the fused CPU kernels are unavailable (read at model load)."""
@@ -50,15 +58,16 @@ def gemv_enabled(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 class Packed:
-    """Weights [out, in] with a oneDNN-reordered copy each and, for one-row inputs, a copy in
-    the CPU matrix-vector kernel's layout (both found by tensor identity), and `linear`, which
-    multiplies through one of them when there is one, else `F.linear`.
+    """Weights [out, in] with a oneDNN-reordered copy each and, for inputs of at most
+    GEMV_ROWS rows, a copy in the CPU matrix-vector kernel's layout (both found by
+    tensor identity), and `linear`, which multiplies through one of them when there is one,
+    else `F.linear`.
 
     Invariant: a weight is never modified after construction (the copies would go stale)."""
 
     def __init__(self, weights: list[torch.Tensor], enabled: bool, gemv: bool = False) -> None:
         self._packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # for one-row inputs
+        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # for few-row inputs
         if gemv:
             rows = list({id(w): w for w in weights if cpu_gemv.packable(w)}.values())
             for w, p in zip(rows, cpu_gemv.pack_all(rows), strict=True):
@@ -75,8 +84,9 @@ class Packed:
         bias: torch.Tensor | None = None,
         float_out: bool = False,
     ) -> torch.Tensor:
-        """x @ w.T (+ bias); with `float_out`, `.float()` of it (one row: in the same kernel)."""
-        if bias is None and x.dim() == 2 and x.shape[0] == 1:
+        """x @ w.T (+ bias); with `float_out`, `.float()` of it (up to GEMV_ROWS rows: in the same
+        kernel)."""
+        if bias is None and x.dim() == 2 and 1 <= x.shape[0] <= GEMV_ROWS:
             rows = self._rows.get(id(w))
             if rows is not None:
                 return cpu_fused.gemv(rows[1], x, w.shape[0], wide=float_out)
