@@ -24,7 +24,9 @@ from grammar.errors import GrammarError
 _COPY_FROM = 8  # counted repetitions with more copies than this copy a built block
 _LAZY_FROM = 64  # bounded ones with more copies than this make their copies on first read
 EAGER_STRUCTURES = 1500  # a lazy build of a tree of at most this many structures starts eager
-EAGER_WORK = 20_000  # ... and builds at most this many nodes before it defers
+EAGER_WORK = 20_000  # ... and builds at most this many nodes before it defers,
+EAGER_STATES = 150_000  # or this many states; and it defers repetitions of over
+EAGER_COPIES = 1000  # this many copies (a maxLength 32767 string's copies reserve ~1M ids)
 
 
 def parse_regex(pattern: str) -> ip.Pattern:
@@ -138,6 +140,7 @@ class NFA:
         except RecursionError:
             raise GrammarError("regex too deeply nested") from None
         finally:
+            self._structures.forget()  # ids of the tree's nodes: the tree may go
             if not self._pending:
                 self._reset_tables()
 
@@ -161,7 +164,10 @@ class NFA:
                 else:
                     s = self._chars(t[1], t[2], k)
             elif (
-                tag in "|rl" and self._lazy and not self._eager and self._work >= self._defer_after
+                tag in "|rl"
+                and self._lazy
+                and not self._eager
+                and (self._work >= self._defer_after or tag == "r" and (t[3] or 0) > EAGER_COPIES)
             ):
                 if tag == "|" and len(t) == 2:
                     s = self._build(t[1], k)
@@ -203,7 +209,10 @@ class NFA:
             self.eps[s] = targets
             return s
         if tag == "r":
-            return self._repeat(t[1], t[2], t[3], k)
+            s = self._repeat(t[1], t[2], t[3], k)
+            if self._defer_after and len(self.eps) > EAGER_STATES:
+                self._defer_after = self._work  # the eager start ends here: the rest defers
+            return s
         if tag == "c":
             return self._chars(t[1], t[2], k)
         if tag == ".":
@@ -317,6 +326,8 @@ class NFA:
             if isinstance(e, RecursionError):
                 raise GrammarError("regex too deeply nested") from None
             raise
+        finally:
+            self._structures.forget()  # what a Deferred built here may go
         if not self._pending:  # the whole tree is built: the builder's tables can go
             self._reset_tables()
 

@@ -66,22 +66,28 @@ class Structures:
         self.weight = 0  # structures the Deferred keyed so far stand for (their `weight`)
         self.dead_end_possible = False
         self._ids: dict[int, int] = {}  # id(node) -> key, while a tree is keyed
+        self._held: list[object] = []  # expanded trees, alive while their ids are remembered
 
     def key_tree(self, tree: object) -> int:
-        """The key of `tree`, every node in it keyed (node ids are forgotten after: the tree
-        may go)."""
-        try:
-            return self._key(tree)
-        finally:
-            self._ids = {}
+        """The key of `tree`, every node in it keyed. Node ids are remembered until `forget`:
+        the caller holds the tree alive until then."""
+        return self._key(tree)
 
     def expand(self, k: int) -> int:
-        """The key of the subtree the Deferred keyed `k` stands for (built on first call)."""
+        """The key of the subtree the Deferred keyed `k` stands for (built on first call; held
+        until `forget`, so that later expansions see its shared pieces keyed)."""
         out = self.expanded.get(k)
         if out is None:
-            out = self.expanded[k] = self.key_tree(self.deferred[k].build())
+            tree = self.deferred[k].build()
+            self._held.append(tree)
+            out = self.expanded[k] = self._key(tree)
             del self.deferred[k]  # built: its subtree's structures are all that is needed
         return out
+
+    def forget(self) -> None:
+        """Drop the node ids (and the expanded trees held for them): the trees may go."""
+        self._ids = {}
+        self._held = []
 
     def _key(self, node: object) -> int:
         ids = self._ids

@@ -232,7 +232,7 @@ def deferred_string_except(names: list[str], string_char: Node) -> Node:
         ("names", frozenset(names)),
         (string_char,),
         lambda: string_except(names, string_char),
-        2 * sum(map(len, names)) + 8,
+        2 * (sum(map(len, names)) + len(names)) + 16,  # ~ its structures, rounded up
     )
 
 
