@@ -15,6 +15,7 @@ from runtime.kernels import cpu_fused, cpu_gemv
 from runtime.models.layers import GEMV_ROWS, Packed, gemv_enabled
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
+from runtime.scheduling.sampling import greedy_tokens
 from tests._runtime_fixtures import make_tiny_model
 from tests.test_models_fused_cpu import _decode_run
 
@@ -263,6 +264,7 @@ def test_the_wide_bfloat16_product_is_the_product_widened():
 def test_argmax_of_one_row_is_torchs(row):
     logits = torch.tensor([row], dtype=torch.float32)
     assert torch.equal(cpu_fused.argmax_row(logits), logits.argmax(dim=-1))
+    assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))  # the sampler's one row
 
 
 def test_the_thread_that_loaded_a_model_gives_back_its_openmp_team():

@@ -74,10 +74,6 @@ def _truncate(logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
 _ARGMAX_CHUNK = 1024
 
 
-def _fused_argmax() -> bool:
-    return cpu_fused.available(torch.float32)
-
-
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(-1)` for [N, V] (the first index of each row's maximum), ~6x faster on CPU:
     torch's argmax over a long row is a scalar loop, its max-reduction is vectorised. So: the
@@ -85,7 +81,8 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     argmax inside that chunk alone (and the ragged tail beside it). One CPU row: a C loop
     (cpu_fused.argmax_row), which opens no OpenMP region."""
     n, v = logits.shape
-    if n == 1 and v and logits.dtype == torch.float32 and not logits.is_cuda and _fused_argmax():
+    one_cpu_row = n == 1 and logits.dtype == torch.float32 and not logits.is_cuda
+    if one_cpu_row and v and cpu_fused.available(torch.float32):
         return cpu_fused.argmax_row(logits)
     k = v // _ARGMAX_CHUNK
     if k < 4 or not logits.is_contiguous() or logits.is_cuda:
