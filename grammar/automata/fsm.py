@@ -389,26 +389,32 @@ def _prune_dead_ends(
     """Send transitions into states that cannot reach acceptance to DEAD. `into`: the
     table's `edges_into` (several pruning passes over one table share it)."""
     src_sorted, starts = edges_into(table) if into is None else into
-    live = accepting.copy()
+    # a walk back from the accepting states over Python lists (a numpy slice per state
+    # costs more than its few edges)
+    sources, bounds = src_sorted.tolist(), starts.tolist()
+    live = accepting.tolist()
     live[DEAD] = False
-    stack = list(np.nonzero(live)[0])
+    stack = [x for x in np.flatnonzero(accepting).tolist() if x != DEAD]
     while stack:
         x = stack.pop()
-        for p in src_sorted[starts[x] : starts[x + 1]].tolist():
+        for p in sources[bounds[x] : bounds[x + 1]]:
             if not live[p]:
                 live[p] = True
                 stack.append(p)
-    if live[1:].all():
+    if all(live[1:]):
         return table, accepting
-    table = np.where(live[table], table, DEAD).astype(np.int32)
-    table[~live] = DEAD
-    return table, accepting & live
+    alive = np.array(live, dtype=bool)
+    table = np.where(alive[table], table, DEAD).astype(np.int32)
+    table[~alive] = DEAD
+    return table, accepting & alive
 
 
 def edges_into(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The table's edges by target: (sources sorted by target, where each target's start)."""
-    n = table.shape[0]
-    src = np.repeat(np.arange(n), table.shape[1])
-    dst = table.reshape(-1)
-    order = np.argsort(dst)  # (the order of sources within one target does not matter)
-    return src[order], np.searchsorted(dst[order], np.arange(n + 1))
+    """The table's edges by target, each (source, target) pair once and none into DEAD (what
+    pruning follows): (sources sorted by target, where each target's start)."""
+    n, n_cls = table.shape
+    flat = table.reshape(-1).astype(np.int64)
+    keep = np.flatnonzero(flat)  # edges into DEAD never make a state live
+    pairs = np.unique(flat[keep] * n + keep // n_cls)  # by target, then source
+    dst = pairs // n
+    return pairs - dst * n, np.searchsorted(dst, np.arange(n + 1))
