@@ -261,6 +261,8 @@ def argmax_row(logits: torch.Tensor) -> torch.Tensor:
     a long row opens an OpenMP region, whose spinning worker would hold the other core while
     the next step's projections want it (cpu_pool.py)."""
     assert logits.dim() == 2 and logits.shape[0] == 1 and logits.dtype == torch.float32
+    if logits.shape[1] == 0:
+        raise ValueError("argmax of an empty row")
     logits = logits.contiguous()
     return torch.tensor([_fn("argmax_f32", None)(logits.data_ptr(), logits.shape[1])])
 
