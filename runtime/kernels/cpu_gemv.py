@@ -32,6 +32,7 @@ import mmap
 import torch
 
 from runtime.kernels import cpu_pool
+from runtime.kernels.cpu_source import PRELUDE
 
 BLOCK = 16  # rows per block
 MAX_ROWS = 4  # inputs of at most this many rows take the kernel (more: oneDNN's matmul)
@@ -39,6 +40,7 @@ MIN_PARALLEL = 1 << 16  # weights (elements) below which one thread does it all
 
 SOURCE = (
     cpu_pool.SOURCE
+    + PRELUDE  # bf2f / f2bf: torch's bfloat16 conversions
     + r"""
 #include <stdint.h>
 #include <string.h>
@@ -54,13 +56,6 @@ static inline g16f gld(const float *p) {
     return v;
 }
 
-static inline uint16_t g_f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* one block of 16 rows (wb, packed [in][16]) times x, float32 */
 static inline void block_f32(const float *wb, const float *x, int64_t in, float *y) {
@@ -117,15 +112,10 @@ static inline void block_bf16(const uint16_t *wb, const uint16_t *x, int64_t in,
         g16f acc[4] = {{0}, {0}, {0}, {0}};
         int64_t kp4 = kp / 4 * 4; /* the inputs past it go to the first partial sum */
         for (int64_t k = 0; k < kp; k++) {
-            float lo, hi, wl[16], wh[16];
-            uint32_t u = (uint32_t)x[2 * k] << 16, v = (uint32_t)x[2 * k + 1] << 16;
-            memcpy(&lo, &u, 4);
-            memcpy(&hi, &v, 4);
+            float lo = bf2f(x[2 * k]), hi = bf2f(x[2 * k + 1]), wl[16], wh[16];
             for (int r = 0; r < 16; r++) {
-                uint32_t p = (uint32_t)wb[k * 32 + 2 * r] << 16;
-                uint32_t q = (uint32_t)wb[k * 32 + 2 * r + 1] << 16;
-                memcpy(&wl[r], &p, 4);
-                memcpy(&wh[r], &q, 4);
+                wl[r] = bf2f(wb[k * 32 + 2 * r]);
+                wh[r] = bf2f(wb[k * 32 + 2 * r + 1]);
             }
             /* vdpbf16ps's order: the odd input's product first (products of bf16 are exact) */
             int j = k < kp4 ? (int)(k & 3) : 0;
@@ -145,14 +135,12 @@ static void gemv_blocks_bf16(const uint16_t *w, const uint16_t *x, void *y, int6
         for (int64_t m = 0; m < rows; m++) {
             block_bf16(w + b * 16 * in, x + m * in, in, s);
             for (int r = 0; r < 16; r++) {
-                uint16_t h = g_f2bf(s[r]);
+                uint16_t h = f2bf(s[r]);
                 int64_t at = m * out + b * 16 + r;
-                if (wide) { /* the bf16 value, widened to float32 (the LM head's logits) */
-                    uint32_t u = (uint32_t)h << 16;
-                    memcpy((float *)y + at, &u, 4);
-                } else {
+                if (wide) /* the bf16 value, widened to float32 (the LM head's logits) */
+                    ((float *)y)[at] = bf2f(h);
+                else
                     ((uint16_t *)y)[at] = h;
-                }
             }
         }
 }
