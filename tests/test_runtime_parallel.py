@@ -107,6 +107,41 @@ def test_a_dead_rank_ends_requests_with_an_error_and_stops_the_others(llama):
         e.shutdown()
 
 
+class _Exited:
+    """Stands in for a worker's Popen: exited with `code` (None: still running)."""
+
+    def __init__(self, pid: int, code: int | None, log: bytes) -> None:
+        import tempfile
+
+        self.pid, self.code = pid, code
+        self.log = tempfile.TemporaryFile()
+        self.log.write(log)
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+def test_the_rank_that_died_is_named_not_the_ranks_it_took_down():
+    """A rank whose gloo peer vanished exits with PEER_LOST; the driver names the one that died
+    (here rank 3, killed), whichever rank number is lower, and a PEER_LOST rank only alone."""
+    from runtime.workers.driver import ParallelModel
+    from runtime.workers.worker import PEER_LOST
+
+    def failure(*ranks: _Exited) -> str | None:
+        model = object.__new__(ParallelModel)
+        model.procs, model.logs = list(ranks), [r.log for r in ranks]
+        return model._dead_worker()
+
+    lost = _Exited(11, PEER_LOST, b"rank 1: a peer's connection closed")
+    running = _Exited(12, None, b"")
+    killed = _Exited(13, -9, b"")
+    assert failure(lost, running, killed).startswith("rank 3 (pid 13) exited with -9")
+    assert failure(lost, running).startswith(f"rank 1 (pid 11) exited with {PEER_LOST}")
+    assert failure(running, running) is None
+    crashed = _Exited(14, 1, b"Traceback: ValueError")
+    assert "rank 2 (pid 14) exited with 1: Traceback: ValueError" in failure(lost, crashed)
+
+
 @pytest.mark.parametrize(
     "kind, sizes, message",
     [

@@ -31,7 +31,7 @@ from runtime.models.forward_batch import ForwardBatch
 from runtime.parallel.shard import validate
 from runtime.workers.layout import Layout
 from runtime.workers.microbatch import split
-from runtime.workers.worker import spawn
+from runtime.workers.worker import PEER_LOST, spawn
 
 logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 300
@@ -109,19 +109,24 @@ class ParallelModel:
             raise WorkerError(f"joining the workers failed: {outcome[0]!r}") from outcome[0]
 
     def _dead_worker(self, wait: float = 0.0) -> str | None:
-        """Which rank has exited and how (waiting up to `wait` s for one to be seen)."""
+        """Which rank has exited and how (waiting up to `wait` s for one to be seen). A rank
+        that exited because a peer's connection closed (`PEER_LOST`) is named only when no
+        other rank has exited: the one that died first is the cause."""
         deadline = time.monotonic() + wait
-        while wait and time.monotonic() < deadline:
-            if any(proc.poll() is not None for proc in self.procs):
+        while True:
+            codes = [proc.poll() for proc in self.procs]
+            causes = [c for c in codes if c is not None and c != PEER_LOST]
+            if causes or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
-        for rank, (proc, log) in enumerate(zip(self.procs, self.logs, strict=True), 1):
-            code = proc.poll()
-            if code is not None:
-                log.seek(0)
-                tail = log.read().decode(errors="replace")[-2000:].strip()
-                return f"rank {rank} (pid {proc.pid}) exited with {code}: {tail}"
-        return None
+        exited = [(rank, code) for rank, code in enumerate(codes, 1) if code is not None]
+        if not exited:
+            return None
+        rank, code = min(exited, key=lambda rc: rc[1] == PEER_LOST)  # a cause, else the first
+        proc, log = self.procs[rank - 1], self.logs[rank - 1]
+        log.seek(0)
+        tail = log.read().decode(errors="replace")[-2000:].strip()
+        return f"rank {rank} (pid {proc.pid}) exited with {code}: {tail}"
 
     def _watch(self) -> None:
         """Any rank dying stops the others: a step in flight then fails instead of waiting."""

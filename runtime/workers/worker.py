@@ -4,7 +4,8 @@ Commands (broadcast from rank 0 as Python objects): ("forward", [ForwardBatch, .
 this rank's part of each micro-batch in turn, the last stage's first rank sending each one's
 logits to rank 0; ("set", name, value): set
 a model attribute (e.g. MLA's `absorb`); ("stop",): leave. Any error ends the process, which
-the driver sees as a failed step.
+the driver sees as a failed step. A rank whose peer vanished (gloo: "Connection closed by
+peer") exits with `PEER_LOST`, so the driver names the rank that died, not those it took down.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from runtime.workers.layout import Layout
 
 logger = logging.getLogger(__name__)
 TIMEOUT = timedelta(minutes=10)
+PEER_LOST = 75  # exit status of a rank that stopped because another rank's connection closed
+# what gloo's TCP transport says when the other end of a pair is gone
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
 def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int) -> None:
@@ -101,7 +105,13 @@ def _cli() -> None:
 
     job = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.WARNING)
-    main(job["rank"], Layout(**job["layout"]), job["addr"], job["model"], job["threads"])
+    try:
+        main(job["rank"], Layout(**job["layout"]), job["addr"], job["model"], job["threads"])
+    except RuntimeError as exc:
+        if not any(text in str(exc) for text in _PEER_GONE):
+            raise
+        print(f"rank {job['rank']}: a peer's connection closed: {exc}", file=sys.stderr)
+        sys.exit(PEER_LOST)
 
 
 if __name__ == "__main__":
