@@ -19,6 +19,8 @@ from runtime import kernels
 MIN_SHARED_PAGES = 2  # below this the grouping costs more than it saves
 MIN_SHARED_TO_TAIL = 2  # the shared prefix must be at least this many times the longest tail
 MIN_TOKENS_SAVED = 2048  # K/V token reads a group must save (measured on CPU)
+# torch's CPU flash attention, which also returns the log-sum-exp of each query's scores
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 @dataclass(slots=True)
@@ -105,6 +107,21 @@ def attend_with_lse(
     return out, lse
 
 
+def attend_all(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every query against every key (no mask), through torch's CPU flash attention: (out
+    [T, Hq, D] in q's dtype, lse [T, Hq] float32) for q [T, Hq, D], k, v [L, Hkv, D]. The query
+    heads of one KV head are stacked along the query axis: K/V are read as they are."""
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    qs = q.view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(1, hkv, g * t, d)
+    out, lse = _flash(qs, k.transpose(0, 1)[None], v.transpose(0, 1)[None], scale=scale)
+    out = out.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
+    return out, lse.view(hkv, g, t).permute(2, 0, 1).reshape(t, hq)
+
+
 def _merge(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
     """Combine two attention halves over disjoint key sets from their outputs and lses."""
     top = torch.maximum(l1, l2)
@@ -129,9 +146,9 @@ def cascade_decode_attention(
     v_flat = v_pool.view(-1, *v_pool.shape[2:])
     for grp in plan.groups:
         qg = q[grp.rows]  # [G, Hq, D]
-        ks = k_flat.index_select(0, grp.shared_slots)[None]  # index_select: faster than []
-        vs = v_flat.index_select(0, grp.shared_slots)[None]
-        o1, l1 = attend_with_lse(qg[None], ks, vs, None, scale)  # all G queries at once
+        ks = k_flat.index_select(0, grp.shared_slots)  # index_select: faster than []
+        vs = v_flat.index_select(0, grp.shared_slots)
+        o1, l1 = attend_all(qg, ks, vs, scale)  # all G queries at once
         tail_len = int(grp.tail_lens.max())
         pages = grp.tail_page_table[:, : -(-tail_len // ps)].long()
         slots = (pages[:, :, None] * ps + torch.arange(ps)).reshape(len(grp.rows), -1)[:, :tail_len]
@@ -141,7 +158,7 @@ def cascade_decode_attention(
         kt = k_flat.index_select(0, flat).view(*slots.shape, *k_flat.shape[1:])
         vt = v_flat.index_select(0, flat).view(*slots.shape, *v_flat.shape[1:])
         o2, l2 = attend_with_lse(qg[:, None], kt, vt, valid, scale)
-        out[grp.rows] = _merge(o1[0], l1[0], o2[:, 0], l2[:, 0]).to(q.dtype)
+        out[grp.rows] = _merge(o1.float(), l1, o2[:, 0], l2[:, 0]).to(q.dtype)
     if plan.single_rows.numel():
         rows = plan.single_rows
         out[rows] = kernels.paged_decode_attention(

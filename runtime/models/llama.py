@@ -19,6 +19,8 @@ from runtime.errors import UnsupportedModelError
 from runtime.kernels import cpu_fused
 from runtime.kernels.cascade import cascade_decode_attention, plan_cascade
 from runtime.kernels.decode_plan import plan_decode, planned_decode_attention
+from runtime.kernels.prefix_extend import plan_prefix_extend, prefix_extend_attention
+from runtime.kernels.prefix_extend import enabled as prefix_extend_enabled
 from runtime.kernels.short_extend import plan_short_extend, short_extend_attention
 from runtime.memory.kv_pool import KVPool
 from runtime.models.forward_batch import ForwardBatch
@@ -192,12 +194,16 @@ class LlamaModel:
                 batch.decode_page_table, batch.decode_seq_lens, pool.page_size,
                 pool.k[0].shape[0],
             )  # fmt: skip
-        short = None
+        short = split = None  # the CPU's extend paths, planned once for all layers
         if t > nd and not hidden.is_cuda:
-            short = plan_short_extend(
-                batch.extend_page_table, batch.extend_prefix_lens, batch.extend_lens,
-                pool.page_size,
-            )  # fmt: skip
+            split = self._plan_extend(batch, pool.page_size, shared_only=True)
+            if split is None:
+                short = plan_short_extend(
+                    batch.extend_page_table, batch.extend_prefix_lens, batch.extend_lens,
+                    pool.page_size,
+                )  # fmt: skip
+            if split is None and short is None:
+                split = self._plan_extend(batch, pool.page_size)
         add_norm = self._add_norm
         residual: tuple[torch.Tensor, torch.Tensor | None] | None = None  # not yet in hidden
         for li, layer in enumerate(self.layers):
@@ -243,7 +249,9 @@ class LlamaModel:
                         self.scale,
                     )
                 )
-            if short is not None:
+            if split is not None:
+                parts.append(prefix_extend_attention(q[nd:], k_pool, v_pool, self.scale, split))
+            elif short is not None:
                 parts.append(short_extend_attention(q[nd:], k_pool, v_pool, self.scale, short))
             elif t > nd:
                 parts.append(
@@ -269,6 +277,14 @@ class LlamaModel:
             out, bias = residual
             hidden = hidden + (out if bias is None else out + bias)
         return self.finish(hidden, batch)
+
+    def _plan_extend(self, batch: ForwardBatch, page_size: int, shared_only: bool = False):
+        if not prefix_extend_enabled():
+            return None
+        return plan_prefix_extend(
+            batch.extend_page_table, batch.extend_prefix_lens, batch.extend_lens, page_size,
+            self.num_heads // self.num_kv_heads, shared_only=shared_only,
+        )  # fmt: skip
 
     def _add_norm(
         self,
