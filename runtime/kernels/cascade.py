@@ -27,8 +27,8 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 class CascadeGroup:
     rows: torch.Tensor  # [G] rows of the decode batch
     shared_slots: torch.Tensor  # [Ls] flat pool slots of the shared prefix
-    tail_page_table: torch.Tensor  # [G, P] pages after the shared ones
-    tail_lens: torch.Tensor  # [G]
+    tail_slots: torch.Tensor  # [G, Lt] flat pool slots after the shared pages (0 past a tail)
+    tail_valid: torch.Tensor  # [G, Lt] bool: a key of the member's tail
 
 
 @dataclass(slots=True)
@@ -73,11 +73,22 @@ def plan_cascade(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: in
             continue
         pages = pt[0, :shared].long()
         slots = (pages[:, None] * page_size + torch.arange(page_size)).reshape(-1)
-        groups.append(
-            CascadeGroup(idx, slots, pt[:, shared:].contiguous(), lens[idx] - shared * page_size)
-        )
+        groups.append(CascadeGroup(idx, slots, *_tails(pt[:, shared:], lens[idx] - shared_tokens,
+                                                       page_size)))  # fmt: skip
     del b
     return CascadePlan(groups, torch.tensor(sorted(singles), dtype=torch.long))
+
+
+def _tails(
+    pages: torch.Tensor, tail_lens: torch.Tensor, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each member's tail keys as flat pool slots (0 where past its length) and their mask."""
+    tail_len = int(tail_lens.max())
+    pages = pages[:, : -(-tail_len // page_size)].long()
+    slots = (pages[:, :, None] * page_size + torch.arange(page_size)).reshape(len(pages), -1)
+    slots = slots[:, :tail_len]
+    valid = torch.arange(tail_len)[None, :] < tail_lens[:, None]
+    return torch.where(valid, slots, torch.zeros_like(slots)), valid
 
 
 def attend_with_lse(
@@ -141,7 +152,6 @@ def cascade_decode_attention(
 ) -> torch.Tensor:
     """Same result as `kernels.paged_decode_attention`, sharing reads of common prefixes."""
     out = torch.empty_like(q)
-    ps = k_pool.shape[1]
     k_flat = k_pool.view(-1, *k_pool.shape[2:])
     v_flat = v_pool.view(-1, *v_pool.shape[2:])
     for grp in plan.groups:
@@ -149,11 +159,7 @@ def cascade_decode_attention(
         ks = k_flat.index_select(0, grp.shared_slots)  # index_select: faster than []
         vs = v_flat.index_select(0, grp.shared_slots)
         o1, l1 = attend_all(qg, ks, vs, scale)  # all G queries at once
-        tail_len = int(grp.tail_lens.max())
-        pages = grp.tail_page_table[:, : -(-tail_len // ps)].long()
-        slots = (pages[:, :, None] * ps + torch.arange(ps)).reshape(len(grp.rows), -1)[:, :tail_len]
-        valid = torch.arange(tail_len)[None, :] < grp.tail_lens[:, None]
-        slots = torch.where(valid, slots, torch.zeros_like(slots))
+        slots, valid = grp.tail_slots, grp.tail_valid  # the same for every layer
         flat = slots.reshape(-1)
         kt = k_flat.index_select(0, flat).view(*slots.shape, *k_flat.shape[1:])
         vt = v_flat.index_select(0, flat).view(*slots.shape, *v_flat.shape[1:])
