@@ -5,6 +5,11 @@ every distinct token through the DFA in lockstep over byte position with numpy g
 sorted longest first, so the ones still walking at position p are a contiguous prefix); once
 few tokens survive, it walks only the survivors. Over a LazyDFA a gather may read a row not
 built yet (UNEXPANDED, negative): those states are expanded and the gather redone.
+
+Where a C compiler is found (`native`), the walks of a state's own tokens go through a trie of
+the vocabulary in C instead (pruned where the DFA dies; the same bits): the generic walk, the
+tokens `_like` does not borrow, and the tokens that leave a self-looping state (a trie of their
+suffixes). The shared sets (transparent, chains, shapes, `_like`) stay: they skip most tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import numpy as np
 
 from grammar.automata.fsm import DEAD, ByteDFA
 from grammar.automata.lazy_dfa import LazyDFA
+from grammar.tokens import native
 from grammar.tokens.chains import MAX_FOLLOW, Chains, chain_layout
 from grammar.tokens.loops import Suffixes, loops_on_all_characters, transparent_set
 from grammar.tokens.shifts import CopyShapes
@@ -28,6 +34,7 @@ _SHARED_UP_TO = (16, 24, 32, 48, 64, 96, 128)
 
 
 _least = np.minimum.reduce
+_NO_ROWS = np.zeros(0, dtype=np.int64)
 _AT_MOST = 1024  # bits set one by one up to this many; more: through a bool array, packed
 
 
@@ -88,6 +95,7 @@ class TokenIndex:
         self._lives = dfa.lives if self._lazy else lambda s, data: dfa.walk(s, data) != DEAD
         self._shapes = CopyShapes(dfa) if self._lazy else None
         self._by_shape: dict[tuple, tuple[np.ndarray, int]] = {}  # shape key -> (mask, dist)
+        self._trie = native.trie_of(vocab)  # None: no C walk (numpy walks only)
 
     def bitmask(self, state: int, _depth: int = 0) -> np.ndarray:
         words = self._masks.get(state)
@@ -134,19 +142,20 @@ class TokenIndex:
     def states_computed(self) -> int:
         return len(self._masks)
 
-    def _transparent(self, state: int) -> tuple[np.ndarray, Suffixes | np.ndarray] | None:
+    def _transparent(self, state: int) -> tuple[np.ndarray, Suffixes | np.ndarray, tuple] | None:
         """Tokens that surely walk from `state` back to `state` (e.g. plain text inside a JSON
         string): every ASCII byte is a self-loop, and so is every whole non-ASCII character
         when the state loops on all of them. None when that is a small minority; else (their
         packed id bits, the other tokens: as Suffixes when few, else their rows). The sets
         depend only on which bytes loop, so they are kept per vocabulary (every JSON string in
-        every schema has the same ones)."""
+        every schema has the same ones); the third item is their key there."""
         loops = self.row(state) == state
         if np.count_nonzero(loops[:128]) < 64:
             return None
         all_chars = loops_on_all_characters(self.dfa, state)
         key = ("transparent", np.packbits(loops[:128]).tobytes(), all_chars)
-        return self.vocab.derived(key, lambda: transparent_set(self, loops, all_chars))
+        words, others = self.vocab.derived(key, lambda: transparent_set(self, loops, all_chars))
+        return words, others, key
 
     def _allowed(self, state: int, depth: int) -> tuple[np.ndarray | None, np.ndarray]:
         """The tokens that walk from `state` without dying: (packed id bits of a shared set,
@@ -154,9 +163,19 @@ class TokenIndex:
         prep = self.prepared
         transparent = self._transparent(state)
         if transparent is not None:
-            words, others = transparent
+            words, others, key = transparent
             if not isinstance(others, Suffixes):
                 return words, self._allowed_sparse(state, others)
+            trie = None
+            if self._trie is not None:  # the others' suffixes as a trie, walked in C
+                trie = self.vocab.derived(
+                    (*key, "trie"), lambda: native.suffix_trie(self._trie, others)
+                )
+            if trie is not None:
+                words = words.view("<u4").copy()
+                if native.walk(trie, self.dfa, state, words):
+                    return words.view("<i4"), _NO_ROWS
+                words = transparent[0]
             cur = self._class_row(state)[self._cls(others.columns[0])]
             alive = self._walk_rows(np.arange(cur.shape[0]), cur, 1, others)
             return words, csr_take(others.start, others.rows, alive)
@@ -166,6 +185,10 @@ class TokenIndex:
         chain = self._chain(state)
         if chain is not None:
             return chain
+        if self._trie is not None:  # a pruned walk in C
+            words = np.zeros(self.num_words, dtype=np.uint32)
+            if native.walk(self._trie, self.dfa, state, words):
+                return words.view("<i4"), _NO_ROWS
         # first bytes that live: if their tokens are few, walk only those
         live = self.row(state) != DEAD
         rows = self.vocab.derived(("first", np.packbits(live).tobytes()), lambda: self._led(live))
@@ -228,6 +251,8 @@ class TokenIndex:
             gone_rows = rows
         words = self.bitmask(ref, depth + 1).view("<u4").copy()
         clear_bits(words, np.concatenate([self.vocab.ids_of_rows(gone_rows), self._eos]))
+        if self._trie is not None and native.walk(self._trie, self.dfa, state, words, walked):
+            return words.view("<i4"), _NO_ROWS
         return words.view("<i4"), self._allowed_sparse(state, rows)
 
     def _chain(self, state: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -1,0 +1,301 @@
+"""A first-visit mask in C: the vocabulary's distinct token byte strings as a trie, walked depth
+first through a DFA's transition table, pruned where the DFA dies; every token whose bytes all
+survive gets its id bits set. A pruned walk visits each live token prefix once (a handful of
+nanoseconds a node), where the numpy walks pay ~10 calls per byte position.
+
+Over a LazyDFA the entry a node reads may not be built yet (UNEXPANDED, negative, or a state
+past the end of the table array read): C cannot build rows, so it skips that node's subtree and
+returns the (node, parent state) pairs it skipped; `walk` builds those rows in Python, re-reads
+the table (a lazy one is replaced as it grows) and resumes only the skipped subtrees, until
+none is left. (Building only the entries read, not whole rows, was tried: no faster, as most
+of those rows are read whole later.)
+
+The unit is compiled on first use with the system C compiler (as runtime's CPU kernels are:
+cached under $SGL_NATIVE_CACHE, default ~/.cache/sgl-native, keyed by the source, the flags
+and the CPU) and called through ctypes, which releases the GIL. `trie_of(vocab)` is None (and
+the token index keeps its numpy walks) when SGL_GRAMMAR_NATIVE=0, when no compiler is found or
+the build fails, or when a token is longer than the walk's stack.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from grammar.tokens.loops import Suffixes
+from grammar.tokens.vocab import TokenVocabulary, csr_take
+
+logger = logging.getLogger(__name__)
+
+MAX_DEPTH = 4096  # bytes of the longest token the walk's stack holds
+_PENDING = 1 << 15  # skipped (node, state) tasks one call may return; more: numpy path
+
+SOURCE = r"""
+#include <stdint.h>
+
+#define MAX_DEPTH 4096
+
+/* one trie node, in preorder: its subtree is nodes [i, end); row: the token row ending here
+   (-1: a prefix only); byte: the edge from its parent; depth: bytes from the root */
+typedef struct { int32_t end; int32_t row; int32_t depth; int32_t byte; } node_t;
+
+/* The trie of n distinct byte strings sorted lexicographically (string k: data[off[k] ..
+   off[k + 1]], its row rows[k]) into nodes (room for cap); returns the node count, or -1. */
+int64_t trie_build(const uint8_t *data, const int64_t *off, const int64_t *rows, int64_t n,
+                   node_t *nodes, int64_t cap) {
+    static __thread int32_t stack[MAX_DEPTH + 1];
+    int64_t count = 1, top = 0, plen = 0;
+    const uint8_t *prev = 0;
+    nodes[0].end = 0; nodes[0].row = -1; nodes[0].depth = 0; nodes[0].byte = 0;
+    stack[0] = 0;
+    for (int64_t k = 0; k < n; k++) {
+        const uint8_t *s = data + off[k];
+        int64_t len = off[k + 1] - off[k], l = 0;
+        if (len > MAX_DEPTH) return -1;
+        while (l < len && l < plen && prev[l] == s[l]) l++;
+        while (top > l) nodes[stack[top--]].end = (int32_t)count;  /* subtrees left behind */
+        for (int64_t j = l; j < len; j++) {
+            if (count >= cap) return -1;
+            node_t *x = nodes + count;
+            x->row = -1; x->depth = (int32_t)(j + 1); x->byte = s[j];
+            stack[++top] = (int32_t)count++;
+        }
+        nodes[count - 1].row = (int32_t)rows[k];
+        prev = s; plen = len;
+    }
+    while (top >= 0) nodes[stack[top--]].end = (int32_t)count;
+    return count;
+}
+
+/* Walk each task (node a, state s) through the DFA: a = 0, the root's subtree from state s;
+   else node a and its subtree, s the state before a's byte. A node reads
+   table[parent_state * n_cls + class(byte)] (class: b2c[byte], or the byte itself when b2c
+   is null); DEAD (0) prunes its subtree; a live node's token ids (row_ids[row_start[row] ..
+   row_start[row + 1]]) get their bit set in words. first_ok (when not null) says which first
+   bytes are walked at all. An entry not built (negative, or a state at or past n_rows) is
+   returned in pending as the task (node, parent state), its subtree skipped. Returns the
+   pending tasks, or -1 when more than cap. */
+int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int64_t n_cls,
+                  const int32_t *b2c, const uint8_t *first_ok, const int64_t *row_start,
+                  const int64_t *row_ids, const int64_t *tasks, int64_t n_tasks,
+                  uint32_t *words, int64_t *pending, int64_t cap) {
+    int32_t st[MAX_DEPTH + 1];
+    int64_t np = 0;
+    for (int64_t t = 0; t < n_tasks; t++) {
+        int64_t a = tasks[2 * t], i = a ? a : 1, stop = nodes[a].end;
+        st[a ? nodes[a].depth - 1 : 0] = (int32_t)tasks[2 * t + 1];
+        while (i < stop) {
+            const node_t *x = nodes + i;
+            int32_t d = x->depth, par = st[d - 1];
+            if (d == 1 && first_ok && !first_ok[x->byte]) { i = x->end; continue; }
+            int32_t nx = -1;
+            if (par < n_rows) nx = table[(int64_t)par * n_cls + (b2c ? b2c[x->byte] : x->byte)];
+            if (nx < 0) {  /* the entry is not built: this subtree waits */
+                if (np >= cap) return -1;
+                pending[2 * np] = i;
+                pending[2 * np + 1] = par;
+                np++;
+                i = x->end;
+                continue;
+            }
+            if (nx == 0) { i = x->end; continue; }
+            if (x->row >= 0)
+                for (int64_t j = row_start[x->row]; j < row_start[x->row + 1]; j++) {
+                    int64_t id = row_ids[j];
+                    words[id >> 5] |= 1u << (id & 31);
+                }
+            st[d] = nx;
+            i++;
+        }
+    }
+    return np;
+}
+"""
+
+_FLAGS = ["-O2", "-march=native", "-fPIC", "-std=gnu11", "-shared"]
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_lib: ctypes.CDLL | None = None
+_failed = False
+_load_lock = threading.Lock()
+_tries: weakref.WeakKeyDictionary[TokenVocabulary, TokenTrie | None] = weakref.WeakKeyDictionary()
+NODE = np.dtype([("end", "<i4"), ("row", "<i4"), ("depth", "<i4"), ("byte", "<i4")])
+
+
+def enabled() -> bool:
+    """Whether the C walk may be used (SGL_GRAMMAR_NATIVE=0 turns it off; read on each call)."""
+    return os.environ.get("SGL_GRAMMAR_NATIVE", "1").strip() != "0"
+
+
+def _cpu_id() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        return next((ln for ln in text.splitlines() if ln.startswith("flags")), text[:4000])
+    except OSError:
+        return platform.processor()
+
+
+def _build(target: Path, compiler: str) -> None:
+    """Compile into `target` (a temporary name, then renamed: processes building at once never
+    load a half-written file)."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as d:
+        src, tmp = Path(d, "trie.c"), Path(d, "trie.so")
+        src.write_text(SOURCE)
+        subprocess.run([compiler, *_FLAGS, str(src), "-o", str(tmp)], check=True,
+                       capture_output=True, timeout=120)  # fmt: skip
+        os.replace(tmp, target)
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _failed
+    with _load_lock:
+        if _lib is not None or _failed:
+            return _lib
+        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        try:
+            if compiler is None:
+                raise RuntimeError("no C compiler found")
+            key = hashlib.sha256("\n".join([SOURCE, repr(_FLAGS), _cpu_id(), compiler]).encode())
+            home = Path.home() / ".cache" / "sgl-native"
+            cache = Path(os.environ.get("SGL_NATIVE_CACHE") or home)
+            cache.mkdir(parents=True, exist_ok=True)
+            target = cache / f"grammar-trie-{key.hexdigest()[:16]}.so"
+            if not target.exists():
+                _build(target, compiler)
+            lib = ctypes.CDLL(str(target))
+            lib.trie_build.argtypes = [_PTR, _PTR, _PTR, _I64, _PTR, _I64]
+            lib.trie_build.restype = _I64
+            lib.trie_walk.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64]
+            lib.trie_walk.argtypes += [_PTR, _PTR, _I64]
+            lib.trie_walk.restype = _I64
+            _lib = lib
+        except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
+            _failed = True
+            logger.info("grammar C walk unavailable, using numpy walks: %s", exc)
+        return _lib
+
+
+@dataclass(slots=True, frozen=True)
+class TokenTrie:
+    """Distinct byte strings as a preorder trie (see SOURCE's node_t): the vocabulary's
+    tokens, or the suffixes of some of them; row_start / row_ids: the token ids of each
+    node's string (`row` k: row_ids[row_start[k] : row_start[k + 1]])."""
+
+    nodes: np.ndarray
+    row_start: np.ndarray
+    row_ids: np.ndarray
+    lib: ctypes.CDLL
+
+    def walk(self, table: np.ndarray, b2c: np.ndarray | None, tasks: np.ndarray,
+             words: np.ndarray, first_ok: np.ndarray | None) -> np.ndarray | None:  # fmt: skip
+        """One C pass over `tasks` (int64 [k, 2]: node, state) through `table` (int32, C
+        order, [rows, n_cls]), setting bits in `words` (uint32, written in place); returns the
+        skipped (node, state) pairs (int64 [m, 2]), or None when they overflow."""
+        pending = np.empty((_PENDING, 2), dtype=np.int64)
+        n = self.lib.trie_walk(
+            self.nodes.ctypes.data,
+            table.ctypes.data,
+            table.shape[0],
+            table.shape[1],
+            None if b2c is None else b2c.ctypes.data,
+            None if first_ok is None else first_ok.ctypes.data,
+            self.row_start.ctypes.data,
+            self.row_ids.ctypes.data,
+            tasks.ctypes.data,
+            tasks.shape[0],
+            words.ctypes.data,
+            pending.ctypes.data,
+            _PENDING,
+        )
+        return None if n < 0 else pending[:n]
+
+
+def trie_of(vocab: TokenVocabulary) -> TokenTrie | None:
+    """The vocabulary's trie (built once, ~0.2 s for 129k tokens), or None when the C walk is
+    off or unavailable."""
+    if not enabled():
+        return None
+    if vocab in _tries:
+        return _tries[vocab]
+    lib = _load()
+    trie = None
+    if lib is not None:
+        prep = vocab.prepared()
+        first_ids = prep.row_ids[prep.row_start[:-2]].tolist()  # one id of each row
+        strings = [vocab.token_bytes(i) for i in first_ids]
+        trie = _build_trie(strings, prep.row_start, prep.row_ids, lib)
+    with _load_lock:
+        return _tries.setdefault(vocab, trie)
+
+
+def suffix_trie(trie: TokenTrie, suffixes: Suffixes) -> TokenTrie | None:
+    """A trie of `suffixes` (see loops.Suffixes), each node's ids those of the token rows cut
+    to its suffix; None when a suffix is empty or repeats (the numpy walk decides those)."""
+    lengths = suffixes.lengths.tolist()
+    if not all(lengths):
+        return None
+    cols = suffixes.columns
+    strings = [cols[:n, k].tobytes() for k, n in enumerate(lengths)]
+    if len(set(strings)) < len(strings):  # (a trie node holds one string's ids)
+        return None
+    # suffix k's ids: those of rows[start[k] : start[k + 1]], each row's ids in turn
+    rows = suffixes.rows
+    counts = trie.row_start[rows + 1] - trie.row_start[rows]
+    ids = csr_take(trie.row_start, trie.row_ids, rows)
+    ends = np.cumsum(counts)
+    start = np.zeros(len(strings) + 1, dtype=np.int64)
+    start[1:] = ends[suffixes.start[1:] - 1] if rows.size else 0
+    return _build_trie(strings, start, ids.astype(np.int64), trie.lib)
+
+
+def _build_trie(strings: list[bytes], id_start: np.ndarray, ids: np.ndarray,
+                lib: ctypes.CDLL) -> TokenTrie | None:  # fmt: skip
+    """The trie of distinct non-empty `strings`, string k's ids ids[id_start[k] :
+    id_start[k + 1]]; None when one is longer than the walk's stack."""
+    if max(map(len, strings), default=0) > MAX_DEPTH:
+        return None
+    order = sorted(range(len(strings)), key=strings.__getitem__)
+    data = np.frombuffer(b"".join(strings[k] for k in order), dtype=np.uint8)
+    off = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum([len(strings[k]) for k in order], out=off[1:])
+    keys = np.asarray(order, dtype=np.int64)
+    cap = int(data.size) + 1
+    nodes = np.zeros(cap, dtype=NODE)
+    n = lib.trie_build(data.ctypes.data, off.ctypes.data, keys.ctypes.data, keys.size,
+                       nodes.ctypes.data, cap)  # fmt: skip
+    if n < 0:
+        return None
+    return TokenTrie(nodes[:n].copy(), id_start, ids, lib)
+
+
+def walk(trie: TokenTrie, dfa, state: int, words: np.ndarray,
+         first_ok: np.ndarray | None = None) -> bool:  # fmt: skip
+    """Set in `words` (uint32, in place) the bit of every token that walks from `state` (its
+    row built) without dying, and whose first byte is `first_ok` (bool [256]; None: any).
+    EOS ids are not set. False when the walk gave up (too many skipped subtrees): `words`
+    is then partial and the caller computes the mask another way."""
+    ok = None if first_ok is None else np.ascontiguousarray(first_ok, dtype=np.uint8)
+    tasks = np.array([[0, state]], dtype=np.int64)
+    lazy = dfa.lazy
+    b2c = None if lazy else dfa.byte_to_class
+    while True:
+        pending = trie.walk(dfa.table, b2c, tasks, words, ok)  # (a lazy table: read afresh)
+        if pending is None:
+            return False
+        if not pending.shape[0]:
+            return True
+        if not lazy:  # an eager table has every row: a pending pair means a corrupt table
+            raise AssertionError("unexpanded row in an eager DFA")
+        dfa.expand(pending[:, 1])  # the rows of the waiting nodes' parent states
+        tasks = pending
