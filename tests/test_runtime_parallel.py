@@ -97,7 +97,8 @@ def test_a_dead_rank_ends_requests_with_an_error_and_stops_the_others(llama):
         assert time.monotonic() - started < 60
         assert all(r.finish_reason == "abort" for r in result)
         # the error names the rank that died
-        assert all("parallel engine: rank 2" in str(r.error) for r in result), result[0].error
+        errors = [str(r.error) for r in result]
+        assert all("parallel engine: rank 2" in e for e in errors), errors
         assert "exited with -9" in str(result[0].error)
         assert _wait_gone(pids)
         # later requests fail at once too, naming the cause

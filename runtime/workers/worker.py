@@ -26,8 +26,10 @@ from runtime.workers.layout import Layout
 logger = logging.getLogger(__name__)
 TIMEOUT = timedelta(minutes=10)
 PEER_LOST = 75  # exit status of a rank that stopped because another rank's connection closed
-# what gloo's TCP transport says when the other end of a pair is gone
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+# what gloo's TCP transport says when the other end of a pair is gone (its errors name their
+# source file under gloo/transport)
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "gloo/transport")  # fmt: skip
 
 
 def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int) -> None:
@@ -107,8 +109,8 @@ def _cli() -> None:
     logging.basicConfig(level=logging.WARNING)
     try:
         main(job["rank"], Layout(**job["layout"]), job["addr"], job["model"], job["threads"])
-    except RuntimeError as exc:
-        if not any(text in str(exc) for text in _PEER_GONE):
+    except RuntimeError as exc:  # torch.distributed's errors are RuntimeErrors
+        if not (isinstance(exc, dist.DistError) or any(t in str(exc) for t in _PEER_GONE)):
             raise
         print(f"rank {job['rank']}: a peer's connection closed: {exc}", file=sys.stderr)
         sys.exit(PEER_LOST)
