@@ -105,14 +105,14 @@ def test_rows_are_built_mid_walk(monkeypatch):
     vocab = deepseek_vocab()
     schema = {"type": "object", "properties": {"key": {"type": "string", "maxLength": 5}}}
     passes = []
-    original = native.TokenTrie.walk
+    original = native.TokenTrie.walk_once
 
-    def spy(self, table, b2c, tasks, words, first_ok):
-        pending = original(self, table, b2c, tasks, words, first_ok)
-        passes.append(0 if pending is None else pending.shape[0])
-        return pending
+    def spy(self, *args):
+        n = original(self, *args)
+        passes.append(n)
+        return n
 
-    monkeypatch.setattr(native.TokenTrie, "walk", spy)
+    monkeypatch.setattr(native.TokenTrie, "walk_once", spy)
     _set_native(monkeypatch, True)
     clear_caches()
     dfa = compile_json_schema(schema, vocab).dfa
@@ -128,7 +128,7 @@ def test_rows_are_built_mid_walk(monkeypatch):
 def test_a_walk_that_gives_up_falls_back_to_numpy(monkeypatch):
     schema, instances = SCHEMAS[0].values
     np_masks = _masks_along(schema, instances, False, monkeypatch)
-    monkeypatch.setattr(native, "_PENDING", 1)  # every walk with two skipped subtrees gives up
+    monkeypatch.setattr(native, "_PENDING", 1)  # a pass with two skipped nodes gives up
     c_masks = _masks_along(schema, instances, True, monkeypatch)
     for k, (a, b) in enumerate(zip(c_masks, np_masks, strict=True)):
         assert np.array_equal(a, b), k

@@ -40,7 +40,7 @@ from grammar.tokens.vocab import TokenVocabulary, csr_take
 logger = logging.getLogger(__name__)
 
 MAX_DEPTH = 4096  # bytes of the longest token the walk's stack holds
-_PENDING = 1 << 15  # skipped (node, state) tasks one call may return; more: numpy path
+_PENDING = 1 << 15  # skipped (node, state) pairs one pass may return; more: the numpy path
 
 SOURCE = r"""
 #include <stdint.h>
@@ -196,29 +196,30 @@ class TokenTrie:
     row_start: np.ndarray
     row_ids: np.ndarray
     lib: ctypes.CDLL
+    # the addresses of nodes, row_start, row_ids (an array's .ctypes.data costs ~1 us a read)
+    ptrs: tuple[int, int, int]
 
-    def walk(self, table: np.ndarray, b2c: np.ndarray | None, tasks: np.ndarray,
-             words: np.ndarray, first_ok: np.ndarray | None) -> np.ndarray | None:  # fmt: skip
-        """One C pass over `tasks` (int64 [k, 2]: node, state) through `table` (int32, C
-        order, [rows, n_cls]), setting bits in `words` (uint32, written in place); returns the
-        skipped (node, state) pairs (int64 [m, 2]), or None when they overflow."""
-        pending = np.empty((_PENDING, 2), dtype=np.int64)
-        n = self.lib.trie_walk(
-            self.nodes.ctypes.data,
-            table.ctypes.data,
-            table.shape[0],
-            table.shape[1],
-            None if b2c is None else b2c.ctypes.data,
-            None if first_ok is None else first_ok.ctypes.data,
-            self.row_start.ctypes.data,
-            self.row_ids.ctypes.data,
-            tasks.ctypes.data,
-            tasks.shape[0],
-            words.ctypes.data,
-            pending.ctypes.data,
-            _PENDING,
-        )
-        return None if n < 0 else pending[:n]
+    def walk_once(self, table: np.ndarray, b2c: int | None, ok: int | None, tasks: int,
+                  n_tasks: int, words: int, out: int) -> int:  # fmt: skip
+        """One C pass over n_tasks (node, state) pairs at address `tasks` through `table`
+        (int32, C order, [rows, n_cls]), setting bits in the uint32 words at `words`; writes
+        the skipped pairs at `out` (room for _PENDING) and returns how many, or -1."""
+        nodes, row_start, row_ids = self.ptrs
+        return self.lib.trie_walk(
+            nodes, table.ctypes.data, table.shape[0], table.shape[1], b2c, ok, row_start,
+            row_ids, tasks, n_tasks, words, out, _PENDING,
+        )  # fmt: skip
+
+
+class _Buffers(threading.local):
+    """Two task buffers per thread (a pass reads one and writes the other), made once."""
+
+    def __init__(self) -> None:
+        self.arrays = (np.empty((_PENDING, 2), np.int64), np.empty((_PENDING, 2), np.int64))
+        self.ptrs = (self.arrays[0].ctypes.data, self.arrays[1].ctypes.data)
+
+
+_buffers = _Buffers()
 
 
 def trie_of(vocab: TokenVocabulary) -> TokenTrie | None:
@@ -276,26 +277,33 @@ def _build_trie(strings: list[bytes], id_start: np.ndarray, ids: np.ndarray,
                        nodes.ctypes.data, cap)  # fmt: skip
     if n < 0:
         return None
-    return TokenTrie(nodes[:n].copy(), id_start, ids, lib)
+    nodes = nodes[:n].copy()
+    id_start = np.ascontiguousarray(id_start, dtype=np.int64)
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    ptrs = (nodes.ctypes.data, id_start.ctypes.data, ids.ctypes.data)
+    return TokenTrie(nodes, id_start, ids, lib, ptrs)
 
 
 def walk(trie: TokenTrie, dfa, state: int, words: np.ndarray,
          first_ok: np.ndarray | None = None) -> bool:  # fmt: skip
-    """Set in `words` (uint32, in place) the bit of every token that walks from `state` (its
-    row built) without dying, and whose first byte is `first_ok` (bool [256]; None: any).
-    EOS ids are not set. False when the walk gave up (too many skipped subtrees): `words`
-    is then partial and the caller computes the mask another way."""
-    ok = None if first_ok is None else np.ascontiguousarray(first_ok, dtype=np.uint8)
-    tasks = np.array([[0, state]], dtype=np.int64)
+    """Set in `words` (uint32, contiguous, in place) the bit of every token that walks from
+    `state` (its row built) without dying, and whose first byte is `first_ok` (bool [256];
+    None: any). EOS ids are not set. False when the walk gave up (too many skipped subtrees):
+    `words` is then partial and the caller computes the mask another way."""
+    ok = None if first_ok is None else np.ascontiguousarray(first_ok).view(np.uint8)
+    ok_ptr = None if ok is None else ok.ctypes.data
+    arrays, ptrs = _buffers.arrays, _buffers.ptrs
+    arrays[0][0] = (0, state)
+    cur, n = 0, 1
     lazy = dfa.lazy
-    b2c = None if lazy else dfa.byte_to_class
+    b2c = None if lazy else dfa.byte_to_class.ctypes.data
+    words_ptr = words.ctypes.data
     while True:
-        pending = trie.walk(dfa.table, b2c, tasks, words, ok)  # (a lazy table: read afresh)
-        if pending is None:
-            return False
-        if not pending.shape[0]:
-            return True
+        # a lazy table is read afresh for each pass: it is replaced as it grows
+        n = trie.walk_once(dfa.table, b2c, ok_ptr, ptrs[cur], n, words_ptr, ptrs[1 - cur])
+        if n <= 0:
+            return n == 0
+        cur = 1 - cur  # the skipped pairs are the next pass's tasks
         if not lazy:  # an eager table has every row: a pending pair means a corrupt table
             raise AssertionError("unexpanded row in an eager DFA")
-        dfa.expand(pending[:, 1])  # the rows of the waiting nodes' parent states
-        tasks = pending
+        dfa.expand(arrays[cur][:n, 1])  # the rows of the waiting nodes' parent states
