@@ -290,17 +290,23 @@ def walk(trie: TokenTrie, dfa, state: int, words: np.ndarray,
     `state` (its row built) without dying, and whose first byte is `first_ok` (bool [256];
     None: any). EOS ids are not set. False when the walk gave up (too many skipped subtrees):
     `words` is then partial and the caller computes the mask another way."""
-    ok = None if first_ok is None else np.ascontiguousarray(first_ok).view(np.uint8)
+    if words.dtype != np.uint32 or not words.flags.c_contiguous:
+        raise ValueError("words must be a contiguous uint32 array")
+    ok = None if first_ok is None else np.ascontiguousarray(first_ok, dtype=bool).view(np.uint8)
     ok_ptr = None if ok is None else ok.ctypes.data
     arrays, ptrs = _buffers.arrays, _buffers.ptrs
     arrays[0][0] = (0, state)
     cur, n = 0, 1
     lazy = dfa.lazy
-    b2c = None if lazy else dfa.byte_to_class.ctypes.data
+    b2c_arr = None if lazy else np.ascontiguousarray(dfa.byte_to_class, dtype=np.int32)
+    b2c = None if b2c_arr is None else b2c_arr.ctypes.data
     words_ptr = words.ctypes.data
     while True:
         # a lazy table is read afresh for each pass: it is replaced as it grows
-        n = trie.walk_once(dfa.table, b2c, ok_ptr, ptrs[cur], n, words_ptr, ptrs[1 - cur])
+        table = dfa.table
+        if not table.flags.c_contiguous or table.dtype != np.int32:
+            return False  # (not a table this walk reads; both kinds of DFA keep one)
+        n = trie.walk_once(table, b2c, ok_ptr, ptrs[cur], n, words_ptr, ptrs[1 - cur])
         if n <= 0:
             return n == 0
         cur = 1 - cur  # the skipped pairs are the next pass's tasks
