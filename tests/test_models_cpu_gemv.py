@@ -89,14 +89,15 @@ def test_the_portable_bfloat16_build_gives_the_vector_build_bits(tmp_path):
                     str(src), "-o", str(lib)], check=True, capture_output=True)  # fmt: skip
     portable = ctypes.CDLL(str(lib)).gemv_bf16
     portable.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
-    for out, n in [(960, 576), (48, 70), (16, 6)]:  # 70 / 2 = 35 pairs: a tail past k mod 4
+    # 70 / 2 = 35 pairs: a tail past k mod 4; 6 rows: one block of 4 rows, then 2 alone
+    for out, n, m in [(960, 576, 1), (48, 70, 1), (16, 6, 1), (48, 70, 6), (960, 576, 4)]:
         w, x = (
             _rand(out, n, dtype=torch.bfloat16, seed=7),
-            _rand(1, n, dtype=torch.bfloat16, seed=8),
+            _rand(m, n, dtype=torch.bfloat16, seed=8),
         )
         packed = cpu_gemv.pack(w)
-        y = torch.empty(1, out, dtype=torch.bfloat16)
-        portable(packed.data_ptr(), x.data_ptr(), y.data_ptr(), out, n, 1)
+        y = torch.empty(m, out, dtype=torch.bfloat16)
+        portable(packed.data_ptr(), x.data_ptr(), y.data_ptr(), out, n, m)
         assert torch.equal(y, cpu_fused.gemv(packed, x, out))
 
 
@@ -131,8 +132,11 @@ def test_packed_uses_the_kernel_for_a_few_rows_only(dtype, monkeypatch):
 def test_each_row_gets_the_bits_it_gets_alone(dtype, wide):
     w = _rand(960, 576, dtype=dtype, seed=15)
     packed = cpu_gemv.pack(w)
-    for m in range(2, cpu_gemv.MAX_ROWS + 1):
-        x = _rand(m, 576, dtype=dtype, seed=16 + m)
+    for m in range(2, cpu_gemv.MAX_ROWS + 1):  # blocks of 4 rows, and the rows past them
+        x = _rand(m, 576 if m % 2 else 70, dtype=dtype, seed=16 + m)
+        if x.shape[1] != w.shape[1]:
+            w = _rand(960, x.shape[1], dtype=dtype, seed=15)
+            packed = cpu_gemv.pack(w)
         together = cpu_fused.gemv(packed, x, 960, wide=wide)
         alone = torch.cat([cpu_fused.gemv(packed, x[i : i + 1], 960, wide=wide) for i in range(m)])
         assert together.shape == (m, 960) and torch.equal(together, alone)

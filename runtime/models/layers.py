@@ -42,10 +42,11 @@ def packing_enabled(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 # Inputs of at most this many rows take the matrix-vector kernel. It runs up to
-# cpu_gemv.MAX_ROWS, and with two threads measured faster than oneDNN there too (4 rows: 7.9
-# vs 11.0 ms a step's projections), but a decode step of 2-4 requests opens OpenMP regions
-# (attention, the argmax), whose spinning worker would compete with the kernel's pool for the
-# other core; one row opens none.
+# cpu_gemv.MAX_ROWS (16) and measured faster than oneDNN there too on one thread (16 rows, bf16:
+# 16.4 vs 21.9 ms a step's projections), but a decode step of several requests opens OpenMP
+# regions (attention, the argmax), whose spinning worker competes with the kernel's pool for the
+# other core: GEMV_ROWS = 16 made the 16-request decode workload slower (bf16 3.7 vs 3.4 s, fp32
+# 6.0 vs 5.7 s, alternating in one engine). One row opens none.
 GEMV_ROWS = 1
 
 
