@@ -135,9 +135,7 @@ def _group(
     mask = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
     mask = mask[:, None].expand(-1, g, -1, -1).reshape(len(rows), 1, g * m, lt)
     q_rows = torch.cat([torch.arange(starts[r], starts[r] + extends[r]) for r in rows])
-    pad_rows = torch.cat(
-        [i * m + torch.arange(extends[r]) for i, r in enumerate(rows)]
-    )
+    pad_rows = torch.cat([i * m + torch.arange(extends[r]) for i, r in enumerate(rows)])
     shared_slots = None
     if shared:
         first = page_table[rows[0], :shared].long()

@@ -19,8 +19,8 @@ from runtime.errors import UnsupportedModelError
 from runtime.kernels import cpu_fused
 from runtime.kernels.cascade import cascade_decode_attention, plan_cascade
 from runtime.kernels.decode_plan import plan_decode, planned_decode_attention
-from runtime.kernels.prefix_extend import plan_prefix_extend, prefix_extend_attention
 from runtime.kernels.prefix_extend import enabled as prefix_extend_enabled
+from runtime.kernels.prefix_extend import plan_prefix_extend, prefix_extend_attention
 from runtime.kernels.short_extend import plan_short_extend, short_extend_attention
 from runtime.memory.kv_pool import KVPool
 from runtime.models.forward_batch import ForwardBatch
