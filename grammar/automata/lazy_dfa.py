@@ -281,19 +281,24 @@ class LazyDFA:
 
     def _expand(self, i: int) -> None:
         edges = self._nfa.edges
-        # sorted by mask: a state set's edges in one canonical order, so sets of the same shape
-        # (the copies of a counted character, the same key trie under other targets) share
-        # their template
-        pairs = []
-        for s in self._order[i]:
-            e = edges[s]
-            if len(e) == 2:  # most NFA states: one edge
-                pairs.append((e[0], e[1]))
-            else:
-                pairs.extend(zip(e[::2], e[1::2], strict=True))
-        pairs.sort()
-        masks = tuple([m for m, _ in pairs])
-        targets = [t for _, t in pairs]
+        states = self._order[i]
+        e = edges[states[0]]
+        if len(states) == 1 and len(e) == 2:  # over half the rows: one NFA state, one edge
+            masks, targets = (e[0],), (e[1],)
+        else:
+            # sorted by mask: a state set's edges in one canonical order, so sets of the same
+            # shape (the copies of a counted character, the same key trie under other targets)
+            # share their template
+            pairs = []
+            for s in states:
+                e = edges[s]
+                if len(e) == 2:  # most NFA states: one edge
+                    pairs.append((e[0], e[1]))
+                else:
+                    pairs.extend(zip(e[::2], e[1::2], strict=True))
+            pairs.sort()
+            masks = tuple([m for m, _ in pairs])
+            targets = [t for _, t in pairs]
         slots, byte_slot, n_live, only = _template(masks)
         ids = [DEAD]
         single = self._single

@@ -326,8 +326,9 @@ class NFA:
             if isinstance(e, RecursionError):
                 raise GrammarError("regex too deeply nested") from None
             raise
-        finally:
-            self._structures.forget()  # what a Deferred built here may go
+        # the node ids a Deferred's expansion keyed stay (their trees held, see
+        # `Structures.expand`): the next expansion skips the pieces they share (the string
+        # character, the hex tails of `\u` escapes), re-keyed from scratch otherwise
         if not self._pending:  # the whole tree is built: the builder's tables can go
             self._reset_tables()
 
