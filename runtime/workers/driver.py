@@ -131,7 +131,9 @@ class ParallelModel:
     def _watch(self) -> None:
         """Any rank dying stops the others: a step in flight then fails instead of waiting."""
         while self.failed is None:
-            dead = self._dead_worker()
+            # a PEER_LOST rank seen alone: the rank that caused it gets a moment to be seen too
+            exited = any(proc.poll() is not None for proc in self.procs)
+            dead = self._dead_worker(wait=1.0) if exited else None
             if dead and self.failed is None:
                 self.failed = dead
                 logger.error("parallel engine: %s; stopping the other ranks", dead)
