@@ -138,12 +138,27 @@ def enabled() -> bool:
     return os.environ.get("SGL_GRAMMAR_NATIVE", "1").strip() != "0"
 
 
-def _cpu_id() -> str:
+def cpu_id() -> str:
+    """What a compiled native library's cache key needs of this CPU (its flags line); shared
+    with runtime/kernels/cpu_fused.py."""
     try:
         text = Path("/proc/cpuinfo").read_text()
         return next((ln for ln in text.splitlines() if ln.startswith("flags")), text[:4000])
     except OSError:
         return platform.processor()
+
+
+def compiler() -> str | None:
+    """The C compiler native code is built with: $CC, else `cc`, else `gcc` (None: none)."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def cache_dir() -> Path:
+    """Where compiled native libraries are kept: $SGL_NATIVE_CACHE or ~/.cache/sgl-native
+    (created)."""
+    cache = Path(os.environ.get("SGL_NATIVE_CACHE") or Path.home() / ".cache" / "sgl-native")
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
 
 
 def _build(target: Path, compiler: str) -> None:
@@ -162,17 +177,14 @@ def _load() -> ctypes.CDLL | None:
     with _load_lock:
         if _lib is not None or _failed:
             return _lib
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        cc = compiler()
         try:
-            if compiler is None:
+            if cc is None:
                 raise RuntimeError("no C compiler found")
-            key = hashlib.sha256("\n".join([SOURCE, repr(_FLAGS), _cpu_id(), compiler]).encode())
-            home = Path.home() / ".cache" / "sgl-native"
-            cache = Path(os.environ.get("SGL_NATIVE_CACHE") or home)
-            cache.mkdir(parents=True, exist_ok=True)
-            target = cache / f"grammar-trie-{key.hexdigest()[:16]}.so"
+            key = hashlib.sha256("\n".join([SOURCE, repr(_FLAGS), cpu_id(), cc]).encode())
+            target = cache_dir() / f"grammar-trie-{key.hexdigest()[:16]}.so"
             if not target.exists():
-                _build(target, compiler)
+                _build(target, cc)
             lib = ctypes.CDLL(str(target))
             lib.trie_build.argtypes = [_PTR, _PTR, _PTR, _I64, _PTR, _I64]
             lib.trie_build.restype = _I64

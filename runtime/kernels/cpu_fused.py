@@ -28,8 +28,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from grammar.tokens import native
 from runtime.kernels import cpu_gemv
 from runtime.kernels.cpu_source import EXACT, FAST, FAST_PRELUDE, render
 
@@ -65,14 +64,6 @@ _ONE_TYPE = {  # name: (argtypes, restype), one C function each (cpu_gemv.py)
 # (kernel, dtype) -> C; dtype None: the functions of one type
 _lib: dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None = None
 _failed = False
-
-
-def _cpu_id() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        return next((ln for ln in text.splitlines() if ln.startswith("flags")), text[:4000])
-    except OSError:
-        return platform.processor()
 
 
 def _build(target: Path, compiler: str, openmp: bool) -> None:
@@ -108,16 +99,15 @@ def _load() -> dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None:
     global _lib, _failed
     if _lib is not None or _failed:
         return _lib
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = native.compiler()
     try:
         if compiler is None:
             raise RuntimeError("no C compiler found")
         sources = [EXACT, FAST, FAST_PRELUDE, cpu_gemv.SOURCE]
         key = hashlib.sha256(
-            "\n".join([*sources, repr(_FLAGS), _cpu_id(), compiler]).encode()
+            "\n".join([*sources, repr(_FLAGS), native.cpu_id(), compiler]).encode()
         ).hexdigest()[:16]
-        cache = Path(os.environ.get("SGL_NATIVE_CACHE") or Path.home() / ".cache" / "sgl-native")
-        cache.mkdir(parents=True, exist_ok=True)
+        cache = native.cache_dir()
         try:
             # OpenMP links against the libgomp torch already loaded (one runtime, torch's
             # thread count); a compiler or runtime without it gets the single-threaded build
