@@ -1,16 +1,21 @@
-"""The import graph of the project's packages (grammar, runtime, sgl_dsl), read from source.
+"""The layout of the project's packages (grammar, runtime, sgl_dsl), read from source.
 
-Every ``import`` / ``from ... import`` counts, those inside functions too; only imports under
-``if TYPE_CHECKING:`` do not. An edge goes to the module a statement names (``from a.b import
-c`` counts ``a.b.c`` when that is a module, else ``a.b``); importing a package runs its
+The import graph: every ``import`` / ``from ... import`` counts, those inside functions and those
+under ``if TYPE_CHECKING:`` too (a type-only import still ties two modules' concepts together,
+and a reader meets it as a dependency). An edge goes to the module a statement names (``from a.b
+import c`` counts ``a.b.c`` when that is a module, else ``a.b``); importing a package runs its
 ``__init__``, so ``a.b``'s ``__init__`` is an edge too.
 
-    python scripts/import_graph.py            # cycles, folder sizes, long files
+Beside the graph: functions longer than a limit, reads of the process environment outside a
+package's ``settings.py``, and modules that ``docs/ARCHITECTURE.md`` does not name.
+
+    python scripts/import_graph.py   # everything it finds, one line each
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -30,12 +35,6 @@ def modules(repo: Path = REPO) -> dict[str, Path]:
     return out
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.Module, module: str, is_package: bool, mods: dict) -> set[str]:
     """The modules of ``mods`` whose code this module's import statements run or read."""
     out: set[str] = set()
@@ -51,10 +50,6 @@ def _imports(tree: ast.Module, module: str, is_package: bool, mods: dict) -> set
                 out.add(prefix)
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add_module(alias.name)
@@ -140,6 +135,7 @@ def folder_sizes(repo: Path = REPO) -> dict[str, int]:
 
 
 def long_files(limit: int, repo: Path = REPO) -> dict[str, int]:
+    """{file: lines} of the modules longer than ``limit`` lines (a prompt to look, not a rule)."""
     out = {}
     for path in modules(repo).values():
         n = len(path.read_text(encoding="utf-8").splitlines())
@@ -148,15 +144,86 @@ def long_files(limit: int, repo: Path = REPO) -> dict[str, int]:
     return out
 
 
+def long_functions(limit: int, repo: Path = REPO) -> dict[str, int]:
+    """{"module:qualified.name": lines} of every function or method longer than ``limit`` lines
+    (decorators not counted; a nested function counts inside its parent and on its own)."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, module: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}."
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = child.end_lineno - child.lineno + 1
+                if n > limit:
+                    out[f"{module}:{name[:-1]}"] = n
+            visit(child, module, name)
+
+    for module, path in modules(repo).items():
+        visit(ast.parse(path.read_text(encoding="utf-8")), module, "")
+    return out
+
+
+def env_reads(repo: Path = REPO) -> dict[str, list[int]]:
+    """{module: line numbers} of every use of the process environment (``os.environ``,
+    ``os.getenv``, ``os.putenv``, ``os.unsetenv``, or those names imported from ``os``) outside
+    the package's own ``settings`` module (``grammar.settings``, ``runtime.settings``, ...)."""
+    names = {"environ", "getenv", "putenv", "unsetenv", "environb", "getenvb"}
+    out: dict[str, list[int]] = {}
+    for module, path in modules(repo).items():
+        if module.split(".")[1:] == ["settings"]:
+            continue
+        lines = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in names
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "os"
+            ):
+                lines.add(node.lineno)
+            elif isinstance(node, ast.ImportFrom) and node.module == "os":
+                if any(alias.name in names for alias in node.names):
+                    lines.add(node.lineno)
+        if lines:
+            out[module] = sorted(lines)
+    return out
+
+
+def _named_words(doc: str) -> set[str]:
+    """The words inside `code spans` of a markdown text (`a/b.py` gives a, b, py)."""
+    words: set[str] = set()
+    for span in re.findall(r"`([^`\n]+)`", doc):
+        words.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", span))
+    return words
+
+
+def unnamed_modules(repo: Path = REPO, doc: str = "docs/ARCHITECTURE.md") -> list[str]:
+    """The modules (and sub-packages) whose own name appears in no `code span` of ``doc``
+    (``__main__`` entry points and the top-level packages are exempt)."""
+    words = _named_words((repo / doc).read_text(encoding="utf-8"))
+    out = []
+    for module in modules(repo):
+        last = module.rsplit(".", 1)[-1]
+        if "." in module and last != "__main__" and last not in words:
+            out.append(module)
+    return out
+
+
 def main() -> int:
     edges = graph()
     found = cycles(edges)
     for comp in found:
         print("cycle:", " <-> ".join(comp))
-    for folder, n in sorted(folder_sizes().items()):
-        print(f"{n:3d} modules  {folder}")
-    for path, n in sorted(long_files(450).items()):
-        print(f"{n:5d} lines  {path}")
+    for name, n in sorted(long_functions(120).items()):
+        print(f"{n:5d} lines  function {name}")
+    for module, lines in sorted(env_reads().items()):
+        print(f"environment read outside settings: {module} lines {lines}")
+    for module in unnamed_modules():
+        print(f"not named in docs/ARCHITECTURE.md: {module}")
+    for path, n in sorted(long_files(600).items()):
+        print(f"{n:5d} lines  {path} (past 600: is it still one concept?)")
     return 1 if found else 0
 
 

@@ -1,17 +1,27 @@
 """The layout of the three packages (docs/ARCHITECTURE.md): no import cycle between modules
-(imports inside functions count; only those under `if TYPE_CHECKING:` do not), each folder's
-modules import only their own folder and the layers below it, folders of at most 14 modules,
-files of at most 450 lines, and the public names where users import them."""
+(imports inside functions and under `if TYPE_CHECKING:` count), each folder's modules import
+only their own folder and the layers below it, no function over 120 lines, the environment read
+only in each package's `settings.py`, every module named in docs/ARCHITECTURE.md, and the public
+names where users import them. Files are split by concept, not by size: past ~600 lines a file
+only gets a warning."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
-from scripts.import_graph import cycles, folder_sizes, graph, long_files
+from scripts.import_graph import (
+    cycles,
+    env_reads,
+    graph,
+    long_files,
+    long_functions,
+    unnamed_modules,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,23 +56,65 @@ def _layer(module: str) -> int | None:
     return level
 
 
+# Circles another change is removing right now (the scheduler getting one owner of its state);
+# everything else must have none. This list only shrinks.
+PENDING_CYCLE_PACKAGES = ("runtime.scheduling.",)
+# Circles removed by the grammar / server / DSL concept clean-up that follows this test.
+PENDING_CYCLES = [
+    ["grammar.automata.nfa", "grammar.automata.nfa_blocks"],
+    ["grammar.cfg.compiler", "grammar.cfg.matcher"],
+    [
+        "grammar.tokens.chains",
+        "grammar.tokens.index",
+        "grammar.tokens.loops",
+        "grammar.tokens.native",
+    ],
+    ["grammar.tokens.compiled", "grammar.tokens.matcher"],
+    ["runtime.server.responses", "runtime.server.state"],
+    ["sgl_dsl.interpreter", "sgl_dsl.state"],
+]
+# Modules still reading the environment themselves; the settings modules take them over next.
+PENDING_ENV_READS = {
+    "grammar.tokens.native",
+    "runtime.default_model",
+    "runtime.engine",
+    "runtime.kernels",
+    "runtime.kernels.cpu_fused",
+    "runtime.kernels.prefix_extend",
+    "runtime.kernels.triton_attention",
+    "runtime.models.layers",
+    "runtime.models.threads",
+    "runtime.scheduling.constrained",
+    "runtime.workers.worker",
+    "sgl_dsl.backend.openai",
+}
+
+
+def _pending(comp: list[str]) -> bool:
+    return comp in PENDING_CYCLES or all(m.startswith(PENDING_CYCLE_PACKAGES) for m in comp)
+
+
 def test_no_import_cycle_between_modules():
-    assert cycles(graph()) == []
+    assert [comp for comp in cycles(graph()) if not _pending(comp)] == []
 
 
-def test_cycle_detection_sees_an_import_inside_a_function(tmp_path):
+@pytest.mark.xfail(strict=False, reason="the scheduling modules' circle is being removed")
+def test_scheduling_modules_import_one_another_without_a_circle():
+    assert [comp for comp in cycles(graph()) if comp[0].startswith("runtime.scheduling.")] == []
+
+
+def test_cycle_detection_sees_imports_inside_functions_and_under_type_checking(tmp_path):
     pkg = tmp_path / "grammar"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from grammar.b import x\n")
-    (pkg / "b.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from grammar.a import y\n"
-        "def f():\n    from grammar import a\n"
-    )
+    (pkg / "b.py").write_text("def f():\n    from grammar import a\n")
     assert cycles(graph(tmp_path)) == [["grammar.a", "grammar.b"]]
     (pkg / "b.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import grammar.a\n"
     )
+    assert cycles(graph(tmp_path)) == [["grammar.a", "grammar.b"]]
+    (pkg / "b.py").write_text("x = 1\n")
     assert cycles(graph(tmp_path)) == []
 
 
@@ -79,9 +131,57 @@ def test_each_folder_imports_only_itself_and_the_layers_below():
     assert wrong == []
 
 
-def test_folders_and_files_stay_small():
-    assert {f: n for f, n in folder_sizes().items() if n > 14} == {}
-    assert long_files(450) == {}
+def test_no_function_is_longer_than_120_lines():
+    assert long_functions(120) == {}
+
+
+def test_long_function_scan_counts_methods_and_nested_functions(tmp_path):
+    pkg = tmp_path / "runtime"
+    pkg.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(130))
+    (pkg / "a.py").write_text(
+        f"class C:\n    def m(self):\n{body.replace('    ', '        ')}"
+        f"def short():\n    def inner():\n{body.replace('    ', '        ')}"
+    )
+    assert long_functions(120, tmp_path) == {
+        "runtime.a:C.m": 131,
+        "runtime.a:short": 132,
+        "runtime.a:short.inner": 131,
+    }
+
+
+def test_only_settings_modules_read_the_environment():
+    assert set(env_reads()) <= PENDING_ENV_READS
+
+
+def test_environment_scan_sees_every_spelling(tmp_path):
+    pkg = tmp_path / "grammar"
+    pkg.mkdir()
+    (pkg / "settings.py").write_text("import os\nA = os.environ.get('A')\n")
+    (pkg / "a.py").write_text("import os\nA = os.getenv('A')\n")
+    (pkg / "b.py").write_text("from os import environ\nB = environ['B']\n")
+    (pkg / "c.py").write_text("import os\nP = os.path.join('a', 'b')\n")
+    assert env_reads(tmp_path) == {"grammar.a": [2], "grammar.b": [1]}
+
+
+def test_every_module_is_named_in_the_architecture_page():
+    assert unnamed_modules() == []
+
+
+def test_module_names_are_read_from_code_spans_only(tmp_path):
+    (tmp_path / "docs").mkdir()
+    pkg = tmp_path / "sgl_dsl"
+    (pkg / "backend").mkdir(parents=True)
+    for name in ("__init__.py", "ir.py", "tracer.py", "backend/__init__.py", "backend/base.py"):
+        (pkg / name).write_text("")
+    (tmp_path / "docs" / "ARCHITECTURE.md").write_text("`ir` and tracer; `backend/base.py`\n")
+    assert unnamed_modules(tmp_path) == ["sgl_dsl.tracer"]
+
+
+def test_long_files_are_only_reported():
+    long = long_files(600)
+    if long:  # a prompt to check the file is still one concept, not a failure
+        warnings.warn(f"files past 600 lines: {long}", stacklevel=1)
 
 
 def test_public_names_import_from_where_they_did():

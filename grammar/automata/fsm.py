@@ -201,20 +201,109 @@ def node_to_lazy_dfa(node: object, max_states: int = DEFAULT_MAX_STATES) -> Lazy
         return LazyDFA(nfa, start, max_states)
 
 
-def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
-    nfa.materialize()
-    eps, edges, final = nfa.eps, nfa.edges, nfa.final
+def _class_layout(edges: list) -> tuple[int, np.ndarray, dict[int, tuple[int, ...]]]:
+    """The byte classes of an NFA's edge masks: (number of classes, byte -> class, mask -> the
+    classes it covers)."""
     masks = sorted({m for es in edges for m in es[::2]})
     class_sets = _byte_classes(masks)
-    n_classes = len(class_sets)
     b2c = [0] * 256
     for ci, c in enumerate(class_sets):
         while c:  # each set bit once
             low = c & -c
             b2c[low.bit_length() - 1] = ci
             c ^= low
-    byte_to_class = np.array(b2c, dtype=np.int32)
     mask_classes = {m: tuple(ci for ci, c in enumerate(class_sets) if c & m) for m in masks}
+    return len(class_sets), np.array(b2c, dtype=np.int32), mask_classes
+
+
+class _RowTemplates:
+    """Rows come from templates: the classes -> "which of the DFA state's NFA edges fire" map
+    depends only on the edges' masks, so DFA states of the same shape (the copies of a counted
+    character, say) share it, and their row is one C-level gather of target ids.
+
+    `sig[s]`: the id of NFA state s's tuple of edge masks (-1 until `edge_info(s)`), `tgt[s]`:
+    its edges' targets; `slots_of_class[tid]`: for template tid, the slot of each byte class."""
+
+    __slots__ = ("edges", "n_classes", "mask_classes", "sig", "tgt", "sig_ids", "sig_masks",
+                 "templates", "slots_of_class")  # fmt: skip
+
+    def __init__(self, edges: list, n_classes: int, mask_classes: dict) -> None:
+        self.edges = edges
+        self.n_classes = n_classes
+        self.mask_classes = mask_classes
+        self.sig: list[int] = [-1] * len(edges)
+        self.tgt: list[tuple[int, ...] | None] = [None] * len(edges)
+        self.sig_ids: dict[tuple[int, ...], int] = {}
+        self.sig_masks: list[tuple[int, ...]] = []
+        self.templates: dict[tuple[int, ...], tuple[int, list[tuple[int, ...]]]] = {}
+        self.slots_of_class: list[list[int]] = []
+
+    def template(self, key: tuple[int, ...]) -> tuple[int, list[tuple[int, ...]]]:
+        """(template id, the edge positions that fire in each slot; slot 0 fires none)."""
+        hit = self.templates.get(key)
+        if hit is not None:
+            return hit
+        fire: list[list[int]] = [[] for _ in range(self.n_classes)]
+        e = 0
+        for sid in key:
+            for m in self.sig_masks[sid]:
+                for c in self.mask_classes[m]:
+                    fire[c].append(e)
+                e += 1
+        slot_of: dict[tuple[int, ...], int] = {(): 0}
+        slots: list[tuple[int, ...]] = [()]
+        cls_slot = []
+        for f in fire:
+            k = tuple(f)
+            j = slot_of.get(k)
+            if j is None:
+                j = slot_of[k] = len(slots)
+                slots.append(k)
+            cls_slot.append(j)
+        hit = self.templates[key] = (len(self.slots_of_class), slots)
+        self.slots_of_class.append(cls_slot)
+        return hit
+
+    def edge_info(self, s: int) -> int:
+        es = self.edges[s]  # flat: mask, target, mask, target, ...
+        if len(es) == 2:
+            k: tuple[int, ...] = (es[0],)
+            self.tgt[s] = (es[1],)
+        else:
+            k = es[::2]
+            self.tgt[s] = es[1::2]
+        x = self.sig_ids.get(k)
+        if x is None:
+            x = self.sig_ids[k] = len(self.sig_masks)
+            self.sig_masks.append(k)
+        self.sig[s] = x
+        return x
+
+
+def _gather_table(
+    n: int, n_classes: int, row_tpl: list[int], row_off: list[int], slot_ids: list[int],
+    slots_of_class: list[list[int]],
+) -> np.ndarray:  # fmt: skip
+    """The dense table from each row's template and the offset of its slot ids, gathered per
+    template with numpy (rows with template -1 stay DEAD)."""
+    table = np.zeros((n, n_classes), dtype=np.int32)
+    tpl_arr = np.array(row_tpl, dtype=np.int64)
+    off_arr = np.array(row_off, dtype=np.int64)
+    ids_arr = np.array(slot_ids, dtype=np.int32)
+    order_by_tpl = np.argsort(tpl_arr, kind="stable")
+    bounds = np.searchsorted(tpl_arr[order_by_tpl], np.arange(len(slots_of_class) + 1))
+    for tid, cls_slot in enumerate(slots_of_class):
+        slot_of_class = np.array(cls_slot, dtype=np.int64)[None, :]
+        for lo in range(int(bounds[tid]), int(bounds[tid + 1]), 1 << 16):  # bounded temporaries
+            rows_t = order_by_tpl[lo : min(lo + (1 << 16), int(bounds[tid + 1]))]
+            table[rows_t] = ids_arr[off_arr[rows_t][:, None] + slot_of_class]
+    return table
+
+
+def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
+    nfa.materialize()
+    eps, edges, final = nfa.eps, nfa.edges, nfa.final
+    n_classes, byte_to_class, mask_classes = _class_layout(edges)
 
     # epsilon closure, keeping only states that matter for a DFA state: those with byte edges,
     # and the final state
@@ -258,57 +347,9 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
             j = single[t] = state_id(closure(t))
         return j
 
-    # Rows come from templates: the classes -> "which of the DFA state's NFA edges fire" map
-    # depends only on the edges' masks, so DFA states of the same shape (the copies of a
-    # counted character, say) share it, and their row is one C-level gather of target ids.
-    n_nfa = len(edges)
-    sig: list[int] = [-1] * n_nfa  # NFA state -> id of its tuple of mask ids
-    tgt: list[tuple[int, ...] | None] = [None] * n_nfa
-    sig_ids: dict[tuple[int, ...], int] = {}
-    sig_masks: list[tuple[int, ...]] = []
-    templates: dict[tuple[int, ...], tuple[int, list[tuple[int, ...]]]] = {}
-    tpl_slots: list[list[int]] = []  # template id -> slot of each byte class
+    rows = _RowTemplates(edges, n_classes, mask_classes)
+    sig, tgt, template, edge_info = rows.sig, rows.tgt, rows.template, rows.edge_info
     multi: dict[frozenset[int], int] = {}  # a set of NFA targets -> DFA id of their closure
-
-    def template(key: tuple[int, ...]) -> tuple[int, list[tuple[int, ...]]]:
-        hit = templates.get(key)
-        if hit is not None:
-            return hit
-        fire: list[list[int]] = [[] for _ in range(n_classes)]
-        e = 0
-        for sid in key:
-            for m in sig_masks[sid]:
-                for c in mask_classes[m]:
-                    fire[c].append(e)
-                e += 1
-        slot_of: dict[tuple[int, ...], int] = {(): 0}
-        slots: list[tuple[int, ...]] = [()]
-        cls_slot = []
-        for f in fire:
-            k = tuple(f)
-            j = slot_of.get(k)
-            if j is None:
-                j = slot_of[k] = len(slots)
-                slots.append(k)
-            cls_slot.append(j)
-        hit = templates[key] = (len(tpl_slots), slots)
-        tpl_slots.append(cls_slot)
-        return hit
-
-    def edge_info(s: int) -> int:
-        es = edges[s]  # flat: mask, target, mask, target, ...
-        if len(es) == 2:
-            k: tuple[int, ...] = (es[0],)
-            tgt[s] = (es[1],)
-        else:
-            k = es[::2]
-            tgt[s] = es[1::2]
-        x = sig_ids.get(k)
-        if x is None:
-            x = sig_ids[k] = len(sig_masks)
-            sig_masks.append(k)
-        sig[s] = x
-        return x
 
     if state_id(closure(start)) != START:
         raise GrammarError("the constraint matches nothing")
@@ -358,21 +399,11 @@ def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
     for j, st in enumerate(order):
         if final in st:
             accepting[j] = True
-    for d in (index, closures, single, multi, templates):
+    for d in (index, closures, single, multi, rows.templates):
         d.clear()
     order.clear()
-    table = np.zeros((n, n_classes), dtype=np.int32)
-    tpl_arr = np.array(row_tpl, dtype=np.int64)
-    off_arr = np.array(row_off, dtype=np.int64)
-    ids_arr = np.array(slot_ids, dtype=np.int32)
+    table = _gather_table(n, n_classes, row_tpl, row_off, slot_ids, rows.slots_of_class)
     del row_tpl, row_off, slot_ids
-    order_by_tpl = np.argsort(tpl_arr, kind="stable")
-    bounds = np.searchsorted(tpl_arr[order_by_tpl], np.arange(len(tpl_slots) + 1))
-    for tid, cls_slot in enumerate(tpl_slots):
-        slot_of_class = np.array(cls_slot, dtype=np.int64)[None, :]
-        for lo in range(int(bounds[tid]), int(bounds[tid + 1]), 1 << 16):  # bounded temporaries
-            rows_t = order_by_tpl[lo : min(lo + (1 << 16), int(bounds[tid + 1]))]
-            table[rows_t] = ids_arr[off_arr[rows_t][:, None] + slot_of_class]
     # An NFA built from a regex tree sends every piece on to its continuation, and embedded
     # automata come pruned: a DFA state can be a dead end only if some NFA state had nothing
     # in its closure (a character class that matches nothing, say)

@@ -9,13 +9,23 @@ place: the pool's free list, the tree, or one request's own pages.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from runtime.memory.kv_pool import KVPool
-from runtime.memory.radix_cache import MatchResult, RadixCache
+from runtime.memory.radix_cache import MatchResult, RadixCache, TreeNode
 
-if TYPE_CHECKING:
-    from runtime.scheduling.request import Request
+
+class Request(Protocol):
+    """What the book reads and writes of a request (`scheduling.request.Request` is one)."""
+
+    pages: list[int]  # its page table
+    node: TreeNode | None  # the locked tree node its cached prefix ends at
+    cached: int  # tokens whose pages belong to the tree
+    computed: int  # tokens whose KV is written
+    cache_limit: int | None  # tokens past this may still change: not cached while it runs
+
+    @property
+    def seq(self) -> list[int]: ...
 
 
 class PageBook:
