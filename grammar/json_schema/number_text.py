@@ -6,6 +6,18 @@ import math
 
 INTEGER = r"-?(0|[1-9][0-9]*)"
 NUMBER = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
+# strict mode's numbers: at most as many digits as a float64 carries (17 significant digits,
+# a 3-digit exponent) in the integer part, the fraction and the exponent, so no output can loop
+# inside one number; every float64 has such a spelling (d.dddddddddddddddde+ddd)
+FLOAT64_INT_DIGITS = 17
+FLOAT64_FRACTION_DIGITS = 17
+FLOAT64_EXPONENT_DIGITS = 3
+FLOAT64_NUMBER = (
+    f"-?(0|[1-9][0-9]{{0,{FLOAT64_INT_DIGITS - 1}}})(\\.[0-9]{{1,{FLOAT64_FRACTION_DIGITS}}})?"
+    f"([eE][+-]?[0-9]{{1,{FLOAT64_EXPONENT_DIGITS}}})?"
+)
+# the root keyword strict mode adds to say its numbers are FLOAT64_NUMBER-bounded
+FLOAT64_MARK = "_float64_numbers"
 _NONZERO_FRACTION = r"\.[0-9]*[1-9][0-9]*"
 
 

@@ -21,6 +21,7 @@ from grammar.json_schema.formats import (
     UNSUPPORTED_FORMATS,
     format_node,
 )
+from grammar.json_schema.number_grid import exact, scale
 
 # one decoded character: a literal one, a short escape, a \uXXXX escape that is no surrogate,
 # or an escaped surrogate pair (one character, as JSON Schema lengths count it)
@@ -38,12 +39,13 @@ Node = object | None  # a regex node (grammar.automata.regex_ast); None matches 
 class ScalarRules:
     """Needs from the builder: `ws`, `ws_text`, `colon`, `comma`, `string_char`, `any_string`,
     `_any` (the any-value nodes built so far, by depth), `_strings` (string nodes built so
-    far, by their keywords), `integral_floats` (draft 6 on)."""
+    far, by their keywords), `integral_floats` (draft 6 on), `float64_numbers` (strict mode:
+    numbers carry at most a float64's digits, `number_text.FLOAT64_NUMBER`)."""
 
     def any_value(self, depth: int) -> object:
         note_loss()  # values nested deeper than any_depth are left out
         if depth not in self._any:
-            options = [self.any_string, ra.parsed(number_text.NUMBER)]
+            options = [self.any_string, ra.parsed(self.number_text)]
             options += [ra.lit("true"), ra.lit("false"), ra.lit("null")]
             if depth > 0:
                 inner = self.any_value(depth - 1)
@@ -52,7 +54,9 @@ class ScalarRules:
                 options.append(self.wrap("{", ra.optional(members), "}"))
                 elems = ra.seq(inner, ra.repeat(ra.seq(self.comma, inner), 0, None))
                 options.append(self.wrap("[", ra.optional(elems), "]"))
-            self._any[depth] = _any_automaton(ra.alt(options), self.ws_text, depth)
+            self._any[depth] = _any_automaton(
+                ra.alt(options), self.ws_text, depth, self.float64_numbers
+            )
         return self._any[depth]
 
     def wrap(self, open_: str, inner: Node, close: str) -> Node:
@@ -144,17 +148,37 @@ class ScalarRules:
             return node
         return ra.seq(node, ra.parsed(_ZERO_FRACTION))
 
+    @property
+    def number_text(self) -> str:
+        """The regex of an unconstrained number: bounded digits in strict mode."""
+        return number_text.FLOAT64_NUMBER if self.float64_numbers else number_text.NUMBER
+
     def number(self, s: dict, ptr: str) -> Node:
         bounds = _bounds(s)
         if bounds == (None,) * 4 and s.get("multipleOf") is None:
-            node = shared_leaf(number_text.NUMBER, "number")
+            node = shared_leaf(self.number_text, "number")
         else:
             node = numbers.number_node("number", *bounds, s.get("multipleOf"), ptr)
+            if self.float64_numbers and node is not None:
+                node = self.float64_digits(node, bounds, ptr)
         if not s.get("_fractional") or node is None:
             return node
         # `not` of integer: the numbers spelled with a non-zero fraction digit, no exponent
         dfa = dfa_ops.product(self.dfa(node), self.dfa(ra.parsed(_FRACTIONAL)), True)
         return dfa_ops.DFANode(dfa, "not", ptr) if dfa.accepting.any() else None
+
+    def float64_digits(self, node: object, bounds: tuple, ptr: str) -> Node:
+        """`node` (exponent-free numbers within bounds) cut to the digits a float64 carries:
+        17 in the integer part and in the fraction, or one more than a bound has there (so a
+        bound past them keeps the numbers near it)."""
+        given = [exact(b) for b in bounds if b is not None and not isinstance(b, bool)]
+        whole = max([len(str(abs(int(b)))) + 1 for b in given], default=0)
+        frac = max([scale(b, numbers.MAX_DIGITS) + 1 for b in given], default=0)
+        whole = max(whole, number_text.FLOAT64_INT_DIGITS)
+        frac = max(frac, number_text.FLOAT64_FRACTION_DIGITS)
+        limit = ra.parsed(f"-?[0-9]{{1,{whole}}}(\\.[0-9]{{1,{frac}}})?")
+        dfa = dfa_ops.product(self.dfa(node), self.dfa(limit), True)
+        return dfa_ops.DFANode(dfa, "number", ptr) if dfa.accepting.any() else None
 
 
 def _bounds(s: dict) -> tuple:
@@ -194,11 +218,11 @@ def shared_leaf(text: str, keyword: str) -> object:
     return node
 
 
-def _any_automaton(node: object, ws: str, depth: int) -> object:
+def _any_automaton(node: object, ws: str, depth: int, float64: bool) -> object:
     """Any JSON value nested at most `depth` deep, as a prebuilt automaton shared by every
     schema (built once per whitespace and depth: most schemas hold it, as additional
     members' values), keeping its regex text for json_schema_to_regex."""
-    key = (ws, depth)
+    key = (ws, depth, float64)
     if key not in _ANY_DFAS:
         _ANY_DFAS[key] = dfa_ops.DFANode(node_to_dfa(node), "any", "#", ra.to_text(node))
     return _ANY_DFAS[key]

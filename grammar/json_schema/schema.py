@@ -37,6 +37,7 @@ from grammar.json_schema.exact.exclusive import oneof_by_negation
 from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
 from grammar.json_schema.merge import ANNOTATIONS, canonical, merge, type_set
 from grammar.json_schema.normalise import NormaliseRules
+from grammar.json_schema.number_text import FLOAT64_MARK
 from grammar.json_schema.objects import (
     ObjectRules,
     integral_as,
@@ -154,6 +155,8 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         self.ref_overrides_siblings = any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))
         # draft 6 on: a number with a zero fraction (1.0) is an integer
         self.integral_floats = not any(f"draft-0{n}" in draft for n in (3, 4))
+        # strict mode marks its root: numbers carry at most a float64's digits
+        self.float64_numbers = isinstance(root, dict) and root.get(FLOAT64_MARK) is True
 
     def dfa(self, node: object, max_states: int = DEFAULT_MAX_STATES) -> Any:
         """node_to_dfa(node, max_states), once per node object in a compile (the memoised

@@ -20,6 +20,11 @@ Integers: an integer schema without a `minimum` (`maximum`) gets I-JSON's exact 
 `-(2**53 - 1)` (`2**53 - 1`): a value JavaScript and float parsers read back unchanged, and a
 bound on the digits a model can repeat (`"minutes": 1000000000...` to max_tokens).
 
+Numbers: a number carries at most the digits a float64 does (`number_text.FLOAT64_NUMBER`:
+17 in the integer part, 17 in the fraction, 3 in the exponent; more where the schema's own
+bounds have more), so a model cannot loop inside one (`"population":1.0000000...`).
+`apply_mode` marks the root with the private keyword `FLOAT64_MARK`, which the builder reads.
+
 Modes: `JSON_SCHEMA_MODES = ("strict", "exact")`; `apply_mode(schema, mode)` is what the
 compile functions call.
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from grammar.json_schema.number_text import FLOAT64_MARK
 from grammar.json_schema.objects import pointer_target
 
 JSON_SCHEMA_MODES = ("strict", "exact")
@@ -55,8 +61,14 @@ def check_mode(mode: str) -> str:
 
 
 def apply_mode(schema: Any, mode: str) -> Any:
-    """`schema` as generated under `mode`: unchanged for "exact", `strict_schema` for "strict"."""
-    return strict_schema(schema) if check_mode(mode) == "strict" else schema
+    """`schema` as generated under `mode`: unchanged for "exact"; for "strict", `strict_schema`
+    with its root marked `FLOAT64_MARK` (numbers carry at most a float64's digits)."""
+    if check_mode(mode) == "exact":
+        return schema
+    out = strict_schema(schema)
+    if isinstance(out, dict):
+        out[FLOAT64_MARK] = True
+    return out
 
 
 def strict_schema(schema: Any) -> Any:
