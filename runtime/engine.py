@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import torch
 
+from runtime import settings
 from runtime.default_model import ensure_default_model
 from runtime.disaggregation.modes import (
     DEFAULT_TIMEOUT_S,
@@ -51,7 +51,7 @@ def overlap_wanted(flag: bool | None) -> bool:
     """`overlap_schedule` if given, else $SGL_OVERLAP ("1" on, "0" off), else off."""
     if flag is not None:
         return flag
-    return os.environ.get("SGL_OVERLAP", "0").strip() == "1"
+    return settings.OVERLAP.get()
 
 
 def _eos_ids(loaded_source: Path, config_eos: Sequence[int], tokenizer) -> list[int]:

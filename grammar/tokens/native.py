@@ -10,30 +10,25 @@ the table (a lazy one is replaced as it grows) and resumes only the skipped subt
 none is left. (Building only the entries read, not whole rows, was tried: no faster, as most
 of those rows are read whole later.)
 
-The unit is compiled on first use with the system C compiler (as runtime's CPU kernels are:
-cached under $SGL_NATIVE_CACHE, default ~/.cache/sgl-native, keyed by the source, the flags
-and the CPU) and called through ctypes, which releases the GIL. `trie_of(vocab)` is None (and
-the token index keeps its numpy walks) when SGL_GRAMMAR_NATIVE=0, when no compiler is found or
-the build fails, or when a token is longer than the walk's stack.
+The unit is compiled on first use with the system C compiler (`grammar/native_build.py`, as
+runtime's CPU kernels are: cached under $SGL_NATIVE_CACHE, keyed by the source, the flags, the
+compiler and the CPU) and called through ctypes, which releases the GIL. `trie_of(vocab)` is
+None (and the token index keeps its numpy walks) when SGL_GRAMMAR_NATIVE=0, when no compiler is
+found or the build fails, or when a token is longer than the walk's stack.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shutil
 import subprocess
-import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from grammar import native_build, settings
 from grammar.tokens.loops import Suffixes
 from grammar.tokens.vocab import TokenVocabulary, csr_take
 
@@ -124,7 +119,7 @@ int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int
 }
 """
 
-_FLAGS = ["-O2", "-march=native", "-fPIC", "-std=gnu11", "-shared"]
+_FLAGS = ("-O2", "-march=native", "-fPIC", "-std=gnu11")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _lib: ctypes.CDLL | None = None
 _failed = False
@@ -135,41 +130,7 @@ NODE = np.dtype([("end", "<i4"), ("row", "<i4"), ("depth", "<i4"), ("byte", "<i4
 
 def enabled() -> bool:
     """Whether the C walk may be used (SGL_GRAMMAR_NATIVE=0 turns it off; read on each call)."""
-    return os.environ.get("SGL_GRAMMAR_NATIVE", "1").strip() != "0"
-
-
-def cpu_id() -> str:
-    """What a compiled native library's cache key needs of this CPU (its flags line); shared
-    with runtime/kernels/cpu_fused.py."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        return next((ln for ln in text.splitlines() if ln.startswith("flags")), text[:4000])
-    except OSError:
-        return platform.processor()
-
-
-def compiler() -> str | None:
-    """The C compiler native code is built with: $CC, else `cc`, else `gcc` (None: none)."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def cache_dir() -> Path:
-    """Where compiled native libraries are kept: $SGL_NATIVE_CACHE or ~/.cache/sgl-native
-    (created)."""
-    cache = Path(os.environ.get("SGL_NATIVE_CACHE") or Path.home() / ".cache" / "sgl-native")
-    cache.mkdir(parents=True, exist_ok=True)
-    return cache
-
-
-def _build(target: Path, compiler: str) -> None:
-    """Compile into `target` (a temporary name, then renamed: processes building at once never
-    load a half-written file)."""
-    with tempfile.TemporaryDirectory(dir=target.parent) as d:
-        src, tmp = Path(d, "trie.c"), Path(d, "trie.so")
-        src.write_text(SOURCE)
-        subprocess.run([compiler, *_FLAGS, str(src), "-o", str(tmp)], check=True,
-                       capture_output=True, timeout=120)  # fmt: skip
-        os.replace(tmp, target)
+    return settings.GRAMMAR_NATIVE.get()
 
 
 def _load() -> ctypes.CDLL | None:
@@ -177,15 +138,10 @@ def _load() -> ctypes.CDLL | None:
     with _load_lock:
         if _lib is not None or _failed:
             return _lib
-        cc = compiler()
         try:
-            if cc is None:
-                raise RuntimeError("no C compiler found")
-            key = hashlib.sha256("\n".join([SOURCE, repr(_FLAGS), cpu_id(), cc]).encode())
-            target = cache_dir() / f"grammar-trie-{key.hexdigest()[:16]}.so"
-            if not target.exists():
-                _build(target, cc)
-            lib = ctypes.CDLL(str(target))
+            lib = native_build.load_library(
+                "grammar-trie", [native_build.Unit("trie", SOURCE, _FLAGS)]
+            )
             lib.trie_build.argtypes = [_PTR, _PTR, _PTR, _I64, _PTR, _I64]
             lib.trie_build.restype = _I64
             lib.trie_walk.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64]

@@ -11,11 +11,11 @@ Signatures and semantics: see ``reference.py`` and docs/INTERFACES.md.
 from __future__ import annotations
 
 import logging
-import os
 from types import ModuleType
 
 import torch
 
+from runtime import settings
 from runtime.kernels import reference
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_ENV = "SGL_KERNELS"
+_ENV = settings.KERNELS.name
 # (triton_attention, triton_bitmask, triton_mla) once imported
 _triton_modules: tuple[ModuleType, ModuleType, ModuleType] | None = None
 _triton_error: Exception | None = None
@@ -50,7 +50,7 @@ def _load_triton() -> tuple[ModuleType, ModuleType, ModuleType] | None:
 
 def kernel_backend(t: torch.Tensor) -> str:
     """``"triton"`` or ``"torch"``: which path a call with tensors like ``t`` takes."""
-    forced = os.environ.get(_ENV, "").strip().lower()
+    forced = settings.KERNELS.get()  # a SettingError (a ValueError) for another word
     if forced == "torch":
         return "torch"
     if forced == "triton":
@@ -59,8 +59,6 @@ def kernel_backend(t: torch.Tensor) -> str:
                 _triton_error
             )
         return "triton"
-    if forced:
-        raise ValueError(f"{_ENV} must be 'triton' or 'torch', got {forced!r}")
     if t.is_cuda and _load_triton() is not None:
         return "triton"
     return "torch"

@@ -13,9 +13,9 @@ binds to the `libgomp.so.1` torch's Linux wheels already loaded, so it follows t
 count (a torch with another OpenMP would give it a second runtime; set SGL_FUSED_CPU=0 there).
 
 `available()` is False (and callers keep the torch path) when SGL_FUSED_CPU=0, when no C
-compiler is found or compiling fails. The library is cached under $SGL_NATIVE_CACHE (default
-~/.cache/sgl-native), keyed by the source, the flags and the CPU, and built with
-`-march=native`: one machine's build is never loaded on another CPU.
+compiler is found or compiling fails. `grammar/native_build.py` builds it (shared with the
+grammar's C walk): cached under $SGL_NATIVE_CACHE, keyed by the source, the flags, the compiler
+and the CPU, and built with `-march=native`: one machine's build is never loaded on another CPU.
 
 Numerics (see cpu_source.py): rotary, the K/V write and the residual add give torch's bits;
 RMSNorm may differ by an ulp of its scale (float32; bf16 measured equal); attention differs by
@@ -25,27 +25,24 @@ summation order and `expf`, at float32 rounding level.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
 import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from grammar.tokens import native
+from grammar.native_build import Unit, load_library
+from runtime import settings
 from runtime.kernels import cpu_gemv
 from runtime.kernels.cpu_source import EXACT, FAST, FAST_PRELUDE, render
 
 logger = logging.getLogger(__name__)
 
-_COMMON = ["-O3", "-march=native", "-fPIC", "-std=c11"]
+_COMMON = ("-O3", "-march=native", "-fPIC", "-std=c11")
 _FLAGS = {
-    "exact": _COMMON + ["-ffp-contract=off"],
-    "fast": _COMMON + ["-ffast-math"],
-    "gemv": _COMMON + ["-ffp-contract=fast"],
+    "exact": (*_COMMON, "-ffp-contract=off"),
+    "fast": (*_COMMON, "-ffast-math"),
+    "gemv": (*_COMMON, "-ffp-contract=fast"),
 }
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -66,55 +63,30 @@ _lib: dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None = None
 _failed = False
 
 
-def _build(target: Path, compiler: str, openmp: bool) -> None:
-    """Compile the three units into `target` (written to a temporary name, then renamed: processes
-    building at once never load a half-written file). With `openmp`, decode attention splits
-    its requests over OpenMP threads."""
-    omp = ["-fopenmp"] if openmp else []
-    with tempfile.TemporaryDirectory(dir=target.parent) as d:
-        objects = []
-        units = (("exact", render(EXACT)), ("fast", render(FAST, FAST_PRELUDE)),
-                 ("gemv", cpu_gemv.SOURCE))  # fmt: skip
-        for name, text in units:
-            src, obj = Path(d, f"{name}.c"), Path(d, f"{name}.o")
-            src.write_text(text)
-            flags = _FLAGS[name] + (omp if name != "exact" else [])
-            subprocess.run([compiler, *flags, "-c", str(src), "-o", str(obj)],
-                           check=True, capture_output=True, timeout=120)  # fmt: skip
-            objects.append(str(obj))
-        tmp = Path(d, "lib.so")
-        subprocess.run([compiler, "-shared", *omp, *objects, "-o", str(tmp), "-lm"], check=True,
-                       capture_output=True, timeout=120)  # fmt: skip
-        os.replace(tmp, target)
-
-
-def _open(cache: Path, key: str, compiler: str, openmp: bool) -> ctypes.CDLL:
-    target = cache / f"fused-{key}{'-omp' if openmp else ''}.so"
-    if not target.exists():
-        _build(target, compiler, openmp)
-    return ctypes.CDLL(str(target))
+def _open(openmp: bool) -> ctypes.CDLL:
+    """The three units in one library (`grammar/native_build.py` builds and caches it). With
+    `openmp`, decode attention splits its requests over OpenMP threads."""
+    omp = ("-fopenmp",) if openmp else ()
+    units = [
+        Unit("exact", render(EXACT), _FLAGS["exact"]),
+        Unit("fast", render(FAST, FAST_PRELUDE), _FLAGS["fast"] + omp),
+        Unit("gemv", cpu_gemv.SOURCE, _FLAGS["gemv"] + omp),
+    ]
+    return load_library("fused-omp" if openmp else "fused", units, (*omp, "-lm"))
 
 
 def _load() -> dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None:
     global _lib, _failed
     if _lib is not None or _failed:
         return _lib
-    compiler = native.compiler()
     try:
-        if compiler is None:
-            raise RuntimeError("no C compiler found")
-        sources = [EXACT, FAST, FAST_PRELUDE, cpu_gemv.SOURCE]
-        key = hashlib.sha256(
-            "\n".join([*sources, repr(_FLAGS), native.cpu_id(), compiler]).encode()
-        ).hexdigest()[:16]
-        cache = native.cache_dir()
         try:
             # OpenMP links against the libgomp torch already loaded (one runtime, torch's
             # thread count); a compiler or runtime without it gets the single-threaded build
-            lib = _open(cache, key, compiler, openmp=True)
+            lib = _open(openmp=True)
         except (OSError, subprocess.SubprocessError) as exc:
             logger.info("fused CPU kernels without OpenMP: %s", exc)
-            lib = _open(cache, key, compiler, openmp=False)
+            lib = _open(openmp=False)
         funcs = {}
         for name, argtypes in _SIGNATURES.items():
             for dtype, suffix in _SUFFIX.items():
@@ -134,7 +106,7 @@ def _load() -> dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None:
 
 def available(dtype: torch.dtype) -> bool:
     """Whether the fused kernels run for CPU tensors of `dtype` (float32 or bfloat16)."""
-    if os.environ.get("SGL_FUSED_CPU", "1").strip() == "0" or dtype not in _SUFFIX:
+    if not settings.FUSED_CPU.get() or dtype not in _SUFFIX:
         return False
     return _load() is not None
 

@@ -19,11 +19,11 @@ Triton kernels read pages in place on a GPU). `SGL_PREFIX_EXTEND=0` turns it off
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from runtime import settings
 from runtime.kernels.cascade import attend_all
 
 MIN_SHARED_PAGES = 2  # a group's shared part below this many pages: its members go alone
@@ -34,7 +34,7 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 def enabled() -> bool:
     """Whether the models plan their CPU extend attention here (`SGL_PREFIX_EXTEND=0`: no)."""
-    return os.environ.get("SGL_PREFIX_EXTEND", "1") != "0"
+    return settings.PREFIX_EXTEND.get()
 
 
 @dataclass(slots=True)

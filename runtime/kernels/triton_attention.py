@@ -14,11 +14,11 @@ Semantics and signatures match ``runtime.kernels.reference``.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from runtime import settings
 
 __all__ = ["paged_decode_attention", "paged_extend_attention"]
 
@@ -276,7 +276,7 @@ def _precision(dtype: torch.dtype) -> str:
 def _upcast(q: torch.Tensor) -> bool:
     # Triton's interpreter multiplies bf16 operands of tl.dot as their raw uint16 bits
     # (seen in triton 3.9); upcast them to fp32 there. Compiled kernels keep bf16 dots.
-    interpreted = not q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    interpreted = not q.is_cuda or settings.TRITON_INTERPRET.get()
     return q.dtype == torch.bfloat16 and interpreted
 
 

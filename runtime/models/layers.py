@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
+from runtime import settings
 from runtime.kernels import cpu_fused, cpu_gemv
 
 
@@ -32,7 +31,7 @@ _REORDER_HINT_ROWS = 16
 def packing_enabled(dtype: torch.dtype, device: torch.device) -> bool:
     """Reorder fp32 / bf16 CPU weights for oneDNN unless SGL_PACKED_LINEAR=0 (read at model
     load). bf16 needs a CPU with native bf16 dot products (AVX-512 BF16 or AMX)."""
-    if os.environ.get("SGL_PACKED_LINEAR", "1") == "0" or device.type != "cpu":
+    if not settings.PACKED_LINEAR.get() or device.type != "cpu":
         return False
     if not torch.backends.mkldnn.is_available():
         return False
@@ -53,7 +52,7 @@ GEMV_ROWS = 1
 def gemv_enabled(dtype: torch.dtype, device: torch.device) -> bool:
     """One-row projections through the packed CPU matrix-vector kernel (cpu_gemv.py) unless
     SGL_CPU_GEMV=0 or the fused CPU kernels are unavailable (read at model load)."""
-    if os.environ.get("SGL_CPU_GEMV", "1").strip() == "0" or device.type != "cpu":
+    if not settings.CPU_GEMV.get() or device.type != "cpu":
         return False
     return cpu_fused.available(dtype)
 

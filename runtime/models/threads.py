@@ -20,11 +20,12 @@ choice does not change tokens.
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any
 
 import torch
+
+from runtime import settings
 
 FIXED_TOKENS = 32  # a step's fixed cost (reading every weight once), in tokens of work
 FIRST_TRIAL = 2  # decode steps before the first trial (a warm-up request decides)
@@ -38,7 +39,7 @@ def chooser_wanted(num_threads: int | None, device: torch.device) -> bool:
     SGL_ADAPTIVE_THREADS=0."""
     if num_threads or device.type != "cpu" or torch.get_num_threads() < 2:
         return False
-    return os.environ.get("SGL_ADAPTIVE_THREADS", "1").strip() != "0"
+    return settings.ADAPTIVE_THREADS.get()
 
 
 class ThreadChooser:

@@ -20,7 +20,6 @@ Jumped tokens were not sampled: their log-probs are reported as 0.0 (forced).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from runtime import kernels
+from runtime import kernels, settings
 from runtime.scheduling.request import Request
 
 if TYPE_CHECKING:
@@ -74,7 +73,7 @@ class ConstraintHooks:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-grammar")
         self._wake = engine.scheduler_wake if hasattr(engine, "scheduler_wake") else None
         self.json_schema_mode = getattr(engine, "json_schema_mode", "strict")
-        if os.environ.get("SGL_GRAMMAR_PREBUILD", "1").strip() != "0":
+        if settings.GRAMMAR_PREBUILD.get():
             # first on the grammar thread, so no request's compile waits for these
             self._pool.submit(self._prebuild)
 

@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from runtime import settings
 from runtime.memory.kv_pool import KVPool, resolve_dtype
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
@@ -34,7 +35,7 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken p
 
 def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int) -> None:
     torch.set_num_threads(threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    settings.set_default(settings.TOKENIZERS_PARALLELISM, "false")
     dist.init_process_group("gloo", init_method=addr, rank=rank, world_size=layout.world,
                             timeout=TIMEOUT)  # fmt: skip
     comm = layout.make_comm(rank)
@@ -85,7 +86,9 @@ def spawn(layout: Layout, ranks: range, addr: str, model: str) -> list[tuple[obj
 
     threads = max(1, (os.cpu_count() or 1) // max(len(ranks), 1))
     root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = settings.child_environment(
+        PYTHONPATH=root + os.pathsep + (settings.PYTHONPATH.get() or "")
+    )
     env["OMP_NUM_THREADS"] = str(threads)
     fields = {name: getattr(layout, name) for name in Layout.__slots__}
     out = []

@@ -18,7 +18,6 @@ models have no way to score a given text, and SGLang refuses it there too).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -81,11 +80,11 @@ class OpenAI(Backend):
         *,
         timeout: float | None = 600.0,
     ) -> None:
+        from sgl_dsl import settings  # here: reading it imports grammar's settings kinds
+
         self.model = self.model_name = model
-        self.base_url = (
-            base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-        ).rstrip("/")
-        key = api_key or os.environ.get("OPENAI_API_KEY")
+        self.base_url = (base_url or settings.OPENAI_BASE_URL.get()).rstrip("/")
+        key = api_key or settings.OPENAI_API_KEY.get()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)

@@ -1,0 +1,112 @@
+"""Every environment variable the runtime package reads, declared once: name, type, default and
+what it does (the kinds are `grammar.settings`'). No other runtime module reads or writes the
+environment (tests/test_layout.py checks it); docs/configuration.md lists them.
+
+Each is read when `get()` is called: the switches of a hot path on every call (a test or an
+operator may flip one in a running process), those of model loading once per load. The
+native-code settings (`CC`, `SGL_NATIVE_CACHE`) are grammar's: `grammar/native_build.py` builds
+the runtime's C kernels too.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from grammar.settings import Choice, Flag, Folder, Setting, Text
+
+OVERLAP = Flag(
+    "SGL_OVERLAP",
+    False,
+    "Run each forward on a thread while the scheduler plans the next step, when "
+    "`Engine(overlap_schedule=...)` is not given.",
+)
+KERNELS = Choice(
+    "SGL_KERNELS",
+    "auto",
+    "Which attention and mask kernels run: `auto` (Triton for CUDA tensors when it imports, "
+    "else the torch reference), or force `triton` / `torch`.",
+    choices=("auto", "triton", "torch"),
+)
+FUSED_CPU = Flag(
+    "SGL_FUSED_CPU",
+    True,
+    "The fused C kernels for a CPU model's small ops (RMSNorm with the residual add, rotary with "
+    "the K/V write, decode attention); 0 keeps the torch ops.",
+)
+PREFIX_EXTEND = Flag(
+    "SGL_PREFIX_EXTEND",
+    True,
+    "CPU extend attention split at the cached prefix (the prefix read once per group); 0 keeps "
+    "the short-chunk path.",
+)
+CPU_GEMV = Flag(
+    "SGL_CPU_GEMV",
+    True,
+    "One-row projections through the packed CPU matrix-vector kernel; 0 keeps oneDNN. Read at "
+    "model load.",
+)
+PACKED_LINEAR = Flag(
+    "SGL_PACKED_LINEAR",
+    True,
+    "CPU fp32 / bf16 weights reordered once for oneDNN at load; 0 keeps plain `F.linear`. Read "
+    "at model load.",
+)
+ADAPTIVE_THREADS = Flag(
+    "SGL_ADAPTIVE_THREADS",
+    True,
+    "Measure whether a CPU forward runs faster on all threads or on one, and keep measuring; 0 "
+    "keeps all threads.",
+)
+GRAMMAR_PREBUILD = Flag(
+    "SGL_GRAMMAR_PREBUILD",
+    True,
+    "Build the pieces every schema shares (format automata, the vocabulary's token tables) on "
+    "the grammar thread when an engine starts; 0 leaves them to the first compile.",
+)
+CACHE_DIR = Folder(
+    "SGL_DSL_CACHE_DIR",
+    Path("~/.cache/sgl_dsl"),
+    "Where the default model is converted to and loaded from (`models/` below it).",
+)
+TRITON_INTERPRET = Flag(
+    "TRITON_INTERPRET",
+    False,
+    "Triton's own switch: run Triton kernels in its interpreter (how CPU tests run them); the "
+    "runtime reads it to upcast bf16 dot operands the interpreter would misread.",
+)
+TOKENIZERS_PARALLELISM = Text(
+    "TOKENIZERS_PARALLELISM",
+    None,
+    "The `tokenizers` library's switch; a worker rank sets it to `false` when unset.",
+)
+PYTHONPATH = Text(
+    "PYTHONPATH",
+    None,
+    "Passed on to worker ranks with the repository root in front, so they import this code.",
+)
+
+SETTINGS: tuple[Setting, ...] = (
+    OVERLAP,
+    KERNELS,
+    FUSED_CPU,
+    PREFIX_EXTEND,
+    CPU_GEMV,
+    PACKED_LINEAR,
+    ADAPTIVE_THREADS,
+    GRAMMAR_PREBUILD,
+    CACHE_DIR,
+    TRITON_INTERPRET,
+    TOKENIZERS_PARALLELISM,
+    PYTHONPATH,
+)
+
+
+def set_default(setting: Setting, value: str) -> None:
+    """Give `setting` the value `value` in this process's environment unless it is set."""
+    os.environ.setdefault(setting.name, value)
+
+
+def child_environment(**changes: str) -> dict[str, str]:
+    """This process's environment with `changes`, for a child process: settings pass on."""
+    return {**os.environ, **changes}
