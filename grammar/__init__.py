@@ -4,6 +4,7 @@ vocab = TokenVocabulary.from_tokenizer(hf_tokenizer)
 g = compile_json_schema(schema, vocab)      # cached by (constraint, vocab.hash)
 m = g.matcher(); m.mask(); m.advance(token_id); m.forced_text()
 g = compile_lark(LARK_TEXT, vocab)          # context-free, the same matcher interface
+g = compile_ebnf(GBNF_TEXT, vocab)          # llama.cpp / XGrammar GBNF, any rule as root
 """
 
 from grammar import api as _api
@@ -11,6 +12,7 @@ from grammar.api import choices_to_regex, compile_choices, compile_json_schema, 
 from grammar.automata import intersect as _intersect  # noqa: F401  no compile pays a module import
 from grammar.automata.fsm import ByteDFA, regex_to_dfa
 from grammar.cfg.compiler import CompiledCFG, clear_cfg_caches, compile_lark
+from grammar.ebnf.compiler import CompiledEBNF, clear_ebnf_caches, compile_ebnf
 from grammar.errors import EmptyLanguageError, GrammarError, UnsupportedSchemaError
 from grammar.json_schema import numbers as _decimal_numbers  # noqa: F401  loaded with the package:
 from grammar.json_schema.lark import compile_json_schema_cfg, json_schema_to_lark
@@ -42,12 +44,14 @@ def clear_caches() -> None:
     """Drop every compiled constraint (regex, schema and lark paths)."""
     _api.clear_caches()
     clear_cfg_caches()
+    clear_ebnf_caches()
 
 
 __all__ = [
     "ByteDFA",
     "choices_to_regex",
     "CompiledCFG",
+    "CompiledEBNF",
     "CompiledGrammar",
     "EmptyLanguageError",
     "GrammarError",
@@ -56,6 +60,7 @@ __all__ = [
     "UnsupportedSchemaError",
     "clear_caches",
     "compile_choices",
+    "compile_ebnf",
     "compile_json_schema",
     "compile_json_schema_cfg",
     "compile_lark",

@@ -32,6 +32,8 @@ LAYERS = [
     ("grammar.tokens",),
     ("grammar.cfg",),
     ("grammar.json_schema",),
+    ("grammar.ebnf",),
+    ("grammar.structural",),
     ("grammar",),
     ("runtime.errors", "runtime.config", "runtime.settings"),
     ("runtime.kernels",),

@@ -1,0 +1,1 @@
+"""GBNF / EBNF grammars (llama.cpp's and XGrammar's dialect) as token constraints."""

@@ -1,0 +1,281 @@
+"""GBNF / EBNF grammars as token constraints: `compile_ebnf(text, vocab, root="root")`.
+
+A grammar whose root reaches no recursive rule is one regular language: it compiles to a regex
+tree and from there to the same `CompiledGrammar` a regex gets (lazy DFA, token index,
+jump-forward over the compressed DFA). Otherwise it compiles to a `CompiledEBNF`: the rules'
+transition network (`grammar.ebnf.lower`) run by an Earley parser (`grammar.ebnf.earley`).
+
+Masks of a `CompiledEBNF`. A token read from an Earley set either stays inside one terminal
+being read there (it ends in a live state of that terminal's DFA), or crosses a point where the
+terminal may complete (an accepting state with bytes of the token left). For each (terminal,
+state) the vocabulary is walked once, vectorised, and kept (`Decomposition`): the packed mask of
+the tokens that stay inside, and the (token row, byte offset) pairs where it may complete. The
+mask of a set ORs the first part of each of its (terminal, state) pairs; for the second it
+completes the terminal in a hypothetical set and walks the remainders from the terminals read
+there (decomposed once per remainder group and terminal, cached), recursively. EOS is allowed
+exactly where the text so far is a sentence.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from grammar.automata.fsm import DEAD, START, no_gc, node_to_lazy_dfa
+from grammar.cfg.mask import VocabLayout
+from grammar.ebnf.earley import EarleyParser, ESet
+from grammar.ebnf.lower import Lowering, Terminal
+from grammar.ebnf.network import NetworkBuilder
+from grammar.ebnf.syntax import Grammar, parse_gbnf
+from grammar.errors import GrammarError
+from grammar.tokens.cache import CompileCache
+from grammar.tokens.compiled import CompiledGrammar
+from grammar.tokens.matcher import PackedMaskViews
+from grammar.tokens.vocab import TokenVocabulary
+
+MAX_FORCED_BYTES = 1024
+_EBNF_CACHE: CompileCache = CompileCache(max_entries=128)
+_LAYOUTS: CompileCache = CompileCache(max_entries=4)
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+
+
+def vocab_layout(vocab: TokenVocabulary) -> VocabLayout:
+    return _LAYOUTS.get_or_build(vocab.hash, lambda: VocabLayout(vocab))
+
+
+class Decomposition:
+    """Token (suffixes) read from one terminal state: `words` (packed mask, or None) of those
+    that end inside the terminal; `cut_rows` / `cut_pos` where the terminal may complete with
+    bytes left; `children[terminal]`: the decomposition of those remainders from a terminal's
+    start."""
+
+    __slots__ = ("words", "cut_rows", "cut_pos", "children")
+
+    def __init__(self, words: np.ndarray | None, cut_rows: np.ndarray, cut_pos: np.ndarray):
+        self.words = words
+        self.cut_rows = cut_rows
+        self.cut_pos = cut_pos
+        self.children: dict[int, Decomposition] = {}
+
+
+def decompose(
+    layout: VocabLayout, term: Terminal, q: int, rows: np.ndarray, pos: np.ndarray
+) -> Decomposition:
+    """Walk token rows from byte offsets `pos` through `term`'s DFA from state q."""
+    prep = layout.prepared
+    n_rows = prep.columns.shape[1]
+    cols = prep.columns.reshape(-1)  # byte p of row r at p * n_rows + r
+    table = term.table.reshape(-1)
+    accepting, live = term.accepting, term.live
+    lens = prep.lengths[rows].astype(np.int64)
+    cur = np.full(rows.shape[0], q, dtype=np.int64)
+    pos = pos.astype(np.int64)
+    inside, cut_rows, cut_pos = [], [], []
+    while rows.size:
+        nxt = table[cur * 256 + cols[pos * n_rows + rows]].astype(np.int64)
+        ok = nxt != DEAD
+        rows, cur, pos, lens = rows[ok], nxt[ok], pos[ok] + 1, lens[ok]
+        ended = pos == lens
+        if ended.any():
+            inside.append(rows[ended])
+            rest = ~ended
+            rows, cur, pos, lens = rows[rest], cur[rest], pos[rest], lens[rest]
+        acc = accepting[cur]
+        if acc.any():
+            cut_rows.append(rows[acc])
+            cut_pos.append(pos[acc])
+        go = live[cur]
+        if not go.all():
+            rows, cur, pos, lens = rows[go], cur[go], pos[go], lens[go]
+    words = layout.rows_to_words(np.concatenate(inside)) if inside else None
+    if cut_rows:
+        return Decomposition(words, np.concatenate(cut_rows), np.concatenate(cut_pos))
+    return Decomposition(words, _NO_ROWS, _NO_ROWS)
+
+
+class CompiledEBNF:
+    """A compiled recursive GBNF grammar over one vocabulary. Shared between threads (caches
+    fill lazily); each sequence gets its own `matcher()`."""
+
+    admits_nothing = False
+
+    def __init__(self, g: Grammar, low: Lowering, vocab: TokenVocabulary, source: str) -> None:
+        self.source = source
+        self.vocab = vocab
+        self.eos_token_ids = frozenset(vocab.eos_token_ids)
+        self.network = NetworkBuilder(low).build()
+        self.parser = EarleyParser(self.network)
+        self.layout = vocab_layout(vocab)
+        self.num_words = self.layout.num_words
+        self._top: dict[tuple[int, int], Decomposition] = {}
+        self._lock = threading.Lock()
+        self.start = self.parser.initial()
+        prep = self.layout.prepared
+        fs = prep.first_start
+        self._first_rows = [np.arange(fs[b], fs[b + 1], dtype=np.int64) for b in range(256)]
+        # the decompositions of the start set now: the first mask is the slow one
+        self.bitmask(self.start)
+
+    def matcher(self) -> EBNFMatcher:
+        return EBNFMatcher(self, self.start)
+
+    def _top_decomposition(self, t: int, q: int) -> Decomposition:
+        d = self._top.get((t, q))
+        if d is None:
+            term = self.network.terminals[t]
+            first = np.flatnonzero(term.table[q] != DEAD)
+            rows = np.concatenate([self._first_rows[b] for b in first]) if first.size else _NO_ROWS
+            d = decompose(self.layout, term, q, rows, np.zeros(rows.shape[0], dtype=np.int64))
+            with self._lock:
+                d = self._top.setdefault((t, q), d)
+        return d
+
+    def bitmask(self, e: ESet) -> np.ndarray:
+        """Packed mask (int32 words) of the tokens allowed at `e`; cached on the set."""
+        if e.words is not None:
+            return e.words
+        parts: list[np.ndarray] = []
+        for key in e.scan:
+            d = self._top_decomposition(*key)
+            if d.words is not None:
+                parts.append(d.words)
+            if d.cut_rows.size:
+                self._remainders(d, self.parser.complete(e, key), parts)
+        out = self.layout.empty.copy()
+        for p in parts:
+            np.bitwise_or(out, p, out=out)
+        if e.accept and self.layout.eos.size:
+            eos = self.layout.eos
+            np.bitwise_or.at(out, eos >> 5, (1 << (eos & 31)).astype(np.uint32).view(np.int32))
+        e.words = out
+        return out
+
+    def _remainders(self, d: Decomposition, e: ESet, parts: list[np.ndarray]) -> None:
+        """The masks of the tokens of `d`'s cut groups that go on from hypothetical set e."""
+        terminals = self.network.terminals
+        for key in e.scan:
+            t = key[0]
+            child = d.children.get(t)
+            if child is None:
+                child = decompose(self.layout, terminals[t], START, d.cut_rows, d.cut_pos)
+                with self._lock:
+                    child = d.children.setdefault(t, child)
+            if child.words is not None:
+                parts.append(child.words)
+            if child.cut_rows.size:
+                self._remainders(child, self.parser.complete(e, key), parts)
+
+    def forced(self, e: ESet) -> bytes:
+        return self.parser.forced(e, MAX_FORCED_BYTES)
+
+
+class EBNFMatcher(PackedMaskViews):
+    """One sequence's position in a recursive GBNF grammar: the `Matcher` interface, plus
+    `rollback(n)` (undo the last n `advance` / `advance_bytes` calls). Cheap to copy; not
+    thread-safe (one sequence, one thread)."""
+
+    __slots__ = ("grammar", "_set", "_ended", "_history")
+
+    def __init__(self, grammar: CompiledEBNF, e: ESet, ended: bool = False) -> None:
+        self.grammar = grammar
+        self._set = e
+        self._ended = ended
+        self._history: list[tuple[ESet, bool]] = []
+
+    def copy(self) -> EBNFMatcher:
+        m = EBNFMatcher(self.grammar, self._set, self._ended)
+        m._history = list(self._history)
+        return m
+
+    def bitmask(self) -> np.ndarray:
+        if self._ended:
+            return self.grammar.layout.empty
+        return self.grammar.bitmask(self._set)
+
+    def advance(self, token_id: int) -> None:
+        """Consume one token; GrammarError (state unchanged) if the grammar forbids it."""
+        g = self.grammar
+        if self._ended:
+            raise GrammarError("the constraint already ended (EOS was consumed)")
+        if token_id in g.eos_token_ids:
+            if not self._set.accept:
+                raise GrammarError(f"EOS token {token_id} not allowed: the sentence is incomplete")
+            self._history.append((self._set, self._ended))
+            self._ended = True
+            return
+        if not 0 <= token_id < len(g.vocab):
+            raise GrammarError(f"token id {token_id} outside the vocabulary")
+        data = g.vocab.token_bytes(token_id)
+        if not data:
+            raise GrammarError(f"token {token_id} is special or empty: never allowed")
+        nxt = g.parser.walk(self._set, data)
+        if nxt is None:
+            raise GrammarError(f"token {token_id} ({data!r}) is not allowed here")
+        self._history.append((self._set, self._ended))
+        self._set = nxt
+
+    def advance_bytes(self, data: bytes) -> None:
+        """Consume raw bytes (e.g. forced text); GrammarError (state unchanged) if forbidden."""
+        if self._ended and data:
+            raise GrammarError("the constraint already ended (EOS was consumed)")
+        if not data:
+            return
+        nxt = self.grammar.parser.walk(self._set, data)
+        if nxt is None:
+            raise GrammarError(f"bytes {data[:80]!r} are not allowed here")
+        self._history.append((self._set, self._ended))
+        self._set = nxt
+
+    def rollback(self, n: int = 1) -> None:
+        """Undo the last n advances (ValueError if there were fewer)."""
+        if n < 0 or n > len(self._history):
+            raise ValueError(f"cannot roll back {n} steps ({len(self._history)} recorded)")
+        if n:
+            self._set, self._ended = self._history[-n]
+            del self._history[-n:]
+
+    def is_accepting(self) -> bool:
+        """The text so far is a sentence of the grammar."""
+        return self._set.accept
+
+    def is_dead(self) -> bool:
+        """EOS was consumed, or the sentence is complete and no byte can extend it."""
+        return self._ended or (self._set.accept and not self._set.scan)
+
+    def forced_bytes(self) -> bytes:
+        if self._ended:
+            return b""
+        return self.grammar.forced(self._set)
+
+
+def compile_rules(
+    g: Grammar, vocab: TokenVocabulary, root: str, source: str
+) -> CompiledGrammar | CompiledEBNF:
+    """Compile parsed rules: one regex when the root is regular, else the Earley form."""
+    low = Lowering(g, root)
+    node = low.root_node()
+    if node is not None:
+        with no_gc():
+            dfa = node_to_lazy_dfa(node)
+        return CompiledGrammar(dfa, vocab, source)
+    return CompiledEBNF(g, low, vocab, source)
+
+
+def compile_ebnf(text: str, vocab: TokenVocabulary, root: str = "root") -> Any:
+    """A constraint from a GBNF / EBNF grammar (llama.cpp's and XGrammar's dialect), with the
+    matcher interface of every compiled constraint. Cached by (text, root, vocab.hash).
+
+    A grammar with no recursion reachable from `root` compiles to a `CompiledGrammar` (one
+    regular language); a recursive one to a `CompiledEBNF` (Earley; ambiguity and left
+    recursion are fine). GrammarError naming the line and rule for a syntax error, an undefined
+    rule or root, or a root that matches no text."""
+    return _EBNF_CACHE.get_or_build(
+        ("ebnf", text, root, vocab.hash),
+        lambda: compile_rules(parse_gbnf(text), vocab, root, text),
+    )
+
+
+def clear_ebnf_caches() -> None:
+    _EBNF_CACHE.clear()
