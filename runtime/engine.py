@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MEM_BUDGET_GB = 2.0
 # generate() keywords that constrain the output (at most one per request)
-CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "grammar")
+CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "grammar", "ebnf", "structural_tag")
 Prompt = str | list[int]
 
 
@@ -204,11 +204,13 @@ class Engine:
         return ids
 
     def _make_request(self, prompt: Prompt, kw: dict[str, Any], stream: bool) -> Request:
-        options = (*CONSTRAINT_KEYS, "jump_forward", "json_schema_mode")
+        options = (*CONSTRAINT_KEYS, "jump_forward", "json_schema_mode", "whitespace_pattern")
         constraint_kw = {k: kw.pop(k) for k in options if k in kw}
         stop = kw.pop("stop", None)
         kw["stop"] = (stop,) if isinstance(stop, str) else tuple(stop or ())
         kw["stop_token_ids"] = frozenset(kw.pop("stop_token_ids", None) or ())
+        if kw.get("logit_bias"):
+            kw["logit_bias"] = self._logit_bias(kw["logit_bias"])
         params = SamplingParams(**kw)
         ids = self.encode(prompt)
         if not ids:
@@ -223,6 +225,15 @@ class Engine:
             )
         return req
 
+    def _logit_bias(self, raw: dict[Any, float]) -> dict[int, float]:
+        """OpenAI's `logit_bias` with integer ids checked against the vocabulary."""
+        bias = {int(t): float(v) for t, v in raw.items()}
+        size = self.config.vocab_size
+        bad = [t for t in bias if not 0 <= t < size]
+        if bad:
+            raise ValueError(f"logit_bias: token id {bad[0]} is not in [0, {size})")
+        return bias
+
     def generate(
         self,
         prompt: Prompt | Sequence[Prompt],
@@ -232,9 +243,12 @@ class Engine:
     ) -> GenerateResult | list[GenerateResult] | StreamIterator:
         """Generate for one prompt (text or token ids) or a list of them.
 
-        Keyword arguments are `SamplingParams` fields plus `regex`, `json_schema`, `choices`,
-        `dtype`, `grammar` (lark text), `jump_forward`, `json_schema_mode` ("strict", the
-        default: objects emit only their declared properties; "exact"), and on a prefill or
+        Keyword arguments are `SamplingParams` fields (`logit_bias`: token id -> bias in
+        [-100, 100]) plus one constraint: `regex`, `json_schema`, `choices`, `dtype`, `grammar`
+        (lark text), `ebnf` (GBNF text) or `structural_tag` (XGrammar's or SGLang's shape);
+        `jump_forward`, `json_schema_mode` ("strict", the default: objects emit only their
+        declared properties; "exact"), `whitespace_pattern` (a regex between JSON tokens; none:
+        compact), and on a prefill or
         decode server `bootstrap_host` / `bootstrap_port` / `bootstrap_room` (one prompt; see
         `runtime.disaggregation`). One prompt whose request is invalid raises; in a list, that
         entry comes back with finish_reason "abort" and `.error` set while the others go on.

@@ -39,25 +39,31 @@ def gen(
     seed: int | None = None,
     grammar: str | None = None,
     json_schema_mode: str | None = None,  # "strict" (the backend's default) or "exact"
+    ebnf: str | None = None,
+    structural_tag: Any = None,
 ) -> Gen | Select:
     """Generate text into variable `name`. Unset options take the run's defaults.
 
     The positional order is SGLang's (`gen(name, max_tokens, min_tokens, n, stop, ...)`);
     `seed`, `grammar` and `json_schema_mode` are ours, after SGLang's keywords.
-    At most one constraint (`regex`, `json_schema`, `choices`, `dtype`, `grammar`) may be
-    given. `json_schema` is a dict, JSON text or a pydantic model class; `dtype` is int, float,
-    bool or str; `grammar` is the text of a lark (LALR) grammar. The variable holds the
-    generated text as a `str` (with `n` > 1: the list of the n texts, and the first is
+    At most one constraint (`regex`, `json_schema`, `choices`, `dtype`, `grammar`, `ebnf`,
+    `structural_tag`) may be given. `json_schema` is a dict, JSON text or a pydantic model
+    class; `dtype` is int, float, bool or str; `grammar` is the text of a lark (LALR) grammar;
+    `ebnf` a GBNF grammar (llama.cpp's and XGrammar's dialect, as SGLang's `ebnf`);
+    `structural_tag` a dict or its JSON text, in XGrammar's shape (`{"type": "structural_tag",
+    "format": ...}`) or SGLang's (`{"structures": [...], "triggers": [...]}`). The variable
+    holds the generated text as a `str` (with `n` > 1: the list of the n texts, and the first is
     appended, as SGLang does). `stop_regex` ends the generation where a Python regex matches
     the text (cut before the match). `choices` as in SGLang: with temperature unset or 0 (or a
     `choices_method`) it is `select(name, choices, 0, choices_method)`, scoring every
     choice; with temperature > 0 (which SGLang refuses) the output is sampled constrained to
     the choices.
     """
-    constraints = [c for c in (regex, json_schema, choices, dtype, grammar) if c is not None]
-    if len(constraints) > 1:
+    given = (regex, json_schema, choices, dtype, grammar, ebnf, structural_tag)
+    if sum(c is not None for c in given) > 1:
         raise ProgramError(
-            f"gen({name!r}): give at most one of regex, json_schema, choices, dtype, grammar"
+            f"gen({name!r}): give at most one of regex, json_schema, choices, dtype, grammar, "
+            "ebnf, structural_tag"
         )
     if choices is not None and (choices_method is not None or not temperature):
         return select(name, choices, 0.0 if temperature is None else temperature, choices_method)
@@ -89,6 +95,8 @@ def gen(
         "choices": None if choices is None else [str(c) for c in choices],
         "dtype": None if dtype is None else dtype_name(dtype),
         "grammar": grammar,
+        "ebnf": ebnf,
+        "structural_tag": None if structural_tag is None else _tag_text(name, structural_tag),
         "json_schema_mode": json_schema_mode,
     }
     return Gen(name, {k: v for k, v in params.items() if v is not None})
@@ -231,6 +239,17 @@ def assistant_begin() -> RoleBegin:
 
 def assistant_end() -> RoleEnd:
     return RoleEnd("assistant")
+
+
+def _tag_text(name: Any, spec: Any) -> str:
+    """A structural tag as compact JSON text (it crosses HTTP as SGLang sends it)."""
+    try:
+        loaded = json.loads(spec) if isinstance(spec, str) else spec
+    except ValueError as exc:
+        raise ProgramError(f"gen({name!r}): structural_tag is not valid JSON: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ProgramError(f"gen({name!r}): structural_tag must be a dict or its JSON text")
+    return json.dumps(loaded, separators=(",", ":"))
 
 
 def schema_text(schema: Any) -> str:

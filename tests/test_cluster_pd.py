@@ -196,6 +196,7 @@ def test_a_dead_prefill_server_fails_requests_then_comes_back():
         # between two reads
         wait_for(lambda: workers(c).get("prefill", {}).get("is_healthy", False), 120,
                  "the prefill server to be back")  # fmt: skip
+
         def answers() -> bool:
             return httpx.post(f"{c.url}/generate", json={"text": "hi"}, timeout=60).is_success
 

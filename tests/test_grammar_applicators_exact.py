@@ -246,8 +246,11 @@ def test_objects_with_the_same_patterns_merge_exactly(schema) -> None:
                 "type": "object",
                 "anyOf": [
                     {"properties": {"a": {"type": "string"}}},
-                    {"properties": {"b": {"type": "array", "items": {"type": "string"},
-                                          "uniqueItems": True}}},
+                    {
+                        "properties": {
+                            "b": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+                        }
+                    },
                 ],
                 "unevaluatedProperties": False,
             },
@@ -255,12 +258,16 @@ def test_objects_with_the_same_patterns_merge_exactly(schema) -> None:
         ),
         (  # oneOf's "and not the others" needs a negation that cannot be exact
             {
-                "properties": {"box": {
-                    "type": "object",
-                    "oneOf": [{"properties": {"a": {"pattern": "^x"}}},
-                              {"properties": {"a": {"pattern": "^y"}}}],
-                    "unevaluatedProperties": False,
-                }},
+                "properties": {
+                    "box": {
+                        "type": "object",
+                        "oneOf": [
+                            {"properties": {"a": {"pattern": "^x"}}},
+                            {"properties": {"a": {"pattern": "^y"}}},
+                        ],
+                        "unevaluatedProperties": False,
+                    }
+                },
             },
             "not",
         ),
@@ -275,8 +282,11 @@ def test_refusals_inside_an_unevaluated_case_split_name_the_users_keyword(schema
     with pytest.raises(UnsupportedSchemaError) as caught:
         json_schema_to_node(schema)
     e = caught.value
-    at = "#/properties/box/unevaluatedProperties" if "properties" in schema and "box" in \
-        schema["properties"] else "#/unevaluatedProperties"
+    at = (
+        "#/properties/box/unevaluatedProperties"
+        if "properties" in schema and "box" in schema["properties"]
+        else "#/unevaluatedProperties"
+    )
     assert (e.keyword, e.pointer) == ("unevaluatedProperties", at)
     assert f"{inner!r} is refused" in str(e)
     assert "allOf" not in e.pointer

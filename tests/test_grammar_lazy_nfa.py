@@ -104,8 +104,11 @@ def test_a_compiled_schema_walks_tokens_through_members_built_on_the_way() -> No
     tok = deepseek_tokenizer()
     good = '{"field_3":{"tags":["green"],"size":12},"field_11":{"name":"x"}}'
     assert walk(g, tok.encode(good, add_special_tokens=False))
-    bad_texts = (good.replace("12", "-12"), good.replace("field_11", "field_12"),
-                 good.replace('"x"', "5"))
+    bad_texts = (
+        good.replace("12", "-12"),
+        good.replace("field_11", "field_12"),
+        good.replace('"x"', "5"),
+    )
     for bad in bad_texts:
         assert not walk(g, tok.encode(bad, add_special_tokens=False)), bad
 
@@ -156,8 +159,12 @@ def test_a_compile_leaves_no_reference_cycle_behind() -> None:
     import gc
 
     schema = _wide_schema(6)
-    schema["properties"]["list"] = {"type": "array", "prefixItems": [{"type": "string"}],
-                                    "items": {"type": "integer"}, "maxItems": 4}
+    schema["properties"]["list"] = {
+        "type": "array",
+        "prefixItems": [{"type": "string"}],
+        "items": {"type": "integer"},
+        "maxItems": 4,
+    }
     was = gc.isenabled()
     gc.collect()
     gc.disable()

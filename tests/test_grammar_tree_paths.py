@@ -22,6 +22,7 @@ def _modules_imported_compiling(schema_text: str) -> str:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return out.stdout.strip()
 
+
 def test_an_enum_check_imports_no_module_at_compile_time():
     # the enum values are checked against the rest of the schema by the jsonschema library
     schema = "{'type': 'integer', 'minimum': 2, 'enum': [1, 2, 3]}"

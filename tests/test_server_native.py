@@ -176,7 +176,7 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server, path):
 SELECT_GRAMMAR = 'start: "SELECT " ("id" | "name") " FROM " ("users" | "orders")'
 
 
-@pytest.mark.parametrize("field", ["grammar", "ebnf"])
+@pytest.mark.parametrize("field", ["grammar", "lark"])
 def test_generate_grammar_field_constrains_the_output(server, field):
     import lark
 

@@ -1,7 +1,7 @@
 """Constrained decoding in the engine: grammar masks, compilation off the loop, jump-forward.
 
-A request with `regex`, `json_schema`, `choices`, `dtype` or `grammar` (lark text) gets a
-`ConstraintState`. Its
+A request with `regex`, `json_schema`, `choices`, `dtype`, `grammar` (lark text), `ebnf`
+(GBNF text) or `structural_tag` gets a `ConstraintState`. Its
 grammar compiles on a worker thread (the request waits in the queue meanwhile; other requests
 go on). Each step the packed masks of the constrained rows are applied to their logits in one
 call; rows without a constraint are not touched. After each sampled token the matcher
@@ -19,6 +19,7 @@ Jumped tokens were not sampled: their log-probs are reported as 0.0 (forced).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -60,6 +61,12 @@ class ConstraintState:
         grammar, vocab, seconds = self.future.result()  # raises the compile error, if any
         self.matcher, self.vocab, self.compile_time_s = grammar.matcher(), vocab, seconds
         return True
+
+
+def _grammar_package() -> Any:
+    import grammar
+
+    return grammar
 
 
 class ConstraintHooks:
@@ -106,9 +113,12 @@ class ConstraintHooks:
         choices: list[str] | None = None,
         dtype: Any = None,
         grammar: str | None = None,
+        ebnf: str | None = None,
+        structural_tag: Any = None,
         jump_forward: bool = True,
         wake: Any = None,
         json_schema_mode: str | None = None,
+        whitespace_pattern: str | None = None,
     ) -> None:
         lark_text = grammar  # the name `grammar` is the package inside compile_job
         named = {
@@ -117,10 +127,17 @@ class ConstraintHooks:
             "choices": choices,
             "dtype": dtype,
             "grammar": lark_text,
+            "ebnf": ebnf,
+            "structural_tag": structural_tag,
         }
         given = [k for k, v in named.items() if v is not None]
         if len(given) > 1:
             raise ValueError(f"give at most one constraint, got {given}")
+        needs = {"ebnf": "compile_ebnf", "structural_tag": "compile_structural_tag"}
+        if given and given[0] in needs and not hasattr(_grammar_package(), needs[given[0]]):
+            raise NotImplementedError(f"{given[0]}: this grammar package has no {needs[given[0]]}")
+        if isinstance(structural_tag, str):
+            structural_tag = json.loads(structural_tag)  # JSON text, as SGLang and vLLM send it
         if isinstance(dtype, str):
             if dtype not in DTYPE_NAMES:
                 raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, got {dtype!r}")
@@ -137,7 +154,9 @@ class ConstraintHooks:
             if regex is not None:
                 g = grammar.compile_regex(regex, vocab)
             elif json_schema is not None:
-                g = grammar.compile_json_schema(json_schema, vocab, json_schema_mode=mode)
+                g = grammar.compile_json_schema(
+                    json_schema, vocab, whitespace=whitespace_pattern, json_schema_mode=mode
+                )
                 if g.admits_nothing:  # compiled, but no output could ever satisfy it
                     raise grammar.EmptyLanguageError("the schema admits no instance")
             elif choices is not None:
@@ -146,6 +165,10 @@ class ConstraintHooks:
                 g = grammar.compile_choices(list(choices), vocab)
             elif lark_text is not None:
                 g = grammar.compile_lark(lark_text, vocab)
+            elif ebnf is not None:
+                g = grammar.compile_ebnf(ebnf, vocab, root="root")
+            elif structural_tag is not None:
+                g = grammar.compile_structural_tag(structural_tag, vocab)
             else:
                 g = grammar.compile_regex(grammar.dtype_to_regex(dtype), vocab)
             return g, vocab, time.perf_counter() - start

@@ -30,6 +30,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    # OpenAI's: token id -> bias in [-100, 100], added to that token's logit before sampling
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -44,6 +46,11 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for token, bias in (self.logit_bias or {}).items():
+            if not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias: {token!r} is not a token id")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias[{token}] must be in [-100, 100], got {bias}")
 
     @property
     def is_greedy(self) -> bool:

@@ -1,8 +1,10 @@
 """Turning a batch of logits rows into next tokens, one request per row.
 
 Every transform is vectorised over the rows that need it; a batch of greedy requests without
-penalties is a single argmax. Log-probs are the log-softmax of the logits after the repetition /
-frequency / presence penalties and the grammar mask, before temperature and top-k/p/min-p.
+penalties is a single argmax. Log-probs are the log-softmax of the logits after the logit bias,
+the repetition / frequency / presence penalties and the grammar mask, before temperature and
+top-k/p/min-p. The logit bias is added here, after the grammar mask has set the tokens it
+forbids to -inf: a finite bias leaves them at -inf, so the result is OpenAI's "bias, then mask".
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ def _apply_penalties(row: torch.Tensor, req: Request) -> None:
         out = torch.tensor(req.output_ids, dtype=torch.long)
         counts = torch.bincount(out, minlength=row.shape[0])[: row.shape[0]].to(row.dtype)
         row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+
+
+def _apply_logit_bias(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
+    """Add each request's `logit_bias` to its row (ids past the logits' width are ignored)."""
+    width = logits.shape[1]
+    for i, req in enumerate(reqs):
+        bias = req.params.logit_bias
+        if bias:
+            ids = torch.tensor([t for t in bias if t < width], dtype=torch.long)
+            vals = torch.tensor([v for t, v in bias.items() if t < width], dtype=logits.dtype)
+            logits[i].index_add_(0, ids, vals)
 
 
 def _forbid_end(
@@ -106,6 +119,7 @@ def sample(
 ) -> SampleOutput:
     """Next token for each row of `logits` [N, V] (float32, modified in place)."""
     n = len(reqs)
+    _apply_logit_bias(logits, reqs)
     forbid: dict[frozenset[int], list[int]] = {}  # rows before min_new_tokens, by stop ids
     for i, req in enumerate(reqs):
         if req.params.has_penalties:

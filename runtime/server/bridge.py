@@ -51,7 +51,8 @@ class EngineStream:
     @property
     def constraint_key(self) -> str | None:
         """The constraint keyword this request carries (regex, json_schema, ...), if any."""
-        for key in ("regex", "json_schema", "choices", "dtype", "grammar"):
+        keys = ("regex", "json_schema", "choices", "dtype", "grammar", "ebnf", "structural_tag")
+        for key in keys:
             if self._kwargs.get(key) is not None:
                 return key
         return None

@@ -11,12 +11,12 @@ the `tool_call_id` of a call made before it (400 otherwise).
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any, Literal
 
 from runtime.server.errors import APIError
 from runtime.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from runtime.server.structured import check_schema, constraint_field, openai_constraint
 from runtime.server.tools import (
     auto_tool_regex,
     check_tool_schemas,
@@ -71,10 +71,6 @@ def check_messages(messages: list[ChatMessage]) -> None:
         if m.tool_call_id not in ids:
             msg = f"messages.{i}.tool_call_id {m.tool_call_id!r} answers no earlier tool call"
             raise APIError(400, msg, param=f"messages.{i}.tool_call_id")
-
-
-# JSON-object mode: any object, nested objects/arrays unrolled to this depth
-JSON_OBJECT_DEPTH = 2
 
 
 def _text_of(message: ChatMessage, index: int) -> str:
@@ -200,70 +196,21 @@ def render_prompt(tokenizer: Any, request: ChatRequest) -> str:
         raise APIError(400, msg, param="messages") from exc
 
 
-@functools.cache
-def json_object_regex() -> str:
-    """A regex for any JSON object (nesting unrolled to `JSON_OBJECT_DEPTH`)."""
-    from grammar import json_schema_to_regex
-
-    return json_schema_to_regex({"type": "object"}, any_depth=JSON_OBJECT_DEPTH)
-
-
-def check_schema(schema: Any, param: str, mode: str = "strict") -> None:
-    """Raise a 400 naming the keyword when the grammar cannot honour `schema` as generated
-    under `mode` (the same construction `compile_json_schema` uses, automaton-only shapes
-    included). The default, strict, refuses nothing that strict mode compiles."""
-    from grammar import GrammarError
-    from grammar.json_schema.schema import json_schema_to_node, load_schema
-    from grammar.json_schema.strict import apply_mode
-
-    try:
-        json_schema_to_node(apply_mode(load_schema(schema), mode))
-    except GrammarError as exc:
-        code = "unsupported_schema_keyword" if hasattr(exc, "keyword") else "invalid_schema"
-        raise APIError(400, str(exc), param=param, code=code) from exc
-    except (ValueError, TypeError, KeyError, RecursionError) as exc:
-        msg = f"invalid JSON schema: {exc}"
-        raise APIError(400, msg, param=param, code="invalid_schema") from exc
-
-
 def response_format_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
-    """Engine constraint keywords (`regex` / `json_schema` + `json_schema_mode`) for the
-    request's output format. `response_format.json_schema.strict` true or false: the output
-    is constrained either way, under `mode`."""
-    fmt = request.response_format
-    if request.json_schema is not None:
-        return schema_constraint(request.json_schema, mode, "json_schema")
-    if request.regex is not None:
-        return {"regex": request.regex}
-    if fmt is None or fmt.type == "text":
-        return {}
-    if fmt.type == "json_object":
-        return {"regex": json_object_regex()}
-    if fmt.json_schema is None:
-        raise APIError(
-            400,
-            "response_format json_schema needs a json_schema object",
-            param="response_format.json_schema",
-        )
-    return schema_constraint(fmt.json_schema.schema_, mode, "response_format.json_schema.schema")
-
-
-def schema_constraint(schema: Any, mode: str, param: str) -> dict[str, Any]:
-    """`{"json_schema", "json_schema_mode"}` after checking the schema as it is generated."""
-    check_schema(schema, param, mode)
-    return {"json_schema": schema, "json_schema_mode": mode}
+    """Engine constraint keywords for the request's output format (`structured.py` reads every
+    field that gives one). `response_format.json_schema.strict` true or false: the output is
+    constrained either way, under `mode`."""
+    return openai_constraint(request, mode).kwargs
 
 
 def has_output_format(request: ChatRequest) -> bool:
-    fmt = request.response_format
-    given = fmt is not None and fmt.type != "text"
-    return given or request.json_schema is not None or request.regex is not None
+    return constraint_field(request) is not None
 
 
 def chat_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
     """The engine constraint of a chat request: its forced tool calls, or auto's alternation
     of calls and text (or of calls and the response_format), or its response_format."""
-    from grammar import GrammarError, json_schema_to_regex
+    from grammar import GrammarError, choices_to_regex, json_schema_to_regex
     from grammar.json_schema.schema import load_schema
     from grammar.json_schema.strict import apply_mode
 
@@ -278,6 +225,15 @@ def chat_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
     if not request.tool_mode:
         return fmt
     other = fmt.get("regex")
+    if "choices" in fmt:
+        other = choices_to_regex(fmt["choices"])
+    if "ebnf" in fmt or "structural_tag" in fmt:
+        raise APIError(
+            400,
+            f"{constraint_field(request)} cannot be combined with tools here; "
+            'send tool_choice "none" or drop the tools',
+            param=constraint_field(request),
+        )
     if "json_schema" in fmt:
         try:
             other = json_schema_to_regex(apply_mode(load_schema(fmt["json_schema"]), mode))

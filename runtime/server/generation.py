@@ -31,11 +31,19 @@ class Job:
     kwargs: dict[str, Any]
     # SGLang's `stop_regex`: the engine has no regex stops, so the server watches the text
     stop_regex: tuple[re.Pattern[str], ...] = ()
+    # the request field that gave the constraint (`guided_json`, ...), for errors naming it
+    constraint_field: str | None = None
 
 
 def open_job(bridge: EngineBridge, job: Job) -> Any:
     stream = bridge.open(job.prompt_ids, job.kwargs)
+    if job.constraint_field is not None:
+        stream.constraint_field = job.constraint_field
     return RegexStopStream(stream, job.stop_regex) if job.stop_regex else stream
+
+
+def _constraint_param(stream: Any) -> str | None:
+    return getattr(stream, "constraint_field", None) or stream.constraint_key
 
 
 def _forget(bridge: EngineBridge, stream: Any) -> None:
@@ -106,13 +114,13 @@ def _check(result: GenerateResult, stream: EngineStream, param: str | None) -> G
     if result.finish_reason == "abort" and result.error and not stream.cancelled:
         if "does not fit" in result.error:
             raise APIError(413, result.error, param=param, code="context_length_exceeded")
-        if stream.constraint_key is not None and not result.token_ids:
+        if _constraint_param(stream) is not None and not result.token_ids:
             # the engine compiles constraints off its loop and reports a bad one as an abort
             # carrying only the message: a request whose constraint failed before any token
             raise APIError(
                 400,
                 f"invalid constraint: {result.error}",
-                param=stream.constraint_key,
+                param=_constraint_param(stream),
                 code="invalid_constraint",
             )
         raise APIError(500, f"the engine aborted the request: {result.error}", code="engine_abort")
@@ -127,7 +135,7 @@ async def _final(stream: EngineStream, param: str | None) -> GenerateResult:
     except APIError:
         raise
     except Exception as exc:
-        raise from_exception(exc, stream.constraint_key) from exc
+        raise from_exception(exc, _constraint_param(stream)) from exc
     raise APIError(500, "the engine ended a request without a result", code="engine_abort")
 
 

@@ -14,7 +14,6 @@ import anyio
 from fastapi import APIRouter, Request
 
 from runtime.scheduling.request import GenerateResult
-from runtime.server.chat import check_schema
 from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, Job, SSEResponse, collect, sse, sse_error
 from runtime.server.protocol import (
@@ -24,6 +23,7 @@ from runtime.server.protocol import (
     ScoreRequest,
 )
 from runtime.server.state import get_state
+from runtime.server.structured import Constraint, logit_bias, native_constraint
 
 router = APIRouter()
 
@@ -48,8 +48,11 @@ SAMPLING_KEYS = frozenset(
         "json_schema",
         "choices",
         "dtype",
-        "grammar",
-        "ebnf",  # SGLang's name for a grammar field (the gateway keeps it); lark text here
+        "ebnf",  # a GBNF grammar, as SGLang reads it
+        "structural_tag",  # XGrammar's or SGLang's shape, a dict or its JSON text
+        "lark",  # a lark grammar (ours)
+        "grammar",  # the same, under the name `gen(grammar=...)` has
+        "logit_bias",  # token id -> bias in [-100, 100], as OpenAI's
         "jump_forward",
         "json_schema_mode",  # "strict" (objects emit only declared properties) or "exact"
         # SGLang's SamplingParams, honoured by the server on top of the engine
@@ -66,7 +69,7 @@ SAMPLING_KEYS = frozenset(
     )
 )
 # SGLang's SamplingParams fields this engine cannot honour: accepted when unset, else a 400
-UNSUPPORTED_KEYS = ("logit_bias", "structural_tag", "watermark", "beam_width")
+UNSUPPORTED_KEYS = ("watermark", "beam_width")
 SERVER_KEYS = ("n", "stop_regex", "no_stop_trim", *UNSUPPORTED_KEYS)
 SERVER_KEYS += ("skip_special_tokens", "spaces_between_special_tokens", "stream_interval")
 SERVER_KEYS += ("custom_params", "ebnf_full_assistant")
@@ -126,8 +129,11 @@ def _output(
     return {"text": text, "output_ids": result.token_ids, "meta_info": meta}
 
 
-def _sampling(raw: dict[str, Any], return_logprob: bool, top_n: int) -> dict[str, Any]:
-    """Engine keywords from one `sampling_params` dict (SGLang's server-side keys removed)."""
+def _sampling(
+    raw: dict[str, Any], return_logprob: bool, top_n: int, vocab_size: int
+) -> tuple[dict[str, Any], Constraint]:
+    """Engine keywords from one `sampling_params` dict (SGLang's server-side keys removed),
+    and its output constraint (whose engine keywords are among them)."""
     params = dict(raw)
     unknown = sorted(set(params) - SAMPLING_KEYS - set(UNSUPPORTED_KEYS))
     if unknown:
@@ -140,10 +146,9 @@ def _sampling(raw: dict[str, Any], return_logprob: bool, top_n: int) -> dict[str
         if params.get(key) not in (None, {}, [], "", 1 if key == "beam_width" else None):
             raise APIError(400, f"sampling_params.{key} is not supported here", param=key)
     params = {k: v for k, v in params.items() if v is not None and k not in SERVER_KEYS}
-    if "ebnf" in params:
-        lark_text = params.pop("ebnf")
-        if params.setdefault("grammar", lark_text) != lark_text:
-            raise APIError(400, "grammar and ebnf differ", param="sampling_params")
+    bias = logit_bias(params.pop("logit_bias", None), vocab_size)
+    if bias:
+        params["logit_bias"] = bias
     if "sampling_seed" in params:
         seed = params.pop("sampling_seed")
         if params.setdefault("seed", seed) != seed:
@@ -154,9 +159,11 @@ def _sampling(raw: dict[str, Any], return_logprob: bool, top_n: int) -> dict[str
         raise APIError(
             400, "json_schema_mode must be 'strict' or 'exact'", param="json_schema_mode"
         )
+    constraint = native_constraint(params)
+    params.update(constraint.kwargs)
     if return_logprob or top_n:
         params.update(logprobs=True, top_logprobs=top_n)
-    return params
+    return params, constraint
 
 
 def _stop_regex(raw: dict[str, Any]) -> tuple[re.Pattern[str], ...]:
@@ -227,10 +234,10 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         if not isinstance(top_n, int) or not 0 <= top_n <= 20:
             raise APIError(422, "top_logprobs_num must be in [0, 20]", param="top_logprobs_num")
         want_lp = bool(_pick(body.return_logprob, i))
-        params = _sampling(per_prompt[i], want_lp, top_n)
-        if "json_schema" in params:
-            mode = params.get("json_schema_mode", "strict")
-            await anyio.to_thread.run_sync(check_schema, params["json_schema"], "json_schema", mode)
+        vocab_size = state.engine.config.vocab_size
+        params, constraint = await anyio.to_thread.run_sync(
+            _sampling, per_prompt[i], want_lp, top_n, vocab_size
+        )
         ids = await bridge.encode(p)
         bridge.check_length(ids, param)
         requested = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
@@ -239,7 +246,8 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         kw = {**params, "max_new_tokens": bridge.clamp_max_tokens(len(ids), requested)}
         rid = _pick(body.rid, i) or uuid.uuid4().hex
         for k in range(counts[i]):
-            jobs.append((ids, Job(ids, kw, _stop_regex(per_prompt[i]))))
+            job = Job(ids, kw, _stop_regex(per_prompt[i]), constraint_field=constraint.param)
+            jobs.append((ids, job))
             opts.append(
                 {
                     "rid": rid if counts[i] == 1 else f"{rid}-{k}",

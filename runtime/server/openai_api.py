@@ -18,12 +18,12 @@ from runtime.server.chat import (
     chat_constraint,
     has_output_format,
     render_prompt,
-    schema_constraint,
 )
 from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, Job, SSEResponse, collect, sse, sse_error
 from runtime.server.protocol import BootstrapFields, SamplingFields
 from runtime.server.state import ServerState, get_state
+from runtime.server.structured import constraint_field, logit_bias, openai_constraint
 from runtime.server.tools import forced_tools
 
 router = APIRouter()
@@ -31,9 +31,9 @@ router = APIRouter()
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions endpoint
 
 
-def sampling_kwargs(body: SamplingFields, max_new_tokens: int) -> dict[str, Any]:
+def sampling_kwargs(body: SamplingFields, max_new_tokens: int, vocab_size: int) -> dict[str, Any]:
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
-    return {
+    kwargs = {
         "max_new_tokens": max_new_tokens,
         "min_new_tokens": min(body.min_tokens, max_new_tokens),
         "temperature": body.temperature,
@@ -47,12 +47,24 @@ def sampling_kwargs(body: SamplingFields, max_new_tokens: int) -> dict[str, Any]
         "stop_token_ids": body.stop_token_ids,
         "ignore_eos": body.ignore_eos,
     }
+    bias = logit_bias(body.logit_bias, vocab_size)
+    if bias:
+        kwargs["logit_bias"] = bias
+    return kwargs
 
 
-def _jobs(prompt_ids: list[int], kwargs: dict[str, Any], n: int, seed: int | None) -> list[Job]:
+def _jobs(
+    prompt_ids: list[int], kwargs: dict[str, Any], body: SamplingFields, field: str | None
+) -> list[Job]:
     # n samples with one seed would be n copies: give each choice its own seed
+    seed = body.seed
     return [
-        Job(prompt_ids, {**kwargs, "seed": None if seed is None else seed + i}) for i in range(n)
+        Job(
+            prompt_ids,
+            {**kwargs, "seed": None if seed is None else seed + i},
+            constraint_field=field,
+        )
+        for i in range(body.n)
     ]
 
 
@@ -100,11 +112,13 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     requested = (
         body.max_completion_tokens if body.max_completion_tokens is not None else (body.max_tokens)
     )
-    kwargs = sampling_kwargs(body, bridge.clamp_max_tokens(len(prompt_ids), requested))
+    max_new = bridge.clamp_max_tokens(len(prompt_ids), requested)
+    kwargs = sampling_kwargs(body, max_new, state.engine.config.vocab_size)
     kwargs.update(constraint)
     if body.logprobs or body.top_logprobs:
         kwargs.update(logprobs=True, top_logprobs=body.top_logprobs)
-    jobs = with_room(_jobs(prompt_ids, kwargs, body.n, body.seed), body)
+    field = "tools" if forced else constraint_field(body)
+    jobs = with_room(_jobs(prompt_ids, kwargs, body, field), body)
     chat = R.ChatAnswer(state, body, forced, buffer=not forced and has_output_format(body))
     admission = bridge.acquire(len(jobs))
     if body.stream:
@@ -144,14 +158,8 @@ async def completions(body: CompletionsRequest, request: Request) -> Any:
         raise APIError(400, "suffix is not supported", param="suffix")
     bridge = state.bridge
     prompts = _prompts(body.prompt)
-    constraint: dict[str, Any] = {}
-    if body.json_schema is not None:
-        mode = json_schema_mode(state, body.json_schema_mode)
-        constraint = await anyio.to_thread.run_sync(
-            schema_constraint, body.json_schema, mode, "json_schema"
-        )
-    elif body.regex is not None:
-        constraint["regex"] = body.regex
+    mode = json_schema_mode(state, body.json_schema_mode)
+    constraint = await anyio.to_thread.run_sync(openai_constraint, body, mode)
     jobs: list[Job] = []
     prompt_texts: list[str] = []
     prompt_ids: list[list[int]] = []
@@ -162,11 +170,12 @@ async def completions(body: CompletionsRequest, request: Request) -> Any:
         requested = (
             body.max_tokens if body.max_tokens is not None else (COMPLETION_DEFAULT_MAX_TOKENS)
         )
-        kwargs = sampling_kwargs(body, bridge.clamp_max_tokens(len(ids), requested))
-        kwargs.update(constraint)
+        max_new = bridge.clamp_max_tokens(len(ids), requested)
+        kwargs = sampling_kwargs(body, max_new, state.engine.config.vocab_size)
+        kwargs.update(constraint.kwargs)
         if body.logprobs is not None:
             kwargs.update(logprobs=True, top_logprobs=body.logprobs)
-        jobs.extend(_jobs(ids, kwargs, body.n, body.seed))
+        jobs.extend(_jobs(ids, kwargs, body, constraint.param))
         prompt_texts.append(p if isinstance(p, str) else state.tokenizer.decode(p))
     with_room(jobs, body)
     rid, created, model = R.new_id("cmpl"), R.now(), state.model_name

@@ -35,6 +35,24 @@ class BootstrapFields(_Body):
         }
 
 
+class JsonSchemaFormat(_Body):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """OpenAI's `response_format`; `structural_tag` in XGrammar's shape (`format`) or SGLang's
+    older one (`structures` + `triggers`)."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+    format: dict[str, Any] | None = None
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
+
+
 class SamplingFields(BootstrapFields):
     """The sampling parameters shared by /v1/completions and /v1/chat/completions."""
 
@@ -57,8 +75,21 @@ class SamplingFields(BootstrapFields):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     user: str | None = None
-    # engine extension: a regex constraint on the output
+    # OpenAI: token id (as a string) -> bias in [-100, 100], added to the logits
+    logit_bias: dict[str, float] | None = None
+    # what constrains the output (at most one; `structured.py` reads them): OpenAI's
+    # response_format, vLLM's guided_* (before 0.12) and structured_outputs (0.12+), and ours
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None  # accepted, ignored: this server is the backend
+    structured_outputs: dict[str, Any] | None = None
     regex: str | None = None
+    ebnf: str | None = None  # a GBNF grammar
+    json_schema: dict[str, Any] | str | None = None
 
     def requested_model(self) -> str | None:
         """The model the client asked for. The gateway in PD mode fills a missing `model` with
@@ -76,7 +107,6 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
-    json_schema: dict[str, Any] | str | None = None
 
 
 class FunctionDef(_Body):
@@ -110,18 +140,6 @@ class ChatMessage(_Body):
     tool_call_id: str | None = None
 
 
-class JsonSchemaFormat(_Body):
-    name: str | None = None
-    description: str | None = None
-    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"] = "text"
-    json_schema: JsonSchemaFormat | None = None
-
-
 class NamedToolChoice(_Body):
     type: Literal["function"] = "function"
     function: dict[str, str]
@@ -131,12 +149,9 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int = Field(default=0, ge=0, le=20)
-    response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    # engine extension: a JSON schema without the response_format wrapper
-    json_schema: dict[str, Any] | str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 

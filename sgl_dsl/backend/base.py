@@ -5,7 +5,8 @@ it with every call, and the backend's prefix cache makes the repeated part free.
 Generation parameters arrive as the `gen()` keywords (`max_tokens`, `min_tokens`, `stop`,
 `stop_token_ids`, `temperature`, `top_p`, `top_k`, `min_p`, `frequency_penalty`,
 `presence_penalty`, `ignore_eos`, `seed`, `return_logprob`, `regex`, `json_schema` as JSON text,
-`choices`, `dtype` as "int" | "float" | "bool" | "str", `grammar` as lark text, SGLang's
+`choices`, `dtype` as "int" | "float" | "bool" | "str", `grammar` as lark text, `ebnf` as GBNF
+text, `structural_tag` as JSON text, SGLang's
 `logprob_start_len`, `top_logprobs_num`, `return_text_in_logprobs`); absent keys take the
 backend's defaults. `n` and `stop_regex` never arrive: the interpreter runs them on top (n
 calls; a stream closed where the regex matches). Every method must be safe to call from many

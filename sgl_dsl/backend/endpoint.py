@@ -35,7 +35,9 @@ from .base import Backend, GenChunk, GenOutput
 _SERVER_NAMES = {
     "max_tokens": "max_new_tokens",
     "min_tokens": "min_new_tokens",
-    "grammar": "ebnf",  # SGLang's field name, which the gateway passes on
+    # lark text has no SGLang name (SGLang's `ebnf` is GBNF, sent as `ebnf`): the SGLang Model
+    # Gateway drops `lark`, so a lark gen() through it fails (see `_check_constrained`)
+    "grammar": "lark",
 }
 
 

@@ -9,8 +9,10 @@ get the text with plain `Role: ` lines.
 
 Constraints: `json_schema` goes as `response_format` (chat) or `json_schema` (completions, our
 server's extra field); `regex` as the `regex` extra field; `choices` and `dtype` as the regex they
-mean. Engine extras (`top_k`, `min_p`, `min_tokens`, `stop_token_ids`, `ignore_eos`) are sent
-only when set. A server that refuses one answers 400, raised as `BackendError` naming the field.
+mean; `ebnf` as vLLM's `structured_outputs.grammar`; `structural_tag` as a `response_format` of
+type `structural_tag` (vLLM's and SGLang's, both shapes). Engine extras (`top_k`, `min_p`,
+`min_tokens`, `stop_token_ids`, `ignore_eos`) are sent only when set. A server that refuses
+one answers 400, raised as `BackendError` naming the field.
 `select` scores through `/completions` with `echo` + `logprobs` (completion models only: chat
 models have no way to score a given text, and SGLang refuses it there too).
 """
@@ -129,6 +131,13 @@ class OpenAI(Backend):
                 body.update(logprobs=True, top_logprobs=top)
             else:
                 body["logprobs"] = top
+        if params.get("ebnf") is not None:
+            body["structured_outputs"] = {"grammar": params["ebnf"]}
+        if params.get("structural_tag") is not None:
+            body["response_format"] = {
+                "type": "structural_tag",
+                **json.loads(params["structural_tag"]),
+            }
         schema = params.get("json_schema")
         if self.is_chat_model:
             body["messages"] = self._messages(prompt)
