@@ -5,6 +5,7 @@ g = compile_json_schema(schema, vocab)      # cached by (constraint, vocab.hash)
 m = g.matcher(); m.mask(); m.advance(token_id); m.forced_text()
 g = compile_lark(LARK_TEXT, vocab)          # context-free, the same matcher interface
 g = compile_ebnf(GBNF_TEXT, vocab)          # llama.cpp / XGrammar GBNF, any rule as root
+g = compile_structural_tag(SPEC, vocab)     # XGrammar's / SGLang's structural tags
 """
 
 from grammar import api as _api
@@ -17,6 +18,7 @@ from grammar.errors import EmptyLanguageError, GrammarError, UnsupportedSchemaEr
 from grammar.json_schema import numbers as _decimal_numbers  # noqa: F401  loaded with the package:
 from grammar.json_schema.lark import compile_json_schema_cfg, json_schema_to_lark
 from grammar.json_schema.schema import dtype_to_regex, json_schema_to_regex
+from grammar.structural.compiler import clear_structural_caches, compile_structural_tag
 from grammar.tokens.compiled import CompiledGrammar
 from grammar.tokens.matcher import Matcher
 from grammar.tokens.vocab import TokenVocabulary
@@ -45,6 +47,7 @@ def clear_caches() -> None:
     _api.clear_caches()
     clear_cfg_caches()
     clear_ebnf_caches()
+    clear_structural_caches()
 
 
 __all__ = [
@@ -65,6 +68,7 @@ __all__ = [
     "compile_json_schema_cfg",
     "compile_lark",
     "compile_regex",
+    "compile_structural_tag",
     "dtype_to_regex",
     "json_schema_to_lark",
     "json_schema_to_regex",

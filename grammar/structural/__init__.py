@@ -1,0 +1,1 @@
+"""Structural tags: free text until a trigger, then a tagged, constrained region."""

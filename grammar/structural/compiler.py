@@ -1,0 +1,58 @@
+"""`compile_structural_tag(spec, vocab)`: a structural tag as a token constraint.
+
+The spec becomes grammar rules (`grammar.structural.spec`) and goes through the GBNF compiler's
+`compile_rules`: a spec whose pieces are all regular (const strings, JSON Schemas, regexes,
+free text, regular EBNF) is one regular language, compiled to a `CompiledGrammar` over a lazy
+DFA (only the states a generation visits are built, so compile time hardly grows with the
+number of tags; the forced text of a tag's begin after its trigger and of its end string comes
+from the compressed DFA, for jump-forward); a spec with a recursive EBNF grammar inside compiles
+to a `CompiledEBNF`. Cached by (spec, mode, whitespace, vocab.hash).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grammar.ebnf.compiler import compile_rules
+from grammar.errors import GrammarError
+from grammar.structural.spec import SpecReader
+from grammar.tokens.cache import CompileCache
+from grammar.tokens.vocab import TokenVocabulary
+
+_CACHE: CompileCache = CompileCache(max_entries=128)
+
+
+def compile_structural_tag(
+    spec: Any,
+    vocab: TokenVocabulary,
+    *,
+    json_schema_mode: str = "strict",
+    whitespace: str | None = None,
+) -> Any:
+    """A constraint from a structural tag: XGrammar's `{"type": "structural_tag", "format":
+    {...}}` (or a bare format object), or SGLang's `{"structures": [...], "triggers": [...]}`;
+    a dict or its JSON text. JSON-Schema contents use `json_schema_mode` ("strict" by default:
+    only declared properties) and `whitespace` (compact by default). GrammarError naming the
+    field's path for a malformed or unsupported spec."""
+    if isinstance(spec, str | bytes):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"structural tag: not valid JSON: {e}") from None
+    try:
+        text = json.dumps(spec, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise GrammarError(f"structural tag: not JSON data: {e}") from None
+
+    def build() -> Any:
+        rules = SpecReader(json_schema_mode, whitespace).read(spec)
+        return compile_rules(rules, vocab, "root", text)
+
+    return _CACHE.get_or_build(
+        ("structural", text, json_schema_mode, whitespace, vocab.hash), build
+    )
+
+
+def clear_structural_caches() -> None:
+    _CACHE.clear()

@@ -1,0 +1,297 @@
+"""A structural tag spec -> grammar rules (`grammar.ebnf.syntax`), for `compile_rules`.
+
+Two shapes are read:
+
+- XGrammar's `{"type": "structural_tag", "format": {...}}` (or a bare format) with the format
+  types const_string, json_schema, regex, grammar (EBNF), any_text, sequence, or, tag,
+  triggered_tags and tags_with_separator, nested freely;
+- SGLang's older `{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`, which is
+  `triggered_tags` with one json_schema tag per structure.
+
+Semantics follow XGrammar's: `triggered_tags` is free text that contains no trigger, then a tag
+(whose `begin` starts with a trigger), free text again, ...; with `at_least_one` the text starts
+with a tag; with `stop_after_first` it ends after the first tag. `any_text` inside a tag stops at
+the tag's end string (it cannot contain it). JSON-Schema content is compiled with our semantics
+(strict mode by default: only declared properties). A field we cannot honour (a non-JSON
+`style`, `max_tokens`, a token-id `begin`, ...) is a GrammarError naming its path, never
+ignored.
+
+Each JSON Schema's regex tree is built once and cached (by its text and mode), so many tools
+share their compiled pieces and a tag list costs one alternation over cached trees.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from typing import Any
+
+from grammar.automata.nfa import parse_regex
+from grammar.ebnf.lower import Lowering
+from grammar.ebnf.syntax import Alt, Grammar, Lit, Ref, Regular, Rep, Seq, parse_gbnf
+from grammar.errors import EmptyLanguageError, GrammarError
+from grammar.json_schema.schema import json_schema_to_node, load_schema
+from grammar.json_schema.strict import apply_mode, check_mode
+from grammar.structural.text import free_text
+
+_NOTHING = Alt(())  # matches no text (an empty `or`, a schema with no instance)
+_SCHEMA_NODES: dict[tuple, object] = {}
+_SCHEMA_LOCK = threading.Lock()
+_MAX_SCHEMA_NODES = 2048
+
+
+def schema_leaf(schema: Any, mode: str, whitespace: str | None, where: str) -> object:
+    """A Regular leaf for a JSON Schema's language (regex tree cached across compiles)."""
+    try:
+        loaded = apply_mode(load_schema(schema), mode)
+        key = ("schema", json.dumps(loaded, sort_keys=True, ensure_ascii=False), mode, whitespace)
+    except GrammarError as e:
+        raise GrammarError(f"structural tag {where}: {e}") from None
+    with _SCHEMA_LOCK:
+        node = _SCHEMA_NODES.get(key)
+    if node is None:
+        try:
+            node = json_schema_to_node(loaded, whitespace)
+        except EmptyLanguageError:
+            return _NOTHING
+        except GrammarError as e:
+            raise GrammarError(f"structural tag {where}: {e}") from None
+        with _SCHEMA_LOCK:
+            if len(_SCHEMA_NODES) >= _MAX_SCHEMA_NODES:
+                _SCHEMA_NODES.clear()
+            node = _SCHEMA_NODES.setdefault(key, node)
+    return Regular(node, key)
+
+
+@functools.lru_cache(maxsize=512)
+def _regex_node(pattern: str) -> object:
+    return parse_regex(pattern)
+
+
+class SpecReader:
+    """Turns one spec into rules; nested EBNF grammars get their rules renamed apart."""
+
+    def __init__(self, mode: str, whitespace: str | None) -> None:
+        self.mode = check_mode(mode)
+        self.whitespace = whitespace
+        self.grammar = Grammar()
+        self._grammars = 0
+
+    def read(self, spec: Any) -> Grammar:
+        if isinstance(spec, str | bytes):
+            try:
+                spec = json.loads(spec)
+            except json.JSONDecodeError as e:
+                raise GrammarError(f"structural tag: not valid JSON: {e}") from None
+        if not isinstance(spec, dict):
+            raise GrammarError("structural tag: expected a JSON object")
+        if "type" not in spec and ("structures" in spec or "triggers" in spec):
+            root = self._sglang(spec)
+        elif spec.get("type") == "structural_tag":
+            if "format" not in spec:
+                raise GrammarError("structural tag: 'format' is missing")
+            root = self.format(spec["format"], "format")
+        else:
+            root = self.format(spec, "format")
+        self.grammar.rules["root"] = root
+        return self.grammar
+
+    def _sglang(self, spec: dict) -> object:
+        structures = _field(spec, "structures", list, "")
+        triggers = _field(spec, "triggers", list, "")
+        tags = []
+        for i, s in enumerate(structures):
+            where = f"structures[{i}]"
+            if not isinstance(s, dict):
+                raise GrammarError(f"structural tag {where}: expected an object")
+            tags.append(
+                {
+                    "type": "tag",
+                    "begin": _field(s, "begin", str, where),
+                    "content": {"type": "json_schema", "json_schema": s.get("schema", True)},
+                    "end": _field(s, "end", str, where),
+                }
+            )
+        return self.format(
+            {"type": "triggered_tags", "triggers": triggers, "tags": tags}, "structures"
+        )
+
+    def format(self, f: Any, where: str, ends: tuple[str, ...] = ()) -> object:
+        """The expression of one format; `ends`: strings that follow it (a tag's end), which
+        free text inside it must not contain."""
+        if not isinstance(f, dict):
+            raise GrammarError(f"structural tag {where}: a format must be an object")
+        kind = f.get("type")
+        reader = _READERS.get(kind)  # type: ignore[arg-type]
+        if reader is None:
+            raise GrammarError(
+                f"structural tag {where}.type: unsupported format type {kind!r} "
+                f"(supported: {', '.join(sorted(_READERS))})"
+            )
+        return reader(self, f, where, ends)
+
+    # ----- the format types -----
+    def _const(self, f: dict, where: str, ends: tuple) -> object:
+        return Lit(_field(f, "value", str, where))
+
+    def _schema(self, f: dict, where: str, ends: tuple) -> object:
+        _refuse_unless(f, where, style="json", any_order=False, max_whitespace_cnt=None)
+        _refuse_unless(f, where, excludes=[])
+        if "json_schema" not in f:
+            raise GrammarError(f"structural tag {where}.json_schema: missing")
+        return schema_leaf(f["json_schema"], self.mode, self.whitespace, f"{where}.json_schema")
+
+    def _regex(self, f: dict, where: str, ends: tuple) -> object:
+        pattern = _field(f, "pattern", str, where)
+        try:
+            return Regular(_regex_node(pattern), ("regex", pattern))
+        except GrammarError as e:
+            raise GrammarError(f"structural tag {where}.pattern: {e}") from None
+
+    def _grammar(self, f: dict, where: str, ends: tuple) -> object:
+        text = _field(f, "grammar", str, where)
+        _refuse_unless(f, where, syntax="ebnf")
+        try:
+            g = parse_gbnf(text)
+        except GrammarError as e:
+            raise GrammarError(f"structural tag {where}.grammar: {e}") from None
+        try:
+            Lowering(g, "root")  # undefined rules, a missing root: named with this path
+        except GrammarError as e:
+            raise GrammarError(f"structural tag {where}.grammar: {e}") from None
+        self._grammars += 1
+        prefix = f"g{self._grammars}::"
+        for name, body in g.rules.items():
+            self.grammar.rules[prefix + name] = _renamed(body, prefix)
+        return Ref(prefix + "root")
+
+    def _any_text(self, f: dict, where: str, ends: tuple) -> object:
+        _refuse_unless(f, where, max_tokens=None, max_chars=None)
+        excludes = _field(f, "excludes", list, where, [])
+        return free_text(list(excludes) + list(ends), where)
+
+    def _sequence(self, f: dict, where: str, ends: tuple) -> object:
+        elements = _field(f, "elements", list, where)
+        n = len(elements)
+        return Seq(
+            tuple(
+                self.format(e, f"{where}.elements[{i}]", ends if i == n - 1 else ())
+                for i, e in enumerate(elements)
+            )
+        )
+
+    def _or(self, f: dict, where: str, ends: tuple) -> object:
+        elements = _field(f, "elements", list, where)
+        return Alt(
+            tuple(self.format(e, f"{where}.elements[{i}]", ends) for i, e in enumerate(elements))
+        )
+
+    def _tag(self, f: dict, where: str, ends: tuple) -> object:
+        begin = f.get("begin")
+        if not isinstance(begin, str):
+            raise GrammarError(f"structural tag {where}.begin: only a string begin is supported")
+        end = f.get("end")
+        end_list = [end] if isinstance(end, str) else end
+        if (
+            not isinstance(end_list, list)
+            or not end_list
+            or not all(isinstance(e, str) for e in end_list)
+        ):
+            raise GrammarError(f"structural tag {where}.end: a string or a list of strings")
+        if "content" not in f:
+            raise GrammarError(f"structural tag {where}.content: missing")
+        content = self.format(f["content"], f"{where}.content", tuple(e for e in end_list if e))
+        end_expr = Lit(end_list[0]) if len(end_list) == 1 else Alt(tuple(Lit(e) for e in end_list))
+        return Seq((Lit(begin), content, end_expr))
+
+    def _tags(self, f: dict, where: str) -> list[object]:
+        tags = _field(f, "tags", list, where)
+        out = []
+        for i, t in enumerate(tags):
+            if not isinstance(t, dict) or t.get("type", "tag") != "tag":
+                raise GrammarError(f"structural tag {where}.tags[{i}]: expected a tag")
+            out.append(self._tag(t, f"{where}.tags[{i}]", ()))
+        return out
+
+    def _triggered(self, f: dict, where: str, ends: tuple) -> object:
+        triggers = _field(f, "triggers", list, where)
+        if not triggers or not all(isinstance(t, str) and t for t in triggers):
+            raise GrammarError(f"structural tag {where}.triggers: non-empty strings required")
+        tags = self._tags(f, where)
+        for i, t in enumerate(f["tags"]):
+            if not any(t["begin"].startswith(tr) for tr in triggers):
+                raise GrammarError(
+                    f"structural tag {where}.tags[{i}].begin: {t['begin']!r} starts with no trigger"
+                )
+        excludes = _field(f, "excludes", list, where, [])
+        free = free_text(list(triggers) + list(excludes) + list(ends), where)
+        if not tags:
+            return free
+        one = tags[0] if len(tags) == 1 else Alt(tuple(tags))
+        at_least_one = bool(f.get("at_least_one", False))
+        if f.get("stop_after_first", False):
+            return one if at_least_one else Seq((free, Rep(one, 0, 1)))
+        if at_least_one:
+            return Seq((one, free, Rep(Seq((one, free)), 0, None)))
+        return Seq((free, Rep(Seq((one, free)), 0, None)))
+
+    def _separated(self, f: dict, where: str, ends: tuple) -> object:
+        tags = self._tags(f, where)
+        sep = _field(f, "separator", str, where)
+        if not tags:
+            return Lit("")
+        one = tags[0] if len(tags) == 1 else Alt(tuple(tags))
+        at_least_one = bool(f.get("at_least_one", False))
+        if f.get("stop_after_first", False):
+            return one if at_least_one else Rep(one, 0, 1)
+        some = Seq((one, Rep(Seq((Lit(sep), one)), 0, None)))
+        return some if at_least_one else Rep(some, 0, 1)
+
+
+_READERS = {
+    "const_string": SpecReader._const,
+    "json_schema": SpecReader._schema,
+    "regex": SpecReader._regex,
+    "grammar": SpecReader._grammar,
+    "any_text": SpecReader._any_text,
+    "sequence": SpecReader._sequence,
+    "or": SpecReader._or,
+    "tag": SpecReader._tag,
+    "triggered_tags": SpecReader._triggered,
+    "tags_with_separator": SpecReader._separated,
+}
+
+_MISSING = object()
+
+
+def _field(f: dict, name: str, kind: type, where: str, default: Any = _MISSING) -> Any:
+    value = f.get(name, default)
+    path = f"{where}.{name}" if where else name
+    if value is _MISSING:
+        raise GrammarError(f"structural tag {path}: missing")
+    if not isinstance(value, kind):
+        raise GrammarError(f"structural tag {path}: expected {kind.__name__}")
+    return value
+
+
+def _refuse_unless(f: dict, where: str, **defaults: Any) -> None:
+    """A field set to anything but its default constrains output in a way we do not
+    implement: refuse it by name."""
+    for name, default in defaults.items():
+        if name in f and f[name] != default:
+            raise GrammarError(
+                f"structural tag {where}.{name}: {f[name]!r} is not supported (only {default!r})"
+            )
+
+
+def _renamed(e: object, prefix: str) -> object:
+    if isinstance(e, Ref):
+        return Ref(prefix + e.name, e.line)
+    if isinstance(e, Seq):
+        return Seq(tuple(_renamed(i, prefix) for i in e.items))
+    if isinstance(e, Alt):
+        return Alt(tuple(_renamed(i, prefix) for i in e.options))
+    if isinstance(e, Rep):
+        return Rep(_renamed(e.item, prefix), e.lo, e.hi)
+    return e

@@ -1,0 +1,237 @@
+"""Structural tags (XGrammar's format tree and SGLang's structures / triggers) as token
+constraints, walked token by token with the DeepSeek tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grammar import CompiledEBNF, CompiledGrammar, GrammarError, compile_structural_tag
+from grammar.structural import spec as spec_module
+from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"],
+}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
+
+
+def _tag(name: str, schema: dict) -> dict:
+    return {
+        "type": "tag",
+        "begin": f"<function={name}>",
+        "content": {"type": "json_schema", "json_schema": schema},
+        "end": "</function>",
+    }
+
+
+def _triggered(**flags) -> dict:
+    return {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<function="],
+            "tags": [_tag("weather", WEATHER), _tag("time", TIME)],
+            **flags,
+        },
+    }
+
+
+def _accepts(g, text: str) -> bool:
+    m = g.matcher()
+    for t in deepseek_tokenizer().encode(text, add_special_tokens=False):
+        if not m.is_allowed(t):
+            return False
+        m.advance(t)
+    return m.is_accepting()
+
+
+CALL = '<function=weather>{"city":"Paris","days":3}</function>'
+CALL2 = '<function=time>{"zone":"UTC"}</function>'
+
+
+def test_free_text_then_calls_are_constrained_exactly() -> None:
+    g = compile_structural_tag(_triggered(), deepseek_vocab())
+    for good in ["", "Just text, no tools.", f"Sure. {CALL} Done.", f"{CALL}{CALL2}", CALL]:
+        assert _accepts(g, good), good
+    for bad in [
+        '<function=wind>{"city":"Paris"}</function>',  # undeclared tool
+        '<function=weather>{"days":3}</function>',  # missing required
+        '<function=weather>{"city":"Paris","x":1}</function>',  # undeclared property (strict)
+        '<function=time>{"zone":"PST"}</function>',  # not in the enum
+        '<function=weather>{"city":"Paris"}',  # end string missing
+        "a <function= b",  # a trigger must open a tag
+    ]:
+        assert not _accepts(g, bad), bad
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({}, [True, True, True, True, True, True, True]),
+        ({"stop_after_first": True}, [True, True, True, True, False, False, False]),
+        ({"at_least_one": True}, [False, False, True, False, True, True, False]),
+        (
+            {"at_least_one": True, "stop_after_first": True},
+            [False, False, True, False, False, False, False],
+        ),
+    ],
+)
+def test_at_least_one_and_stop_after_first_as_xgrammar_documents(flags, expected) -> None:
+    g = compile_structural_tag(_triggered(**flags), deepseek_vocab())
+    texts = ["", "hi", CALL, f"hi {CALL}", f"{CALL} bye", f"{CALL}{CALL2}", f"x{CALL}y{CALL2}z"]
+    assert [_accepts(g, t) for t in texts] == expected
+
+
+def test_trigger_split_across_tokens_and_partial_triggers_in_free_text() -> None:
+    vocab = deepseek_vocab()
+    tok = deepseek_tokenizer()
+    g = compile_structural_tag(_triggered(), vocab)
+    m = g.matcher()
+    # the trigger arrives in pieces; until it is whole the text is free
+    for piece in ["Look: <", "func", "tion"]:
+        for t in tok.encode(piece, add_special_tokens=False):
+            m.advance(t)
+    assert m.is_accepting()  # "<function" is not the trigger yet: free text may end here
+    m.advance(tok.encode("=", add_special_tokens=False)[0])
+    assert not m.is_accepting()  # inside a tag now: its name and arguments must follow
+    assert not m.is_allowed(tok.encode("x", add_special_tokens=False)[0])
+    assert _accepts(g, "a < b and <func tion> are fine")
+
+
+def test_a_trigger_that_is_a_prefix_of_another() -> None:
+    spec = {
+        "type": "triggered_tags",
+        "triggers": ["<tool", "<tool_call>"],
+        "tags": [
+            {"type": "tag", "begin": "<tool>", "content": {"type": "const_string", "value": "A"},
+             "end": "</tool>"},
+            {"type": "tag", "begin": "<tool_call>",
+             "content": {"type": "regex", "pattern": "[0-9]+"}, "end": "</tool_call>"},
+        ],
+    }  # fmt: skip
+    g = compile_structural_tag(spec, deepseek_vocab())
+    for good in ["x <tool>A</tool> y", "<tool_call>42</tool_call>", "tools are <too"]:
+        assert _accepts(g, good), good
+    for bad in ["<tool>B</tool>", "<tool_call>A</tool_call>", "<toolbox>"]:
+        assert not _accepts(g, bad), bad
+
+
+def test_end_string_and_begin_are_forced_for_jump_forward() -> None:
+    spec = {
+        "type": "triggered_tags",
+        "triggers": ["<function="],
+        "tags": [_tag("weather", WEATHER)],
+    }
+    g = compile_structural_tag(spec, deepseek_vocab())
+    m = g.matcher()
+    m.advance_bytes(b"ok <function=")
+    assert m.forced_text() == 'weather>{"city":"'
+    m.advance_bytes(b'weather>{"city":"Rome"')
+    m.advance_bytes(b"}")
+    assert m.forced_text() == "</function>"
+
+
+def test_any_text_stops_at_the_end_string_and_eos_ends_it() -> None:
+    vocab = deepseek_vocab()
+    eos = vocab.eos_token_ids[0]
+    tag = {"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"}
+    g = compile_structural_tag({"type": "structural_tag", "format": tag}, vocab)
+    assert _accepts(g, "<a>x</a</a>")
+    assert not _accepts(g, "<a>x</a>y</a>")
+    seq = {
+        "type": "sequence",
+        "elements": [{"type": "const_string", "value": "A"}, {"type": "any_text"}],
+    }
+    g = compile_structural_tag(seq, vocab)
+    m = g.matcher()
+    m.advance_bytes(b"A")
+    assert m.is_allowed(eos)
+    m.advance_bytes(b"bc")
+    assert m.is_allowed(eos)
+
+
+def test_tags_with_separator() -> None:
+    spec = {
+        "type": "tags_with_separator",
+        "tags": [_tag("weather", WEATHER), _tag("time", TIME)],
+        "separator": ",",
+    }
+    g = compile_structural_tag(spec, deepseek_vocab())
+    for good in ["", CALL, f"{CALL},{CALL2}", f"{CALL2},{CALL2},{CALL}"]:
+        assert _accepts(g, good), good
+    for bad in [f"{CALL},", f"x{CALL}", f"{CALL} {CALL2}"]:
+        assert not _accepts(g, bad), bad
+    g = compile_structural_tag({**spec, "at_least_one": True}, deepseek_vocab())
+    assert not _accepts(g, "")
+
+
+def test_sglang_structures_and_triggers() -> None:
+    spec = {
+        "structures": [
+            {"begin": "<function=weather>", "schema": WEATHER, "end": "</function>"},
+            {"begin": "<function=time>", "schema": TIME, "end": "</function>"},
+        ],
+        "triggers": ["<function="],
+    }
+    g = compile_structural_tag(json.dumps(spec), deepseek_vocab())
+    assert _accepts(g, f"Let me look. {CALL}")
+    assert not _accepts(g, '<function=weather>{"city":1}</function>')
+
+
+def test_nested_formats_regex_or_and_a_recursive_ebnf_grammar() -> None:
+    nested = {
+        "type": "sequence",
+        "elements": [
+            {"type": "or", "elements": [
+                {"type": "const_string", "value": "yes"},
+                {"type": "regex", "pattern": "n[o]+"},
+            ]},
+            {"type": "const_string", "value": ": "},
+            {"type": "grammar",
+             "grammar": 'root ::= "(" root ")" | "x"\n'},
+        ],
+    }  # fmt: skip
+    g = compile_structural_tag(nested, deepseek_vocab())
+    assert isinstance(g, CompiledEBNF)  # the nested grammar is recursive
+    for good in ["yes: x", "nooo: ((x))"]:
+        assert _accepts(g, good), good
+    for bad in ["yes: ((x)", "n: x", "maybe: x"]:
+        assert not _accepts(g, bad), bad
+    regular = {**nested, "elements": nested["elements"][:2]}
+    assert isinstance(compile_structural_tag(regular, deepseek_vocab()), CompiledGrammar)
+
+
+def test_tools_share_their_compiled_schemas_between_specs() -> None:
+    a = compile_structural_tag(_triggered(), deepseek_vocab())
+    reader = spec_module.SpecReader("strict", None)
+    first = reader.format(_tag("weather", WEATHER), "f")
+    second = spec_module.SpecReader("strict", None).format(_tag("other", WEATHER), "f")
+    assert first.items[1].node is second.items[1].node  # the same tree, built once
+    assert a is compile_structural_tag(_triggered(), deepseek_vocab())
+
+
+@pytest.mark.parametrize(
+    ("spec", "path"),
+    [
+        ({"type": "structural_tag", "format": {"type": "nope"}}, "format.type"),
+        (
+            {"type": "triggered_tags", "triggers": ["<x"], "tags": [_tag("w", WEATHER)]},
+            "format.tags[0].begin",
+        ),
+        (
+            {"type": "json_schema", "json_schema": WEATHER, "style": "qwen_xml"},
+            "format.style",
+        ),
+        ({"type": "any_text", "max_tokens": 5}, "format.max_tokens"),
+        ({"type": "grammar", "grammar": "root ::= missing"}, "format.grammar"),
+        ({"type": "tag", "begin": "<a>", "content": {"type": "any_text"}}, "format.end"),
+    ],
+)
+def test_bad_specs_are_refused_naming_the_field(spec: dict, path: str) -> None:
+    with pytest.raises(GrammarError) as err:
+        compile_structural_tag(spec, deepseek_vocab())
+    assert path in str(err.value)
