@@ -21,6 +21,11 @@ SUPPORTED_MODEL_TYPES = {
     "qwen2": True,
     "deepseek_v2": False,
     "deepseek_v3": False,
+    "qwen3": False,
+    "qwen3_moe": False,
+    "gemma3_text": False,
+    "mixtral": False,
+    "phi3": False,
 }
 # the architecture a config without `architectures` (a bare or hand-written one) stands for
 DEFAULT_ARCHITECTURES = {
@@ -29,8 +34,17 @@ DEFAULT_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+# hidden_act / hidden_activation values -> how the MLP's gate is activated
+SUPPORTED_ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
+# layer_types entries: full causal attention, or attention to the last `sliding_window` tokens
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,6 +83,16 @@ class MoEConfig:
     topk_group: int
     norm_topk_prob: bool
     routed_scaling_factor: float
+    decoder_sparse_step: int = 1  # Qwen3-MoE: every step-th layer is sparse
+    mlp_only_layers: tuple[int, ...] = ()  # Qwen3-MoE: layers kept dense
+
+    def sparse_layer(self, layer: int) -> bool:
+        """Whether `layer` runs the experts (else a dense MLP of `intermediate_size`)."""
+        return (
+            layer >= self.first_k_dense_replace
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
 
 @dataclass(slots=True)
@@ -95,6 +119,15 @@ class ModelConfig:
     sliding_window: int | None = None
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None
+    # per layer FULL or SLIDING; empty: every layer FULL (the Llama family ignores windows)
+    layer_types: tuple[str, ...] = ()
+    # the sliding layers' own RoPE (Gemma 3: another base), {"rope_theta": ..., scaling keys}
+    local_rope: dict[str, Any] | None = None
+    qk_norm: bool = False  # RMSNorm over each query / key head before RoPE (Qwen3, Gemma 3)
+    partial_rotary_factor: float = 1.0  # the share of each head that RoPE rotates
+    query_pre_attn_scalar: float | None = None  # Gemma: scale = this ** -0.5, not head_dim's
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
 
     @property
     def rope_type(self) -> str:
@@ -103,7 +136,20 @@ class ModelConfig:
     @property
     def rope_dim(self) -> int:
         """The dimensions each head rotates (MLA: only the rope part of a head)."""
-        return self.mla.qk_rope_head_dim if self.mla else self.head_dim
+        if self.mla:
+            return self.mla.qk_rope_head_dim
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The attention window of `layer` in tokens (its own included), None for full."""
+        if self.layer_types and self.layer_types[layer] == SLIDING:
+            return self.sliding_window
+        return None
+
+    @property
+    def window_layers(self) -> int:
+        """How many layers attend through a sliding window."""
+        return sum(self.layer_window(i) is not None for i in range(self.num_layers))
 
     def kv_layout(self) -> tuple[tuple[str, int, int], ...]:
         """What the pool holds per layer and token: (name, heads, dim) per tensor. K and V of
@@ -135,33 +181,36 @@ def config_from_dict(cfg: dict[str, Any]) -> ModelConfig:
             f"model_type {model_type!r} (architectures {archs}) is not supported; "
             f"supported: {sorted(SUPPORTED_MODEL_TYPES)}"
         )
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only 'silu')")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
+    if act not in SUPPORTED_ACTIVATIONS:
+        raise UnsupportedModelError(
+            f"hidden_act {act!r} is not supported; supported: {SUPPORTED_ACTIVATIONS}"
+        )
+    if cfg.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("use_bidirectional_attention is not supported (causal only)")
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
-    rope: dict[str, Any] = dict(cfg.get("rope_parameters") or {})
-    rope.update(cfg.get("rope_scaling") or {})
-    theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise UnsupportedModelError(
-            f"rope scaling {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
-        )
+    theta, rope, local_rope = _rope_parts(cfg)
+    partial = float(rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor") or 1.0))
     mla = moe = None
     if model_type.startswith("deepseek"):
         mla, moe = _deepseek_parts(cfg, model_type)
+    elif model_type in ("qwen3_moe", "mixtral"):
+        moe = _routed_moe(cfg, model_type)
     always_bias = SUPPORTED_MODEL_TYPES[model_type]
     attention_bias = bool(cfg.get("attention_bias", False))
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
     archs = cfg.get("architectures") or [DEFAULT_ARCHITECTURES[model_type]]
+    num_layers = int(cfg["num_hidden_layers"])
+    softcap = cfg.get("attn_logit_softcapping")
+    final_softcap = cfg.get("final_logit_softcapping")
     return ModelConfig(
         model_type=model_type,
         architecture=str(archs[0]),
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=hidden,
         intermediate_size=int(cfg["intermediate_size"]),
-        num_layers=int(cfg["num_hidden_layers"]),
+        num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or hidden // heads),
@@ -178,6 +227,100 @@ def config_from_dict(cfg: dict[str, Any]) -> ModelConfig:
         sliding_window=int(window) if window else None,
         mla=mla,
         moe=moe,
+        layer_types=_layer_types(cfg, model_type, num_layers, window),
+        local_rope=local_rope,
+        qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
+        partial_rotary_factor=partial,
+        query_pre_attn_scalar=_optional_float(cfg.get("query_pre_attn_scalar")),
+        attn_logit_softcapping=_optional_float(softcap),
+        final_logit_softcapping=_optional_float(final_softcap),
+    )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _rope_parts(cfg: dict[str, Any]) -> tuple[float, dict[str, Any], dict[str, Any] | None]:
+    """(rope_theta, the scaling keys, the sliding layers' own rope or None) from either
+    layout: transformers 4 (`rope_theta`, `rope_scaling`, Gemma's `rope_local_base_freq` at the
+    top level) or 5 (`rope_parameters`, per layer type for Gemma 3)."""
+    params: dict[str, Any] = dict(cfg.get("rope_parameters") or {})
+    local: dict[str, Any] | None = None
+    if FULL in params or SLIDING in params:  # one rope per layer type
+        local = dict(params.get(SLIDING) or {})
+        params = dict(params.get(FULL) or {})
+    elif cfg.get("rope_local_base_freq") is not None:
+        local = {"rope_theta": float(cfg["rope_local_base_freq"])}
+    rope = dict(params)
+    rope.update(cfg.get("rope_scaling") or {})
+    theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    for kind, parts in (("", rope), ("sliding layers' ", local or {})):
+        rope_type = parts.get("rope_type", parts.get("type", "default"))
+        if rope_type == "su":  # Phi-3's older name for LongRoPE
+            parts["rope_type"] = rope_type = "longrope"
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"{kind}rope scaling {rope_type!r} is not supported; "
+                f"supported: {SUPPORTED_ROPE_TYPES}"
+            )
+    if rope.get("rope_type", rope.get("type")) == "longrope":
+        rope.setdefault(
+            "original_max_position_embeddings",
+            cfg.get("original_max_position_embeddings") or cfg.get("max_position_embeddings"),
+        )
+    return theta, rope, local
+
+
+def _layer_types(
+    cfg: dict[str, Any], model_type: str, num_layers: int, window: Any
+) -> tuple[str, ...]:
+    """FULL / SLIDING per layer for the families whose windows the engine honours: the config's
+    `layer_types` when it has them, else every layer sliding when a window is set."""
+    if model_type not in ("qwen3", "qwen3_moe", "gemma3_text", "mixtral", "phi3"):
+        return ()
+    types = cfg.get("layer_types")
+    if types is None and model_type == "gemma3_text":  # older configs: a pattern of 6
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        types = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
+    if types is None:
+        types = [SLIDING if window else FULL] * num_layers
+    types = tuple(str(t) for t in types)
+    if len(types) != num_layers or not set(types) <= {FULL, SLIDING}:
+        raise UnsupportedModelError(
+            f"layer_types {list(types)} must list {FULL!r} or {SLIDING!r} for each of the "
+            f"{num_layers} layers"
+        )
+    if SLIDING in types and not window:
+        if model_type == "qwen3" or model_type == "qwen3_moe":
+            return tuple(FULL for _ in types)  # use_sliding_window off: windows unused
+        raise UnsupportedModelError(f"layer_types has {SLIDING!r} layers but no sliding_window")
+    return types
+
+
+def _routed_moe(cfg: dict[str, Any], model_type: str) -> MoEConfig:
+    """Qwen3-MoE and Mixtral: softmax over all experts, top-k, renormalised (always for
+    Mixtral, when `norm_topk_prob` for Qwen3-MoE); no shared experts."""
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if not experts:
+        raise UnsupportedModelError(f"{model_type} config names no experts (num_experts)")
+    mixtral = model_type == "mixtral"
+    return MoEConfig(
+        n_routed_experts=int(experts),
+        num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 2),
+        moe_intermediate_size=int(
+            cfg["intermediate_size"] if mixtral else cfg["moe_intermediate_size"]
+        ),
+        n_shared_experts=0,
+        first_k_dense_replace=0,
+        scoring="softmax",
+        topk_method="greedy",
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=mixtral or bool(cfg.get("norm_topk_prob", False)),
+        routed_scaling_factor=1.0,
+        decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+        mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
     )
 
 

@@ -1,10 +1,13 @@
-"""Mixture-of-experts for DeepSeek V2 / V3: the router and the experts of one layer.
+"""Mixture-of-experts for DeepSeek V2 / V3, Qwen3-MoE and Mixtral: the router and the experts of
+one layer.
 
 Routing follows `transformers`' DeepSeek routers exactly. V2: softmax scores, top-k over all
 experts (`greedy`) or within the `topk_group` groups holding the highest single score
 (`group_limited_greedy`). V3: sigmoid scores; the choice adds `e_score_correction_bias` and is
 limited to the `topk_group` groups whose two best biased scores sum highest; the weights are
 the unbiased scores, renormalised when `norm_topk_prob`. Both scale by `routed_scaling_factor`.
+Qwen3-MoE and Mixtral route as V2's `greedy` and renormalise the top-k weights (Mixtral always,
+Qwen3-MoE when `norm_topk_prob`).
 
 Experts run grouped: the step's (token, expert) pairs are sorted by expert, and each expert
 that received tokens runs once over all of them (two matmuls), never once per token. Shared
@@ -55,6 +58,8 @@ def route(x: torch.Tensor, w: MoEWeights, cfg: MoEConfig) -> tuple[torch.Tensor,
             group_rank = scores.view(t, cfg.n_group, e // cfg.n_group).max(dim=-1).values
             scores = _keep_groups(scores, group_rank, cfg, 0.0)
         weights, ids = scores.topk(cfg.num_experts_per_tok, dim=-1, sorted=False)
+        if cfg.norm_topk_prob:  # Mixtral always, Qwen3-MoE when configured (V2 never)
+            weights = weights / weights.sum(-1, keepdim=True)
     return ids, weights * cfg.routed_scaling_factor
 
 

@@ -11,7 +11,11 @@ from typing import TYPE_CHECKING
 
 from runtime.errors import UnsupportedModelError
 from runtime.models.deepseek import DeepseekModel
+from runtime.models.gemma3 import Gemma3Model
 from runtime.models.llama import LlamaModel
+from runtime.models.mixtral import MixtralModel
+from runtime.models.phi3 import Phi3Model
+from runtime.models.qwen3 import Qwen3Model
 
 if TYPE_CHECKING:
     from runtime.config import ModelConfig
@@ -22,6 +26,11 @@ MODELS: dict[str, type] = {
     "Qwen2ForCausalLM": LlamaModel,
     "DeepseekV2ForCausalLM": DeepseekModel,
     "DeepseekV3ForCausalLM": DeepseekModel,
+    "Qwen3ForCausalLM": Qwen3Model,
+    "Qwen3MoeForCausalLM": Qwen3Model,
+    "Gemma3ForCausalLM": Gemma3Model,
+    "MixtralForCausalLM": MixtralModel,
+    "Phi3ForCausalLM": Phi3Model,
 }
 
 

@@ -1,4 +1,5 @@
-"""Rotary position embeddings with the config's scaling (default, linear, llama3, yarn).
+"""Rotary position embeddings with the config's scaling (default, linear, llama3, yarn,
+longrope).
 
 The inverse frequencies and the cos/sin values are computed exactly as `transformers` computes
 them (float32, `cat(freqs, freqs)`, rotate-half pairing), so logits match to float precision.
@@ -38,7 +39,29 @@ def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
         inv_freq = torch.where(is_medium, smoothed, scaled)
     elif rope_type == "yarn":
         return _yarn(inv_freq, dim, base, config)
+    elif rope_type == "longrope":
+        return longrope_frequencies(config, long=False)
     return inv_freq, 1.0
+
+
+def longrope_frequencies(config: ModelConfig, long: bool) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3's `longrope`, formerly `su`): each frequency divided by its entry of
+    `short_factor`, or of `long_factor` for sequences longer than
+    `original_max_position_embeddings`; cos/sin scaled by
+    sqrt(1 + log(factor) / log(original)), factor = max_position_embeddings / original unless
+    given."""
+    p = config.rope_scaling
+    dim, base = config.rope_dim, config.rope_theta
+    original = float(p["original_max_position_embeddings"])
+    factor = p.get("factor")
+    if factor is None:
+        factor = config.max_position_embeddings / original
+    attention = p.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    ext = torch.tensor(p["long_factor" if long else "short_factor"], dtype=torch.float32)
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (ext * base**exponents), float(attention)
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:

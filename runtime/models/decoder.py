@@ -1,0 +1,373 @@
+"""One pre-norm decoder shape behind the families added after Llama: Qwen3 (dense and MoE),
+Gemma 3 text, Mixtral and Phi-3. A family file names its `Family` traits and maps its checkpoint
+onto the names read here; this file runs the forward pass.
+
+Per layer: RMSNorm -> q/k/v projections (fused into one matrix at load) -> optional RMSNorm of
+each query and key head (Qwen3, Gemma 3) -> RoPE of the layer's kind (Gemma 3's sliding layers
+have their own base; Phi-3's LongRoPE switches to its long factors past the original context;
+partial rotary rotates the first `rope_dim` values of a head) -> attention through the engine's
+backend with the layer's `LayerSpec` (scale, sliding window, logit soft-cap) -> o -> optional
+post-attention norm (Gemma's sandwich) -> residual; then norm -> gated MLP (SiLU or GELU-tanh)
+or routed experts -> optional post-MLP norm -> residual. Embeddings may be scaled (Gemma), the
+final logits soft-capped.
+
+Gemma's RMSNorm scales by `(1 + w)` in float32 before casting back; its weights are stored as
+`1 + w` at load time, so one norm function serves both styles (`Family.norm_offset` picks the
+cast order). Norms and routers stay in float32 where transformers computes them so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from runtime.config import FULL, SLIDING, ModelConfig
+from runtime.errors import UnsupportedModelError
+from runtime.memory.kv_pool import KVPool
+from runtime.models.forward_batch import ForwardBatch
+from runtime.models.layers import Packed, gemv_enabled, packing_enabled, rms_norm
+from runtime.models.moe import MoEWeights, load_moe, moe_forward
+from runtime.models.rope import RotaryEmbedding, apply_rotary, longrope_frequencies
+from runtime.models.window_attention import LayerSpec, TorchAttention
+from runtime.parallel.comm import LOCAL, Comm
+from runtime.parallel.shard import SINGLE, Shard, heads_of, vocab_rows
+
+
+@dataclass(slots=True, frozen=True)
+class Family:
+    """What sets a family apart from the plain Llama shape."""
+
+    norm_offset: bool = False  # RMSNorm scales by (1 + w), multiplied in float32 (Gemma)
+    sandwich_norms: bool = False  # norms after attention and after the MLP too (Gemma)
+    scaled_embeddings: bool = False  # embeddings times sqrt(hidden_size) (Gemma)
+
+
+@dataclass(slots=True)
+class DecoderLayer:
+    spec: LayerSpec
+    kind: str  # FULL or SLIDING: which rotary tables the layer reads
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, hidden], this rank's heads
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # [D]
+    k_norm: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_attn_norm: torch.Tensor | None  # Gemma's post_attention_layernorm
+    pre_mlp_norm: torch.Tensor  # Llama's post_attention_layernorm, Gemma's pre_feedforward
+    post_mlp_norm: torch.Tensor | None
+    gate_up: torch.Tensor | None  # dense MLP [2 I, hidden] (None in a sparse layer)
+    down: torch.Tensor | None
+    moe: MoEWeights | None
+
+    def tensors(self) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for name in DecoderLayer.__slots__:
+            value = getattr(self, name)
+            if isinstance(value, MoEWeights):
+                out += value.tensors()
+            elif isinstance(value, torch.Tensor):
+                out.append(value)
+        return out
+
+
+class DecoderModel:
+    """Weights plus `forward(batch, pool) -> logits`, stateless between calls. A subclass sets
+    `family` and may override `checkpoint_names` (renaming its checkpoint's keys to the Llama
+    names read here). With a `shard` it holds one rank's heads, MLP columns, experts (split over
+    the stage's tensor or expert ranks), vocabulary rows and layers, as `LlamaModel` does."""
+
+    family: ClassVar[Family] = Family()
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        shard: Shard = SINGLE,
+        comm: Comm = LOCAL,
+    ) -> None:
+        self.config, self.dtype, self.shard, self.comm = config, dtype, shard, comm
+        state = self.checkpoint_names(dict(state), config)
+        self._state, self._sizes = state, self._shard_sizes()
+        v0, rows, self.vocab_per_rank = vocab_rows(config.vocab_size, shard)
+        self.vocab_start, self.vocab_rows = v0, rows
+        self.embed = self._take("model.embed_tokens.weight")[v0 : v0 + rows].contiguous()
+        self.final_norm = self._norm_weight("model.norm.weight")
+        tied = "lm_head.weight" not in state or config.tie_word_embeddings
+        head = self.embed if tied else self._take("lm_head.weight")[v0 : v0 + rows].contiguous()
+        nothing = torch.empty(0, config.hidden_size, dtype=dtype)
+        self.lm_head = head if shard.last_stage else nothing
+        if not shard.first_stage and not (tied and shard.last_stage):
+            self.embed = nothing
+        self.layers = [self._load_layer(i) for i in shard.layers(config.num_layers)]
+        del self._state
+        self.embed_scale = (
+            torch.tensor(config.hidden_size**0.5).to(dtype)
+            if self.family.scaled_embeddings
+            else None
+        )
+        self.rotary = {FULL: RotaryEmbedding(config, dtype)}
+        if config.local_rope is not None:
+            local = dict(config.local_rope)
+            theta = float(local.pop("rope_theta", config.rope_theta))
+            local_config = dataclasses.replace(config, rope_theta=theta, rope_scaling=local)
+            self.rotary[SLIDING] = RotaryEmbedding(local_config, dtype)
+        else:
+            self.rotary[SLIDING] = self.rotary[FULL]
+        self.long_rotary = None  # LongRoPE: the tables past the original context
+        if config.rope_type == "longrope":
+            self.long_rotary = RotaryEmbedding(config, dtype)
+            inv_freq, scaling = longrope_frequencies(config, long=True)
+            self.long_rotary.inv_freq, self.long_rotary.attention_scaling = inv_freq, scaling
+        big = [self.lm_head] + [
+            t for layer in self.layers for t in (layer.qkv, layer.o, layer.gate_up, layer.down)
+            if t is not None
+        ]  # fmt: skip
+        device = self.embed.device
+        self.mm = Packed(big, packing_enabled(dtype, device), gemv_enabled(dtype, device)).linear
+        self.attention = TorchAttention()
+        moe_layers = sum(layer.moe is not None for layer in self.layers)
+        experts = config.moe.n_routed_experts if config.moe else 0
+        self.expert_load = torch.zeros(moe_layers, experts, dtype=torch.int64)
+        self.expert_load_total = torch.zeros(moe_layers, experts, dtype=torch.int64)
+
+    # ---- loading -----------------------------------------------------------------------------
+    @staticmethod
+    def checkpoint_names(
+        state: dict[str, torch.Tensor], config: ModelConfig
+    ) -> dict[str, torch.Tensor]:
+        """The checkpoint's tensors under the names this file reads (identity by default)."""
+        return state
+
+    def _shard_sizes(self) -> dict[str, int]:
+        cfg, shard, d = self.config, self.shard, self.config.head_dim
+        q0, hq, kv0, hkv = (
+            heads_of(cfg, shard) if shard.tp_size > 1 else (0, cfg.num_heads, 0, cfg.num_kv_heads)
+        )
+        self.num_heads, self.num_kv_heads = hq, hkv
+        inter = cfg.intermediate_size // shard.tp_size
+        return {"q0": q0 * d, "q": hq * d, "kv0": kv0 * d, "kv": hkv * d,
+                "i0": shard.tp_rank * inter, "i": inter}  # fmt: skip
+
+    def _take(self, name: str, as_dtype: torch.dtype | None = None) -> torch.Tensor:
+        if name not in self._state:
+            raise UnsupportedModelError(f"weight {name!r} missing from the checkpoint")
+        return self._state[name].to(as_dtype or self.dtype).contiguous()
+
+    def _maybe(self, name: str, as_dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        return self._take(name, as_dtype) if name in self._state else None
+
+    def _norm_weight(self, name: str) -> torch.Tensor:
+        if self.family.norm_offset:  # (1 + w), kept in float32 as Gemma multiplies it
+            return 1.0 + self._take(name, torch.float32)
+        return self._take(name)
+
+    def _rows(self, t: torch.Tensor | None, start: str, size: str) -> torch.Tensor | None:
+        if t is None:
+            return None
+        s = self._sizes
+        return t[s[start] : s[start] + s[size]]
+
+    def _load_layer(self, i: int) -> DecoderLayer:
+        cfg, s = self.config, self._sizes
+        p = f"model.layers.{i}."
+        att, mlp = p + "self_attn.", p + "mlp."
+        q, k, v = (self._take(att + f"{n}_proj.weight") for n in "qkv")
+        biases = [self._maybe(att + f"{n}_proj.bias") for n in "qkv"]
+        qkv_bias = None
+        if any(b is not None for b in biases):
+            parts = zip(biases, ("q0", "kv0", "kv0"), ("q", "kv", "kv"), strict=True)
+            qkv_bias = torch.cat([
+                self._rows(b, at, n) if b is not None else torch.zeros(s[n], dtype=self.dtype)
+                for b, at, n in parts
+            ])  # fmt: skip
+        o = self._take(att + "o_proj.weight")[:, s["q0"] : s["q0"] + s["q"]].contiguous()
+        sparse = cfg.moe is not None and cfg.moe.sparse_layer(i)
+        gate_up = down = moe = None
+        if sparse:
+            moe = load_moe(self._take, self._maybe, mlp, cfg.moe, self._experts(), shared=False)
+        else:
+            gate, up = self._take(mlp + "gate_proj.weight"), self._take(mlp + "up_proj.weight")
+            gate_up = torch.cat([self._rows(gate, "i0", "i"), self._rows(up, "i0", "i")])
+            down = self._take(mlp + "down_proj.weight")[:, s["i0"] : s["i0"] + s["i"]]
+        sandwich = self.family.sandwich_norms
+        window = cfg.layer_window(i)
+        scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+        return DecoderLayer(
+            spec=LayerSpec(scale=scale, window=window, soft_cap=cfg.attn_logit_softcapping),
+            kind=SLIDING if window is not None else FULL,
+            input_norm=self._norm_weight(p + "input_layernorm.weight"),
+            qkv=torch.cat([self._rows(q, "q0", "q"), self._rows(k, "kv0", "kv"),
+                           self._rows(v, "kv0", "kv")]).contiguous(),  # fmt: skip
+            qkv_bias=qkv_bias,
+            q_norm=self._norm_weight(att + "q_norm.weight") if cfg.qk_norm else None,
+            k_norm=self._norm_weight(att + "k_norm.weight") if cfg.qk_norm else None,
+            o=o,
+            o_bias=self._maybe(att + "o_proj.bias"),
+            post_attn_norm=self._norm_weight(p + "post_attention_layernorm.weight")
+            if sandwich else None,
+            pre_mlp_norm=self._norm_weight(
+                p + ("pre_feedforward_layernorm.weight" if sandwich
+                     else "post_attention_layernorm.weight")
+            ),
+            post_mlp_norm=self._norm_weight(p + "post_feedforward_layernorm.weight")
+            if sandwich else None,
+            gate_up=None if gate_up is None else gate_up.contiguous(),
+            down=None if down is None else down.contiguous(),
+            moe=moe,
+        )  # fmt: skip
+
+    def _experts(self) -> range:
+        """This rank's routed experts: split over the expert-parallel ranks, or over the tensor
+        parallel ones (each rank then runs its experts for every token; summed after)."""
+        n, shard = self.config.moe.n_routed_experts, self.shard
+        size = max(shard.ep_size, shard.tp_size)
+        rank = shard.ep_rank if shard.ep_size > 1 else shard.tp_rank
+        per = n // size
+        return range(rank * per, (rank + 1) * per)
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights a forward pass may read (the embedding counted once when tied)."""
+        tensors = [self.embed, self.final_norm]
+        if self.lm_head is not self.embed:
+            tensors.append(self.lm_head)
+        for layer in self.layers:
+            tensors += layer.tensors()
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    # ---- the forward pass ----------------------------------------------------------------------
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        eps = self.config.rms_norm_eps
+        if self.family.norm_offset:  # Gemma: (normalised x * (1 + w)) in float32, then cast
+            return F.rms_norm(x.float(), (x.shape[-1],), weight, eps).to(x.dtype)
+        return rms_norm(x, weight, eps)
+
+    def _activation(self, gate: torch.Tensor) -> torch.Tensor:
+        act = self.config.hidden_act
+        if act == "silu":
+            return F.silu(gate)
+        return F.gelu(gate, approximate="tanh" if act == "gelu_pytorch_tanh" else "none")
+
+    def _rope_tables(self, batch: ForwardBatch) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """cos, sin [T, 1, rope_dim] per layer kind for the step's positions."""
+        pos = batch.positions
+        tables = {kind: rot.cos_sin(pos) for kind, rot in self.rotary.items()}
+        if self.long_rotary is not None:
+            # as transformers decides per forward call: a sequence whose chunk reaches past the
+            # original context rotates that chunk with the long factors
+            long = _chunk_reaches(
+                batch, int(self.config.rope_scaling["original_max_position_embeddings"])
+            )
+            if bool(long.any()):
+                cos_l, sin_l = self.long_rotary.cos_sin(pos)
+                cos, sin = tables[FULL]
+                pick = long[:, None, None]
+                tables[FULL] = (torch.where(pick, cos_l, cos), torch.where(pick, sin_l, sin))
+                if self.rotary[SLIDING] is self.rotary[FULL]:
+                    tables[SLIDING] = tables[FULL]
+        return tables
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rd = cos.shape[-1]
+        if rd == x.shape[-1]:
+            return apply_rotary(x, cos, sin)
+        return torch.cat((apply_rotary(x[..., :rd], cos, sin), x[..., rd:]), dim=-1)
+
+    def _attention_block(
+        self, li: int, layer: DecoderLayer, x: torch.Tensor, tables
+    ) -> torch.Tensor:
+        t, d = x.shape[0], self.config.head_dim
+        hq, hkv = self.num_heads, self.num_kv_heads
+        qkv = self.mm(x, layer.qkv, layer.qkv_bias)
+        q = qkv[:, : hq * d].view(t, hq, d)
+        k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+        v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+        if layer.q_norm is not None:
+            q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
+        cos, sin = tables[layer.kind]
+        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        self.attention.store_kv(li, k, v)
+        out = self.attention.attend(li, q, layer.spec)
+        out = self.comm.all_reduce(self.mm(out.reshape(t, hq * d), layer.o))
+        return out if layer.o_bias is None else out + layer.o_bias
+
+    def _mlp_block(self, layer: DecoderLayer, x: torch.Tensor, load: torch.Tensor | None):
+        if layer.moe is not None:
+            # each rank runs its experts; the sum over the stage's ranks is the layer's output
+            return self.comm.all_reduce(moe_forward(x, layer.moe, self.config.moe, load))
+        gate, up = self.mm(x, layer.gate_up).chunk(2, dim=-1)
+        return self.comm.all_reduce(self.mm(self._activation(gate) * up, layer.down))
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
+        """Logits (float32) [len(batch.logit_rows), vocab] for the wanted rows."""
+        hidden = self.embed_tokens(batch.input_ids)
+        tables = self._rope_tables(batch)
+        self.attention.plan(batch, pool)
+        self.expert_load.zero_()
+        moe_index = 0
+        for li, layer in enumerate(self.layers):  # li: the index in this rank's pool
+            out = self._attention_block(li, layer, self._norm(hidden, layer.input_norm), tables)
+            if layer.post_attn_norm is not None:
+                out = self._norm(out, layer.post_attn_norm)
+            hidden = hidden + out
+            load = None
+            if layer.moe is not None:
+                load, moe_index = self.expert_load[moe_index], moe_index + 1
+            out = self._mlp_block(layer, self._norm(hidden, layer.pre_mlp_norm), load)
+            if layer.post_mlp_norm is not None:
+                out = self._norm(out, layer.post_mlp_norm)
+            hidden = hidden + out
+        self.expert_load_total += self.expert_load
+        return self.finish(hidden, batch)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """The first stage embeds (vocab-parallel: each rank its rows, summed), scaled where the
+        family scales; later stages receive the previous stage's hidden states."""
+        if not self.shard.first_stage:
+            return self.comm.recv_prev((ids.shape[0], self.config.hidden_size), self.dtype)
+        if self.shard.tp_size == 1:
+            hidden = F.embedding(ids, self.embed)
+        else:
+            local = ids - self.vocab_start
+            mine = (local >= 0) & (local < self.vocab_rows)
+            hidden = F.embedding(local.clamp(0, self.vocab_rows - 1), self.embed)
+            hidden = self.comm.all_reduce(hidden * mine[:, None].to(hidden.dtype))
+        return hidden if self.embed_scale is None else hidden * self.embed_scale
+
+    def finish(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
+        """The last stage's logits (vocab-parallel: gathered, soft-capped where configured);
+        earlier stages send on."""
+        if not self.shard.last_stage:
+            self.comm.send_next(hidden)
+            return None
+        hidden = self._norm(hidden[batch.logit_rows], self.final_norm)
+        logits = self.mm(hidden, self.lm_head, float_out=True)
+        if self.shard.tp_size > 1:
+            pad = self.vocab_per_rank - self.vocab_rows
+            if pad:
+                logits = F.pad(logits, (0, pad), value=float("-inf"))
+            logits = self.comm.all_gather_last(logits)[:, : self.config.vocab_size]
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+def _chunk_reaches(batch: ForwardBatch, original: int) -> torch.Tensor:
+    """[T] bool: whether the token's request reaches a position >= `original` in this step (its
+    decode token, or the last token of its extend chunk)."""
+    pos = batch.positions
+    nd = batch.num_decode
+    reach = torch.empty_like(pos)
+    reach[:nd] = pos[:nd]
+    lens = batch.extend_lens.to(torch.long)
+    if lens.numel():
+        ends = torch.cumsum(lens, 0) - 1 + nd
+        reach[nd:] = torch.repeat_interleave(pos[ends], lens)
+    return reach + 1 > original
