@@ -40,6 +40,8 @@ DEFAULT_ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "phi3": "Phi3ForCausalLM",
 }
+# the families on the shared decoder (runtime/models/decoder.py): windows, LongRoPE
+DECODER_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "mixtral", "phi3"})
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 # hidden_act / hidden_activation values -> how the MLP's gate is activated
 SUPPORTED_ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
@@ -191,6 +193,10 @@ def config_from_dict(cfg: dict[str, Any]) -> ModelConfig:
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     theta, rope, local_rope = _rope_parts(cfg)
+    if rope.get("rope_type", rope.get("type")) == "longrope" and model_type not in DECODER_TYPES:
+        raise UnsupportedModelError(
+            f"rope scaling 'longrope' is supported for {sorted(DECODER_TYPES)}, not {model_type}"
+        )
     partial = float(rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor") or 1.0))
     mla = moe = None
     if model_type.startswith("deepseek"):
@@ -277,7 +283,7 @@ def _layer_types(
 ) -> tuple[str, ...]:
     """FULL / SLIDING per layer for the families whose windows the engine honours: the config's
     `layer_types` when it has them, else every layer sliding when a window is set."""
-    if model_type not in ("qwen3", "qwen3_moe", "gemma3_text", "mixtral", "phi3"):
+    if model_type not in DECODER_TYPES:
         return ()
     types = cfg.get("layer_types")
     if types is None and model_type == "gemma3_text":  # older configs: a pattern of 6

@@ -117,7 +117,7 @@ def test_parsed_shapes():
         ("gemma3", dict(hidden_activation="relu2"), "relu2"),
         ("gemma3", dict(layer_types=["sliding_attention"]), "layer_types"),
         ("phi3", dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0}), "dynamic"),
-        ("qwen3_moe", dict(num_experts=None), "num_experts"),
+        ("qwen3_moe", dict(num_experts=None, num_local_experts=None), "num_experts"),
     ],
 )
 def test_a_config_the_engine_cannot_honour_is_named(kind, changes, named):
