@@ -4,6 +4,8 @@ deepseek tokenizer (129,280 ids), compact separators, schema-ordered keys.
     python -m benchmarks.grammar                 # JSONSchemaBench: ours on all 758, peers on 100
     python -m benchmarks.grammar --suite json-schema-test-suite     # all 694 groups, every engine
     python -m benchmarks.grammar --limit 60 --peer-limit 30 --engines ours,xgrammar
+    python -m benchmarks.grammar --suite structural-tags   # tool-call structural tags, vs XGrammar
+    python -m benchmarks.grammar --suite gbnf              # GBNF grammars, vs XGrammar
 
 Each schema (a suite's group) runs in a forked worker killed after --timeout seconds (counted
 as failed), single threaded; before forking, every engine compiles and walks one unrelated
@@ -30,6 +32,7 @@ from benchmarks.grammar_engines import load_engine
 from benchmarks.grammar_suites import SUITES, Item, bench_items, official_items
 from tests._grammar_fixtures import NO_BENCH, bench_files, deepseek_tokenizer, serialise
 
+OTHER_SUITES = ("structural-tags", "gbnf")  # benchmarks.grammar_structural: ours vs XGrammar
 FIXED_SCHEMAS = {
     "flat": {
         "type": "object",
@@ -238,7 +241,7 @@ def _fmt(p: tuple[float, float] | None, digits: int = 1) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--suite", choices=SUITES, default=SUITES[0])
+    ap.add_argument("--suite", choices=(*SUITES, *OTHER_SUITES), default=SUITES[0])
     ap.add_argument("--limit", type=int, default=0, help="schemas for ours (0: all)")
     ap.add_argument(
         "--peer-limit", type=int, default=None,
@@ -251,6 +254,17 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tok = deepseek_tokenizer()
+    if args.suite in OTHER_SUITES:
+        from benchmarks import grammar_structural
+
+        keys = [k for k in args.engines.split(",") if k in ("ours", "xgrammar")]
+        if args.suite == "gbnf":
+            grammar_structural.gbnf_suite(tok, keys)
+        elif bench_files():
+            grammar_structural.structural_suite(tok, keys)
+        else:
+            sys.exit(NO_BENCH)
+        return
     bench = args.suite == "jsonschemabench"
     load = bench_items if bench else official_items
     peer_limit = args.peer_limit if args.peer_limit is not None else (100 if bench else 0)

@@ -235,3 +235,16 @@ def test_bad_specs_are_refused_naming_the_field(spec: dict, path: str) -> None:
     with pytest.raises(GrammarError) as err:
         compile_structural_tag(spec, deepseek_vocab())
     assert path in str(err.value)
+
+
+def test_tool_call_benchmark_accepts_no_invalid_call(capsys) -> None:
+    """The structural-tags benchmark on 3 tools: every valid call walks, no invalid one does."""
+    from benchmarks.grammar_structural import structural_suite
+    from tests._grammar_fixtures import bench_files
+
+    if not bench_files():
+        pytest.skip("JSONSchemaBench sample not found")
+    structural_suite(deepseek_tokenizer(), ["ours"], sizes=(3,))
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 3 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[-2].startswith("0 of ") and cells[-1].startswith("0 of "), row

@@ -26,7 +26,7 @@ import numpy as np
 from grammar.automata.fsm import DEAD, START, no_gc, node_to_lazy_dfa
 from grammar.cfg.mask import VocabLayout
 from grammar.ebnf.earley import EarleyParser, ESet
-from grammar.ebnf.lower import Lowering, Terminal
+from grammar.ebnf.lower import Lowering, Terminal, clear_shared_terminals
 from grammar.ebnf.network import NetworkBuilder
 from grammar.ebnf.syntax import Grammar, parse_gbnf
 from grammar.errors import GrammarError
@@ -278,4 +278,6 @@ def compile_ebnf(text: str, vocab: TokenVocabulary, root: str = "root") -> Any:
 
 
 def clear_ebnf_caches() -> None:
+    """Drop compiled GBNF grammars and the terminal automata they share."""
     _EBNF_CACHE.clear()
+    clear_shared_terminals()

@@ -230,3 +230,8 @@ def shared_terminal(key: object, node: object) -> Terminal:
         if len(_TERMINALS) >= _MAX_SHARED_TERMINALS:
             _TERMINALS.clear()
         return _TERMINALS.setdefault(key, t)
+
+
+def clear_shared_terminals() -> None:
+    with _TERMINALS_LOCK:
+        _TERMINALS.clear()

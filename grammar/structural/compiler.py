@@ -16,7 +16,7 @@ from typing import Any
 
 from grammar.ebnf.compiler import compile_rules
 from grammar.errors import GrammarError
-from grammar.structural.spec import SpecReader
+from grammar.structural.spec import SpecReader, clear_schema_leaves
 from grammar.tokens.cache import CompileCache
 from grammar.tokens.vocab import TokenVocabulary
 
@@ -55,4 +55,6 @@ def compile_structural_tag(
 
 
 def clear_structural_caches() -> None:
+    """Drop compiled structural tags and the JSON Schema trees they share."""
     _CACHE.clear()
+    clear_schema_leaves()

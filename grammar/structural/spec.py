@@ -64,6 +64,11 @@ def schema_leaf(schema: Any, mode: str, whitespace: str | None, where: str) -> o
     return Regular(node, key)
 
 
+def clear_schema_leaves() -> None:
+    with _SCHEMA_LOCK:
+        _SCHEMA_NODES.clear()
+
+
 @functools.lru_cache(maxsize=512)
 def _regex_node(pattern: str) -> object:
     return parse_regex(pattern)
