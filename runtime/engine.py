@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from runtime import settings
+from runtime.attention import make_backend, resolve_backend
 from runtime.default_model import ensure_default_model
 from runtime.disaggregation.modes import (
     DEFAULT_TIMEOUT_S,
@@ -111,6 +112,7 @@ class Engine:
         disaggregation_bootstrap_port: int | None = None,
         disaggregation_bootstrap_host: str = "0.0.0.0",
         disaggregation_timeout_s: float = DEFAULT_TIMEOUT_S,
+        attention_backend: str = "auto",
     ) -> None:
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
         if num_threads:
@@ -121,6 +123,8 @@ class Engine:
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.dtype = resolve_dtype(dtype)
+        # "auto": the planned CPU paths here (runtime/attention/registry.py)
+        self.attention_backend = resolve_backend(attention_backend, "cpu")
         self.parallel = (tp_size, pp_size, ep_size) != (1, 1, 1)
         if nnodes > 1 and not self.parallel:
             raise ParallelConfigError(f"nnodes {nnodes} needs tp_size, pp_size or ep_size > 1")
@@ -143,10 +147,13 @@ class Engine:
             self.model = ParallelModel(
                 path, self.config, self.dtype, tp_size=tp_size, pp_size=pp_size,
                 ep_size=ep_size, num_pages=num_pages, page_size=page_size, nnodes=nnodes,
-                dist_init_addr=dist_init_addr,
+                dist_init_addr=dist_init_addr, attention_backend=self.attention_backend,
             )  # fmt: skip
         else:
-            self.model = model_class(loaded.config)(loaded.config, loaded.state_dict, self.dtype)
+            self.model = model_class(loaded.config)(
+                loaded.config, loaded.state_dict, self.dtype,
+                attention=make_backend(self.attention_backend),
+            )  # fmt: skip
             del loaded
             if chooser_wanted(num_threads, torch.device("cpu")):  # all threads, or one
                 self.model = ThreadChooser(self.model)
@@ -191,7 +198,8 @@ class Engine:
             from runtime.scheduling.constrained import ConstraintHooks
         except ImportError:
             return None
-        return ConstraintHooks(self)
+        # constrained rows' logits are masked by the attention backend's bitmask kernel
+        return ConstraintHooks(self, make_backend(self.attention_backend).apply_token_bitmask_)
 
     # ---- requests ----------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
@@ -350,6 +358,7 @@ class Engine:
         return {
             "model": str(self.model_path),
             "dtype": str(self.dtype).replace("torch.", ""),
+            "attention_backend": self.attention_backend,
             "page_size": ps,
             "num_pages": self.pool.num_usable_pages,
             "kv_bytes_per_token": self.pool.bytes_per_token,

@@ -37,3 +37,8 @@ class KVTransferError(EngineError):
 
 class DisaggregationConfigError(EngineError, ValueError):
     """A `disaggregation_mode` / bootstrap setting the engine cannot serve."""
+
+
+class UnsupportedAttentionError(EngineError):
+    """An attention backend cannot run here (triton missing) or lacks a feature a layer asks
+    for (a sliding window, logit soft-capping); the message names it."""

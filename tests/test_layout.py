@@ -38,6 +38,7 @@ LAYERS = [
     ("runtime.errors", "runtime.config", "runtime.settings"),
     ("runtime.kernels",),
     ("runtime.memory",),
+    ("runtime.attention",),
     ("runtime.parallel",),
     ("runtime.models",),
     ("runtime.workers",),

@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.attention import make_backend
+from runtime.attention.cpu_backend import CPUBackend
+from runtime.attention.forward_batch import ForwardBatch
 from runtime.kernels import cpu_fused, reference
 from runtime.memory.kv_pool import KVPool
-from runtime.models.forward_batch import ForwardBatch
 from runtime.models.layers import rms_norm
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
@@ -158,11 +160,14 @@ def _decode_run(model, dtype: torch.dtype, prompts: list[list[int]], steps: int)
 )
 def test_fused_forward_matches_the_torch_forward(tmp_path, dtype, kind, overrides):
     loaded = load_model_files(make_tiny_model(tmp_path, kind, **overrides))
-    model = model_class(loaded.config)(loaded.config, loaded.state_dict, dtype)
-    assert model.fused
+    model = model_class(loaded.config)(
+        loaded.config, loaded.state_dict, dtype, attention=make_backend("cpu")
+    )
+    assert model.add_norm.fused
     prompts = [[5, 17, 300, 42, 9], [7, 7, 1000], [12] * 11]
     fused_tokens, fused_logits = _decode_run(model, dtype, prompts, steps=12)
-    model.fused = False
+    model.add_norm.fused = False  # torch's ops for the norms, rotary and decode attention
+    model.attention = CPUBackend(fused=False)
     torch_tokens, torch_logits = _decode_run(model, dtype, prompts, steps=12)
     assert torch.equal(fused_tokens, torch_tokens)
     tolerance = 1e-4 if dtype == torch.float32 else 0.1

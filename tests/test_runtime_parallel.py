@@ -182,7 +182,7 @@ def test_micro_batches_give_the_whole_batch_logits(llama):
 
 def _extend_then_decode_batch(vocab: int):
     """2 decode requests then 2 extend chunks (one behind a 4-token prefix), page size 4."""
-    from runtime.models.forward_batch import ForwardBatch
+    from runtime.attention.forward_batch import ForwardBatch
 
     ps = 4
 

@@ -120,7 +120,7 @@ def test_engine_tokens_are_the_same_with_and_without_the_split(llama, monkeypatc
     outs = {}
     for flag in ("1", "0"):
         monkeypatch.setenv("SGL_PREFIX_EXTEND", flag)
-        monkeypatch.setattr("runtime.models.llama.prefix_extend_attention", counted)
+        monkeypatch.setattr("runtime.attention.cpu_backend.prefix_extend_attention", counted)
         calls.clear()
         with Engine(str(llama), page_size=4, dtype="float32") as engine:
             engine.generate(prompts[0], max_new_tokens=1, temperature=0.0)  # caches the prefix

@@ -64,6 +64,7 @@ class KVPool:
         self.num_pages = num_pages
         self.page_size = page_size
         self.dtype = dtype
+        self.device = torch.device(device)
         self.bytes_per_token = config.kv_bytes_per_token(torch.finfo(dtype).bits // 8)
         self.layout = config.kv_layout()
         self.buffers: dict[str, list[torch.Tensor]] = {

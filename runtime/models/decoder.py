@@ -25,14 +25,14 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from runtime.attention import AttentionBackend, LayerSpec, make_backend
+from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import FULL, SLIDING, ModelConfig
 from runtime.errors import UnsupportedModelError
 from runtime.memory.kv_pool import KVPool
-from runtime.models.forward_batch import ForwardBatch
 from runtime.models.layers import Packed, gemv_enabled, packing_enabled, rms_norm
 from runtime.models.moe import MoEWeights, load_moe, moe_forward
 from runtime.models.rope import RotaryEmbedding, apply_rotary, longrope_frequencies
-from runtime.models.window_attention import LayerSpec, TorchAttention
 from runtime.parallel.comm import LOCAL, Comm
 from runtime.parallel.shard import SINGLE, Shard, heads_of, vocab_rows
 
@@ -90,8 +90,10 @@ class DecoderModel:
         dtype: torch.dtype,
         shard: Shard = SINGLE,
         comm: Comm = LOCAL,
+        attention: AttentionBackend | None = None,
     ) -> None:
         self.config, self.dtype, self.shard, self.comm = config, dtype, shard, comm
+        self.attention = attention or make_backend("auto")
         state = self.checkpoint_names(dict(state), config)
         self._state, self._sizes = state, self._shard_sizes()
         v0, rows, self.vocab_per_rank = vocab_rows(config.vocab_size, shard)
@@ -130,7 +132,6 @@ class DecoderModel:
         ]  # fmt: skip
         device = self.embed.device
         self.mm = Packed(big, packing_enabled(dtype, device), gemv_enabled(dtype, device)).linear
-        self.attention = TorchAttention()
         moe_layers = sum(layer.moe is not None for layer in self.layers)
         experts = config.moe.n_routed_experts if config.moe else 0
         self.expert_load = torch.zeros(moe_layers, experts, dtype=torch.int64)

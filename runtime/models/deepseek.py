@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from runtime.attention import AttentionBackend, LayerSpec, make_backend
+from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import ModelConfig
 from runtime.errors import UnsupportedModelError
 from runtime.memory.kv_pool import KVPool
-from runtime.models.forward_batch import ForwardBatch
 from runtime.models.layers import rms_norm
 from runtime.models.mla import absorbed_attention, decompressed_attention
 from runtime.models.moe import MoEWeights, load_moe, moe_forward
@@ -66,15 +67,18 @@ class DeepseekModel:
         dtype: torch.dtype,
         shard: Shard = SINGLE,
         comm: Comm = LOCAL,
+        attention: AttentionBackend | None = None,
     ):
         if config.mla is None:
             raise UnsupportedModelError(f"{config.architecture} needs an MLA config")
         self.config = config
+        self.attention = attention or make_backend("auto")
         self.shard, self.comm = shard, comm
         self.dtype = dtype
         self.absorb = True
         mla, moe = config.mla, config.moe
         self.scale = softmax_scale(config, mla.qk_head_dim)
+        self.spec = LayerSpec(self.scale)  # every layer: full causal attention
         rotate = apply_rotary_interleaved if mla.rope_interleave else apply_rotary
         self._rotate = rotate
 
@@ -161,7 +165,7 @@ class DeepseekModel:
                     tensors.append(value)
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def _attention(self, layer: MLALayer, x: torch.Tensor, cos, sin, latent, batch) -> torch.Tensor:
+    def _attention(self, li: int, layer: MLALayer, x: torch.Tensor, cos, sin) -> torch.Tensor:
         mla, cfg, t = self.config.mla, self.config, x.shape[0]
         if layer.q is not None:
             q = F.linear(x, layer.q)
@@ -175,16 +179,16 @@ class DeepseekModel:
         k_rope = self._rotate(kv[:, None, mla.kv_lora_rank :], cos, sin)
         q_rope = self._rotate(q_rope, cos, sin)
         # the new tokens' latents go into their slots before attention reads the pages
-        entry = torch.cat((c, k_rope[:, 0]), dim=-1)
-        latent.view(-1, mla.latent_dim).index_copy_(0, batch.out_slots, entry.to(latent.dtype))
+        self.attention.store_latent(li, torch.cat((c, k_rope[:, 0]), dim=-1))
         attend = absorbed_attention if self.absorb else decompressed_attention
-        out = attend(q_nope, q_rope, layer.w_uk, layer.w_uv, latent, batch, self.scale)
+        out = attend(q_nope, q_rope, layer.w_uk, layer.w_uv, self.attention, li, self.spec)
         return F.linear(out.reshape(t, -1), layer.o, layer.o_bias)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Logits (float32) [len(batch.logit_rows), vocab] for the wanted rows."""
         cfg = self.config
+        self.attention.plan(batch, pool)
         if self.shard.first_stage:
             hidden = F.embedding(batch.input_ids, self.embed)
         else:
@@ -194,7 +198,7 @@ class DeepseekModel:
         moe_index = 0
         for li, layer in enumerate(self.layers):  # li: the index in this stage's pool
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
-            hidden = hidden + self._attention(layer, x, cos, sin, pool.latent[li], batch)
+            hidden = hidden + self._attention(li, layer, x, cos, sin)
             x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
             if layer.moe is not None:
                 load = self.expert_load[moe_index]

@@ -98,3 +98,28 @@ class Packed:
         if entry is None or x.dim() != 2 or x.shape[0] == 0:
             return torch.nn.functional.linear(x, w, bias)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), entry[1], bias, "none", [], "")
+
+
+class AddNorm:
+    """`(hidden + residual, RMSNorm of it)`: `hidden + (out + bias)` then the norm, as torch
+    rounds them; on CPU, where the fused C kernel is built for the dtype, in one pass that
+    adds in place into `hidden` (a tensor the forward pass allocated; fp32: within an ulp of
+    torch's ops, bf16: bit-equal)."""
+
+    def __init__(self, eps: float, dtype: torch.dtype, device: torch.device) -> None:
+        self.eps = eps
+        self.fused = device.type == "cpu" and cpu_fused.available(dtype)
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        residual: tuple[torch.Tensor, torch.Tensor | None] | None,
+        weight: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused:
+            out, bias = residual if residual is not None else (None, None)
+            return hidden, cpu_fused.add_rms_norm(hidden, out, bias, weight, self.eps)
+        if residual is not None:
+            out, bias = residual
+            hidden = hidden + (out if bias is None else out + bias)
+        return hidden, rms_norm(hidden, weight, self.eps)

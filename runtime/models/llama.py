@@ -13,19 +13,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from runtime import kernels
+from runtime.attention import AttentionBackend, LayerSpec, make_backend
+from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import ModelConfig
 from runtime.errors import UnsupportedModelError
-from runtime.kernels import cpu_fused
-from runtime.kernels.cascade import cascade_decode_attention, plan_cascade
-from runtime.kernels.decode_plan import plan_decode, planned_decode_attention
-from runtime.kernels.prefix_extend import enabled as prefix_extend_enabled
-from runtime.kernels.prefix_extend import plan_prefix_extend, prefix_extend_attention
-from runtime.kernels.short_extend import plan_short_extend, short_extend_attention
 from runtime.memory.kv_pool import KVPool
-from runtime.models.forward_batch import ForwardBatch
-from runtime.models.layers import Packed, gemv_enabled, packing_enabled, rms_norm
-from runtime.models.rope import RotaryEmbedding, apply_rotary
+from runtime.models.layers import AddNorm, Packed, gemv_enabled, packing_enabled, rms_norm
+from runtime.models.rope import RotaryEmbedding
 from runtime.parallel.comm import LOCAL, Comm
 from runtime.parallel.shard import SINGLE, Shard, heads_of, vocab_rows
 
@@ -60,8 +54,10 @@ class LlamaModel:
         dtype: torch.dtype,
         shard: Shard = SINGLE,
         comm: Comm = LOCAL,
+        attention: AttentionBackend | None = None,
     ):
         self.config = config
+        self.attention = attention or make_backend("auto")
         self.dtype = dtype
         self.shard, self.comm = shard, comm
         d = config.head_dim
@@ -153,12 +149,10 @@ class LlamaModel:
             big += [layer.qkv, layer.o, layer.gate_up, layer.down]
         device = self.embed.device
         self.mm = Packed(big, packing_enabled(dtype, device), gemv_enabled(dtype, device)).linear
-        # fused CPU kernels (runtime/kernels/cpu_fused.py): residual add + RMSNorm, rotary +
-        # K/V write, decode attention (float32: within an ulp or so of torch's ops, greedy tokens
-        # unchanged; bf16: the norm and rotary bit-equal, attention rounding-level)
-        self.fused = (
-            self.embed.device.type == "cpu" and config.rope_dim == d and cpu_fused.available(dtype)
-        )
+        # residual add + RMSNorm, fused on CPU where the C kernel is built (models/layers.py)
+        self.add_norm = AddNorm(config.rms_norm_eps, dtype, self.embed.device)
+        # every layer attends alike: full causal attention at head_dim ** -0.5
+        self.layer_specs = [LayerSpec(self.scale) for _ in self.layers]
 
     def weight_bytes(self) -> int:
         """Bytes of weights read per forward pass (the embedding counted once when tied)."""
@@ -172,103 +166,21 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Logits (float32) [len(batch.logit_rows), vocab] for the wanted rows."""
-        nd = batch.num_decode
+        attention = self.attention
+        attention.plan(batch, pool)
         hidden = self.embed_tokens(batch.input_ids)
         t = hidden.shape[0]
-        fused = self.fused  # decided at load time from the weights' device (packed for it)
-        if fused:  # the kernel reads the tables at each token's position
-            cos, sin = self.rotary.tables(batch.positions)
-        else:
-            cos, sin = self.rotary.cos_sin(batch.positions)
-        cascade = None
-        if nd > 1 and not hidden.is_cuda:
-            cascade = plan_cascade(batch.decode_page_table, batch.decode_seq_lens, pool.page_size)
-            cascade = cascade if cascade.useful else None
-        torch_path = nd and cascade is None and kernels.kernel_backend(hidden) == "torch"
-        fused_decode = None  # the fused kernel's int32 page table and lengths, for all layers
-        if fused and torch_path:
-            fused_decode = cpu_fused.DecodeRows.of(batch.decode_page_table, batch.decode_seq_lens)
-        decode_plan = None  # the torch path's per-step gather indices and mask, for all layers
-        if torch_path and fused_decode is None:
-            decode_plan = plan_decode(
-                batch.decode_page_table, batch.decode_seq_lens, pool.page_size,
-                pool.k[0].shape[0],
-            )  # fmt: skip
-        short = split = None  # the CPU's extend paths, planned once for all layers
-        if t > nd and not hidden.is_cuda:
-            split = self._plan_extend(batch, pool.page_size, shared_only=True)
-            if split is None:
-                short = plan_short_extend(
-                    batch.extend_page_table, batch.extend_prefix_lens, batch.extend_lens,
-                    pool.page_size,
-                )  # fmt: skip
-            if split is None and short is None:
-                split = self._plan_extend(batch, pool.page_size)
-        add_norm = self._add_norm
         residual: tuple[torch.Tensor, torch.Tensor | None] | None = None  # not yet in hidden
         for li, layer in enumerate(self.layers):
             # attention block (the previous layer's MLP output joins the residual here)
-            hidden, x = add_norm(hidden, residual, layer.input_norm)
+            hidden, x = self.add_norm(hidden, residual, layer.input_norm)
             qkv = self.mm(x, layer.qkv, layer.qkv_bias)
-            k_pool, v_pool = pool.k[li], pool.v[li]
             # the new tokens' K/V go into their slots before attention reads the pages
-            if fused:
-                q = cpu_fused.rotary_kv(qkv, cos, sin, batch.positions, batch.out_slots, k_pool,
-                                        v_pool, self.num_heads)  # fmt: skip
-            else:
-                q = self._rotary_kv(qkv, cos, sin, batch.out_slots, k_pool, v_pool)
-            parts = []
-            if cascade is not None:
-                parts.append(
-                    cascade_decode_attention(
-                        q[:nd],
-                        k_pool,
-                        v_pool,
-                        batch.decode_page_table,
-                        batch.decode_seq_lens,
-                        self.scale,
-                        cascade,
-                    )
-                )
-            elif fused_decode is not None:
-                parts.append(
-                    cpu_fused.decode_attention(q[:nd], k_pool, v_pool, fused_decode, self.scale)
-                )
-            elif decode_plan is not None:
-                parts.append(
-                    planned_decode_attention(q[:nd], k_pool, v_pool, decode_plan, self.scale)
-                )
-            elif nd:
-                parts.append(
-                    kernels.paged_decode_attention(
-                        q[:nd],
-                        k_pool,
-                        v_pool,
-                        batch.decode_page_table,
-                        batch.decode_seq_lens,
-                        self.scale,
-                    )
-                )
-            if split is not None:
-                parts.append(prefix_extend_attention(q[nd:], k_pool, v_pool, self.scale, split))
-            elif short is not None:
-                parts.append(short_extend_attention(q[nd:], k_pool, v_pool, self.scale, short))
-            elif t > nd:
-                parts.append(
-                    kernels.paged_extend_attention(
-                        q[nd:],
-                        k_pool,
-                        v_pool,
-                        batch.extend_page_table,
-                        batch.extend_prefix_lens,
-                        batch.extend_lens,
-                        self.scale,
-                    )
-                )
-            attn = parts[0] if len(parts) == 1 else torch.cat(parts)
+            q = attention.rope_store(li, qkv, self.rotary, self.num_heads)
+            attn = attention.attend(li, q, self.layer_specs[li])
             out = self.comm.all_reduce(self.mm(attn.reshape(t, self.q_size), layer.o))
             # SwiGLU MLP block
-            hidden, x = add_norm(hidden, (out, layer.o_bias), layer.post_norm)
+            hidden, x = self.add_norm(hidden, (out, layer.o_bias), layer.post_norm)
             gate_up = self.mm(x, layer.gate_up, layer.gate_up_bias)
             gate, up = gate_up.chunk(2, dim=-1)
             out = self.comm.all_reduce(self.mm(F.silu(gate) * up, layer.down))
@@ -277,43 +189,6 @@ class LlamaModel:
             out, bias = residual
             hidden = hidden + (out if bias is None else out + bias)
         return self.finish(hidden, batch)
-
-    def _plan_extend(self, batch: ForwardBatch, page_size: int, shared_only: bool = False):
-        if not prefix_extend_enabled():
-            return None
-        return plan_prefix_extend(
-            batch.extend_page_table, batch.extend_prefix_lens, batch.extend_lens, page_size,
-            self.num_heads // self.num_kv_heads, shared_only=shared_only,
-        )  # fmt: skip
-
-    def _add_norm(
-        self,
-        hidden: torch.Tensor,
-        residual: tuple[torch.Tensor, torch.Tensor | None] | None,
-        weight: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden + residual, RMSNorm of it): `hidden + (out + bias)` then the norm, as
-        torch rounds them; the fused kernel adds in place into `hidden` (a tensor this
-        forward pass allocated)."""
-        eps = self.config.rms_norm_eps
-        if self.fused:
-            out, bias = residual if residual is not None else (None, None)
-            return hidden, cpu_fused.add_rms_norm(hidden, out, bias, weight, eps)
-        if residual is not None:
-            out, bias = residual
-            hidden = hidden + (out if bias is None else out + bias)
-        return hidden, rms_norm(hidden, weight, eps)
-
-    def _rotary_kv(self, qkv, cos, sin, slots, k_pool, v_pool) -> torch.Tensor:
-        """Torch ops: q rotated [T, Hq, D]; the rotated k and the v written into the pools."""
-        t, d = qkv.shape[0], self.config.head_dim
-        # q and k sit side by side in the projection: rotated as one [T, Hq + Hkv, D] block
-        qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(t, -1, d), cos, sin)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, d)
-        k_pool.view(-1, self.num_kv_heads, d).index_copy_(0, slots, k)
-        v_pool.view(-1, self.num_kv_heads, d).index_copy_(0, slots, v)
-        return q
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """The first stage embeds (vocab-parallel: each rank its rows, summed); later stages

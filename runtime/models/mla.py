@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime import kernels
-from runtime.models.forward_batch import ForwardBatch
+from runtime.attention import AttentionBackend, LayerSpec
+from runtime.errors import UnsupportedAttentionError
 
 
 def absorbed_attention(
@@ -27,29 +27,14 @@ def absorbed_attention(
     q_rope: torch.Tensor,  # [T, H, Dr]
     w_uk: torch.Tensor,  # [H, nope, R]
     w_uv: torch.Tensor,  # [H, v, R]
-    latent: torch.Tensor,  # [pages, page_size, 1, R + Dr]
-    batch: ForwardBatch,
-    scale: float,
+    attention: AttentionBackend,
+    layer: int,
+    spec: LayerSpec,
 ) -> torch.Tensor:
-    """[T, H, v]: decode tokens first, then extend chunks, as in `batch`."""
+    """[T, H, v]: decode tokens first, then extend chunks, as in the step's batch."""
     rank = w_uk.shape[-1]
     q = torch.cat((torch.einsum("thn,hnr->thr", q_nope, w_uk), q_rope), dim=-1)
-    nd, t = batch.num_decode, q.shape[0]
-    parts = []
-    if nd:
-        parts.append(
-            kernels.paged_latent_decode_attention(
-                q[:nd], latent, batch.decode_page_table, batch.decode_seq_lens, scale, rank
-            )
-        )
-    if t > nd:
-        # the latent is both key (all R + Dr dims) and value (its first R dims)
-        out = kernels.paged_extend_attention(
-            q[nd:], latent, latent, batch.extend_page_table, batch.extend_prefix_lens,
-            batch.extend_lens, scale,
-        )  # fmt: skip
-        parts.append(out[..., :rank])
-    out_latent = parts[0] if len(parts) == 1 else torch.cat(parts)
+    out_latent = attention.latent_attend(layer, q, spec, rank)
     return torch.einsum("thr,hvr->thv", out_latent, w_uv)
 
 
@@ -67,12 +52,17 @@ def decompressed_attention(
     q_rope: torch.Tensor,
     w_uk: torch.Tensor,
     w_uv: torch.Tensor,
-    latent: torch.Tensor,
-    batch: ForwardBatch,
-    scale: float,
+    attention: AttentionBackend,
+    layer: int,
+    spec: LayerSpec,
 ) -> torch.Tensor:
-    """The same result as `absorbed_attention`, expanding every cached latent to per-head K/V."""
+    """The same result as `absorbed_attention`, expanding every cached latent to per-head K/V
+    (full causal attention: a `spec` with a window or soft cap is refused)."""
+    if not spec.plain:
+        raise UnsupportedAttentionError("decompressed MLA attends causally over every token")
     rank = w_uk.shape[-1]
+    batch, scale = attention.batch, spec.scale
+    latent = attention.latent_cache(layer, q_nope.dtype)
     q = torch.cat((q_nope, q_rope), dim=-1)  # [T, H, nope + Dr]
     nd = batch.num_decode
     rows: list[tuple[int, int, torch.Tensor, int]] = []  # (first query, count, page row, prefix)

@@ -112,6 +112,7 @@ class RotaryEmbedding:
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         self.inv_freq, self.attention_scaling = inverse_frequencies(config)
+        self.dim = config.rope_dim
         self.dtype = dtype
         self._cache_len = 0
         self._cos = self._sin = torch.empty(0)
@@ -139,6 +140,10 @@ class RotaryEmbedding:
         if needed > self._cache_len:
             self._grow(needed)
         return self._cos, self._sin
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """`apply_rotary` (rotate-half pairing), for the attention backends."""
+        return apply_rotary(x, cos, sin)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

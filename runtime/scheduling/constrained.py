@@ -23,13 +23,15 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from runtime import kernels, settings
+from runtime import settings
+from runtime.kernels import reference
 from runtime.scheduling.request import Request
 
 if TYPE_CHECKING:
@@ -39,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 INCOMPLETE = "max_new_tokens reached before the constraint was complete"
 DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
+# (logits [B, V], packed bitmask [R, W], rows [R] | None) -> logits, masked in place
+BitmaskFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
 class ConstraintState:
@@ -72,9 +76,12 @@ def _grammar_package() -> Any:
 class ConstraintHooks:
     """The scheduler calls these; they run on the scheduler thread (compiles excepted)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, apply_token_bitmask_: BitmaskFn | None = None) -> None:
+        """`apply_token_bitmask_`: the engine's attention backend's mask kernel (the torch
+        reference when not given)."""
         self.tokenizer = engine.tokenizer
         self.eos_ids = frozenset(engine.eos_token_ids)
+        self.apply_token_bitmask_ = apply_token_bitmask_ or reference.apply_token_bitmask_
         self._vocab: Any = None
         self._vocab_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-grammar")
@@ -199,7 +206,7 @@ class ConstraintHooks:
             return []
         masks = np.stack([self._bitmask(reqs[i]) for i in rows])
         dead = [reqs[i] for i, m in zip(rows, masks, strict=True) if not m.any()]
-        kernels.apply_token_bitmask_(
+        self.apply_token_bitmask_(
             logits, torch.from_numpy(masks), torch.tensor(rows, dtype=torch.long)
         )
         return dead

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.models.forward_batch import ForwardBatch
+from runtime.attention.forward_batch import ForwardBatch
 from runtime.scheduling.request import Request, Status
 from runtime.scheduling.step_output import book_step, process_step_output
 from runtime.scheduling.step_plan import StepPlan, build_batch

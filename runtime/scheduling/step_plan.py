@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime.models.forward_batch import ForwardBatch
+from runtime.attention.forward_batch import ForwardBatch
 from runtime.scheduling.request import Request
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 
+from runtime.attention.registry import CHOICES as ATTENTION_CHOICES
 from runtime.server.app import build_state, create_app
 
 logger = logging.getLogger("runtime.server")
@@ -55,6 +56,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="strict",
         help="JSON-Schema generation: strict (objects emit only their declared properties, "
         "the default) or exact (the schema's own language); a request's json_schema_mode wins",
+    )
+    engine.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_CHOICES,
+        default="auto",
+        help="attention kernels: cpu (the planned fast CPU paths), torch (reference), triton "
+        "(GPU kernels); auto picks cpu on a CPU",
     )
     pd = p.add_argument_group("prefill-decode disaggregation (behind the gateway's PD mode)")
     pd.add_argument(
@@ -129,6 +137,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "chunked_prefill_tokens": args.chunked_prefill_tokens,
         "num_threads": args.num_threads,
         "json_schema_mode": args.json_schema_mode,
+        "attention_backend": args.attention_backend,
         "tp_size": args.tp_size,
         "pp_size": args.pp_size,
         "ep_size": args.ep_size,

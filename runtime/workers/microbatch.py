@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.models.forward_batch import ForwardBatch
+from runtime.attention.forward_batch import ForwardBatch
 
 
 def split(batch: ForwardBatch, parts: int) -> list[ForwardBatch]:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from runtime import settings
+from runtime.attention import make_backend
 from runtime.memory.kv_pool import KVPool, resolve_dtype
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
@@ -45,7 +46,9 @@ def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int) ->
     dtype, num_pages, page_size = resolve_dtype(box[0]["dtype"]), *box[0]["pages"]
     loaded = load_model_files(model_path)
     config = loaded.config
-    model = model_class(config)(config, loaded.state_dict, dtype, shard=shard, comm=comm)
+    attention = make_backend(box[0]["attention"])
+    model = model_class(config)(config, loaded.state_dict, dtype, shard=shard, comm=comm,
+                                attention=attention)  # fmt: skip
     del loaded
     pool = KVPool(local_config(config, shard), num_pages, page_size, dtype)
     report = {

@@ -1,0 +1,143 @@
+"""`cpu`: the engine's fast CPU paths, chosen once per step in `plan`.
+
+Decode: requests sharing a long prefix go through cascade attention (the shared pages read
+once per group, `kernels/cascade.py`); otherwise the fused C kernel (`kernels/cpu_fused.py`)
+where it is built for the pool's dtype, else the reference gathers planned once for all layers
+(`kernels/decode_plan.py`). Extend: groups of requests sharing prefix pages go through the
+split-prefix path (`kernels/prefix_extend.py`); else many short chunks share one padded call
+(`kernels/short_extend.py`); else the split-prefix path per request; else the reference.
+`rope_store` rotates q / k and writes K / V in one fused C pass when it can.
+
+Every path gives the reference's numbers up to float rounding (greedy tokens unchanged). MLA
+latents, sliding windows and soft-capping take the torch backend's paths (reference kernels,
+`torch_backend.general_attention`): correct, not planned.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from runtime.attention.base import LayerSpec, Rotary
+from runtime.attention.torch_backend import TorchBackend
+from runtime.kernels import cpu_fused
+from runtime.kernels.cascade import CascadePlan, cascade_decode_attention, plan_cascade
+from runtime.kernels.decode_plan import DecodePlan, plan_decode, planned_decode_attention
+from runtime.kernels.prefix_extend import (
+    PrefixExtendPlan,
+    plan_prefix_extend,
+    prefix_extend_attention,
+)
+from runtime.kernels.prefix_extend import enabled as prefix_extend_enabled
+from runtime.kernels.short_extend import (
+    ShortExtendPlan,
+    plan_short_extend,
+    short_extend_attention,
+)
+
+if TYPE_CHECKING:
+    from runtime.attention.forward_batch import ForwardBatch
+    from runtime.memory.kv_pool import KVPool
+
+
+class CPUBackend(TorchBackend):
+    """Planned CPU paths; the plan objects below hold for every layer of one step. What it
+    does not plan (MLA latents, windows, soft caps) runs as in the torch backend."""
+
+    name = "cpu"
+
+    def __init__(self, fused: bool | None = None) -> None:
+        """`fused=False`: torch ops instead of the C kernels (to compare them); None: the C
+        kernels wherever they are built for the pool's dtype."""
+        super().__init__()
+        self.cascade: CascadePlan | None = None
+        self.fused_decode: cpu_fused.DecodeRows | None = None
+        self.decode_plan: DecodePlan | None = None
+        self.split: PrefixExtendPlan | None = None
+        self.short: ShortExtendPlan | None = None
+        self._fused = fused  # the C kernels exist for the pool's dtype
+        self._extend_planned = False
+
+    def _plan(self, batch: ForwardBatch, pool: KVPool) -> None:
+        if self._fused is None:
+            self._fused = cpu_fused.available(pool.dtype) and pool.device.type == "cpu"
+        nd = batch.num_decode
+        self.cascade = self.fused_decode = self.decode_plan = None
+        self.split = self.short = None
+        if nd > 1:
+            cascade = plan_cascade(batch.decode_page_table, batch.decode_seq_lens, pool.page_size)
+            self.cascade = cascade if cascade.useful else None
+        if nd and self.cascade is None and pool.k:
+            if self._fused:
+                self.fused_decode = cpu_fused.DecodeRows.of(
+                    batch.decode_page_table, batch.decode_seq_lens
+                )
+            else:
+                self.decode_plan = plan_decode(
+                    batch.decode_page_table, batch.decode_seq_lens, pool.page_size,
+                    pool.num_pages,
+                )  # fmt: skip
+        self._extend_planned = False  # at the first layer's extend: it needs q's head count
+
+    def _plan_extend(self, group: int) -> None:
+        """The extend paths for every layer of this step; `group`: query heads per KV head."""
+        batch, pool = self.batch, self.pool
+        self.split = self._plan_split(batch, pool, group, shared_only=True)
+        if self.split is None:
+            self.short = plan_short_extend(
+                batch.extend_page_table, batch.extend_prefix_lens, batch.extend_lens,
+                pool.page_size,
+            )  # fmt: skip
+        if self.split is None and self.short is None:
+            self.split = self._plan_split(batch, pool, group)
+        self._extend_planned = True
+
+    @staticmethod
+    def _plan_split(
+        batch: ForwardBatch, pool: KVPool, group: int, shared_only: bool = False
+    ) -> PrefixExtendPlan | None:
+        if not prefix_extend_enabled():
+            return None
+        return plan_prefix_extend(
+            batch.extend_page_table, batch.extend_prefix_lens, batch.extend_lens,
+            pool.page_size, group, shared_only=shared_only,
+        )  # fmt: skip
+
+    def rope_store(
+        self, layer: int, qkv: torch.Tensor, rotary: Rotary, num_heads: int
+    ) -> torch.Tensor:
+        k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]
+        if not (self._fused and rotary.dim == k_pool.shape[3] and qkv.dtype == k_pool.dtype):
+            return super().rope_store(layer, qkv, rotary, num_heads)
+        if self._rope is None:  # the kernel reads the tables at each token's position
+            self._rope = rotary.tables(self.batch.positions)
+        cos, sin = self._rope
+        b = self.batch
+        return cpu_fused.rotary_kv(
+            qkv, cos, sin, b.positions, b.out_slots, k_pool, v_pool, num_heads
+        )
+
+    def decode(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
+        if not spec.plain:
+            return super().decode(layer, q, spec)
+        b, k, v = self.batch, self.pool.k[layer], self.pool.v[layer]
+        if self.cascade is not None:
+            return cascade_decode_attention(
+                q, k, v, b.decode_page_table, b.decode_seq_lens, spec.scale, self.cascade
+            )
+        if self.fused_decode is not None:
+            return cpu_fused.decode_attention(q, k, v, self.fused_decode, spec.scale)
+        return planned_decode_attention(q, k, v, self.decode_plan, spec.scale)
+
+    def extend(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
+        if not spec.plain:
+            return super().extend(layer, q, spec)
+        k, v = self.pool.k[layer], self.pool.v[layer]
+        if not self._extend_planned:
+            self._plan_extend(q.shape[1] // k.shape[2])
+        if self.split is not None:
+            return prefix_extend_attention(q, k, v, spec.scale, self.split)
+        if self.short is not None:
+            return short_extend_attention(q, k, v, spec.scale, self.short)
+        return super().extend(layer, q, spec)
