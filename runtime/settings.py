@@ -24,8 +24,9 @@ OVERLAP = Flag(
 KERNELS = Choice(
     "SGL_KERNELS",
     "auto",
-    "Which attention and mask kernels run: `auto` (Triton for CUDA tensors when it imports, "
-    "else the torch reference), or force `triton` / `torch`.",
+    "Which kernels `runtime.kernels`' dispatch functions run (the kernel tests use them; an "
+    "engine's model picks its kernels by `attention_backend`): `auto` (Triton for CUDA tensors "
+    "when it imports, else the torch reference), or force `triton` / `torch`.",
     choices=("auto", "triton", "torch"),
 )
 FUSED_CPU = Flag(
