@@ -17,7 +17,7 @@ from grammar.ebnf.compiler import CompiledEBNF, clear_ebnf_caches, compile_ebnf
 from grammar.errors import EmptyLanguageError, GrammarError, UnsupportedSchemaError
 from grammar.json_schema import numbers as _decimal_numbers  # noqa: F401  loaded with the package:
 from grammar.json_schema.lark import compile_json_schema_cfg, json_schema_to_lark
-from grammar.json_schema.schema import dtype_to_regex, json_schema_to_regex
+from grammar.json_schema.schema import DTYPE_NAMES, dtype_to_regex, json_schema_to_regex
 from grammar.structural.compiler import clear_structural_caches, compile_structural_tag
 from grammar.tokens.compiled import CompiledGrammar
 from grammar.tokens.matcher import Matcher
@@ -69,6 +69,7 @@ __all__ = [
     "compile_lark",
     "compile_regex",
     "compile_structural_tag",
+    "DTYPE_NAMES",
     "dtype_to_regex",
     "json_schema_to_lark",
     "json_schema_to_regex",

@@ -10,15 +10,33 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .backend.base import GenOutput
+from .backend.base import Backend, GenOutput
+from .chat_template import ChatTemplate
 from .errors import ProgramError
 from .ir import ArgRef, Expr, Gen, RoleBegin, RoleEnd, Select, Text, VarRef, flatten
 from .select_methods import ChoiceScores
 
-if TYPE_CHECKING:
-    from .state import ProgramState
+
+class ProgramState(Protocol):
+    """What the interpreter reads and writes of a running program (`state.ProgramState` is
+    one): its backend and options, and the text, messages and variables it appends to."""
+
+    backend: Backend
+    template: ChatTemplate
+    defaults: dict[str, Any]  # gen() options a gen does not set itself
+    stream: bool
+    _text: str
+    _vars: dict[str, Any]
+    _messages: list[dict[str, str]]
+    _open_role: tuple[str, int] | None  # (role, text offset of its content)
+
+    def set_var(self, name: str, value: Any, meta: Any = None) -> None: ...
+
+    def _emit(self, text: str, var: str | None = None) -> None: ...
+
+    def _close_var(self, name: str) -> None: ...
 
 
 def append(state: ProgramState, expr: Expr) -> None:

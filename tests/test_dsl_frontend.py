@@ -293,7 +293,7 @@ def test_runtime_adapter_speaks_the_engines_names():
         "max_new_tokens": 5,
         "min_new_tokens": 1,
         "logprobs": True,
-        "dtype": int,
+        "dtype": "int",  # the engine takes the name (grammar.DTYPE_NAMES), as over HTTP
     }
 
 

@@ -200,20 +200,20 @@ def _language_or_error(schema: dict, memo: bool):
     from grammar.errors import GrammarError
     from grammar.json_schema import schema as js
 
-    init = js._Builder.__init__
+    init = js.SchemaBuilder.__init__
 
     def no_memos(self, *args) -> None:
         init(self, *args)
-        self._finite, self._strings, self._key_regions = _NoMemo(), _NoMemo(), _NoMemo()
+        self._finite, self.string_memo, self.key_region_memo = _NoMemo(), _NoMemo(), _NoMemo()
         self._dfas = self._values = self._accepted = _NoMemo()
 
-    js._Builder.__init__ = init if memo else no_memos
+    js.SchemaBuilder.__init__ = init if memo else no_memos
     try:
         return node_to_dfa(js.json_schema_to_node(schema))
     except GrammarError as e:
         return type(e).__name__
     finally:
-        js._Builder.__init__ = init
+        js.SchemaBuilder.__init__ = init
 
 
 @pytest.mark.parametrize("name", sorted(_MEMO_CASES))
@@ -233,20 +233,21 @@ def test_a_memoised_string_still_records_its_narrowing():
     # `.` is narrowed to unescaped characters (note_loss): a oneOf branch holding it must be
     # seen as inexact every time, or subtracting it would be unsound
     from grammar.automata.pattern import losses
-    from grammar.json_schema.schema import _Builder
+    from grammar.json_schema import objects, scalars
+    from grammar.json_schema.schema import SchemaBuilder
 
-    b = _Builder({}, "", 3, 5)
+    b = SchemaBuilder({}, "", 3, 5)
     s = {"type": "string", "pattern": "^a.b$", "maxLength": 4}
     n0 = losses()
-    first = b.string(s, "#/a")
+    first = scalars.string_value(b, s, "#/a")
     n1 = losses()
-    again = b.string(dict(s), "#/b")
+    again = scalars.string_value(b, dict(s), "#/b")
     n2 = losses()
     assert again is first and n1 > n0 and n2 - n1 == n1 - n0
     o = {"patternProperties": {"^x.": {"type": "integer"}}, "additionalProperties": False}
-    b.object(o, "#/o")
+    objects.object_value(b, o, "#/o")
     n3 = losses()
-    b.object(dict(o), "#/p")
+    objects.object_value(b, dict(o), "#/p")
     assert losses() - n3 == n3 - n2 > 0
 
 
@@ -319,7 +320,7 @@ def test_name_complements_are_the_plain_trie_complement_node_for_node():
 
 def test_reachable_refs_match_a_plain_walk():
     # RefReach reuses closures already built; a plain walk follows every reference anew
-    from grammar.json_schema.objects import pointer_target
+    from grammar.json_schema.refs.local import pointer_target
     from grammar.json_schema.refs.reach import RefReach
 
     def plain(root, schema) -> set[str]:

@@ -18,9 +18,8 @@ import sys
 import unicodedata
 
 import numpy as np
-from interegular import patterns as ip
-from interegular.utils.simple_parser import nomatch
 
+from grammar.automata import interegular_adapter as ip
 from grammar.automata.nfa import parsed_or_refused
 from grammar.errors import GrammarError
 
@@ -119,10 +118,10 @@ def category_short_name(name: str) -> str:
     )
 
 
-def property_class(name: str, negated: bool) -> ip._CharGroup:
+def property_class(name: str, negated: bool) -> ip.CharGroup:
     """`\\p{name}` (or `\\P{name}` if negated) as a character class."""
     chars, complemented = _category_chars(category_short_name(name))
-    return ip._CharGroup(chars, negated != complemented)
+    return ip.CharGroup(chars, negated != complemented)
 
 
 @functools.cache
@@ -146,15 +145,15 @@ def _complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out + ([(start, _END - 1)] if start < _END else [])
 
 
-def _union(groups: list[ip._CharGroup], negate: bool) -> ip._CharGroup:
+def _union(groups: list[ip.CharGroup], negate: bool) -> ip.CharGroup:
     """The class of a `[...]` (`[^...]` if negate) holding these items: everything but what
     every negated item leaves out and no plain item holds (interegular unites the negated
     items' sets instead, which narrows `[\\D\\S]`)."""
     plain = frozenset().union(*(g.chars for g in groups if not g.negated))
     excluded = [g.chars for g in groups if g.negated]
     if not excluded:
-        return ip._CharGroup(plain, negate)
-    return ip._CharGroup(frozenset.intersection(*excluded) - plain, not negate)
+        return ip.CharGroup(plain, negate)
+    return ip.CharGroup(frozenset.intersection(*excluded) - plain, not negate)
 
 
 @functools.cache
@@ -172,15 +171,15 @@ def ecma_space() -> frozenset[str]:
     return frozenset("\t\n\v\f\r \u00a0\ufeff\u2028\u2029").union(zs)
 
 
-class _EcmaPattern(ip._ParsePattern):
+class _EcmaPattern(ip.ParsePattern):
     """interegular's parser with ECMA-262's `\\s` / `\\S`, `\\p{...}` / `\\P{...}`, exact
     classes of several negated items, and no `{,n}` quantifier."""
 
-    def escaped(self, inner: bool = False) -> ip._CharGroup:
+    def escaped(self, inner: bool = False) -> ip.CharGroup:
         if self.static_b("s"):
-            return ip._CharGroup(ecma_space(), False)
+            return ip.CharGroup(ecma_space(), False)
         if self.static_b("S"):
-            return ip._CharGroup(ecma_space(), True)
+            return ip.CharGroup(ecma_space(), True)
         for letter, negated in (("p", False), ("P", True)):
             if self.static_b(letter):
                 end = self.data.find("}", self.index)
@@ -201,13 +200,13 @@ class _EcmaPattern(ip._ParsePattern):
             )
         return super().repetition(base)
 
-    def chargroup(self) -> ip._CharGroup:
+    def chargroup(self) -> ip.CharGroup:
         negate = self.static_b("^")
         groups = []
         while True:
             try:
                 groups.append(self.chargroup_inner())
-            except nomatch:
+            except ip.nomatch:
                 break
         self.static("]")
         return _union(groups, negate)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
-from interegular import patterns as ip
-
+from grammar.automata import interegular_adapter as ip
 from grammar.automata.nfa_blocks import Copies, Embedded, moved
 from grammar.automata.nfa_keys import Structures, _matches_nothing
 from grammar.automata.utf8 import byte_mask, char_form

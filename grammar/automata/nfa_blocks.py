@@ -11,10 +11,15 @@ stay None until `fill(nfa, x)` writes state x:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from grammar.automata.nfa import NFA
+
+class NFA(Protocol):
+    """What a block writes of the NFA it belongs to (`nfa.NFA`): per state id, its epsilon
+    targets and its byte edges (flat: mask, target, mask, target, ...); None until filled."""
+
+    eps: list[tuple[int, ...] | None]
+    edges: list[tuple[int, ...] | None]
 
 
 class Embedded:

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-from interegular import patterns as ip
-
+from grammar.automata import interegular_adapter as ip
 from grammar.automata.utf8 import char_form
 from grammar.errors import GrammarError
 
-_DOT_CLS = type(ip._DOT)
-_EMPTY_CLS = type(ip._EMPTY)
-_CHAR_GROUP = ip._CharGroup
-_CONCAT, _ALT, _REPEAT = ip._Concatenation, ip.Pattern, ip._Repeated
+_DOT_CLS = type(ip.DOT)
+_EMPTY_CLS = type(ip.EMPTY)
+_CHAR_GROUP = ip.CharGroup
+_CONCAT, _ALT, _REPEAT = ip.Concatenation, ip.Pattern, ip.Repeated
 
 
 class Deferred:
@@ -131,7 +130,7 @@ class Structures:
                 self.dead_end_possible = True  # an automaton of the empty language
             if t not in self.interned:
                 self.dfas[len(self.interned) + 1] = node.dfa
-        elif isinstance(node, ip._NonCapturing):
+        elif isinstance(node, ip.NonCapturing):
             kind = "lookbehind" if node.backwards else "lookahead"
             raise GrammarError(
                 f"regex construct not supported: {kind} (?{'<' * node.backwards}...)"

@@ -12,8 +12,7 @@ from __future__ import annotations
 import re
 import threading
 
-from interegular import patterns as ip
-
+from grammar.automata import interegular_adapter as ip
 from grammar.automata import regex_ast as ra
 from grammar.automata.ecma_regex import parse_pattern_regex
 from grammar.errors import GrammarError
@@ -93,34 +92,34 @@ def _mark_end_anchors(branch: str) -> tuple[str, bool]:
 
 def _json_safe(node: object) -> object | None:
     """The same regex with every character class narrowed to JSON-literal characters."""
-    if isinstance(node, ip._CharGroup) and not node.negated and _END in node.chars:
+    if isinstance(node, ip.CharGroup) and not node.negated and _END in node.chars:
         if node.chars == {_END} and getattr(_MARKING, "on", False):
             return node  # an inner `$` (see _with_end_anchors)
         # a NUL byte is never JSON string content (it is written \u0000): narrow it away
-        node = ip._CharGroup(node.chars - {_END}, False)
-    if isinstance(node, ip._CharGroup):
+        node = ip.CharGroup(node.chars - {_END}, False)
+    if isinstance(node, ip.CharGroup):
         if node.negated:
             if not _UNSAFE <= node.chars:
                 note_loss()
-            return ip._CharGroup(node.chars | _UNSAFE, True)
+            return ip.CharGroup(node.chars | _UNSAFE, True)
         chars = node.chars - _UNSAFE
         if chars != node.chars:
             note_loss()
-        return ip._CharGroup(chars, False) if chars else None
-    if node is ip._DOT:
+        return ip.CharGroup(chars, False) if chars else None
+    if node is ip.DOT:
         note_loss()
-        return ip._CharGroup(_UNSAFE | _LINE_BREAKS, True)
-    if node is ip._EMPTY:
+        return ip.CharGroup(_UNSAFE | _LINE_BREAKS, True)
+    if node is ip.EMPTY:
         return ra.EMPTY
-    if isinstance(node, ip._Concatenation):
+    if isinstance(node, ip.Concatenation):
         return ra.seq(*(_json_safe(p) for p in node.parts))
     if isinstance(node, ip.Pattern):
         if node.added_flags or node.removed_flags:
             raise GrammarError("regex flags are not supported")
         return ra.alt([_json_safe(o) for o in node.options])
-    if isinstance(node, ip._Repeated):
+    if isinstance(node, ip.Repeated):
         return ra.repeat(_json_safe(node.base), node.min, node.max)
-    if isinstance(node, ip._NonCapturing):
+    if isinstance(node, ip.NonCapturing):
         raise GrammarError("regex construct not supported: lookaround (?=, ?!, ?<=, ?<!)")
     raise GrammarError(f"regex construct not supported: {type(node).__name__}")
 

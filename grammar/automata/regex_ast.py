@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import functools
 
-from interegular import patterns as ip
-
+from grammar.automata import interegular_adapter as ip
 from grammar.automata.nfa import parse_regex
 from grammar.automata.nfa_keys import Deferred
 from grammar.automata.utf8 import chars_to_ranges
 
 Node = object  # an interegular pattern node
-EMPTY = ip._EMPTY
-_CONCAT, _ALT = ip._Concatenation, ip.Pattern
+EMPTY = ip.EMPTY
+_CONCAT, _ALT = ip.Concatenation, ip.Pattern
 
 _SPECIAL = set("\\.^$|?*+()[]{}-/")
 _CLASS_SPECIAL = set("\\]^-[")
@@ -35,20 +34,20 @@ def parsed(text: str) -> Node:
 def char(c: str) -> Node:
     """One character (a shared node: nodes are immutable, the NFA builder keys them by
     structure, and enum literals would otherwise make hundreds of thousands)."""
-    return ip._CharGroup(frozenset(c), False)
+    return ip.CharGroup(frozenset(c), False)
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def lit(text: str) -> Node:
     if len(text) == 1:
         return char(text)
-    return ip._Concatenation(tuple(char(c) for c in text))
+    return ip.Concatenation(tuple(char(c) for c in text))
 
 
 def char_class(chars: frozenset[str], negated: bool = False) -> Node:
     """A character class (negated: every character but these). A class is a set of its
     characters: write a large one as the complement of a small one."""
-    return ip._CharGroup(chars, negated)
+    return ip.CharGroup(chars, negated)
 
 
 def seq(*parts: Node | None) -> Node | None:
@@ -85,7 +84,7 @@ def repeat(node: Node | None, lo: int, hi: int | None) -> Node | None:
         return EMPTY
     if lo == hi == 1:
         return node
-    return ip._Repeated(node, lo, hi)
+    return ip.Repeated(node, lo, hi)
 
 
 def optional(node: Node | None) -> Node:
@@ -106,7 +105,7 @@ def regex_escape(text: str) -> str:
     return "".join(escape_char(c) for c in text)
 
 
-def _class_text(group: ip._CharGroup) -> str:
+def _class_text(group: ip.CharGroup) -> str:
     if not group.negated and len(group.chars) == 1:
         return escape_char(next(iter(group.chars)))
     body = []
@@ -126,19 +125,19 @@ def to_text(node: Node | None) -> str:
         hit = memo.get(id(n))
         if hit is not None:
             return hit
-        if isinstance(n, ip._CharGroup):
+        if isinstance(n, ip.CharGroup):
             out = _class_text(n)
-        elif n is ip._DOT:
+        elif n is ip.DOT:
             out = "."
         elif n is EMPTY:
             out = ""
-        elif isinstance(n, ip._Concatenation):
+        elif isinstance(n, ip.Concatenation):
             out = "".join(write(p) for p in n.parts)
         elif isinstance(n, ip.Pattern):
             out = "(" + "|".join(write(o) for o in n.options) + ")"
-        elif isinstance(n, ip._Repeated):
+        elif isinstance(n, ip.Repeated):
             inner = write(n.base)
-            if not (isinstance(n.base, ip._CharGroup | ip.Pattern) or n.base is ip._DOT):
+            if not (isinstance(n.base, ip.CharGroup | ip.Pattern) or n.base is ip.DOT):
                 inner = f"({inner})"
             if (n.min, n.max) == (0, None):
                 out = inner + "*"

@@ -29,20 +29,18 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from grammar.cfg.lexer import DEAD, START, ContextLexer
 from grammar.cfg.mask import Decomposition, VocabLayout, decompose, top_decomposition
+from grammar.cfg.matcher import CFGMatcher
 from grammar.cfg.parser import LRTable, StackNode
 from grammar.cfg.terminals import TerminalSpec, build_terminal
 from grammar.errors import GrammarError
 from grammar.tokens.cache import CompileCache
 from grammar.tokens.vocab import TokenVocabulary
-
-if TYPE_CHECKING:
-    from grammar.cfg.matcher import CFGMatcher
 
 logger = logging.getLogger(__name__)
 
@@ -368,8 +366,6 @@ class CompiledCFG:
         return result
 
     def matcher(self) -> CFGMatcher:
-        from grammar.cfg.matcher import CFGMatcher
-
         return CFGMatcher(self, self.table.root, START)
 
 

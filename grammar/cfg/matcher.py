@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
+from grammar.cfg.mask import VocabLayout
+from grammar.cfg.parser import StackNode
 from grammar.errors import GrammarError
 from grammar.tokens.matcher import PackedMaskViews
+from grammar.tokens.vocab import TokenVocabulary
 
-if TYPE_CHECKING:
-    from grammar.cfg.compiler import CompiledCFG
-    from grammar.cfg.parser import StackNode
+Position = tuple[StackNode, int]  # (LR stack, lexer state)
+
+
+class ParsedGrammar(Protocol):
+    """What a cursor asks of its compiled grammar (`compiler.CompiledCFG` is one)."""
+
+    vocab: TokenVocabulary
+    eos_token_ids: frozenset[int]
+    layout: VocabLayout
+
+    def bitmask(self, node: StackNode, q: int) -> np.ndarray: ...
+
+    def walk(self, node: StackNode, q: int, data: bytes) -> Position | None: ...
+
+    def is_accepting(self, node: StackNode, q: int) -> bool: ...
+
+    def allowed_bytes(self, node: StackNode, q: int) -> list[int]: ...
+
+    def forced(self, node: StackNode, q: int) -> bytes: ...
 
 
 class CFGMatcher(PackedMaskViews):
@@ -20,7 +39,9 @@ class CFGMatcher(PackedMaskViews):
 
     __slots__ = ("grammar", "_node", "_q", "_ended")
 
-    def __init__(self, grammar: CompiledCFG, node: StackNode, q: int, ended: bool = False) -> None:
+    def __init__(
+        self, grammar: ParsedGrammar, node: StackNode, q: int, ended: bool = False
+    ) -> None:
         self.grammar = grammar
         self._node = node
         self._q = q

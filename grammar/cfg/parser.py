@@ -99,10 +99,6 @@ class LRTable:
         self._tl = threading.local()  # read-depth watermark of the computation in progress
         self.root = StackNode(self.start_state, None)
 
-    @property
-    def num_nodes(self) -> int:
-        return len(self._interned)
-
     def _push(self, parent: StackNode, state: int) -> StackNode:
         key = (state, id(parent))
         node = self._interned.get(key)

@@ -16,26 +16,13 @@ from dataclasses import dataclass
 
 from grammar.automata.fsm import ByteDFA, regex_to_dfa
 from grammar.automata.pattern import regex_units
+from grammar.automata.regex_ast import regex_escape  # the same escape serves Python re
 from grammar.errors import GrammarError
 
 # lark's common.lark terminals whose Python regexes use laziness / lookbehind
 _COMMON_EQUIVALENTS = {
     r'".*?(?<!\\)(\\\\)*?"': r'"([^"\\\n]|\\[^\n])*"',  # ESCAPED_STRING
 }
-
-_SPECIAL = set("\\.^$|?*+()[]{}-/")
-
-
-def regex_escape(text: str) -> str:
-    """A regex matching exactly `text` (control characters as \\xNN)."""
-    out = []
-    for c in text:
-        if ord(c) < 0x20 or ord(c) == 0x7F:
-            out.append(f"\\x{ord(c):02x}")
-        else:
-            out.append("\\" + c if c in _SPECIAL else c)
-    return "".join(out)
-
 
 # a quantifier followed by `?` (lazy), outside character classes
 _LAZY = re.compile(r"(\*|\+|\?|\})\?")

@@ -21,13 +21,10 @@ import json
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaError
-from grammar.json_schema.objects import pointer_target
-from grammar.json_schema.refs.local import local_refs
+from grammar.json_schema.refs.local import local_refs, pointer_target
+from grammar.json_schema.vocabulary import ANNOTATIONS, kind_of
 
-ANNOTATIONS = frozenset(
-    {"title", "description", "examples", "example", "$schema", "$id", "id", "default",
-     "$comment", "deprecated", "readOnly", "writeOnly", "$defs", "definitions"}
-)  # fmt: skip
+# the keywords that annotate: `vocabulary.ANNOTATIONS`
 STRUCTURAL = frozenset(
     {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
      "minItems", "maxItems", "$ref", "anyOf", "oneOf", "allOf"}
@@ -78,10 +75,7 @@ def _types_of(schema: Any) -> set[str] | None:
         return {"number" if x == "integer" else x for x in t}
     if "const" in schema or "enum" in schema:
         values = [schema["const"]] if "const" in schema else schema["enum"]
-        names = {type(v).__name__ for v in values}
-        mapping = {"str": "string", "int": "number", "float": "number", "bool": "boolean",
-                   "NoneType": "null", "dict": "object", "list": "array"}  # fmt: skip
-        return {mapping[n] for n in names}
+        return {"number" if kind_of(v) == "integer" else kind_of(v) for v in values}
     if "properties" in schema:
         return {"object"}
     if "items" in schema or "prefixItems" in schema:

@@ -15,35 +15,8 @@ from grammar.errors import UnsupportedSchemaError
 from grammar.json_schema.exact.tuples import merged_tuples
 from grammar.json_schema.number_grid import exact
 from grammar.json_schema.refs.local import local_refs  # noqa: F401  (re-exported for callers)
+from grammar.json_schema.vocabulary import ANNOTATIONS, type_set
 
-ANNOTATIONS = frozenset(
-    {
-        "title",
-        "description",
-        "examples",
-        "example",
-        "$schema",
-        "$id",
-        "id",
-        "default",
-        "$comment",
-        "readOnly",
-        "writeOnly",
-        "deprecated",
-        "contentMediaType",
-        "contentEncoding",
-        "contentSchema",
-        "$anchor",
-        "$vocabulary",
-        "$dynamicAnchor",
-        "$defs",
-        "definitions",
-        "discriminator",
-        "nullable",
-        "xml",
-        "externalDocs",
-    }
-)
 UNSUPPORTED = (
     "dependencies",
     "dependentRequired",
@@ -101,7 +74,6 @@ ASSERTIONS = frozenset(
 # (minContains / maxContains: merged only beside one `contains`; two different ones raise)
 _MIN_KEYS = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum", "minContains")
 _MAX_KEYS = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum", "maxContains")
-_TYPES = ("string", "integer", "number", "boolean", "null", "object", "array")
 
 
 def canonical(value: Any) -> str:
@@ -117,16 +89,6 @@ def _numbers_by_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _numbers_by_value(v) for k, v in value.items()}
     return value
-
-
-def type_set(schema: dict) -> set[str]:
-    t = schema.get("type")
-    if t is None:
-        return set(_TYPES)
-    types = set(t if isinstance(t, list) else [t])
-    if "number" in types:
-        types.add("integer")
-    return types
 
 
 def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:

@@ -3,7 +3,7 @@ recursion budget), `allOf` merged into one conjunction, `anyOf` / `oneOf` / `if-
 `not` kept as alternative groups (`_alts`), `dependencies` with schemas as conditionals, and
 `not` rewritten as the union of the ways to violate each keyword.
 
-`NormaliseRules` is mixed into the builder of `grammar.json_schema.schema`.
+Functions of the schema builder (`builder.Builder`, passed as `b`).
 """
 
 from __future__ import annotations
@@ -13,182 +13,178 @@ from typing import Any
 
 from grammar.automata.pattern import losses, note_loss
 from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.json_schema.builder import Builder
 from grammar.json_schema.exact.evaluated import conditional_cases
 from grammar.json_schema.exact.exclusive import group_violations
-from grammar.json_schema.merge import ASSERTIONS, UNSUPPORTED, merge, type_set
-from grammar.json_schema.objects import DEPENDENCY_KEYS, name_lists, ptr_escape
+from grammar.json_schema.merge import ASSERTIONS, UNSUPPORTED, merge
+from grammar.json_schema.objects import DEPENDENCY_KEYS, name_lists
+from grammar.json_schema.refs.local import ptr_escape
+from grammar.json_schema.vocabulary import type_set
 
 CASES_OF = "_cases_of"  # on the anyOf of an unevaluated* case split: where the keyword is
 
 
-class NormaliseRules:
-    """Needs from the builder: `root`, `reach` (refs.reach.RefReach of the root: its targets),
-    `max_depth`, `ref_stack`, `ref_overrides_siblings`, `integral_floats`, `accepts` (for
-    negated enum values)."""
+def resolve_ref(b: Builder, ref: str, ptr: str) -> Any:
+    if not ref.startswith("#"):
+        raise UnsupportedSchemaError("$ref", ptr, f"only local references: {ref!r}")
+    if ref != "#" and not ref.startswith("#/"):
+        raise UnsupportedSchemaError("$ref", ptr, f"no place here is named {ref!r}")
+    try:
+        node = b.reach.target(ref)
+    except LookupError:
+        raise UnsupportedSchemaError("$ref", ptr, f"cannot resolve {ref!r}") from None
+    return node
 
-    def resolve_ref(self, ref: str, ptr: str) -> Any:
-        if not ref.startswith("#"):
-            raise UnsupportedSchemaError("$ref", ptr, f"only local references: {ref!r}")
-        if ref != "#" and not ref.startswith("#/"):
-            raise UnsupportedSchemaError("$ref", ptr, f"no place here is named {ref!r}")
+
+def normalise(b: Builder, schema: Any, ptr: str) -> dict | bool:
+    """Flatten $ref and allOf; returns False when the recursion budget is exhausted."""
+    if isinstance(schema, bool):
+        return schema
+    if not isinstance(schema, dict):
+        raise GrammarError(f"schema at {ptr} is not an object or boolean")
+    if "$ref" in schema and b.ref_overrides_siblings:
+        schema = {"$ref": schema["$ref"]}  # draft 4..7: keywords beside $ref are ignored
+    if "unevaluatedProperties" in schema or "unevaluatedItems" in schema:
+        schema = unevaluated(b, schema, ptr)
+    if "not" in schema and schema["not"] in (True, False, {}):
+        if schema["not"] is not False:
+            return False  # not {} / not true: nothing is valid
+        schema = {k: v for k, v in schema.items() if k != "not"}
+    negated = None
+    if "not" in schema:  # as an anyOf of the ways to violate it
+        negated = ("anyOf", violations(b, schema["not"], f"{ptr}/not"), f"{ptr}/not")
+        if not negated[1]:
+            return False
+        schema = {k: v for k, v in schema.items() if k != "not"}
+    schema = _integral_counts(schema, ptr)
+    schema = _contains_counts(schema, ptr, b.ref_overrides_siblings)
+    schema, dependent = _dependent_schemas(schema)
+    conditional = None
+    if "if" in schema and ("then" in schema or "else" in schema):
+        # (if and then) or (not if and else): an anyOf of two schemas
+        cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
+        branches = [{"allOf": [cond, then]}, {"allOf": [{"not": cond}, other]}]
+        conditional = ("anyOf", branches, f"{ptr}/if")
+    if "if" in schema or "then" in schema or "else" in schema:  # then / else alone: ignored
+        schema = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+    for key in UNSUPPORTED:
+        if key in schema and not (key in DEPENDENCY_KEYS and name_lists(schema[key])):
+            raise UnsupportedSchemaError(key, f"{ptr}/{key}")
+    out: dict | bool = {
+        k: v for k, v in schema.items() if k not in ("$ref", "allOf", "anyOf", "oneOf", CASES_OF)
+    }
+    alts = []
+    for kind in ("anyOf", "oneOf"):
+        if kind in schema:
+            branches = schema[kind]
+            if not isinstance(branches, list) or not branches:
+                raise GrammarError(f"{kind} at {ptr} must be a non-empty list")
+            # a case split's refusals name the keyword split for, not its made-up cases
+            where = schema.get(CASES_OF, f"{ptr}/{kind}")
+            alts.append((kind, branches, where))
+    if negated and len(negated[1]) > 1:
+        alts.append(negated)
+    if conditional:
+        alts.append(conditional)
+    if alts:
+        out["_alts"] = alts
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if b.ref_stack.count(ref) >= b.max_depth:
+            note_loss()  # the recursion cut: deeper instances are left out
+            return False
+        b.ref_stack.append(ref)
         try:
-            node = self.reach.target(ref)
-        except LookupError:
-            raise UnsupportedSchemaError("$ref", ptr, f"cannot resolve {ref!r}") from None
-        return node
+            target = b.normalise(b.resolve_ref(ref, f"{ptr}/$ref"), ref)
+        finally:
+            b.ref_stack.pop()
+        out = merge(target, out, f"{ptr}/$ref")
+        if isinstance(out, dict):
+            out["_refs"] = [*out.get("_refs", []), ref]
+    for i, branch in enumerate(schema.get("allOf", [])):
+        out = merge(out, b.normalise(branch, f"{ptr}/allOf/{i}"), f"{ptr}/allOf/{i}")
+    for at, name, sub in dependent:  # if the name is present, the schema applies
+        cond = b.normalise({"if": {"required": [name]}, "then": sub}, f"{ptr}/{at}")
+        out = merge(out, cond, f"{ptr}/{at}")
+    if negated and len(negated[1]) == 1:  # one way to violate it: a plain conjunction
+        out = merge(out, b.normalise(negated[1][0], negated[2]), negated[2])
+    return out
 
-    def normalise(self, schema: Any, ptr: str) -> dict | bool:
-        """Flatten $ref and allOf; returns False when the recursion budget is exhausted."""
-        if isinstance(schema, bool):
-            return schema
-        if not isinstance(schema, dict):
-            raise GrammarError(f"schema at {ptr} is not an object or boolean")
-        if "$ref" in schema and self.ref_overrides_siblings:
-            schema = {"$ref": schema["$ref"]}  # draft 4..7: keywords beside $ref are ignored
-        if "unevaluatedProperties" in schema or "unevaluatedItems" in schema:
-            schema = unevaluated(self, schema, ptr)
-        if "not" in schema and schema["not"] in (True, False, {}):
-            if schema["not"] is not False:
-                return False  # not {} / not true: nothing is valid
-            schema = {k: v for k, v in schema.items() if k != "not"}
-        negated = None
-        if "not" in schema:  # as an anyOf of the ways to violate it
-            negated = ("anyOf", self.violations(schema["not"], f"{ptr}/not"), f"{ptr}/not")
-            if not negated[1]:
-                return False
-            schema = {k: v for k, v in schema.items() if k != "not"}
-        schema = _integral_counts(schema, ptr)
-        schema = _contains_counts(schema, ptr, self.ref_overrides_siblings)
-        schema, dependent = _dependent_schemas(schema)
-        conditional = None
-        if "if" in schema and ("then" in schema or "else" in schema):
-            # (if and then) or (not if and else): an anyOf of two schemas
-            cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
-            branches = [{"allOf": [cond, then]}, {"allOf": [{"not": cond}, other]}]
-            conditional = ("anyOf", branches, f"{ptr}/if")
-        if "if" in schema or "then" in schema or "else" in schema:  # then / else alone: ignored
-            schema = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
-        for key in UNSUPPORTED:
-            if key in schema and not (key in DEPENDENCY_KEYS and name_lists(schema[key])):
-                raise UnsupportedSchemaError(key, f"{ptr}/{key}")
-        out: dict | bool = {
-            k: v
-            for k, v in schema.items()
-            if k not in ("$ref", "allOf", "anyOf", "oneOf", CASES_OF)
-        }
-        alts = []
-        for kind in ("anyOf", "oneOf"):
-            if kind in schema:
-                branches = schema[kind]
-                if not isinstance(branches, list) or not branches:
-                    raise GrammarError(f"{kind} at {ptr} must be a non-empty list")
-                # a case split's refusals name the keyword split for, not its made-up cases
-                where = schema.get(CASES_OF, f"{ptr}/{kind}")
-                alts.append((kind, branches, where))
-        if negated and len(negated[1]) > 1:
-            alts.append(negated)
-        if conditional:
-            alts.append(conditional)
-        if alts:
-            out["_alts"] = alts
-        if "$ref" in schema:
-            ref = schema["$ref"]
-            if self.ref_stack.count(ref) >= self.max_depth:
-                note_loss()  # the recursion cut: deeper instances are left out
-                return False
-            self.ref_stack.append(ref)
-            try:
-                target = self.normalise(self.resolve_ref(ref, f"{ptr}/$ref"), ref)
-            finally:
-                self.ref_stack.pop()
-            out = merge(target, out, f"{ptr}/$ref")
-            if isinstance(out, dict):
-                out["_refs"] = [*out.get("_refs", []), ref]
-        for i, branch in enumerate(schema.get("allOf", [])):
-            out = merge(out, self.normalise(branch, f"{ptr}/allOf/{i}"), f"{ptr}/allOf/{i}")
-        for at, name, sub in dependent:  # if the name is present, the schema applies
-            cond = self.normalise({"if": {"required": [name]}, "then": sub}, f"{ptr}/{at}")
-            out = merge(out, cond, f"{ptr}/{at}")
-        if negated and len(negated[1]) == 1:  # one way to violate it: a plain conjunction
-            out = merge(out, self.normalise(negated[1][0], negated[2]), negated[2])
-        return out
 
-    def violations(self, schema: Any, ptr: str) -> list:
-        """Schemas whose union is exactly the instances that fail `schema` (for `not`): one
-        per keyword of the conjunction, each the instances that keyword rejects. Keywords
-        whose failures we cannot describe raise UnsupportedSchemaError naming `not`."""
-        before = losses()
-        n = self.normalise(schema, ptr)
-        if n is False and losses() != before:
-            raise UnsupportedSchemaError("not", ptr, "of a schema cut at the recursion depth")
-        if n is True or n is False:
-            return [True] if n is False else []
-        out: list[Any] = []
-        for kind, branches, where in n.get("_alts", []):
-            if where.endswith("/not"):  # a `not` inside: its violations, not its schema
-                raise UnsupportedSchemaError("not", ptr, "of a not of several keywords")
-            out += group_violations(kind, branches)
-        for key, v in n.items():
-            if key not in ASSERTIONS:
-                continue  # annotations and unknown keywords
-            if key == "type":
-                types = type_set(n)
-                fractional = "integer" in types and "number" not in types
-                if fractional and not self.integral_floats:  # draft 4: 1.0 is no integer
-                    raise UnsupportedSchemaError("not", ptr, "of integer (non-integer numbers)")
-                if fractional:  # numbers with a non-zero fraction digit
-                    out.append({"type": "number", "_fractional": True})
-                rest = [
-                    t for t in _ALL_TYPES if t not in types and not (fractional and t == "number")
-                ]
-                if rest:
-                    out.append({"type": rest})
-            elif key == "required":
-                out += [{"type": "object", "properties": {name: False}} for name in v]
-            elif key in _COUNT_KEYS and isinstance(v, int) and not isinstance(v, bool):
-                kind, other = _COUNT_KEYS[key]
-                if key.startswith("max"):
-                    out.append({"type": kind, other: v + 1})
-                elif v > 0:
-                    out.append({"type": kind, other: v - 1})
-            elif key == "propertyNames" and v is False:
-                out.append({"type": "object", "minProperties": 1})
-            elif key == "properties":
-                for name, sub in v.items():
-                    if sub is False:
-                        out.append({"type": "object", "required": [name]})
-                    elif sub is not True and sub != {}:
-                        out.append(
-                            {
-                                "type": "object",
-                                "required": [name],
-                                "properties": {name: {"not": sub}},
-                            }
-                        )
-            elif key in ("enum", "const"):
-                values = [v] if key == "const" else list(v)
-                if "const" in n and "enum" in n and key == "enum":
-                    continue  # merged already into one list
-                out.append({"_not_values": [x for x in values if self.accepts(n, x)]})
-            elif key == "additionalProperties" and v in (True, {}):
-                continue
-            elif key == "prefixItems" and isinstance(v, list):  # item i is there and fails
-                out += [
-                    {"type": "array", "minItems": i + 1, "prefixItems": [*[True] * i, {"not": x}]}
-                    for i, x in enumerate(v)
-                    if x is not True and x != {}
-                ]
-            elif key == "items" and (v is True or v == {}):
-                continue
-            elif key == "items" and v is False:  # an item past the prefix
-                out.append({"type": "array", "minItems": len(n.get("prefixItems", [])) + 1})
-            elif key == "items" and isinstance(v, dict) and "prefixItems" not in n:
-                out.append({"type": "array", "contains": {"not": v}})  # an item fails it
-            elif key in _BOUND_KEYS and isinstance(v, int | float) and not isinstance(v, bool):
-                out.append({"type": "number", _BOUND_KEYS[key]: v})  # the numbers past it
-            else:
-                raise UnsupportedSchemaError("not", ptr, f"cannot negate {key!r}")
-        return out
+def violations(b: Builder, schema: Any, ptr: str) -> list:
+    """Schemas whose union is exactly the instances that fail `schema` (for `not`): one
+    per keyword of the conjunction, each the instances that keyword rejects. Keywords
+    whose failures we cannot describe raise UnsupportedSchemaError naming `not`."""
+    before = losses()
+    n = b.normalise(schema, ptr)
+    if n is False and losses() != before:
+        raise UnsupportedSchemaError("not", ptr, "of a schema cut at the recursion depth")
+    if n is True or n is False:
+        return [True] if n is False else []
+    out: list[Any] = []
+    for kind, branches, where in n.get("_alts", []):
+        if where.endswith("/not"):  # a `not` inside: its violations, not its schema
+            raise UnsupportedSchemaError("not", ptr, "of a not of several keywords")
+        out += group_violations(kind, branches)
+    for key, v in n.items():
+        if key not in ASSERTIONS:
+            continue  # annotations and unknown keywords
+        if key == "type":
+            types = type_set(n)
+            fractional = "integer" in types and "number" not in types
+            if fractional and not b.integral_floats:  # draft 4: 1.0 is no integer
+                raise UnsupportedSchemaError("not", ptr, "of integer (non-integer numbers)")
+            if fractional:  # numbers with a non-zero fraction digit
+                out.append({"type": "number", "_fractional": True})
+            rest = [t for t in _ALL_TYPES if t not in types and not (fractional and t == "number")]
+            if rest:
+                out.append({"type": rest})
+        elif key == "required":
+            out += [{"type": "object", "properties": {name: False}} for name in v]
+        elif key in _COUNT_KEYS and isinstance(v, int) and not isinstance(v, bool):
+            kind, other = _COUNT_KEYS[key]
+            if key.startswith("max"):
+                out.append({"type": kind, other: v + 1})
+            elif v > 0:
+                out.append({"type": kind, other: v - 1})
+        elif key == "propertyNames" and v is False:
+            out.append({"type": "object", "minProperties": 1})
+        elif key == "properties":
+            for name, sub in v.items():
+                if sub is False:
+                    out.append({"type": "object", "required": [name]})
+                elif sub is not True and sub != {}:
+                    out.append(
+                        {
+                            "type": "object",
+                            "required": [name],
+                            "properties": {name: {"not": sub}},
+                        }
+                    )
+        elif key in ("enum", "const"):
+            values = [v] if key == "const" else list(v)
+            if "const" in n and "enum" in n and key == "enum":
+                continue  # merged already into one list
+            out.append({"_not_values": [x for x in values if b.accepts(n, x)]})
+        elif key == "additionalProperties" and v in (True, {}):
+            continue
+        elif key == "prefixItems" and isinstance(v, list):  # item i is there and fails
+            out += [
+                {"type": "array", "minItems": i + 1, "prefixItems": [*[True] * i, {"not": x}]}
+                for i, x in enumerate(v)
+                if x is not True and x != {}
+            ]
+        elif key == "items" and (v is True or v == {}):
+            continue
+        elif key == "items" and v is False:  # an item past the prefix
+            out.append({"type": "array", "minItems": len(n.get("prefixItems", [])) + 1})
+        elif key == "items" and isinstance(v, dict) and "prefixItems" not in n:
+            out.append({"type": "array", "contains": {"not": v}})  # an item fails it
+        elif key in _BOUND_KEYS and isinstance(v, int | float) and not isinstance(v, bool):
+            out.append({"type": "number", _BOUND_KEYS[key]: v})  # the numbers past it
+        else:
+            raise UnsupportedSchemaError("not", ptr, f"cannot negate {key!r}")
+    return out
 
 
 _ALL_TYPES = ("string", "number", "boolean", "null", "object", "array")

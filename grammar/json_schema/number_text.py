@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 INTEGER = r"-?(0|[1-9][0-9]*)"
 NUMBER = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
 # strict mode's numbers: at most as many digits as a float64 carries (17 significant digits,
@@ -90,27 +88,6 @@ def integer_range(lo: int | None, hi: int | None) -> str | None:
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
-
-
-def integer_bounds(
-    minimum: float | None,
-    maximum: float | None,
-    exclusive_min: float | None,
-    exclusive_max: float | None,
-) -> tuple[int | None, int | None]:
-    """The tightest integer interval satisfying all given bounds."""
-    lo = hi = None
-    if minimum is not None:
-        lo = math.ceil(minimum)
-    if exclusive_min is not None:
-        e = math.floor(exclusive_min) + 1
-        lo = e if lo is None else max(lo, e)
-    if maximum is not None:
-        hi = math.floor(maximum)
-    if exclusive_max is not None:
-        e = math.ceil(exclusive_max) - 1
-        hi = e if hi is None else min(hi, e)
-    return lo, hi
 
 
 def number_range(

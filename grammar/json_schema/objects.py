@@ -1,9 +1,9 @@
-"""JSON Schema objects -> regex nodes: the member rules of the schema builder.
+"""JSON Schema objects -> regex nodes: the member rules of the schema builder. Members in the
+schema's property order, then additional / pattern members; minProperties / maxProperties by
+counting members; `propertyNames` as a key filter; `patternProperties` as exact key regions
+(DFA products); name-list `dependencies` as a split over which trigger names are present.
 
-`ObjectRules` is mixed into the builder of `grammar.json_schema.schema`: members in the schema's
-property order, then additional / pattern members; minProperties / maxProperties by counting
-members; `propertyNames` as a key filter; `patternProperties` as exact key regions (DFA
-products); name-list `dependencies` as a split over which trigger names are present.
+Functions of the schema builder (`builder.Builder`, passed as `b`).
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from interegular import patterns as ip
-
 from grammar.automata import dfa_ops
+from grammar.automata import interegular_adapter as ip
 from grammar.automata import regex_ast as ra
 from grammar.automata.fsm import node_to_dfa
 from grammar.automata.pattern import losses, note_loss, pattern_to_content
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema import oneof as json_oneof
+from grammar.json_schema.builder import Builder
 from grammar.json_schema.exact import names as key_names
+from grammar.json_schema.refs.local import ptr_escape
 
 Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
 MAX_PATTERNS = 32  # patternProperties patterns of one object
@@ -133,7 +134,7 @@ _NOT_CONTENT = frozenset('"\\') | frozenset(chr(i) for i in range(0x20))  # neve
 
 def ip_char_not(excluded: list[str]) -> object:
     """One raw JSON string character that is none of `excluded`."""
-    return ip._CharGroup(_NOT_CONTENT | frozenset(excluded), True)
+    return ip.CharGroup(_NOT_CONTENT | frozenset(excluded), True)
 
 
 def search_name(pattern: str, name: str, ptr: str) -> bool:
@@ -141,31 +142,6 @@ def search_name(pattern: str, name: str, ptr: str) -> bool:
         return re.search(pattern, name) is not None
     except re.error as e:
         raise UnsupportedSchemaError("patternProperties", ptr, f"{pattern!r}: {e}") from None
-
-
-def ptr_escape(name: str) -> str:
-    return name.replace("~", "~0").replace("/", "~1")
-
-
-_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
-
-
-def pointer_target(root: Any, ref: str) -> Any:
-    """What the local reference `ref` ("#" or "#/a/b", with ~0 / ~1 and %XX escapes) names in
-    `root`; LookupError when nothing there has that path."""
-    node = root
-    for part in ref[1:].split("/")[1:] if ref != "#" else []:
-        if "~" in part:
-            part = part.replace("~1", "/").replace("~0", "~")
-        if "%" in part:
-            part = _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), part)
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise LookupError(ref)
-    return node
 
 
 DEPENDENCY_KEYS = ("dependencies", "dependentRequired")
@@ -181,259 +157,256 @@ def name_lists(value: Any) -> bool:
 MAX_OBJECT_COPIES = 4096  # member-count states of one object with minProperties / maxProperties
 
 
-class ObjectRules:
-    """Object rules of the schema builder (uses its value / accepts / colon / comma / ws)."""
+# ----- objects and arrays -----
+def object_value(b: Builder, s: dict, ptr: str) -> Node:
+    deps: dict[str, list[str]] = {}
+    for key in DEPENDENCY_KEYS:
+        deps.update(s.get(key, {}))
+    if deps:
+        return object_with_dependencies(b, s, deps, ptr)
+    props: dict[str, Any] = dict(s.get("properties", {}))
+    required = list(dict.fromkeys(s.get("required", [])))
+    extra = s.get("additionalProperties", True)
+    names_ok = property_names(b, s, ptr)
+    for name in dict.fromkeys([*props, *required]):
+        # a member's value: its property schema and every patternProperty it matches;
+        # a required name that is no property: the schema any member of that name meets
+        if name not in props:
+            props[name] = json_oneof.member_schema(s, name)
+            continue
+        sub = props[name]
+        pp = s.get("patternProperties", {})
+        matching = [v for p, v in pp.items() if search_name(p, name, f"{ptr}/patternProperties")]
+        if sub is not False and matching:
+            sub = {"allOf": [sub, *matching]}
+        props[name] = sub
+    for name in props if names_ok is not None else ():
+        if not names_ok(name):
+            props[name] = False
+    extra_members: list[tuple[Node, Node]] = []  # (quoted key, value) of other members
+    if s.get("patternProperties"):
+        extra_members = pattern_member(b, s, props, ptr)
+    elif extra is not False:
+        extra_value = b.value(extra, f"{ptr}/additionalProperties")
+        extra_members = [(key_except(b, list(props), ptr), extra_value)]
+    if names_ok is not None:
+        extra_members = [(names_ok.keys(k), v) for k, v in extra_members]
+    extra_item = ra.alt([ra.seq(k, b.colon, v) for k, v in extra_members])
+    items: list[tuple[object, bool]] = []  # (node of '"key":value', required)
+    for name, sub in props.items():
+        v = b.value(sub, f"{ptr}/properties/{ptr_escape(name)}")
+        if v is None:
+            if name in required:
+                return None
+            continue
+        items.append((ra.seq(literal(name), b.colon, v), name in required))
+    lo, hi = s.get("minProperties", 0), s.get("maxProperties")
+    return b.wrap("{", members(b, items, extra_item, lo, hi, ptr), "}")
 
-    # ----- objects and arrays -----
-    def object(self, s: dict, ptr: str) -> Node:
-        deps: dict[str, list[str]] = {}
-        for key in DEPENDENCY_KEYS:
-            deps.update(s.get(key, {}))
-        if deps:
-            return self.object_with_dependencies(s, deps, ptr)
-        props: dict[str, Any] = dict(s.get("properties", {}))
-        required = list(dict.fromkeys(s.get("required", [])))
-        extra = s.get("additionalProperties", True)
-        names_ok = self.property_names(s, ptr)
-        for name in dict.fromkeys([*props, *required]):
-            # a member's value: its property schema and every patternProperty it matches;
-            # a required name that is no property: the schema any member of that name meets
-            if name not in props:
-                props[name] = json_oneof.member_schema(s, name)
-                continue
-            sub = props[name]
-            pp = s.get("patternProperties", {})
-            matching = [
-                v for p, v in pp.items() if search_name(p, name, f"{ptr}/patternProperties")
-            ]
-            if sub is not False and matching:
-                sub = {"allOf": [sub, *matching]}
-            props[name] = sub
-        for name in props if names_ok is not None else ():
-            if not names_ok(name):
-                props[name] = False
-        extra_members: list[tuple[Node, Node]] = []  # (quoted key, value) of other members
-        if s.get("patternProperties"):
-            extra_members = self.pattern_member(s, props, ptr)
-        elif extra is not False:
-            extra_value = self.value(extra, f"{ptr}/additionalProperties")
-            extra_members = [(self.string_except(list(props), ptr), extra_value)]
-        if names_ok is not None:
-            extra_members = [(names_ok.keys(k), v) for k, v in extra_members]
-        extra_item = ra.alt([ra.seq(k, self.colon, v) for k, v in extra_members])
-        items: list[tuple[object, bool]] = []  # (node of '"key":value', required)
-        for name, sub in props.items():
-            v = self.value(sub, f"{ptr}/properties/{ptr_escape(name)}")
-            if v is None:
-                if name in required:
-                    return None
-                continue
-            items.append((ra.seq(literal(name), self.colon, v), name in required))
-        lo, hi = s.get("minProperties", 0), s.get("maxProperties")
-        return self.wrap("{", self.members(items, extra_item, lo, hi, ptr), "}")
 
-    def members(
-        self, items: list[tuple[object, bool]], extra: Node, lo: int, hi: int | None, ptr: str
-    ) -> Node:
-        """The members of an object: `items` in order (required or optional), then any number
-        of `extra` members, with lo..hi members in all (minProperties / maxProperties). The
-        count matters only up to `top`; past it members are free. Extra members may repeat a
-        key (JSON text allows it; the object then has fewer members), so they count at most
-        once towards `lo`: where more are needed the object is not generated."""
-        top = max(lo, 1 if hi is None else hi + 1)
-        memo: dict[tuple[int, int], Node] = {}
-        budget = [MAX_OBJECT_COPIES]
+def members(
+    b: Builder, items: list[tuple[object, bool]], extra: Node, lo: int, hi: int | None, ptr: str
+) -> Node:
+    """The members of an object: `items` in order (required or optional), then any number
+    of `extra` members, with lo..hi members in all (minProperties / maxProperties). The
+    count matters only up to `top`; past it members are free. Extra members may repeat a
+    key (JSON text allows it; the object then has fewer members), so they count at most
+    once towards `lo`: where more are needed the object is not generated."""
+    top = max(lo, 1 if hi is None else hi + 1)
+    memo: dict[tuple[int, int], Node] = {}
+    budget = [MAX_OBJECT_COPIES]
 
-        def rest(i: int, c: int) -> Node:  # c members written so far (capped at top)
-            if (i, c) in memo:
-                return memo[(i, c)]
-            budget[0] -= 1
-            if budget[0] < 0:
-                key = "maxProperties" if hi is not None else "minProperties"
-                raise UnsupportedSchemaError(key, f"{ptr}/{key}", "too many optional members")
-            sep = self.comma if c else ra.EMPTY
-            if i == len(items):
-                need = max(0, lo - c)
-                room = None if hi is None else hi - c
-                if need > 1:  # other members may repeat a key: they count once at most
-                    out_: Node = None
-                    memo[(i, c)] = out_
-                    return out_
-                if extra is None or room == 0:
-                    out: Node = ra.EMPTY if need == 0 else None
-                elif c:
-                    out = ra.repeat(ra.seq(self.comma, extra), need, room)
-                else:
-                    more = ra.repeat(
-                        ra.seq(self.comma, extra),
-                        max(0, need - 1),
-                        None if room is None else room - 1,
-                    )
-                    many = ra.seq(extra, more)
-                    out = many if need else ra.optional(many)
+    def rest(i: int, c: int) -> Node:  # c members written so far (capped at top)
+        if (i, c) in memo:
+            return memo[(i, c)]
+        budget[0] -= 1
+        if budget[0] < 0:
+            key = "maxProperties" if hi is not None else "minProperties"
+            raise UnsupportedSchemaError(key, f"{ptr}/{key}", "too many optional members")
+        sep = b.comma if c else ra.EMPTY
+        if i == len(items):
+            need = max(0, lo - c)
+            room = None if hi is None else hi - c
+            if need > 1:  # other members may repeat a key: they count once at most
+                out_: Node = None
+                memo[(i, c)] = out_
+                return out_
+            if extra is None or room == 0:
+                out: Node = ra.EMPTY if need == 0 else None
+            elif c:
+                out = ra.repeat(ra.seq(b.comma, extra), need, room)
             else:
-                node, req = items[i]
-                nxt = min(c + 1, top)
-                if hi is not None and c >= hi:
-                    take = None
-                else:
-                    after = rest(i + 1, nxt)
-                    take = None if after is None else ra.seq(sep, node, after)
-                if req:
-                    out = take
-                elif nxt == c and take is not None:  # the count no longer matters
-                    out = ra.seq(ra.optional(ra.seq(sep, node)), rest(i + 1, c))
-                else:
-                    out = ra.alt([take, rest(i + 1, c)])
-            memo[(i, c)] = out
-            return out
-
-        try:
-            return rest(0, 0)
-        finally:
-            # a recursive closure is a cycle through its cell: emptied, it is freed now
-            rest = None  # type: ignore[assignment]  # noqa: F841
-
-    def property_names(self, s: dict, ptr: str) -> Any:
-        """`propertyNames` as a filter: names_ok(name) and names_ok.keys(quoted key node)."""
-        pn = s.get("propertyNames")
-        if pn is None or pn is True or pn == {}:
-            return None
-        where = f"{ptr}/propertyNames"
-        if pn is False:
-            names = None
+                more = ra.repeat(
+                    ra.seq(b.comma, extra),
+                    max(0, need - 1),
+                    None if room is None else room - 1,
+                )
+                many = ra.seq(extra, more)
+                out = many if need else ra.optional(many)
         else:
-            names = self.value({"allOf": [pn, {"type": "string"}]}, where)
-
-        class _Names:
-            def __call__(_, name: str) -> bool:
-                return pn is not False and self.accepts(pn, name)
-
-            def keys(_, key: Node) -> Node:
-                if names is None or key is None:
-                    return None
-                both = dfa_ops.product(self.dfa(key), self.dfa(names), True)
-                return (
-                    dfa_ops.DFANode(both, "propertyNames", where) if both.accepting.any() else None
-                )
-
-        return _Names()
-
-    def object_with_dependencies(self, s: dict, deps: dict, ptr: str) -> Node:
-        """`dependencies` / `dependentRequired` with name lists: one object per choice of which
-        trigger names are present (present: it and its names required; absent: forbidden).
-        The choices are disjoint and together exactly the instances the keyword allows."""
-        if len(deps) > 3:
-            raise UnsupportedSchemaError("dependencies", ptr, "more than 3 trigger names")
-        base = {k: v for k, v in s.items() if k not in DEPENDENCY_KEYS}
-        options: list[Node] = []
-        for present in itertools.product((True, False), repeat=len(deps)):
-            props = dict(base.get("properties", {}))
-            for (trigger, _), here in zip(deps.items(), present, strict=True):
-                if not here:
-                    props[trigger] = False
-            # names outside `properties` follow them in required order: the trigger before
-            # or after its names (either order is an instance); each order once
-            here_deps = [(t, n) for (t, n), h in zip(deps.items(), present, strict=True) if h]
-            seen: set[tuple[str, ...]] = set()
-            for firsts in itertools.product((True, False), repeat=len(here_deps)):
-                required = list(base.get("required", []))
-                for (trigger, names), first in zip(here_deps, firsts, strict=True):
-                    required += [trigger, *names] if first else [*names, trigger]
-                required = list(dict.fromkeys(required))
-                if any(props.get(name) is False for name in required):
-                    break
-                key = tuple(n for n in required if n not in props)
-                if key in seen:
-                    continue
-                seen.add(key)
-                options.append(
-                    self.object({**base, "properties": props, "required": required}, ptr)
-                )
-        return ra.alt(options)
-
-    def pattern_member(self, s: dict, props: dict, ptr: str) -> list[tuple[Node, Node]]:
-        """`patternProperties` (up to MAX_PATTERNS): the members other than `properties`.
-
-        Each key (not a property name) falls in one region, the set of patterns it matches;
-        its value must satisfy all of their schemas, or `additionalProperties` when it matches
-        none. Regions are exact DFA products; a region that excludes some pattern holds only
-        escape-free keys (where the pattern DFA is exact), so keys needing escapes there are
-        valid but never generated. Returns (quoted key, value) pairs, [] if no member fits."""
-        pp = s.get("patternProperties")
-        where = f"{ptr}/patternProperties"
-        extra = s.get("additionalProperties", True)
-        if len(pp) > MAX_PATTERNS:
-            raise UnsupportedSchemaError(
-                "patternProperties", where, f"over {MAX_PATTERNS} patterns"
-            )
-        required = [n for n in s.get("required", []) if n not in props]
-        try:
-            members: list[tuple[Node, Node]] = []
-            for key, inside in self.key_regions(list(pp), list(props), required, where):
-                subs = [sub for sub, keep in zip(pp.values(), inside, strict=True) if keep]
-                if not subs:
-                    if extra is False:
-                        continue
-                    value = self.value(extra, f"{ptr}/additionalProperties")
-                elif len(subs) == 1:
-                    (pat,) = [p for p, k in zip(pp, inside, strict=True) if k]
-                    value = self.value(subs[0], f"{where}/{ptr_escape(pat)}")
-                else:
-                    value = self.value({"allOf": subs}, where)
-                members.append((key, value))
-        except (re.error, GrammarError) as e:
-            if isinstance(e, UnsupportedSchemaError):
-                raise
-            raise UnsupportedSchemaError("patternProperties", where, str(e)) from None
-        return members
-
-    def key_regions(
-        self, pp: list[str], props: list[str], required: list[str], where: str
-    ) -> list[tuple[Node, tuple[bool, ...]]]:
-        """(quoted key, which patterns it matches) for each region of the keys that are not
-        property names (see pattern_member). A function of the names and patterns only,
-        built once per schema for each (an object's copies and dependency cases share it)."""
-        memo_key = (tuple(pp), tuple(props), tuple(required))
-        hit = self._key_regions.get(memo_key)
-        if hit is not None:
-            for _ in range(hit[1]):  # the narrowings of the pattern nodes, replayed
-                note_loss()
-            return hit[0]
-        before = losses()
-        pats, contents = [], []
-        for pattern in pp:
-            contents.append(pattern_to_content(pattern, self.string_char))
-            pats.append(self.dfa(contents[-1]))
-        literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
-        keys = node_to_dfa(ra.repeat(literal, 0, None))
-        anykey = node_to_dfa(ra.repeat(self.string_char, 0, None))
-        names = [n for n in [*props, *required] if not any(ord(c) < 0x20 or c in '"\\' for c in n)]
-        if names:
-            keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
-        named_inside = any(all(search_name(p, n, where) for p in pp) for n in props)
-        # split the escape-free keys by each pattern in turn, keeping non-empty regions
-        regions = dfa_ops.split_regions(keys, pats)
-        if len(regions) > MAX_KEY_REGIONS:
-            raise UnsupportedSchemaError("patternProperties", where, "too many key regions")
-        out: list[tuple[Node, tuple[bool, ...]]] = []
-        for region, inside in regions:
-            if all(inside) and not named_inside:
-                # a key in every pattern may use escapes (pattern_to_content is sound)
-                # unless a property name matches them all (it must stay out in every
-                # spelling); "matches none of" needs exactness: escape-free keys
-                region = anykey
-                for dfa in pats:
-                    region = dfa_ops.product(region, dfa, True)
-            key: Node = dfa_ops.DFANode(region, "patternProperties", where)
-            if inside == (True,) and not named_inside:
-                key = contents[0]  # the same language, and it has a regex text form
-            out.append((ra.seq(ra.char('"'), key, ra.char('"')), inside))
-        self._key_regions[memo_key] = (out, losses() - before)
+            node, req = items[i]
+            nxt = min(c + 1, top)
+            if hi is not None and c >= hi:
+                take = None
+            else:
+                after = rest(i + 1, nxt)
+                take = None if after is None else ra.seq(sep, node, after)
+            if req:
+                out = take
+            elif nxt == c and take is not None:  # the count no longer matters
+                out = ra.seq(ra.optional(ra.seq(sep, node)), rest(i + 1, c))
+            else:
+                out = ra.alt([take, rest(i + 1, c)])
+        memo[(i, c)] = out
         return out
 
-    def string_except(self, names: list[str], ptr: str) -> object:
-        """A JSON string whose content is none of `names` (the complement of a trie)."""
-        if not names:
-            return self.any_string
-        return string_except(names, self.string_char, ptr)
+    try:
+        return rest(0, 0)
+    finally:
+        # a recursive closure is a cycle through its cell: emptied, it is freed now
+        rest = None  # type: ignore[assignment]  # noqa: F841
+
+
+def property_names(b: Builder, s: dict, ptr: str) -> Any:
+    """`propertyNames` as a filter: names_ok(name) and names_ok.keys(quoted key node)."""
+    pn = s.get("propertyNames")
+    if pn is None or pn is True or pn == {}:
+        return None
+    where = f"{ptr}/propertyNames"
+    if pn is False:
+        names = None
+    else:
+        names = b.value({"allOf": [pn, {"type": "string"}]}, where)
+
+    class _Names:
+        def __call__(_, name: str) -> bool:
+            return pn is not False and b.accepts(pn, name)
+
+        def keys(_, key: Node) -> Node:
+            if names is None or key is None:
+                return None
+            both = dfa_ops.product(b.dfa(key), b.dfa(names), True)
+            return dfa_ops.DFANode(both, "propertyNames", where) if both.accepting.any() else None
+
+    return _Names()
+
+
+def object_with_dependencies(b: Builder, s: dict, deps: dict, ptr: str) -> Node:
+    """`dependencies` / `dependentRequired` with name lists: one object per choice of which
+    trigger names are present (present: it and its names required; absent: forbidden).
+    The choices are disjoint and together exactly the instances the keyword allows."""
+    if len(deps) > 3:
+        raise UnsupportedSchemaError("dependencies", ptr, "more than 3 trigger names")
+    base = {k: v for k, v in s.items() if k not in DEPENDENCY_KEYS}
+    options: list[Node] = []
+    for present in itertools.product((True, False), repeat=len(deps)):
+        props = dict(base.get("properties", {}))
+        for (trigger, _), here in zip(deps.items(), present, strict=True):
+            if not here:
+                props[trigger] = False
+        # names outside `properties` follow them in required order: the trigger before
+        # or after its names (either order is an instance); each order once
+        here_deps = [(t, n) for (t, n), h in zip(deps.items(), present, strict=True) if h]
+        seen: set[tuple[str, ...]] = set()
+        for firsts in itertools.product((True, False), repeat=len(here_deps)):
+            required = list(base.get("required", []))
+            for (trigger, names), first in zip(here_deps, firsts, strict=True):
+                required += [trigger, *names] if first else [*names, trigger]
+            required = list(dict.fromkeys(required))
+            if any(props.get(name) is False for name in required):
+                break
+            key = tuple(n for n in required if n not in props)
+            if key in seen:
+                continue
+            seen.add(key)
+            options.append(
+                object_value(b, {**base, "properties": props, "required": required}, ptr)
+            )
+    return ra.alt(options)
+
+
+def pattern_member(b: Builder, s: dict, props: dict, ptr: str) -> list[tuple[Node, Node]]:
+    """`patternProperties` (up to MAX_PATTERNS): the members other than `properties`.
+
+    Each key (not a property name) falls in one region, the set of patterns it matches;
+    its value must satisfy all of their schemas, or `additionalProperties` when it matches
+    none. Regions are exact DFA products; a region that excludes some pattern holds only
+    escape-free keys (where the pattern DFA is exact), so keys needing escapes there are
+    valid but never generated. Returns (quoted key, value) pairs, [] if no member fits."""
+    pp = s.get("patternProperties")
+    where = f"{ptr}/patternProperties"
+    extra = s.get("additionalProperties", True)
+    if len(pp) > MAX_PATTERNS:
+        raise UnsupportedSchemaError("patternProperties", where, f"over {MAX_PATTERNS} patterns")
+    required = [n for n in s.get("required", []) if n not in props]
+    try:
+        members: list[tuple[Node, Node]] = []
+        for key, inside in key_regions(b, list(pp), list(props), required, where):
+            subs = [sub for sub, keep in zip(pp.values(), inside, strict=True) if keep]
+            if not subs:
+                if extra is False:
+                    continue
+                value = b.value(extra, f"{ptr}/additionalProperties")
+            elif len(subs) == 1:
+                (pat,) = [p for p, k in zip(pp, inside, strict=True) if k]
+                value = b.value(subs[0], f"{where}/{ptr_escape(pat)}")
+            else:
+                value = b.value({"allOf": subs}, where)
+            members.append((key, value))
+    except (re.error, GrammarError) as e:
+        if isinstance(e, UnsupportedSchemaError):
+            raise
+        raise UnsupportedSchemaError("patternProperties", where, str(e)) from None
+    return members
+
+
+def key_regions(
+    b: Builder, pp: list[str], props: list[str], required: list[str], where: str
+) -> list[tuple[Node, tuple[bool, ...]]]:
+    """(quoted key, which patterns it matches) for each region of the keys that are not
+    property names (see pattern_member). A function of the names and patterns only,
+    built once per schema for each (an object's copies and dependency cases share it)."""
+    memo_key = (tuple(pp), tuple(props), tuple(required))
+    hit = b.key_region_memo.get(memo_key)
+    if hit is not None:
+        for _ in range(hit[1]):  # the narrowings of the pattern nodes, replayed
+            note_loss()
+        return hit[0]
+    before = losses()
+    pats, contents = [], []
+    for pattern in pp:
+        contents.append(pattern_to_content(pattern, b.string_char))
+        pats.append(b.dfa(contents[-1]))
+    literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
+    keys = node_to_dfa(ra.repeat(literal, 0, None))
+    anykey = node_to_dfa(ra.repeat(b.string_char, 0, None))
+    names = [n for n in [*props, *required] if not any(ord(c) < 0x20 or c in '"\\' for c in n)]
+    if names:
+        keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
+    named_inside = any(all(search_name(p, n, where) for p in pp) for n in props)
+    # split the escape-free keys by each pattern in turn, keeping non-empty regions
+    regions = dfa_ops.split_regions(keys, pats)
+    if len(regions) > MAX_KEY_REGIONS:
+        raise UnsupportedSchemaError("patternProperties", where, "too many key regions")
+    out: list[tuple[Node, tuple[bool, ...]]] = []
+    for region, inside in regions:
+        if all(inside) and not named_inside:
+            # a key in every pattern may use escapes (pattern_to_content is sound)
+            # unless a property name matches them all (it must stay out in every
+            # spelling); "matches none of" needs exactness: escape-free keys
+            region = anykey
+            for dfa in pats:
+                region = dfa_ops.product(region, dfa, True)
+        key: Node = dfa_ops.DFANode(region, "patternProperties", where)
+        if inside == (True,) and not named_inside:
+            key = contents[0]  # the same language, and it has a regex text form
+        out.append((ra.seq(ra.char('"'), key, ra.char('"')), inside))
+    b.key_region_memo[memo_key] = (out, losses() - before)
+    return out
+
+
+def key_except(b: Builder, names: list[str], ptr: str) -> object:
+    """A JSON string whose content is none of `names` (the complement of a trie)."""
+    if not names:
+        return b.any_string
+    return string_except(names, b.string_char, ptr)

@@ -13,6 +13,8 @@ show every two branches disjoint, the instances are split by JSON type, and with
   exact difference.
 
 Anything else returns None and the caller refuses the schema.
+
+Functions of the schema builder (`builder.Builder`, passed as `b`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from grammar.automata import regex_ast as ra
 from grammar.automata.intersect import dfas_intersect
 from grammar.automata.pattern import losses
 from grammar.errors import GrammarError, UnsupportedSchemaError
-from grammar.json_schema.merge import ANNOTATIONS, merge, type_set
+from grammar.json_schema.builder import Builder
+from grammar.json_schema.merge import merge
+from grammar.json_schema.vocabulary import ANNOTATIONS, possible_types, type_set
 
 MAX_PRESENCE_NAMES = 6  # objects split by present names: at most 2**6 cases
 MAX_BRANCH_STATES = 20_000  # per branch DFA in a regular difference
@@ -194,7 +198,7 @@ def split_by_presence(b: Any, branches: list[dict], ptr: str) -> object | None:
             ):
                 fits.append((merged, f"{ptr}/{i}"))
         if len(fits) > 1 and not all(
-            b.discriminated(x[0], y[0], ptr) for x, y in itertools.combinations(fits, 2)
+            discriminated(b, x[0], y[0], ptr) for x, y in itertools.combinations(fits, 2)
         ):
             continue
         for merged, at in fits:
@@ -217,35 +221,6 @@ def member_schema(s: dict, name: str) -> Any:
     if "_alts" in s:
         return True  # a branch may still add it
     return s.get("additionalProperties", True)
-
-
-def kind_of(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    return "array" if isinstance(v, list) else "object"
-
-
-def values_of(s: dict) -> list | None:
-    if "const" in s:
-        return [s["const"]]
-    return list(s["enum"]) if "enum" in s else None
-
-
-def possible_types(s: dict) -> set[str]:
-    values = values_of(s)
-    types = type_set(s)
-    if values is not None:
-        kinds = {kind_of(v) for v in values}
-        types &= kinds | ({"number"} if "integer" in kinds else set())
-    return types
 
 
 def required_only(branches: list) -> bool:
@@ -280,67 +255,66 @@ def exactly_one_required(branches: list[dict], ptr: str) -> list[dict]:
     return out or [False]
 
 
-class OneOfRules:
-    """Exclusivity checks of the schema builder (uses its normalise / from_norm / types_of)."""
+def check_exclusive(b: Builder, options: list[tuple[object, Any, str]], ptr: str) -> None:
+    """oneOf needs exactly one branch to match, so every two branches must be provably
+    disjoint: different JSON types, different values of a required discriminator property,
+    or (for scalars only, whose spelling is canonical) disjoint regex languages."""
 
-    def check_exclusive(self, options: list[tuple[object, Any, str]], ptr: str) -> None:
-        """oneOf needs exactly one branch to match, so every two branches must be provably
-        disjoint: different JSON types, different values of a required discriminator property,
-        or (for scalars only, whose spelling is canonical) disjoint regex languages."""
-
-        for (na, sa, _), (nb, sb, _) in itertools.combinations(options, 2):
-            if not (isinstance(sa, dict) and isinstance(sb, dict)):
-                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
-            ta, tb = self.types_of(sa), self.types_of(sb)
-            if not (ta & tb) or self.discriminated(sa, sb, ptr):
-                continue
-            if self.lossy_nodes.get(id(sa)) or self.lossy_nodes.get(id(sb)):
-                # automata that leave strings out cannot show the languages disjoint
-                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
-            if (ta | tb) & {"object", "array"}:
-                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
-            try:
-                overlap = dfas_intersect(self.dfa(na, 20_000), self.dfa(nb, 20_000))
-            except GrammarError:
-                overlap = True
-            if overlap:
-                raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
-
-    def discriminated(self, a: dict, b: dict, ptr: str) -> bool:
-        """Both are objects-only, and some property one of them requires has, in the other,
-        a schema with no value in common (forbidden, different enum / const values, or
-        scalar schemas whose languages are disjoint)."""
-        if possible_types(a) != {"object"} or possible_types(b) != {"object"}:
-            return False
-        for x, y in ((a, b), (b, a)):
-            for name in x.get("required", []):
-                sx, sy = member_schema(x, name), member_schema(y, name)
-                if sx is False or sy is False:
-                    return True
-                if isinstance(sx, dict) and isinstance(sy, dict) and self.disjoint(sx, sy, ptr):
-                    return True
-        return False
-
-    def disjoint(self, a: dict, b: dict, ptr: str) -> bool:
-        """Provably no value is an instance of both (finite value sets, or scalar schemas
-        whose regex languages do not intersect)."""
-
-        for x, y in ((a, b), (b, a)):
-            values = self.finite_values(x, ptr)
-            if values is not None:  # exact: is any value of x an instance of y?
-                return not any(self.accepts(x, v) and self.accepts(y, v) for v in values)
+    for (na, sa, _), (nb, sb, _) in itertools.combinations(options, 2):
+        if not (isinstance(sa, dict) and isinstance(sb, dict)):
+            raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
+        ta, tb = b.types_of(sa), b.types_of(sb)
+        if not (ta & tb) or discriminated(b, sa, sb, ptr):
+            continue
+        if b.lossy_nodes.get(id(sa)) or b.lossy_nodes.get(id(sb)):
+            # automata that leave strings out cannot show the languages disjoint
+            raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
+        if (ta | tb) & {"object", "array"}:
+            raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
         try:
-            na, nb = self.normalise(a, ptr), self.normalise(b, ptr)
-            if not (isinstance(na, dict) and isinstance(nb, dict)):
-                return False
-            if (self.types_of(na) | self.types_of(nb)) & {"object", "array"}:
-                return False
-            before = losses()
-            ra_, rb = self.from_norm(na, ptr), self.from_norm(nb, ptr)
-            if losses() != before:
-                return False  # an approximated language cannot show disjointness
-            if ra_ is None or rb is None:
-                return True
-            return not dfas_intersect(self.dfa(ra_, 20_000), self.dfa(rb, 20_000))
+            overlap = dfas_intersect(b.dfa(na, 20_000), b.dfa(nb, 20_000))
         except GrammarError:
+            overlap = True
+        if overlap:
+            raise UnsupportedSchemaError("oneOf", ptr, "branches may both match")
+
+
+def discriminated(b: Builder, first: dict, second: dict, ptr: str) -> bool:
+    """Both are objects-only, and some property one of them requires has, in the other,
+    a schema with no value in common (forbidden, different enum / const values, or
+    scalar schemas whose languages are disjoint)."""
+    if possible_types(first) != {"object"} or possible_types(second) != {"object"}:
+        return False
+    for x, y in ((first, second), (second, first)):
+        for name in x.get("required", []):
+            sx, sy = member_schema(x, name), member_schema(y, name)
+            if sx is False or sy is False:
+                return True
+            if isinstance(sx, dict) and isinstance(sy, dict) and disjoint(b, sx, sy, ptr):
+                return True
+    return False
+
+
+def disjoint(b: Builder, first: dict, second: dict, ptr: str) -> bool:
+    """Provably no value is an instance of both (finite value sets, or scalar schemas
+    whose regex languages do not intersect)."""
+
+    for x, y in ((first, second), (second, first)):
+        values = b.finite_values(x, ptr)
+        if values is not None:  # exact: is any value of x an instance of y?
+            return not any(b.accepts(x, v) and b.accepts(y, v) for v in values)
+    try:
+        na, nb = b.normalise(first, ptr), b.normalise(second, ptr)
+        if not (isinstance(na, dict) and isinstance(nb, dict)):
             return False
+        if (b.types_of(na) | b.types_of(nb)) & {"object", "array"}:
+            return False
+        before = losses()
+        ra_, rb = b.from_norm(na, ptr), b.from_norm(nb, ptr)
+        if losses() != before:
+            return False  # an approximated language cannot show disjointness
+        if ra_ is None or rb is None:
+            return True
+        return not dfas_intersect(b.dfa(ra_, 20_000), b.dfa(rb, 20_000))
+    except GrammarError:
+        return False

@@ -2,7 +2,7 @@
 `grammar.json_schema.numbers`), and the any-JSON-value automaton, as regex nodes or prebuilt
 automata shared by every schema.
 
-`ScalarRules` is mixed into the builder of `grammar.json_schema.schema`.
+Functions of the schema builder (`builder.Builder`, passed as `b`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from grammar.automata.fsm import node_to_dfa
 from grammar.automata.pattern import losses, note_loss, pattern_to_content
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema import number_text, numbers
+from grammar.json_schema.builder import Builder
 from grammar.json_schema.formats import (
     FORMAT_REGEXES,
     INEXACT_FORMATS,
@@ -36,149 +37,139 @@ _FRACTIONAL = r"-?(0|[1-9][0-9]*)\.[0-9]*[1-9][0-9]*"
 Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
 
 
-class ScalarRules:
-    """Needs from the builder: `ws`, `ws_text`, `colon`, `comma`, `string_char`, `any_string`,
-    `_any` (the any-value nodes built so far, by depth), `_strings` (string nodes built so
-    far, by their keywords), `integral_floats` (draft 6 on), `float64_numbers` (strict mode:
-    numbers carry at most a float64's digits, `number_text.FLOAT64_NUMBER`)."""
+def any_value(b: Builder, depth: int) -> object:
+    note_loss()  # values nested deeper than any_depth are left out
+    if depth not in b.any_memo:
+        options = [b.any_string, ra.parsed(b.number_text)]
+        options += [ra.lit("true"), ra.lit("false"), ra.lit("null")]
+        if depth > 0:
+            inner = any_value(b, depth - 1)
+            member = ra.seq(b.any_string, b.colon, inner)
+            members = ra.seq(member, ra.repeat(ra.seq(b.comma, member), 0, None))
+            options.append(b.wrap("{", ra.optional(members), "}"))
+            elems = ra.seq(inner, ra.repeat(ra.seq(b.comma, inner), 0, None))
+            options.append(b.wrap("[", ra.optional(elems), "]"))
+        b.any_memo[depth] = _any_automaton(ra.alt(options), b.ws_text, depth, b.float64_numbers)
+    return b.any_memo[depth]
 
-    def any_value(self, depth: int) -> object:
-        note_loss()  # values nested deeper than any_depth are left out
-        if depth not in self._any:
-            options = [self.any_string, ra.parsed(self.number_text)]
-            options += [ra.lit("true"), ra.lit("false"), ra.lit("null")]
-            if depth > 0:
-                inner = self.any_value(depth - 1)
-                member = ra.seq(self.any_string, self.colon, inner)
-                members = ra.seq(member, ra.repeat(ra.seq(self.comma, member), 0, None))
-                options.append(self.wrap("{", ra.optional(members), "}"))
-                elems = ra.seq(inner, ra.repeat(ra.seq(self.comma, inner), 0, None))
-                options.append(self.wrap("[", ra.optional(elems), "]"))
-            self._any[depth] = _any_automaton(
-                ra.alt(options), self.ws_text, depth, self.float64_numbers
-            )
-        return self._any[depth]
 
-    def wrap(self, open_: str, inner: Node, close: str) -> Node:
-        return ra.seq(ra.char(open_), self.ws, inner, self.ws, ra.char(close))
-
-    # ----- strings and numbers -----
-    def string(self, s: dict, ptr: str) -> Node:
-        """A JSON string: a function of four keywords only, so built once per schema for
-        each spelling of them (a pattern and its automata recur in every copy of an object:
-        unrolled recursion, oneOf cases); the narrowings it records are replayed."""
-        key = tuple(repr(s.get(k)) for k in ("minLength", "maxLength", "format", "pattern"))
-        hit = self._strings.get(key)
-        if hit is not None:
-            for _ in range(hit[1]):
-                note_loss()
-            return hit[0]
-        before = losses()
-        node = self._string(s, ptr)
-        self._strings[key] = (node, losses() - before)
-        return node
-
-    def _string(self, s: dict, ptr: str) -> Node:
-        lo, hi = s.get("minLength", 0), s.get("maxLength")
-        fmt, pattern = s.get("format"), s.get("pattern")
-        if fmt in UNSUPPORTED_FORMATS:
-            raise UnsupportedSchemaError("format", f"{ptr}/format", repr(fmt))
-        if fmt in INEXACT_FORMATS:
+# ----- strings and numbers -----
+def string_value(b: Builder, s: dict, ptr: str) -> Node:
+    """A JSON string: a function of four keywords only, so built once per schema for
+    each spelling of them (a pattern and its automata recur in every copy of an object:
+    unrolled recursion, oneOf cases); the narrowings it records are replayed."""
+    key = tuple(repr(s.get(k)) for k in ("minLength", "maxLength", "format", "pattern"))
+    hit = b.string_memo.get(key)
+    if hit is not None:
+        for _ in range(hit[1]):
             note_loss()
-        if hi is not None and hi < lo:
-            return None
-        if fmt in FORMAT_REGEXES:
-            fmt_node, hi = format_node(fmt, hi)
-        content: Node
-        if pattern is not None:
-            try:
-                if fmt in FORMAT_REGEXES:  # both: the product of the two automata
-                    both = dfa_ops.product(
-                        self.dfa(pattern_to_content(pattern, self.string_char)),
-                        self.dfa(fmt_node),
-                        True,
-                    )
-                    content = dfa_ops.DFANode(both, "pattern", f"{ptr}/pattern")
-                    if lo or hi is not None:
-                        content = self.length_bounded(content, lo, hi, ptr)
-                elif lo or hi is not None:
-                    content = _bounded_class_pattern(pattern, lo, hi, self.string_char)
-                    if content is False:
-                        content = self.length_bounded(
-                            pattern_to_content(pattern, self.string_char), lo, hi, ptr
-                        )
-                else:
-                    content = pattern_to_content(pattern, self.string_char)
-            except GrammarError as e:
-                if isinstance(e, UnsupportedSchemaError):
-                    raise
-                raise UnsupportedSchemaError("pattern", f"{ptr}/pattern", str(e)) from None
-        elif fmt in FORMAT_REGEXES:
-            content = fmt_node
-            if lo or hi is not None:
-                content = self.length_bounded(content, lo, hi, ptr)
-        elif not lo and hi is None:
-            return self.any_string
-        else:
-            content = ra.repeat(self.string_char, lo, hi)
-        return ra.seq(ra.char('"'), content, ra.char('"'))
+        return hit[0]
+    before = losses()
+    node = _string_value(b, s, ptr)
+    b.string_memo[key] = (node, losses() - before)
+    return node
 
-    def length_bounded(self, content: Node, lo: int, hi: int | None, ptr: str) -> Node:
-        """String content `content` restricted to lo..hi decoded characters (exact, via a
-        product of its DFA with a character counter)."""
-        if content is None:
-            return None
-        key = "maxLength" if hi is not None else "minLength"
+
+def _string_value(b: Builder, s: dict, ptr: str) -> Node:
+    lo, hi = s.get("minLength", 0), s.get("maxLength")
+    fmt, pattern = s.get("format"), s.get("pattern")
+    if fmt in UNSUPPORTED_FORMATS:
+        raise UnsupportedSchemaError("format", f"{ptr}/format", repr(fmt))
+    if fmt in INEXACT_FORMATS:
+        note_loss()
+    if hi is not None and hi < lo:
+        return None
+    if fmt in FORMAT_REGEXES:
+        fmt_node, hi = format_node(fmt, hi)
+    content: Node
+    if pattern is not None:
         try:
-            dfa = dfa_ops.with_length(self.dfa(content), lo, hi)
+            if fmt in FORMAT_REGEXES:  # both: the product of the two automata
+                both = dfa_ops.product(
+                    b.dfa(pattern_to_content(pattern, b.string_char)),
+                    b.dfa(fmt_node),
+                    True,
+                )
+                content = dfa_ops.DFANode(both, "pattern", f"{ptr}/pattern")
+                if lo or hi is not None:
+                    content = length_bounded(b, content, lo, hi, ptr)
+            elif lo or hi is not None:
+                content = _bounded_class_pattern(pattern, lo, hi, b.string_char)
+                if content is False:
+                    content = length_bounded(
+                        b, pattern_to_content(pattern, b.string_char), lo, hi, ptr
+                    )
+            else:
+                content = pattern_to_content(pattern, b.string_char)
         except GrammarError as e:
-            raise UnsupportedSchemaError(key, ptr, f"with a pattern / format: {e}") from None
-        return dfa_ops.DFANode(dfa, key, ptr)
+            if isinstance(e, UnsupportedSchemaError):
+                raise
+            raise UnsupportedSchemaError("pattern", f"{ptr}/pattern", str(e)) from None
+    elif fmt in FORMAT_REGEXES:
+        content = fmt_node
+        if lo or hi is not None:
+            content = length_bounded(b, content, lo, hi, ptr)
+    elif not lo and hi is None:
+        return b.any_string
+    else:
+        content = ra.repeat(b.string_char, lo, hi)
+    return ra.seq(ra.char('"'), content, ra.char('"'))
 
-    def integer(self, s: dict, ptr: str) -> Node:
-        """Integers; from draft 6 on also spelled with a zero fraction (1.0, -3.00): the
-        same values, so bounds and multipleOf hold for them as for the integer."""
-        bounds = _bounds(s)
-        zeros = self.integral_floats
-        if bounds == (None,) * 4 and s.get("multipleOf") is None:
-            text = number_text.INTEGER + (_ZERO_FRACTION if zeros else "")
-            return shared_leaf(text, "integer")
-        node = numbers.number_node("integer", *bounds, s.get("multipleOf"), ptr)
-        if node is None or not zeros:
-            return node
-        return ra.seq(node, ra.parsed(_ZERO_FRACTION))
 
-    @property
-    def number_text(self) -> str:
-        """The regex of an unconstrained number: bounded digits in strict mode."""
-        return number_text.FLOAT64_NUMBER if self.float64_numbers else number_text.NUMBER
+def length_bounded(b: Builder, content: Node, lo: int, hi: int | None, ptr: str) -> Node:
+    """String content `content` restricted to lo..hi decoded characters (exact, via a
+    product of its DFA with a character counter)."""
+    if content is None:
+        return None
+    key = "maxLength" if hi is not None else "minLength"
+    try:
+        dfa = dfa_ops.with_length(b.dfa(content), lo, hi)
+    except GrammarError as e:
+        raise UnsupportedSchemaError(key, ptr, f"with a pattern / format: {e}") from None
+    return dfa_ops.DFANode(dfa, key, ptr)
 
-    def number(self, s: dict, ptr: str) -> Node:
-        bounds = _bounds(s)
-        if bounds == (None,) * 4 and s.get("multipleOf") is None:
-            node = shared_leaf(self.number_text, "number")
-        else:
-            node = numbers.number_node("number", *bounds, s.get("multipleOf"), ptr)
-            if self.float64_numbers and node is not None:
-                node = self.float64_digits(node, bounds, ptr)
-        if not s.get("_fractional") or node is None:
-            return node
-        # `not` of integer: the numbers spelled with a non-zero fraction digit, no exponent
-        dfa = dfa_ops.product(self.dfa(node), self.dfa(ra.parsed(_FRACTIONAL)), True)
-        return dfa_ops.DFANode(dfa, "not", ptr) if dfa.accepting.any() else None
 
-    def float64_digits(self, node: object, bounds: tuple, ptr: str) -> Node:
-        """`node` (exponent-free numbers within bounds) cut to the digits a float64 carries:
-        17 in the integer part and in the fraction, or one more than a bound has there (so a
-        bound past them keeps the numbers near it)."""
-        given = [exact(b) for b in bounds if b is not None and not isinstance(b, bool)]
-        whole = max([len(str(abs(int(b)))) + 1 for b in given], default=0)
-        frac = max([scale(b, numbers.MAX_DIGITS) + 1 for b in given], default=0)
-        whole = max(whole, number_text.FLOAT64_INT_DIGITS)
-        frac = max(frac, number_text.FLOAT64_FRACTION_DIGITS)
-        limit = ra.parsed(f"-?[0-9]{{1,{whole}}}(\\.[0-9]{{1,{frac}}})?")
-        dfa = dfa_ops.product(self.dfa(node), self.dfa(limit), True)
-        return dfa_ops.DFANode(dfa, "number", ptr) if dfa.accepting.any() else None
+def integer_value(b: Builder, s: dict, ptr: str) -> Node:
+    """Integers; from draft 6 on also spelled with a zero fraction (1.0, -3.00): the
+    same values, so bounds and multipleOf hold for them as for the integer."""
+    bounds = _bounds(s)
+    zeros = b.integral_floats
+    if bounds == (None,) * 4 and s.get("multipleOf") is None:
+        text = number_text.INTEGER + (_ZERO_FRACTION if zeros else "")
+        return shared_leaf(text, "integer")
+    node = numbers.number_node("integer", *bounds, s.get("multipleOf"), ptr)
+    if node is None or not zeros:
+        return node
+    return ra.seq(node, ra.parsed(_ZERO_FRACTION))
+
+
+def number_value(b: Builder, s: dict, ptr: str) -> Node:
+    bounds = _bounds(s)
+    if bounds == (None,) * 4 and s.get("multipleOf") is None:
+        node = shared_leaf(b.number_text, "number")
+    else:
+        node = numbers.number_node("number", *bounds, s.get("multipleOf"), ptr)
+        if b.float64_numbers and node is not None:
+            node = float64_digits(b, node, bounds, ptr)
+    if not s.get("_fractional") or node is None:
+        return node
+    # `not` of integer: the numbers spelled with a non-zero fraction digit, no exponent
+    dfa = dfa_ops.product(b.dfa(node), b.dfa(ra.parsed(_FRACTIONAL)), True)
+    return dfa_ops.DFANode(dfa, "not", ptr) if dfa.accepting.any() else None
+
+
+def float64_digits(b: Builder, node: object, bounds: tuple, ptr: str) -> Node:
+    """`node` (exponent-free numbers within bounds) cut to the digits a float64 carries:
+    17 in the integer part and in the fraction, or one more than a bound has there (so a
+    bound past them keeps the numbers near it)."""
+    given = [exact(x) for x in bounds if x is not None and not isinstance(x, bool)]
+    whole = max([len(str(abs(int(x)))) + 1 for x in given], default=0)
+    frac = max([scale(x, numbers.MAX_DIGITS) + 1 for x in given], default=0)
+    whole = max(whole, number_text.FLOAT64_INT_DIGITS)
+    frac = max(frac, number_text.FLOAT64_FRACTION_DIGITS)
+    limit = ra.parsed(f"-?[0-9]{{1,{whole}}}(\\.[0-9]{{1,{frac}}})?")
+    dfa = dfa_ops.product(b.dfa(node), b.dfa(limit), True)
+    return dfa_ops.DFANode(dfa, "number", ptr) if dfa.accepting.any() else None
 
 
 def _bounds(s: dict) -> tuple:

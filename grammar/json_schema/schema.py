@@ -29,32 +29,20 @@ from grammar.automata import regex_ast as ra
 from grammar.automata.fsm import DEFAULT_MAX_STATES, node_to_dfa
 from grammar.automata.pattern import losses, note_loss
 from grammar.errors import EmptyLanguageError, GrammarError, UnsupportedSchemaError
-from grammar.json_schema import number_text
+from grammar.json_schema import arrays, number_text, objects, scalars
+from grammar.json_schema import normalise as normal_form
 from grammar.json_schema import oneof as json_oneof
-from grammar.json_schema.arrays import ArrayRules
 from grammar.json_schema.exact.evaluated import split_refusal
 from grammar.json_schema.exact.exclusive import oneof_by_negation
 from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
-from grammar.json_schema.merge import ANNOTATIONS, canonical, merge, type_set
-from grammar.json_schema.normalise import NormaliseRules
+from grammar.json_schema.merge import canonical, merge
 from grammar.json_schema.number_text import FLOAT64_MARK
-from grammar.json_schema.objects import (
-    ObjectRules,
-    integral_as,
-    literal,
-)
-from grammar.json_schema.oneof import (
-    CANONICAL_TEXT,
-    OneOfRules,
-    exactly_one_required,
-    kind_of,
-    possible_types,
-    required_only,
-    values_of,
-)
+from grammar.json_schema.objects import integral_as, literal
+from grammar.json_schema.oneof import CANONICAL_TEXT, exactly_one_required, required_only
 from grammar.json_schema.refs.local import local_refs
 from grammar.json_schema.refs.reach import RefReach
-from grammar.json_schema.scalars import STRING_CHAR_TEXT, STRING_TEXT, ScalarRules, shared_leaf
+from grammar.json_schema.scalars import STRING_CHAR_TEXT, STRING_TEXT, shared_leaf
+from grammar.json_schema.vocabulary import ANNOTATIONS, kind_of, possible_types, type_set, values_of
 
 MAX_ALTERNATIVES = 1024
 ANY_DEPTH = 5  # nesting of unconstrained values in compiled constraints (automata)
@@ -102,7 +90,7 @@ def json_schema_to_node(
     Unconstrained values nest `ANY_DEPTH` (5) levels here, as automata; the regex text of
     json_schema_to_regex keeps 3 (that text grows 4-fold with each level)."""
     root = local_refs(load_schema(schema))
-    builder = _Builder(root, whitespace or "", max_recursion_depth, any_depth)
+    builder = SchemaBuilder(root, whitespace or "", max_recursion_depth, any_depth)
     try:
         out = builder.value(root, "#")
     except GrammarError:
@@ -127,7 +115,13 @@ def prebuild() -> None:
     json_schema_to_node({"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"})
 
 
-class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules):
+class SchemaBuilder:
+    """One schema's compile: its settings and memos, and the recursion that turns a subschema
+    into a regex node (`value` -> `normalise` -> `from_norm` -> `single` -> `typed`). The
+    helpers of each kind of value (`scalars`, `arrays`, `objects`, `oneof`, `normalise`,
+    `exact/`) are functions taking this builder as their first argument; `builder.Builder`
+    lists what they may use of it."""
+
     def __init__(self, root: dict | bool, ws: str, max_depth: int, any_depth: int) -> None:
         self.root = root
         self.ws = ra.parsed(ws) if ws else ra.EMPTY
@@ -139,10 +133,10 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         self.max_depth = max_depth
         self.any_depth = any_depth
         self.ref_stack: list[str] = []
-        self._any: dict[int, object] = {}
+        self.any_memo: dict[int, object] = {}
         self._finite: dict[int, tuple[Any, Node]] = {}  # id(schema) -> (schema, its node)
-        self._strings: dict[tuple, tuple[Node, int]] = {}  # see ScalarRules.string
-        self._key_regions: dict[tuple, tuple[list, int]] = {}  # see ObjectRules.key_regions
+        self.string_memo: dict[tuple, tuple[Node, int]] = {}  # see scalars.string_value
+        self.key_region_memo: dict[tuple, tuple[list, int]] = {}  # see objects.key_regions
         self._dfas: dict[tuple, tuple[object, Any]] = {}  # (id(node), budget) -> (node, DFA)
         self._values: dict[tuple, tuple] = {}  # see value
         self._accepted: dict[tuple, tuple[Any, bool]] = {}  # see accepts
@@ -168,6 +162,23 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         dfa = node_to_dfa(node, max_states)
         self._dfas[key] = (node, dfa)  # holding the node keeps its id from being reused
         return dfa
+
+    def wrap(self, open_: str, inner: Node, close: str) -> Node:
+        """`inner` between two brackets, whitespace inside them."""
+        return ra.seq(ra.char(open_), self.ws, inner, self.ws, ra.char(close))
+
+    @property
+    def number_text(self) -> str:
+        """The regex of an unconstrained number: bounded digits in strict mode."""
+        return number_text.FLOAT64_NUMBER if self.float64_numbers else number_text.NUMBER
+
+    def normalise(self, schema: Any, ptr: str) -> dict | bool:
+        """`normalise.normalise`: the schema as one conjunction of keywords."""
+        return normal_form.normalise(self, schema, ptr)
+
+    def resolve_ref(self, ref: str, ptr: str) -> Any:
+        """`normalise.resolve_ref`: the schema a `$ref` names."""
+        return normal_form.resolve_ref(self, ref, ptr)
 
     # ----- values -----
     def value(self, schema: Any, ptr: str) -> Node:
@@ -302,7 +313,7 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
         if norm is False:
             return None
         if norm is True:
-            return self.any_value(self.any_depth)
+            return scalars.any_value(self, self.any_depth)
         norm = dict(norm)
         refs = norm.pop("_refs", [])
         self.ref_stack.extend(refs)  # children of a referenced schema count as recursion
@@ -337,7 +348,7 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
             if kind == "oneOf":
                 live = [o for o in options if o[0] is not None]
                 try:
-                    self.check_exclusive(live, where)
+                    json_oneof.check_exclusive(self, live, where)
                 except UnsupportedSchemaError as refusal:
                     split = json_oneof.split_oneof(self, [o[1] for o in live], where)
                     if split is None:  # exactly one branch: each, and not the others
@@ -421,19 +432,19 @@ class _Builder(NormaliseRules, ScalarRules, ArrayRules, ObjectRules, OneOfRules)
 
     def typed(self, t: str, s: dict, ptr: str) -> Node:
         if t == "string":
-            return self.string(s, ptr)
+            return scalars.string_value(self, s, ptr)
         if t == "integer":  # not an integer (`not` of integer) and an integer: none
-            return None if s.get("_fractional") else self.integer(s, ptr)
+            return None if s.get("_fractional") else scalars.integer_value(self, s, ptr)
         if t == "number":
-            return self.number(s, ptr)
+            return scalars.number_value(self, s, ptr)
         if t == "boolean":
             return ra.alt([ra.lit("true"), ra.lit("false")])
         if t == "null":
             return ra.lit("null")
         if t == "object":
-            return self.object(s, ptr)
+            return objects.object_value(self, s, ptr)
         if t == "array":
-            return self.array(s, ptr)
+            return arrays.array_value(self, s, ptr)
         raise GrammarError(f"unknown type {t!r} at {ptr}/type")
 
 
@@ -441,13 +452,25 @@ def _text(v: Any) -> str:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
-def dtype_to_regex(dtype: type) -> str:
-    """Regex for gen(dtype=...): int, float, bool (True|False), str (a JSON string)."""
+# the types gen(dtype=...) takes, by the names that cross HTTP and the IR
+DTYPE_NAMES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def dtype_to_regex(dtype: type | str) -> str:
+    """Regex for gen(dtype=...): int, float, bool (True|False), str (a JSON string); the type
+    or its name (`DTYPE_NAMES`)."""
     known = (bool, "(True|False)"), (int, number_text.INTEGER), (float, number_text.NUMBER)
+    t_of = DTYPE_NAMES.get(dtype) if isinstance(dtype, str) else dtype
     for t, regex in (*known, (str, STRING_TEXT)):
-        if dtype is t:
+        if t_of is t:
             return regex
     raise GrammarError(f"unsupported dtype {dtype!r}: use int, float, bool or str")
 
 
-__all__ = ["dtype_to_regex", "json_schema_to_node", "json_schema_to_regex", "load_schema"]
+__all__ = [
+    "DTYPE_NAMES",
+    "dtype_to_regex",
+    "json_schema_to_node",
+    "json_schema_to_regex",
+    "load_schema",
+]

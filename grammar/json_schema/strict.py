@@ -35,7 +35,7 @@ import copy
 from typing import Any
 
 from grammar.json_schema.number_text import FLOAT64_MARK
-from grammar.json_schema.objects import pointer_target
+from grammar.json_schema.refs.local import pointer_target
 
 JSON_SCHEMA_MODES = ("strict", "exact")
 

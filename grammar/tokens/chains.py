@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from grammar.automata.fsm import DEAD
-from grammar.tokens.loops import Suffixes, chars_lead_to
-
-if TYPE_CHECKING:
-    from grammar.tokens.index import TokenIndex
+from grammar.tokens.loops import Suffixes, TokenIndex, chars_lead_to
 
 # a chain is followed this many characters at most (a step costs ~9 row expansions, its UTF-8
 # paths; the few tokens longer than that are walked on from its last state, one row a byte)
@@ -54,7 +50,7 @@ class ChainLayout:
         hit = self.words.get(r)
         if hit is None:
             rows = self.pure if r < 0 else self.pure & (self.q <= r)
-            hit = index._pack(rows, index._eos[:0])
+            hit = index.pack(rows)
             hit.flags.writeable = False
             with self.lock:
                 hit = self.words.setdefault(r, hit)

@@ -4,15 +4,12 @@ jump-forward."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 from grammar.automata.fsm import START, ByteDFA
 from grammar.automata.lazy_dfa import LazyDFA
 from grammar.tokens.index import TokenIndex
+from grammar.tokens.matcher import Matcher
 from grammar.tokens.vocab import TokenVocabulary
-
-if TYPE_CHECKING:
-    from grammar.tokens.matcher import Matcher
 
 
 class CompiledGrammar:
@@ -42,8 +39,6 @@ class CompiledGrammar:
         return not d.lazy and not d.accepting[START] and not d.table[START].any()
 
     def matcher(self) -> Matcher:
-        from grammar.tokens.matcher import Matcher
-
         return Matcher(self)
 
     def jump_forward(self, state: int) -> tuple[bytes, int]:

@@ -361,14 +361,15 @@ class TokenIndex:
         # each chunk is ascending and holds longer tokens (smaller rows) than the one before
         return np.concatenate(done[::-1]) if len(done) > 1 else done[0]
 
-    def _pack(self, rows: np.ndarray, eos: np.ndarray) -> np.ndarray:
+    def pack(self, rows: np.ndarray, eos: np.ndarray | None = None) -> np.ndarray:
         """Packed id bits of a bool per prepared row, plus the `eos` ids."""
         prep = self.prepared
         full = np.zeros(prep.num_rows + 1, dtype=bool)  # last row: specials, never allowed
         full[:-1] = rows
         bits = np.zeros(self.num_words * 32, dtype=bool)
         bits[: prep.id_to_unique.shape[0]] = full[prep.id_to_unique]
-        bits[eos] = True
+        if eos is not None:
+            bits[eos] = True
         return np.packbits(bits, bitorder="little").view("<i4")
 
     def _compute(self, state: int, depth: int = 0) -> np.ndarray:
@@ -402,9 +403,7 @@ class TokenIndex:
         if d >= prep.columns.shape[0]:  # no token is longer
             return words
         n = int(prep.n_longer[d])  # the rows longer than d bytes: the first n
-        longer = self.vocab.derived(
-            ("longer than", d), lambda: self._pack(prep.lengths > d, self._eos[:0])
-        )
+        longer = self.vocab.derived(("longer than", d), lambda: self.pack(prep.lengths > d))
         out = words.view("<u4") & ~longer.view("<u4")
         cur = self._class_row(state)[self._cls(prep.columns[0][:n])]
         ids = self.vocab.ids_of_rows(self._walk_rows(np.arange(n), cur, 1))
@@ -416,7 +415,7 @@ class TokenIndex:
         base, rows = self._allowed(state, depth)
         eos = self._eos if self.dfa.accepting[state] else self._eos[:0]
         if rows.dtype == bool:  # most rows: one gather and a pack
-            return self._pack(rows, eos)
+            return self.pack(rows, eos)
         # a shared set plus a few rows, or only a few rows: set their bits directly
         if base is None:
             words = np.zeros(self.num_words, dtype=np.uint32)

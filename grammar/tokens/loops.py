@@ -7,15 +7,24 @@ prefix and walked only from where they may leave (`Suffixes`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from grammar.automata.fsm import DEAD
-from grammar.tokens.vocab import byte_columns
+from grammar.tokens.vocab import PreparedTokens, TokenVocabulary, byte_columns
 
-if TYPE_CHECKING:
-    from grammar.tokens.index import TokenIndex
+
+class TokenIndex(Protocol):
+    """What the loop and chain tables read of a token index (`index.TokenIndex` is one)."""
+
+    vocab: TokenVocabulary
+    prepared: PreparedTokens
+
+    def pack(self, rows: np.ndarray, eos: np.ndarray | None = None) -> np.ndarray:
+        """Packed id bits of a bool per prepared row, plus the `eos` ids."""
+        ...
+
 
 # a self-looping state's other tokens are cut into suffixes (a Python pass over them, once
 # per vocabulary and loop) only when they are few, as for JSON string content (~3k of 129k)
@@ -75,7 +84,7 @@ def transparent_set(
         ok &= ~prep.non_ascii | prep.whole_chars
     else:
         ok &= ~prep.non_ascii
-    words = index._pack(ok, index._eos[:0])
+    words = index.pack(ok)
     words.flags.writeable = False
     others = np.flatnonzero(~ok)
     if others.size > _MAX_SUFFIX_ROWS:  # a narrow loop (a pattern's class): walk as rows

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from grammar.automata.fsm import DEAD, START
+from grammar.automata.fsm import DEAD, START, ByteDFA
+from grammar.automata.lazy_dfa import LazyDFA
 from grammar.errors import GrammarError
+from grammar.tokens.index import TokenIndex
+from grammar.tokens.vocab import TokenVocabulary
 
-if TYPE_CHECKING:
-    from grammar.tokens.compiled import CompiledGrammar
+
+class CompiledGrammar(Protocol):
+    """What a cursor asks of its compiled constraint (`compiled.CompiledGrammar` is one)."""
+
+    dfa: ByteDFA | LazyDFA
+    vocab: TokenVocabulary
+    index: TokenIndex
+    eos_token_ids: frozenset[int]
+
+    def jump_forward(self, state: int) -> tuple[bytes, int]: ...
 
 
 def complete_utf8_prefix(data: bytes) -> str:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from grammar import DTYPE_NAMES
 from runtime import settings
 from runtime.kernels import reference
 from runtime.scheduling.request import Request
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 INCOMPLETE = "max_new_tokens reached before the constraint was complete"
-DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
 # (logits [B, V], packed bitmask [R, W], rows [R] | None) -> logits, masked in place
 BitmaskFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 

@@ -209,10 +209,8 @@ def create_app(state: ServerState) -> FastAPI:
 
 def _add_gateway_routes(app: FastAPI, state: ServerState) -> None:
     """The worker routes the SGLang Model Gateway reads (runtime/server/worker_routes.py)."""
-    try:
-        from runtime.server.worker_routes import add_worker_routes
-    except ImportError:
-        return
+    from runtime.server.worker_routes import add_worker_routes
+
     add_worker_routes(app, state.engine)
 
 

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 from runtime.scheduling.request import GenerateResult
 from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, sse, sse_error
+from runtime.server.state import ServerState, token_counts
 from runtime.server.tools import CallStream, parse_tool_calls
 
 if TYPE_CHECKING:
     from runtime.server.chat import ChatRequest
-    from runtime.server.state import ServerState
 
 
 def new_id(prefix: str) -> str:
@@ -36,15 +36,8 @@ def usage(prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> dic
 
 
 def usage_of(results: list[GenerateResult], per_prompt: int) -> dict[str, Any]:
-    """Usage of `results`, where each run of `per_prompt` results shares one prompt (n > 1):
-    that prompt is counted once, with the smallest cached count among its choices."""
-    prompt = cached = completion = 0
-    for start in range(0, len(results), per_prompt):
-        group = results[start : start + per_prompt]
-        prompt += group[0].usage.prompt_tokens
-        cached += min(r.usage.cached_tokens for r in group)
-        completion += sum(r.usage.completion_tokens for r in group)
-    return usage(prompt, cached, completion)
+    """Usage of `results` (`state.token_counts`: a prompt shared by n choices counts once)."""
+    return usage(*token_counts(results, per_prompt))
 
 
 def finish_reason(result: GenerateResult) -> str:

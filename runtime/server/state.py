@@ -7,7 +7,6 @@ from typing import Any
 
 from fastapi import Request
 
-from runtime.server import responses as R
 from runtime.server.bridge import EngineBridge
 from runtime.server.errors import APIError
 from runtime.server.metrics import ServerMetrics
@@ -29,10 +28,8 @@ class ServerState:
         return self.bridge.engine.tokenizer
 
     def record_usage(self, results: list[Any], per_prompt: int) -> None:
-        usage = R.usage_of(results, per_prompt) if results else None
-        if usage is not None:
-            cached = usage["prompt_tokens_details"]["cached_tokens"]
-            self.metrics.record_usage(usage["prompt_tokens"], cached, usage["completion_tokens"])
+        if results:
+            self.metrics.record_usage(*token_counts(results, per_prompt))
 
     def metrics_abort(self) -> None:
         self.metrics.client_aborts += 1
@@ -49,6 +46,19 @@ class ServerState:
                 param="model",
                 code="model_not_found",
             )
+
+
+def token_counts(results: list[Any], per_prompt: int) -> tuple[int, int, int]:
+    """(prompt, cached, completion) tokens of `results` (`GenerateResult`s), where each run of
+    `per_prompt` results shares one prompt (n > 1): that prompt is counted once, with the
+    smallest cached count among its choices."""
+    prompt = cached = completion = 0
+    for start in range(0, len(results), per_prompt):
+        group = results[start : start + per_prompt]
+        prompt += group[0].usage.prompt_tokens
+        cached += min(r.usage.cached_tokens for r in group)
+        completion += sum(r.usage.completion_tokens for r in group)
+    return prompt, cached, completion
 
 
 def get_state(request: Request) -> ServerState:

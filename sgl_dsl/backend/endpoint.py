@@ -45,23 +45,24 @@ _SERVER_NAMES = {
 _TOP_LEVEL = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 
-def _as_regex(sampling: dict[str, Any]) -> None:
-    """Replace `choices` / `dtype` with the equivalent `regex` (in place)."""
-    if "choices" in sampling:
-        choices = sampling.pop("choices")
+def as_regex(sampling: dict[str, Any]) -> dict[str, Any]:
+    """Replace `choices` / `dtype` with the `regex` they mean (in place; returns `sampling`),
+    as our server maps them: for servers that take a regex but not those keywords."""
+    choices = sampling.pop("choices", None)
+    if choices is not None:
         if not choices:
             raise BackendError("gen(choices=...) needs at least one choice")
         from grammar import choices_to_regex  # the server's own mapping
 
         sampling["regex"] = choices_to_regex([str(c) for c in choices])
-    if "dtype" in sampling:
-        from grammar import dtype_to_regex  # the server's own mapping
+    name = sampling.pop("dtype", None)
+    if name is not None:
+        from grammar import DTYPE_NAMES, dtype_to_regex  # the server's own mapping
 
-        name = sampling.pop("dtype")
-        types = {"int": int, "float": float, "bool": bool, "str": str}
-        if name not in types:
-            raise BackendError(f"dtype must be one of {sorted(types)}, got {name!r}")
-        sampling["regex"] = dtype_to_regex(types[name])
+        if name not in DTYPE_NAMES:
+            raise BackendError(f"dtype must be one of {sorted(DTYPE_NAMES)}, got {name!r}")
+        sampling["regex"] = dtype_to_regex(name)
+    return sampling
 
 
 class RuntimeEndpoint(Backend):
@@ -168,7 +169,7 @@ class RuntimeEndpoint(Backend):
             for k, v in params.items()
             if v is not None and k not in _TOP_LEVEL
         }
-        _as_regex(sampling)
+        as_regex(sampling)
         if "seed" in sampling:
             sampling["sampling_seed"] = sampling["seed"]
         body = {

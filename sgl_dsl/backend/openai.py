@@ -29,7 +29,7 @@ import httpx
 from ..chat_template import ChatTemplate
 from ..errors import BackendError
 from .base import Backend, GenChunk, GenOutput
-from .endpoint import score_by_completions
+from .endpoint import as_regex, score_by_completions
 
 INSTRUCT_MODEL_NAMES = ("gpt-3.5-turbo-instruct",)  # SGLang's list of completion-only models
 _ROLES = ("system", "user", "assistant")
@@ -121,7 +121,7 @@ class OpenAI(Backend):
         if refused:
             raise BackendError(f"OpenAI backend: {refused} not supported by the OpenAI API")
         body: dict[str, Any] = {"model": self.model, "stream": stream}
-        params = _as_regex(dict(params))
+        params = as_regex(dict(params))
         for key, field in _FIELDS.items():
             if params.get(key) is not None:
                 body[field] = params[key]
@@ -233,20 +233,6 @@ class OpenAI(Backend):
 
     def shutdown(self) -> None:
         self._client.close()
-
-
-def _as_regex(params: dict[str, Any]) -> dict[str, Any]:
-    """`choices` / `dtype` as the regex they mean (sent in the `regex` extra field)."""
-    if params.get("choices") is not None:
-        from grammar import choices_to_regex
-
-        params["regex"] = choices_to_regex([str(c) for c in params.pop("choices")])
-    if params.get("dtype") is not None:
-        from grammar import dtype_to_regex
-
-        types = {"int": int, "float": float, "bool": bool, "str": str}
-        params["regex"] = dtype_to_regex(types[params.pop("dtype")])
-    return params
 
 
 def _delta(choice: dict[str, Any], chat: bool) -> str | None:

@@ -144,9 +144,6 @@ class Runtime(Backend):
             self.engine.shutdown()
 
 
-_DTYPES = {"int": int, "float": float, "bool": bool, "str": str}
-
-
 # SGLang's logprob options, answered by the backend from the engine's result
 _LOGPROB_OPTIONS = ("logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
@@ -159,8 +156,6 @@ def _engine_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     }
     if params.get("top_logprobs_num"):
         kwargs.update(logprobs=True, top_logprobs=int(params["top_logprobs_num"]))
-    if "dtype" in kwargs:  # the IR names the type (it must cross HTTP); the grammar takes it
-        kwargs["dtype"] = _DTYPES[kwargs["dtype"]]
     return kwargs
 
 

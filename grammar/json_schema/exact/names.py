@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import functools
 
-from interegular import patterns as ip
-
+from grammar.automata import interegular_adapter as ip
 from grammar.automata import regex_ast as ra
 from grammar.automata.nfa_keys import Deferred
 
-_CONCAT, _ALT = ip._Concatenation, ip.Pattern
+_CONCAT, _ALT = ip.Concatenation, ip.Pattern
 
 Node = object | None  # a regex node (grammar.automata.regex_ast); None matches nothing
 
@@ -94,7 +93,7 @@ def _digit_class(digits: set[int]) -> Node:
 @functools.cache
 def _digit_group(digits: frozenset[int]) -> object:
     lower = "".join(f"{d:x}" for d in digits)
-    return ip._CharGroup(frozenset(lower + lower.upper()), False)
+    return ip.CharGroup(frozenset(lower + lower.upper()), False)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -124,13 +123,13 @@ def name_spellings(name: str) -> Node:
 @functools.cache
 def _short_escapes(letters: frozenset[str]) -> Node:
     """A backslash and one of these short-escape letters (most sets exclude none of them)."""
-    return ra.seq(ra.char("\\"), ip._CharGroup(letters, False))
+    return ra.seq(ra.char("\\"), ip.CharGroup(letters, False))
 
 
 @functools.lru_cache(maxsize=4096)
 def char_except(chars: frozenset[str]) -> Node:
     """One string character, in any spelling, that decodes to none of `chars`."""
-    options: list[Node] = [ip._CharGroup(_NOT_RAW | chars, True)]
+    options: list[Node] = [ip.CharGroup(_NOT_RAW | chars, True)]
     short = frozenset(e for c, e in SHORT_ESCAPES.items() if c not in chars)
     if short:
         options.append(_short_escapes(short))

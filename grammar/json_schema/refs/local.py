@@ -3,6 +3,7 @@ pointers (`local_refs`); `$dynamicRef` through the dynamic scope (`refs.dynamic`
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urljoin, urlsplit, uses_relative
 
@@ -187,3 +188,28 @@ def local_refs(root: Any) -> Any:
         # several anchors of a $dynamicRef's name: which one depends on the dynamic scope
         return expand_dynamic(root, target, bases, at_ptr, (_ONE, _LIST, _MAP))
     return rewrite(root, 0)
+
+
+def ptr_escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def pointer_target(root: Any, ref: str) -> Any:
+    """What the local reference `ref` ("#" or "#/a/b", with ~0 / ~1 and %XX escapes) names in
+    `root`; LookupError when nothing there has that path."""
+    node = root
+    for part in ref[1:].split("/")[1:] if ref != "#" else []:
+        if "~" in part:
+            part = part.replace("~1", "/").replace("~0", "~")
+        if "%" in part:
+            part = _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), part)
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise LookupError(ref)
+    return node

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grammar.json_schema.objects import pointer_target
+from grammar.json_schema.refs.local import pointer_target
 
 _UNSEEN, _MISSING = object(), object()
 
@@ -60,7 +60,7 @@ class RefReach:
         return out
 
     def target(self, ref: str) -> Any:
-        """What the local reference `ref` names in the document (objects.pointer_target,
+        """What the local reference `ref` names in the document (local.pointer_target,
         once per reference); LookupError when nothing there has that path."""
         hit = self._targets.get(ref, _UNSEEN)
         if hit is _UNSEEN:
