@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from interegular import patterns as ip
 
 from grammar import GrammarError, compile_json_schema, regex_to_dfa
+from grammar.automata import interegular_adapter as ip
 from grammar.automata import regex_ast as ra
 from grammar.automata.fsm import DEFAULT_MAX_STATES, START, _prune_dead_ends, node_to_dfa
 from grammar.json_schema.schema import json_schema_to_node
@@ -87,7 +87,7 @@ def test_nested_counted_repetitions_agree_with_python_re() -> None:
         assert dfa.matches(text.encode()) == bool(rx.fullmatch(text)), text
 
 
-NOTHING = ip._CharGroup(frozenset(), False)  # a character class that matches nothing
+NOTHING = ip.CharGroup(frozenset(), False)  # a character class that matches nothing
 
 
 @pytest.mark.parametrize(
