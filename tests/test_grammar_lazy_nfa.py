@@ -179,7 +179,8 @@ def test_a_compile_leaves_no_reference_cycle_behind() -> None:
             gc.enable()
     assert tree is not None
     assert "SchemaBuilder" not in kinds
-    assert not {q for q in closures if q.endswith(("members.<locals>.rest", "array_value.<locals>.tail"))}
+    kept = ("members.<locals>.rest", "array_value.<locals>.tail")
+    assert not {q for q in closures if q.endswith(kept)}
 
 
 def test_a_fill_that_fails_fails_again_on_the_next_read(defer_at_once: None) -> None:
