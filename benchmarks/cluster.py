@@ -1,4 +1,4 @@
-"""Cache-aware vs round-robin routing over data-parallel replicas (issue 9).
+"""Cache-aware vs round-robin routing over data-parallel replicas.
 
 Run: .venv/bin/python -m benchmarks.cluster [--model PATH] [--families 8] [--per-family 16]
      [--prefix-tokens 1000] [--max-tokens 4] [--concurrency 8] [--max-total-tokens 5120]

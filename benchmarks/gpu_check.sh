@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check for runtime/kernels (issue 8): the kernel tests compiled on CUDA (no interpreter),
+# GPU check for runtime/kernels: the kernel tests compiled on CUDA (no interpreter),
 # then benchmarks/kernels.py's table. Runs the repo from source on the machine's own Python,
 # torch and triton; it never installs the repo. Budget: well under 5 minutes on a fresh GPU.
 #

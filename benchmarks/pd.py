@@ -1,4 +1,4 @@
-"""Prefill-decode disaggregation vs plain replicas under a mixed workload (issue 21).
+"""Prefill-decode disaggregation vs plain replicas under a mixed workload.
 
 Run: .venv/bin/python -m benchmarks.pd [--model PATH] [--short 6] [--short-tokens 96]
      [--long 4] [--long-tokens 2000] [--rounds 2]

@@ -32,7 +32,7 @@ def free_port() -> int:
 
 
 def constrained_decoding_available() -> bool:
-    """Whether the engine has constrained decoding (issue 4) yet."""
+    """Whether the engine has constrained decoding."""
     return importlib.util.find_spec("runtime.scheduling.constrained") is not None
 
 

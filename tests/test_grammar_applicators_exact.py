@@ -1,4 +1,4 @@
-"""In-place applicators compiled exactly (issue 18): unevaluatedProperties / unevaluatedItems
+"""In-place applicators compiled exactly: unevaluatedProperties / unevaluatedItems
 beside conditional applicators, prefixItems merged element by element, `not` of tuples and of
 alternatives, $dynamicRef through the dynamic scope, objects with the same patterns merged.
 Each instance is walked through the compiled constraint, `jsonschema` the oracle (helpers:

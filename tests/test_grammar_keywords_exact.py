@@ -1,4 +1,4 @@
-"""JSON Schema keywords compiled exactly (issue 18): schemas that admit no instance, property
+"""JSON Schema keywords compiled exactly: schemas that admit no instance, property
 names that need escapes, oneOf whose branches overlap, uniqueItems over finitely many values,
 and unconstrained values nested 5 deep (applicators: test_grammar_applicators_exact.py).
 Every instance is walked token by token through the compiled constraint; `jsonschema` says

@@ -18,7 +18,7 @@ from tests._server_fixtures import constrained_decoding_available, shared_server
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 needs_constraints = pytest.mark.xfail(
     not constrained_decoding_available(),
-    reason="constrained decoding (issue 4) has not landed in the engine yet",
+    reason="this engine has no constrained decoding",
     strict=False,
 )
 

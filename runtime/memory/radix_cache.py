@@ -111,8 +111,6 @@ class RadixCache:
             pages.extend(child.pages)
             pos += matched * ps
             node = child
-            if matched * ps < len(child.key):  # cannot happen after the split; kept for clarity
-                break
         return MatchResult(pages, pos, node)
 
     def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> InsertResult:

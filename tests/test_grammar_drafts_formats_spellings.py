@@ -1,8 +1,8 @@
-"""Pins the causes of the valid JSONSchemaBench instances that the compiled constraint rejected
-(Github_medium---o14421, ---o61348, ---o61349; the any_depth cases are a documented limit).
-
-The format / pattern side is not at fault: the date-time of o14421 is accepted exactly. The two
-json_schema.py causes (draft-04 $ref siblings, enum number spellings) are fixed there.
+"""Draft-dependent `$ref` siblings (ignored up to draft 7, kept from 2019-09), the spellings of
+enum numbers (by value: `2` and `2.0`; draft 4 has no float spelling of an integer), and the
+format / pattern regexes (date-time, ipv6, uri, uri-reference, inner end anchors, escaped
+surrogate pairs), each checked against `jsonschema`, `re` or `ipaddress`. The cases come from
+JSONSchemaBench instances (Github_medium o14421, o61348, o61349).
 """
 
 from __future__ import annotations
