@@ -1,12 +1,13 @@
 """The layout of the three packages (docs/ARCHITECTURE.md): no import cycle between modules
 (imports inside functions and under `if TYPE_CHECKING:` count), each folder's modules import
 only their own folder and the layers below it, no function over 120 lines, the environment read
-only in each package's `settings.py`, every module named in docs/ARCHITECTURE.md, and the public
-names where users import them. Files are split by concept, not by size: past ~600 lines a file
-only gets a warning."""
+only in each package's `settings.py`, every module named in docs/ARCHITECTURE.md, no model file
+importing an attention kernel, no tracker numbers, and the public names where users import
+them. Files are split by concept, not by size: past ~600 lines a file only gets a warning."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import warnings
@@ -150,6 +151,43 @@ def test_module_names_are_read_from_code_spans_only(tmp_path):
         (pkg / name).write_text("")
     (tmp_path / "docs" / "ARCHITECTURE.md").write_text("`ir` and tracer; `backend/base.py`\n")
     assert unnamed_modules(tmp_path) == ["sgl_dsl.tracer"]
+
+
+# the kernels an attention backend (runtime/attention/) chooses among; cpu_fused / cpu_gemv also
+# hold the projection and norm kernels every model layer calls
+ATTENTION_KERNELS = {
+    f"runtime.kernels.{name}"
+    for name in ("reference", "triton_attention", "triton_mla", "cascade", "short_extend",
+                 "decode_plan", "prefix_extend")
+}  # fmt: skip
+
+
+def test_model_files_import_no_attention_kernel():
+    wrong = {
+        module: sorted(targets & ATTENTION_KERNELS)
+        for module, targets in graph().items()
+        if module.startswith("runtime.models.") and targets & ATTENTION_KERNELS
+    }
+    assert wrong == {}
+
+
+# `issue 12`, `(issue 4)`, `issue #4`: the tracker's numbering means nothing to a reader
+TRACKER_NUMBER = re.compile(r"\bissues? #?[0-9]+\b", re.IGNORECASE)
+# a comment in the scheduler, which another change is rewriting now
+PENDING_TRACKER_NUMBERS = {"runtime/scheduling/scheduler.py"}
+
+
+def test_no_tracker_numbers_in_code_tests_or_docs():
+    here = Path(__file__).resolve()
+    files = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    for folder in ("grammar", "runtime", "sgl_dsl", "tests", "benchmarks", "scripts", "examples"):
+        files += sorted((REPO / folder).rglob("*.py")) + sorted((REPO / folder).rglob("*.sh"))
+    found = {
+        str(path.relative_to(REPO)): TRACKER_NUMBER.findall(path.read_text(encoding="utf-8"))
+        for path in files
+        if path != here and TRACKER_NUMBER.search(path.read_text(encoding="utf-8"))
+    }
+    assert set(found) <= PENDING_TRACKER_NUMBERS, found
 
 
 def test_long_files_are_only_reported():
