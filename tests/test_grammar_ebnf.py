@@ -191,3 +191,18 @@ def test_forced_text_and_rollback() -> None:
     assert m.forced_text() == ""
     m.rollback(1)
     assert m.forced_text() == '{"name": ['
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('root ::= "a" (= "b")\n', ["lookahead", "line 1"]),
+        ("root ::= " + "(" * 300 + '"a"' + ")" * 300 + "\n", ["nest deeper"]),
+        ('root ::= "a"{20000}\n', ["limit"]),
+    ],
+)
+def test_unsupported_or_oversized_constructs_are_refused_by_name(text: str, words) -> None:
+    with pytest.raises(GrammarError) as err:
+        compile_ebnf(text, deepseek_vocab())
+    for w in words:
+        assert w in str(err.value)

@@ -79,8 +79,9 @@ class Grammar:
     lines: dict[str, int] = field(default_factory=dict)
 
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-.]*")
-_RULE_START = re.compile(r"([A-Za-z_][A-Za-z0-9_\-.]*)[ \t]*::=")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-.]*")
+_RULE_START = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_\-.]*)[ \t]*::=")
+MAX_NESTING = 200  # parenthesis depth
 _SIMPLE_ESCAPES = {
     "n": "\n",
     "t": "\t",
@@ -280,6 +281,10 @@ def _sequence(r: _Reader, nested: int) -> object:
             item = ANY_CHAR
         elif c == "(":
             open_at = r.pos
+            if r.text.startswith("(=", r.pos):
+                raise r.error("lookahead assertions `(= ...)` are not supported")
+            if nested >= MAX_NESTING:
+                raise r.error(f"parentheses nest deeper than {MAX_NESTING}")
             r.pos += 1
             item = _alternation(r, nested + 1)
             if r.peek() != ")":

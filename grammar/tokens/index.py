@@ -27,6 +27,7 @@ from grammar.tokens.shifts import CopyShapes
 from grammar.tokens.vocab import PreparedTokens, TokenVocabulary, csr_take
 
 _DENSE_MIN_ROWS = 4096  # a lockstep walk over fewer rows than this goes on as a sparse one
+_FEW_FIRST = 16  # live first bytes up to which a state's tokens are walked directly in C
 _MAX_LIKE_DEPTH = 2  # a mask borrowed from a state whose own mask is borrowed, at most
 # a state shaped like one whose mask is known (see `shifts`) takes that mask for the tokens of
 # at most D bytes, D the largest of these within both states' copies left; walks the others
@@ -179,6 +180,12 @@ class TokenIndex:
             cur = self._class_row(state)[self._cls(others.columns[0])]
             alive = self._walk_rows(np.arange(cur.shape[0]), cur, 1, others)
             return words, csr_take(others.start, others.rows, alive)
+        if self._trie is not None and np.count_nonzero(self.row(state) != DEAD) <= _FEW_FIRST:
+            # few first bytes live (an object key, a literal): the pruned C walk is cheap,
+            # cheaper than borrowing a neighbour's mask (which may need its own computed)
+            words = np.zeros(self.num_words, dtype=np.uint32)
+            if native.walk(self._trie, self.dfa, state, words):
+                return words.view("<i4"), _NO_ROWS
         like = self._like(state, depth) if depth < _MAX_LIKE_DEPTH else None
         if like is not None:
             return like
