@@ -11,16 +11,10 @@ import jsonschema
 import pytest
 
 import sgl_dsl as sgl
+from benchmarks.structured_output import GBNF, GBNF_AS_REGEX, LARK, TAG_SCHEMA
 from tests._dsl_fixtures import ENGINE_KWARGS, build_tiny_llama
 from tests._server_fixtures import shared_server
-from tests._structured_fixtures import (
-    GBNF,
-    GBNF_AS_REGEX,
-    LARK,
-    TAG_SCHEMA,
-    needs_ebnf,
-    needs_tags,
-)
+from tests._structured_fixtures import needs_ebnf, needs_tags
 
 WHOLE_TAG = {  # XGrammar's shape: the whole output is one tag
     "type": "structural_tag",

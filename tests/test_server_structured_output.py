@@ -8,60 +8,24 @@ an output that does not validate. Outputs cut by max_tokens are checked as prefi
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable
 from typing import Any
 
 import httpx
-import jsonschema
 import openai
 import pytest
-import regex as partial_re
 
+from benchmarks.structured_output import (
+    BIASED_TOKEN,
+    GBNF,
+    NATIVE,
+    REGEX,
+    SCHEMA,
+    V1,
+    matches,
+)
 from tests._runtime_fixtures import smollm_tokenizer
 from tests._server_fixtures import shared_server
-from tests._structured_fixtures import (
-    GBNF,
-    GBNF_AS_REGEX,
-    LARK,
-    TAG_SCHEMA,
-    needs_ebnf,
-    needs_tags,
-)
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 6},
-        "n": {"type": "integer", "minimum": 0, "maximum": 99},
-    },
-    "required": ["name", "n"],
-}
-REGEX = r"(red|blue|green)-[0-9]{2,4}"
-CHOICES = ["alpha", "beta", "gamma"]
-# a tag whose trigger is one token of SmolLM2's vocabulary; a +100 bias on it makes the free
-# text fire it at once, and (the JSON mask forbidding it inside the tag) again after each end
-TRIGGER = "calc"
-SGLANG_TAG = {
-    "structures": [{"begin": "calc(", "schema": TAG_SCHEMA, "end": ")"}],
-    "triggers": [TRIGGER],
-}
-XGRAMMAR_TAG = {
-    "type": "structural_tag",
-    "format": {
-        "type": "triggered_tags",
-        "triggers": [TRIGGER],
-        "tags": [
-            {
-                "type": "tag",
-                "begin": "calc(",
-                "content": {"type": "json_schema", "json_schema": TAG_SCHEMA},
-                "end": ")",
-            }
-        ],
-    },
-}
-TAG_BIAS = {"22966": 100}  # "calc"
+from tests._structured_fixtures import needs_ebnf, needs_tags
 
 
 @pytest.fixture(scope="module")
@@ -79,133 +43,14 @@ def model(client):
     return client.models.list().data[0].id
 
 
-# ---- checkers: (text, finish_reason) -> None, raising when the output breaks the field -----
-def obeys_schema(schema: dict[str, Any]) -> Callable[[str, str], None]:
-    def check(text: str, finish: str) -> None:
-        if finish == "stop":
-            jsonschema.validate(json.loads(text), schema)
-        else:
-            assert text.startswith("{"), text
-
-    return check
-
-
-def is_object(text: str, finish: str) -> None:
-    if finish == "stop":
-        assert isinstance(json.loads(text), dict), text
-    else:
-        assert text.startswith("{"), text
-
-
-def matches(pattern: str) -> Callable[[str, str], None]:
-    def check(text: str, finish: str) -> None:
-        if finish == "stop":
-            assert re.fullmatch(pattern, text), text
-        else:  # cut by max_tokens: a prefix of a match
-            assert partial_re.fullmatch(pattern, text, partial=True), text
-
-    return check
-
-
-def one_of(choices: list[str]) -> Callable[[str, str], None]:
-    def check(text: str, finish: str) -> None:
-        assert text in choices if finish == "stop" else any(c.startswith(text) for c in choices)
-
-    return check
-
-
-def tagged(begin: str, end: str, schema: dict[str, Any]) -> Callable[[str, str], None]:
-    """Free text in which each trigger starts `begin` + a JSON value valid for `schema` +
-    `end`; at least one tag (the bias fires the trigger); only the last may be cut short."""
-
-    def check(text: str, finish: str) -> None:
-        at, tags = 0, 0
-        while (start := text.find(TRIGGER, at)) >= 0:
-            rest = text[start:]
-            try:
-                assert rest.startswith(begin), rest
-                value, stop = json.JSONDecoder().raw_decode(text, start + len(begin))
-                assert text.startswith(end, stop), text[stop:]
-            except (AssertionError, ValueError):
-                if finish == "length" and len(rest) < len(begin) + 12:
-                    break  # the last tag, cut by max_tokens
-                raise
-            jsonschema.validate(value, schema)
-            at, tags = stop + len(end), tags + 1
-        assert tags >= 1, text
-
-    return check
-
-
-TAG_CHECK = tagged("calc(", ")", TAG_SCHEMA)
-
-
 # ---- the request shapes of /v1 -------------------------------------------------------------
-V1_CASES = [
-    pytest.param(
-        {
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "p", "schema": SCHEMA},
-            }
-        },
-        obeys_schema(SCHEMA),
-        id="openai-response_format-json_schema",
-    ),
-    pytest.param({"response_format": {"type": "json_object"}}, is_object, id="openai-json_object"),
-    pytest.param({"guided_json": SCHEMA}, obeys_schema(SCHEMA), id="vllm-guided_json"),
-    pytest.param(
-        {"guided_json": json.dumps(SCHEMA), "guided_decoding_backend": "xgrammar"},
-        obeys_schema(SCHEMA),
-        id="vllm-guided_json-text-with-backend",
-    ),
-    pytest.param({"guided_regex": REGEX}, matches(REGEX), id="vllm-guided_regex"),
-    pytest.param({"guided_choice": CHOICES}, one_of(CHOICES), id="vllm-guided_choice"),
-    pytest.param(
-        {"guided_grammar": GBNF},
-        matches(GBNF_AS_REGEX),
-        id="vllm-guided_grammar",
-        marks=needs_ebnf,
-    ),  # fmt: skip
-    pytest.param({"structured_outputs": {"json": SCHEMA}}, obeys_schema(SCHEMA), id="vllm-so-json"),
-    pytest.param({"structured_outputs": {"regex": REGEX}}, matches(REGEX), id="vllm-so-regex"),
-    pytest.param({"structured_outputs": {"choice": CHOICES}}, one_of(CHOICES), id="vllm-so-choice"),
-    pytest.param(
-        {"structured_outputs": {"grammar": GBNF}},
-        matches(GBNF_AS_REGEX),
-        id="vllm-so-grammar",
-        marks=needs_ebnf,
-    ),  # fmt: skip
-    pytest.param(
-        {"structured_outputs": {"json_object": True, "disable_any_whitespace": True}},
-        is_object,
-        id="vllm-so-json_object",
-    ),
-    pytest.param(
-        {
-            "structured_outputs": {"structural_tag": json.dumps(XGRAMMAR_TAG)},
-            "logit_bias": TAG_BIAS,
-        },
-        TAG_CHECK,
-        id="vllm-so-structural_tag",
-        marks=needs_tags,
-    ),
-    pytest.param(
-        {"response_format": {"type": "structural_tag", **SGLANG_TAG}, "logit_bias": TAG_BIAS},
-        TAG_CHECK,
-        id="sglang-response_format-structural_tag",
-        marks=needs_tags,
-    ),
-    pytest.param(
-        {"response_format": XGRAMMAR_TAG, "logit_bias": TAG_BIAS},
-        TAG_CHECK,
-        id="xgrammar-response_format-structural_tag",
-        marks=needs_tags,
-    ),
-    pytest.param({"regex": REGEX}, matches(REGEX), id="ours-regex"),
-    pytest.param({"json_schema": SCHEMA}, obeys_schema(SCHEMA), id="ours-json_schema"),
-    pytest.param({"ebnf": GBNF}, matches(GBNF_AS_REGEX), id="ours-ebnf", marks=needs_ebnf),
-]
+def _marks(fields: dict[str, Any]) -> list[pytest.MarkDecorator]:
+    text = json.dumps(fields)
+    marks = [needs_ebnf] if json.dumps(GBNF)[1:-1] in text else []
+    return marks + ([needs_tags] if "structural_tag" in text else [])
+
+
+V1_CASES = [pytest.param(f, check, id=name, marks=_marks(f)) for name, f, check in V1]
 
 
 def _split(extra: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -260,8 +105,8 @@ def test_streamed_chat_obeys_vllm_guided_regex(client, model):
 
 # ---- logit_bias ----------------------------------------------------------------------------
 def test_logit_bias_plus_100_makes_the_token_win(client, model, server):
-    ids = _completion_ids(server, {"logit_bias": {"42561": 100}})
-    assert ids == [42561] * 6
+    ids = _completion_ids(server, {"logit_bias": {str(BIASED_TOKEN): 100}})
+    assert ids == [BIASED_TOKEN] * 6
 
 
 def test_logit_bias_minus_100_bans_the_greedy_token(server):
@@ -271,13 +116,13 @@ def test_logit_bias_minus_100_bans_the_greedy_token(server):
 
 
 def test_logit_bias_cannot_lift_a_token_the_grammar_forbids(client, model):
-    # the biased token ("qq") is outside the regex: the mask wins, the output still matches
+    # the biased token is outside the regex: the mask wins, the output still matches
     out = client.completions.create(
         model=model,
         prompt="Colour:",
         max_tokens=24,
         temperature=0,
-        logit_bias={"42561": 100},
+        logit_bias={str(BIASED_TOKEN): 100},
         extra_body={"guided_regex": REGEX},
     )
     matches(REGEX)(out.choices[0].text, out.choices[0].finish_reason)
@@ -414,28 +259,7 @@ def test_a_constraint_kind_missing_from_the_grammar_build_is_a_400_naming_the_fi
 
 
 # ---- /generate (SGLang's native API) -------------------------------------------------------
-NATIVE_CASES = [
-    pytest.param({"json_schema": json.dumps(SCHEMA)}, obeys_schema(SCHEMA), id="json_schema"),
-    pytest.param({"regex": REGEX}, matches(REGEX), id="regex"),
-    pytest.param({"ebnf": GBNF}, matches(GBNF_AS_REGEX), id="ebnf-gbnf", marks=needs_ebnf),
-    pytest.param(
-        {"structural_tag": json.dumps(SGLANG_TAG), "logit_bias": TAG_BIAS},
-        TAG_CHECK,
-        id="structural_tag-sglang",
-        marks=needs_tags,
-    ),
-    pytest.param(
-        {"structural_tag": XGRAMMAR_TAG, "logit_bias": TAG_BIAS},
-        TAG_CHECK,
-        id="structural_tag-xgrammar",
-        marks=needs_tags,
-    ),
-    pytest.param(
-        {"lark": LARK},
-        matches(GBNF_AS_REGEX),
-        id="lark",
-    ),
-]
+NATIVE_CASES = [pytest.param(f, check, id=name, marks=_marks(f)) for name, f, check in NATIVE]
 
 
 @pytest.mark.parametrize(("fields", "check"), NATIVE_CASES)

@@ -175,7 +175,7 @@ class ConstraintHooks:
             elif ebnf is not None:
                 g = grammar.compile_ebnf(ebnf, vocab, root="root")
             elif structural_tag is not None:
-                g = grammar.compile_structural_tag(structural_tag, vocab)
+                g = grammar.compile_structural_tag(structural_tag, vocab, json_schema_mode=mode)
             else:
                 g = grammar.compile_regex(grammar.dtype_to_regex(dtype), vocab)
             return g, vocab, time.perf_counter() - start
