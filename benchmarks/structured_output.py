@@ -42,19 +42,16 @@ CHOICES = ["alpha", "beta", "gamma"]
 GBNF = 'root ::= greeting " " name\ngreeting ::= "hi" | "hello"\nname ::= [A-Z] [a-z]{1,3}\n'
 GBNF_AS_REGEX = r"(hi|hello) [A-Z][a-z]{1,3}"
 LARK = 'start: ("hi" | "hello") " " /[A-Z][a-z]{1,3}/'
-# a tag's content: short, so that tags fit in a few tokens
-TAG_SCHEMA = {
-    "type": "object",
-    "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}},
-    "required": ["x"],
-}
-# the trigger is one token of SmolLM2's vocabulary (id 22966): a +100 bias on it makes free
-# text fire it at once, and (the JSON mask forbidding it inside the tag) again after each end
-TRIGGER = "calc"
-TAG_BIAS = {"22966": 100}
+# a tag's content: short, so that tags fit in a few tokens (a number could run to 17 digits)
+TAG_SCHEMA = {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]}
+# the trigger is one token of SmolLM2's vocabulary (id 4350): a +100 bias on it makes free
+# text fire it at once, and (the JSON mask forbidding it inside the tag) again after each end.
+# No proper prefix of it is also a suffix, so no occurrence can overlap the next.
+TRIGGER = "call"
+TAG_BIAS = {"4350": 100}
 BIASED_TOKEN = 42561  # "qq"
 SGLANG_TAG = {
-    "structures": [{"begin": "calc(", "schema": TAG_SCHEMA, "end": ")"}],
+    "structures": [{"begin": "call(", "schema": TAG_SCHEMA, "end": ")"}],
     "triggers": [TRIGGER],
 }
 XGRAMMAR_TAG = {
@@ -65,7 +62,7 @@ XGRAMMAR_TAG = {
         "tags": [
             {
                 "type": "tag",
-                "begin": "calc(",
+                "begin": "call(",
                 "content": {"type": "json_schema", "json_schema": TAG_SCHEMA},
                 "end": ")",
             }
@@ -132,7 +129,7 @@ def tagged(begin: str, end: str, schema: dict[str, Any], trigger: str = TRIGGER)
     return check
 
 
-TAG_CHECK = tagged("calc(", ")", TAG_SCHEMA)
+TAG_CHECK = tagged("call(", ")", TAG_SCHEMA)
 
 
 # ---- the request shapes --------------------------------------------------------------------

@@ -34,7 +34,7 @@ def _is_whole_tag(text: str) -> None:
 
 @sgl.function
 def greet(s, options):
-    s += "Greeting: " + sgl.gen("out", max_tokens=16, temperature=0, **options)
+    s += "Greeting: " + sgl.gen("out", max_tokens=24, temperature=0, **options)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,9 @@ def test_gen_ebnf_obeys_the_gbnf_grammar(request, backend):
 @needs_tags
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gen_structural_tag_obeys_the_tag(request, backend):
-    options = {"structural_tag": WHOLE_TAG, "max_tokens": 24}
-    state = greet.run(options=options, backend=request.getfixturevalue(backend))
+    state = greet.run(
+        options={"structural_tag": WHOLE_TAG}, backend=request.getfixturevalue(backend)
+    )
     _is_whole_tag(state["out"])
 
 

@@ -121,10 +121,11 @@ def _response_format(body: SamplingFields) -> list[_Given]:
     if fmt.type == "json_object":
         return [_Given("response_format", "json_object", True)]
     if fmt.type == "structural_tag":
-        spec = fmt.model_dump(exclude_none=True, include={"type", "format", "structures"})
-        if fmt.triggers is not None:
-            spec["triggers"] = fmt.triggers
-        if "format" not in spec and "structures" not in spec:
+        if fmt.format is not None:  # XGrammar's shape
+            spec: dict[str, Any] = {"type": "structural_tag", "format": fmt.format}
+        elif fmt.structures is not None:  # SGLang's older shape
+            spec = {"structures": fmt.structures, "triggers": fmt.triggers or []}
+        else:
             msg = "response_format structural_tag needs `format` or `structures` + `triggers`"
             raise APIError(400, msg, param="response_format")
         return [_Given("response_format", "structural_tag", spec)]
