@@ -9,7 +9,8 @@ import json
 import pytest
 
 from runtime.server.chat import ChatRequest, render_prompt, renders_tool_calls
-from runtime.server.tools import CallStream, parse_tool_calls, parse_tools, scan_calls
+from runtime.server.tool_parsers import CallStreamer, JsonCallsParser, get_parser
+from runtime.server.tools import parse_tools
 
 TOOLS = parse_tools(
     [
@@ -22,9 +23,10 @@ ANSWER = '[{"name":"a","arguments":{"x":"}{\\"[","n":[1,{"y":2}]}}, {"name":"b",
 
 @pytest.mark.parametrize("step", [1, 3, 7, len(ANSWER)])
 def test_call_stream_rebuilds_every_call_from_any_split(step):
-    stream, calls = CallStream(), {}
+    stream, calls = CallStreamer(JsonCallsParser()), {}
     for end in range(step, len(ANSWER) + step, step):
-        for d in stream.feed(ANSWER[:end]):
+        for delta in stream.feed(ANSWER[:end], final=end >= len(ANSWER)):
+            (d,) = delta["tool_calls"]
             if "id" in d:
                 assert d["function"]["arguments"] == "" and d["type"] == "function"
                 calls[d["index"]] = [d["function"]["name"], ""]
@@ -36,18 +38,22 @@ def test_call_stream_rebuilds_every_call_from_any_split(step):
     assert json.loads(calls[1][1]) == {}
 
 
-def test_scan_calls_on_partial_and_single_answers():
-    assert scan_calls("") == [] and scan_calls('{"na') == [(None, "")]
-    assert scan_calls('{"name":"a","arguments":{"x":1') == [("a", '{"x":1')]
-    assert scan_calls('{"name":"a","arguments":{}}') == [("a", "{}")]
+def test_scan_on_partial_and_single_answers():
+    def scan(text):
+        return [(c.name, c.arguments) for c in JsonCallsParser().scan(text).calls]
+
+    assert scan("") == [] and scan('{"na') == [(None, "")]
+    assert scan('{"name":"a","arguments":{"x":1') == [("a", '{"x":1')]
+    assert scan('{"name":"a","arguments":{}}') == [("a", "{}")]
 
 
-def test_parse_tool_calls_single_list_and_rejects():
-    (one,) = parse_tool_calls('{"name":"a","arguments":{"x":1}}', TOOLS)
+def test_parse_single_list_and_rejects():
+    parser = get_parser("json")
+    _, (one,) = parser.parse('{"name":"a","arguments":{"x":1}}', TOOLS)
     assert json.loads(one["function"]["arguments"]) == {"x": 1}
-    assert len(parse_tool_calls(ANSWER, TOOLS)) == 2
-    for bad in ('{"name":"c","arguments":{}}', '{"name":"a"}', "[]", "hi", '{"name":"a",'):
-        assert parse_tool_calls(bad, TOOLS) is None
+    assert len(parser.parse(ANSWER, TOOLS)[1]) == 2
+    for bad in ('{"name":"c","arguments":{}}', "[]", "hi", '{"name":"a",'):
+        assert parser.parse(bad, TOOLS) == (bad, [])
 
 
 HISTORY = {

@@ -64,6 +64,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="attention kernels: cpu (the planned fast CPU paths), torch (reference), triton "
         "(GPU kernels); auto picks cpu on a CPU",
     )
+    chat = p.add_argument_group("chat: templates, tool calls, reasoning")
+    chat.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template file used instead of the model folder's",
+    )
+    chat.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="the model's tool-call format: hermes (qwen25), llama3, mistral, deepseekv3, "
+        "pythonic, json (default: chosen from the chat template)",
+    )
+    chat.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="separate a thinking model's <think> reasoning: deepseek-r1, qwen3",
+    )
     pd = p.add_argument_group("prefill-decode disaggregation (behind the gateway's PD mode)")
     pd.add_argument(
         "--disaggregation-mode",
@@ -150,6 +170,14 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def read_chat_template(path: str | None) -> str | None:
+    """The text of `--chat-template FILE` (an OSError names a missing file)."""
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 class GracefulServer(uvicorn.Server):
     """uvicorn's server, but a stop signal first closes admission and is not re-raised at the
     end (uvicorn re-raises it, which would make the exit status 143 instead of 0)."""
@@ -180,11 +208,25 @@ def main(argv: list[str] | None = None) -> int:
         model = args.model or str(ensure_default_model())
         return run_node(model, args.tp_size, args.pp_size, args.ep_size, args.nnodes,
                         args.node_rank, args.dist_init_addr)  # fmt: skip
+    from runtime.server.reasoning import ReasoningParserError, get_reasoning_parser
+    from runtime.server.tool_parsers import ToolParserError, get_parser
+
+    try:
+        if args.tool_call_parser:
+            get_parser(args.tool_call_parser)
+        if args.reasoning_parser:
+            get_reasoning_parser(args.reasoning_parser)
+        template = read_chat_template(args.chat_template)
+    except (ToolParserError, ReasoningParserError, OSError) as exc:
+        logger.error("%s", exc)
+        return 2
     try:
         engine = Engine(model=args.model, **engine_kwargs(args))
     except (EngineError, FileNotFoundError, OSError) as exc:
         logger.error("cannot start the engine: %s", exc)
         return 2
+    if template is not None:
+        engine.tokenizer.chat_template = template
     state = build_state(
         engine,
         model_name=args.served_model_name,
@@ -192,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         max_queue=args.max_queue,
         max_running=args.max_running_requests,
     )
+    state.tool_parser = args.tool_call_parser
+    state.reasoning_parser = args.reasoning_parser
     app = create_app(state)
 
     def stop_admitting() -> None:

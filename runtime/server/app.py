@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from runtime.server import native_api, openai_api
+from runtime.server import native_api, openai_api, tool_routes
 from runtime.server.bridge import EngineBridge
 from runtime.server.errors import APIError, install_error_handlers
 from runtime.server.state import ServerState, get_state
@@ -40,6 +40,8 @@ KNOWN_PATHS = frozenset(
         "/model_info",
         "/get_load",
         "/concate_and_append_request",
+        "/parse_function_call",
+        "/separate_reasoning",
     }
 )
 
@@ -166,6 +168,7 @@ def create_app(state: ServerState) -> FastAPI:
     install_error_handlers(app)
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
+    app.include_router(tool_routes.router)
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:

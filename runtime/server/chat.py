@@ -11,14 +11,23 @@ the `tool_call_id` of a call made before it (400 otherwise).
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
+
+from pydantic import Field, PrivateAttr
 
 from runtime.server.errors import APIError
 from runtime.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from runtime.server.reasoning import get_reasoning_parser
 from runtime.server.structured import check_schema, constraint_field, openai_constraint
+from runtime.server.tool_parsers import JsonCallsParser, ToolParser, get_parser, parser_for_template
+from runtime.server.tool_plan import AnswerPlan, AnswerSpec, ReasoningSpec, tool_answer_spec
 from runtime.server.tools import (
     auto_tool_regex,
+    calls_text,
     check_tool_schemas,
     forced_tools,
     parse_tool_choice,
@@ -32,14 +41,22 @@ JsonSchemaMode = Literal["strict", "exact"]
 
 class ChatRequest(ChatCompletionRequest):
     """A chat request as the endpoint reads it: `tools` / `tool_choice` are checked by
-    `tools.py` (a malformed one is a 400 naming the field), plus `json_schema_mode`."""
+    `tools.py` (a malformed one is a 400 naming the field), plus `json_schema_mode` and the
+    reasoning fields (SGLang's `separate_reasoning`, a reasoning budget under SGLang's or
+    vLLM's name)."""
 
     tools: list[Any] | None = None  # type: ignore[assignment]
     tool_choice: Any = None
     # "strict" (objects emit only their declared properties) or "exact"; None: the server's
     json_schema_mode: JsonSchemaMode | None = None
+    separate_reasoning: bool = True
+    max_reasoning_tokens: int | None = Field(default=None, ge=0)
+    thinking_token_budget: int | None = Field(default=None, ge=0)
+    _raw_tools: list[Any] | None = PrivateAttr(default=None)
 
     def prepare(self) -> None:
+        if isinstance(self.tools, list) and all(isinstance(t, dict) for t in self.tools):
+            self._raw_tools = self.tools
         self.tools = parse_tools(self.tools)
         self.tool_choice = parse_tool_choice(self.tool_choice, self.tools)
         check_messages(self.messages)
@@ -51,6 +68,25 @@ class ChatRequest(ChatCompletionRequest):
     @property
     def tool_mode(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def tools_for_template(self) -> list[dict[str, Any]]:
+        """The tools as the client sent them (what `apply_chat_template` is given)."""
+        if self._raw_tools is not None:
+            return self._raw_tools
+        return [t.model_dump(mode="json", exclude_none=True) for t in self.tools or []]
+
+    @property
+    def reasoning_budget(self) -> int | None:
+        if self.max_reasoning_tokens is not None:
+            return self.max_reasoning_tokens
+        return self.thinking_token_budget
+
+    @property
+    def thinking(self) -> bool:
+        """False when `chat_template_kwargs` turn thinking off (`enable_thinking` / `thinking`)."""
+        kw = self.chat_template_kwargs or {}
+        return kw.get("enable_thinking", True) is not False and kw.get("thinking") is not False
 
 
 class CompletionsRequest(CompletionRequest):
@@ -92,7 +128,19 @@ def _text_of(message: ChatMessage, index: int) -> str:
     return "".join(parts)
 
 
-def _template_messages(request: ChatRequest, native: bool) -> list[dict[str, Any]]:
+def _history_arguments(arguments: str | dict[str, Any], as_text: bool) -> Any:
+    value = _arguments(arguments)
+    if as_text:
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return value
+
+
+def _template_messages(
+    request: ChatRequest, native: str | None, parser: ToolParser, tools_in_template: bool
+) -> list[dict[str, Any]]:
+    """The messages as the template reads them. `native`: how the template takes assistant
+    `tool_calls` ("object" or "string" arguments; None: it cannot, they are written as text
+    in the parser's format and tool results as user turns)."""
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # tool_call_id -> function name
     for i, m in enumerate(request.messages):
@@ -109,17 +157,16 @@ def _template_messages(request: ChatRequest, native: bool) -> list[dict[str, Any
                         "type": "function",
                         "function": {
                             "name": c.function.name,
-                            "arguments": _arguments(c.function.arguments),
+                            "arguments": _history_arguments(
+                                c.function.arguments, native == "string"
+                            ),
                         },
                     }
                     for c in m.tool_calls
                 ]
             else:
-                calls = [
-                    {"name": c.function.name, "arguments": _arguments(c.function.arguments)}
-                    for c in m.tool_calls
-                ]
-                shown = json.dumps(calls[0] if len(calls) == 1 else calls)
+                calls = [(c.function.name, _arguments(c.function.arguments)) for c in m.tool_calls]
+                shown = calls_text(parser, calls)
                 entry["content"] = f"{text}\n{shown}" if text else shown
         if m.role == "tool":
             name = m.name or names.get(m.tool_call_id or "", "tool")
@@ -128,8 +175,8 @@ def _template_messages(request: ChatRequest, native: bool) -> list[dict[str, Any
             else:
                 entry = {"role": "user", "content": f"Tool result ({name}): {text}"}
         out.append(entry)
-    if request.tool_mode:
-        tools_text = tools_system_text(request.tools, request.parallel)
+    if request.tool_mode and not tools_in_template:
+        tools_text = tools_system_text(request.tools, request.parallel, parser)
         if out[0]["role"] == "system":
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{tools_text}"}
         else:
@@ -137,14 +184,25 @@ def _template_messages(request: ChatRequest, native: bool) -> list[dict[str, Any
     return out
 
 
-_NATIVE: dict[str, bool] = {}
+_NATIVE: dict[str, str | None] = {}
+_TOOLS: dict[str, bool] = {}
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe_fn_x",
+        "description": "d",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+    },
+}
 
 
-def renders_tool_calls(tokenizer: Any) -> bool:
-    """Whether the chat template writes assistant `tool_calls` itself (probed once)."""
+def renders_tool_calls(tokenizer: Any) -> str | None:
+    """How the chat template writes assistant `tool_calls` (probed once per template):
+    "object" (it serialises the arguments itself), "string" (it prints them as given), or
+    None (it does not write them)."""
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str) or "tool_calls" not in template:
-        return False
+        return None
     if template not in _NATIVE:
         probe = [
             {"role": "user", "content": "u"},
@@ -163,10 +221,31 @@ def renders_tool_calls(tokenizer: Any) -> bool:
         ]
         try:
             text = tokenizer.apply_chat_template(probe, tokenize=False)
-            _NATIVE[template] = "probe_fn_x" in text and "r9" in text
         except Exception:
-            _NATIVE[template] = False
+            text = ""
+        if "probe_fn_x" not in text or "r9" not in text:
+            _NATIVE[template] = None
+        elif "{'a': 1}" in text:
+            _NATIVE[template] = "string"  # a dict printed as Python: it wants JSON text
+        else:
+            _NATIVE[template] = "object"
     return _NATIVE[template]
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the chat template describes `tools` itself (probed once per template)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or "tools" not in template:
+        return False
+    if template not in _TOOLS:
+        try:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": "u"}], tools=[_PROBE_TOOL], tokenize=False
+            )
+            _TOOLS[template] = "probe_fn_x" in text
+        except Exception:
+            _TOOLS[template] = False
+    return _TOOLS[template]
 
 
 def _arguments(arguments: str | dict[str, Any]) -> Any:
@@ -178,18 +257,27 @@ def _arguments(arguments: str | dict[str, Any]) -> Any:
         return arguments
 
 
-def render_prompt(tokenizer: Any, request: ChatRequest) -> str:
-    """The prompt text for a chat request, ending where the assistant's answer begins."""
-    messages = _template_messages(request, renders_tool_calls(tokenizer))
+def template_kwargs(request: ChatRequest) -> dict[str, Any]:
+    return dict(request.chat_template_kwargs or {})
+
+
+def render_prompt(tokenizer: Any, request: ChatRequest, parser: ToolParser | None = None) -> str:
+    """The prompt text for a chat request, ending where the assistant's answer begins:
+    `apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+    **chat_template_kwargs)` when the template renders tools, else the messages with our
+    tools text as a system turn."""
+    parser = parser or JsonCallsParser()
+    in_template = request.tool_mode and renders_tools(tokenizer)
+    messages = _template_messages(request, renders_tool_calls(tokenizer), parser, in_template)
     if not getattr(tokenizer, "chat_template", None):
         lines = [f"{m['role'].capitalize()}: {m['content']}\n" for m in messages]
         return "".join(lines) + "Assistant: "
+    kwargs = template_kwargs(request)
+    if in_template:
+        kwargs["tools"] = request.tools_for_template
     try:
         return tokenizer.apply_chat_template(
-            messages,
-            tokenize=False,
-            add_generation_prompt=True,
-            **(request.chat_template_kwargs or {}),
+            messages, tokenize=False, add_generation_prompt=True, **kwargs
         )
     except Exception as exc:  # the template's own checks (role order, ...)
         msg = f"chat template rejected the messages: {exc}"
@@ -241,3 +329,81 @@ def chat_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
             return fmt  # a format the regex path cannot say (recursive): the format alone
     regex = auto_tool_regex(request.tools, request.parallel, mode, other)
     return {"regex": regex} if regex else fmt
+
+
+@dataclass(slots=True)
+class ChatSetup:
+    """How one chat request is prompted, constrained and read back."""
+
+    prompt: str
+    parser: ToolParser
+    constraint: dict[str, Any]  # the engine constraint when the answer is one phase
+    plan: Callable[[], AnswerPlan] | None  # else: a fresh plan of phases per choice
+    reasoning: ReasoningSpec | None  # the reasoning to separate from the answer, if any
+    buffer: bool  # tool calls and the response_format look alike: streamed whole at the end
+
+
+def tool_parser_for(tokenizer: Any, name: str | None) -> ToolParser:
+    """The server's `--tool-call-parser`, else the one the chat template's format asks for."""
+    return get_parser(name or parser_for_template(getattr(tokenizer, "chat_template", None)))
+
+
+def prepare_chat(
+    tokenizer: Any, request: ChatRequest, mode: str, tool_parser: str | None,
+    reasoning_parser: str | None,
+) -> ChatSetup:  # fmt: skip
+    """The prompt, the constraint or plan of phases, and the parsers of a chat request."""
+    parser = tool_parser_for(tokenizer, tool_parser)
+    prompt = render_prompt(tokenizer, request, parser)
+    spec = answer_spec(request, mode, parser)
+    reasoning = None
+    if reasoning_parser is not None and request.thinking:
+        rp = get_reasoning_parser(reasoning_parser)
+        reasoning = ReasoningSpec(rp, rp.opens_in_prompt(prompt, True), request.reasoning_budget)
+    needs_phase = reasoning is not None and (
+        spec.constraint or spec.triggered or reasoning.budget is not None
+    )
+    plan = None
+    if needs_phase or spec.triggered is not None:
+        phase_reasoning = reasoning if needs_phase else None
+        plan = functools.partial(AnswerPlan, phase_reasoning, spec)
+    buffer = request.tool_mode and parser.trigger is None and has_output_format(request)
+    separate = reasoning if request.separate_reasoning else None
+    return ChatSetup(prompt, parser, spec.constraint, plan, separate, bool(buffer))
+
+
+def answer_spec(request: ChatRequest, mode: str, parser: ToolParser) -> AnswerSpec:
+    """The constraint of the answer (after any reasoning) in `parser`'s format."""
+    if parser.name == "json" or not request.tool_mode:
+        return AnswerSpec(chat_constraint(request, mode))
+    check_tool_schemas(request.tools, mode, check_schema)
+    other = None
+    if request.tool_choice == "auto" and has_output_format(request):
+        other = _format_regex(request, response_format_constraint(request, mode), mode)
+    return tool_answer_spec(
+        parser, request.tools, request.tool_choice, request.parallel, mode, other
+    )
+
+
+def _format_regex(request: ChatRequest, fmt: dict[str, Any], mode: str) -> str:
+    """The response_format as a regex, to stand beside the calls (auto with tools)."""
+    from grammar import GrammarError, choices_to_regex, json_schema_to_regex
+    from grammar.json_schema.schema import load_schema
+    from grammar.json_schema.strict import apply_mode
+
+    field = constraint_field(request)
+    if "regex" in fmt:
+        return fmt["regex"]
+    if "choices" in fmt:
+        return choices_to_regex(fmt["choices"])
+    if "json_schema" in fmt:
+        try:
+            return json_schema_to_regex(apply_mode(load_schema(fmt["json_schema"]), mode))
+        except GrammarError as exc:
+            msg = f"{field} cannot be combined with tools here: {exc}"
+            raise APIError(400, msg, param=field, code="unsupported_schema_keyword") from exc
+    raise APIError(
+        400,
+        f'{field} cannot be combined with tools here; send tool_choice "none" or drop the tools',
+        param=field,
+    )

@@ -21,6 +21,7 @@ from fastapi.responses import StreamingResponse
 from runtime.scheduling.request import GenerateResult, StreamChunk, Usage
 from runtime.server.bridge import EngineBridge, EngineStream
 from runtime.server.errors import APIError, from_exception
+from runtime.server.phases import PhasedStream
 
 DISCONNECT_POLL_S = 0.25
 
@@ -33,10 +34,15 @@ class Job:
     stop_regex: tuple[re.Pattern[str], ...] = ()
     # the request field that gave the constraint (`guided_json`, ...), for errors naming it
     constraint_field: str | None = None
+    # a fresh `phases.Plan` per call: the answer runs as phases (tool calls, reasoning)
+    plan: Callable[[], Any] | None = None
 
 
 def open_job(bridge: EngineBridge, job: Job) -> Any:
-    stream = bridge.open(job.prompt_ids, job.kwargs)
+    if job.plan is not None:
+        stream: Any = PhasedStream(bridge, job.prompt_ids, job.kwargs, job.plan())
+    else:
+        stream = bridge.open(job.prompt_ids, job.kwargs)
     if job.constraint_field is not None:
         stream.constraint_field = job.constraint_field
     return RegexStopStream(stream, job.stop_regex) if job.stop_regex else stream

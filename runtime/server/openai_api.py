@@ -12,13 +12,8 @@ from fastapi import APIRouter, Request
 from runtime.scheduling.request import GenerateResult
 from runtime.server import responses as R
 from runtime.server.bridge import Admission
-from runtime.server.chat import (
-    ChatRequest,
-    CompletionsRequest,
-    chat_constraint,
-    has_output_format,
-    render_prompt,
-)
+from runtime.server.chat import ChatRequest, CompletionsRequest, prepare_chat
+from runtime.server.chat_answer import ChatAnswer
 from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, Job, SSEResponse, collect, sse, sse_error
 from runtime.server.protocol import BootstrapFields, SamplingFields
@@ -54,7 +49,11 @@ def sampling_kwargs(body: SamplingFields, max_new_tokens: int, vocab_size: int) 
 
 
 def _jobs(
-    prompt_ids: list[int], kwargs: dict[str, Any], body: SamplingFields, field: str | None
+    prompt_ids: list[int],
+    kwargs: dict[str, Any],
+    body: SamplingFields,
+    field: str | None,
+    plan: Any = None,
 ) -> list[Job]:
     # n samples with one seed would be n copies: give each choice its own seed
     seed = body.seed
@@ -63,6 +62,7 @@ def _jobs(
             prompt_ids,
             {**kwargs, "seed": None if seed is None else seed + i},
             constraint_field=field,
+            plan=plan,
         )
         for i in range(body.n)
     ]
@@ -104,22 +104,24 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     body.prepare()
     mode = json_schema_mode(state, body.json_schema_mode)
     bridge = state.bridge
-    prompt = render_prompt(state.tokenizer, body)
-    prompt_ids = await bridge.encode(prompt)
+    setup = await anyio.to_thread.run_sync(
+        prepare_chat, state.tokenizer, body, mode, state.tool_parser, state.reasoning_parser
+    )
+    prompt_ids = await bridge.encode(setup.prompt)
     bridge.check_length(prompt_ids, "messages")
-    constraint = await anyio.to_thread.run_sync(chat_constraint, body, mode)
     forced = forced_tools(body.tools, body.tool_choice) is not None
     requested = (
         body.max_completion_tokens if body.max_completion_tokens is not None else (body.max_tokens)
     )
     max_new = bridge.clamp_max_tokens(len(prompt_ids), requested)
     kwargs = sampling_kwargs(body, max_new, state.engine.config.vocab_size)
-    kwargs.update(constraint)
+    if setup.plan is None:
+        kwargs.update(setup.constraint)
     if body.logprobs or body.top_logprobs:
         kwargs.update(logprobs=True, top_logprobs=body.top_logprobs)
-    field = "tools" if forced else constraint_field(body)
-    jobs = with_room(_jobs(prompt_ids, kwargs, body, field), body)
-    chat = R.ChatAnswer(state, body, forced, buffer=not forced and has_output_format(body))
+    field = "tools" if forced or (body.tool_mode and setup.plan) else constraint_field(body)
+    jobs = with_room(_jobs(prompt_ids, kwargs, body, field, setup.plan), body)
+    chat = ChatAnswer(state, body, setup)
     admission = bridge.acquire(len(jobs))
     if body.stream:
         try:

@@ -1,21 +1,15 @@
-"""OpenAI response objects (completions, chat completions, their stream chunks) as dicts;
-`ChatAnswer` builds a chat completion or its stream, tool calls included."""
+"""OpenAI response objects (completions, chat completions, their stream chunks) as dicts
+(`chat_answer.py` builds a chat completion or its stream from them)."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runtime.scheduling.request import GenerateResult
-from runtime.server.errors import APIError
-from runtime.server.generation import ChoiceStreams, sse, sse_error
+from runtime.server.generation import sse
 from runtime.server.state import ServerState, token_counts
-from runtime.server.tools import CallStream, parse_tool_calls
-
-if TYPE_CHECKING:
-    from runtime.server.chat import ChatRequest
 
 
 def new_id(prefix: str) -> str:
@@ -170,131 +164,3 @@ def with_usage(event: dict[str, Any], results: list[Any], body: Any) -> dict:
     if not body.include_usage_chunk() and all(r is not None for r in results):
         event["usage"] = usage_of(results, body.n)
     return event
-
-
-class _ChoiceStream:
-    """One streamed choice of a tool-mode answer: "calls" (streamed as tool_calls deltas),
-    "text" (as content), or "buffer" (undecidable until the end: sent whole)."""
-
-    def __init__(self, kind: str | None) -> None:
-        self.kind = kind  # None: decided by the first character
-        self.text = ""
-        self.sent = 0
-        self.calls = CallStream()
-
-
-class ChatAnswer:
-    """Builds a chat completion (or its chunks) from engine results."""
-
-    def __init__(self, state: ServerState, body: ChatRequest, forced: bool, buffer: bool) -> None:
-        self.state = state
-        self.body = body
-        self.tool_mode = body.tool_mode
-        self.forced = forced
-        self.buffer = buffer  # auto with a response_format: calls and objects look alike
-        self.rid = new_id("chatcmpl")
-        self.created = now()
-
-    def _message(self, result: GenerateResult) -> tuple[dict[str, Any], str]:
-        reason = finish_reason(result)
-        calls = None
-        if self.tool_mode and reason == "stop":
-            calls = parse_tool_calls(result.text, self.body.tools or [])
-        if calls:
-            return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
-        return {"role": "assistant", "content": result.text}, reason
-
-    def response(self, results: list[GenerateResult]) -> dict[str, Any]:
-        self.state.record_usage(results, self.body.n)
-        choices = []
-        for i, result in enumerate(results):
-            message, reason = self._message(result)
-            lp = chat_logprobs(self.state.tokenizer, result, self.body.top_logprobs)
-            choices.append(
-                {"index": i, "message": message, "logprobs": lp, "finish_reason": reason}
-            )
-        return {
-            "id": self.rid,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.state.model_name,
-            "choices": choices,
-            "usage": usage_of(results, self.body.n),
-        }
-
-    def _kind(self) -> str | None:
-        if not self.tool_mode:
-            return "text"
-        if self.forced:
-            return "calls"
-        return "buffer" if self.buffer else None
-
-    def _decide(self, st: _ChoiceStream) -> None:
-        if st.kind is None and st.text:
-            calls_start = "{[" if self.body.parallel else "{"
-            st.kind = "calls" if st.text[0] in calls_start else "text"
-
-    def _deltas(self, st: _ChoiceStream, delta: str) -> list[dict[str, Any]]:
-        st.text += delta
-        self._decide(st)
-        if st.kind == "calls":
-            return [{"tool_calls": [d]} for d in st.calls.feed(st.text)]
-        if st.kind == "text" and len(st.text) > st.sent:
-            piece, st.sent = st.text[st.sent :], len(st.text)
-            return [{"content": piece}]
-        return []
-
-    def _last(self, st: _ChoiceStream, result: GenerateResult) -> tuple[list[dict], str]:
-        """The deltas left at a choice's end, and its finish_reason."""
-        reason = finish_reason(result)
-        if st.kind is None:
-            st.text = result.text
-            self._decide(st)
-        if st.kind == "calls":
-            out = [{"tool_calls": [d]} for d in st.calls.feed(result.text)]
-            ok = reason == "stop" and parse_tool_calls(result.text, self.body.tools or [])
-            return out, "tool_calls" if ok else reason
-        if st.kind == "buffer":
-            message, reason = self._message(result)
-            if message.get("tool_calls"):
-                calls = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
-                return [{"tool_calls": calls}], reason
-            return ([{"content": result.text}] if result.text else []), reason
-        rest = result.text[st.sent :] if len(result.text) >= st.sent else ""
-        return ([{"content": rest}] if rest else []), reason
-
-    async def events(self, streams: ChoiceStreams, release: Any) -> AsyncIterator[str]:
-        model, rid, created = self.state.model_name, self.rid, self.created
-        n = self.body.n
-        results: list[GenerateResult | None] = [None] * n
-        states = [_ChoiceStream(self._kind()) for _ in range(n)]
-        started = time.perf_counter()
-        try:
-            for i in range(n):
-                yield sse(chat_chunk(rid, model, created, i, {"role": "assistant", "content": ""}))
-            async for index, chunk in streams:
-                st = states[index]
-                if not chunk.finished:
-                    for delta in self._deltas(st, chunk.text_delta):
-                        yield sse(chat_chunk(rid, model, created, index, delta))
-                    continue
-                result = results[index] = chunk.result
-                deltas, reason = self._last(st, result)
-                for delta in deltas:
-                    yield sse(chat_chunk(rid, model, created, index, delta))
-                lp = chat_logprobs(self.state.tokenizer, result, self.body.top_logprobs)
-                event = chat_chunk(rid, model, created, index, {}, reason, lp)
-                yield sse(with_usage(event, results, self.body))
-            head = (rid, model, created)
-            for line in closing_events(self.state, results, n, self.body, head,
-                                       "chat.completion.chunk"):  # fmt: skip
-                yield line
-        except APIError as exc:
-            yield sse_error(exc)
-            yield sse("[DONE]")
-        finally:
-            if streams.cancelled or any(r is None for r in results):
-                self.state.metrics.client_aborts += 1
-            streams.close()
-            release()
-            self.state.metrics.record_stream_end(time.perf_counter() - started)

@@ -18,6 +18,8 @@ class ServerState:
     model_name: str
     api_key: str | None = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    tool_parser: str | None = None  # --tool-call-parser (None: chosen from the chat template)
+    reasoning_parser: str | None = None  # --reasoning-parser
 
     @property
     def engine(self) -> Any:

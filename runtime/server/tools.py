@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import uuid
 from typing import Any
 
 from pydantic import ValidationError
@@ -41,10 +40,6 @@ _CALL = (
 )
 _PARALLEL = " To call several at once, reply with a JSON list of such objects."
 _OTHERWISE = " Otherwise reply in plain text."
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 # ---- checking the request --------------------------------------------------------------------
@@ -123,14 +118,31 @@ def check_tool_schemas(tools: list[Tool], mode: str, check: Any) -> None:
 
 
 # ---- describing and constraining --------------------------------------------------------------
-def tools_system_text(tools: list[Tool], parallel: bool = True) -> str:
+def tools_system_text(tools: list[Tool], parallel: bool = True, parser: Any = None) -> str:
+    """Our description of the tools, for templates that cannot render them: the call format
+    is ours (`json`) or, with another parser, that parser's, shown by an example."""
     lines = [_HEADER]
     for tool in tools:
         f = tool.function
         entry = {"name": f.name, "description": f.description or "", "parameters": f.parameters}
         lines.append(json.dumps(entry))
-    lines += ["", _CALL + (_PARALLEL if parallel else "") + _OTHERWISE]
+    if parser is None or parser.name == "json":
+        lines += ["", _CALL + (_PARALLEL if parallel else "") + _OTHERWISE]
+    else:
+        example = parser.render([("<tool name>", {"<argument>": "<value>"})])
+        lines += ["", f"When a tool can answer the user's request, call it by replying:\n{example}"]
+        if parallel:
+            lines.append("Several calls may follow one another.")
+        lines.append(_OTHERWISE.strip())
     return "\n".join(lines)
+
+
+def calls_text(parser: Any, calls: list[tuple[str, Any]]) -> str:
+    """An assistant turn's calls as text, for templates that cannot render `tool_calls`."""
+    if parser.name == "json":
+        objs = [{"name": n, "arguments": a} for n, a in calls]
+        return json.dumps(objs[0] if len(objs) == 1 else objs)
+    return parser.render(calls)
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:
@@ -176,151 +188,3 @@ def _auto_tool_regex(key: str, parallel: bool, mode: str, other: str | None) -> 
         return None
     text = r"[^{\[][\s\S]*" if parallel else r"[^{][\s\S]*"
     return f"({calls})|({other if other is not None else text})"
-
-
-# ---- reading calls back -----------------------------------------------------------------------
-def parse_tool_calls(text: str, tools: list[Tool]) -> list[dict[str, Any]] | None:
-    """The OpenAI `tool_calls` entries of `text` if it is a call (or a list of calls) to
-    `tools`, else None."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    values = value if isinstance(value, list) and value else [value]
-    names = {t.function.name for t in tools}
-    calls = []
-    for v in values:
-        if not isinstance(v, dict) or set(v) != {"name", "arguments"}:
-            return None
-        if v["name"] not in names or not isinstance(v["arguments"], dict):
-            return None
-        calls.append(
-            {
-                "id": new_call_id(),
-                "type": "function",
-                "function": {"name": v["name"], "arguments": json.dumps(v["arguments"])},
-            }
-        )
-    return calls
-
-
-def _ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i
-
-
-def _string_end(text: str, i: int) -> int | None:
-    """The index after the JSON string starting at text[i] == '"', None if unfinished."""
-    i += 1
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == '"':
-            return i + 1
-        i += 1
-    return None
-
-
-def _value_end(text: str, i: int) -> int | None:
-    """The index after the JSON value starting at text[i], None if unfinished."""
-    if i >= len(text):
-        return None
-    if text[i] == '"':
-        return _string_end(text, i)
-    if text[i] not in "{[":
-        j = i
-        while j < len(text) and text[j] not in ",}] \t\r\n":
-            j += 1
-        return j if j < len(text) else None
-    depth, j = 0, i
-    while j < len(text):
-        c = text[j]
-        if c == '"':
-            end = _string_end(text, j)
-            if end is None:
-                return None
-            j = end
-            continue
-        if c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return j + 1
-        j += 1
-    return None
-
-
-def scan_calls(text: str) -> list[tuple[str | None, str]]:
-    """The calls of a (partial) answer, as (name or None, the arguments' JSON text so far)."""
-    out: list[tuple[str | None, str]] = []
-    i = _ws(text, 0)
-    if i < len(text) and text[i] == "[":
-        i += 1
-    while True:
-        i = _ws(text, i)
-        while i < len(text) and text[i] in ",":
-            i = _ws(text, i + 1)
-        if i >= len(text) or text[i] != "{":
-            return out
-        name, args, i = _scan_call(text, i + 1)
-        out.append((name, args))
-        if i is None:
-            return out
-
-
-def _scan_call(text: str, i: int) -> tuple[str | None, str, int | None]:
-    name: str | None = None
-    args = ""
-    while True:
-        i = _ws(text, i)
-        if i < len(text) and text[i] == ",":
-            i = _ws(text, i + 1)
-        if i >= len(text):
-            return name, args, None
-        if text[i] == "}":
-            return name, args, i + 1
-        end = _string_end(text, i) if text[i] == '"' else None
-        if end is None:
-            return name, args, None
-        key = json.loads(text[i:end])
-        i = _ws(text, end)
-        if i >= len(text) or text[i] != ":":
-            return name, args, None
-        i = _ws(text, i + 1)
-        stop = _value_end(text, i)
-        if key == "arguments":
-            args = text[i : stop if stop is not None else len(text)]
-        elif key == "name" and stop is not None:
-            value = json.loads(text[i:stop])
-            name = value if isinstance(value, str) else None
-        if stop is None:
-            return name, args, None
-        i = stop
-
-
-class CallStream:
-    """Turns a growing answer into OpenAI's streamed `tool_calls` deltas: a call's first delta
-    carries its index, id, type and name (arguments ""), later ones pieces of its arguments."""
-
-    def __init__(self) -> None:
-        self.ids: list[str] = []
-        self.sent: list[int] = []
-
-    def feed(self, text: str) -> list[dict[str, Any]]:
-        deltas: list[dict[str, Any]] = []
-        for k, (name, args) in enumerate(scan_calls(text)):
-            if k >= len(self.ids):
-                if name is None:
-                    break
-                self.ids.append(new_call_id())
-                self.sent.append(0)
-                fn = {"name": name, "arguments": ""}
-                deltas.append({"index": k, "id": self.ids[k], "type": "function", "function": fn})
-            if len(args) > self.sent[k]:
-                deltas.append({"index": k, "function": {"arguments": args[self.sent[k] :]}})
-                self.sent[k] = len(args)
-        return deltas

@@ -1,0 +1,633 @@
+r"""Tool-call parsers: a model family's call format read back into OpenAI `tool_calls`.
+
+One parser per format, chosen with `--tool-call-parser NAME` or from the chat template
+(`parser_for_template`):
+
+- `hermes` (aliases `qwen25`, `qwen`): `<tool_call>\n{"name": f, "arguments": {...}}\n</tool_call>`,
+  one block per call, text around them;
+- `llama3` (`llama3_json`, `llama32`): `{"name": f, "parameters": {...}}`, optionally after
+  `<|python_tag|>`, calls joined by `; `, as the whole answer;
+- `mistral`: `[TOOL_CALLS] [{"name": f, "arguments": {...}}, ...]` after any text;
+- `deepseekv3` (`deepseek_v3`): after `<｜tool▁calls▁begin｜>`, per call
+  `<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{...}\n```<｜tool▁call▁end｜>`,
+  then `<｜tool▁calls▁end｜>`;
+- `pythonic` (`llama4`): `[f(a=1), g(b="x")]` as the whole answer (Python literals; JSON's
+  `true` / `false` / `null` read too);
+- `json`: ours, `{"name": f, "arguments": {...}}` or a list of them, as the whole answer.
+
+`scan(text)` reads a finished or partial answer into its content and its calls so far (a call
+may have no name yet, or arguments that are still growing); `parse(text, tools)` keeps only
+finished calls to declared tools whose arguments are JSON objects, and returns the whole text
+as content when the calls do not parse. `CallStreamer` turns the growing text into OpenAI
+stream deltas: content pieces (holding back a tail that may open a call), then per call its
+name once and its argument text as it is decoded.
+
+Each format also says how a call is constrained (`trigger`, `call_regex`, `block_regex`): the
+strict-call planner in `tool_plan.py` builds its constraints from them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+PYTHON_TAG = "<|python_tag|>"
+DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+DS_CALLS_END = "<｜tool▁calls▁end｜>"
+DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
+DS_CALL_END = "<｜tool▁call▁end｜>"
+DS_SEP = "<｜tool▁sep｜>"
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class ToolParserError(ValueError):
+    """An unknown parser name."""
+
+
+@dataclass(slots=True)
+class CallPiece:
+    """One call of a (partial) answer: its name once known, its arguments' JSON text so far."""
+
+    name: str | None
+    arguments: str = ""
+    done: bool = False
+
+
+@dataclass(slots=True)
+class Scan:
+    """A (partial) answer read: its content (text outside calls, minus a held-back tail that
+    may still open a call) and its calls so far. `ok` is False when a call is malformed."""
+
+    content: str
+    calls: list[CallPiece] = field(default_factory=list)
+    ok: bool = True
+
+
+# ---- JSON scanning --------------------------------------------------------------------------
+def _ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _string_end(text: str, i: int) -> int | None:
+    """The index after the JSON (or Python) string starting at text[i], None if unfinished."""
+    quote = text[i]
+    i += 1
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == quote:
+            return i + 1
+        i += 1
+    return None
+
+
+def value_end(text: str, i: int, stops: str = ",}] \t\r\n") -> int | None:
+    """The index after the JSON value starting at text[i], None if unfinished."""
+    if i >= len(text):
+        return None
+    if text[i] in "\"'":
+        return _string_end(text, i)
+    if text[i] not in "{[(":
+        j = i
+        while j < len(text) and text[j] not in stops:
+            j += 1
+        return j if j < len(text) else None
+    depth, j = 0, i
+    while j < len(text):
+        c = text[j]
+        if c in "\"'":
+            end = _string_end(text, j)
+            if end is None:
+                return None
+            j = end
+            continue
+        if c in "{[(":
+            depth += 1
+        elif c in "}])":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    return None
+
+
+def scan_json_call(text: str, i: int, args_keys: tuple[str, ...]) -> tuple[CallPiece, int | None]:
+    """The call object whose "{" is at text[i - 1]: its name and arguments so far, and the
+    index after its "}" (None while unfinished)."""
+    piece = CallPiece(None)
+    while True:
+        i = _ws(text, i)
+        if i < len(text) and text[i] == ",":
+            i = _ws(text, i + 1)
+        if i >= len(text):
+            return piece, None
+        if text[i] == "}":
+            piece.done = True
+            return piece, i + 1
+        end = _string_end(text, i) if text[i] == '"' else None
+        if end is None:
+            return piece, None
+        key = json.loads(text[i:end])
+        i = _ws(text, end)
+        if i >= len(text) or text[i] != ":":
+            return piece, None
+        i = _ws(text, i + 1)
+        stop = value_end(text, i)
+        if key in args_keys:
+            piece.arguments = text[i : stop if stop is not None else len(text)]
+        elif key == "name" and stop is not None:
+            value = json.loads(text[i:stop])
+            piece.name = value if isinstance(value, str) else None
+        if stop is None:
+            return piece, None
+        i = stop
+
+
+def _held_back(text: str, markers: tuple[str, ...]) -> int:
+    """How many trailing characters of `text` may be the start of one of `markers`."""
+    best = 0
+    for m in markers:
+        for k in range(min(len(m) - 1, len(text)), 0, -1):
+            if text.endswith(m[:k]):
+                best = max(best, k)
+                break
+    return best
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _json_string(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _name_alternatives(names: list[str]) -> str:
+    return "(?:" + "|".join(re.escape(_json_string(n)) for n in names) + ")"
+
+
+# ---- the formats ----------------------------------------------------------------------------
+class ToolParser:
+    """A call format. Subclasses read it (`scan`) and say how it is constrained."""
+
+    name = ""
+    # the text that opens a call (None: calls are the whole answer, recognised by its start)
+    trigger: str | None = None
+    # the answer's first characters that make it a call block (whole-answer formats)
+    openers: tuple[str, ...] = ()
+    # after its trigger a block holds all the calls (mistral, deepseekv3): nothing follows it
+    one_block = False
+
+    def scan(self, text: str, final: bool = False) -> Scan:
+        raise NotImplementedError
+
+    def parse(self, text: str, tools: list[Any]) -> tuple[str | None, list[dict[str, Any]]]:
+        """(content, OpenAI tool_calls) of a finished answer; malformed or unknown calls
+        leave the whole text as content."""
+        names = {t.function.name for t in tools}
+        s = self.scan(text, final=True)
+        if not s.calls or not s.ok:
+            return text, []
+        calls = []
+        for c in s.calls:
+            try:
+                args = json.loads(c.arguments) if c.arguments.strip() else {}
+            except ValueError:
+                return text, []
+            if not c.done or c.name not in names or not isinstance(args, dict):
+                return text, []
+            fn = {"name": c.name, "arguments": json.dumps(args, ensure_ascii=False)}
+            calls.append({"id": new_call_id(), "type": "function", "function": fn})
+        content = s.content.strip()
+        return (content or None), calls
+
+    def render(self, calls: list[tuple[str, Any]]) -> str:
+        """`calls` ((name, arguments) pairs) written in this format."""
+        raise NotImplementedError
+
+    # ---- constraints ----
+    def call_regex(self, name: str, args: str) -> str:
+        """A regex of one call to `name` whose arguments match the regex `args`, with the
+        format's own opening and closing text."""
+        raise NotImplementedError
+
+    def block_regex(self, calls: list[str], parallel: bool) -> str:
+        """A regex of the call block made of calls each matching one of `calls`."""
+        one = "(?:" + "|".join(calls) + ")"
+        return one
+
+
+class HermesParser(ToolParser):
+    name = "hermes"
+    trigger = "<tool_call>"
+    end = "</tool_call>"
+
+    def scan(self, text: str, final: bool = False) -> Scan:
+        out = Scan("")
+        i = 0
+        while True:
+            at = text.find(self.trigger, i)
+            if at == -1:
+                rest = text[i:]
+                keep = 0 if final else _held_back(rest, (self.trigger,))
+                out.content += rest[: len(rest) - keep]
+                return out
+            out.content += text[i:at]
+            j = _ws(text, at + len(self.trigger))
+            if j >= len(text):
+                out.calls.append(CallPiece(None))
+                return out
+            if text[j] != "{":
+                out.ok = False
+                out.calls.append(CallPiece(None))
+                return out
+            piece, k = scan_json_call(text, j + 1, ("arguments", "parameters"))
+            out.calls.append(piece)
+            if k is None:
+                piece.done = False
+                return out
+            k = _ws(text, k)
+            if text.startswith(self.end, k):
+                i = k + len(self.end)
+            elif self.end.startswith(text[k:]):  # the closing tag still coming (or cut off)
+                piece.done = final
+                return out
+            else:
+                i = k
+            piece.done = True
+
+    def render(self, calls: list[tuple[str, Any]]) -> str:
+        return "\n".join(
+            f"{self.trigger}\n{_dumps({'name': n, 'arguments': a})}\n{self.end}" for n, a in calls
+        )
+
+    def call_regex(self, name: str, args: str) -> str:
+        head = re.escape('{"name": ' + _json_string(name) + ', "arguments": ')
+        return f"{re.escape(self.trigger)}\\n{head}{args}\\}}\\n{re.escape(self.end)}"
+
+
+class JsonCallsParser(ToolParser):
+    """Calls as JSON objects making up the whole answer (our format; Llama 3's)."""
+
+    name = "json"
+    openers = ("{", "[")
+    args_keys: tuple[str, ...] = ("arguments", "parameters")
+    separators = ","
+    prefix = ""
+
+    def scan(self, text: str, final: bool = False) -> Scan:
+        i = _ws(text, 0)
+        if self.prefix and text.startswith(self.prefix, i):
+            i = _ws(text, i + len(self.prefix))
+        elif self.prefix and self.prefix.startswith(text[i:]) and not final and i < len(text):
+            return Scan("")
+        if i >= len(text):
+            return Scan("" if not final else text)
+        if text[i] not in self.openers:
+            return Scan(text)
+        out = Scan("")
+        listed = text[i] == "["
+        if listed:
+            i += 1
+        while True:
+            i = _ws(text, i)
+            while i < len(text) and text[i] in self.separators:
+                i = _ws(text, i + 1)
+            if i >= len(text):
+                return out
+            if text[i] != "{":
+                if not (listed and text[i] == "]"):
+                    out.ok = False
+                return out
+            piece, i = scan_json_call(text, i + 1, self.args_keys)
+            out.calls.append(piece)
+            if i is None:
+                return out
+
+    def render(self, calls: list[tuple[str, Any]]) -> str:
+        objs = [{"name": n, "arguments": a} for n, a in calls]
+        return json.dumps(objs[0] if len(objs) == 1 else objs, ensure_ascii=False)
+
+    def call_regex(self, name: str, args: str) -> str:
+        head = re.escape('{"name": ' + _json_string(name) + ', "arguments": ')
+        return f"{head}{args}\\}}"
+
+    def block_regex(self, calls: list[str], parallel: bool) -> str:
+        one = "(?:" + "|".join(calls) + ")"
+        return f"{one}|\\[{one}(?:, {one})*\\]" if parallel else one
+
+
+class Llama3Parser(JsonCallsParser):
+    name = "llama3"
+    openers = ("{",)
+    separators = ";"
+    prefix = PYTHON_TAG
+
+    def render(self, calls: list[tuple[str, Any]]) -> str:
+        return "; ".join(_dumps({"name": n, "parameters": a}) for n, a in calls)
+
+    def call_regex(self, name: str, args: str) -> str:
+        head = re.escape('{"name": ' + _json_string(name) + ', "parameters": ')
+        return f"{head}{args}\\}}"
+
+    def block_regex(self, calls: list[str], parallel: bool) -> str:
+        one = "(?:" + "|".join(calls) + ")"
+        return f"{one}(?:; {one})*" if parallel else one
+
+
+class MistralParser(ToolParser):
+    name = "mistral"
+    trigger = "[TOOL_CALLS]"
+    one_block = True
+
+    def scan(self, text: str, final: bool = False) -> Scan:
+        at = text.find(self.trigger)
+        if at == -1:
+            keep = 0 if final else _held_back(text, (self.trigger,))
+            return Scan(text[: len(text) - keep])
+        inner = JsonCallsParser().scan(text[at + len(self.trigger) :], final)
+        inner.content = text[:at]
+        return inner
+
+    def render(self, calls: list[tuple[str, Any]]) -> str:
+        return f"{self.trigger} " + _dumps([{"name": n, "arguments": a} for n, a in calls])
+
+    def call_regex(self, name: str, args: str) -> str:
+        head = re.escape('{"name": ' + _json_string(name) + ', "arguments": ')
+        return f"{head}{args}\\}}"
+
+    def block_regex(self, calls: list[str], parallel: bool) -> str:
+        one = "(?:" + "|".join(calls) + ")"
+        many = f"{one}(?:, {one})*" if parallel else one
+        return f"{re.escape(self.trigger)} ?\\[{many}\\]"
+
+
+class DeepSeekV3Parser(ToolParser):
+    name = "deepseekv3"
+    trigger = DS_CALLS_BEGIN
+    one_block = True
+
+    def scan(self, text: str, final: bool = False) -> Scan:
+        at = text.find(self.trigger)
+        if at == -1:
+            keep = 0 if final else _held_back(text, (self.trigger,))
+            return Scan(text[: len(text) - keep])
+        out = Scan(text[:at])
+        i = at + len(self.trigger)
+        while True:
+            i = _ws(text, i)
+            if text.startswith(DS_CALLS_END, i):
+                rest = text[i + len(DS_CALLS_END) :]
+                out.content += rest
+                return out
+            if not text.startswith(DS_CALL_BEGIN, i):
+                if not (DS_CALL_BEGIN.startswith(text[i:]) or DS_CALLS_END.startswith(text[i:])):
+                    out.ok = False
+                return out
+            i += len(DS_CALL_BEGIN)
+            piece = CallPiece(None)
+            out.calls.append(piece)
+            sep = text.find(DS_SEP, i)
+            if sep == -1:
+                return out
+            nl = text.find("\n", sep)
+            if nl == -1:
+                return out
+            piece.name = text[sep + len(DS_SEP) : nl].strip()
+            fence = "```json\n"
+            j = nl + 1
+            if not text.startswith(fence, j):
+                if not fence.startswith(text[j:]):
+                    out.ok = False
+                return out
+            j += len(fence)
+            stop = value_end(text, _ws(text, j))
+            piece.arguments = text[j : stop if stop is not None else len(text)].strip()
+            if stop is None:
+                return out
+            close = text.find(DS_CALL_END, stop)
+            if close == -1:
+                return out
+            piece.done = True
+            i = close + len(DS_CALL_END)
+
+    def render(self, calls: list[tuple[str, Any]]) -> str:
+        body = "\n".join(
+            f"{DS_CALL_BEGIN}function{DS_SEP}{n}\n```json\n{_dumps(a)}\n```{DS_CALL_END}"
+            for n, a in calls
+        )
+        return f"{self.trigger}{body}{DS_CALLS_END}"
+
+    def call_regex(self, name: str, args: str) -> str:
+        head = f"{DS_CALL_BEGIN}function{DS_SEP}{name}\n```json\n"
+        return f"{re.escape(head)}{args}\\n```{re.escape(DS_CALL_END)}"
+
+    def block_regex(self, calls: list[str], parallel: bool) -> str:
+        one = "(?:" + "|".join(calls) + ")"
+        many = f"{one}(?:\\n{one})*" if parallel else one
+        return f"{re.escape(self.trigger)}{many}{re.escape(DS_CALLS_END)}"
+
+
+_PY_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False,
+             "None": None}  # fmt: skip
+
+
+def python_literal(text: str) -> Any:
+    """A Python literal (JSON's true / false / null read too) as a value."""
+
+    def convert(node: ast.AST) -> Any:
+        if isinstance(node, ast.Name) and node.id in _PY_NAMES:
+            return _PY_NAMES[node.id]
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.List | ast.Tuple):
+            return [convert(e) for e in node.elts]
+        if isinstance(node, ast.Dict):
+            return {convert(k): convert(v) for k, v in zip(node.keys, node.values, strict=True)}
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            value = convert(node.operand)
+            return -value if isinstance(node.op, ast.USub) else value
+        raise ValueError(f"not a literal: {ast.dump(node)}")
+
+    return convert(ast.parse(text.strip(), mode="eval").body)
+
+
+_IDENT = re.compile(r"[A-Za-z_][\w.\-]*")
+
+
+class PythonicParser(ToolParser):
+    name = "pythonic"
+    openers = ("[",)
+
+    def scan(self, text: str, final: bool = False) -> Scan:
+        i = _ws(text, 0)
+        if i >= len(text):
+            return Scan("" if not final else text)
+        if text[i] != "[":
+            return Scan(text)
+        out = Scan("")
+        i += 1
+        while True:
+            i = _ws(text, i)
+            while i < len(text) and text[i] == ",":
+                i = _ws(text, i + 1)
+            if i >= len(text) or text[i] == "]":
+                return out
+            m = _IDENT.match(text, i)
+            if m is None:
+                out.ok = False
+                return out
+            if m.end() >= len(text):
+                return out  # the name may still grow
+            if text[m.end()] != "(":
+                out.ok = False
+                return out
+            piece = CallPiece(m.group(0))
+            out.calls.append(piece)
+            i = self._scan_kwargs(text, m.end() + 1, piece, out)
+            if i is None:
+                return out
+
+    def _scan_kwargs(self, text: str, i: int, piece: CallPiece, out: Scan) -> int | None:
+        parts: list[str] = []
+        piece.arguments = "{"
+        while True:
+            i = _ws(text, i)
+            if i < len(text) and text[i] == ",":
+                i = _ws(text, i + 1)
+            if i >= len(text):
+                return None
+            if text[i] == ")":
+                piece.arguments = "{" + ", ".join(parts) + "}"
+                piece.done = True
+                return i + 1
+            m = _IDENT.match(text, i)
+            eq = _ws(text, m.end()) if m else len(text)
+            if m is None or eq >= len(text) or text[eq] != "=":
+                if m is None or eq < len(text):
+                    out.ok = False
+                return None
+            start = _ws(text, eq + 1)
+            stop = value_end(text, start, ",) \t\r\n")
+            if stop is None:
+                return None
+            try:
+                value = python_literal(text[start:stop])
+            except (ValueError, SyntaxError):
+                out.ok = False
+                return None
+            parts.append(f"{_json_string(m.group(0))}: {json.dumps(value, ensure_ascii=False)}")
+            piece.arguments = "{" + ", ".join(parts)
+            i = stop
+
+    def render(self, calls: list[tuple[str, Any]]) -> str:
+        def kwargs(a: Any) -> str:
+            items = a.items() if isinstance(a, dict) else []
+            return ", ".join(f"{k}={_dumps(v)}" for k, v in items)
+
+        return "[" + ", ".join(f"{n}({kwargs(a)})" for n, a in calls) + "]"
+
+    def call_regex(self, name: str, args: str) -> str:
+        return f"{re.escape(name)}\\({args}\\)"
+
+    def block_regex(self, calls: list[str], parallel: bool) -> str:
+        one = "(?:" + "|".join(calls) + ")"
+        many = f"{one}(?:, {one})*" if parallel else one
+        return f"\\[{many}\\]"
+
+
+PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": HermesParser,
+    "llama3": Llama3Parser,
+    "mistral": MistralParser,
+    "deepseekv3": DeepSeekV3Parser,
+    "pythonic": PythonicParser,
+    "json": JsonCallsParser,
+}
+ALIASES = {
+    "qwen25": "hermes",
+    "qwen": "hermes",
+    "qwen3": "hermes",
+    "llama3_json": "llama3",
+    "llama32": "llama3",
+    "llama4": "pythonic",
+    "deepseek_v3": "deepseekv3",
+}
+
+
+def get_parser(name: str) -> ToolParser:
+    key = ALIASES.get(name, name)
+    if key not in PARSERS:
+        known = sorted([*PARSERS, *ALIASES])
+        raise ToolParserError(f"unknown tool-call parser {name!r}; known: {', '.join(known)}")
+    return PARSERS[key]()
+
+
+def parser_names() -> list[str]:
+    return sorted([*PARSERS, *ALIASES])
+
+
+def parser_for_template(template: str | None) -> str:
+    """The parser a chat template's tool format asks for (its call markers, looked up in
+    this order); `json` (our system text) when the template shows no known format."""
+    if not template:
+        return "json"
+    if "<tool_call>" in template:
+        return "hermes"
+    if "tool▁calls▁begin" in template:
+        return "deepseekv3"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if PYTHON_TAG in template or ('"parameters"' in template and "ipython" in template):
+        return "llama3"
+    if "func_name1(" in template or "[func_name(" in template:
+        return "pythonic"
+    return "json"
+
+
+class CallStreamer:
+    """OpenAI stream deltas of a growing answer: content pieces, and per call (in order, with
+    its own `index`) a first delta with id, type and name, then pieces of its arguments."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        self.parser = parser
+        self.ids: list[str] = []
+        self.sent_args: list[int] = []
+        self.sent_content = 0
+
+    def feed(self, text: str, final: bool = False) -> list[dict[str, Any]]:
+        s = self.parser.scan(text, final)
+        deltas: list[dict[str, Any]] = []
+        if len(s.content) > self.sent_content and s.content.strip():
+            deltas.append({"content": s.content[self.sent_content :]})
+            self.sent_content = len(s.content)
+        calls: list[dict[str, Any]] = []
+        for k, c in enumerate(s.calls):
+            if k >= len(self.ids):
+                if c.name is None:
+                    break
+                self.ids.append(new_call_id())
+                self.sent_args.append(0)
+                fn = {"name": c.name, "arguments": ""}
+                calls.append({"index": k, "id": self.ids[k], "type": "function", "function": fn})
+            if len(c.arguments) > self.sent_args[k]:
+                piece = c.arguments[self.sent_args[k] :]
+                calls.append({"index": k, "function": {"arguments": piece}})
+                self.sent_args[k] = len(c.arguments)
+        deltas.extend({"tool_calls": [d]} for d in calls)
+        return deltas
+
+    @property
+    def started_calls(self) -> bool:
+        return bool(self.ids)
