@@ -1,15 +1,22 @@
-"""Tool calls through the OpenAI API on the default model: strict generation vs exact JSON Schema.
+"""Tool calls and reasoning through the OpenAI API on the default model, in each model family's
+call format.
 
-Run: .venv/bin/python -m benchmarks.tools [--model PATH] [--url URL (a running server)]
-     [--concurrency 8] [--max-tokens 128]
+Run: .venv/bin/python -m benchmarks.tools [--model PATH] [--formats hermes,llama3,...]
+     [--questions 8] [--concurrency 8] [--max-tokens 128]
 
-32 chat requests (8 questions for each of 4 tools whose parameter schemas are written as
-LangChain writes them: properties, descriptions, required, no additionalProperties), each sent
-with tool_choice "required" (forced) and "auto", under `json_schema_mode` "strict" (the
-server's default: objects emit only their declared properties) and "exact" (the schema's own
-language, where any extra key is allowed). Per configuration: the share of responses with a
-valid call (a known tool, arguments that validate against its schema), the share of calls
-carrying undeclared arguments, mean completion tokens, and the wall time of the 32 requests.
+For each tool-call format (`json`: the model's own template with our tools text; `hermes`,
+`llama3`, `mistral`, `deepseekv3`, `pythonic`: a server started with that family's template
+from `examples/chat_templates/` over the default model's weights and `--tool-call-parser`),
+`tool_choice` auto / required / named, and strict on / off (the tools' own `strict` flag:
+off relaxes a call's arguments to any JSON object, the name stays constrained): `--questions`
+chat requests (spread over 4 tools whose parameter schemas are written as LangChain writes
+them). Per row: how many answers opened a call (tool_calls, or the format's call opening left
+in the content), the share of those that parse and validate (a known tool, arguments valid
+against its schema), the share with undeclared arguments, completion tokens per call, the wall
+time, and the share of prompts whose token count equals the template's own rendering of the
+messages with the tools. A reasoning row: a `<think>`-opening template served with
+`--reasoning-parser deepseek-r1`, `response_format` json_schema, without and with a reasoning
+budget: the share of answers whose content validates after the reasoning.
 Greedy decoding with `--repetition-penalty` (1.05 by default, every row alike): a 135M model at
 temperature 0 can repeat a phrase inside a string argument until max_tokens.
 """
@@ -19,13 +26,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
 import time
-from types import SimpleNamespace
+from pathlib import Path
 
 import httpx
 import jsonschema
 
-from benchmarks.server import start_server
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO / "examples" / "chat_templates"
+FORMATS = ("json", "hermes", "llama3", "mistral", "deepseekv3", "pythonic")
+TEMPLATE_OF = {"llama3": "llama3_json"}
+# what shows a call was opened when it did not parse (left in the content)
+OPENINGS = {
+    "json": ("{", "["),
+    "hermes": ("<tool_call>",),
+    "llama3": ("{", "<|python_tag|>"),
+    "mistral": ("[TOOL_CALLS]",),
+    "deepseekv3": ("<｜tool▁calls▁begin｜>",),
+    "pythonic": ("[",),
+}
 
 
 def _tool(name: str, description: str, props: dict, required: list[str]) -> dict:
@@ -101,116 +125,246 @@ QUESTIONS = [
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
-def judge(message: dict) -> tuple[bool, bool]:
-    """(a valid call, a call with undeclared arguments) for one response message."""
+def judge(message: dict, fmt: str) -> tuple[bool, bool, bool, int]:
+    """(a call was opened, every call is valid, a call has undeclared arguments, calls)."""
     calls = message.get("tool_calls") or []
+    content = (message.get("content") or "").lstrip()
     if not calls:
-        return False, False
+        whole = fmt in ("json", "llama3", "pythonic")  # calls are the whole answer
+        opened = any(content.startswith(o) if whole else o in content for o in OPENINGS[fmt])
+        return opened, False, False, 0
     valid, extra = True, False
     for c in calls:
         schema = SCHEMAS.get(c["function"]["name"])
         try:
             args = json.loads(c["function"]["arguments"])
             jsonschema.validate(args, schema)
-        except (TypeError, ValueError, jsonschema.ValidationError):
+        except (TypeError, ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
             valid = False
             continue
         extra = extra or bool(set(args) - set(schema["properties"]))
-    return valid, extra
+    return True, valid, extra, len(calls)
 
 
-async def run_config(url: str, model: str, mode: str, choice: str, args) -> dict:
+def _tools(strict: bool) -> list[dict]:
+    return [{**t, "function": {**t["function"], "strict": strict}} for t in TOOLS]
+
+
+def _choice(kind: str, question_index: int) -> str | dict:
+    if kind != "named":
+        return kind
+    name = TOOLS[question_index * len(TOOLS) // len(QUESTIONS)]["function"]["name"]
+    return {"type": "function", "function": {"name": name}}
+
+
+def _questions(n: int) -> list[tuple[int, str]]:
+    """`n` questions spread evenly over the tools."""
+    step = max(1, len(QUESTIONS) // n)
+    return [(i, QUESTIONS[i]) for i in range(0, len(QUESTIONS), step)][:n]
+
+
+async def run_row(srv: dict, fmt: str, kind: str, strict: bool, args) -> dict:
     sem = asyncio.Semaphore(args.concurrency)
-    rows: list[tuple[bool, bool, int]] = []
+    rows: list[tuple[bool, bool, bool, int, int, bool]] = []
+    tools = _tools(strict)
 
-    async def one(http: httpx.AsyncClient, question: str) -> None:
+    async def one(http: httpx.AsyncClient, i: int, question: str) -> None:
+        messages = [{"role": "user", "content": question}]
         body = {
-            "model": model,
-            "messages": [{"role": "user", "content": question}],
-            "tools": TOOLS,
-            "tool_choice": choice,
+            "model": srv["model"],
+            "messages": messages,
+            "tools": tools,
+            "tool_choice": _choice(kind, i),
             "max_tokens": args.max_tokens,
             "temperature": 0,
             "repetition_penalty": args.repetition_penalty,
-            "json_schema_mode": mode,
         }
         async with sem:
-            r = await http.post(f"{url}/v1/chat/completions", json=body)
+            r = await http.post(f"{srv['url']}/v1/chat/completions", json=body)
         r.raise_for_status()
         out = r.json()
-        valid, extra = judge(out["choices"][0]["message"])
-        rows.append((valid, extra, out["usage"]["completion_tokens"]))
+        opened, valid, extra, n = judge(out["choices"][0]["message"], fmt)
+        same = out["usage"]["prompt_tokens"] == srv["prompt_tokens"](messages, tools)
+        rows.append((opened, valid, extra, n, out["usage"]["completion_tokens"], same))
 
     started = time.perf_counter()
-    async with httpx.AsyncClient(timeout=600) as http:
-        await asyncio.gather(*(one(http, q) for q in QUESTIONS))
+    async with httpx.AsyncClient(timeout=900) as http:
+        await asyncio.gather(*(one(http, i, q) for i, q in _questions(args.questions)))
     wall = time.perf_counter() - started
-    n = len(rows)
+    opened = [r for r in rows if r[0]]
+    calls = sum(r[3] for r in rows)
     return {
-        "mode": mode,
-        "tool_choice": choice,
-        "valid": sum(r[0] for r in rows) / n,
-        "extra": sum(r[1] for r in rows) / n,
-        "tokens": sum(r[2] for r in rows) / n,
+        "format": fmt,
+        "tool_choice": kind,
+        "strict": "on" if strict else "off",
+        "answers": len(rows),
+        "opened": len(opened),
+        "valid": sum(r[1] for r in opened) / len(opened) if opened else float("nan"),
+        "extra": sum(r[2] for r in opened) / len(opened) if opened else float("nan"),
+        "tokens_per_call": sum(r[4] for r in rows) / calls if calls else float("nan"),
         "wall": wall,
+        "prompt_same": sum(r[5] for r in rows) / len(rows),
     }
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "answer": {"type": "string",
+                   "maxLength": 60}},
+    "required": ["city", "answer"],
+}  # fmt: skip
+
+
+async def run_reasoning(srv: dict, budget: int | None, args) -> dict:
+    sem = asyncio.Semaphore(args.concurrency)
+    rows: list[tuple[bool, bool]] = []
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+
+    async def one(http: httpx.AsyncClient, question: str) -> None:
+        body = {"model": srv["model"], "messages": [{"role": "user", "content": question}],
+                "response_format": fmt, "max_tokens": args.max_tokens + (budget or 0),
+                "temperature": 0, "repetition_penalty": args.repetition_penalty}  # fmt: skip
+        if budget is not None:
+            body["max_reasoning_tokens"] = budget
+        async with sem:
+            r = await http.post(f"{srv['url']}/v1/chat/completions", json=body)
+        r.raise_for_status()
+        message = r.json()["choices"][0]["message"]
+        try:
+            jsonschema.validate(json.loads(message.get("content") or ""), ANSWER)
+            ok = True
+        except (ValueError, jsonschema.ValidationError):
+            ok = False
+        rows.append((ok, "</think>" not in (message.get("content") or "")))
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=900) as http:
+        await asyncio.gather(*(one(http, q) for _, q in _questions(args.questions)))
+    return {
+        "budget": budget,
+        "answers": len(rows),
+        "valid": sum(r[0] for r in rows) / len(rows),
+        "apart": sum(r[1] for r in rows) / len(rows),
+        "wall": time.perf_counter() - started,
+    }
+
+
+def start(model: str, flags: list[str], args) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "runtime.server", "--port", str(port), "--model", model,
+           "--log-level", "warning", *flags]  # fmt: skip
+    if args.num_threads:
+        cmd += ["--num-threads", str(args.num_threads)]
+    log = tempfile.NamedTemporaryFile(prefix="bench-tools-", suffix=".log", delete=False)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"server exited: {Path(log.name).read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    sys.exit("server did not start")
+
+
+def _prompt_counter(model: str, template: str | None):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    if template is not None:
+        tok.chat_template = template
+
+    def count(messages: list[dict], tools: list[dict]) -> int:
+        if template is None:  # our own tools text: the server's rendering is the reference
+            return -1
+        text = tok.apply_chat_template(messages, tools=tools, tokenize=False,
+                                       add_generation_prompt=True)  # fmt: skip
+        return len(tok(text).input_ids)
+
+    return count
+
+
+def serve(model: str, fmt: str, args, flags: list[str] | None = None):
+    template = None
+    flags = list(flags or [])
+    if fmt != "json":
+        path = TEMPLATES / f"{TEMPLATE_OF.get(fmt, fmt)}.jinja"
+        template = path.read_text()
+        flags += ["--chat-template", str(path)]
+        if fmt != "think":
+            flags += ["--tool-call-parser", fmt]
+    proc, url = start(model, flags, args)
+    name = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    return proc, {"url": url, "model": name, "prompt_tokens": _prompt_counter(model, template)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)
-    p.add_argument("--url", default=None, help="a running server (else one is started)")
+    p.add_argument("--formats", default=",".join(FORMATS))
+    p.add_argument("--questions", type=int, default=8, help="requests per row")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--repetition-penalty", type=float, default=1.05)
+    p.add_argument("--no-reasoning", action="store_true")
     args = p.parse_args()
-    proc = None
-    if args.url is None:
-        ns = SimpleNamespace(model=args.model, num_threads=args.num_threads, max_queue=256,
-                             max_running=64, url=None)  # fmt: skip
-        proc = start_server(ns)
-        args.url = ns.url
-    try:
-        model = httpx.get(f"{args.url}/v1/models", timeout=30).json()["data"][0]["id"]
-        # warm-up: compile each configuration's constraint once, outside the timings
-        asyncio.run(_warm(args.url, model))
-        results = [
-            asyncio.run(run_config(args.url, model, mode, choice, args))
-            for choice in ("required", "auto")
-            for mode in ("strict", "exact")
-        ]
-    finally:
-        if proc is not None:
+    from runtime.default_model import ensure_default_model
+
+    model = args.model or str(ensure_default_model())
+    results, reasoning = [], []
+    for fmt in args.formats.split(","):
+        proc, srv = serve(model, fmt, args)
+        try:
+            for kind in ("auto", "required", "named"):
+                for strict in (True, False):
+                    results.append(asyncio.run(run_row(srv, fmt, kind, strict, args)))
+                    print(results[-1], flush=True)
+        finally:
             proc.terminate()
             proc.wait(60)
+    if not args.no_reasoning:
+        proc, srv = serve(model, "think", args, ["--reasoning-parser", "deepseek-r1"])
+        try:
+            for budget in (None, 32):
+                reasoning.append(asyncio.run(run_reasoning(srv, budget, args)))
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    report(results, reasoning, args)
+
+
+def report(results: list[dict], reasoning: list[dict], args) -> None:
+    print(f"\n{args.questions} requests per row, {len(TOOLS)} tools, greedy, repetition_penalty "
+          f"{args.repetition_penalty}, max_tokens {args.max_tokens}\n")  # fmt: skip
     print(
-        f"\n{len(QUESTIONS)} requests per row, {len(TOOLS)} tools, model {model}, greedy, "
-        f"repetition_penalty {args.repetition_penalty}, max_tokens {args.max_tokens}\n"
+        "| format | tool_choice | strict | answers that opened a call | opened calls valid "
+        "| with undeclared args | completion tokens per call | wall s | prompt = template |"
     )
-    print("| tool_choice | json_schema_mode | valid calls | calls with undeclared args "
-          "| mean completion tokens | wall s |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
+        same = "n/a (our text)" if r["format"] == "json" else f"{r['prompt_same']:.0%}"
+        head = f"| {r['format']} | {r['tool_choice']} | {r['strict']} "
+        print(f"{head}| {r['opened']}/{r['answers']} | {r['valid']:.0%} | {r['extra']:.0%} "
+              f"| {r['tokens_per_call']:.1f} | {r['wall']:.1f} | {same} |")  # fmt: skip
+    if reasoning:
         print(
-            f"| {r['tool_choice']} | {r['mode']} | {r['valid']:.0%} | {r['extra']:.0%} "
-            f"| {r['tokens']:.1f} | {r['wall']:.1f} |"
+            "\n| reasoning (deepseek-r1 format, response_format) | answers | content validates "
+            "| no </think> in content | wall s |"
         )
-
-
-async def _warm(url: str, model: str) -> None:
-    async with httpx.AsyncClient(timeout=600) as http:
-        for mode in ("strict", "exact"):
-            for choice in ("required", "auto"):
-                body = {
-                    "model": model,
-                    "messages": [{"role": "user", "content": "hi"}],
-                    "tools": TOOLS,
-                    "tool_choice": choice,
-                    "max_tokens": 4,
-                    "json_schema_mode": mode,
-                }
-                (await http.post(f"{url}/v1/chat/completions", json=body)).raise_for_status()
+        print("|---|---|---|---|---|")
+        for r in reasoning:
+            label = "no budget" if r["budget"] is None else f"max_reasoning_tokens {r['budget']}"
+            print(f"| {label} | {r['answers']} | {r['valid']:.0%} | {r['apart']:.0%} "
+                  f"| {r['wall']:.1f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

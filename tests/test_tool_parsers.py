@@ -68,7 +68,6 @@ CASES = [
 ]  # fmt: skip
 
 MALFORMED = [
-    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os'),
     ("hermes", '<tool_call>\n{"name": "launch_rocket", "arguments": {}}\n</tool_call>'),
     ("hermes", "<tool_call>\nnot json\n</tool_call>"),
     ("llama3", '{"name": "get_time", "parameters": [1, 2]}'),
@@ -134,6 +133,17 @@ def test_streamed_in_every_split_gives_the_same_answer(case):
 def test_malformed_calls_leave_the_text_as_content(name, text):
     content, calls = get_parser(name).parse(text, TOOLS)
     assert calls == [] and content == text
+
+
+@pytest.mark.parametrize("name", ["hermes", "mistral", "deepseekv3", "pythonic", "json"])
+def test_a_last_call_cut_short_is_dropped_and_the_others_kept(name):
+    parser = get_parser(name)
+    text = parser.render([("get_time", T), ("get_weather", W)])
+    cut = text[: text.rindex("Oslo")]
+    content, calls = parser.parse(cut, TOOLS)
+    assert [c["function"]["name"] for c in calls] == ["get_time"]
+    assert parser.cut_in_a_call(cut) and not parser.cut_in_a_call(text)
+    assert not any(tag in (content or "") for tag in ("<tool_call>", "[TOOL_CALLS]", DS_B))
 
 
 def test_parser_chosen_from_the_template_markers():

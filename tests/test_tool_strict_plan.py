@@ -57,34 +57,66 @@ BAD = [
 PARSERS = ["hermes", "llama3", "mistral", "deepseekv3", "pythonic", "json"]
 
 
-def _full_regex(name: str, choice, parallel: bool = True) -> str:
+@pytest.fixture(scope="module")
+def walk():
+    """`walk(constraint, text)`: whether the constraint, compiled over SmolLM2's vocabulary,
+    takes the tokens of `text` one by one and accepts at the end."""
+    from grammar import compile_regex, compile_structural_tag
+    from grammar.tokens.vocab import TokenVocabulary
+    from tests._runtime_fixtures import smollm_tokenizer
+
+    tok = smollm_tokenizer()
+    vocab = TokenVocabulary.from_tokenizer(tok)
+
+    def run(constraint: dict, text: str) -> bool:
+        if "regex" in constraint:
+            g = compile_regex(constraint["regex"], vocab)
+        else:
+            g = compile_structural_tag(constraint["structural_tag"], vocab)
+        m = g.matcher()
+        for t in tok(text, add_special_tokens=False).input_ids:
+            if not m.is_allowed(t):
+                return False
+            m.advance(t)
+        return m.is_accepting()
+
+    return run
+
+
+def _spec(name: str, choice, parallel: bool = True) -> dict:
     parser = get_parser(name)
-    spec = tool_answer_spec(parser, TOOLS, choice, parallel, "strict", None)
-    if spec.triggered is None:
-        return spec.constraint["regex"]
-    t = spec.triggered
-    return t.forced_first or re.escape(parser.trigger) + t.after_trigger
+    return tool_answer_spec(parser, TOOLS, choice, parallel, "strict", None).constraint
+
+
+def _text(name: str, calls) -> str:
+    return get_parser(name).render(calls)
 
 
 @pytest.mark.parametrize("name", [p for p in PARSERS if p != "json"])
-def test_required_regex_accepts_valid_calls_and_refuses_invalid(name):
-    parser = get_parser(name)
-    regex = _full_regex(name, "required")
-    one_call_formats = name == "hermes"  # each hermes call is its own triggered region
-    calls = GOOD[:1] if one_call_formats else GOOD
-    assert re.fullmatch(regex, parser.render(calls)), parser.render(calls)
+def test_required_accepts_valid_calls_and_refuses_invalid(walk, name):
+    constraint = _spec(name, "required")
+    assert walk(constraint, _text(name, GOOD)), _text(name, GOOD)
     for bad in BAD:
-        assert not re.fullmatch(regex, parser.render(bad)), parser.render(bad)
+        assert not walk(constraint, _text(name, bad)), _text(name, bad)
 
 
-@pytest.mark.parametrize("name", ["llama3", "mistral", "deepseekv3", "pythonic"])
-def test_parallel_false_and_named_allow_one_call(name):
-    parser = get_parser(name)
-    assert re.fullmatch(_full_regex(name, "required", parallel=False), parser.render(GOOD[:1]))
-    assert not re.fullmatch(_full_regex(name, "required", parallel=False), parser.render(GOOD))
-    named = _full_regex(name, {"name": "get_time"})
-    assert re.fullmatch(named, parser.render(GOOD[1:]))
-    assert not re.fullmatch(named, parser.render(GOOD[:1]))
+@pytest.mark.parametrize("name", ["hermes", "llama3", "mistral", "deepseekv3", "pythonic"])
+def test_parallel_false_and_named_allow_one_call(walk, name):
+    one = _spec(name, "required", parallel=False)
+    assert walk(one, _text(name, GOOD[:1]))
+    assert not walk(one, _text(name, GOOD))
+    named = _spec(name, {"name": "get_time"})
+    assert walk(named, _text(name, GOOD[1:]))
+    assert not walk(named, _text(name, GOOD[:1]))
+
+
+@pytest.mark.parametrize("name", ["hermes", "mistral", "deepseekv3"])
+def test_auto_in_trigger_formats_keeps_text_free_until_the_call_opens(walk, name):
+    constraint = _spec(name, "auto")
+    assert "structural_tag" in constraint
+    assert walk(constraint, "Any text { [ at all.")
+    assert walk(constraint, "Let me look. " + _text(name, GOOD[1:]))
+    assert not walk(constraint, "Let me look. " + _text(name, BAD[2]))
 
 
 @pytest.mark.parametrize("name", ["llama3", "pythonic", "json"])
@@ -97,33 +129,19 @@ def test_auto_in_whole_answer_formats_is_calls_or_text_that_does_not_open_them(n
     assert not re.fullmatch(regex, opened)
 
 
-def test_strict_false_relaxes_only_the_arguments():
+def test_strict_false_relaxes_only_the_arguments(walk):
     parser = get_parser("hermes")
-    spec = tool_answer_spec(parser, [LOOSE], "required", True, "strict", None)
-    assert re.fullmatch(spec.triggered.forced_first, parser.render([("note", {"any": [1]})]))
-    assert not re.fullmatch(spec.triggered.forced_first, parser.render([("other", {})]))
+    constraint = tool_answer_spec(parser, [LOOSE], "required", True, "strict", None).constraint
+    assert walk(constraint, parser.render([("note", {"any": [1]})]))
+    assert not walk(constraint, parser.render([("other", {})]))
 
 
-def test_regexes_compile_in_the_grammar_dialect():
-    from grammar import compile_regex
-    from grammar.tokens.vocab import TokenVocabulary
-
-    vocab = TokenVocabulary.from_tokenizer(_tokenizer())
-    for name in PARSERS:
-        for choice in ("auto", "required", {"name": "get_weather"}):
-            parser = get_parser(name)
-            spec = tool_answer_spec(parser, TOOLS, choice, True, "strict", None)
-            regexes = [spec.constraint.get("regex")]
-            if spec.triggered is not None:
-                regexes += [spec.triggered.after_trigger, spec.triggered.forced_first]
-            for r in filter(None, regexes):
-                compile_regex(r, vocab)
-
-
-def _tokenizer():
-    from tests._runtime_fixtures import smollm_tokenizer
-
-    return smollm_tokenizer()
+def test_auto_with_a_response_format_is_a_call_or_the_format():
+    parser = get_parser("hermes")
+    spec = tool_answer_spec(parser, TOOLS, "auto", True, "strict", r"\{\}")
+    assert re.fullmatch(spec.constraint["regex"], "{}")
+    assert re.fullmatch(spec.constraint["regex"], parser.render(GOOD[1:]))
+    assert not re.fullmatch(spec.constraint["regex"], "free text")
 
 
 @pytest.mark.parametrize(
@@ -143,26 +161,6 @@ def _result(text: str, reason: str = "stop", stop=None) -> GenerateResult:
     return GenerateResult(text, [], [], reason, matched_stop=stop)
 
 
-def test_plan_free_text_then_a_constrained_call_then_free_again():
-    spec = tool_answer_spec(get_parser("hermes"), TOOLS, "auto", True, "strict", None)
-    plan = AnswerPlan(None, spec)
-    first = plan.first()
-    assert first.stop == ("<tool_call>",) and not first.constraint
-    call = plan.next("Sure. ", _result("Sure. ", stop="<tool_call>"), False)
-    assert call.forced == "<tool_call>" and call.constraint["regex"] == spec.triggered.after_trigger
-    again = plan.next("...", _result('\n{"name": ...}', stop=0), False)
-    assert again.stop == ("<tool_call>",) and not again.forced
-    assert plan.next("...", _result("done", stop=0), False) is None  # EOS: finished
-
-
-def test_plan_parallel_false_stops_after_one_call():
-    spec = tool_answer_spec(get_parser("hermes"), TOOLS, "auto", False, "strict", None)
-    plan = AnswerPlan(None, spec)
-    plan.first()
-    plan.next("", _result("", stop="<tool_call>"), False)
-    assert plan.next("", _result("call", stop=0), False) is None
-
-
 def test_plan_reasoning_then_the_format_and_the_budget_forces_the_end_tag():
     spec = tool_answer_spec(get_parser("json"), TOOLS, "required", True, "strict", None)
     rp = get_reasoning_parser("deepseek-r1")
@@ -174,6 +172,10 @@ def test_plan_reasoning_then_the_format_and_the_budget_forces_the_end_tag():
     plan = AnswerPlan(ReasoningSpec(get_reasoning_parser("qwen3"), False, None), spec)
     assert plan.first().forced == "<think>\n"  # the model's own opening, written for it
     assert plan.next("x", _result("x", "length"), capped=False) is None  # out of tokens
+    plan = AnswerPlan(ReasoningSpec(rp, True, None), spec)
+    plan.first()
+    answer = plan.next("hm", _result("hm", stop="</think>"), capped=False)
+    assert answer.forced == "</think>" and answer.constraint == spec.constraint
 
 
 READS = [

@@ -360,13 +360,9 @@ def prepare_chat(
     if reasoning_parser is not None and request.thinking:
         rp = get_reasoning_parser(reasoning_parser)
         reasoning = ReasoningSpec(rp, rp.opens_in_prompt(prompt, True), request.reasoning_budget)
-    needs_phase = reasoning is not None and (
-        spec.constraint or spec.triggered or reasoning.budget is not None
-    )
     plan = None
-    if needs_phase or spec.triggered is not None:
-        phase_reasoning = reasoning if needs_phase else None
-        plan = functools.partial(AnswerPlan, phase_reasoning, spec)
+    if reasoning is not None and (spec.constraint or reasoning.budget is not None):
+        plan = functools.partial(AnswerPlan, reasoning, spec)
     buffer = request.tool_mode and parser.trigger is None and has_output_format(request)
     separate = reasoning if request.separate_reasoning else None
     return ChatSetup(prompt, parser, spec.constraint, plan, separate, bool(buffer))

@@ -65,7 +65,8 @@ class ChatAnswer:
             content, calls = self.setup.parser.parse(answer, self.body.tools or [])
             if calls:
                 message.update(content=content, tool_calls=calls)
-                reason = "tool_calls"
+                if not self.setup.parser.cut_in_a_call(answer):
+                    reason = "tool_calls"
         return message, reason
 
     def response(self, results: list[GenerateResult]) -> dict[str, Any]:

@@ -193,14 +193,16 @@ class ToolParser:
         raise NotImplementedError
 
     def parse(self, text: str, tools: list[Any]) -> tuple[str | None, list[dict[str, Any]]]:
-        """(content, OpenAI tool_calls) of a finished answer; malformed or unknown calls
-        leave the whole text as content."""
+        """(content, OpenAI tool_calls) of a finished answer. A last call cut short (by
+        max_tokens) is dropped; a malformed call, or one to an undeclared tool or whose
+        arguments are not a JSON object, leaves the whole text as content."""
         names = {t.function.name for t in tools}
         s = self.scan(text, final=True)
-        if not s.calls or not s.ok:
+        pieces = s.calls[:-1] if s.calls and not s.calls[-1].done else s.calls
+        if not pieces or not s.ok:
             return text, []
         calls = []
-        for c in s.calls:
+        for c in pieces:
             try:
                 args = json.loads(c.arguments) if c.arguments.strip() else {}
             except ValueError:
@@ -211,6 +213,11 @@ class ToolParser:
             calls.append({"id": new_call_id(), "type": "function", "function": fn})
         content = s.content.strip()
         return (content or None), calls
+
+    def cut_in_a_call(self, text: str) -> bool:
+        """Whether a finished answer ends inside an unfinished call (cut by max_tokens)."""
+        calls = self.scan(text, final=True).calls
+        return bool(calls) and not calls[-1].done
 
     def render(self, calls: list[tuple[str, Any]]) -> str:
         """`calls` ((name, arguments) pairs) written in this format."""
@@ -226,6 +233,13 @@ class ToolParser:
         """A regex of the call block made of calls each matching one of `calls`."""
         one = "(?:" + "|".join(calls) + ")"
         return one
+
+    def tag_parts(self, name: str) -> tuple[str, str]:
+        """A call's text before and after its JSON arguments (structural tags' begin / end)."""
+        raise NotImplementedError
+
+    # one-block formats: the block's opening, the separator between calls, its closing
+    block_parts: tuple[str, str, str] = ("", "", "")
 
 
 class HermesParser(ToolParser):
@@ -275,6 +289,10 @@ class HermesParser(ToolParser):
     def call_regex(self, name: str, args: str) -> str:
         head = re.escape('{"name": ' + _json_string(name) + ', "arguments": ')
         return f"{re.escape(self.trigger)}\\n{head}{args}\\}}\\n{re.escape(self.end)}"
+
+    def tag_parts(self, name: str) -> tuple[str, str]:
+        begin = f'{self.trigger}\n{{"name": {_json_string(name)}, "arguments": '
+        return begin, f"}}\n{self.end}"
 
 
 class JsonCallsParser(ToolParser):
@@ -360,8 +378,13 @@ class MistralParser(ToolParser):
         inner.content = text[:at]
         return inner
 
+    block_parts = ("[TOOL_CALLS] [", ", ", "]")
+
     def render(self, calls: list[tuple[str, Any]]) -> str:
         return f"{self.trigger} " + _dumps([{"name": n, "arguments": a} for n, a in calls])
+
+    def tag_parts(self, name: str) -> tuple[str, str]:
+        return f'{{"name": {_json_string(name)}, "arguments": ', "}"
 
     def call_regex(self, name: str, args: str) -> str:
         head = re.escape('{"name": ' + _json_string(name) + ', "arguments": ')
@@ -421,6 +444,11 @@ class DeepSeekV3Parser(ToolParser):
                 return out
             piece.done = True
             i = close + len(DS_CALL_END)
+
+    block_parts = (DS_CALLS_BEGIN, "\n", DS_CALLS_END)
+
+    def tag_parts(self, name: str) -> tuple[str, str]:
+        return f"{DS_CALL_BEGIN}function{DS_SEP}{name}\n```json\n", f"\n```{DS_CALL_END}"
 
     def render(self, calls: list[tuple[str, Any]]) -> str:
         body = "\n".join(

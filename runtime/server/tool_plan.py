@@ -3,16 +3,18 @@ r"""Strict tool calls and reasoning as phases of one answer (see `phases.py`).
 The constraint of a chat answer, from the tool-call parser's format and the tools:
 
 - A call's arguments match the tool's parameter schema (generated under the request's
-  `json_schema_mode`, strict by default, with the optional single spaces the templates
-  write); a tool with `strict: false` takes any JSON object as arguments. Its name is one of
+  `json_schema_mode`, strict by default, with the optional single spaces the templates write;
+  inside structural tags as a regex content, so every format has the same language); a tool
+  with `strict: false` takes any JSON object as arguments. Its name is one of
   the declared tools, and the format's opening and closing text come with it.
-- `tool_choice` "required": the answer opens with a call (a block of calls in formats that
-  hold them all in one block); a named function: exactly one call to it; "auto": free text
-  stays free, and from the moment the model writes the format's call opening (`<tool_call>`,
-  `[TOOL_CALLS]`, `<｜tool▁calls▁begin｜>`) the call is constrained, then the text is free
-  again (one-block formats end with their block). Formats whose calls are the whole answer
-  (`llama3`, `pythonic`, `json`) are one regex: the calls, or text that does not open them.
-  `parallel_tool_calls: false`: at most one call.
+- Formats with a call opening (`<tool_call>`, `[TOOL_CALLS]`, `<｜tool▁calls▁begin｜>`) are
+  one triggered structural tag (`grammar.compile_structural_tag`): in "auto" free text stays
+  free, and from the moment the model writes the opening the call is constrained, then the
+  text is free again (one-block formats end with their block); "required": the answer opens
+  with a call; a named function: exactly one call to it and nothing after;
+  `parallel_tool_calls: false`: the answer ends after the first call. Formats whose calls are
+  the whole answer (`llama3`, `pythonic`, `json`) are one regex: the calls, or text that does
+  not open them.
 - With `response_format` and "auto": the answer is a call block or the format.
 - A reasoning parser puts a phase first: thinking is free (its own `<think>` opened when the
   template expects the model to write it) until `</think>` or until the reasoning budget is
@@ -128,19 +130,8 @@ def _call_alternatives(parser: ToolParser, tools: list[Tool], mode: str, only: s
 
 
 @dataclass(slots=True)
-class Triggered:
-    """Free text until `parser.trigger`, then one call (after the trigger) constrained."""
-
-    parser: ToolParser
-    after_trigger: str  # regex of a call's text after the trigger
-    forced_first: str | None  # "required": the answer opens with a call (its full regex)
-    parallel: bool
-
-
-@dataclass(slots=True)
 class AnswerSpec:
     constraint: dict[str, Any]
-    triggered: Triggered | None = None
 
 
 def tool_answer_spec(
@@ -165,30 +156,58 @@ def _spec(name: str, key: str, named: str | None, required: bool, parallel: bool
 
     parser = get_parser(name)
     tools = [Tool.model_validate(t) for t in json.loads(key)]
-    calls = _call_alternatives(parser, tools, mode, named)
     many = parallel and named is None
-    trigger = parser.trigger
-    if trigger is None:  # the calls are the whole answer
+    if parser.trigger is not None and other is None:
+        tag = structural_tag(parser, tools, mode, named, required or named is not None, many)
+        return AnswerSpec({"structural_tag": tag})
+    calls = _call_alternatives(parser, tools, mode, named)
+    if parser.trigger is None:  # the calls are the whole answer
         block = parser.block_regex(calls, many)
         if named or required:
             return AnswerSpec({"regex": block})
         text = other if other is not None else not_prefixed(parser.openers)
         return AnswerSpec({"regex": f"(?:{block})|(?:{text})"})
+    # a trigger format with a response_format beside the calls: a call block or the format
     if parser.one_block:
         block = parser.block_regex(calls, many)
-        if named or required:
-            return AnswerSpec({"regex": block})
-        if other is not None:
-            return AnswerSpec({"regex": f"(?:{block})|(?:{other})"})
-        after = block[len(re.escape(trigger)) :]
-        return AnswerSpec({}, Triggered(parser, after, None, many))
-    one = "(?:" + "|".join(calls) + ")"
-    if named:
-        return AnswerSpec({"regex": one})
-    if other is not None and not required:
-        return AnswerSpec({"regex": f"(?:{one})|(?:{other})"})
-    after = "(?:" + "|".join(c[len(re.escape(trigger)) :] for c in calls) + ")"
-    return AnswerSpec({}, Triggered(parser, after, one if required else None, many))
+    else:
+        block = "(?:" + "|".join(calls) + ")"
+    if named or required:
+        return AnswerSpec({"regex": block})
+    return AnswerSpec({"regex": f"(?:{block})|(?:{other})"})
+
+
+def _content(tool: Tool, index: int, mode: str) -> dict[str, Any]:
+    """A call's arguments inside its tag: the tool's schema as our regex (the same language as
+    the regex formats: strict mode, bounded numbers, the templates' optional spaces)."""
+    if tool.function.strict is False:  # any object
+        return {"type": "regex", "pattern": _any_object()}
+    param = f"tools.{index}.function.parameters"
+    return {"type": "regex", "pattern": _schema_regex(tool.function.parameters, mode, param)}
+
+
+def structural_tag(
+    parser: ToolParser, tools: list[Tool], mode: str, named: str | None, first: bool, many: bool
+) -> dict[str, Any]:
+    """XGrammar's structural tag of strict calls in `parser`'s format: free text until the
+    format's trigger, then a call to a declared tool (its begin text names it), its arguments
+    under the tool's schema, and the call's end text. `first`: the answer opens with a call;
+    `many`: more than one call may follow."""
+    tags = []
+    for i, t in enumerate(tools):
+        if named is not None and t.function.name != named:
+            continue
+        begin, end = parser.tag_parts(t.function.name)
+        tags.append({"type": "tag", "begin": begin, "content": _content(t, i, mode), "end": end})
+    if parser.one_block:  # one tag holding every call, separated
+        begin, separator, end = parser.block_parts
+        calls = {"type": "tags_with_separator", "tags": tags, "separator": separator,
+                 "at_least_one": True, "stop_after_first": not many}  # fmt: skip
+        tags = [{"type": "tag", "begin": begin, "content": calls, "end": end}]
+        many = False
+    fmt = {"type": "triggered_tags", "triggers": [parser.trigger], "tags": tags,
+           "at_least_one": first, "stop_after_first": not many}  # fmt: skip
+    return {"type": "structural_tag", "format": fmt}
 
 
 @dataclass(slots=True)
@@ -199,51 +218,23 @@ class ReasoningSpec:
 
 
 class AnswerPlan:
-    """The phases of one answer: reasoning (if any), then the answer's constraint."""
+    """The phases of one answer: reasoning, then the answer under its constraint."""
 
-    def __init__(self, reasoning: ReasoningSpec | None, answer: AnswerSpec) -> None:
+    def __init__(self, reasoning: ReasoningSpec, answer: AnswerSpec) -> None:
         self.reasoning = reasoning
         self.answer = answer
-        self.stage = "reasoning" if reasoning is not None else "answer"
-        self.last = ""  # the kind of the last phase: "free", "call", "whole"
-        self.calls = 0
+        self.stage = "reasoning"
 
     def first(self) -> Phase | None:
         r = self.reasoning
-        if r is not None:
-            opening = "" if r.open_at_start else r.parser.start + "\n"
-            return Phase(forced=opening, stop=(r.parser.end,), max_tokens=r.budget)
-        return self._answer_start("")
-
-    def _answer_start(self, forced: str) -> Phase:
-        self.stage = "answer"
-        t = self.answer.triggered
-        if t is None:
-            self.last = "whole"
-            return Phase(forced=forced, constraint=dict(self.answer.constraint))
-        if t.forced_first is not None:
-            self.last = "call"
-            self.calls += 1
-            return Phase(forced=forced, constraint={"regex": t.forced_first})
-        self.last = "free"
-        return Phase(forced=forced, stop=(t.parser.trigger or "",))
+        opening = "" if r.open_at_start else r.parser.start + "\n"
+        return Phase(forced=opening, stop=(r.parser.end,), max_tokens=r.budget)
 
     def next(self, text: str, result: GenerateResult, capped: bool) -> Phase | None:
-        if self.stage == "reasoning":
-            end = self.reasoning.parser.end  # type: ignore[union-attr]
-            if result.matched_stop == end or capped:
-                return self._answer_start(end)
+        if self.stage != "reasoning":
             return None
-        t = self.answer.triggered
-        if t is None or result.finish_reason != "stop":
-            return None
-        if self.last == "free":
-            if result.matched_stop != t.parser.trigger:
-                return None
-            self.last = "call"
-            self.calls += 1
-            return Phase(forced=t.parser.trigger or "", constraint={"regex": t.after_trigger})
-        if self.last == "call" and t.parallel and not t.parser.one_block:
-            self.last = "free"
-            return Phase(stop=(t.parser.trigger or "",))
+        self.stage = "answer"
+        end = self.reasoning.parser.end
+        if result.matched_stop == end or capped:
+            return Phase(forced=end, constraint=dict(self.answer.constraint))
         return None
