@@ -21,6 +21,29 @@ from runtime.server.app import build_state, create_app
 logger = logging.getLogger("runtime.server")
 
 
+def _chat_flags(p: argparse.ArgumentParser) -> None:
+    chat = p.add_argument_group("chat: templates, tool calls, reasoning")
+    chat.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template file used instead of the model folder's",
+    )
+    chat.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="the model's tool-call format: hermes (qwen25), llama3, mistral, deepseekv3, "
+        "pythonic, json (default: chosen from the chat template)",
+    )
+    chat.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="separate a thinking model's <think> reasoning: deepseek-r1, qwen3",
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m runtime.server", description=__doc__.split("\n")[2])
     p.add_argument("--model", default=None, help="model folder (default: SmolLM2-135M-Instruct)")
@@ -64,26 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="attention kernels: cpu (the planned fast CPU paths), torch (reference), triton "
         "(GPU kernels); auto picks cpu on a CPU",
     )
-    chat = p.add_argument_group("chat: templates, tool calls, reasoning")
-    chat.add_argument(
-        "--chat-template",
-        default=None,
-        metavar="FILE",
-        help="a Jinja chat template file used instead of the model folder's",
-    )
-    chat.add_argument(
-        "--tool-call-parser",
-        default=None,
-        metavar="NAME",
-        help="the model's tool-call format: hermes (qwen25), llama3, mistral, deepseekv3, "
-        "pythonic, json (default: chosen from the chat template)",
-    )
-    chat.add_argument(
-        "--reasoning-parser",
-        default=None,
-        metavar="NAME",
-        help="separate a thinking model's <think> reasoning: deepseek-r1, qwen3",
-    )
+    _chat_flags(p)
     pd = p.add_argument_group("prefill-decode disaggregation (behind the gateway's PD mode)")
     pd.add_argument(
         "--disaggregation-mode",
