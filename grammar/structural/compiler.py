@@ -18,6 +18,7 @@ from grammar.ebnf.compiler import compile_rules
 from grammar.errors import GrammarError
 from grammar.structural.spec import SpecReader, clear_schema_leaves
 from grammar.tokens.cache import CompileCache
+from grammar.tokens.compiled import CompiledGrammar
 from grammar.tokens.vocab import TokenVocabulary
 
 _CACHE: CompileCache = CompileCache(max_entries=128)
@@ -46,12 +47,29 @@ def compile_structural_tag(
         raise GrammarError(f"structural tag: not JSON data: {e}") from None
 
     def build() -> Any:
-        rules = SpecReader(json_schema_mode, whitespace).read(spec)
-        return compile_rules(rules, vocab, "root", text)
+        reader = SpecReader(json_schema_mode, whitespace)
+        compiled = compile_rules(reader.read(spec), vocab, "root", text)
+        if isinstance(compiled, CompiledGrammar):
+            _warm_triggers(compiled, reader.triggers)
+        return compiled
 
     return _CACHE.get_or_build(
         ("structural", text, json_schema_mode, whitespace, vocab.hash), build
     )
+
+
+def _warm_triggers(g: CompiledGrammar, triggers: list[str]) -> None:
+    """Compute now the masks of the states a trigger passes through from the start (free text
+    that has begun a trigger): every generation that calls a tool visits them, and a first
+    visit costs a vocabulary walk. A few states per trigger."""
+    for trigger in dict.fromkeys(triggers):
+        m = g.matcher()
+        for b in trigger.encode("utf-8"):
+            try:
+                m.advance_bytes(bytes([b]))
+            except GrammarError:
+                break  # the trigger cannot start here (e.g. at_least_one: a tag comes first)
+            m.bitmask()
 
 
 def clear_structural_caches() -> None:

@@ -82,6 +82,7 @@ class SpecReader:
         self.whitespace = whitespace
         self.grammar = Grammar()
         self._grammars = 0
+        self.triggers: list[str] = []  # every triggered_tags trigger (see compile_structural_tag)
 
     def read(self, spec: Any) -> Grammar:
         if isinstance(spec, str | bytes):
@@ -223,6 +224,7 @@ class SpecReader:
         triggers = _field(f, "triggers", list, where)
         if not triggers or not all(isinstance(t, str) and t for t in triggers):
             raise GrammarError(f"structural tag {where}.triggers: non-empty strings required")
+        self.triggers.extend(triggers)
         tags = self._tags(f, where)
         for i, t in enumerate(f["tags"]):
             if not any(t["begin"].startswith(tr) for tr in triggers):
