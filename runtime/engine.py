@@ -14,7 +14,7 @@ import torch
 
 from runtime import settings
 from runtime.attention import make_backend, resolve_backend
-from runtime.default_model import ensure_default_model
+from runtime.default_model import default_model
 from runtime.disaggregation.modes import (
     DEFAULT_TIMEOUT_S,
     Disaggregation,
@@ -117,7 +117,7 @@ class Engine:
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
         if num_threads:
             torch.set_num_threads(num_threads)
-        path = Path(model) if model is not None else ensure_default_model()
+        path = Path(model) if model is not None else default_model()
         loaded = load_model_files(path)
         self.model_path = path
         self.config = loaded.config

@@ -44,8 +44,13 @@ def model_fingerprint(config: ModelConfig, state_dict: dict[str, torch.Tensor]) 
     when they serve the same model."""
     h = hashlib.sha256(repr(sorted(asdict(config).items())).encode())
     for name in sorted(state_dict)[:4]:
-        t = state_dict[name].detach().reshape(-1)[:4096].to(torch.float32)
+        w = state_dict[name]
         h.update(name.encode())
+        if hasattr(w, "qtype"):  # a quantized weight: its format and stored bytes
+            h.update(f"ggml type {w.qtype}".encode())
+            h.update(w.data.reshape(-1)[:4096].numpy().tobytes())
+            continue
+        t = w.detach().reshape(-1)[:4096].to(torch.float32)
         h.update(t.numpy().tobytes())
     return h.hexdigest()[:32]
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime import settings
-from runtime.kernels import cpu_fused, cpu_gemv
+from runtime.kernels import cpu_fused, cpu_gemv, cpu_quant
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -68,6 +68,7 @@ class Packed:
     def __init__(self, weights: list[torch.Tensor], enabled: bool, gemv: bool = False) -> None:
         self._packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # for few-row inputs
+        weights = [w for w in weights if not cpu_quant.is_quantized(w)]  # they run as stored
         if gemv:
             rows = list({id(w): w for w in weights if cpu_gemv.packable(w)}.values())
             for w, p in zip(rows, cpu_gemv.pack_all(rows), strict=True):
@@ -86,6 +87,8 @@ class Packed:
     ) -> torch.Tensor:
         """x @ w.T (+ bias); with `float_out`, `.float()` of it (up to GEMV_ROWS rows: in the same
         kernel)."""
+        if cpu_quant.is_quantized(w):
+            return cpu_quant.linear(x, w, bias, float_out)
         if bias is None and x.dim() == 2 and 1 <= x.shape[0] <= GEMV_ROWS:
             rows = self._rows.get(id(w))
             if rows is not None:
@@ -123,3 +126,17 @@ class AddNorm:
             out, bias = residual
             hidden = hidden + (out if bias is None else out + bias)
         return hidden, rms_norm(hidden, weight, self.eps)
+
+
+def embedding(ids: torch.Tensor, table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `ids` of an embedding table (a quantized one dequantized row by row)."""
+    if cpu_quant.is_quantized(table):
+        return cpu_quant.embedding(ids, table, dtype)
+    return F.embedding(ids, table)
+
+
+def nbytes(t: torch.Tensor) -> int:
+    """Bytes a weight takes as held (a quantized one: as stored)."""
+    if cpu_quant.is_quantized(t):
+        return t.nbytes
+    return t.numel() * t.element_size()

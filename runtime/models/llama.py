@@ -18,7 +18,15 @@ from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import ModelConfig
 from runtime.errors import UnsupportedModelError
 from runtime.memory.kv_pool import KVPool
-from runtime.models.layers import AddNorm, Packed, gemv_enabled, packing_enabled, rms_norm
+from runtime.models.layers import (
+    AddNorm,
+    Packed,
+    embedding,
+    gemv_enabled,
+    nbytes,
+    packing_enabled,
+    rms_norm,
+)
 from runtime.models.rope import RotaryEmbedding
 from runtime.parallel.comm import LOCAL, Comm
 from runtime.parallel.shard import SINGLE, Shard, heads_of, vocab_rows
@@ -161,7 +169,7 @@ class LlamaModel:
             tensors.append(self.lm_head)
         for layer in self.layers:
             tensors += [t for t in vars_of(layer) if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(nbytes(t) for t in tensors)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
@@ -196,10 +204,10 @@ class LlamaModel:
         if not self.shard.first_stage:
             return self.comm.recv_prev((ids.shape[0], self.config.hidden_size), self.dtype)
         if self.shard.tp_size == 1:
-            return F.embedding(ids, self.embed)
+            return embedding(ids, self.embed, self.dtype)
         local = ids - self.vocab_start
         mine = (local >= 0) & (local < self.vocab_rows)
-        hidden = F.embedding(local.clamp(0, self.vocab_rows - 1), self.embed)
+        hidden = embedding(local.clamp(0, self.vocab_rows - 1), self.embed, self.dtype)
         return self.comm.all_reduce(hidden * mine[:, None].to(hidden.dtype))
 
     def finish(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:

@@ -1,8 +1,7 @@
 """Read a model's config, weights and tokenizer from a local folder or a GGUF file.
 
 A folder is what `save_pretrained` writes: `config.json` plus `*.safetensors` (sharded or not).
-A `.gguf` file goes through `transformers` (`gguf_file=`), which dequantises it; that is slow,
-so the default model is converted to a folder once (see `default_model.py`).
+A `.gguf` file is read as it is (`gguf.py`): its weights stay in their block formats.
 """
 
 from __future__ import annotations
@@ -13,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.config import ModelConfig, config_from_dict, load_config
+from runtime.config import ModelConfig, load_config
 from runtime.errors import ModelNotFoundError
+from runtime.models.gguf import load_gguf, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class LoadedModel:
     config: ModelConfig
-    state_dict: dict[str, torch.Tensor]
+    state_dict: dict[str, torch.Tensor]  # GGUF: quantized weights as cpu_quant.QuantTensor
     tokenizer: object  # a transformers tokenizer
     source: Path
 
@@ -39,15 +39,6 @@ def _load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], object]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return config_from_dict(model.config.to_dict()), state, tokenizer
-
-
 def load_model_files(model: str | Path) -> LoadedModel:
     """Config, fp32-or-native state dict and tokenizer of a folder or `.gguf` file."""
     path = Path(model).expanduser()
@@ -57,8 +48,8 @@ def load_model_files(model: str | Path) -> LoadedModel:
             f"*.safetensors, or a .gguf file)"
         )
     if path.is_file() and path.suffix == ".gguf":
-        config, state, tokenizer = _load_gguf(path)
-        return LoadedModel(config, state, tokenizer, path)
+        config, state = load_gguf(path)
+        return LoadedModel(config, state, load_tokenizer(path), path)
     if not path.is_dir():
         raise ModelNotFoundError(f"{path} is neither a model folder nor a .gguf file")
     config = load_config(path)

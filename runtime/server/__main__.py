@@ -206,10 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.errors import EngineError
 
     if args.node_rank > 0:  # another machine of a multi-machine engine: its ranks only
-        from runtime.default_model import ensure_default_model
+        from runtime.default_model import default_model
         from runtime.workers.launch import run_node
 
-        model = args.model or str(ensure_default_model())
+        model = args.model or str(default_model())
         return run_node(model, args.tp_size, args.pp_size, args.ep_size, args.nnodes,
                         args.node_rank, args.dist_init_addr)  # fmt: skip
     from runtime.server.reasoning import ReasoningParserError, get_reasoning_parser

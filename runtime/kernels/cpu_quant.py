@@ -1,0 +1,329 @@
+"""Weights in GGUF's block formats (`QuantTensor`) and their CPU products, in C (quant_source.py).
+
+A `QuantTensor` is a weight [out, in] kept as the file stores it: `data` is uint8
+[out, row_bytes], each row `in / block` blocks of the type's bytes. It answers the few tensor
+calls a model's loader makes on a weight (`.to(dtype)` and `.contiguous()` keep it as it is,
+row slices and block-aligned column slices copy those bytes, `torch.cat` stacks rows), so a model
+file loads quantized and plain checkpoints with the same code. The products run in
+`linear` (any number of input rows; float32 out) and the embedding in `embedding`.
+
+The library is compiled on first use with the system C compiler, -march=native (the CPU that
+runs it picks AVX2, AVX-512 VNNI or neither), cached under $SGL_NATIVE_CACHE as cpu_fused's is.
+`portable=True` builds the same source as plain C for a baseline x86-64 / any CPU: tests check
+that both give the same bits. Its thread pool is cpu_pool.py's (a copy of its own in this
+library: a quantized model's projections all run here, so the dense kernels' pool stays idle).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from grammar.tokens import native
+from runtime.errors import UnsupportedModelError
+from runtime.kernels import cpu_pool
+from runtime.kernels.quant_source import SOURCE as _QUANT_SOURCE
+
+logger = logging.getLogger(__name__)
+
+# GGML type id -> (name, elements per block, bytes per block): the types this code runs
+TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    30: ("BF16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+}
+TYPE_IDS = {name: tid for tid, (name, _, _) in TYPES.items()}
+MIN_PARALLEL = 1 << 16  # weights (elements) below which one thread does it all
+
+SOURCE = cpu_pool.SOURCE + _QUANT_SOURCE.replace("MIN_PAR", str(MIN_PARALLEL))
+_NATIVE = ["-O3", "-march=native"]
+_PORTABLE = ["-O2", "-DQUANT_PORTABLE"]  # the compiler's baseline target, no intrinsics
+_COMMON = ["-fPIC", "-std=gnu11", "-ffp-contract=off", "-fopenmp"]
+_I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+_SIGNATURES = {
+    "q_dequant": ([_I32, _PTR, _I64, _I64, _I64, _PTR], _I32),
+    "q_matmul": ([_I32, _PTR, _I64, _I64, _I64, _PTR, _I32, _I64, _PTR, _I64, _PTR, _I32], _I32),
+    "q_embedding": ([_I32, _PTR, _I64, _I64, _PTR, _I64, _PTR], _I32),
+    "q_uses_int": ([_I32], _I32),
+}
+
+_libs: dict[bool, ctypes.CDLL | None] = {}
+_lock = threading.Lock()
+
+
+def _build(target: Path, compiler: str, flags: list[str]) -> None:
+    with tempfile.TemporaryDirectory(dir=target.parent) as d:
+        src, tmp = Path(d, "quant.c"), Path(d, "quant.so")
+        src.write_text(SOURCE)
+        cmd = [compiler, *flags, "-shared", str(src), "-o", str(tmp), "-lm"]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=180)
+        tmp.replace(target)
+
+
+def library(portable: bool = False) -> ctypes.CDLL | None:
+    """The compiled kernels (None when no C compiler is found or the build fails)."""
+    with _lock:
+        if portable in _libs:
+            return _libs[portable]
+        lib = None
+        cc = native.compiler()
+        flags = (_PORTABLE if portable else _NATIVE) + _COMMON
+        try:
+            if cc is None:
+                raise RuntimeError("no C compiler found")
+            key = hashlib.sha256("\n".join([SOURCE, repr(flags), native.cpu_id(), cc]).encode())
+            name = "portable" if portable else "native"
+            target = native.cache_dir() / f"quant-{name}-{key.hexdigest()[:16]}.so"
+            if not target.exists():
+                _build(target, cc, flags)
+            lib = ctypes.CDLL(str(target))
+            for fn_name, (argtypes, restype) in _SIGNATURES.items():
+                fn = getattr(lib, fn_name)
+                fn.argtypes, fn.restype = argtypes, restype
+        except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
+            logger.warning("quantized CPU kernels unavailable: %s", exc)
+            lib = None
+        _libs[portable] = lib
+        return lib
+
+
+def _lib(portable: bool = False) -> ctypes.CDLL:
+    lib = library(portable)
+    if lib is None:
+        raise UnsupportedModelError(
+            "quantized weights need the C kernels (runtime/kernels/cpu_quant.py), which could "
+            "not be built: is a C compiler (cc / gcc, or $CC) installed?"
+        )
+    return lib
+
+
+def type_name(qtype: int) -> str:
+    """The GGML name of a type id (`Q4_K`), also for the types this code cannot run."""
+    if qtype in TYPES:
+        return TYPES[qtype][0]
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(qtype).name
+    except (ImportError, ValueError):
+        return f"type {qtype}"
+
+
+def row_bytes(qtype: int, cols: int) -> int:
+    _, block, size = TYPES[qtype]
+    return cols // block * size
+
+
+@dataclass(slots=True, eq=False)
+class QuantTensor:
+    """A weight [rows, cols] in a GGUF block format; `data` uint8 [rows, row_bytes].
+
+    Invariant: `data` is contiguous and never modified after construction."""
+
+    data: torch.Tensor
+    qtype: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        _, block, _ = TYPES[self.qtype]
+        if self.cols % block or self.data.shape[1] != row_bytes(self.qtype, self.cols):
+            raise UnsupportedModelError(
+                f"{type_name(self.qtype)} weight of {self.cols} columns: not whole blocks"
+            )
+        self.data = self.data.contiguous()
+
+    # the tensor calls a model's loader makes on a weight
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.data.shape[0], self.cols))
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def dim(self) -> int:
+        return 2
+
+    def to(self, *args, **kwargs) -> QuantTensor:
+        """Itself: a quantized weight keeps its format whatever the compute dtype."""
+        return self
+
+    def contiguous(self) -> QuantTensor:
+        return self
+
+    def __getitem__(self, index) -> QuantTensor:
+        """Rows `w[a:b]`, or whole blocks of columns `w[:, a:b]` (a copy)."""
+        if isinstance(index, slice):
+            return QuantTensor(self.data[index].clone(), self.qtype, self.cols)
+        rows, cols = index
+        start, stop, step = cols.indices(self.cols)
+        _, block, size = TYPES[self.qtype]
+        if step != 1 or start % block or stop % block:
+            raise UnsupportedModelError(
+                f"cannot split a {type_name(self.qtype)} weight at columns {start}:{stop} "
+                f"(blocks of {block})"
+            )
+        data = self.data[rows, start // block * size : stop // block * size].clone()
+        return QuantTensor(data, self.qtype, stop - start)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.cat:
+            dim = (kwargs or {}).get("dim", args[1] if len(args) > 1 else 0)
+            if dim == 0:
+                return stack_rows(list(args[0]))
+        return NotImplemented
+
+    def dequantize(self, portable: bool = False) -> torch.Tensor:
+        """The weight in float32 [rows, cols], each value as gguf's reference computes it."""
+        out = torch.empty(self.shape, dtype=torch.float32)
+        rows = self.data.shape[0]
+        rc = _lib(portable).q_dequant(
+            self.qtype, self.data.data_ptr(), self.data.shape[1], rows, self.cols, out.data_ptr()
+        )
+        if rc:
+            raise UnsupportedModelError(f"cannot dequantize {type_name(self.qtype)}")
+        return out
+
+
+@dataclass(slots=True, eq=False)
+class QuantStack:
+    """Weights of different formats stacked by rows (q / k / v of a Q4_K_M file, where v is
+    Q6_K): one product per part, each into its columns of one output."""
+
+    parts: list[QuantTensor]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((sum(p.shape[0] for p in self.parts), self.parts[0].cols))
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def dim(self) -> int:
+        return 2
+
+    def to(self, *args, **kwargs) -> QuantStack:
+        return self
+
+    def contiguous(self) -> QuantStack:
+        return self
+
+    def dequantize(self, portable: bool = False) -> torch.Tensor:
+        return torch.cat([p.dequantize(portable) for p in self.parts])
+
+
+Quantized = QuantTensor | QuantStack
+
+
+def is_quantized(w: object) -> bool:
+    return isinstance(w, QuantTensor | QuantStack)
+
+
+def stack_rows(parts: list) -> QuantTensor | QuantStack:
+    """`torch.cat(parts)` by rows: one QuantTensor when all share a format, else a
+    QuantStack; a plain tensor among them is kept as F32 rows."""
+    flat: list[QuantTensor] = []
+    for p in parts:
+        if isinstance(p, QuantStack):
+            flat += p.parts
+        elif isinstance(p, QuantTensor):
+            flat.append(p)
+        else:
+            rows = p.detach().to(torch.float32).contiguous()
+            flat.append(QuantTensor(rows.view(torch.uint8).reshape(rows.shape[0], -1), 0,
+                                    rows.shape[1]))  # fmt: skip
+    if len({p.qtype for p in flat}) == 1:
+        return QuantTensor(torch.cat([p.data for p in flat]), flat[0].qtype, flat[0].cols)
+    merged: list[QuantTensor] = []  # neighbours of one format joined
+    for p in flat:
+        if merged and merged[-1].qtype == p.qtype:
+            last = merged.pop()
+            p = QuantTensor(torch.cat([last.data, p.data]), p.qtype, p.cols)
+        merged.append(p)
+    return QuantStack(merged)
+
+
+def _scratch_bytes(qtype: int, rows: int, cols: int, x_bf16: bool) -> int:
+    if _lib().q_uses_int(qtype):
+        return 2 * rows * cols + 8 * rows * (cols // 32)
+    return 4 * rows * cols if x_bf16 else 0
+
+
+def linear(
+    x: torch.Tensor,
+    w: Quantized,
+    bias: torch.Tensor | None = None,
+    float_out: bool = False,
+    threads: int = 0,
+    portable: bool = False,
+) -> torch.Tensor:
+    """x [M, in] @ w.T (+ bias) for a quantized w, float32 inside; the result in x's dtype
+    (float32 with `float_out`). `threads` 0: torch's thread count (the pool's)."""
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        x = x.float()
+    x = x.contiguous()
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    rows, cols = x2.shape
+    out = w.shape[0]
+    if cols != w.shape[1]:
+        raise ValueError(f"input of {cols} features for a weight of {w.shape[1]}")
+    y = torch.empty(rows, out, dtype=torch.float32)
+    if rows:
+        lib = _lib(portable)
+        bf16 = x2.dtype == torch.bfloat16
+        parts = w.parts if isinstance(w, QuantStack) else [w]
+        at = 0
+        for p in parts:
+            scratch = torch.empty(max(1, _scratch_bytes(p.qtype, rows, cols, bf16)),
+                                  dtype=torch.uint8)  # fmt: skip
+            rc = lib.q_matmul(
+                p.qtype, p.data.data_ptr(), p.data.shape[1], p.shape[0], cols, x2.data_ptr(),
+                int(bf16), rows, y.data_ptr() + 4 * at, out, scratch.data_ptr(), threads,
+            )  # fmt: skip
+            if rc:
+                raise UnsupportedModelError(
+                    f"no product for {type_name(p.qtype)} weights of {cols} columns"
+                )
+            at += p.shape[0]
+    if bias is not None:
+        y += bias.float()
+    y = y.reshape(*lead, out)
+    return y if float_out or x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def embedding(ids: torch.Tensor, w: QuantTensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `ids` of a quantized table, dequantized, in `dtype`."""
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= w.shape[0]):
+        raise IndexError(f"token id out of range for an embedding of {w.shape[0]} rows")
+    out = torch.empty(flat.numel(), w.cols, dtype=torch.float32)
+    _lib().q_embedding(w.qtype, w.data.data_ptr(), w.data.shape[1], w.cols, flat.data_ptr(),
+                       flat.numel(), out.data_ptr())  # fmt: skip
+    return out.reshape(*ids.shape, w.cols).to(dtype)

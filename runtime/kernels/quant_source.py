@@ -1,0 +1,502 @@
+"""C source of the quantized-weight kernels (`cpu_quant.py` compiles and calls it).
+
+Weights stay in GGUF's block formats, row by row as the file stores them (a row of `cols`
+inputs is `cols / block` blocks of `type_size` bytes). Three kinds of functions:
+
+- `q_dequant`: rows of any supported type to float32, each value computed as the `gguf`
+  package's numpy reference computes it (same operations, same order, no FMA contraction:
+  the unit is built with -ffp-contract=off), so the two agree bit for bit.
+- Integer products for the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): each input row is
+  quantized to int16 in blocks of 32 (scale `d = max|x| / 32767`, `s = d * sum(q)`), each
+  weight block is unpacked to 32 signed int8 values (Q4_0: q - 8, Q5_0: q - 16, Q4_1 / Q5_1:
+  q as is, their minimum `m` handled as `m * s`), and a block's dot product is exact integer
+  arithmetic (int8 x int16 pairs: `vpmaddwd`, or `vpdpwssd` with VNNI). int16, not llama.cpp's
+  int8: int8 inputs moved SmolLM2's logits by ~0.1-0.2 and its greedy tokens parted from the
+  fp32 forward's on 12 of 20 prompts within 32 tokens; int16 inputs cost one more multiply
+  per block and keep the products within float rounding of the fp32 forward. The int32 sums
+  sit in 8 lanes (lane j: elements 2j, 2j + 1, 2j + 16, 2j + 17), each lane accumulated in
+  float as `fma(sum, d_w * d_x, acc)` (even and odd blocks in two accumulators); a row ends
+  with a fixed lane-sum tree plus the sum of the `m * s` terms. The portable code computes
+  exactly those lanes and that tree, so the SIMD and portable builds give the same bits.
+- Fused dequantization for the rest (Q4_K, Q5_K, Q6_K, F16, BF16, F32): a block is dequantized
+  into a small buffer and multiplied in float32 against the unquantized input, in 8 lanes.
+
+SIMD: AVX2 + FMA (`vpmaddwd`), AVX-512 VNNI (or AVX-VNNI) on 256-bit vectors (`vpdpwssd`)
+when the CPU has it; the library is compiled with -march=native on first use, so
+the CPU that runs it decides which. `QUANT_PORTABLE` builds plain C.
+Several input rows (prefill, a batch's decode) share each unpacked weight block: 4 rows at a
+time, each row's arithmetic that of one row alone (results do not depend on the batch).
+"""
+
+from __future__ import annotations
+
+SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if !defined(QUANT_PORTABLE) && defined(__AVX2__) && defined(__FMA__)
+#define Q_AVX2 1
+#include <immintrin.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define Q_DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b) /* AVX-512 VNNI, 256-bit */
+#elif defined(__AVXVNNI__)
+#define Q_DPWSSD(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
+#endif
+#endif
+
+#define Q_INLINE static inline __attribute__((always_inline))
+
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
+
+/* IEEE half to float, exact (as numpy's astype(float32)) */
+static inline float h2f(const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+#if defined(Q_AVX2) && defined(__F16C__)
+    return _cvtsh_ss(h); /* the same exact conversion, one instruction */
+#endif
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, man = h & 1023, u;
+    if (e == 0) {
+        float f = (float)man * 5.9604644775390625e-08f; /* man * 2^-24, exact */
+        return sign ? -f : f;
+    }
+    if (e == 31) u = sign | 0x7f800000u | (man << 13);
+    else u = sign | ((e + 112) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float bf16f(const uint8_t *p) {
+    uint32_t u = (uint32_t)(p[0] | (p[1] << 8)) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+           ((uint32_t)p[3] << 24);
+}
+
+/* block size (elements) and bytes of each type; 0: not supported */
+static int q_block(int t) {
+    switch (t) {
+    case T_F32: case T_F16: case T_BF16: return 1;
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: return 32;
+    case T_Q4_K: case T_Q5_K: case T_Q6_K: return 256;
+    }
+    return 0;
+}
+
+static int q_bytes(int t) {
+    switch (t) {
+    case T_F32: return 4;
+    case T_F16: case T_BF16: return 2;
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    case T_Q5_1: return 24;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
+    case T_Q6_K: return 210;
+    }
+    return 0;
+}
+
+/* the 6-bit scale and minimum of sub-block i (0..7) of a Q4_K / Q5_K block */
+static inline void k_scale_min(const uint8_t *s, int i, int *sc, int *m) {
+    if (i < 4) {
+        *sc = s[i] & 63;
+        *m = s[i + 4] & 63;
+    } else {
+        *sc = (s[i + 4] & 15) | ((s[i - 4] >> 6) << 4);
+        *m = (s[i + 4] >> 4) | ((s[i] >> 6) << 4);
+    }
+}
+
+/* one block of type t at b to float (q_block(t) values), as gguf's numpy reference */
+static void dequant_block(int t, const uint8_t *b, float *out) {
+    switch (t) {
+    case T_F32: memcpy(out, b, 4); return;
+    case T_F16: out[0] = h2f(b); return;
+    case T_BF16: out[0] = bf16f(b); return;
+    case T_Q4_0: {
+        float d = h2f(b);
+        for (int j = 0; j < 16; j++) {
+            out[j] = d * (float)((b[2 + j] & 15) - 8);
+            out[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
+        return;
+    }
+    case T_Q4_1: {
+        float d = h2f(b), m = h2f(b + 2);
+        for (int j = 0; j < 16; j++) {
+            out[j] = d * (float)(b[4 + j] & 15) + m;
+            out[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+        }
+        return;
+    }
+    case T_Q5_0: {
+        float d = h2f(b);
+        uint32_t qh = le32(b + 2);
+        for (int j = 0; j < 16; j++) {
+            int lo = (b[6 + j] & 15) | (((qh >> j) & 1) << 4);
+            int hi = (b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            out[j] = d * (float)(lo - 16);
+            out[j + 16] = d * (float)(hi - 16);
+        }
+        return;
+    }
+    case T_Q5_1: {
+        float d = h2f(b), m = h2f(b + 2);
+        uint32_t qh = le32(b + 4);
+        for (int j = 0; j < 16; j++) {
+            int lo = (b[8 + j] & 15) | (((qh >> j) & 1) << 4);
+            int hi = (b[8 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            out[j] = d * (float)lo + m;
+            out[j + 16] = d * (float)hi + m;
+        }
+        return;
+    }
+    case T_Q8_0: {
+        float d = h2f(b);
+        for (int j = 0; j < 32; j++) out[j] = (float)(int8_t)b[2 + j] * d;
+        return;
+    }
+    case T_Q4_K: case T_Q5_K: {
+        float d = h2f(b), dmin = h2f(b + 2);
+        const uint8_t *sc6 = b + 4, *qh = b + 16, *qs = b + (t == T_Q4_K ? 16 : 48);
+        for (int i = 0; i < 8; i++) {
+            int sc, m;
+            k_scale_min(sc6, i, &sc, &m);
+            float ds = d * (float)sc, dm = dmin * (float)m;
+            const uint8_t *q = qs + (i / 2) * 32;
+            for (int l = 0; l < 32; l++) {
+                int v = (i & 1) ? (q[l] >> 4) : (q[l] & 15);
+                if (t == T_Q5_K) v |= ((qh[l] >> i) & 1) << 4;
+                out[i * 32 + l] = ds * (float)v - dm;
+            }
+        }
+        return;
+    }
+    case T_Q6_K: {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float d = h2f(b + 208);
+        for (int e = 0; e < 256; e++) {
+            int c = e / 128, r = e % 128;
+            int lo = (ql[c * 64 + r % 64] >> (4 * (r / 64))) & 15;
+            int hi = (qh[c * 32 + r % 32] >> (2 * (r / 32))) & 3;
+            out[e] = (d * (float)sc[e / 16]) * (float)((lo | (hi << 4)) - 32);
+        }
+        return;
+    }
+    }
+}
+
+/* rows [rows][row_bytes] of type t with `cols` values each -> out [rows][cols] float32;
+   returns 0, or -1 for a type this code does not know */
+int q_dequant(int t, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t cols,
+              float *out) {
+    int bs = q_block(t), nb = q_bytes(t);
+    if (!bs) return -1;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < cols / bs; k++)
+            dequant_block(t, w + r * row_bytes + k * nb, out + r * cols + k * bs);
+    return 0;
+}
+
+/* ---- the integer path: 32-element blocks ---------------------------------------------------- */
+
+/* x [n] (float32, or bf16 when `bf16`) in int16 blocks of 32: q [n], d [n/32], s [n/32] */
+static void quantize_row(const void *xv, int bf16, int64_t n, int16_t *q, float *d, float *s) {
+    for (int64_t b = 0; b < n / 32; b++) {
+        float x[32], amax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            x[j] = bf16 ? bf16f((const uint8_t *)((const uint16_t *)xv + b * 32 + j))
+                        : ((const float *)xv)[b * 32 + j];
+            float a = fabsf(x[j]);
+            amax = a > amax ? a : amax;
+        }
+        float dd = amax / 32767.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            int v = (int)nearbyintf(x[j] * id);
+            v = v > 32767 ? 32767 : (v < -32767 ? -32767 : v);
+            q[b * 32 + j] = (int16_t)v;
+            sum += v;
+        }
+        d[b] = dd;
+        s[b] = dd * (float)sum;
+    }
+}
+
+/* a weight block as 32 signed int8 values and its scale d and minimum m (0: none) */
+Q_INLINE void unpack_p(const int t, const uint8_t *b, int8_t *w, float *d, float *m) {
+    *d = h2f(b);
+    *m = 0.0f;
+    switch (t) {
+    case T_Q4_0:
+        for (int j = 0; j < 16; j++) {
+            w[j] = (int8_t)((b[2 + j] & 15) - 8);
+            w[j + 16] = (int8_t)((b[2 + j] >> 4) - 8);
+        }
+        return;
+    case T_Q4_1:
+        *m = h2f(b + 2);
+        for (int j = 0; j < 16; j++) {
+            w[j] = (int8_t)(b[4 + j] & 15);
+            w[j + 16] = (int8_t)(b[4 + j] >> 4);
+        }
+        return;
+    case T_Q5_0: case T_Q5_1: {
+        int o = t == T_Q5_0 ? 2 : 4, off = t == T_Q5_0 ? 16 : 0;
+        if (t == T_Q5_1) *m = h2f(b + 2);
+        uint32_t qh = le32(b + o);
+        for (int j = 0; j < 16; j++) {
+            w[j] = (int8_t)(((b[o + 4 + j] & 15) | (((qh >> j) & 1) << 4)) - off);
+            w[j + 16] = (int8_t)(((b[o + 4 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - off);
+        }
+        return;
+    }
+    case T_Q8_0:
+        memcpy(w, b + 2, 32);
+        return;
+    }
+}
+
+/* the lane-sum tree both builds share: (l_i + l_{i+4}), then (0 + 2) + (1 + 3) */
+static inline float lanes_sum(const float *l) {
+    float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6], a3 = l[3] + l[7];
+    return (a0 + a2) + (a1 + a3);
+}
+
+#ifdef Q_AVX2
+Q_INLINE __m256i unpack_v(const int t, const uint8_t *b, float *d, float *m) {
+    *d = h2f(b);
+    *m = 0.0f;
+    const __m128i low4 = _mm_set1_epi8(15);
+    switch (t) {
+    case T_Q4_0: case T_Q4_1: {
+        int o = t == T_Q4_0 ? 2 : 4;
+        if (t == T_Q4_1) *m = h2f(b + 2);
+        __m128i raw = _mm_loadu_si128((const __m128i *)(b + o));
+        __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+        __m256i v = _mm256_set_m128i(hi, lo);
+        return t == T_Q4_0 ? _mm256_sub_epi8(v, _mm256_set1_epi8(8)) : v;
+    }
+    case T_Q5_0: case T_Q5_1: {
+        int o = t == T_Q5_0 ? 2 : 4;
+        if (t == T_Q5_1) *m = h2f(b + 2);
+        __m128i raw = _mm_loadu_si128((const __m128i *)(b + o + 4));
+        __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+        __m256i v = _mm256_set_m128i(hi, lo);
+        /* bit j of qh -> 0x10 in byte j: byte j reads qh's byte j/8, tests bit j%8 */
+        __m256i qh = _mm256_set1_epi32((int)le32(b + o));
+        const __m256i pick = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                               0x0101010101010101LL, 0x0000000000000000LL);
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        __m256i by = _mm256_and_si256(_mm256_shuffle_epi8(qh, pick), bit);
+        __m256i h5 = _mm256_and_si256(_mm256_cmpeq_epi8(by, bit), _mm256_set1_epi8(16));
+        v = _mm256_or_si256(v, h5);
+        return t == T_Q5_0 ? _mm256_sub_epi8(v, _mm256_set1_epi8(16)) : v;
+    }
+    default: /* T_Q8_0 */
+        return _mm256_loadu_si256((const __m256i *)(b + 2));
+    }
+}
+
+/* 8 int32 lanes of w (32 int8) . x (32 int16 at xp): lane j holds elements 2j, 2j + 1,
+   2j + 16 and 2j + 17 (the two halves' pair sums added) */
+Q_INLINE __m256i dot8(__m256i w, const int16_t *xp) {
+    __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+    __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+    __m256i x0 = _mm256_loadu_si256((const __m256i *)xp);
+    __m256i x1 = _mm256_loadu_si256((const __m256i *)(xp + 16));
+#ifdef Q_DPWSSD
+    return Q_DPWSSD(_mm256_madd_epi16(w0, x0), w1, x1);
+#else
+    return _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
+#endif
+}
+#endif
+
+/* y[m * ldy + r] for weight row r (at wr) and input rows m0 .. m0 + MT: the integer path.
+   Blocks alternate between two accumulators (even / odd k; two FMA chains in flight), which
+   are added lane by lane at the end, then summed by lanes_sum. */
+Q_INLINE void int_tile(const int t, const int MT, const uint8_t *wr, int64_t nb,
+                       const int16_t *xq, const float *xd, const float *xs, int64_t m0,
+                       float *y, int64_t ldy, int64_t r) {
+    const int bytes = q_bytes(t);
+    float mins[4] = {0, 0, 0, 0};
+#ifdef Q_AVX2
+    __m256 a0[4], a1[4];
+    for (int i = 0; i < MT; i++) a0[i] = a1[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < nb; k++) {
+        float d, mn;
+        __m256i wv = unpack_v(t, wr + k * bytes, &d, &mn);
+        for (int i = 0; i < MT; i++) {
+            int64_t at = (m0 + i) * nb + k;
+            __m256 sum = _mm256_cvtepi32_ps(dot8(wv, xq + at * 32));
+            __m256 sc = _mm256_set1_ps(d * xd[at]);
+            if (k & 1) a1[i] = _mm256_fmadd_ps(sum, sc, a1[i]);
+            else a0[i] = _mm256_fmadd_ps(sum, sc, a0[i]);
+            mins[i] += mn * xs[at];
+        }
+    }
+    for (int i = 0; i < MT; i++) {
+        float l[8];
+        _mm256_storeu_ps(l, _mm256_add_ps(a0[i], a1[i]));
+        y[(m0 + i) * ldy + r] = lanes_sum(l) + mins[i];
+    }
+#else
+    float acc[2][4][8] = {{{0}}};
+    for (int64_t k = 0; k < nb; k++) {
+        int8_t wv[32];
+        float d, mn;
+        unpack_p(t, wr + k * bytes, wv, &d, &mn);
+        for (int i = 0; i < MT; i++) {
+            int64_t at = (m0 + i) * nb + k;
+            const int16_t *xv = xq + at * 32;
+            float sc = d * xd[at];
+            for (int j = 0; j < 8; j++) {
+                int32_t s = wv[2 * j] * xv[2 * j] + wv[2 * j + 1] * xv[2 * j + 1];
+                s += wv[2 * j + 16] * xv[2 * j + 16] + wv[2 * j + 17] * xv[2 * j + 17];
+                acc[k & 1][i][j] = fmaf((float)s, sc, acc[k & 1][i][j]);
+            }
+            mins[i] += mn * xs[at];
+        }
+    }
+    for (int i = 0; i < MT; i++) {
+        float l[8];
+        for (int j = 0; j < 8; j++) l[j] = acc[0][i][j] + acc[1][i][j];
+        y[(m0 + i) * ldy + r] = lanes_sum(l) + mins[i];
+    }
+#endif
+}
+
+/* weight rows [r0, r1) against every input row, 4 input rows per pass over a weight row */
+Q_INLINE void int_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
+                          const int16_t *xq, const float *xd, const float *xs, int64_t rows,
+                          float *y, int64_t ldy, int64_t r0, int64_t r1) {
+    int64_t nb = cols / 32;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * row_bytes;
+        int64_t m0 = 0;
+        for (; m0 + 4 <= rows; m0 += 4) int_tile(t, 4, wr, nb, xq, xd, xs, m0, y, ldy, r);
+        for (; m0 < rows; m0++) int_tile(t, 1, wr, nb, xq, xd, xs, m0, y, ldy, r);
+    }
+}
+
+/* int_rows_of with the type a constant in each copy (the unpacking's switch folds away) */
+static void int_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
+                     const int16_t *xq, const float *xd, const float *xs, int64_t rows,
+                     float *y, int64_t ldy, int64_t r0, int64_t r1) {
+    switch (t) {
+    case T_Q4_0: int_rows_of(T_Q4_0, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1); break;
+    case T_Q4_1: int_rows_of(T_Q4_1, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1); break;
+    case T_Q5_0: int_rows_of(T_Q5_0, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1); break;
+    case T_Q5_1: int_rows_of(T_Q5_1, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1); break;
+    case T_Q8_0: int_rows_of(T_Q8_0, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1); break;
+    }
+}
+
+/* ---- the fused-dequantization path: any type, float32 inputs ---------------------------- */
+
+static void float_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
+                       const float *x, int64_t rows, float *y, int64_t ldy, int64_t r0,
+                       int64_t r1) {
+    int bs = q_block(t), bytes = q_bytes(t);
+    int chunk = bs < 32 ? 32 : bs; /* elements dequantized at once (cols % chunk == 0) */
+    float buf[256];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * row_bytes;
+        for (int64_t m0 = 0; m0 < rows; m0 += 4) {
+            int mt = rows - m0 < 4 ? (int)(rows - m0) : 4;
+            float acc[4][8] = {{0}};
+            for (int64_t k = 0; k < cols; k += chunk) {
+                for (int e = 0; e < chunk; e += bs)
+                    dequant_block(t, wr + (k + e) / bs * bytes, buf + e);
+                for (int i = 0; i < mt; i++) {
+                    const float *xr = x + (m0 + i) * cols + k;
+                    for (int e = 0; e < chunk; e += 8)
+                        for (int j = 0; j < 8; j++)
+                            acc[i][j] = fmaf(buf[e + j], xr[e + j], acc[i][j]);
+                }
+            }
+            for (int i = 0; i < mt; i++) y[(m0 + i) * ldy + r] = lanes_sum(acc[i]);
+        }
+    }
+}
+
+/* ---- the product, split over the pool's threads ----------------------------------------- */
+
+struct q_job {
+    int t, use_int;
+    const uint8_t *w;
+    int64_t row_bytes, cols, out, rows, ldy;
+    const int16_t *xq;
+    const float *xd, *xs, *xf;
+    float *y;
+};
+
+static void q_part(void *p, int part, int parts) {
+    const struct q_job *j = p;
+    int64_t r0 = j->out * part / parts, r1 = j->out * (part + 1) / parts;
+    if (r0 >= r1) return;
+    if (j->use_int)
+        int_rows(j->t, j->w, j->row_bytes, j->cols, j->xq, j->xd, j->xs, j->rows, j->y, j->ldy,
+                 r0, r1);
+    else
+        float_rows(j->t, j->w, j->row_bytes, j->cols, j->xf, j->rows, j->y, j->ldy, r0, r1);
+}
+
+/* whether type t takes the int8 path (the caller sizes the scratch for it) */
+int q_uses_int(int t) {
+    return t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1 || t == T_Q8_0;
+}
+
+/* y [rows][ldy] (columns 0 .. out) = x [rows][cols] . w^T for w [out] rows of type t.
+   x float32 (or bf16 when x_bf16); scratch: rows * cols int16 + 2 * rows * cols / 32 floats
+   for the integer path, rows * cols floats (the input widened) for a bf16 input otherwise.
+   `threads`: how many parts (0: the pool's own count). Returns 0, -1 for an unknown type,
+   -2 when cols is not a multiple of the block. */
+int q_matmul(int t, const uint8_t *w, int64_t row_bytes, int64_t out, int64_t cols,
+             const void *x, int x_bf16, int64_t rows, float *y, int64_t ldy, void *scratch,
+             int threads) {
+    int bs = q_block(t);
+    if (!bs) return -1;
+    if (cols % (bs < 32 ? 32 : bs)) return -2;
+    struct q_job j = {t, q_uses_int(t), w, row_bytes, cols, out, rows, ldy,
+                      0, 0, 0, (const float *)x, y};
+    if (j.use_int) {
+        int16_t *q = scratch;
+        float *d = (float *)(q + rows * cols), *s = d + rows * cols / 32;
+        for (int64_t m = 0; m < rows; m++)
+            quantize_row(x_bf16 ? (const void *)((const uint16_t *)x + m * cols)
+                                : (const void *)((const float *)x + m * cols),
+                         x_bf16, cols, q + m * cols, d + m * cols / 32, s + m * cols / 32);
+        j.xq = q;
+        j.xd = d;
+        j.xs = s;
+    } else if (x_bf16) {
+        float *xf = scratch;
+        for (int64_t i = 0; i < rows * cols; i++)
+            xf[i] = bf16f((const uint8_t *)((const uint16_t *)x + i));
+        j.xf = xf;
+    }
+    int parts = threads > 0 ? threads : (out * cols < MIN_PAR ? 1 : pool_threads());
+    pool_run(q_part, &j, parts);
+    return 0;
+}
+
+/* rows `ids` [n] of the table w (type t, cols values a row) -> out [n][cols] float32 */
+int q_embedding(int t, const uint8_t *w, int64_t row_bytes, int64_t cols, const int64_t *ids,
+                int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++)
+        if (q_dequant(t, w + ids[i] * row_bytes, row_bytes, 1, cols, out + i * cols)) return -1;
+    return 0;
+}
+"""

@@ -1,0 +1,133 @@
+"""The quantized-weight kernels (runtime/kernels/cpu_quant.py): dequantization bit-equal to the
+`gguf` package's reference, products against float64, the portable build against the SIMD one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+from runtime.errors import UnsupportedModelError
+from runtime.kernels import cpu_quant
+from runtime.kernels.cpu_quant import QuantTensor
+
+pytestmark = pytest.mark.skipif(cpu_quant.library() is None, reason="no C compiler")
+
+FORMATS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16"]
+INT_FORMATS = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}  # products on int16-quantized inputs
+K_FORMATS = {"Q4_K", "Q5_K", "Q6_K"}  # gguf has no numpy quantizer for these
+
+
+def random_weight(name: str, rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, QuantTensor]:
+    """(stored bytes [rows, row_bytes], the QuantTensor over them) of a random weight."""
+    rng = np.random.default_rng(seed)
+    qtype = GGMLQuantizationType[name]
+    if name in K_FORMATS:
+        # random bytes are valid blocks once the fp16 super-block scales are finite and small
+        _, size = GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+        scale = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+        if name == "Q6_K":
+            raw[..., 208:210] = scale
+        else:
+            raw[..., 0:2] = scale
+            raw[..., 2:4] = np.frombuffer(np.float16(0.004).tobytes(), np.uint8)
+        stored = raw.reshape(rows, -1)
+    else:
+        x = rng.standard_normal((rows, cols)).astype(np.float32)
+        x *= rng.uniform(0.01, 2.0, (rows, 1)).astype(np.float32)  # rows of different scales
+        stored = np.ascontiguousarray(quants.quantize(x, qtype)).view(np.uint8)
+        stored = stored.reshape(rows, -1)
+    w = QuantTensor(torch.from_numpy(stored.copy()), cpu_quant.TYPE_IDS[name], cols)
+    return stored, w
+
+
+def int16_inputs(x: torch.Tensor) -> torch.Tensor:
+    """The inputs as the integer path sees them: blocks of 32, d = max|x| / 32767,
+    q = round(x / d)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 32767.0
+    inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+    q = torch.round(blocks * inv).clamp(-32767, 32767)
+    return (q.double() * d.double()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_dequantization_is_bit_equal_to_the_gguf_reference(name):
+    stored, w = random_weight(name, 24, 512)
+    ref = quants.dequantize(stored, GGMLQuantizationType[name]).astype(np.float32)
+    for portable in (False, True):
+        mine = w.dequantize(portable=portable).numpy()
+        assert mine.shape == ref.shape
+        assert np.array_equal(mine.view(np.uint32), ref.view(np.uint32)), (name, portable)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9], ids=["matvec", "three-rows", "nine-rows"])
+@pytest.mark.parametrize("name", FORMATS)
+def test_product_matches_a_float64_product(name, rows):
+    _, w = random_weight(name, 40, 512, seed=rows)
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 512)
+    y = cpu_quant.linear(x, w).double()
+    # the 32-element formats multiply the inputs as quantized (int16 blocks); the others as given
+    xs = int16_inputs(x) if name in INT_FORMATS else x.double()
+    exact = xs @ w.dequantize().double().T
+    scale = xs.abs() @ w.dequantize().double().abs().T  # the sum's magnitude, per output
+    assert torch.all((y - exact).abs() <= 1e-5 * scale + 1e-6), name
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_portable_build_gives_the_simd_builds_bits(name):
+    if cpu_quant.library(portable=True) is None:
+        pytest.skip("portable build failed")
+    _, w = random_weight(name, 64, 768, seed=7)
+    x = torch.randn(6, 768)
+    simd = cpu_quant.linear(x, w)
+    portable = cpu_quant.linear(x, w, portable=True, threads=1)
+    assert torch.equal(simd, portable)
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
+def test_each_row_is_the_same_whatever_the_batch_and_threads(name):
+    _, w = random_weight(name, 96, 768, seed=3)
+    x = torch.randn(7, 768)
+    together = cpu_quant.linear(x, w, threads=2)
+    alone = torch.cat([cpu_quant.linear(x[i : i + 1], w, threads=1) for i in range(7)])
+    assert torch.equal(together, alone)
+
+
+def test_bf16_inputs_bias_and_output_dtype():
+    _, w = random_weight("Q8_0", 32, 256)
+    x = torch.randn(2, 256).bfloat16()
+    bias = torch.randn(32)
+    y = cpu_quant.linear(x, w, bias)
+    assert y.dtype == torch.bfloat16
+    ref = cpu_quant.linear(x.float(), w) + bias
+    assert torch.equal(y, ref.bfloat16())
+    assert cpu_quant.linear(x, w, bias, float_out=True).dtype == torch.float32
+
+
+def test_rows_slices_and_cat_keep_the_format():
+    _, a = random_weight("Q4_1", 32, 256, seed=1)
+    _, b = random_weight("Q6_K", 16, 256, seed=2)
+    x = torch.randn(3, 256)
+    same = torch.cat([a[:16], a[16:]])
+    assert isinstance(same, QuantTensor) and torch.equal(same.data, a.data)
+    mixed = torch.cat([a, b])  # different formats: one output, a product per part
+    assert isinstance(mixed, cpu_quant.QuantStack) and mixed.shape == (48, 256)
+    y = cpu_quant.linear(x, mixed)
+    assert torch.equal(y, torch.cat([cpu_quant.linear(x, a), cpu_quant.linear(x, b)], dim=1))
+    cols = a[:, 64:128]
+    assert torch.equal(cols.dequantize(), a.dequantize()[:, 64:128])
+    with pytest.raises(UnsupportedModelError, match="columns 0:40"):
+        a[:, 0:40]
+
+
+def test_embedding_rows_are_the_dequantized_rows():
+    _, w = random_weight("Q8_0", 50, 256)
+    ids = torch.tensor([[3, 0], [49, 3]])
+    rows = cpu_quant.embedding(ids, w, torch.float32)
+    assert torch.equal(rows, w.dequantize()[ids])
+    with pytest.raises(IndexError):
+        cpu_quant.embedding(torch.tensor([50]), w, torch.float32)

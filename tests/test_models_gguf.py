@@ -1,0 +1,153 @@
+"""GGUF files run as they are (runtime/models/gguf.py): config, tokenizer and chat template from
+the metadata, weights kept in their block formats, greedy tokens against the same model's
+dequantized fp32 forward. Tiny random Llamas are written with `gguf`'s writer
+(benchmarks/gguf_models.py); the default model's own file runs in the heavy tests."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.gguf_models import write_gguf
+from runtime import Engine
+from runtime.errors import UnsupportedModelError
+from runtime.kernels import cpu_quant
+from runtime.kernels.cpu_quant import QuantStack, QuantTensor
+from runtime.models.gguf import load_gguf
+from tests._runtime_fixtures import PROMPTS, smollm_tokenizer, tiny_config
+
+pytestmark = pytest.mark.skipif(cpu_quant.library() is None, reason="no C compiler")
+
+
+def tiny_llama(seed: int = 0, **overrides):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config("llama", **overrides)
+    return config, AutoModelForCausalLM.from_config(config).eval().state_dict()
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """A tiny Llama as a Q8_0 GGUF (its v rows Q4_1: a mixed q/k/v as in K-quant files), and a
+    folder holding the same weights dequantized (fp32 safetensors)."""
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("gguf")
+    config, state = tiny_llama()
+    mixed = {"model.layers.0.self_attn.v_proj.weight": "Q4_1"}
+    path = write_gguf(root / "tiny.Q8_0.gguf", config, state, "Q8_0", overrides=mixed)
+    _, loaded = load_gguf(path)
+    folder = root / "dequantized"
+    folder.mkdir()
+    dense = {k: (v.dequantize() if isinstance(v, QuantTensor) else v.float()).contiguous()
+             for k, v in loaded.items()}  # fmt: skip
+    save_file(dense, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config.to_dict()))
+    smollm_tokenizer().save_pretrained(folder)
+    return path, folder, state
+
+
+def test_weights_stay_in_their_formats_and_match_the_original(written):
+    path, _, state = written
+    config, loaded = load_gguf(path)
+    assert config.num_layers == 2 and config.num_kv_heads == 2 and config.hidden_size == 64
+    q = loaded["model.layers.0.self_attn.q_proj.weight"]
+    assert isinstance(q, QuantTensor) and cpu_quant.type_name(q.qtype) == "Q8_0"
+    assert q.nbytes == 64 * 64 // 32 * 34  # as stored: 34 bytes per 32 weights
+    v = loaded["model.layers.0.self_attn.v_proj.weight"]
+    assert cpu_quant.type_name(v.qtype) == "Q4_1"
+    # the q / k rows are back in the checkpoint's order: Q8_0 is within half a step of it
+    # (plus the fp16 rounding of its scale: 127 x 2^-11 of a step)
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "mlp.down_proj"):
+        full = f"model.layers.1.{name}.weight"
+        w, ref = loaded[full].dequantize(), state[full].float()
+        step = ref.abs().reshape(ref.shape[0], -1, 32).amax(-1, keepdim=True) / 127
+        assert torch.all((w - ref).reshape(step.shape[0], -1, 32).abs() <= step * 0.6 + 1e-7)
+    norm = loaded["model.layers.0.input_layernorm.weight"]
+    assert isinstance(norm, torch.Tensor) and torch.equal(norm, state[
+        "model.layers.0.input_layernorm.weight"])  # fmt: skip
+
+
+def test_engine_runs_the_file_and_reports_stored_weight_bytes(written, tmp_path, monkeypatch):
+    path, _, _ = written
+    monkeypatch.setenv("SGL_DSL_CACHE_DIR", str(tmp_path / "cache"))
+    with Engine(str(path), mem_budget_gb=0.05) as engine:
+        r = engine.generate("The quick brown fox", max_new_tokens=8, temperature=0.0,
+                            ignore_eos=True)  # fmt: skip
+        assert len(r.token_ids) == 8
+        assert engine.tokenizer.chat_template  # from the file's metadata
+        stored = sum(t.nbytes if isinstance(t, QuantTensor | QuantStack) else
+                     t.numel() * t.element_size() for t in load_gguf(path)[1].values())  # fmt: skip
+        assert engine.model.weight_bytes() <= stored
+    assert not (tmp_path / "cache").exists()  # nothing converted, nothing written
+
+
+def test_greedy_tokens_match_the_dequantized_fp32_forward_on_most_prompts(written):
+    """The quantized model multiplies int8-quantized activations; its dequantized twin runs
+    the same weights in fp32. A random tiny model's logits are close together, so a prompt
+    may part where two candidates are within the activations' rounding; most must not."""
+    path, folder, _ = written
+    prompts = PROMPTS + ["Hello, my name is", "The capital of France is", "import numpy as"]
+    with (
+        Engine(str(path), mem_budget_gb=0.05) as quant,
+        Engine(str(folder), mem_budget_gb=0.05) as dense,
+    ):
+        a = quant.generate(prompts, max_new_tokens=12, temperature=0.0, ignore_eos=True)
+        b = dense.generate(prompts, max_new_tokens=12, temperature=0.0, ignore_eos=True)
+        same = sum(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))
+        first = sum(x.token_ids[0] == y.token_ids[0] for x, y in zip(a, b, strict=True))
+    assert first >= len(prompts) - 1
+    assert same >= len(prompts) * 2 // 3, f"{same} of {len(prompts)} prompts agree"
+
+
+def test_logits_close_to_the_dequantized_forward(written):
+    path, folder, _ = written
+    with (
+        Engine(str(path), mem_budget_gb=0.05) as quant,
+        Engine(str(folder), mem_budget_gb=0.05) as dense,
+    ):
+        a = quant.generate(PROMPTS[1], max_new_tokens=1, temperature=0.0, logprobs=True,
+                           top_logprobs=5)  # fmt: skip
+        b = dense.generate(PROMPTS[1], max_new_tokens=1, temperature=0.0, logprobs=True,
+                           top_logprobs=5)  # fmt: skip
+    assert a.token_ids == b.token_ids
+    # int16 activations: the log-probabilities within ~1e-3 of the fp32 forward's
+    assert a.top_logprobs[0].keys() == b.top_logprobs[0].keys()
+    for token, logprob in b.top_logprobs[0].items():
+        assert abs(a.top_logprobs[0][token] - logprob) < 2e-3
+
+
+def test_an_unsupported_tensor_type_names_the_tensor_and_type(tmp_path):
+    config, state = tiny_llama()
+    path = tmp_path / "q2k.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_context_length(128)
+    raw = np.zeros((config.hidden_size, 256 // 256 * 84), dtype=np.uint8)  # Q2_K: 84 B / 256
+    writer.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_q\.weight.*Q2_K"):
+        load_gguf(path)
+
+
+def test_an_unknown_architecture_is_refused(tmp_path):
+    path = tmp_path / "phi.gguf"
+    writer = gguf.GGUFWriter(str(path), "phi2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match="phi2"):
+        load_gguf(path)
