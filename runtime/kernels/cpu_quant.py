@@ -8,7 +8,7 @@ file loads quantized and plain checkpoints with the same code. The products run 
 `linear` (any number of input rows; float32 out) and the embedding in `embedding`.
 
 The library is compiled on first use with the system C compiler, -march=native (the CPU that
-runs it picks AVX2, AVX-512 VNNI or neither), cached under $SGL_NATIVE_CACHE as cpu_fused's is.
+runs it picks AVX2, AVX-512 VNNI or neither), by grammar/native_build.py as cpu_fused's is.
 `portable=True` builds the same source as plain C for a baseline x86-64 / any CPU: tests check
 that both give the same bits. Its thread pool is cpu_pool.py's (a copy of its own in this
 library: a quantized model's projections all run here, so the dense kernels' pool stays idle).
@@ -17,17 +17,14 @@ library: a quantized model's projections all run here, so the dense kernels' poo
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from grammar.tokens import native
+from grammar.native_build import Unit, load_library
 from runtime.errors import UnsupportedModelError
 from runtime.kernels import cpu_pool
 from runtime.kernels.quant_source import SOURCE as _QUANT_SOURCE
@@ -52,9 +49,9 @@ TYPE_IDS = {name: tid for tid, (name, _, _) in TYPES.items()}
 MIN_PARALLEL = 1 << 16  # weights (elements) below which one thread does it all
 
 SOURCE = cpu_pool.SOURCE + _QUANT_SOURCE.replace("MIN_PAR", str(MIN_PARALLEL))
-_NATIVE = ["-O3", "-march=native"]
-_PORTABLE = ["-O2", "-DQUANT_PORTABLE"]  # the compiler's baseline target, no intrinsics
-_COMMON = ["-fPIC", "-std=gnu11", "-ffp-contract=off", "-fopenmp"]
+_NATIVE = ("-O3", "-march=native")
+_PORTABLE = ("-O2", "-DQUANT_PORTABLE")  # the compiler's baseline target, no intrinsics
+_COMMON = ("-fPIC", "-std=gnu11", "-ffp-contract=off", "-fopenmp")
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
     "q_dequant": ([_I32, _PTR, _I64, _I64, _I64, _PTR], _I32),
@@ -67,32 +64,16 @@ _libs: dict[bool, ctypes.CDLL | None] = {}
 _lock = threading.Lock()
 
 
-def _build(target: Path, compiler: str, flags: list[str]) -> None:
-    with tempfile.TemporaryDirectory(dir=target.parent) as d:
-        src, tmp = Path(d, "quant.c"), Path(d, "quant.so")
-        src.write_text(SOURCE)
-        cmd = [compiler, *flags, "-shared", str(src), "-o", str(tmp), "-lm"]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=180)
-        tmp.replace(target)
-
-
 def library(portable: bool = False) -> ctypes.CDLL | None:
     """The compiled kernels (None when no C compiler is found or the build fails)."""
     with _lock:
         if portable in _libs:
             return _libs[portable]
+        flags = (*(_PORTABLE if portable else _NATIVE), *_COMMON)
         lib = None
-        cc = native.compiler()
-        flags = (_PORTABLE if portable else _NATIVE) + _COMMON
         try:
-            if cc is None:
-                raise RuntimeError("no C compiler found")
-            key = hashlib.sha256("\n".join([SOURCE, repr(flags), native.cpu_id(), cc]).encode())
-            name = "portable" if portable else "native"
-            target = native.cache_dir() / f"quant-{name}-{key.hexdigest()[:16]}.so"
-            if not target.exists():
-                _build(target, cc, flags)
-            lib = ctypes.CDLL(str(target))
+            name = "quant-portable" if portable else "quant"
+            lib = load_library(name, [Unit("quant", SOURCE, flags)], ("-fopenmp", "-lm"))
             for fn_name, (argtypes, restype) in _SIGNATURES.items():
                 fn = getattr(lib, fn_name)
                 fn.argtypes, fn.restype = argtypes, restype
