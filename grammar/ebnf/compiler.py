@@ -69,6 +69,7 @@ def decompose(
     cols = prep.columns.reshape(-1)  # byte p of row r at p * n_rows + r
     table = term.table.reshape(-1)
     accepting, live = term.accepting, term.live
+    rows = rows.astype(np.int64)
     lens = prep.lengths[rows].astype(np.int64)
     cur = np.full(rows.shape[0], q, dtype=np.int64)
     pos = pos.astype(np.int64)
@@ -91,7 +92,9 @@ def decompose(
             rows, cur, pos, lens = rows[go], cur[go], pos[go], lens[go]
     words = layout.rows_to_words(np.concatenate(inside)) if inside else None
     if cut_rows:
-        return Decomposition(words, np.concatenate(cut_rows), np.concatenate(cut_pos))
+        # int32: the cut lists are most of what a decomposition keeps (rows < 2**31)
+        rows32 = np.concatenate(cut_rows).astype(np.int32)
+        return Decomposition(words, rows32, np.concatenate(cut_pos).astype(np.int32))
     return Decomposition(words, _NO_ROWS, _NO_ROWS)
 
 
