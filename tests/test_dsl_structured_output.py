@@ -101,3 +101,12 @@ def test_engine_logit_bias_wins_unless_the_grammar_forbids(runtime):
         engine.generate("x", logit_bias={10**9: 1.0}, **plain)
     with pytest.raises(ValueError, match="logit_bias"):
         engine.generate("x", logit_bias={5: 200.0}, **plain)
+
+
+def test_endpoint_refuses_an_answer_generated_without_its_lark_grammar():
+    from sgl_dsl.backend.endpoint import _check_lark_reached
+
+    _check_lark_reached({"grammar": LARK}, {"constraint": "lark"})
+    _check_lark_reached({"regex": "a"}, {})
+    with pytest.raises(sgl.BackendError, match="ebnf"):
+        _check_lark_reached({"grammar": LARK}, {"finish_reason": {"type": "stop"}})

@@ -97,6 +97,8 @@ def _meta(
         "decode_steps": result.usage.decode_steps,
         "finish_reason": reason,
     }
+    if opts.get("constraint"):  # the field whose constraint the output obeys (ours)
+        meta["constraint"] = opts["constraint"]
     top_n, sglang_shape, with_text = opts["top_n"], opts["sglang_shape"], opts["with_text"]
     if result.logprobs is not None:
         lps = list(result.logprobs)
@@ -255,6 +257,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
                     "sglang_shape": sglang_shape,
                     "with_text": body.return_text_in_logprobs,
                     "no_stop_trim": bool(per_prompt[i].get("no_stop_trim")),
+                    "constraint": constraint.param,
                 }
             )
             # SGLang: with return_logprob, input logprobs from logprob_start_len (-1 or unset:

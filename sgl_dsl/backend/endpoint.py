@@ -36,7 +36,7 @@ _SERVER_NAMES = {
     "max_tokens": "max_new_tokens",
     "min_tokens": "min_new_tokens",
     # lark text has no SGLang name (SGLang's `ebnf` is GBNF, sent as `ebnf`): the SGLang Model
-    # Gateway drops `lark`, so a lark gen() through it fails (see `_check_constrained`)
+    # Gateway drops `lark`, so a lark gen() through it fails (see `_check_lark_reached`)
     "grammar": "lark",
 }
 
@@ -188,7 +188,9 @@ class RuntimeEndpoint(Backend):
         return body
 
     def generate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
-        return _to_output(self._request("POST", "/generate", self._body(prompt, params, False)))
+        answer = self._request("POST", "/generate", self._body(prompt, params, False))
+        _check_lark_reached(params, answer["meta_info"])
+        return _to_output(answer)
 
     def generate_stream(self, prompt: str, params: dict[str, Any]) -> Iterator[GenChunk]:
         body = self._body(prompt, params, True)
@@ -211,7 +213,10 @@ class RuntimeEndpoint(Backend):
                     if "error" in event:
                         raise BackendError(f"/generate stream failed: {event['error']['message']}")
                     meta = event.get("meta_info") or {}
-                    done = _to_output(event) if meta.get("finish_reason") else None
+                    done = None
+                    if meta.get("finish_reason"):
+                        _check_lark_reached(params, meta)
+                        done = _to_output(event)
                     yield GenChunk(event.get("delta", ""), done)
         except httpx.HTTPError as exc:
             raise BackendError(f"POST {self.url}/generate (stream) failed: {exc}") from exc
@@ -273,6 +278,17 @@ def _error_text(path: str, status: int, text: str) -> str:
     except (ValueError, KeyError, TypeError):
         message = text[:500]
     return f"{path} answered {status}: {message}"
+
+
+def _check_lark_reached(params: dict[str, Any], meta: dict[str, Any]) -> None:
+    """A lark grammar travels as `lark`, which SGLang's types (and so the SGLang Model Gateway)
+    do not have: the server names the constraint it applied, and an answer that names none
+    was generated without the grammar. Refuse it rather than pass free text for it."""
+    if params.get("grammar") is not None and not meta.get("constraint"):
+        raise BackendError(
+            "the lark grammar did not reach the server (a gateway in between drops the `lark` "
+            "field): write the grammar in GBNF and pass gen(ebnf=...) instead"
+        )
 
 
 def _to_output(body: dict[str, Any]) -> GenOutput:
