@@ -190,6 +190,18 @@ def test_no_tracker_numbers_in_code_tests_or_docs():
     assert set(found) <= PENDING_TRACKER_NUMBERS, found
 
 
+def test_readme_is_a_front_door_and_doc_links_resolve():
+    readme = REPO / "README.md"
+    assert len(readme.read_text(encoding="utf-8").splitlines()) <= 300  # depth lives in docs/
+    broken = []
+    for page in [readme, *sorted((REPO / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(REPO)} -> {target}")
+    assert broken == []
+
+
 def test_long_files_are_only_reported():
     long = long_files(600)
     if long:  # a prompt to check the file is still one concept, not a failure
