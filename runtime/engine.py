@@ -107,6 +107,8 @@ class Engine:
         nnodes: int = 1,
         dist_init_addr: str | None = None,
         json_schema_mode: str = "strict",
+        grammar_compile_timeout_s: float | None = None,
+        grammar_compile_memory_mb: int | None = None,
         overlap_schedule: bool | None = None,
         disaggregation_mode: str = "null",
         disaggregation_bootstrap_port: int | None = None,
@@ -115,6 +117,9 @@ class Engine:
         attention_backend: str = "auto",
     ) -> None:
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
+        # a constraint's compile budget (time, address space; None: compile_pool's defaults)
+        self.grammar_compile_timeout_s = grammar_compile_timeout_s
+        self.grammar_compile_memory_mb = grammar_compile_memory_mb
         if num_threads:
             torch.set_num_threads(num_threads)
         path = Path(model) if model is not None else default_model()

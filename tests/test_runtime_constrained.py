@@ -274,16 +274,18 @@ def test_state_budget_reached_mid_generation_fails_that_request_alone(engine, mo
     """A lazily built automaton numbers states as the walk goes: one that reaches its budget
     mid-generation aborts its own request with the GrammarError; the batch goes on."""
     import grammar
-    from grammar.automata.lazy_dfa import LazyDFA
+    from grammar.tokens.compiled import CompiledGrammar
 
-    init = LazyDFA.__init__
+    init = CompiledGrammar.__init__
 
-    def tiny_budget(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.max_states = self.num_states + 3
+    def tiny_budget(self, dfa, *args, **kwargs):  # where the serving process rebuilds it
+        init(self, dfa, *args, **kwargs)
+        if dfa.lazy:
+            dfa.max_states = dfa.num_states + 3
 
-    monkeypatch.setattr(LazyDFA, "__init__", tiny_budget)
+    monkeypatch.setattr(CompiledGrammar, "__init__", tiny_budget)
     grammar.clear_caches()
+    engine.scheduler.hooks.compiles.clear()
     plain = engine.generate(PROMPT, max_new_tokens=10, temperature=0.0, ignore_eos=True)
     # a long unconstrained request is in flight (streamed: submitted at once) while the
     # constrained one reaches the budget; a DFA that remembers the last 9 letters: 512 states
@@ -293,6 +295,7 @@ def test_state_budget_reached_mid_generation_fails_that_request_alone(engine, mo
                            temperature=1.0, seed=3, ignore_eos=True)  # fmt: skip
     chunks = list(stream)
     grammar.clear_caches()
+    engine.scheduler.hooks.compiles.clear()
     assert r.finish_reason == "abort" and "state budget" in r.error, (r.finish_reason, r.error)
     final = chunks[-1].result
     assert final.finish_reason == "length" and final.token_ids[:10] == plain.token_ids

@@ -38,6 +38,19 @@ class CompiledGrammar:
         d = self.dfa
         return not d.lazy and not d.accepting[START] and not d.table[START].any()
 
+    def portable(self) -> tuple:
+        """What another process needs to rebuild this constraint around its own copy of the
+        vocabulary (`from_portable`): the automaton, the masks and forced texts built so far."""
+        return self.dfa, self.source, dict(self.index._masks), dict(self._forced)
+
+    @classmethod
+    def from_portable(cls, state: tuple, vocab: TokenVocabulary) -> CompiledGrammar:
+        dfa, source, masks, forced = state
+        out = cls(dfa, vocab, source)
+        out.index._masks.update(masks)
+        out._forced.update(forced)
+        return out
+
     def matcher(self) -> Matcher:
         return Matcher(self)
 

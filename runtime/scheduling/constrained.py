@@ -1,11 +1,12 @@
 """Constrained decoding in the engine: grammar masks, compilation off the loop, jump-forward.
 
 A request with `regex`, `json_schema`, `choices`, `dtype`, `grammar` (lark text), `ebnf`
-(GBNF text) or `structural_tag` gets a `ConstraintState`. Its
-grammar compiles on a worker thread (the request waits in the queue meanwhile; other requests
-go on). Each step the packed masks of the constrained rows are applied to their logits in one
-call; rows without a constraint are not touched. After each sampled token the matcher
-advances; when the compressed DFA says the next bytes are forced, jump-forward appends them:
+(GBNF text) or `structural_tag` gets a `ConstraintState`. Its grammar compiles in a worker
+process with a time and a memory budget (`compile_pool`; the request waits in the queue
+meanwhile; other requests go on). Each step the packed masks of the constrained rows are
+applied to their logits in one call; rows without a constraint are not touched. After each
+sampled token the matcher advances; when the compressed DFA says the next bytes are forced,
+jump-forward appends them:
 
     1. text  = bytes of all output tokens + forced bytes (cut to whole UTF-8 characters)
     2. ids   = tokenizer.encode(text)                   (what the tokenizer would produce)
@@ -22,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -31,8 +31,16 @@ import numpy as np
 import torch
 
 from grammar import DTYPE_NAMES
+from grammar.json_schema.schema import load_schema
 from runtime import settings
 from runtime.kernels import reference
+from runtime.scheduling import compile_pool
+from runtime.scheduling.compile_pool import (
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    CompilePool,
+    CompileSpec,
+)
 from runtime.scheduling.request import Request
 
 if TYPE_CHECKING:
@@ -87,6 +95,12 @@ class ConstraintHooks:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-grammar")
         self._wake = engine.scheduler_wake if hasattr(engine, "scheduler_wake") else None
         self.json_schema_mode = getattr(engine, "json_schema_mode", "strict")
+        self.compiles = CompilePool(
+            self.vocab,
+            timeout_s=getattr(engine, "grammar_compile_timeout_s", None) or DEFAULT_TIMEOUT_S,
+            memory_mb=getattr(engine, "grammar_compile_memory_mb", None) or DEFAULT_MEMORY_MB,
+        )
+        compile_pool.register(self.compiles)
         if settings.GRAMMAR_PREBUILD.get():
             # first on the grammar thread, so no request's compile waits for these
             self._pool.submit(self._prebuild)
@@ -153,34 +167,14 @@ class ConstraintHooks:
 
         mode = check_mode(json_schema_mode or self.json_schema_mode)
 
-        def compile_job():
-            import grammar
-
-            start = time.perf_counter()
-            vocab = self.vocab()
-            if regex is not None:
-                g = grammar.compile_regex(regex, vocab)
-            elif json_schema is not None:
-                g = grammar.compile_json_schema(
-                    json_schema, vocab, whitespace=whitespace_pattern, json_schema_mode=mode
-                )
-                if g.admits_nothing:  # compiled, but no output could ever satisfy it
-                    raise grammar.EmptyLanguageError("the schema admits no instance")
-            elif choices is not None:
-                if not choices:
-                    raise grammar.GrammarError("choices must not be empty")
-                g = grammar.compile_choices(list(choices), vocab)
-            elif lark_text is not None:
-                g = grammar.compile_lark(lark_text, vocab)
-            elif ebnf is not None:
-                g = grammar.compile_ebnf(ebnf, vocab, root="root")
-            elif structural_tag is not None:
-                g = grammar.compile_structural_tag(structural_tag, vocab, json_schema_mode=mode)
-            else:
-                g = grammar.compile_regex(grammar.dtype_to_regex(dtype), vocab)
-            return g, vocab, time.perf_counter() - start
-
-        future = self._pool.submit(compile_job)
+        kind = given[0] if given else "dtype"
+        value = named[kind] if kind != "dtype" else dtype.__name__
+        if kind == "json_schema":
+            value = load_schema(value)  # a pydantic class or JSON text: the dict, to ship
+        elif kind == "structural_tag":
+            value = structural_tag
+        spec = CompileSpec(kind, value, mode, whitespace_pattern if kind == "json_schema" else None)
+        future = self.compiles.submit(spec, req)
         if wake is not None:
             future.add_done_callback(lambda _: wake())
         req.constraint = ConstraintState(future, jump_forward)
@@ -302,3 +296,6 @@ class ConstraintHooks:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if compile_pool.active() is self.compiles:
+            compile_pool.register(None)
+        self.compiles.shutdown()

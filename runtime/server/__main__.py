@@ -21,6 +21,22 @@ from runtime.server.app import build_state, create_app
 logger = logging.getLogger("runtime.server")
 
 
+def _compile_flags(engine: argparse._ArgumentGroup) -> None:
+    engine.add_argument(
+        "--grammar-compile-timeout",
+        type=float,
+        default=None,
+        help="seconds a constraint may take to compile (in a worker process) before the "
+        "request is refused with a 400 (default 10)",
+    )
+    engine.add_argument(
+        "--grammar-compile-memory-mb",
+        type=int,
+        default=None,
+        help="memory a constraint's compile may take in its worker process (default 2048)",
+    )
+
+
 def _chat_flags(p: argparse.ArgumentParser) -> None:
     chat = p.add_argument_group("chat: templates, tool calls, reasoning")
     chat.add_argument(
@@ -88,6 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(GPU kernels); auto picks cpu on a CPU",
     )
     _chat_flags(p)
+    _compile_flags(engine)
     pd = p.add_argument_group("prefill-decode disaggregation (behind the gateway's PD mode)")
     pd.add_argument(
         "--disaggregation-mode",
@@ -162,6 +179,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "num_threads": args.num_threads,
         "json_schema_mode": args.json_schema_mode,
         "attention_backend": args.attention_backend,
+        "grammar_compile_timeout_s": args.grammar_compile_timeout,
+        "grammar_compile_memory_mb": args.grammar_compile_memory_mb,
         "tp_size": args.tp_size,
         "pp_size": args.pp_size,
         "ep_size": args.ep_size,
@@ -231,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if template is not None:
         engine.tokenizer.chat_template = template
+    hooks = getattr(getattr(engine, "scheduler", None), "hooks", None)
+    if hooks is not None:  # compile workers ready before the first constrained request
+        hooks.compiles.start()
     state = build_state(
         engine,
         model_name=args.served_model_name,

@@ -74,9 +74,12 @@ def from_exception(exc: BaseException, param: str | None = None) -> APIError:
     """The APIError for an exception raised by the engine, the grammar or the tokenizer."""
     from grammar import GrammarError, UnsupportedSchemaError
     from runtime.errors import EngineShutdownError, PromptTooLongError
+    from runtime.scheduling.compile_pool import CompileBudgetError
 
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, CompileBudgetError):  # names the constraint and the limit
+        return APIError(400, str(exc), param=param, code="constraint_too_complex")
     if isinstance(exc, UnsupportedSchemaError):
         return APIError(400, str(exc), param=param, code="unsupported_schema_keyword")
     if isinstance(exc, GrammarError):
@@ -91,6 +94,20 @@ def from_exception(exc: BaseException, param: str | None = None) -> APIError:
         return APIError(400, f"{type(exc).__name__}: {exc}", param=param)
     logger.error("unexpected error", exc_info=exc)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
+
+
+def constraint_limit(message: str) -> bool:
+    """Whether an engine abort's message says the constraint went past one of its limits."""
+    from runtime.scheduling.compile_pool import BUDGET_MARK
+
+    return BUDGET_MARK in message or "state budget" in message
+
+
+def constraint_refusal(message: str, param: str | None) -> APIError:
+    """The 400 for a request the engine aborted because of its constraint (the message only)."""
+    if constraint_limit(message):
+        return APIError(400, message, param=param, code="constraint_too_complex")
+    return APIError(400, f"invalid constraint: {message}", param=param, code="invalid_constraint")
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:

@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from runtime.scheduling.request import GenerateResult, StreamChunk, Usage
 from runtime.server.bridge import EngineBridge, EngineStream
-from runtime.server.errors import APIError, from_exception
+from runtime.server.errors import APIError, constraint_limit, constraint_refusal, from_exception
 from runtime.server.phases import PhasedStream
 
 DISCONNECT_POLL_S = 0.25
@@ -120,15 +120,12 @@ def _check(result: GenerateResult, stream: EngineStream, param: str | None) -> G
     if result.finish_reason == "abort" and result.error and not stream.cancelled:
         if "does not fit" in result.error:
             raise APIError(413, result.error, param=param, code="context_length_exceeded")
-        if _constraint_param(stream) is not None and not result.token_ids:
+        param = _constraint_param(stream)
+        if param is not None and (not result.token_ids or constraint_limit(result.error)):
             # the engine compiles constraints off its loop and reports a bad one as an abort
-            # carrying only the message: a request whose constraint failed before any token
-            raise APIError(
-                400,
-                f"invalid constraint: {result.error}",
-                param=_constraint_param(stream),
-                code="invalid_constraint",
-            )
+            # carrying only the message: a request whose constraint failed before any token,
+            # or reached a limit of the constraint's (its automaton's state budget) later
+            raise constraint_refusal(result.error, param)
         raise APIError(500, f"the engine aborted the request: {result.error}", code="engine_abort")
     return result
 

@@ -95,12 +95,21 @@ def check_schema(schema: Any, param: str, mode: str = "strict") -> None:
     included). The default, strict, refuses nothing that strict mode compiles."""
     from grammar import GrammarError
     from grammar.json_schema.schema import json_schema_to_node, load_schema
-    from grammar.json_schema.strict import apply_mode
+    from grammar.json_schema.strict import apply_mode, check_mode
+    from runtime.scheduling import compile_pool
 
     try:
-        json_schema_to_node(apply_mode(load_schema(schema), mode))
+        pool = compile_pool.active()
+        if pool is not None:  # compiled in a worker, within the budget, kept for the engine
+            pool.compile(
+                compile_pool.CompileSpec("json_schema", load_schema(schema), check_mode(mode))
+            )
+        else:
+            json_schema_to_node(apply_mode(load_schema(schema), mode))
     except GrammarError as exc:
         code = "unsupported_schema_keyword" if hasattr(exc, "keyword") else "invalid_schema"
+        if isinstance(exc, compile_pool.CompileBudgetError):
+            code = "constraint_too_complex"
         raise APIError(400, str(exc), param=param, code=code) from exc
     except (ValueError, TypeError, KeyError, RecursionError) as exc:
         msg = f"invalid JSON schema: {exc}"

@@ -1,0 +1,188 @@
+"""The compile worker: a process that compiles constraints for `compile_pool` and ships them back.
+
+Started by `compile_pool` as its own interpreter (`LAUNCH`), it imports only `grammar`
+and numpy, never torch or the engine. It talks over a socket (a `multiprocessing` connection on
+file descriptor FD): first the vocabulary, then one job at a time. Its address space is capped
+at its size when ready plus the memory budget (`RLIMIT_AS`), so a compile that needs more ends
+in a MemoryError here, not in the serving process.
+
+A compiled constraint comes back as its automaton, the masks of the states the worker visited
+(the start state's: the first mask is often the longest to build) and its forced text, pickled
+with locks and the vocabulary left out (`dumps_portable` / `loads_portable`); the serving
+process rebuilds it around its own vocabulary. A lark grammar (no automaton to ship) is only
+checked here, within the budget, and compiled again by the caller (so are GBNF grammars and
+structural tags, whose compiled forms are not automata either).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pickle
+import resource
+import sys
+import threading
+import time
+from typing import Any
+
+# a job's kinds; each is compiled by `compile_constraint`
+KINDS = ("regex", "json_schema", "choices", "grammar", "ebnf", "structural_tag", "dtype")
+_JSON_KINDS = ("json_schema", "choices", "structural_tag")  # sent as JSON text
+_LOCKS = (type(threading.Lock()), type(threading.RLock()))
+# `python -c LAUNCH REPO FILE FD BUDGET`: this file run as a script with the repository first
+# on the path (not `-m`, which would import the `runtime` package and with it torch)
+LAUNCH = (
+    "import runpy, sys; sys.path.insert(0, sys.argv[1]); "
+    "runpy.run_path(sys.argv[2], run_name='__main__')"
+)
+
+logger = logging.getLogger("runtime.compile_worker")
+
+
+def compile_constraint(
+    kind: str, value: Any, mode: str, vocab: Any, whitespace: str | None = None
+) -> Any:
+    """The compiled constraint (`grammar.CompiledGrammar`, or a lark `CompiledCFG`, ...)."""
+    import grammar
+
+    if kind == "regex":
+        return grammar.compile_regex(value, vocab)
+    if kind == "json_schema":
+        g = grammar.compile_json_schema(value, vocab, whitespace=whitespace, json_schema_mode=mode)
+        if g.admits_nothing:  # compiled, but no output could ever satisfy it
+            raise grammar.EmptyLanguageError("the schema admits no instance")
+        return g
+    if kind == "choices":
+        if not value:
+            raise grammar.GrammarError("choices must not be empty")
+        return grammar.compile_choices(list(value), vocab)
+    if kind == "grammar":
+        return grammar.compile_lark(value, vocab)
+    if kind == "ebnf":
+        return grammar.compile_ebnf(value, vocab, root="root")
+    if kind == "structural_tag":
+        return grammar.compile_structural_tag(value, vocab, json_schema_mode=mode)
+    if kind == "dtype":
+        return grammar.compile_regex(grammar.dtype_to_regex(grammar.DTYPE_NAMES[value]), vocab)
+    raise ValueError(f"unknown constraint kind {kind!r}")
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, vocab: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.vocab = vocab
+
+    def persistent_id(self, obj: Any) -> str | None:
+        if obj is self.vocab:
+            return "vocab"
+        if isinstance(obj, _LOCKS[1]):
+            return "rlock"
+        if isinstance(obj, _LOCKS[0]):
+            return "lock"
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, vocab: Any) -> None:
+        super().__init__(file)
+        self.vocab = vocab
+
+    def persistent_load(self, pid: str) -> Any:
+        if pid == "vocab":
+            return self.vocab
+        return threading.RLock() if pid == "rlock" else threading.Lock()
+
+
+def dumps_portable(compiled: Any, vocab: Any) -> bytes:
+    """A compiled constraint's automaton, visited masks and forced text, as bytes."""
+    from grammar.automata.fsm import START
+
+    compiled.matcher().bitmask()  # the first mask: built here, not on the serving loop
+    compiled.jump_forward(START)
+    buf = io.BytesIO()
+    _Pickler(buf, vocab).dump(compiled.portable())
+    return buf.getvalue()
+
+
+def loads_portable(data: bytes, vocab: Any) -> Any:
+    from grammar.tokens.compiled import CompiledGrammar
+
+    return CompiledGrammar.from_portable(_Unpickler(io.BytesIO(data), vocab).load(), vocab)
+
+
+def error_record(exc: BaseException) -> tuple[str, str, dict]:
+    """(class name, message, attributes) of a grammar error, to rebuild it in the caller."""
+    attrs = {k: v for k, v in vars(exc).items() if isinstance(v, str | int | float | None)}
+    return type(exc).__name__, str(exc), attrs
+
+
+def _address_space_limit(budget_bytes: int) -> None:
+    if budget_bytes <= 0:
+        return
+    with open("/proc/self/statm") as f:
+        size = int(f.read().split()[0]) * resource.getpagesize()
+    limit = size + budget_bytes
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def serve(conn: Any, budget_bytes: int) -> None:
+    """The worker's loop: the vocabulary, then (job id, kind, value, mode) jobs until EOF."""
+    import grammar
+
+    token_bytes, eos, specials, prebuild = pickle.loads(conn.recv_bytes())
+    vocab = grammar.TokenVocabulary(token_bytes, eos, specials)
+    if prebuild:
+        try:
+            grammar.prebuild(vocab)
+        except Exception:  # the first compile builds what it needs
+            logger.warning("compile worker: prebuild failed", exc_info=True)
+    _address_space_limit(budget_bytes)
+    os.nice(5)  # beside the serving process on the same cores: it goes first
+    conn.send_bytes(pickle.dumps(("ready", vocab.hash)))
+    while True:
+        try:
+            job_id, kind, value, mode, whitespace = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the serving process went away
+            return
+        start = time.perf_counter()
+        payload = b""
+        try:
+            if kind in _JSON_KINDS:
+                value = json.loads(value)
+            compiled = compile_constraint(kind, value, mode, vocab, whitespace)
+            if hasattr(compiled, "portable"):
+                payload = dumps_portable(compiled, vocab)
+            del compiled
+            header: tuple = ("ok", job_id, time.perf_counter() - start)
+        except MemoryError:
+            header = ("memory", job_id)
+        except grammar.GrammarError as exc:
+            header = ("error", job_id, *error_record(exc))
+        except RecursionError:
+            header = ("error", job_id, "GrammarError", "the constraint nests too deeply", {})
+        except Exception as exc:  # a constraint the compiler chokes on: still the user's
+            header = ("error", job_id, "GrammarError", f"{type(exc).__name__}: {exc}", {})
+        try:
+            conn.send_bytes(pickle.dumps(header))
+            conn.send_bytes(payload)
+        except MemoryError:
+            conn.send_bytes(pickle.dumps(("memory", job_id)))
+            conn.send_bytes(b"")
+
+
+def main(argv: list[str]) -> int:
+    from multiprocessing.connection import Connection
+
+    logging.basicConfig(level=logging.WARNING)
+    conn = Connection(int(argv[-2]))  # (after the repository path and this file: see LAUNCH)
+    serve(conn, int(argv[-1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,164 @@
+"""Constraint compiles run in worker processes with a time and a memory budget: a pathological
+compile never holds up a plain request, ends in a typed error naming the constraint and the
+limit (a 400 on the server), a killed worker is replaced, results are shared, and a cancelled
+request ends its compile."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from runtime import Engine
+from runtime.scheduling.compile_pool import (
+    CompileBudgetError,
+    CompileCancelledError,
+    CompilePool,
+    CompileSpec,
+)
+from tests._runtime_fixtures import make_tiny_model
+from tests._server_fixtures import shared_server
+
+PROMPT = "Give me the data:"
+HUGE = "a{1000000}"  # a million-state automaton: minutes of work, gigabytes of it
+
+
+def _wait_for(cond, timeout: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    folder = make_tiny_model(tmp_path_factory.mktemp("tiny-isolation"), seed=7)
+    with Engine(folder, page_size=4, max_total_tokens=4096, grammar_compile_timeout_s=4) as e:
+        e.scheduler.hooks.compiles.start()
+        yield e
+
+
+@pytest.fixture(scope="module")
+def vocab(engine):
+    return engine.scheduler.hooks.vocab()
+
+
+def test_a_pathological_compile_does_not_hold_up_a_plain_request(engine):
+    done: list[str] = []
+    bad: dict = {}
+
+    def pathological() -> None:
+        (bad["r"],) = engine.generate([PROMPT], regex=HUGE, max_new_tokens=4)
+        done.append("pathological")
+
+    t = threading.Thread(target=pathological)
+    t.start()
+    assert _wait_for(lambda: engine.scheduler.hooks.compiles._inflight)  # compiling now
+    plain = engine.generate(PROMPT, max_new_tokens=8, temperature=0.0)
+    done.append("plain")
+    t.join()
+    assert plain.finish_reason == "length" and len(plain.token_ids) == 8
+    assert done == ["plain", "pathological"]  # the plain one never waited for the compile
+    r = bad["r"]
+    assert r.finish_reason == "abort"
+    assert "regex" in r.error and "grammar compile timeout (4 s)" in r.error
+    # refused again at once from the cache, without another compile
+    (again,) = engine.generate([PROMPT], regex=HUGE, max_new_tokens=4)
+    assert again.error == r.error
+
+
+def test_compiles_are_shared_and_cached(engine):
+    pool = engine.scheduler.hooks.compiles
+    spec = CompileSpec("regex", "(yes|no) [0-9]{1,3}")
+    first = pool.submit(spec)
+    assert pool.submit(spec) is first or first.done()  # one compile for both
+    g1 = first.result()[0]
+    assert pool.compile(spec) is g1
+    out = engine.generate(PROMPT, regex=spec.value, max_new_tokens=12, temperature=0.0)
+    assert out.error is None
+
+
+def test_a_killed_worker_is_replaced_and_its_job_retried(engine):
+    pool = engine.scheduler.hooks.compiles
+    assert _wait_for(lambda: len(pool.worker_pids()) == pool.n_workers)
+    before = set(pool.worker_pids())
+    for pid in before:  # idle workers killed from outside
+        os.kill(pid, signal.SIGKILL)
+    out = engine.generate(PROMPT, regex="[0-9]{3}-[a-z]{2}", max_new_tokens=12)
+    assert out.error is None and out.finish_reason in ("stop", "length")
+    assert _wait_for(lambda: len(pool.worker_pids()) == pool.n_workers)
+    assert not before & set(pool.worker_pids())
+    # killed under a job: retried on a fresh worker (and refused there by the time budget)
+    restarts = pool.restarts
+    fut = pool.submit(CompileSpec("regex", "b{1000000}"))
+    assert _wait_for(lambda: pool._inflight)
+    time.sleep(0.5)
+    for pid in pool.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(CompileBudgetError, match="grammar compile timeout"):
+        fut.result(timeout=120)
+    assert pool.restarts > restarts
+
+
+def test_a_cancelled_request_cancels_its_compile(engine):
+    pool = engine.scheduler.hooks.compiles
+    pool.timeout_s = 600  # only the cancellation can end this compile soon
+    try:
+        assert _wait_for(lambda: len(pool.worker_pids()) == pool.n_workers)  # idle, ready
+        restarts = pool.restarts
+        stream = engine.generate(PROMPT, regex="c{1000000}", max_new_tokens=4, stream=True)
+        assert _wait_for(lambda: pool._inflight)
+        (job,) = pool._inflight.values()
+        time.sleep(0.5)  # on its worker by now
+        stream.close()  # the client went away
+        with pytest.raises(CompileCancelledError):
+            job.future.result(timeout=120)
+        assert pool.restarts > restarts  # its worker was ended
+        assert _wait_for(lambda: len(pool.worker_pids()) == pool.n_workers)
+    finally:
+        pool.timeout_s = 4
+    out = engine.generate(PROMPT, regex="[xy]{4}", max_new_tokens=8)
+    assert out.error is None
+    engine.check_integrity()
+
+
+def test_a_compile_past_its_memory_budget_is_refused_naming_it(vocab):
+    pool = CompilePool(lambda: vocab, workers=1, timeout_s=300, memory_mb=64, prebuild=False)
+    try:
+        with pytest.raises(CompileBudgetError, match="memory budget .64 MiB"):
+            pool.compile(CompileSpec("regex", HUGE))
+        assert pool.compile(CompileSpec("regex", "[a-c]+")) is not None  # the pool goes on
+    finally:
+        pool.shutdown()
+
+
+def test_the_server_answers_a_400_naming_the_limit_beside_a_plain_200():
+    server = shared_server()  # the default budget: 10 s
+    order: list[str] = []
+    out: dict = {}
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+    def pathological() -> None:
+        bad = {**body, "regex": HUGE}
+        out["bad"] = httpx.post(f"{server.url}/v1/chat/completions", json=bad, timeout=120)
+        order.append("pathological")
+
+    t = threading.Thread(target=pathological)
+    t.start()
+    time.sleep(0.3)
+    plain = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    order.append("plain")
+    t.join()
+    assert plain.status_code == 200
+    bad = out["bad"]
+    assert bad.status_code == 400, bad.text
+    err = bad.json()["error"]
+    assert err["code"] == "constraint_too_complex"
+    assert "regex" in err["message"] and "grammar compile timeout (10 s)" in err["message"]
+    assert order == ["plain", "pathological"]
