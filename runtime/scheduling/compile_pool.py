@@ -101,7 +101,8 @@ class _Job:
     pinned: bool = False  # someone waits who cannot be aborted (a blocking `compile`)
 
     def cancelled(self) -> bool:
-        return not self.pinned and bool(self.waiters) and all(w.aborted for w in self.waiters)
+        waiting = [getattr(w, "aborted", False) for w in self.waiters]
+        return not self.pinned and bool(waiting) and all(waiting)
 
 
 class _Worker:
