@@ -19,6 +19,7 @@ from runtime.scheduling.compile_pool import (
     CompileCancelledError,
     CompilePool,
     CompileSpec,
+    largest_count,
 )
 from tests._runtime_fixtures import make_tiny_model
 from tests._server_fixtures import shared_server
@@ -68,9 +69,33 @@ def test_a_pathological_compile_does_not_hold_up_a_plain_request(engine):
     r = bad["r"]
     assert r.finish_reason == "abort"
     assert "regex" in r.error and "grammar compile timeout (4 s)" in r.error
+    assert "a repetition count of 1000000" in r.error  # the likely reason, named
     # refused again at once from the cache, without another compile
     (again,) = engine.generate([PROMPT], regex=HUGE, max_new_tokens=4)
     assert again.error == r.error
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "named"),
+    [
+        (
+            "json_schema",
+            {"properties": {"x": {"minLength": 10**6}}},
+            "minLength 1000000 at #/properties/x",
+        ),
+        ("json_schema", {"type": "array", "minItems": 10**5}, "minItems 100000 at #"),
+        (
+            "json_schema",
+            {"anyOf": [{"enum": list(range(10**5))}]},
+            "enum of 100000 values at #/anyOf/0",
+        ),
+        ("regex", "x(ab|cd){20000}", "a repetition count of 20000"),
+        ("regex", "(a|b)*a(a|b){22}", ""),
+        ("json_schema", {"type": "string", "maxLength": 12}, ""),
+    ],
+)
+def test_a_budget_refusal_names_the_largest_count(kind, value, named):
+    assert largest_count(CompileSpec(kind, value)) == named
 
 
 def test_compiles_are_shared_and_cached(engine):

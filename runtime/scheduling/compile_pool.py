@@ -32,6 +32,7 @@ import logging
 import os
 import pickle
 import queue
+import re
 import socket
 import subprocess
 import sys
@@ -62,11 +63,12 @@ BUDGET_MARK = "compiling it went past the"  # in every CompileBudgetError's mess
 class CompileBudgetError(GrammarError):
     """A constraint whose compile went past its time or memory budget (a 400)."""
 
-    def __init__(self, constraint: str, limit: str, value: str) -> None:
+    def __init__(self, constraint: str, limit: str, value: str, culprit: str = "") -> None:
         self.constraint = constraint
         self.limit = limit
+        why = f" ({culprit})" if culprit else ""
         super().__init__(
-            f"{constraint}: {BUDGET_MARK} {limit} ({value}); "
+            f"{constraint}: {BUDGET_MARK} {limit} ({value}){why}; "
             "simplify the constraint (smaller repetition counts, fewer alternatives)"
         )
 
@@ -335,7 +337,9 @@ class CompilePool:
             if time.monotonic() > deadline:
                 self._retire(slot)
                 limit = f"{self.timeout_s:g} s"
-                return CompileBudgetError(_name(spec), "grammar compile timeout", limit)
+                return CompileBudgetError(
+                    _name(spec), "grammar compile timeout", limit, largest_count(spec)
+                )
         try:
             header = pickle.loads(worker.conn.recv_bytes())
             payload = worker.conn.recv_bytes()
@@ -350,7 +354,9 @@ class CompilePool:
         status = header[0]
         if status == "memory":
             limit = f"{self.memory_mb} MiB"
-            return CompileBudgetError(_name(spec), "grammar compile memory budget", limit)
+            return CompileBudgetError(
+                _name(spec), "grammar compile memory budget", limit, largest_count(spec)
+            )
         if status == "error":
             return _rebuild_error(*header[2:])
         vocab = self.vocab()
@@ -374,6 +380,43 @@ class CompilePool:
             job.future.set_exception(outcome)
         else:
             job.future.set_result(outcome)
+
+
+_COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
+                   "maxProperties", "minContains", "maxContains")  # fmt: skip
+_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+_NOTABLE = 1000  # counts from here on are named in a budget error
+
+
+def largest_count(spec: CompileSpec) -> str:
+    """The constraint's largest repetition count or alternative list, as the likely reason a
+    compile went past its budget ("" when none is large): `minLength 1000000 at #/x`,
+    `enum of 100000 values at #`, `a repetition count of 1000000`."""
+    if spec.kind == "json_schema":
+        best: tuple[int, str] = (0, "")
+        stack: list[tuple[Any, str]] = [(spec.value, "#")]
+        while stack and len(stack) < 100_000:
+            node, ptr = stack.pop()
+            if isinstance(node, list):
+                stack += [(v, f"{ptr}/{i}") for i, v in enumerate(node[:1000])]
+                continue
+            if not isinstance(node, dict):
+                continue
+            for key, v in node.items():
+                if key in _COUNT_KEYWORDS and isinstance(v, int) and v > best[0]:
+                    best = (v, f"{key} {v} at {ptr}")
+                elif key == "enum" and isinstance(v, list) and len(v) > best[0]:
+                    best = (len(v), f"enum of {len(v)} values at {ptr}")
+                elif isinstance(v, dict | list) and key not in ("enum", "const", "default"):
+                    stack.append((v, f"{ptr}/{key}"))
+        return best[1] if best[0] >= _NOTABLE else ""
+    if spec.kind in ("regex", "ebnf", "grammar") and isinstance(spec.value, str):
+        counts = [int(x) for m in _REPEAT.finditer(spec.value) for x in m.groups() if x]
+        if counts and max(counts) >= _NOTABLE:
+            return f"a repetition count of {max(counts)}"
+    if spec.kind == "choices" and isinstance(spec.value, list) and len(spec.value) >= _NOTABLE:
+        return f"{len(spec.value)} choices"
+    return ""
 
 
 def _name(spec: CompileSpec) -> str:
