@@ -428,9 +428,16 @@ async def concate_and_append(body: ConcatAppendRequest) -> dict[str, Any]:
 
 @router.post("/flush_cache")
 async def flush_cache(request: Request) -> dict[str, Any]:
-    """Drop every cached page no running request uses (for benchmarks and tests)."""
+    """Drop every cached page no running request uses (for benchmarks and tests); `integrity`
+    says whether the pool's, the tree's and the running requests' page accounting agree."""
     state = get_state(request)
-    return {"flushed": bool(await state.bridge.run(state.engine.flush_cache))}
+    flushed = bool(await state.bridge.run(state.engine.flush_cache))
+    try:
+        await state.bridge.run(state.engine.check_integrity)
+        integrity = "ok"
+    except AssertionError as exc:
+        integrity = f"failed: {exc}"
+    return {"flushed": flushed, "integrity": integrity}
 
 
 @router.get("/stats")

@@ -1,0 +1,26 @@
+"""A one-minute soak of one server (the tiny model) under the mixed load of `benchmarks.soak`,
+with compile workers killed while it runs: nothing hangs, nothing fails with a 5xx, every answer
+keeps its contract, and after `/flush_cache` the pool is empty and its accounting consistent."""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks.soak import soak, start_server
+from tests._server_fixtures import tiny_model_dir
+
+
+def test_a_minute_of_mixed_load_with_faults_on_one_server():
+    server = start_server(str(tiny_model_dir()), ["--grammar-compile-timeout", "3"])
+    args = argparse.Namespace(minutes=1.0, clients=6, hang_s=120.0, fault_every=15.0)
+    try:
+        report = soak(server.url, server, args)
+    finally:
+        server.stop()
+    assert report["hung"] == 0, report
+    assert report["failed_5xx"] == 0, report
+    assert report["n_wrong"] == 0, report
+    assert report["answered_2xx"] > 0 and report["refused_4xx"] > 0, report
+    assert report["pool_used_tokens_after_flush"] == 0, report
+    assert report["integrity"] == "ok", report
+    assert report["compile_workers_killed"] >= 1, report
