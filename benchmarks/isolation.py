@@ -6,7 +6,9 @@ Run: .venv/bin/python -m benchmarks.isolation [--model PATH] [--url URL (a runni
 For each pathological request of the table below, the pathological request is sent, and a
 moment later (its compile under way) a plain chat completion (16 tokens) beside it. Printed per
 row: the pathological request's status, its time and the first words of its answer, and the
-plain request's time (alone: measured first, median of 3). The server is started here (the
+plain request's time (alone: measured first, median of 3), and a control row: the plain
+request beside a process that only keeps a core busy (what any compile, wherever it runs,
+costs on a machine with few cores). The server is started here (the
 default model, a small KV budget) unless `--url` names one. Numbers move with the machine's
 other load: say what ran beside.
 """
@@ -110,11 +112,28 @@ def beside(url: str, name: str, extra: dict, delay_s: float, timeout: float) -> 
     return Row(name, status, seconds, detail, plain_s)
 
 
+def beside_a_busy_core(url: str, seconds: float = 10.0) -> Row:
+    """The control row: the plain request beside a process that only burns a core at the
+    compile workers' priority (nice 5), as a compile would: what a busy core costs here."""
+    import subprocess
+
+    burner = subprocess.Popen(
+        [sys.executable, "-c", f"import os, time; os.nice(5); end = time.time() + {seconds}\n"
+         "while time.time() < end: pass"]
+    )  # fmt: skip
+    time.sleep(0.3)
+    _, plain_s, _ = _post(url, PLAIN, 60)
+    burner.kill()
+    burner.wait()
+    return Row("(control) a core busy at nice 5, no request", "-", 0.0, "", plain_s)
+
+
 def run(url: str, only: list[str], delay_s: float, timeout: float) -> list[Row]:
     _post(url, PLAIN, 120)  # warm-up
     alone = plain_alone(url)
     print(f"plain request alone: {alone:.2f} s (median of 3)")
-    rows = []
+    rows = [beside_a_busy_core(url)]
+    print(f"| {rows[0].name} | - | {rows[0].plain_s:.2f} s |", flush=True)
     for name, extra in pathological_cases().items():
         if only and not any(o in name for o in only):
             continue
