@@ -205,7 +205,9 @@ def test_parse_function_call_endpoint(hermes):
 
 
 # ---- reasoning ----------------------------------------------------------------------------
-@pytest.mark.parametrize("budget", [{"max_reasoning_tokens": 6}, {"thinking_token_budget": 3}])
+@pytest.mark.parametrize(
+    "budget", [{"max_reasoning_tokens": 6}, {"thinking_token_budget": 3}, {}]
+)  # no budget: the reasoning may use half of max_tokens, then the format
 def test_reasoning_apart_and_the_format_applies_after_it(thinking, budget):
     for seed in (0, 1):
         out = thinking.chat.completions.create(

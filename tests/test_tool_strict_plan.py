@@ -173,7 +173,7 @@ def test_plan_reasoning_then_the_format_and_the_budget_forces_the_end_tag():
     assert plan.first().forced == "<think>\n"  # the model's own opening, written for it
     assert plan.next("x", _result("x", "length"), capped=False) is None  # out of tokens
     plan = AnswerPlan(ReasoningSpec(rp, True, None), spec)
-    plan.first()
+    assert plan.first().share == 0.5  # no budget: the constrained answer keeps room
     answer = plan.next("hm", _result("hm", stop="</think>"), capped=False)
     assert answer.forced == "</think>" and answer.constraint == spec.constraint
 

@@ -32,6 +32,7 @@ class Phase:
     constraint: dict[str, Any] = field(default_factory=dict)  # regex / json_schema / ...
     stop: tuple[str, ...] = ()  # stop strings of this phase (a trigger), beside the request's
     max_tokens: int | None = None  # a cap below what the request has left (reasoning budget)
+    share: float | None = None  # else a cap as a share of what the request has left
 
 
 class Plan(Protocol):
@@ -132,6 +133,8 @@ class PhasedStream:
             self._finish("length", None)
             return
         cap = left if phase.max_tokens is None else min(left, phase.max_tokens)
+        if phase.max_tokens is None and phase.share is not None:
+            cap = max(1, int(left * phase.share))
         self._phase_capped = cap < left
         kwargs = dict(self._kwargs)
         kwargs["max_new_tokens"] = cap

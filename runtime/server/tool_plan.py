@@ -18,7 +18,8 @@ The constraint of a chat answer, from the tool-call parser's format and the tool
 - With `response_format` and "auto": the answer is a call block or the format.
 - A reasoning parser puts a phase first: thinking is free (its own `<think>` opened when the
   template expects the model to write it) until `</think>` or until the reasoning budget is
-  spent, when `</think>` is forced; every constraint above starts after it.
+  spent (half of max_tokens when a constrained answer follows and no budget is given), when
+  `</think>` is forced; every constraint above starts after it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ from runtime.server.tool_parsers import PythonicParser, ToolParser
 
 logger = logging.getLogger(__name__)
 
-ARGS_WHITESPACE = "[ ]?"  # the templates show `{"a": 1, "b": 2}`; compact is allowed too
+ARGS_WHITESPACE = "[ ]?"
+# the share of max_tokens the reasoning may use when a constrained answer follows and the
+# request gives no reasoning budget (the answer must have room: its constraint is not dropped)
+DEFAULT_REASONING_SHARE = 0.5  # the templates show `{"a": 1, "b": 2}`; compact is allowed too
 
 
 def not_prefixed(prefixes: tuple[str, ...]) -> str:
@@ -228,7 +232,9 @@ class AnswerPlan:
     def first(self) -> Phase | None:
         r = self.reasoning
         opening = "" if r.open_at_start else r.parser.start + "\n"
-        return Phase(forced=opening, stop=(r.parser.end,), max_tokens=r.budget)
+        # without a budget, a constrained answer keeps half of max_tokens for itself
+        share = DEFAULT_REASONING_SHARE if r.budget is None and self.answer.constraint else None
+        return Phase(forced=opening, stop=(r.parser.end,), max_tokens=r.budget, share=share)
 
     def next(self, text: str, result: GenerateResult, capped: bool) -> Phase | None:
         if self.stage != "reasoning":
