@@ -27,6 +27,7 @@ from runtime.disaggregation.modes import (
 )
 from runtime.errors import KVTransferError, ParallelConfigError
 from runtime.kernels import cpu_fused
+from runtime.memory.budget import default_kv_budget_bytes, resident_bytes
 from runtime.memory.kv_pool import KVPool, pages_for_budget, resolve_dtype
 from runtime.memory.radix_cache import RadixCache
 from runtime.models.loader import load_model_files
@@ -42,7 +43,6 @@ from runtime.workers.layout import Layout
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MEM_BUDGET_GB = 2.0
 # generate() keywords that constrain the output (at most one per request)
 CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "grammar", "ebnf", "structural_tag")
 Prompt = str | list[int]
@@ -144,7 +144,11 @@ class Engine:
         if max_total_tokens is not None:
             num_pages = -(-max_total_tokens // page_size) + 1
         else:
-            budget = (mem_budget_gb or DEFAULT_MEM_BUDGET_GB) * 1024**3
+            budget = (
+                mem_budget_gb * 1024**3
+                if mem_budget_gb
+                else default_kv_budget_bytes(rank_config, dtype_bytes)
+            )
             num_pages = pages_for_budget(rank_config, int(budget), page_size, dtype_bytes)
         self.model_fingerprint = model_fingerprint(loaded.config, loaded.state_dict)
         if self.parallel:
@@ -192,10 +196,14 @@ class Engine:
         self._closed = False
         _LIVE_ENGINES.add(self)  # shut down at exit if the program never closes it
         logger.info(
-            "engine ready: %s, %d KV bytes/token, %d tokens of KV capacity",
+            "engine ready: %s, weights %.1f MiB as stored, KV pool %.1f MiB (%d tokens, %d "
+            "bytes/token), resident %.1f MiB",
             path,
-            self.pool.bytes_per_token,
+            self.model.weight_bytes() / 2**20,
+            self.pool.capacity_tokens * self.pool.bytes_per_token / 2**20,
             self.pool.capacity_tokens,
+            self.pool.bytes_per_token,
+            resident_bytes()[0] / 2**20,
         )
 
     def _make_constraint_hooks(self) -> Any:
@@ -360,9 +368,15 @@ class Engine:
         ps = self.pool.page_size
         used = self.pool.num_usable_pages - self.pool.num_free_pages
         served = c["prefill_cached"] + c["prefill_computed"]
+        resident, peak = resident_bytes()
         return {
             "model": str(self.model_path),
             "dtype": str(self.dtype).replace("torch.", ""),
+            # memory: weights as stored (quantized: their blocks), the KV pool, the process
+            "weight_bytes": self.model.weight_bytes(),
+            "kv_pool_bytes": self.pool.capacity_tokens * self.pool.bytes_per_token,
+            "resident_bytes": resident,
+            "peak_resident_bytes": peak,
             "attention_backend": self.attention_backend,
             "page_size": ps,
             "num_pages": self.pool.num_usable_pages,

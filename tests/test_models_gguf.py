@@ -151,3 +151,34 @@ def test_an_unknown_architecture_is_refused(tmp_path):
     writer.close()
     with pytest.raises(UnsupportedModelError, match="phi2"):
         load_gguf(path)
+
+
+def test_stats_report_stored_weights_kv_pool_and_resident_memory(written):
+    path, _, _ = written
+    with Engine(str(path), mem_budget_gb=0.05) as engine:
+        stats = engine.stats()
+        assert stats["weight_bytes"] == engine.model.weight_bytes()
+        assert stats["kv_pool_bytes"] == stats["kv_capacity_tokens"] * stats["kv_bytes_per_token"]
+        assert stats["kv_pool_bytes"] <= 0.05 * 1024**3
+        assert 0 < stats["resident_bytes"] <= stats["peak_resident_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("context", "tokens"),
+    [(128, 4096), (8192, 8192), (131072, 32768)],
+    ids=["short-context-floor", "one-full-context", "long-context-cap"],
+)
+def test_default_kv_budget_is_one_full_context_capped_by_free_memory(context, tokens, monkeypatch):
+    from runtime.config import config_from_dict
+    from runtime.memory import budget
+
+    config = config_from_dict(
+        {"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": context}
+    )  # fmt: skip
+    per_token = config.kv_bytes_per_token(4)
+    monkeypatch.setattr(budget, "available_memory_bytes", lambda: 1 << 40)
+    assert budget.default_kv_budget_bytes(config, 4) == tokens * per_token
+    monkeypatch.setattr(budget, "available_memory_bytes", lambda: 4 * per_token * 1000)
+    assert budget.default_kv_budget_bytes(config, 4) == per_token * 1000  # a quarter of free
