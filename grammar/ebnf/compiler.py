@@ -45,6 +45,41 @@ def vocab_layout(vocab: TokenVocabulary) -> VocabLayout:
     return _LAYOUTS.get_or_build(vocab.hash, lambda: VocabLayout(vocab))
 
 
+class RowBytes:
+    """Per vocabulary: which bytes each token row contains (4 x 64 bits per row), and the
+    packed masks of the rows made only of a given byte set (cached by the set)."""
+
+    def __init__(self, layout: VocabLayout) -> None:
+        prep = layout.prepared
+        self.layout = layout
+        self.bits = np.zeros((layout.num_rows, 4), dtype=np.uint64)
+        for p in range(prep.columns.shape[0]):
+            rows = np.flatnonzero(prep.lengths > p)
+            if not rows.size:
+                break
+            b = prep.columns[p][rows].astype(np.uint64)
+            np.bitwise_or.at(self.bits, (rows, (b >> 6).astype(np.int64)), np.uint64(1) << (b & 63))
+        self._within: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+    def only(self, byte_set: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bool per row: every byte of the row is in `byte_set` (bool [256]), their packed
+        token mask)."""
+        key = np.packbits(byte_set).tobytes()
+        hit = self._within.get(key)
+        if hit is None:
+            allowed = np.packbits(byte_set, bitorder="little").view("<u8")
+            inside = ((self.bits & ~allowed) == 0).all(axis=1)
+            hit = (inside, self.layout.rows_to_words(np.flatnonzero(inside)))
+            if len(self._within) > 256:
+                self._within.clear()
+            self._within[key] = hit
+        return hit
+
+
+_ROW_BYTES: CompileCache = CompileCache(max_entries=4)
+_MIN_LOOP_BYTES = 64  # a state that loops on this many ASCII bytes takes the shortcut
+
+
 class Decomposition:
     """Token (suffixes) read from one terminal state: `words` (packed mask, or None) of those
     that end inside the terminal; `cut_rows` / `cut_pos` where the terminal may complete with
@@ -130,7 +165,18 @@ class CompiledEBNF:
             term = self.network.terminals[t]
             first = np.flatnonzero(term.table[q] != DEAD)
             rows = np.concatenate([self._first_rows[b] for b in first]) if first.size else _NO_ROWS
+            loops = term.table[q] == q
+            looped = None
+            if not term.accepting[q] and np.count_nonzero(loops[:128]) >= _MIN_LOOP_BYTES:
+                # inside a string-like loop: a token made only of looping bytes comes back to
+                # q at every byte (within, no cut: q does not accept): one shared mask, and
+                # only the other tokens are walked
+                row_bytes = _ROW_BYTES.get_or_build(self.vocab.hash, lambda: RowBytes(self.layout))
+                inside, looped = row_bytes.only(loops)
+                rows = rows[~inside[rows]]
             d = decompose(self.layout, term, q, rows, np.zeros(rows.shape[0], dtype=np.int64))
+            if looped is not None:
+                d.words = looped if d.words is None else looped | d.words
             with self._lock:
                 d = self._top.setdefault((t, q), d)
         return d
