@@ -29,11 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.grammar_engines import Ours, XGrammar
 from benchmarks.grammar_gbnf import CASES
 from tests._grammar_fixtures import (
     BenchCase as Case,
 )
-from tests._grammar_fixtures import bench_files, deepseek_vocab, fixed_slice, load_case, serialise
+from tests._grammar_fixtures import bench_files, fixed_slice, load_case, serialise
 
 SIZES = (5, 50, 200)
 CALLED_TOOLS = 20  # tools whose calls are walked, per size
@@ -42,18 +43,13 @@ TRIGGER = "<function="
 END = "</function>"
 
 
-class OursST:
+class OursST(Ours):
     name = "ours"
 
-    def __init__(self) -> None:
-        import grammar
-
-        self.g = grammar
-        self.vocab = deepseek_vocab()
-        grammar.prebuild(self.vocab)
-        self.out = np.zeros((len(self.vocab) + 31) // 32, dtype=np.int32)
+    def __init__(self, tok: Any) -> None:
+        super().__init__(tok)
         # the per-vocabulary tables a running engine already holds (built once per process)
-        grammar.compile_ebnf('root ::= "(" root ")" | "x"', self.vocab).matcher().mask()
+        self.g.compile_ebnf('root ::= "(" root ")" | "x"', self.vocab).matcher().mask()
 
     def structural(self, spec: dict) -> Any:
         self.g.clear_caches()
@@ -63,13 +59,6 @@ class OursST:
         self.g.clear_caches()
         return self.g.compile_ebnf(text, self.vocab)
 
-    def matcher(self, compiled: Any) -> Any:
-        return compiled.matcher()
-
-    def fill(self, m: Any) -> np.ndarray:
-        m.fill_bitmask(self.out)
-        return self.out
-
     def advance(self, m: Any, t: int) -> bool:
         try:
             m.advance(t)
@@ -77,23 +66,8 @@ class OursST:
             return False
         return True
 
-    def accepting(self, m: Any) -> bool:
-        return m.is_accepting()
 
-
-class XGrammarST:
-    name = "xgrammar"
-
-    def __init__(self, tok: Any) -> None:
-        import torch
-        import xgrammar as xgr
-
-        torch.set_num_threads(1)
-        self.xgr = xgr
-        self.info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok))
-        self.out = xgr.allocate_token_bitmask(1, self.info.vocab_size).numpy()
-        self.eos = tok.eos_token_id
-
+class XGrammarST(XGrammar):
     def _compiler(self) -> Any:
         return self.xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
 
@@ -103,18 +77,8 @@ class XGrammarST:
     def ebnf(self, text: str) -> Any:
         return self._compiler().compile_grammar(text)
 
-    def matcher(self, compiled: Any) -> Any:
-        return self.xgr.GrammarMatcher(compiled)
-
-    def fill(self, m: Any) -> np.ndarray:
-        m.fill_next_token_bitmask(self.out)
-        return self.out[0]
-
     def advance(self, m: Any, t: int) -> bool:
         return bool(m.accept_token(t))
-
-    def accepting(self, m: Any) -> bool:
-        return m.accept_token(self.eos) if not m.is_terminated() else True
 
 
 def _walk(
@@ -238,7 +202,7 @@ def _engines(tok: Any, keys: list[str]) -> list[Any]:
     out: list[Any] = []
     for k in keys:
         if k == "ours":
-            out.append(OursST())
+            out.append(OursST(tok))
         elif k == "xgrammar":
             try:
                 out.append(XGrammarST(tok))
