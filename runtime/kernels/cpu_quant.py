@@ -250,8 +250,26 @@ def stack_rows(parts: list) -> QuantTensor | QuantStack:
     return QuantStack(merged)
 
 
+_INT_TYPES = frozenset({2, 3, 6, 7, 8})  # the 32-element formats: the integer path (q_uses_int)
+
+
+class _Scratch(threading.local):
+    """A grow-only buffer per thread for the quantized inputs of one product."""
+
+    def __init__(self) -> None:
+        self.buf = torch.empty(0, dtype=torch.uint8)
+
+    def get(self, nbytes: int) -> int:
+        if self.buf.numel() < nbytes:
+            self.buf = torch.empty(max(nbytes, 2 * self.buf.numel()), dtype=torch.uint8)
+        return self.buf.data_ptr()
+
+
+_scratch = _Scratch()
+
+
 def _scratch_bytes(qtype: int, rows: int, cols: int, x_bf16: bool) -> int:
-    if _lib().q_uses_int(qtype):
+    if qtype in _INT_TYPES:
         return 2 * rows * cols + 8 * rows * (cols // 32)
     return 4 * rows * cols if x_bf16 else 0
 
@@ -282,11 +300,10 @@ def linear(
         parts = w.parts if isinstance(w, QuantStack) else [w]
         at = 0
         for p in parts:
-            scratch = torch.empty(max(1, _scratch_bytes(p.qtype, rows, cols, bf16)),
-                                  dtype=torch.uint8)  # fmt: skip
+            scratch = _scratch.get(max(1, _scratch_bytes(p.qtype, rows, cols, bf16)))
             rc = lib.q_matmul(
                 p.qtype, p.data.data_ptr(), p.data.shape[1], p.shape[0], cols, x2.data_ptr(),
-                int(bf16), rows, y.data_ptr() + 4 * at, out, scratch.data_ptr(), threads,
+                int(bf16), rows, y.data_ptr() + 4 * at, out, scratch, threads,
             )  # fmt: skip
             if rc:
                 raise UnsupportedModelError(

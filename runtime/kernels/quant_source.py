@@ -14,15 +14,15 @@ inputs is `cols / block` blocks of `type_size` bytes). Three kinds of functions:
   int8: int8 inputs moved SmolLM2's logits by ~0.1-0.2 and its greedy tokens parted from the
   fp32 forward's on 12 of 20 prompts within 32 tokens; int16 inputs cost one more multiply
   per block and keep the products within float rounding of the fp32 forward. The int32 sums
-  sit in 8 lanes (lane j: elements 2j, 2j + 1, 2j + 16, 2j + 17), each lane accumulated in
-  float as `fma(sum, d_w * d_x, acc)` (even and odd blocks in two accumulators); a row ends
-  with a fixed lane-sum tree plus the sum of the `m * s` terms. The portable code computes
+  sit in 16 lanes (lane j: elements 2j and 2j + 1), each lane accumulated in float as
+  `fma(sum, d_w * d_x, acc)` (even and odd blocks in two accumulators); a row ends with a
+  fixed lane-sum tree plus the sums of the `m * s` terms. The portable code computes
   exactly those lanes and that tree, so the SIMD and portable builds give the same bits.
 - Fused dequantization for the rest (Q4_K, Q5_K, Q6_K, F16, BF16, F32): a block is dequantized
   into a small buffer and multiplied in float32 against the unquantized input, in 8 lanes.
 
-SIMD: AVX2 + FMA (`vpmaddwd`), AVX-512 VNNI (or AVX-VNNI) on 256-bit vectors (`vpdpwssd`)
-when the CPU has it; the library is compiled with -march=native on first use, so
+SIMD: AVX-512 (one block per 512-bit `vpdpwssd` with VNNI, `vpmaddwd` without), else AVX2 +
+FMA (two 256-bit `vpmaddwd` a block); the library is compiled with -march=native on first use, so
 the CPU that runs it decides which. `QUANT_PORTABLE` builds plain C.
 Several input rows (prefill, a batch's decode) share each unpacked weight block: 4 rows at a
 time, each row's arithmetic that of one row alone (results do not depend on the batch).
@@ -37,10 +37,8 @@ SOURCE = r"""
 #if !defined(QUANT_PORTABLE) && defined(__AVX2__) && defined(__FMA__)
 #define Q_AVX2 1
 #include <immintrin.h>
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define Q_DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b) /* AVX-512 VNNI, 256-bit */
-#elif defined(__AVXVNNI__)
-#define Q_DPWSSD(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define Q_AVX512 1
 #endif
 #endif
 
@@ -273,6 +271,13 @@ static inline float lanes_sum(const float *l) {
     return (a0 + a2) + (a1 + a3);
 }
 
+/* the 16 lanes' sum, one fixed tree: l_j + l_{j+8}, then lanes_sum */
+static inline float lanes16_sum(const float *l) {
+    float t[8];
+    for (int j = 0; j < 8; j++) t[j] = l[j] + l[j + 8];
+    return lanes_sum(t);
+}
+
 #ifdef Q_AVX2
 Q_INLINE __m256i unpack_v(const int t, const uint8_t *b, float *d, float *m) {
     *d = h2f(b);
@@ -308,73 +313,98 @@ Q_INLINE __m256i unpack_v(const int t, const uint8_t *b, float *d, float *m) {
     }
 }
 
-/* 8 int32 lanes of w (32 int8) . x (32 int16 at xp): lane j holds elements 2j, 2j + 1,
-   2j + 16 and 2j + 17 (the two halves' pair sums added) */
-Q_INLINE __m256i dot8(__m256i w, const int16_t *xp) {
+#endif
+
+/* One block's products into a float accumulator of 16 lanes: lane j gets the int32 sum
+   w[2j] x[2j] + w[2j + 1] x[2j + 1] times the block's scale, fused-multiply-added. */
+#if defined(Q_AVX512)
+typedef __m512 qacc;
+Q_INLINE qacc acc_zero(void) { return _mm512_setzero_ps(); }
+Q_INLINE qacc acc_block(qacc acc, __m256i w, const int16_t *xp, float sc) {
+    __m512i w16 = _mm512_cvtepi8_epi16(w), x16 = _mm512_loadu_si512(xp);
+#ifdef __AVX512VNNI__
+    __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w16, x16);
+#else
+    __m512i p = _mm512_madd_epi16(w16, x16);
+#endif
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(sc), acc);
+}
+/* lanes16_sum(a + b) in registers: the same adds in the same order */
+Q_INLINE float acc_sum(qacc a, qacc b) {
+    __m512 v = _mm512_add_ps(a, b);
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    __m256 t = _mm256_add_ps(lo, hi);                                           /* l_j + l_j+8 */
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)); /* t_j + t_j+4 */
+    __m128 r = _mm_add_ps(q, _mm_movehl_ps(q, q));                      /* q0 + q2, q1 + q3 */
+    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+}
+#elif defined(Q_AVX2)
+typedef struct { __m256 lo, hi; } qacc; /* lanes 0-7 (elements 0-15), 8-15 (16-31) */
+Q_INLINE qacc acc_zero(void) { qacc a = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return a; }
+Q_INLINE qacc acc_block(qacc acc, __m256i w, const int16_t *xp, float sc) {
     __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
     __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
-    __m256i x0 = _mm256_loadu_si256((const __m256i *)xp);
-    __m256i x1 = _mm256_loadu_si256((const __m256i *)(xp + 16));
-#ifdef Q_DPWSSD
-    return Q_DPWSSD(_mm256_madd_epi16(w0, x0), w1, x1);
+    __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)xp));
+    __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(xp + 16)));
+    __m256 s = _mm256_set1_ps(sc);
+    acc.lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), s, acc.lo);
+    acc.hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), s, acc.hi);
+    return acc;
+}
+Q_INLINE float acc_sum(qacc a, qacc b) {
+    float l[16];
+    _mm256_storeu_ps(l, _mm256_add_ps(a.lo, b.lo));
+    _mm256_storeu_ps(l + 8, _mm256_add_ps(a.hi, b.hi));
+    return lanes16_sum(l);
+}
 #else
-    return _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
-#endif
+typedef struct { float v[16]; } qacc;
+Q_INLINE qacc acc_zero(void) { qacc a; memset(&a, 0, sizeof a); return a; }
+Q_INLINE qacc acc_block(qacc acc, const int8_t *w, const int16_t *x, float sc) {
+    for (int j = 0; j < 16; j++) {
+        int32_t p = w[2 * j] * x[2 * j] + w[2 * j + 1] * x[2 * j + 1];
+        acc.v[j] = fmaf((float)p, sc, acc.v[j]);
+    }
+    return acc;
+}
+Q_INLINE float acc_sum(qacc a, qacc b) {
+    float l[16];
+    for (int j = 0; j < 16; j++) l[j] = a.v[j] + b.v[j];
+    return lanes16_sum(l);
 }
 #endif
 
 /* y[m * ldy + r] for weight row r (at wr) and input rows m0 .. m0 + MT: the integer path.
-   Blocks alternate between two accumulators (even / odd k; two FMA chains in flight), which
-   are added lane by lane at the end, then summed by lanes_sum. */
+   Even and odd blocks go to two accumulators (and two sums of the minimum terms), so two
+   dependency chains are in flight; they are added at the end. The portable build walks the
+   same blocks into the same lanes in the same order. */
 Q_INLINE void int_tile(const int t, const int MT, const uint8_t *wr, int64_t nb,
                        const int16_t *xq, const float *xd, const float *xs, int64_t m0,
                        float *y, int64_t ldy, int64_t r) {
-    const int bytes = q_bytes(t);
-    float mins[4] = {0, 0, 0, 0};
+    const int bytes = q_bytes(t), has_min = t == T_Q4_1 || t == T_Q5_1;
+    float mins[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    qacc a[2][4];
+    for (int i = 0; i < MT; i++) a[0][i] = a[1][i] = acc_zero();
+    for (int64_t k = 0; k < nb; k += 2) {
+        int two = k + 1 < nb ? 2 : 1;
+        for (int h = 0; h < two; h++) { /* unrolled: h is 0 or 1 */
+            float d, mn;
 #ifdef Q_AVX2
-    __m256 a0[4], a1[4];
-    for (int i = 0; i < MT; i++) a0[i] = a1[i] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < nb; k++) {
-        float d, mn;
-        __m256i wv = unpack_v(t, wr + k * bytes, &d, &mn);
-        for (int i = 0; i < MT; i++) {
-            int64_t at = (m0 + i) * nb + k;
-            __m256 sum = _mm256_cvtepi32_ps(dot8(wv, xq + at * 32));
-            __m256 sc = _mm256_set1_ps(d * xd[at]);
-            if (k & 1) a1[i] = _mm256_fmadd_ps(sum, sc, a1[i]);
-            else a0[i] = _mm256_fmadd_ps(sum, sc, a0[i]);
-            mins[i] += mn * xs[at];
-        }
-    }
-    for (int i = 0; i < MT; i++) {
-        float l[8];
-        _mm256_storeu_ps(l, _mm256_add_ps(a0[i], a1[i]));
-        y[(m0 + i) * ldy + r] = lanes_sum(l) + mins[i];
-    }
+            __m256i wv = unpack_v(t, wr + (k + h) * bytes, &d, &mn);
 #else
-    float acc[2][4][8] = {{{0}}};
-    for (int64_t k = 0; k < nb; k++) {
-        int8_t wv[32];
-        float d, mn;
-        unpack_p(t, wr + k * bytes, wv, &d, &mn);
-        for (int i = 0; i < MT; i++) {
-            int64_t at = (m0 + i) * nb + k;
-            const int16_t *xv = xq + at * 32;
-            float sc = d * xd[at];
-            for (int j = 0; j < 8; j++) {
-                int32_t s = wv[2 * j] * xv[2 * j] + wv[2 * j + 1] * xv[2 * j + 1];
-                s += wv[2 * j + 16] * xv[2 * j + 16] + wv[2 * j + 17] * xv[2 * j + 17];
-                acc[k & 1][i][j] = fmaf((float)s, sc, acc[k & 1][i][j]);
+            int8_t wv[32];
+            unpack_p(t, wr + (k + h) * bytes, wv, &d, &mn);
+#endif
+            for (int i = 0; i < MT; i++) {
+                int64_t at = (m0 + i) * nb + k + h;
+                a[h][i] = acc_block(a[h][i], wv, xq + at * 32, d * xd[at]);
+                if (has_min) mins[h][i] += mn * xs[at];
             }
-            mins[i] += mn * xs[at];
         }
     }
-    for (int i = 0; i < MT; i++) {
-        float l[8];
-        for (int j = 0; j < 8; j++) l[j] = acc[0][i][j] + acc[1][i][j];
-        y[(m0 + i) * ldy + r] = lanes_sum(l) + mins[i];
-    }
-#endif
+    for (int i = 0; i < MT; i++)
+        y[(m0 + i) * ldy + r] = acc_sum(a[0][i], a[1][i]) + (mins[0][i] + mins[1][i]);
 }
 
 /* weight rows [r0, r1) against every input row, 4 input rows per pass over a weight row */
