@@ -8,8 +8,9 @@ import json
 
 import pytest
 
+from runtime.server.call_scan import CallStreamer
 from runtime.server.chat import ChatRequest, render_prompt, renders_tool_calls
-from runtime.server.tool_parsers import CallStreamer, JsonCallsParser, get_parser
+from runtime.server.tool_parsers import JsonCallsParser, get_parser
 from runtime.server.tools import parse_tools
 
 TOOLS = parse_tools(

@@ -7,13 +7,9 @@ import json
 
 import pytest
 
+from runtime.server.call_scan import CallStreamer, python_literal
 from runtime.server.protocol import Tool
-from runtime.server.tool_parsers import (
-    CallStreamer,
-    get_parser,
-    parser_for_template,
-    python_literal,
-)
+from runtime.server.tool_parsers import get_parser, parser_for_template
 
 TOOLS = [
     Tool.model_validate({"function": {"name": n, "parameters": {"type": "object"}}})

@@ -28,12 +28,20 @@ strict-call planner in `tool_plan.py` builds its constraints from them.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
+
+from runtime.server.call_scan import (
+    CallPiece,
+    Scan,
+    held_back,
+    new_call_id,
+    python_literal,
+    scan_json_call,
+    value_end,
+    ws,
+)
 
 PYTHON_TAG = "<|python_tag|>"
 DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
@@ -43,126 +51,8 @@ DS_CALL_END = "<｜tool▁call▁end｜>"
 DS_SEP = "<｜tool▁sep｜>"
 
 
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
 class ToolParserError(ValueError):
     """An unknown parser name."""
-
-
-@dataclass(slots=True)
-class CallPiece:
-    """One call of a (partial) answer: its name once known, its arguments' JSON text so far."""
-
-    name: str | None
-    arguments: str = ""
-    done: bool = False
-
-
-@dataclass(slots=True)
-class Scan:
-    """A (partial) answer read: its content (text outside calls, minus a held-back tail that
-    may still open a call) and its calls so far. `ok` is False when a call is malformed."""
-
-    content: str
-    calls: list[CallPiece] = field(default_factory=list)
-    ok: bool = True
-
-
-# ---- JSON scanning --------------------------------------------------------------------------
-def _ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i
-
-
-def _string_end(text: str, i: int) -> int | None:
-    """The index after the JSON (or Python) string starting at text[i], None if unfinished."""
-    quote = text[i]
-    i += 1
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == quote:
-            return i + 1
-        i += 1
-    return None
-
-
-def value_end(text: str, i: int, stops: str = ",}] \t\r\n") -> int | None:
-    """The index after the JSON value starting at text[i], None if unfinished."""
-    if i >= len(text):
-        return None
-    if text[i] in "\"'":
-        return _string_end(text, i)
-    if text[i] not in "{[(":
-        j = i
-        while j < len(text) and text[j] not in stops:
-            j += 1
-        return j if j < len(text) else None
-    depth, j = 0, i
-    while j < len(text):
-        c = text[j]
-        if c in "\"'":
-            end = _string_end(text, j)
-            if end is None:
-                return None
-            j = end
-            continue
-        if c in "{[(":
-            depth += 1
-        elif c in "}])":
-            depth -= 1
-            if depth == 0:
-                return j + 1
-        j += 1
-    return None
-
-
-def scan_json_call(text: str, i: int, args_keys: tuple[str, ...]) -> tuple[CallPiece, int | None]:
-    """The call object whose "{" is at text[i - 1]: its name and arguments so far, and the
-    index after its "}" (None while unfinished)."""
-    piece = CallPiece(None)
-    while True:
-        i = _ws(text, i)
-        if i < len(text) and text[i] == ",":
-            i = _ws(text, i + 1)
-        if i >= len(text):
-            return piece, None
-        if text[i] == "}":
-            piece.done = True
-            return piece, i + 1
-        end = _string_end(text, i) if text[i] == '"' else None
-        if end is None:
-            return piece, None
-        key = json.loads(text[i:end])
-        i = _ws(text, end)
-        if i >= len(text) or text[i] != ":":
-            return piece, None
-        i = _ws(text, i + 1)
-        stop = value_end(text, i)
-        if key in args_keys:
-            piece.arguments = text[i : stop if stop is not None else len(text)]
-        elif key == "name" and stop is not None:
-            value = json.loads(text[i:stop])
-            piece.name = value if isinstance(value, str) else None
-        if stop is None:
-            return piece, None
-        i = stop
-
-
-def _held_back(text: str, markers: tuple[str, ...]) -> int:
-    """How many trailing characters of `text` may be the start of one of `markers`."""
-    best = 0
-    for m in markers:
-        for k in range(min(len(m) - 1, len(text)), 0, -1):
-            if text.endswith(m[:k]):
-                best = max(best, k)
-                break
-    return best
 
 
 def _dumps(value: Any) -> str:
@@ -173,11 +63,6 @@ def _json_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _name_alternatives(names: list[str]) -> str:
-    return "(?:" + "|".join(re.escape(_json_string(n)) for n in names) + ")"
-
-
-# ---- the formats ----------------------------------------------------------------------------
 class ToolParser:
     """A call format. Subclasses read it (`scan`) and say how it is constrained."""
 
@@ -254,11 +139,11 @@ class HermesParser(ToolParser):
             at = text.find(self.trigger, i)
             if at == -1:
                 rest = text[i:]
-                keep = 0 if final else _held_back(rest, (self.trigger,))
+                keep = 0 if final else held_back(rest, (self.trigger,))
                 out.content += rest[: len(rest) - keep]
                 return out
             out.content += text[i:at]
-            j = _ws(text, at + len(self.trigger))
+            j = ws(text, at + len(self.trigger))
             if j >= len(text):
                 out.calls.append(CallPiece(None))
                 return out
@@ -271,7 +156,7 @@ class HermesParser(ToolParser):
             if k is None:
                 piece.done = False
                 return out
-            k = _ws(text, k)
+            k = ws(text, k)
             if text.startswith(self.end, k):
                 i = k + len(self.end)
             elif self.end.startswith(text[k:]):  # the closing tag still coming (or cut off)
@@ -305,9 +190,9 @@ class JsonCallsParser(ToolParser):
     prefix = ""
 
     def scan(self, text: str, final: bool = False) -> Scan:
-        i = _ws(text, 0)
+        i = ws(text, 0)
         if self.prefix and text.startswith(self.prefix, i):
-            i = _ws(text, i + len(self.prefix))
+            i = ws(text, i + len(self.prefix))
         elif self.prefix and self.prefix.startswith(text[i:]) and not final and i < len(text):
             return Scan("")
         if i >= len(text):
@@ -319,9 +204,9 @@ class JsonCallsParser(ToolParser):
         if listed:
             i += 1
         while True:
-            i = _ws(text, i)
+            i = ws(text, i)
             while i < len(text) and text[i] in self.separators:
-                i = _ws(text, i + 1)
+                i = ws(text, i + 1)
             if i >= len(text):
                 return out
             if text[i] != "{":
@@ -372,7 +257,7 @@ class MistralParser(ToolParser):
     def scan(self, text: str, final: bool = False) -> Scan:
         at = text.find(self.trigger)
         if at == -1:
-            keep = 0 if final else _held_back(text, (self.trigger,))
+            keep = 0 if final else held_back(text, (self.trigger,))
             return Scan(text[: len(text) - keep])
         inner = JsonCallsParser().scan(text[at + len(self.trigger) :], final)
         inner.content = text[:at]
@@ -404,12 +289,12 @@ class DeepSeekV3Parser(ToolParser):
     def scan(self, text: str, final: bool = False) -> Scan:
         at = text.find(self.trigger)
         if at == -1:
-            keep = 0 if final else _held_back(text, (self.trigger,))
+            keep = 0 if final else held_back(text, (self.trigger,))
             return Scan(text[: len(text) - keep])
         out = Scan(text[:at])
         i = at + len(self.trigger)
         while True:
-            i = _ws(text, i)
+            i = ws(text, i)
             if text.startswith(DS_CALLS_END, i):
                 rest = text[i + len(DS_CALLS_END) :]
                 out.content += rest
@@ -435,7 +320,7 @@ class DeepSeekV3Parser(ToolParser):
                     out.ok = False
                 return out
             j += len(fence)
-            stop = value_end(text, _ws(text, j))
+            stop = value_end(text, ws(text, j))
             piece.arguments = text[j : stop if stop is not None else len(text)].strip()
             if stop is None:
                 return out
@@ -467,30 +352,6 @@ class DeepSeekV3Parser(ToolParser):
         return f"{re.escape(self.trigger)}{many}{re.escape(DS_CALLS_END)}"
 
 
-_PY_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False,
-             "None": None}  # fmt: skip
-
-
-def python_literal(text: str) -> Any:
-    """A Python literal (JSON's true / false / null read too) as a value."""
-
-    def convert(node: ast.AST) -> Any:
-        if isinstance(node, ast.Name) and node.id in _PY_NAMES:
-            return _PY_NAMES[node.id]
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.List | ast.Tuple):
-            return [convert(e) for e in node.elts]
-        if isinstance(node, ast.Dict):
-            return {convert(k): convert(v) for k, v in zip(node.keys, node.values, strict=True)}
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-            value = convert(node.operand)
-            return -value if isinstance(node.op, ast.USub) else value
-        raise ValueError(f"not a literal: {ast.dump(node)}")
-
-    return convert(ast.parse(text.strip(), mode="eval").body)
-
-
 _IDENT = re.compile(r"[A-Za-z_][\w.\-]*")
 
 
@@ -499,7 +360,7 @@ class PythonicParser(ToolParser):
     openers = ("[",)
 
     def scan(self, text: str, final: bool = False) -> Scan:
-        i = _ws(text, 0)
+        i = ws(text, 0)
         if i >= len(text):
             return Scan("" if not final else text)
         if text[i] != "[":
@@ -507,9 +368,9 @@ class PythonicParser(ToolParser):
         out = Scan("")
         i += 1
         while True:
-            i = _ws(text, i)
+            i = ws(text, i)
             while i < len(text) and text[i] == ",":
-                i = _ws(text, i + 1)
+                i = ws(text, i + 1)
             if i >= len(text) or text[i] == "]":
                 return out
             m = _IDENT.match(text, i)
@@ -531,9 +392,9 @@ class PythonicParser(ToolParser):
         parts: list[str] = []
         piece.arguments = "{"
         while True:
-            i = _ws(text, i)
+            i = ws(text, i)
             if i < len(text) and text[i] == ",":
-                i = _ws(text, i + 1)
+                i = ws(text, i + 1)
             if i >= len(text):
                 return None
             if text[i] == ")":
@@ -541,12 +402,12 @@ class PythonicParser(ToolParser):
                 piece.done = True
                 return i + 1
             m = _IDENT.match(text, i)
-            eq = _ws(text, m.end()) if m else len(text)
+            eq = ws(text, m.end()) if m else len(text)
             if m is None or eq >= len(text) or text[eq] != "=":
                 if m is None or eq < len(text):
                     out.ok = False
                 return None
-            start = _ws(text, eq + 1)
+            start = ws(text, eq + 1)
             stop = value_end(text, start, ",) \t\r\n")
             if stop is None:
                 return None
@@ -602,10 +463,6 @@ def get_parser(name: str) -> ToolParser:
     return PARSERS[key]()
 
 
-def parser_names() -> list[str]:
-    return sorted([*PARSERS, *ALIASES])
-
-
 def parser_for_template(template: str | None) -> str:
     """The parser a chat template's tool format asks for (its call markers, looked up in
     this order); `json` (our system text) when the template shows no known format."""
@@ -622,40 +479,3 @@ def parser_for_template(template: str | None) -> str:
     if "func_name1(" in template or "[func_name(" in template:
         return "pythonic"
     return "json"
-
-
-class CallStreamer:
-    """OpenAI stream deltas of a growing answer: content pieces, and per call (in order, with
-    its own `index`) a first delta with id, type and name, then pieces of its arguments."""
-
-    def __init__(self, parser: ToolParser) -> None:
-        self.parser = parser
-        self.ids: list[str] = []
-        self.sent_args: list[int] = []
-        self.sent_content = 0
-
-    def feed(self, text: str, final: bool = False) -> list[dict[str, Any]]:
-        s = self.parser.scan(text, final)
-        deltas: list[dict[str, Any]] = []
-        if len(s.content) > self.sent_content and s.content.strip():
-            deltas.append({"content": s.content[self.sent_content :]})
-            self.sent_content = len(s.content)
-        calls: list[dict[str, Any]] = []
-        for k, c in enumerate(s.calls):
-            if k >= len(self.ids):
-                if c.name is None:
-                    break
-                self.ids.append(new_call_id())
-                self.sent_args.append(0)
-                fn = {"name": c.name, "arguments": ""}
-                calls.append({"index": k, "id": self.ids[k], "type": "function", "function": fn})
-            if len(c.arguments) > self.sent_args[k]:
-                piece = c.arguments[self.sent_args[k] :]
-                calls.append({"index": k, "function": {"arguments": piece}})
-                self.sent_args[k] = len(c.arguments)
-        deltas.extend({"tool_calls": [d]} for d in calls)
-        return deltas
-
-    @property
-    def started_calls(self) -> bool:
-        return bool(self.ids)

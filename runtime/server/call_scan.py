@@ -1,0 +1,193 @@
+"""Reading a (partial) tool-call answer: the pieces every parser in `tool_parsers.py` shares.
+
+JSON values scanned without parsing (so an unfinished one is seen as unfinished), a call
+object's name and arguments so far, Python literals (the `pythonic` format), and
+`CallStreamer`, which turns the growing text into OpenAI's streamed `tool_calls` deltas.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(slots=True)
+class CallPiece:
+    """One call of a (partial) answer: its name once known, its arguments' JSON text so far."""
+
+    name: str | None
+    arguments: str = ""
+    done: bool = False
+
+
+@dataclass(slots=True)
+class Scan:
+    """A (partial) answer read: its content (text outside calls, minus a held-back tail that
+    may still open a call) and its calls so far. `ok` is False when a call is malformed."""
+
+    content: str
+    calls: list[CallPiece] = field(default_factory=list)
+    ok: bool = True
+
+
+# ---- JSON scanning --------------------------------------------------------------------------
+def ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def string_end(text: str, i: int) -> int | None:
+    """The index after the JSON (or Python) string starting at text[i], None if unfinished."""
+    quote = text[i]
+    i += 1
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == quote:
+            return i + 1
+        i += 1
+    return None
+
+
+def value_end(text: str, i: int, stops: str = ",}] \t\r\n") -> int | None:
+    """The index after the JSON value starting at text[i], None if unfinished."""
+    if i >= len(text):
+        return None
+    if text[i] in "\"'":
+        return string_end(text, i)
+    if text[i] not in "{[(":
+        j = i
+        while j < len(text) and text[j] not in stops:
+            j += 1
+        return j if j < len(text) else None
+    depth, j = 0, i
+    while j < len(text):
+        c = text[j]
+        if c in "\"'":
+            end = string_end(text, j)
+            if end is None:
+                return None
+            j = end
+            continue
+        if c in "{[(":
+            depth += 1
+        elif c in "}])":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    return None
+
+
+def scan_json_call(text: str, i: int, args_keys: tuple[str, ...]) -> tuple[CallPiece, int | None]:
+    """The call object whose "{" is at text[i - 1]: its name and arguments so far, and the
+    index after its "}" (None while unfinished)."""
+    piece = CallPiece(None)
+    while True:
+        i = ws(text, i)
+        if i < len(text) and text[i] == ",":
+            i = ws(text, i + 1)
+        if i >= len(text):
+            return piece, None
+        if text[i] == "}":
+            piece.done = True
+            return piece, i + 1
+        end = string_end(text, i) if text[i] == '"' else None
+        if end is None:
+            return piece, None
+        key = json.loads(text[i:end])
+        i = ws(text, end)
+        if i >= len(text) or text[i] != ":":
+            return piece, None
+        i = ws(text, i + 1)
+        stop = value_end(text, i)
+        if key in args_keys:
+            piece.arguments = text[i : stop if stop is not None else len(text)]
+        elif key == "name" and stop is not None:
+            value = json.loads(text[i:stop])
+            piece.name = value if isinstance(value, str) else None
+        if stop is None:
+            return piece, None
+        i = stop
+
+
+def held_back(text: str, markers: tuple[str, ...]) -> int:
+    """How many trailing characters of `text` may be the start of one of `markers`."""
+    best = 0
+    for m in markers:
+        for k in range(min(len(m) - 1, len(text)), 0, -1):
+            if text.endswith(m[:k]):
+                best = max(best, k)
+                break
+    return best
+
+
+_PY_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False,
+             "None": None}  # fmt: skip
+
+
+def python_literal(text: str) -> Any:
+    """A Python literal (JSON's true / false / null read too) as a value."""
+
+    def convert(node: ast.AST) -> Any:
+        if isinstance(node, ast.Name) and node.id in _PY_NAMES:
+            return _PY_NAMES[node.id]
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.List | ast.Tuple):
+            return [convert(e) for e in node.elts]
+        if isinstance(node, ast.Dict):
+            return {convert(k): convert(v) for k, v in zip(node.keys, node.values, strict=True)}
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            value = convert(node.operand)
+            return -value if isinstance(node.op, ast.USub) else value
+        raise ValueError(f"not a literal: {ast.dump(node)}")
+
+    return convert(ast.parse(text.strip(), mode="eval").body)
+
+
+class CallStreamer:
+    """OpenAI stream deltas of a growing answer: content pieces, and per call (in order, with
+    its own `index`) a first delta with id, type and name, then pieces of its arguments."""
+
+    def __init__(self, parser: Any) -> None:  # a tool_parsers.ToolParser
+        self.parser = parser
+        self.ids: list[str] = []
+        self.sent_args: list[int] = []
+        self.sent_content = 0
+
+    def feed(self, text: str, final: bool = False) -> list[dict[str, Any]]:
+        s = self.parser.scan(text, final)
+        deltas: list[dict[str, Any]] = []
+        if len(s.content) > self.sent_content and s.content.strip():
+            deltas.append({"content": s.content[self.sent_content :]})
+            self.sent_content = len(s.content)
+        calls: list[dict[str, Any]] = []
+        for k, c in enumerate(s.calls):
+            if k >= len(self.ids):
+                if c.name is None:
+                    break
+                self.ids.append(new_call_id())
+                self.sent_args.append(0)
+                fn = {"name": c.name, "arguments": ""}
+                calls.append({"index": k, "id": self.ids[k], "type": "function", "function": fn})
+            if len(c.arguments) > self.sent_args[k]:
+                piece = c.arguments[self.sent_args[k] :]
+                calls.append({"index": k, "function": {"arguments": piece}})
+                self.sent_args[k] = len(c.arguments)
+        deltas.extend({"tool_calls": [d]} for d in calls)
+        return deltas
+
+    @property
+    def started_calls(self) -> bool:
+        return bool(self.ids)
