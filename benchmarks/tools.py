@@ -316,6 +316,12 @@ def main() -> None:
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--repetition-penalty", type=float, default=1.05)
     p.add_argument("--no-reasoning", action="store_true")
+    p.add_argument("--strict", default="on,off", help="strict rows to run: on, off or both")
+    p.add_argument(
+        "--off-formats",
+        default=None,
+        help="formats that also get the strict-off rows (default: every format)",
+    )
     args = p.parse_args()
     from runtime.default_model import ensure_default_model
 
@@ -325,7 +331,7 @@ def main() -> None:
         proc, srv = serve(model, fmt, args)
         try:
             for kind in ("auto", "required", "named"):
-                for strict in (True, False):
+                for strict in _strict_rows(fmt, args):
                     results.append(asyncio.run(run_row(srv, fmt, kind, strict, args)))
                     print(results[-1], flush=True)
         finally:
@@ -340,6 +346,13 @@ def main() -> None:
             proc.terminate()
             proc.wait(60)
     report(results, reasoning, args)
+
+
+def _strict_rows(fmt: str, args) -> list[bool]:
+    rows = [s == "on" for s in args.strict.split(",")]
+    if args.off_formats is not None and fmt not in args.off_formats.split(","):
+        rows = [r for r in rows if r]
+    return rows
 
 
 def report(results: list[dict], reasoning: list[dict], args) -> None:
