@@ -20,6 +20,7 @@ import numpy as np
 from grammar.automata.fsm import DEAD, START
 from grammar.ebnf.network import Network
 
+_MAX_HYPOTHETICAL = 4096
 Cont = tuple  # (rule id, rule-DFA state, origin ESet or None for the root's caller)
 
 
@@ -55,6 +56,7 @@ class EarleyParser:
         self._rows = [t.table.tolist() for t in terms]
         self._acc = [t.accepting.tolist() for t in terms]
         self._live = [t.live.tolist() for t in terms]
+        self._hypothetical: dict[int, tuple[list, ESet]] = {}  # see complete
 
     def initial(self) -> ESet:
         e = ESet()
@@ -151,8 +153,18 @@ class EarleyParser:
             e.completed = {}
         hit = e.completed.get(key)
         if hit is None:
-            hit = ESet()
-            self._close(hit, list(e.scan[key]))
+            conts = e.scan[key]
+            # the same continuation list is carried from set to set while a terminal goes on
+            # (and is never changed once its set is built): its closure is computed once
+            shared = self._hypothetical.get(id(conts))
+            if shared is not None and shared[0] is conts:
+                hit = shared[1]
+            else:
+                hit = ESet()
+                self._close(hit, list(conts))
+                if len(self._hypothetical) >= _MAX_HYPOTHETICAL:
+                    self._hypothetical.clear()
+                self._hypothetical[id(conts)] = (conts, hit)
             e.completed[key] = hit
         return hit
 
