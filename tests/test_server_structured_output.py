@@ -22,6 +22,7 @@ from benchmarks.structured_output import (
     SCHEMA,
     V1,
     matches,
+    obeys_schema,
 )
 from tests._runtime_fixtures import smollm_tokenizer
 from tests._server_fixtures import shared_server
@@ -86,6 +87,25 @@ def test_completion_output_obeys_the_constraint_field(client, model, fields, che
     )
     choice = out.choices[0]
     check(choice.text, choice.finish_reason)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"guided_json": SCHEMA, "guided_whitespace_pattern": " "}, id="vllm"),
+        pytest.param(
+            {"structured_outputs": {"json": SCHEMA, "whitespace_pattern": " "}}, id="vllm-0.12"
+        ),
+    ],
+)
+def test_whitespace_pattern_is_the_whitespace_between_json_tokens(client, model, fields):
+    out = client.completions.create(
+        model=model, prompt="Answer:", max_tokens=48, temperature=0, extra_body=fields
+    )
+    text, finish = out.choices[0].text, out.choices[0].finish_reason
+    assert text.startswith('{ "name" : "'), text  # compact output would be '{"name":"'
+    if finish == "stop":
+        obeys_schema(SCHEMA)(text, finish)
 
 
 def test_streamed_chat_obeys_vllm_guided_regex(client, model):
@@ -212,6 +232,15 @@ REFUSED = [
         {"response_format": {"type": "structural_tag"}},
         ["response_format"],
         id="structural_tag-without-format",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        {
+            "guided_grammar": GBNF,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        },
+        ["guided_grammar", "tools"],
+        id="gbnf-with-auto-tools",
     ),
     pytest.param(
         "/generate",

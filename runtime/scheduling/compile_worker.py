@@ -63,7 +63,9 @@ def compile_constraint(
     if kind == "ebnf":
         return grammar.compile_ebnf(value, vocab, root="root")
     if kind == "structural_tag":
-        return grammar.compile_structural_tag(value, vocab, json_schema_mode=mode)
+        return grammar.compile_structural_tag(
+            value, vocab, json_schema_mode=mode, whitespace=whitespace
+        )
     if kind == "dtype":
         return grammar.compile_regex(grammar.dtype_to_regex(grammar.DTYPE_NAMES[value]), vocab)
     raise ValueError(f"unknown constraint kind {kind!r}")

@@ -173,7 +173,12 @@ class ConstraintHooks:
             value = load_schema(value)  # a pydantic class or JSON text: the dict, to ship
         elif kind == "structural_tag":
             value = structural_tag
-        spec = CompileSpec(kind, value, mode, whitespace_pattern if kind == "json_schema" else None)
+        spec = CompileSpec(
+            kind,
+            value,
+            mode,
+            whitespace_pattern if kind in ("json_schema", "structural_tag") else None,
+        )
         future = self.compiles.submit(spec, req)
         if wake is not None:
             future.add_done_callback(lambda _: wake())

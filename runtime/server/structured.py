@@ -257,7 +257,10 @@ def _engine_kwargs(given: _Given, mode: str, whitespace: str | None) -> dict[str
             raise APIError(400, msg, param=param, code="invalid_constraint")
         return {"choices": list(value)}
     if kind == "structural_tag":
-        return {"structural_tag": structural_tag_spec(value, param)}
+        out = {"structural_tag": structural_tag_spec(value, param)}
+        if whitespace is not None:  # between the JSON tokens of its schema contents
+            out["whitespace_pattern"] = whitespace
+        return out
     if not isinstance(value, str):
         raise APIError(400, f"{param} must be a string", param=param, code="invalid_constraint")
     return {kind: value}  # regex, ebnf
