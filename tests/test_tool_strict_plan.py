@@ -98,6 +98,9 @@ def test_required_accepts_valid_calls_and_refuses_invalid(walk, name):
     assert walk(constraint, _text(name, GOOD)), _text(name, GOOD)
     for bad in BAD:
         assert not walk(constraint, _text(name, bad)), _text(name, bad)
+    assert not walk(constraint, "Free text first. " + _text(name, GOOD))
+    if name in ("hermes", "mistral", "deepseekv3"):  # calls only: no text after them
+        assert not walk(constraint, _text(name, GOOD) + " And some text.")
 
 
 @pytest.mark.parametrize("name", ["hermes", "llama3", "mistral", "deepseekv3", "pythonic"])

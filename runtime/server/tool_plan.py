@@ -10,8 +10,8 @@ The constraint of a chat answer, from the tool-call parser's format and the tool
 - Formats with a call opening (`<tool_call>`, `[TOOL_CALLS]`, `<｜tool▁calls▁begin｜>`) are
   one triggered structural tag (`grammar.compile_structural_tag`): in "auto" free text stays
   free, and from the moment the model writes the opening the call is constrained, then the
-  text is free again (one-block formats end with their block); "required": the answer opens
-  with a call; a named function: exactly one call to it and nothing after;
+  text is free again (one-block formats end with their block); "required": the answer is
+  calls only; a named function: exactly one call to it and nothing after;
   `parallel_tool_calls: false`: the answer ends after the first call. Formats whose calls are
   the whole answer (`llama3`, `pythonic`, `json`) are one regex: the calls, or text that does
   not open them.
@@ -209,6 +209,10 @@ def structural_tag(
                  "at_least_one": True, "stop_after_first": not many}  # fmt: skip
         tags = [{"type": "tag", "begin": begin, "content": calls, "end": end}]
         many = False
+    elif first:  # forced calls: calls only, one per line, then the end
+        fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n",
+               "at_least_one": True, "stop_after_first": not many}  # fmt: skip
+        return {"type": "structural_tag", "format": fmt}
     fmt = {"type": "triggered_tags", "triggers": [parser.trigger], "tags": tags,
            "at_least_one": first, "stop_after_first": not many}  # fmt: skip
     return {"type": "structural_tag", "format": fmt}
