@@ -115,6 +115,7 @@ class Engine:
         disaggregation_bootstrap_host: str = "0.0.0.0",
         disaggregation_timeout_s: float = DEFAULT_TIMEOUT_S,
         attention_backend: str = "auto",
+        quantization: str | None = None,
     ) -> None:
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
         # a constraint's compile budget (time, address space; None: compile_pool's defaults)
@@ -123,7 +124,12 @@ class Engine:
         if num_threads:
             torch.set_num_threads(num_threads)
         path = Path(model) if model is not None else default_model()
-        loaded = load_model_files(path)
+        if quantization and (tp_size, pp_size, ep_size) != (1, 1, 1):
+            raise ParallelConfigError(
+                f"quantization {quantization!r} is not supported with tp_size / pp_size / "
+                f"ep_size > 1 yet (a GGUF file's quantized weights are)"
+            )
+        loaded = load_model_files(path, quantization)
         self.model_path = path
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer

@@ -182,3 +182,50 @@ def test_default_kv_budget_is_one_full_context_capped_by_free_memory(context, to
     assert budget.default_kv_budget_bytes(config, 4) == tokens * per_token
     monkeypatch.setattr(budget, "available_memory_bytes", lambda: 4 * per_token * 1000)
     assert budget.default_kv_budget_bytes(config, 4) == per_token * 1000  # a quarter of free
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    from tests._runtime_fixtures import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.mark.parametrize("quantization", ["q8_0", "q4_0"])
+def test_quantization_of_a_safetensors_folder_at_load(tiny_folder, quantization, tmp_path):
+    """The folder quantized at load against a dense engine over the same rounded weights
+    (dequantized, saved as fp32): the products, not the rounding, are under test here."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from runtime.models.loader import load_model_files
+
+    loaded = load_model_files(tiny_folder, quantization)
+    w = loaded.state_dict["model.layers.0.mlp.down_proj.weight"]
+    assert isinstance(w, QuantTensor) and cpu_quant.type_name(w.qtype) == quantization.upper()
+    assert isinstance(loaded.state_dict["model.norm.weight"], torch.Tensor)  # norms stay float
+    rounded = tmp_path / "rounded"
+    shutil.copytree(tiny_folder, rounded)
+    dense_state = {k: (v.dequantize() if isinstance(v, QuantTensor) else v).contiguous()
+                   for k, v in loaded.state_dict.items()}  # fmt: skip
+    for f in rounded.glob("*.safetensors"):
+        f.unlink()
+    save_file(dense_state, str(rounded / "model.safetensors"))
+    with (
+        Engine(str(tiny_folder), mem_budget_gb=0.05, quantization=quantization) as quant,
+        Engine(str(rounded), mem_budget_gb=0.05) as dense,
+    ):
+        assert quant.stats()["weight_bytes"] < dense.stats()["weight_bytes"] / 3
+        a = quant.generate(PROMPTS, max_new_tokens=8, temperature=0.0, ignore_eos=True)
+        b = dense.generate(PROMPTS, max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    same = sum(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))
+    assert same >= len(PROMPTS) - 1, f"{same} of {len(PROMPTS)}"
+
+
+def test_quantization_is_refused_for_a_gguf_and_an_unknown_format(written, tiny_folder):
+    path, _, _ = written
+    with pytest.raises(ValueError, match="GGUF"):
+        Engine(str(path), mem_budget_gb=0.05, quantization="q8_0")
+    with pytest.raises(ValueError, match="q3_x"):
+        Engine(str(tiny_folder), mem_budget_gb=0.05, quantization="q3_x")

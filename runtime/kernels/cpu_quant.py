@@ -325,3 +325,18 @@ def embedding(ids: torch.Tensor, w: QuantTensor, dtype: torch.dtype) -> torch.Te
     _lib().q_embedding(w.qtype, w.data.data_ptr(), w.data.shape[1], w.cols, flat.data_ptr(),
                        flat.numel(), out.data_ptr())  # fmt: skip
     return out.reshape(*ids.shape, w.cols).to(dtype)
+
+
+# `--quantization` choices: weight-only quantization of a float checkpoint at load
+QUANTIZATIONS = {"q8_0": "Q8_0", "q4_0": "Q4_0"}
+
+
+def quantize(w: torch.Tensor, name: str) -> QuantTensor:
+    """`w` [rows, cols] (float) in the GGUF block format `name` ("Q8_0", "Q4_0"), with gguf's
+    reference quantizer (the bytes llama.cpp's quantizer writes)."""
+    from gguf import GGMLQuantizationType, quants
+
+    qtype = GGMLQuantizationType[name]
+    stored = quants.quantize(w.detach().to(torch.float32).contiguous().numpy(), qtype)
+    data = torch.from_numpy(stored.view("uint8").reshape(w.shape[0], -1).copy())
+    return QuantTensor(data, int(qtype), w.shape[1])

@@ -14,6 +14,7 @@ import torch
 
 from runtime.config import ModelConfig, load_config
 from runtime.errors import ModelNotFoundError
+from runtime.kernels.cpu_quant import QUANTIZATIONS, quantize
 from runtime.models.gguf import load_gguf, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -39,8 +40,29 @@ def _load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_model_files(model: str | Path) -> LoadedModel:
-    """Config, fp32-or-native state dict and tokenizer of a folder or `.gguf` file."""
+def quantize_state(state: dict[str, torch.Tensor], quantization: str) -> dict[str, object]:
+    """The projection, embedding and LM-head matrices of a float checkpoint quantized into a
+    GGUF block format (`quantization`: a key of cpu_quant.QUANTIZATIONS); norms, biases and
+    matrices whose rows are not whole blocks stay as they are."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(
+            f"quantization {quantization!r} is not supported; choose one of {sorted(QUANTIZATIONS)}"
+        )
+    fmt = QUANTIZATIONS[quantization]
+    out: dict[str, object] = {}
+    for name, t in state.items():
+        wanted = name.endswith(("_proj.weight", "embed_tokens.weight", "lm_head.weight"))
+        if wanted and t.dim() == 2 and t.shape[1] % 32 == 0 and t.is_floating_point():
+            out[name] = quantize(t, fmt)
+        else:
+            out[name] = t
+    return out
+
+
+def load_model_files(model: str | Path, quantization: str | None = None) -> LoadedModel:
+    """Config, fp32-or-native state dict and tokenizer of a folder or `.gguf` file; with
+    `quantization` ("q8_0", "q4_0"), a folder's matrices quantized at load (a GGUF keeps the
+    formats it has: asking to quantize one is a ValueError)."""
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelNotFoundError(
@@ -48,6 +70,11 @@ def load_model_files(model: str | Path) -> LoadedModel:
             f"*.safetensors, or a .gguf file)"
         )
     if path.is_file() and path.suffix == ".gguf":
+        if quantization:
+            raise ValueError(
+                f"quantization {quantization!r} applies to safetensors folders; {path.name} is "
+                f"a GGUF file and runs in the formats it stores"
+            )
         config, state = load_gguf(path)
         return LoadedModel(config, state, load_tokenizer(path), path)
     if not path.is_dir():
@@ -59,4 +86,7 @@ def load_model_files(model: str | Path) -> LoadedModel:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"no usable tokenizer in {path}: {exc}") from exc
-    return LoadedModel(config, _load_safetensors(path), tokenizer, path)
+    state = _load_safetensors(path)
+    if quantization:
+        state = quantize_state(state, quantization)
+    return LoadedModel(config, state, tokenizer, path)

@@ -82,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="info")
     engine = p.add_argument_group("engine")
     engine.add_argument("--mem-budget-gb", type=float, default=None)
+    engine.add_argument(
+        "--quantization",
+        choices=["q8_0", "q4_0"],
+        default=None,
+        help="quantize a safetensors folder's weights at load (GGUF block formats)",
+    )
     engine.add_argument("--max-total-tokens", type=int, default=None)
     engine.add_argument("--page-size", type=int, default=16)
     engine.add_argument("--dtype", default="float32")
@@ -170,6 +176,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "mem_budget_gb": args.mem_budget_gb,
+        "quantization": args.quantization,
         "max_total_tokens": args.max_total_tokens,
         "page_size": args.page_size,
         "dtype": args.dtype,
