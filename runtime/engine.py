@@ -82,6 +82,24 @@ def _shutdown_live_engines() -> None:
             logger.warning("engine shutdown at exit failed", exc_info=True)
 
 
+def _num_pages(
+    config: Any,
+    dtype: torch.dtype,
+    page_size: int,
+    max_total_tokens: int | None,
+    mem_budget_gb: float | None,
+) -> int:
+    """KV pages: for `max_total_tokens`, else for `mem_budget_gb` of KV, else for the default
+    budget (runtime/memory/budget.py: one full context, at most a quarter of free memory)."""
+    if max_total_tokens is not None:
+        return -(-max_total_tokens // page_size) + 1
+    dtype_bytes = torch.finfo(dtype).bits // 8
+    budget = (
+        mem_budget_gb * 1024**3 if mem_budget_gb else default_kv_budget_bytes(config, dtype_bytes)
+    )
+    return pages_for_budget(config, int(budget), page_size, dtype_bytes)
+
+
 class Engine:
     """A causal LM served from a paged KV pool with a radix prefix cache.
 
@@ -125,10 +143,7 @@ class Engine:
             torch.set_num_threads(num_threads)
         path = Path(model) if model is not None else default_model()
         if quantization and (tp_size, pp_size, ep_size) != (1, 1, 1):
-            raise ParallelConfigError(
-                f"quantization {quantization!r} is not supported with tp_size / pp_size / "
-                f"ep_size > 1 yet (a GGUF file's quantized weights are)"
-            )
+            raise ParallelConfigError(f"quantization {quantization!r} with tp/pp/ep > 1")
         loaded = load_model_files(path, quantization)
         self.model_path = path
         self.config = loaded.config
@@ -146,16 +161,7 @@ class Engine:
             rank_config = local_config(
                 self.config, Layout(tp_size, pp_size, ep_size, self.config.num_layers).shard(1)
             )
-        dtype_bytes = torch.finfo(self.dtype).bits // 8
-        if max_total_tokens is not None:
-            num_pages = -(-max_total_tokens // page_size) + 1
-        else:
-            budget = (
-                mem_budget_gb * 1024**3
-                if mem_budget_gb
-                else default_kv_budget_bytes(rank_config, dtype_bytes)
-            )
-            num_pages = pages_for_budget(rank_config, int(budget), page_size, dtype_bytes)
+        num_pages = _num_pages(rank_config, self.dtype, page_size, max_total_tokens, mem_budget_gb)
         self.model_fingerprint = model_fingerprint(loaded.config, loaded.state_dict)
         if self.parallel:
             del loaded  # each worker loads its own shard
