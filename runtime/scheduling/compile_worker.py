@@ -144,7 +144,6 @@ def serve(conn: Any, budget_bytes: int) -> None:
         except Exception:  # the first compile builds what it needs
             logger.warning("compile worker: prebuild failed", exc_info=True)
     _address_space_limit(budget_bytes)
-    os.nice(5)  # beside the serving process on the same cores: it goes first
     conn.send_bytes(pickle.dumps(("ready", vocab.hash)))
     while True:
         try:
@@ -180,6 +179,7 @@ def serve(conn: Any, budget_bytes: int) -> None:
 def main(argv: list[str]) -> int:
     from multiprocessing.connection import Connection
 
+    os.nice(5)  # beside the serving process on the same cores (its start too): it goes first
     logging.basicConfig(level=logging.WARNING)
     conn = Connection(int(argv[-2]))  # (after the repository path and this file: see LAUNCH)
     serve(conn, int(argv[-1]))
