@@ -11,8 +11,9 @@ from `examples/chat_templates/` over the default model's weights and `--tool-cal
 off relaxes a call's arguments to any JSON object, the name stays constrained): `--questions`
 chat requests (spread over 4 tools whose parameter schemas are written as LangChain writes
 them). Per row: how many answers opened a call (tool_calls, or the format's call opening left
-in the content), the share of those that parse and validate (a known tool, arguments valid
-against its schema), the share with undeclared arguments, completion tokens per call, the wall
+in the content), how many of those max_tokens cut before the call was complete, the share of
+the finished ones that parse and validate (a known tool, arguments valid against its schema),
+the share with undeclared arguments, completion tokens per call, the wall
 time, and the share of prompts whose token count equals the template's own rendering of the
 messages with the tools. A reasoning row: a `<think>`-opening template served with
 `--reasoning-parser deepseek-r1`, `response_format` json_schema, without and with a reasoning
@@ -165,7 +166,7 @@ def _questions(n: int) -> list[tuple[int, str]]:
 
 async def run_row(srv: dict, fmt: str, kind: str, strict: bool, args) -> dict:
     sem = asyncio.Semaphore(args.concurrency)
-    rows: list[tuple[bool, bool, bool, int, int, bool]] = []
+    rows: list[tuple[bool, bool, bool, int, int, bool, bool]] = []
     tools = _tools(strict)
 
     async def one(http: httpx.AsyncClient, i: int, question: str) -> None:
@@ -185,20 +186,23 @@ async def run_row(srv: dict, fmt: str, kind: str, strict: bool, args) -> dict:
         out = r.json()
         opened, valid, extra, n = judge(out["choices"][0]["message"], fmt)
         same = out["usage"]["prompt_tokens"] == srv["prompt_tokens"](messages, tools)
-        rows.append((opened, valid, extra, n, out["usage"]["completion_tokens"], same))
+        cut = opened and not valid and out["choices"][0]["finish_reason"] == "length"
+        rows.append((opened, valid, extra, n, out["usage"]["completion_tokens"], same, cut))
 
     started = time.perf_counter()
     async with httpx.AsyncClient(timeout=900) as http:
         await asyncio.gather(*(one(http, i, q) for i, q in _questions(args.questions)))
     wall = time.perf_counter() - started
-    opened = [r for r in rows if r[0]]
+    cut = sum(r[6] for r in rows)  # a call max_tokens ended before it was complete
+    opened = [r for r in rows if r[0] and not r[6]]
     calls = sum(r[3] for r in rows)
     return {
         "format": fmt,
         "tool_choice": kind,
         "strict": "on" if strict else "off",
         "answers": len(rows),
-        "opened": len(opened),
+        "opened": len(opened) + cut,
+        "cut": cut,
         "valid": sum(r[1] for r in opened) / len(opened) if opened else float("nan"),
         "extra": sum(r[2] for r in opened) / len(opened) if opened else float("nan"),
         "tokens_per_call": sum(r[4] for r in rows) / calls if calls else float("nan"),
@@ -317,6 +321,7 @@ def main() -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.05)
     p.add_argument("--no-reasoning", action="store_true")
     p.add_argument("--strict", default="on,off", help="strict rows to run: on, off or both")
+    p.add_argument("--choices", default="auto,required,named", help="tool_choice rows to run")
     p.add_argument(
         "--off-formats",
         default=None,
@@ -330,7 +335,7 @@ def main() -> None:
     for fmt in args.formats.split(","):
         proc, srv = serve(model, fmt, args)
         try:
-            for kind in ("auto", "required", "named"):
+            for kind in args.choices.split(","):
                 for strict in _strict_rows(fmt, args):
                     results.append(asyncio.run(run_row(srv, fmt, kind, strict, args)))
                     print(results[-1], flush=True)
@@ -358,15 +363,15 @@ def _strict_rows(fmt: str, args) -> list[bool]:
 def report(results: list[dict], reasoning: list[dict], args) -> None:
     print(f"\n{args.questions} requests per row, {len(TOOLS)} tools, greedy, repetition_penalty "
           f"{args.repetition_penalty}, max_tokens {args.max_tokens}\n")  # fmt: skip
-    print(
-        "| format | tool_choice | strict | answers that opened a call | opened calls valid "
-        "| with undeclared args | completion tokens per call | wall s | prompt = template |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| format | tool_choice | strict | answers that opened a call | cut by max_tokens "
+          "| finished calls valid | with undeclared args | completion tokens per call | wall s "
+          "| prompt = template |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         same = "n/a (our text)" if r["format"] == "json" else f"{r['prompt_same']:.0%}"
         head = f"| {r['format']} | {r['tool_choice']} | {r['strict']} "
-        print(f"{head}| {r['opened']}/{r['answers']} | {r['valid']:.0%} | {r['extra']:.0%} "
+        print(f"{head}| {r['opened']}/{r['answers']} | {r['cut']} | {r['valid']:.0%} "
+              f"| {r['extra']:.0%} "
               f"| {r['tokens_per_call']:.1f} | {r['wall']:.1f} | {same} |")  # fmt: skip
     if reasoning:
         print(
