@@ -103,10 +103,12 @@ def test_engine_logit_bias_wins_unless_the_grammar_forbids(runtime):
         engine.generate("x", logit_bias={5: 200.0}, **plain)
 
 
-def test_endpoint_refuses_an_answer_generated_without_its_lark_grammar():
-    from sgl_dsl.backend.endpoint import _check_lark_reached
+def test_endpoint_refuses_an_answer_generated_without_its_constraint():
+    from sgl_dsl.backend.endpoint import _check_constraint_reached
 
-    _check_lark_reached({"grammar": LARK}, {"constraint": "lark"})
-    _check_lark_reached({"regex": "a"}, {})
+    _check_constraint_reached({"grammar": LARK}, {"constraint": "lark"})
+    _check_constraint_reached({"max_tokens": 4}, {})
     with pytest.raises(sgl.BackendError, match="ebnf"):
-        _check_lark_reached({"grammar": LARK}, {"finish_reason": {"type": "stop"}})
+        _check_constraint_reached({"grammar": LARK}, {"finish_reason": {"type": "stop"}})
+    with pytest.raises(sgl.BackendError, match="structural_tag"):
+        _check_constraint_reached({"structural_tag": "{}"}, {})

@@ -36,7 +36,7 @@ _SERVER_NAMES = {
     "max_tokens": "max_new_tokens",
     "min_tokens": "min_new_tokens",
     # lark text has no SGLang name (SGLang's `ebnf` is GBNF, sent as `ebnf`): the SGLang Model
-    # Gateway drops `lark`, so a lark gen() through it fails (see `_check_lark_reached`)
+    # Gateway drops `lark`, so a lark gen() through it fails (see `_check_constraint_reached`)
     "grammar": "lark",
 }
 
@@ -189,7 +189,7 @@ class RuntimeEndpoint(Backend):
 
     def generate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
         answer = self._request("POST", "/generate", self._body(prompt, params, False))
-        _check_lark_reached(params, answer["meta_info"])
+        _check_constraint_reached(params, answer["meta_info"])
         return _to_output(answer)
 
     def generate_stream(self, prompt: str, params: dict[str, Any]) -> Iterator[GenChunk]:
@@ -215,7 +215,7 @@ class RuntimeEndpoint(Backend):
                     meta = event.get("meta_info") or {}
                     done = None
                     if meta.get("finish_reason"):
-                        _check_lark_reached(params, meta)
+                        _check_constraint_reached(params, meta)
                         done = _to_output(event)
                     yield GenChunk(event.get("delta", ""), done)
         except httpx.HTTPError as exc:
@@ -280,14 +280,21 @@ def _error_text(path: str, status: int, text: str) -> str:
     return f"{path} answered {status}: {message}"
 
 
-def _check_lark_reached(params: dict[str, Any], meta: dict[str, Any]) -> None:
-    """A lark grammar travels as `lark`, which SGLang's types (and so the SGLang Model Gateway)
-    do not have: the server names the constraint it applied, and an answer that names none
-    was generated without the grammar. Refuse it rather than pass free text for it."""
-    if params.get("grammar") is not None and not meta.get("constraint"):
+# gen() constraint keywords (`choices` / `dtype` travel as `regex`)
+_CONSTRAINTS = ("regex", "json_schema", "choices", "dtype", "grammar", "ebnf", "structural_tag")
+
+
+def _check_constraint_reached(params: dict[str, Any], meta: dict[str, Any]) -> None:
+    """The server names the field its output was constrained by (`meta_info.constraint`);
+    an answer to a constrained gen that names none was generated without the constraint: a
+    gateway in between dropped a field SGLang's types do not have (`lark`) or that it does not
+    pass on (`structural_tag`). Refuse it rather than pass free text for constrained output."""
+    sent = [k for k in _CONSTRAINTS if params.get(k) is not None]
+    if sent and not meta.get("constraint"):
+        hint = " (write the grammar in GBNF: gen(ebnf=...))" if sent[0] == "grammar" else ""
         raise BackendError(
-            "the lark grammar did not reach the server (a gateway in between drops the `lark` "
-            "field): write the grammar in GBNF and pass gen(ebnf=...) instead"
+            f"the server answered without the {sent[0]} constraint: something between this "
+            f"backend and the server (a gateway) dropped the field{hint}"
         )
 
 
