@@ -131,3 +131,14 @@ def test_embedding_rows_are_the_dequantized_rows():
     assert torch.equal(rows, w.dequantize()[ids])
     with pytest.raises(IndexError):
         cpu_quant.embedding(torch.tensor([50]), w, torch.float32)
+
+
+def test_prefill_sized_inputs_take_the_dequantized_product():
+    _, w = random_weight("Q4_1", 64, 256, seed=5)
+    x = torch.randn(cpu_quant.DENSE_ROWS + 3, 256)
+    y = cpu_quant.linear(x, w)
+    exact = x.double() @ w.dequantize().double().T
+    assert torch.allclose(y.double(), exact, rtol=1e-4, atol=1e-4)
+    # the integer path (forced: a thread count given) agrees to within its input rounding
+    forced = cpu_quant.linear(x, w, threads=1)
+    assert (forced - y).abs().max() <= 1e-4 * y.abs().max()
