@@ -35,6 +35,7 @@ from grammar.json_schema import oneof as json_oneof
 from grammar.json_schema.exact.evaluated import split_refusal
 from grammar.json_schema.exact.exclusive import oneof_by_negation
 from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
+from grammar.json_schema.literals import TRIE_MIN_VALUES, literals_node, single_spelling
 from grammar.json_schema.merge import canonical, merge
 from grammar.json_schema.number_text import FLOAT64_MARK
 from grammar.json_schema.objects import integral_as, literal
@@ -226,6 +227,14 @@ class SchemaBuilder:
         if not ("$ref" in schema and self.ref_overrides_siblings) and values_of(schema):
             own = "const" if "const" in schema else "enum"
             check = {k: v for k, v in schema.items() if k != own}
+        return self.literals(schema, values, ptr, check)
+
+    def literals(self, schema: Any, values: list, ptr: str, check: Any = None) -> Node:
+        """The alternation of the values' `literal_of`; many single-spelled values (a large
+        string enum) as one trie automaton (`literals`), not that many alternatives."""
+        if len(values) >= TRIE_MIN_VALUES and single_spelling(values):
+            against = schema if check is None else check
+            return literals_node([v for v in values if self.accepts(against, v)], ptr)
         return ra.alt([self.literal_of(schema, v, ptr, check) for v in values])
 
     def finite_values(self, schema: Any, ptr: str, depth: int = 0) -> list | None:
@@ -387,9 +396,7 @@ class SchemaBuilder:
             values = [c] if values is None else [v for v in values if canonical(v) == canonical(c)]
         excluded = {canonical(v): v for v in s.get("_not_values", [])}
         if values is not None:
-            return ra.alt(
-                [self.literal_of(s, v, ptr) for v in values if canonical(v) not in excluded]
-            )
+            return self.literals(s, [v for v in values if canonical(v) not in excluded], ptr)
         types = s.get("type")
         if types is None:
             types = ["string", "number", "boolean", "null", "object", "array"]
