@@ -16,6 +16,7 @@ from runtime import settings
 from runtime.attention import make_backend, resolve_backend
 from runtime.default_model import default_model
 from runtime.disaggregation.modes import (
+    BOOTSTRAP_KEYS,
     DEFAULT_TIMEOUT_S,
     Disaggregation,
     HandoffStream,
@@ -34,7 +35,8 @@ from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
 from runtime.models.threads import ThreadChooser, chooser_wanted
 from runtime.parallel.shard import local_config, validate
-from runtime.scheduling.output import OutputProcessor
+from runtime.scheduling.constrained import ConstraintHooks
+from runtime.scheduling.detokenize import Detokenizer
 from runtime.scheduling.request import GenerateResult, Request, SamplingParams
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.stream import StreamIterator
@@ -190,12 +192,14 @@ class Engine:
             timeout_s=disaggregation_timeout_s,
         )
         self.eos_token_ids = _eos_ids(path, self.config.eos_token_ids, self.tokenizer)
-        self.output = OutputProcessor(self.tokenizer, self.eos_token_ids)
+        # the prefill or decode role, consulted only for requests that carry a room
+        self._role = self.disaggregation if self.disaggregation.mode != "null" else None
+        self.detokenizer = Detokenizer(self.tokenizer, self.eos_token_ids)
         self.scheduler = Scheduler(
             self.model,
             self.pool,
             self.tree,
-            self.output,
+            self.detokenizer,
             max_running=max_running_requests,
             chunk_tokens=chunked_prefill_tokens,
             hooks=self._make_constraint_hooks(),
@@ -218,11 +222,7 @@ class Engine:
             resident_bytes()[0] / 2**20,
         )
 
-    def _make_constraint_hooks(self) -> Any:
-        try:
-            from runtime.scheduling.constrained import ConstraintHooks
-        except ImportError:
-            return None
+    def _make_constraint_hooks(self) -> ConstraintHooks:
         # constrained rows' logits are masked by the attention backend's bitmask kernel
         return ConstraintHooks(self, make_backend(self.attention_backend).apply_token_bitmask_)
 
@@ -250,10 +250,7 @@ class Engine:
             raise ValueError("empty prompt")
         req = Request(ids, params, stream=stream)
         if any(constraint_kw.get(k) is not None for k in CONSTRAINT_KEYS):
-            hooks = self.scheduler.hooks
-            if hooks is None:
-                raise NotImplementedError("constrained decoding needs the grammar package")
-            hooks.attach(
+            self.scheduler.hooks.attach(
                 req, **constraint_kw, wake=lambda: self.scheduler.inbox.put(("wake", None))
             )
         return req
@@ -290,7 +287,12 @@ class Engine:
             return []  # an empty batch
         single = isinstance(prompt, str) or isinstance(prompt[0], int)
         sampling = dict(sampling)
-        boot = split_bootstrap(sampling)
+        if self._role is None:  # a plain server serves a request with a room as any other
+            for key in BOOTSTRAP_KEYS:
+                sampling.pop(key, None)
+            boot = None
+        else:
+            boot = split_bootstrap(sampling)
         if boot is not None and not single:
             raise ValueError("bootstrap_room takes one prompt")
         if stream:
@@ -325,12 +327,15 @@ class Engine:
 
     def _submit(self, req: Request, boot: dict[str, Any] | None) -> Ticket | None:
         """Hand `req` to the scheduler; with a bootstrap room, as this server's role says."""
-        d = self.disaggregation
-        if boot is not None and d.mode == "prefill":
+        d = self._role
+        if boot is None or d is None:
+            self.scheduler.submit(req)
+            return None
+        if d.mode == "prefill":
             ticket = d.attach_prefill(req, boot)
             self.scheduler.submit(req)
             return ticket
-        if boot is not None and d.submit_decode(req, boot, self.scheduler.submit):
+        if d.submit_decode(req, boot, self.scheduler.submit):
             return None  # submitted once its KV has arrived
         self.scheduler.submit(req)
         return None

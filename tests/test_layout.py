@@ -60,20 +60,10 @@ def _layer(module: str) -> int | None:
     return level
 
 
-# Circles another change is removing right now (the scheduler getting one owner of its state);
-# everything else must have none. This list only shrinks.
-PENDING_CYCLE_PACKAGES = ("runtime.scheduling.",)
-
-
-def _pending(comp: list[str]) -> bool:
-    return all(m.startswith(PENDING_CYCLE_PACKAGES) for m in comp)
-
-
 def test_no_import_cycle_between_modules():
-    assert [comp for comp in cycles(graph()) if not _pending(comp)] == []
+    assert cycles(graph()) == []
 
 
-@pytest.mark.xfail(strict=False, reason="the scheduling modules' circle is being removed")
 def test_scheduling_modules_import_one_another_without_a_circle():
     assert [comp for comp in cycles(graph()) if comp[0].startswith("runtime.scheduling.")] == []
 
@@ -173,8 +163,6 @@ def test_model_files_import_no_attention_kernel():
 
 # `issue 12`, `(issue 4)`, `issue #4`: the tracker's numbering means nothing to a reader
 TRACKER_NUMBER = re.compile(r"\bissues? #?[0-9]+\b", re.IGNORECASE)
-# a comment in the scheduler, which another change is rewriting now
-PENDING_TRACKER_NUMBERS = {"runtime/scheduling/scheduler.py"}
 
 
 def test_no_tracker_numbers_in_code_tests_or_docs():
@@ -187,7 +175,7 @@ def test_no_tracker_numbers_in_code_tests_or_docs():
         for path in files
         if path != here and TRACKER_NUMBER.search(path.read_text(encoding="utf-8"))
     }
-    assert set(found) <= PENDING_TRACKER_NUMBERS, found
+    assert found == {}
 
 
 def test_readme_is_a_front_door_and_doc_links_resolve():

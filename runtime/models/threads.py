@@ -26,6 +26,9 @@ from typing import Any
 import torch
 
 from runtime import settings
+from runtime.attention.forward_batch import ForwardBatch
+from runtime.memory.kv_pool import KVPool
+from runtime.models.model import Model
 
 FIXED_TOKENS = 32  # a step's fixed cost (reading every weight once), in tokens of work
 FIRST_TRIAL = 2  # decode steps before the first trial (a warm-up request decides)
@@ -46,7 +49,7 @@ class ThreadChooser:
     """A model wrapper: `forward(batch, pool)` with a measured thread count; every other
     attribute is the model's own. Runs on the one thread that calls forward."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Model) -> None:
         self._model = model
         self.choices = (torch.get_num_threads(), 1)
         self.current = 0  # index into choices
@@ -72,7 +75,7 @@ class ThreadChooser:
     def threads(self) -> int:
         return self.choices[self.current]
 
-    def forward(self, batch: Any, pool: Any) -> Any:
+    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
         # only decode steps are measured and tried: their costs are comparable with each other
         decode = batch.num_decode == batch.num_tokens
         if not decode:

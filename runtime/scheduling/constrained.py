@@ -25,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from grammar import DTYPE_NAMES
 from grammar.json_schema.schema import load_schema
 from runtime import settings
 from runtime.kernels import reference
+from runtime.memory.pages import PageBook
 from runtime.scheduling import compile_pool
 from runtime.scheduling.compile_pool import (
     DEFAULT_MEMORY_MB,
@@ -42,9 +43,6 @@ from runtime.scheduling.compile_pool import (
     CompileSpec,
 )
 from runtime.scheduling.request import Request
-
-if TYPE_CHECKING:
-    from runtime.scheduling.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +91,6 @@ class ConstraintHooks:
         self._vocab: Any = None
         self._vocab_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-grammar")
-        self._wake = engine.scheduler_wake if hasattr(engine, "scheduler_wake") else None
         self.json_schema_mode = getattr(engine, "json_schema_mode", "strict")
         self.compiles = CompilePool(
             self.vocab,
@@ -223,18 +220,18 @@ class ConstraintHooks:
             req.error = exc
             return np.zeros((len(st.vocab) + 31) // 32, dtype=np.int32)
 
-    def after_token(self, sched: Scheduler, req: Request) -> None:
+    def after_token(self, book: PageBook, req: Request) -> None:
         """Advance the matcher by the sampled token; finish or jump forward as it says. A
         GrammarError on the way (a state budget reached) aborts this request only."""
         import grammar
 
         try:
-            self._after_token(sched, req)
+            self._after_token(book, req)
         except grammar.GrammarError as exc:
             req.error = exc
             req.finish_reason = "abort"
 
-    def _after_token(self, sched: Scheduler, req: Request) -> None:
+    def _after_token(self, book: PageBook, req: Request) -> None:
         st = req.constraint
         if st is None:
             return
@@ -246,11 +243,11 @@ class ConstraintHooks:
             req.finish_reason = "stop"
             return
         if st.jump_forward and len(req.output_ids) < req.params.max_new_tokens:
-            self._jump(sched, req, st)
+            self._jump(book, req, st)
             if req.finish_reason is None and st.matcher.is_dead():
                 req.finish_reason = "stop"
 
-    def _jump(self, sched: Scheduler, req: Request, st: ConstraintState) -> None:
+    def _jump(self, book: PageBook, req: Request, st: ConstraintState) -> None:
         from grammar.tokens.matcher import complete_utf8_prefix
 
         forced = st.matcher.forced_bytes()
@@ -289,7 +286,7 @@ class ConstraintHooks:
         if req.top_logprobs is not None:
             req.top_logprobs[same:] = [{t: 0.0} for t in out[same:]]
         req.streamed_token_len = min(req.streamed_token_len, same)
-        sched.book.truncate(req, keep)
+        book.truncate(req, keep)
         req.prefill_done = req.computed == req.seq_len - 1
 
     def length_reason(self, req: Request) -> str | None:

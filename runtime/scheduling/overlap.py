@@ -27,17 +27,47 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.scheduling.request import Request, Status
-from runtime.scheduling.step_output import book_step, process_step_output
 from runtime.scheduling.step_plan import StepPlan, build_batch
 
-if TYPE_CHECKING:
-    from runtime.scheduling.scheduler import Scheduler
+
+class StepHost(Protocol):
+    """What the overlap runner asks of the scheduler (which alone changes its queues)."""
+
+    page_size: int
+
+    def plan_step(self) -> StepPlan | None:
+        """The next step's plan (admissions included), or None when nothing can run."""
+        ...
+
+    def run_model(self, batch: ForwardBatch) -> torch.Tensor:
+        """The model's forward over `batch` (called on the model thread)."""
+        ...
+
+    def book_ahead(self, plan: StepPlan) -> None:
+        """Count the plan's tokens as computed before its logits exist (no score rows)."""
+        ...
+
+    def complete_step(
+        self, plan: StepPlan, logits: torch.Tensor, seconds: float, booked: bool
+    ) -> None:
+        """Sample, finish, stream: the step's outputs, and its forward time."""
+        ...
+
+    def room_to_plan_ahead(self) -> bool:
+        """Enough free pages that planning the next step can never preempt."""
+        ...
+
+    def queue_state(self) -> tuple[int, bool]:
+        """(waiting requests, whether another request could be admitted now)."""
+        ...
+
+    def is_running(self, req: Request) -> bool: ...
 
 
 def _requests(plan: StepPlan) -> list[Request]:
@@ -47,8 +77,8 @@ def _requests(plan: StepPlan) -> list[Request]:
 class OverlapRunner:
     """Runs each forward on a model thread and plans the next step meanwhile (see above)."""
 
-    def __init__(self, sched: Scheduler) -> None:
-        self.sched = sched
+    def __init__(self, host: StepHost) -> None:
+        self.host = host
         threads = torch.get_num_threads()
         self._model_thread = ThreadPoolExecutor(
             max_workers=1,
@@ -63,61 +93,55 @@ class OverlapRunner:
         self._model_thread.shutdown(wait=True)
 
     def step(self) -> bool:
-        s = self.sched
+        h = self.host
         ready, self._next = self._next, None
         if ready is not None and self._still_valid(*ready):
             plan, batch, _ = ready
             self.steps_planned_ahead += 1
         else:
-            plan = s.plan_step()
+            plan = h.plan_step()
             if plan is None:
                 return False
-            batch = build_batch(plan, s.pool.page_size)
+            batch = build_batch(plan, h.page_size)
         future = self._model_thread.submit(self._forward, batch)
         ahead, booked = None, False
         try:
             if self._can_plan_ahead(plan):
-                book_step(s, plan, None)
+                h.book_ahead(plan)
                 booked = True
-                waiting = len(s.waiting)
-                next_plan = s.plan_step()
+                waiting, _ = h.queue_state()
+                next_plan = h.plan_step()
                 if next_plan is not None:
-                    ahead = (next_plan, build_batch(next_plan, s.pool.page_size, True), waiting)
+                    ahead = (next_plan, build_batch(next_plan, h.page_size, True), waiting)
         finally:
             logits, seconds = future.result()  # wait for the forward even if planning failed
-        s.forward_s += seconds
-        s.counters["forward_steps"] += 1
-        process_step_output(s, plan, logits, booked=booked)
+        h.complete_step(plan, logits, seconds, booked)
         if ahead is not None and self._fill(ahead[0], ahead[1]):
             self._next = ahead
         return True
 
     def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, float]:
         start = time.perf_counter()
-        logits = self.sched.model.forward(batch, self.sched.pool)
+        logits = self.host.run_model(batch)
         return logits, time.perf_counter() - start
 
     def _can_plan_ahead(self, plan: StepPlan) -> bool:
-        s = self.sched
         if plan.score_rows:
             return False
         if any(r.constraint is not None or r.handoff is not None for r in _requests(plan)):
             return False
         # every decoder's next slot, every prefill chunk and admission, with room to spare:
         # planning must never need to preempt
-        free = s.pool.num_free_pages + (s.tree.evictable_pages if s.tree is not None else 0)
-        need = 2 * s.max_running + s.chunk_tokens // s.pool.page_size + 2
-        return free >= need
+        return self.host.room_to_plan_ahead()
 
     def _still_valid(self, plan: StepPlan, batch: ForwardBatch, waiting: int) -> bool:
         """Every request of the plan still runs, and no request arrived that this step would
         have admitted."""
-        s = self.sched
-        running = {id(r) for r in s.running}
         for req in _requests(plan):
-            if req.status is not Status.RUNNING or id(req) not in running or req.aborted:
+            if req.status is not Status.RUNNING or not self.host.is_running(req) or req.aborted:
                 return False
-        arrived = len(s.waiting) > waiting and len(s.running) < s.max_running
+        now_waiting, can_admit = self.host.queue_state()
+        arrived = now_waiting > waiting and can_admit
         return not arrived
 
     def _fill(self, plan: StepPlan, batch: ForwardBatch) -> bool:

@@ -6,11 +6,38 @@ import enum
 import itertools
 import queue
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import torch
 
+from runtime.memory.kv_pool import KVPool
+from runtime.memory.radix_cache import TreeNode
+
 _ids = itertools.count()
+
+
+class Constraint(Protocol):
+    """What the scheduler reads of a request's constraint (constrained.ConstraintState)."""
+
+    jump_forward: bool
+    compile_time_s: float
+
+
+class Handoff(Protocol):
+    """A prefill server's room for this request's KV (disaggregation.modes.Ticket)."""
+
+    def stage(self, pool: KVPool, req: Request) -> None:
+        """Copy the request's KV out for the decode server (on the scheduler thread)."""
+        ...
+
+
+class ImportedKV(Protocol):
+    """KV that arrived from a prefill server (disaggregation.receiver.ReceivedKV)."""
+
+    kv_tokens: int  # positions 0 .. kv_tokens - 1 have K/V in `data`
+    data: torch.Tensor  # [num_pages, page_bytes] uint8
+    logprobs: list[float] | None
+    top_logprobs: list[dict[int, float]] | None
 
 
 @dataclass(slots=True)
@@ -114,7 +141,7 @@ class Request:
         *,
         stream: bool = False,
         logprob_start: int | None = None,
-        constraint: Any = None,
+        constraint: Constraint | None = None,
     ) -> None:
         self.rid = next(_ids)
         self.prompt_ids = list(prompt_ids)
@@ -125,7 +152,7 @@ class Request:
         self.pages: list[int] = []
         self.computed = 0
         self.cached = 0
-        self.node: Any = None  # locked radix TreeNode, or None
+        self.node: TreeNode | None = None  # the locked radix tree node
         self.finish_reason: str | None = None
         self.matched_stop: str | int | None = None
         self.error: BaseException | None = None
@@ -145,13 +172,13 @@ class Request:
         self.streamed_token_len = 0
         self.aborted = False
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.constraint = constraint  # a ConstraintState (constrained.py), or None
+        self.constraint: Constraint | None = constraint
         self.cache_limit: int | None = None  # cache at most this many tokens while running
         self.admit_order = 0
         # prefill-decode disaggregation (runtime/disaggregation): on a prefill server, the room
         # this request's KV goes to; on a decode server, the KV it arrived with
-        self.handoff: Any = None
-        self.imported: Any = None
+        self.handoff: Handoff | None = None
+        self.imported: ImportedKV | None = None
 
     @property
     def seq(self) -> list[int]:
@@ -174,7 +201,7 @@ class Request:
                 cached_tokens=self.cached_tokens_at_admission or 0,
                 completion_tokens=len(self.output_ids),
                 decode_steps=self.decode_steps,
-                compile_time_s=getattr(self.constraint, "compile_time_s", 0.0) or 0.0,
+                compile_time_s=self.constraint.compile_time_s if self.constraint else 0.0,
             ),
             logprobs=self.logprobs,
             top_logprobs=self.top_logprobs,

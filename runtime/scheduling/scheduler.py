@@ -18,48 +18,53 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from runtime.attention.forward_batch import ForwardBatch
 from runtime.errors import PromptTooLongError
 from runtime.memory.kv_pool import KVPool
 from runtime.memory.pages import PageBook
-from runtime.memory.radix_cache import RadixCache
-from runtime.scheduling.handoff import admit_imported
-from runtime.scheduling.output import OutputProcessor
+from runtime.memory.radix_cache import MatchResult, RadixCache
+from runtime.models.model import Model
+from runtime.scheduling.constrained import ConstraintHooks
+from runtime.scheduling.detokenize import Detokenizer
+from runtime.scheduling.handoff import install_imported
 from runtime.scheduling.overlap import OverlapRunner
 from runtime.scheduling.request import Request, Status
-from runtime.scheduling.step_output import process_step_output
 from runtime.scheduling.step_plan import ExtendItem, StepPlan, build_batch
-
-if TYPE_CHECKING:
-    from runtime.models.llama import LlamaModel
+from runtime.scheduling.step_results import OutputContext, StepResult, book_step, sample_step
 
 logger = logging.getLogger(__name__)
 
 
 class Scheduler:
+    """The one owner of the request queues (`waiting`, `running`) and the counters: the step's
+    phases (plan, build, run, outputs, hand-off admission, overlap) get what they need and
+    return what changed (`step_results.StepResult`), which only this class applies."""
+
     def __init__(
         self,
-        model: LlamaModel,
+        model: Model,
         pool: KVPool,
         tree: RadixCache | None,
-        output: OutputProcessor,
+        detokenizer: Detokenizer,
         *,
         max_running: int,
         chunk_tokens: int,
-        hooks: Any = None,
+        hooks: ConstraintHooks | None = None,
         overlap: bool = False,
     ) -> None:
         self.model = model
         self.pool = pool
+        self.page_size = pool.page_size
         self.tree = tree
         self.book = PageBook(pool, tree)
-        self.output = output
+        self.detokenizer = detokenizer
         self.max_running = max_running
         self.chunk_tokens = max(chunk_tokens, pool.page_size)
-        self.hooks = hooks  # constrained decoding (issue 4); None when unused
+        self.hooks = hooks  # constrained decoding; None when unused
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -70,6 +75,8 @@ class Scheduler:
         self.busy_s = 0.0  # wall time of steps that ran a forward pass
         self.forward_s = 0.0  # of which the model's forward (the rest: scheduling, sampling)
         self._admit_clock = 0
+        self._outputs = OutputContext(pool, self.book, detokenizer, hooks, self.generator,
+                                      model.config.vocab_size)  # fmt: skip
         # overlap.py: plan step N+1 while step N's forward runs on a model thread
         self.overlap = OverlapRunner(self) if overlap else None
         self._stop = False
@@ -187,18 +194,48 @@ class Scheduler:
         plan = self.plan_step()
         if plan is None:
             return False
-        batch = build_batch(plan, self.pool.page_size)
+        batch = build_batch(plan, self.page_size)
         start = time.perf_counter()
-        logits = self.model.forward(batch, self.pool)
-        self.forward_s += time.perf_counter() - start
-        self.counters["forward_steps"] += 1
-        process_step_output(self, plan, logits)
+        logits = self.run_model(batch)
+        self.complete_step(plan, logits, time.perf_counter() - start, booked=False)
         return True
+
+    # ---- the phases' results, applied here (overlap.StepHost) ----------------------------------
+    def run_model(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model.forward(batch, self.pool)
+
+    def book_ahead(self, plan: StepPlan) -> None:
+        self._apply(book_step(self._outputs, plan, None))
+
+    def complete_step(
+        self, plan: StepPlan, logits: torch.Tensor, seconds: float, booked: bool
+    ) -> None:
+        self.forward_s += seconds
+        self.counters["forward_steps"] += 1
+        if not booked:
+            self._apply(book_step(self._outputs, plan, logits))
+        self._apply(sample_step(self._outputs, plan, logits))
+
+    def room_to_plan_ahead(self) -> bool:
+        free = self.pool.num_free_pages + (self.tree.evictable_pages if self.tree else 0)
+        return free >= 2 * self.max_running + self.chunk_tokens // self.page_size + 2
+
+    def queue_state(self) -> tuple[int, bool]:
+        return len(self.waiting), len(self.running) < self.max_running
+
+    def is_running(self, req: Request) -> bool:
+        return req in self.running
+
+    def _apply(self, result: StepResult) -> None:
+        for name, count in result.counts.items():
+            self.counters[name] += count
+        for req, reason in result.finished:
+            self.finish(req, reason)
 
     def plan_step(self) -> StepPlan | None:
         """Who decodes, who extends by how much, who is admitted; None when nothing can run."""
         if self.waiting and any(r.imported is not None for r in self.waiting):
-            admit_imported(self)  # KV that arrived from a prefill server: no prefill here
+            self._admit_imported()  # KV that arrived from a prefill server: no prefill here
         plan = StepPlan()
         self._plan_decodes(plan)
         budget = self.chunk_tokens
@@ -259,20 +296,42 @@ class Scheduler:
             if self._shares_pending_prefix(req, match.length, extending):
                 continue  # wait: another request is computing the same prefix right now
             length = min(req.seq_len - match.length, budget)
-            if not self.book.admit(req, match, match.length + length):
+            if not self._admit_request(req, match, match.length + length):
                 break
-            self.waiting.remove(req)
-            req.status = Status.RUNNING
-            self._admit_clock += 1
-            req.admit_order = self._admit_clock
-            if req.cached_tokens_at_admission is None:
-                req.cached_tokens_at_admission = match.length
-            self.counters["prefill_cached"] += match.length
-            self.running.append(req)
             plan.extends.append(ExtendItem(req, req.computed, length))
             extending.append(req)
             budget -= length
         return budget
+
+    def _admit_imported(self) -> None:
+        """Admit the waiting requests that carry transferred KV, oldest first, while room
+        lasts: the same admission as any request, then their pages are written in."""
+        for req in [r for r in self.waiting if r.imported is not None]:
+            if len(self.running) >= self.max_running:
+                return
+            if not self.constraint_ready(req):
+                continue
+            tokens = req.imported.kv_tokens
+            match = self.book.match(req.seq, tokens)
+            if not self._admit_request(req, match, tokens + 1):
+                return  # the pool is full: try again after a step has freed pages
+            self._apply(install_imported(self._outputs, req, match))
+
+    def _admit_request(self, req: Request, match: MatchResult, upto: int) -> bool:
+        """The one admission path (plain and imported requests): pages for positions up to
+        `upto` after the cached `match`, then the request moves from waiting to running.
+        False (nothing changed) when the pool has no room."""
+        if not self.book.admit(req, match, upto):
+            return False
+        self.waiting.remove(req)
+        req.status = Status.RUNNING
+        self._admit_clock += 1
+        req.admit_order = self._admit_clock
+        if req.cached_tokens_at_admission is None:
+            req.cached_tokens_at_admission = match.length
+        self.counters["prefill_cached"] += match.length
+        self.running.append(req)
+        return True
 
     def constraint_ready(self, req: Request) -> bool:
         """Whether a waiting request may be admitted: True unless its constraint is still
@@ -321,13 +380,13 @@ class Scheduler:
         if reason == "abort":
             req.finish_reason = "abort"
         req.status = Status.FINISHED
-        self.output.finalize_text(req)
+        self.detokenizer.finalize_text(req)
         self.counters["requests_finished"] += 1
         self._deliver(req)
 
     def _deliver(self, req: Request) -> None:
         if req.stream:
-            req.outbox.put(self.output.stream_chunk(req, finished=True))
+            req.outbox.put(self.detokenizer.stream_chunk(req, finished=True))
         else:
             req.outbox.put(req.to_result())
 

@@ -1,4 +1,5 @@
-"""After a token is sampled: stop conditions, detokenised text, stream chunks, results."""
+"""Text for a request's tokens: stop conditions (EOS, stop ids and strings, length), the
+detokenised text, and stream chunks that hold back what may still change."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 from runtime.scheduling.request import Request, StreamChunk
 
 
-class OutputProcessor:
+class Detokenizer:
     """Decides when a request is finished and what text it has; runs on the scheduler thread."""
 
     def __init__(self, tokenizer, eos_ids: Sequence[int]) -> None:
