@@ -280,7 +280,7 @@ class Scheduler:
         candidates = []
         for order, req in enumerate(self.waiting):
             if req.imported is not None:
-                continue  # admitted by admit_imported
+                continue  # admitted by _admit_imported
             # never reuse the last token (its logits are needed) nor a scored position
             cap = req.seq_len - 1 if req.logprob_start is None else req.logprob_start - 1
             match = self.book.match(req.seq, cap)
