@@ -287,12 +287,13 @@ class Engine:
             return []  # an empty batch
         single = isinstance(prompt, str) or isinstance(prompt[0], int)
         sampling = dict(sampling)
-        if self._role is None:  # a plain server serves a request with a room as any other
-            for key in BOOTSTRAP_KEYS:
-                sampling.pop(key, None)
-            boot = None
-        else:
-            boot = split_bootstrap(sampling)
+        boot = None  # the role is consulted only for a request that carries a room
+        if any(key in sampling for key in BOOTSTRAP_KEYS):
+            if self._role is None:  # a plain server serves such a request as any other
+                for key in BOOTSTRAP_KEYS:
+                    sampling.pop(key, None)
+            else:
+                boot = split_bootstrap(sampling)
         if boot is not None and not single:
             raise ValueError("bootstrap_room takes one prompt")
         if stream:

@@ -186,3 +186,15 @@ def test_triton_backend_refuses_what_it_lacks_naming_it(spec):
 def test_layer_spec_rejects_a_bad_window():
     with pytest.raises(ValueError, match="window"):
         LayerSpec(1.0, window=0)
+
+
+def test_the_server_flag_reaches_the_engine_and_refuses_unknown_names(capsys):
+    from runtime.server.__main__ import engine_kwargs, parse_args
+
+    assert engine_kwargs(parse_args(["--attention-backend", "torch"]))["attention_backend"] == (
+        "torch"
+    )
+    assert engine_kwargs(parse_args([]))["attention_backend"] == "auto"
+    with pytest.raises(SystemExit):
+        parse_args(["--attention-backend", "flash"])
+    assert "--attention-backend" in capsys.readouterr().err

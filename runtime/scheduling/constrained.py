@@ -25,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -44,11 +44,31 @@ from runtime.scheduling.compile_pool import (
 )
 from runtime.scheduling.request import Request
 
+if TYPE_CHECKING:
+    from grammar import TokenVocabulary
+
 logger = logging.getLogger(__name__)
 
 INCOMPLETE = "max_new_tokens reached before the constraint was complete"
 # (logits [B, V], packed bitmask [R, W], rows [R] | None) -> logits, masked in place
 BitmaskFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+class TokenMatcher(Protocol):
+    """What decoding asks of a compiled constraint's matcher (regex / JSON-Schema, lark, GBNF
+    and structural-tag matchers all have it)."""
+
+    def bitmask(self) -> np.ndarray: ...
+
+    def advance(self, token_id: int) -> Any: ...
+
+    def advance_bytes(self, data: bytes) -> Any: ...
+
+    def forced_bytes(self) -> bytes: ...
+
+    def is_dead(self) -> bool: ...
+
+    def is_accepting(self) -> bool: ...
 
 
 class ConstraintState:
@@ -57,8 +77,8 @@ class ConstraintState:
     def __init__(self, future: Future, jump_forward: bool) -> None:
         self.future = future
         self.jump_forward = jump_forward
-        self.matcher: Any = None
-        self.vocab: Any = None
+        self.matcher: TokenMatcher | None = None
+        self.vocab: TokenVocabulary | None = None
         self.compile_time_s = 0.0
         self.jumps = 0
         self.jumped_tokens = 0
