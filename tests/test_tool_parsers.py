@@ -49,6 +49,8 @@ CASES = [
      [("get_weather", W), ("get_time", T)]),
     ("mistral", 'Let me check. [TOOL_CALLS] [{"name": "get_time", "arguments": {"zone": "UTC"}}]',
      "Let me check.", [("get_time", T)]),
+    ("mistral", '[{"name": "get_time", "arguments": {"zone": "UTC"}}]', None,  # control token
+     [("get_time", T)]),  # decoded away
     ("deepseekv3", f"{DS_B}{_ds('get_weather', W)}\n{_ds('get_time', T)}{DS_E}", None,
      [("get_weather", W), ("get_time", T)]),
     ("deepseekv3", f"Checking.{DS_B}{_ds('get_time', T)}{DS_E}", "Checking.", [("get_time", T)]),

@@ -254,9 +254,18 @@ class MistralParser(ToolParser):
     trigger = "[TOOL_CALLS]"
     one_block = True
 
+    # `[TOOL_CALLS]` is a control token of Mistral's tokenizers: text decoded without special
+    # tokens has only the list, so an answer that is a list of calls is read as calls too
+    bare = '[{"name"'
+
     def scan(self, text: str, final: bool = False) -> Scan:
         at = text.find(self.trigger)
         if at == -1:
+            lead = text.lstrip()
+            if lead.startswith(self.bare):
+                return JsonCallsParser().scan(lead, final)
+            if not final and self.bare.startswith(lead):
+                return Scan("")  # may still become a list of calls
             keep = 0 if final else held_back(text, (self.trigger,))
             return Scan(text[: len(text) - keep])
         inner = JsonCallsParser().scan(text[at + len(self.trigger) :], final)
