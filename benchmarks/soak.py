@@ -42,6 +42,8 @@ from pathlib import Path
 import httpx
 import jsonschema
 
+from benchmarks.server import rss_mb, wait_idle
+
 REPO = Path(__file__).resolve().parents[1]
 SMALL_ENGINE = ["--mem-budget-gb", "0.5", "--num-threads", "1"]
 
@@ -319,32 +321,12 @@ async def inject_faults(server: Server, every_s: float, until: float, t: Tally) 
             t.killed_workers += 1
 
 
-def rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        return float("nan")
-
-
-def settle(url: str, timeout: float = 120.0) -> dict:
-    """/stats once nothing runs or waits (after the load's last dropped streams end)."""
-    deadline = time.monotonic() + timeout
-    stats: dict = {}
-    while time.monotonic() < deadline:
-        stats = httpx.get(f"{url}/stats", timeout=30).json()
-        if stats.get("running", 0) == 0 and stats.get("waiting", 0) == 0:
-            return stats
-        time.sleep(0.5)
-    return stats
-
-
 def soak(url: str, server: Server | None, args: argparse.Namespace) -> dict:
     warm = Tally()
     asyncio.run(run_load(url, 0.25, min(args.clients, 4), args.hang_s, warm))  # warm-up
-    settle(url)
+    wait_idle(url)
     pid = server.proc.pid if server is not None else None
-    rss_start = rss_mb(pid) if pid else float("nan")
+    rss_start = rss_mb(pid)
     t = Tally()
 
     async def load_and_faults() -> None:
@@ -357,8 +339,8 @@ def soak(url: str, server: Server | None, args: argparse.Namespace) -> dict:
     started = time.monotonic()
     asyncio.run(load_and_faults())
     took = time.monotonic() - started
-    settle(url)
-    rss_end = rss_mb(pid) if pid else float("nan")
+    wait_idle(url)
+    rss_end = rss_mb(pid)
     flush = httpx.post(f"{url}/flush_cache", timeout=60).json()
     stats = httpx.get(f"{url}/stats", timeout=30).json()
     q = sorted(t.plain_s)
