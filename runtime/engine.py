@@ -29,8 +29,9 @@ from runtime.disaggregation.modes import (
 from runtime.errors import KVTransferError, ParallelConfigError
 from runtime.kernels import cpu_fused
 from runtime.memory.budget import default_kv_budget_bytes, resident_bytes
-from runtime.memory.kv_pool import KVPool, pages_for_budget, resolve_dtype
+from runtime.memory.kv_pool import KVPool, resolve_dtype
 from runtime.memory.radix_cache import RadixCache
+from runtime.memory.windows import pool_pages
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
 from runtime.models.threads import ThreadChooser, chooser_wanted
@@ -90,16 +91,20 @@ def _num_pages(
     page_size: int,
     max_total_tokens: int | None,
     mem_budget_gb: float | None,
-) -> int:
-    """KV pages: for `max_total_tokens`, else for `mem_budget_gb` of KV, else for the default
-    budget (runtime/memory/budget.py: one full context, at most a quarter of free memory)."""
-    if max_total_tokens is not None:
-        return -(-max_total_tokens // page_size) + 1
+    chunk_tokens: int,
+    separate_windows: bool,
+) -> tuple[int, int | None]:
+    """KV pages (and window pages, or None: memory/windows.py): for `max_total_tokens`, else
+    for `mem_budget_gb` of KV, else for the default budget (runtime/memory/budget.py: one full
+    context, at most a quarter of free memory)."""
     dtype_bytes = torch.finfo(dtype).bits // 8
     budget = (
         mem_budget_gb * 1024**3 if mem_budget_gb else default_kv_budget_bytes(config, dtype_bytes)
     )
-    return pages_for_budget(config, int(budget), page_size, dtype_bytes)
+    return pool_pages(
+        config, page_size, dtype_bytes, chunk_tokens, budget_bytes=int(budget),
+        max_total_tokens=max_total_tokens, separate_windows=separate_windows,
+    )  # fmt: skip
 
 
 class Engine:
@@ -163,7 +168,12 @@ class Engine:
             rank_config = local_config(
                 self.config, Layout(tp_size, pp_size, ep_size, self.config.num_layers).shard(1)
             )
-        num_pages = _num_pages(rank_config, self.dtype, page_size, max_total_tokens, mem_budget_gb)
+        # sliding-window layers keep pages of their own (memory/windows.py) unless ranks or a
+        # KV hand-off address every layer by page id
+        num_pages, window_pages = _num_pages(
+            rank_config, self.dtype, page_size, max_total_tokens, mem_budget_gb,
+            chunked_prefill_tokens, not self.parallel and disaggregation_mode == "null",
+        )  # fmt: skip
         self.model_fingerprint = model_fingerprint(loaded.config, loaded.state_dict)
         if self.parallel:
             del loaded  # each worker loads its own shard
@@ -182,7 +192,7 @@ class Engine:
                 self.model = ThreadChooser(self.model)
         self.sizes = {"tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size}
         self.pool = KVPool(self.config, num_pages, page_size, self.dtype,
-                           allocate=not self.parallel)  # fmt: skip
+                           allocate=not self.parallel, window_pages=window_pages)  # fmt: skip
         self.tree = RadixCache(page_size, self.pool.free) if enable_radix_cache else None
         self.disaggregation = Disaggregation(
             disaggregation_mode,
@@ -407,6 +417,10 @@ class Engine:
             **self.sizes,
             "worker_pids": self.model.worker_pids if self.parallel else [],
             "kv_capacity_tokens": self.pool.capacity_tokens,
+            # sliding-window models: what a token costs in each kind of layer, and the tokens
+            # the window layers' own pages hold (None: they share the page ids)
+            "kv_bytes_per_token_by_kind": dict(self.pool.bytes_per_token_by_kind),
+            "window_capacity_tokens": self.pool.window_capacity_tokens,
             "pool_used_tokens": used * ps,
             "pool_usage": used / self.pool.num_usable_pages,
             "cached_tokens": (self.tree.total_pages * ps) if self.tree else 0,

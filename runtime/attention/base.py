@@ -65,6 +65,15 @@ class LayerSpec:
         return self.window is None and self.soft_cap is None
 
 
+@dataclass(frozen=True, slots=True)
+class WindowTables:
+    """A step's write slots and page tables as one layer addresses its pages."""
+
+    out_slots: torch.Tensor
+    decode_page_table: torch.Tensor
+    extend_page_table: torch.Tensor
+
+
 class Rotary(Protocol):
     """What `rope_store` needs of a model's rotary embedding (models/rope.RotaryEmbedding)."""
 
@@ -88,13 +97,42 @@ class AttentionBackend:
         self.batch: ForwardBatch | None = None
         self.pool: KVPool | None = None
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's cos, sin
+        self._window: WindowTables | None = None  # the window layers' slots and tables
 
     # ---- once per step -----------------------------------------------------------------------
     def plan(self, batch: ForwardBatch, pool: KVPool) -> None:
         """Prepare this step's reads for every layer (page gathers, groupings, masks)."""
         self.batch, self.pool = batch, pool
         self._rope = None
+        self._window = None
+        if pool.windows is not None:
+            self._window = self._window_tables(batch, pool)
         self._plan(batch, pool)
+
+    @staticmethod
+    def _window_tables(batch: ForwardBatch, pool: KVPool) -> WindowTables:
+        """The step's slots and page tables through the pool's page -> window slot map, for
+        the layers that keep their KV in the window pages (memory/windows.py)."""
+        wmap, ps = pool.windows.map, pool.page_size
+
+        def mapped(table: torch.Tensor) -> torch.Tensor:
+            # entries past a request's pages may be stale or -1: never read, clamped here
+            return wmap[table.long().clamp(0, wmap.shape[0] - 1)]
+
+        slots = batch.out_slots
+        return WindowTables(
+            wmap[slots // ps] * ps + slots % ps,
+            mapped(batch.decode_page_table),
+            mapped(batch.extend_page_table),
+        )
+
+    def tables(self, layer: int) -> WindowTables:
+        """Where `layer` writes and reads this step: the batch's own slots and page tables, or
+        for a layer kept in the window pages, the same mapped to window slots."""
+        if self._window is not None and self.pool.window_layer[layer]:
+            return self._window
+        b = self.batch
+        return WindowTables(b.out_slots, b.decode_page_table, b.extend_page_table)
 
     def _plan(self, batch: ForwardBatch, pool: KVPool) -> None:
         """Backend-specific planning (none by default)."""
@@ -103,7 +141,7 @@ class AttentionBackend:
     def store_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the step's new keys and values k, v [T, Hkv, D] (k already rotated) into
         `layer`'s pages at `batch.out_slots`."""
-        pool, slots = self.pool, self.batch.out_slots
+        pool, slots = self.pool, self.tables(layer).out_slots
         k_pool, v_pool = pool.k[layer], pool.v[layer]
         hkv, d = k_pool.shape[2], k_pool.shape[3]
         k_pool.view(-1, hkv, d).index_copy_(0, slots, k.to(k_pool.dtype))

@@ -108,7 +108,8 @@ class CPUBackend(TorchBackend):
         self, layer: int, qkv: torch.Tensor, rotary: Rotary, num_heads: int
     ) -> torch.Tensor:
         k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]
-        if not (self._fused and rotary.dim == k_pool.shape[3] and qkv.dtype == k_pool.dtype):
+        plain = self._fused and rotary.dim == k_pool.shape[3] and qkv.dtype == k_pool.dtype
+        if not plain or self.pool.window_layer[layer]:  # window pages: through store_kv
             return super().rope_store(layer, qkv, rotary, num_heads)
         if self._rope is None:  # the kernel reads the tables at each token's position
             self._rope = rotary.tables(self.batch.positions)

@@ -75,8 +75,9 @@ class TorchBackend(AttentionBackend):
 
     def decode(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
         b, k, v = self.batch, self.pool.k[layer], self.pool.v[layer]
-        if not spec.plain:
-            return general_attention(q, k, v, b.decode_page_table, *self._decode_rows(), spec)
+        if not spec.plain:  # a window layer's pages may be the window pages: mapped tables
+            table = self.tables(layer).decode_page_table
+            return general_attention(q, k, v, table, *self._decode_rows(), spec)
         return reference.paged_decode_attention(
             q, k, v, b.decode_page_table, b.decode_seq_lens, spec.scale
         )
@@ -85,7 +86,7 @@ class TorchBackend(AttentionBackend):
         b, k, v = self.batch, self.pool.k[layer], self.pool.v[layer]
         if not spec.plain:
             return general_attention(
-                q, k, v, b.extend_page_table, b.extend_prefix_lens.tolist(),
+                q, k, v, self.tables(layer).extend_page_table, b.extend_prefix_lens.tolist(),
                 b.extend_lens.tolist(), spec,
             )  # fmt: skip
         return reference.paged_extend_attention(

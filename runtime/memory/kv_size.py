@@ -3,6 +3,9 @@
     bytes_per_token = 2 (K and V) x layers x kv_heads x head_dim x dtype_bytes
     MLA (DeepSeek V2 / V3):  layers x (kv_lora_rank + qk_rope_head_dim) x dtype_bytes
 
+Sliding-window models (Gemma 3) also get their window layers' cap: at most `sliding_window`
+tokens per sequence in those layers.
+
 Prints that figure, the total for `--context` tokens x `--batch` sequences, and the same
 model with full multi-head attention (kv_heads = heads) to show what GQA saves; for an MLA
 model also what per-head K ((qk_nope + qk_rope) dims) and V (v_head_dim) would take with every
@@ -121,7 +124,29 @@ def report(config: ModelConfig, context: int, batch: int, dtype: str) -> str:
     lines += _table(rows)
     saving = size.mha_bytes_per_token / size.bytes_per_token
     lines.append(f"GQA uses {saving:g}x less KV memory than MHA")
+    if c.window_layers:
+        lines += window_lines(c, context, batch, DTYPE_BYTES[dtype])
     return "\n".join(lines)
+
+
+def window_lines(config: ModelConfig, context: int, batch: int, dtype_bytes: int) -> list[str]:
+    """The window layers' cap: they keep at most `sliding_window` tokens per sequence."""
+    c, w = config, int(config.sliding_window or 0)
+    per_layer = c.kv_bytes_per_token(dtype_bytes) // c.num_layers
+    window_bytes, global_bytes = (
+        per_layer * c.window_layers,
+        per_layer * (c.num_layers - c.window_layers),
+    )
+    capped = global_bytes * context + window_bytes * min(context, w)
+    uncapped = c.kv_bytes_per_token(dtype_bytes) * context * batch
+    return [
+        f"sliding window: {c.window_layers} of {c.num_layers} layers attend to the last {w} "
+        f"tokens; their KV is capped at {w} tokens per sequence",
+        f"bytes/token by layer kind: global {global_bytes} ({human_bytes(global_bytes)}), "
+        f"window {window_bytes} ({human_bytes(window_bytes)}, for at most {w} tokens)",
+        f"with the cap: per sequence ({context} tokens) {human_bytes(capped)}, batch of {batch} "
+        f"{human_bytes(capped * batch)} (without the cap: {human_bytes(uncapped)})",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,18 +33,32 @@ class PageBook:
         self.pool = pool
         self.tree = tree
         self.ps = pool.page_size
+        self.windows = pool.windows  # sliding-window layers' own pages, or None
+        self._holders: dict[int, Request] = {}  # requests holding pages, by id
 
     def match(self, tokens: Sequence[int], cap: int) -> MatchResult:
-        """The cached prefix usable for `tokens`, at most `cap` tokens, page-aligned."""
+        """The cached prefix usable for `tokens`, at most `cap` tokens, page-aligned; with
+        window pages, no longer than the prefix whose last W - 1 positions keep window KV."""
         if self.tree is None or cap < self.ps:
             return MatchResult([], 0, None)  # type: ignore[arg-type]
         m = self.tree.match_prefix(tokens[: (cap // self.ps) * self.ps])
+        if self.windows is not None and m.length:
+            usable = self.windows.usable_prefix(m.pages, self.ps)
+            if usable < m.length:  # the node stays the deepest match: locking it keeps more
+                m = MatchResult(m.pages[: usable // self.ps], usable, m.node)
         return m
 
     def _alloc(self, count: int) -> list[int] | None:
         pages = self.pool.alloc(count)
         if pages is None and self.tree is not None:
-            self.tree.evict(count - self.pool.num_free_pages)
+            short = count - self.pool.num_free_pages
+            if short > 0:
+                self.tree.evict(short)
+        if pages is None and self.windows is not None:
+            short = count - self.pool.num_free_window_pages
+            if short > 0:
+                self._drop_windows(short)
+        if pages is None:
             pages = self.pool.alloc(count)
         return pages
 
@@ -55,6 +69,7 @@ class PageBook:
         req.node = match.node if match.length else None
         req.pages = list(match.pages)
         req.cached = req.computed = match.length
+        self._holders[id(req)] = req
         if self.reserve(req, upto):
             return True
         self.release(req)
@@ -62,6 +77,8 @@ class PageBook:
 
     def reserve(self, req: Request, upto: int) -> bool:
         """Make `req.pages` cover positions below `upto`; False (nothing taken) if no room."""
+        if self.windows is not None:
+            self.windows.drop(self._behind_window(req, own_only=True))
         need = -(-upto // self.ps) - len(req.pages)
         if need <= 0:
             return True
@@ -70,6 +87,36 @@ class PageBook:
             return False
         req.pages.extend(pages)
         return True
+
+    # ---- window pages -------------------------------------------------------------------------
+    def _window_start(self, req: Request) -> int:
+        """The first page index `req`'s window layers may still read: its next queries sit at
+        `computed` or later, or back at `cache_limit` while outputs may be re-tokenised."""
+        stable = req.computed if req.cache_limit is None else min(req.computed, req.cache_limit)
+        return max(0, stable - self.windows.window + 1) // self.ps
+
+    def _behind_window(self, req: Request, own_only: bool) -> list[int]:
+        """`req`'s pages wholly before its window (only those it owns, not the tree's)."""
+        first = req.cached // self.ps if own_only else 0
+        return req.pages[first : self._window_start(req)]
+
+    def _drop_windows(self, count: int) -> int:
+        """Give back at least `count` window slots if it can: first those behind their owners'
+        windows, then those of cached pages, least recently used nodes first; never one a
+        holder's window still covers. Returns how many it gave back."""
+        needed: set[int] = set()
+        for req in self._holders.values():
+            needed.update(req.pages[self._window_start(req) :])
+        dropped = 0
+        for req in self._holders.values():
+            dropped += self.windows.drop(self._behind_window(req, own_only=True))
+        if self.tree is not None:
+            for node in self.tree.nodes_by_age():
+                if dropped >= count:
+                    break
+                dropped += self.windows.drop(p for p in node.pages if p not in needed)
+        self.windows.dropped_total += dropped
+        return dropped
 
     def cache_computed(self, req: Request, ignore_limit: bool = False) -> None:
         """Put the full pages of `req`'s computed tokens into the tree (they stay locked);
@@ -85,8 +132,12 @@ class PageBook:
         n = full // self.ps
         result = self.tree.insert(req.seq[:full], req.pages[:n])
         # where the tree already had these tokens its pages win; ours are duplicates
-        dup = [mine for mine, theirs in zip(req.pages[:n], result.pages, strict=True)
-               if mine != theirs]  # fmt: skip
+        pairs = [(mine, theirs) for mine, theirs in zip(req.pages[:n], result.pages, strict=True)
+                 if mine != theirs]  # fmt: skip
+        dup = [mine for mine, _ in pairs]
+        if self.windows is not None:  # the tree's copy may have lost its window KV: take ours
+            for mine, theirs in pairs:
+                self.windows.move(mine, theirs)
         if dup:
             self.pool.free(dup)
         req.pages[:n] = result.pages
@@ -114,6 +165,7 @@ class PageBook:
         self.pool.free(own)
         if req.node is not None and self.tree is not None:
             self.tree.unlock(req.node)
+        self._holders.pop(id(req), None)
         req.node = None
         req.pages = []
         req.cached = req.computed = 0
@@ -136,3 +188,9 @@ class PageBook:
         assert not owned_set & free and not tree_pages & free, "a used page is also free"
         total = len(free) + len(tree_pages) + len(owned_set)
         assert total == self.pool.num_usable_pages, f"{total} pages != {self.pool.num_usable_pages}"
+        if self.windows is not None:
+            self.windows.check(tree_pages | owned_set)
+            for req in running:
+                missing = [p for p in req.pages[self._window_start(req) :]
+                           if not self.windows.has(p)]  # fmt: skip
+                assert not missing, f"request {req.rid}: pages {missing} lost their window KV"

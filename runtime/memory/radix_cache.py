@@ -183,6 +183,16 @@ class RadixCache:
         self.evicted_pages_total += freed
         return freed
 
+    def nodes_by_age(self) -> list[TreeNode]:
+        """Every node but the root, least recently used first (locked ones included)."""
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if node is not self.root:
+                out.append(node)
+            stack.extend(node.children.values())
+        return sorted(out, key=lambda n: n.last_access)
+
     def all_pages(self) -> list[int]:
         out, stack = [], [self.root]
         while stack:

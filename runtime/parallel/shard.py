@@ -124,7 +124,8 @@ def local_config(config: ModelConfig, shard: Shard) -> ModelConfig:
     """The config a rank's KV pool is sized by: its layers and its KV heads."""
     layers = len(shard.layers(config.num_layers))
     _, _, _, kv = heads_of(config, shard) if shard.tp_size > 1 else (0, 0, 0, config.num_kv_heads)
-    return dataclasses.replace(config, num_layers=layers, num_kv_heads=kv)
+    kinds = config.layer_types[shard.layers(config.num_layers).start :][:layers]
+    return dataclasses.replace(config, num_layers=layers, num_kv_heads=kv, layer_types=kinds)
 
 
 def expert_block(n_experts: int, shard: Shard) -> range:
