@@ -119,7 +119,7 @@ def _pool_and_batch(seed: int = 0):
 
     config = SimpleNamespace(
         num_layers=1, kv_layout=lambda: [("k", 2, 8), ("v", 2, 8)],
-        kv_bytes_per_token=lambda b: 2 * 2 * 8 * b,
+        kv_bytes_per_token=lambda b: 2 * 2 * 8 * b, layer_window=lambda i: None,
     )  # fmt: skip
     pool = KVPool(config, num_pages=8, page_size=4, dtype=torch.float32)
     pool.k[0].copy_(torch.randn(pool.k[0].shape, generator=g))

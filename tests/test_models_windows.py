@@ -62,6 +62,7 @@ def test_a_prefix_without_window_kv_is_matched_only_as_far_as_it_reaches(gemma):
         before = e.stats()["cache_hit_tokens"]
         assert e.generate(LONG, **GREEDY).token_ids == expected[LONG]
         assert e.stats()["cache_hit_tokens"] == before  # recomputed, not read from missing KV
+        assert e.scheduler.call(lambda: book.tree.protected_pages) == 0  # no lock left behind
         # the recomputed pages gave the tree's copies their window KV back: reusable again
         assert e.scheduler.call(lambda: book.match(ids, len(ids) - 1).length) == full
         assert e.generate(LONG, **GREEDY).token_ids == expected[LONG]

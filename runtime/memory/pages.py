@@ -45,7 +45,8 @@ class PageBook:
         if self.windows is not None and m.length:
             usable = self.windows.usable_prefix(m.pages, self.ps)
             if usable < m.length:  # the node stays the deepest match: locking it keeps more
-                m = MatchResult(m.pages[: usable // self.ps], usable, m.node)
+                node = m.node if usable else self.tree.root  # nothing matched: nothing locked
+                m = MatchResult(m.pages[: usable // self.ps], usable, node)
         return m
 
     def _alloc(self, count: int) -> list[int] | None:
