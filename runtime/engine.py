@@ -35,6 +35,7 @@ from runtime.memory.windows import pool_pages
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
 from runtime.models.threads import ThreadChooser, chooser_wanted
+from runtime.named_models import resolve_model
 from runtime.parallel.shard import local_config, validate
 from runtime.scheduling.constrained import ConstraintHooks
 from runtime.scheduling.detokenize import Detokenizer
@@ -148,7 +149,8 @@ class Engine:
         self.grammar_compile_memory_mb = grammar_compile_memory_mb
         if num_threads:
             torch.set_num_threads(num_threads)
-        path = Path(model) if model is not None else default_model()
+        # a name such as "gemma3-270m" is converted once from its package (named_models.py)
+        path = resolve_model(model) if model is not None else default_model()
         if quantization and (tp_size, pp_size, ep_size) != (1, 1, 1):
             raise ParallelConfigError(f"quantization {quantization!r} with tp/pp/ep > 1")
         loaded = load_model_files(path, quantization)

