@@ -294,7 +294,7 @@ class DecoderModel:
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         self.attention.store_kv(li, k, v)
         out = self.attention.attend(li, q, layer.spec)
-        out = self.comm.all_reduce(self.mm(out.reshape(t, hq * d), layer.o))
+        out = self._tp_sum(self.mm(out.reshape(t, hq * d), layer.o))
         return out if layer.o_bias is None else out + layer.o_bias
 
     def _mlp_block(self, layer: DecoderLayer, x: torch.Tensor, load: torch.Tensor | None):
@@ -302,7 +302,12 @@ class DecoderModel:
             # each rank runs its experts; the sum over the stage's ranks is the layer's output
             return self.comm.all_reduce(moe_forward(x, layer.moe, self.config.moe, load))
         gate, up = self.mm(x, layer.gate_up).chunk(2, dim=-1)
-        return self.comm.all_reduce(self.mm(self._activation(gate) * up, layer.down))
+        return self._tp_sum(self.mm(self._activation(gate) * up, layer.down))
+
+    def _tp_sum(self, partial: torch.Tensor) -> torch.Tensor:
+        """Sum a head- or column-split output over the tensor parallel ranks (expert parallel
+        ranks without tensor parallelism hold the whole attention and dense MLPs: no sum)."""
+        return self.comm.all_reduce(partial) if self.shard.tp_size > 1 else partial
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:

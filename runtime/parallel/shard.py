@@ -95,6 +95,11 @@ def validate(config: ModelConfig, tp_size: int, pp_size: int, ep_size: int) -> N
             raise ParallelConfigError(
                 f"num_key_value_heads {kv} and tp_size {tp_size}: one must divide the other"
             )
+        if config.moe and config.moe.n_routed_experts % tp_size:
+            raise ParallelConfigError(
+                f"n_routed_experts {config.moe.n_routed_experts} is not a multiple of "
+                f"tp_size {tp_size} (tensor parallel ranks split the experts)"
+            )
         if config.intermediate_size % tp_size:
             raise ParallelConfigError(
                 f"intermediate_size {config.intermediate_size} is not a multiple of "
