@@ -407,11 +407,45 @@ Q_INLINE void int_tile(const int t, const int MT, const uint8_t *wr, int64_t nb,
         y[(m0 + i) * ldy + r] = acc_sum(a[0][i], a[1][i]) + (mins[0][i] + mins[1][i]);
 }
 
+#ifdef Q_AVX2
+/* int_tile for one input row and two weight rows (r, r + 1) at once: the same arithmetic per
+   row as int_tile, two rows' independent chains interleaved (a matrix-vector product) */
+Q_INLINE void int_pair(const int t, const uint8_t *wr, int64_t row_bytes, int64_t nb,
+                       const int16_t *xq, const float *xd, const float *xs, float *y,
+                       int64_t r) {
+    const int bytes = q_bytes(t), has_min = t == T_Q4_1 || t == T_Q5_1;
+    float mins[2][2] = {{0, 0}, {0, 0}};
+    qacc a[2][2] = {{acc_zero(), acc_zero()}, {acc_zero(), acc_zero()}};
+    for (int64_t k = 0; k < nb; k += 2) {
+        int two = k + 1 < nb ? 2 : 1;
+        for (int h = 0; h < two; h++) {
+            const int16_t *xp = xq + (k + h) * 32;
+            float sx = xd[k + h];
+            for (int q = 0; q < 2; q++) {
+                float d, mn;
+                __m256i wv = unpack_v(t, wr + q * row_bytes + (k + h) * bytes, &d, &mn);
+                a[q][h] = acc_block(a[q][h], wv, xp, d * sx);
+                if (has_min) mins[q][h] += mn * xs[k + h];
+            }
+        }
+    }
+    for (int q = 0; q < 2; q++) y[r + q] = acc_sum(a[q][0], a[q][1]) + (mins[q][0] + mins[q][1]);
+}
+#endif
+
 /* weight rows [r0, r1) against every input row, 4 input rows per pass over a weight row */
 Q_INLINE void int_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
                           const int16_t *xq, const float *xd, const float *xs, int64_t rows,
                           float *y, int64_t ldy, int64_t r0, int64_t r1) {
     int64_t nb = cols / 32;
+#ifdef Q_AVX2
+    if (rows == 1) { /* one input row: weight rows two at a time */
+        int64_t r = r0;
+        for (; r + 2 <= r1; r += 2) int_pair(t, w + r * row_bytes, row_bytes, nb, xq, xd, xs, y, r);
+        if (r < r1) int_tile(t, 1, w + r * row_bytes, nb, xq, xd, xs, 0, y, ldy, r);
+        return;
+    }
+#endif
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = w + r * row_bytes;
         int64_t m0 = 0;
