@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
+from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import load_config
 from runtime.errors import ModelNotFoundError, UnsupportedModelError
 from runtime.memory.kv_pool import KVPool
-from runtime.attention.forward_batch import ForwardBatch
 from runtime.models.llama import LlamaModel
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
