@@ -29,7 +29,13 @@ from runtime.disaggregation.modes import (
 from runtime.errors import KVTransferError, ParallelConfigError
 from runtime.kernels import cpu_fused
 from runtime.memory.budget import default_kv_budget_bytes, resident_bytes
-from runtime.memory.kv_pool import KVPool, resolve_dtype
+from runtime.memory.kv_pool import (
+    KVPool,
+    checkpoint_kv_scales,
+    kv_dtype_name,
+    resolve_dtype,
+    resolve_kv_dtype,
+)
 from runtime.memory.radix_cache import RadixCache
 from runtime.memory.windows import pool_pages
 from runtime.models.loader import load_model_files
@@ -142,6 +148,7 @@ class Engine:
         disaggregation_timeout_s: float = DEFAULT_TIMEOUT_S,
         attention_backend: str = "auto",
         quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
         # a constraint's compile budget (time, address space; None: compile_pool's defaults)
@@ -158,6 +165,7 @@ class Engine:
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.dtype = resolve_dtype(dtype)
+        self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, self.dtype)  # "auto": the model's
         # "auto": the planned CPU paths here (runtime/attention/registry.py)
         self.attention_backend = resolve_backend(attention_backend, "cpu")
         self.parallel = (tp_size, pp_size, ep_size) != (1, 1, 1)
@@ -173,16 +181,18 @@ class Engine:
         # sliding-window layers keep pages of their own (memory/windows.py) unless ranks or a
         # KV hand-off address every layer by page id
         num_pages, window_pages = _num_pages(
-            rank_config, self.dtype, page_size, max_total_tokens, mem_budget_gb,
+            rank_config, self.kv_dtype, page_size, max_total_tokens, mem_budget_gb,
             chunked_prefill_tokens, not self.parallel and disaggregation_mode == "null",
         )  # fmt: skip
         self.model_fingerprint = model_fingerprint(loaded.config, loaded.state_dict)
+        kv_scales = checkpoint_kv_scales(loaded.state_dict, self.config.num_layers)
         if self.parallel:
             del loaded  # each worker loads its own shard
             self.model = ParallelModel(
                 path, self.config, self.dtype, tp_size=tp_size, pp_size=pp_size,
                 ep_size=ep_size, num_pages=num_pages, page_size=page_size, nnodes=nnodes,
                 dist_init_addr=dist_init_addr, attention_backend=self.attention_backend,
+                kv_dtype=self.kv_dtype,
             )  # fmt: skip
         else:
             self.model = model_class(loaded.config)(
@@ -193,8 +203,9 @@ class Engine:
             if chooser_wanted(num_threads, torch.device("cpu")):  # all threads, or one
                 self.model = ThreadChooser(self.model)
         self.sizes = {"tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size}
-        self.pool = KVPool(self.config, num_pages, page_size, self.dtype,
-                           allocate=not self.parallel, window_pages=window_pages)  # fmt: skip
+        self.pool = KVPool(self.config, num_pages, page_size, self.kv_dtype,
+                           allocate=not self.parallel, window_pages=window_pages,
+                           scales=kv_scales)  # fmt: skip
         self.tree = RadixCache(page_size, self.pool.free) if enable_radix_cache else None
         self.disaggregation = Disaggregation(
             disaggregation_mode,
@@ -408,6 +419,7 @@ class Engine:
             "resident_bytes": resident,
             "peak_resident_bytes": peak,
             "attention_backend": self.attention_backend,
+            "kv_cache_dtype": kv_dtype_name(self.pool.dtype),
             "page_size": ps,
             "num_pages": self.pool.num_usable_pages,
             "kv_bytes_per_token": self.pool.bytes_per_token,

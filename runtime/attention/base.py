@@ -24,13 +24,17 @@ Invariants every backend keeps:
   backends (the tests compare them).
 - Only the backend converts between the pool's storage type and the compute type, so a KV
   dtype other than the model's (fp8 with a per-layer scale) is a change to the backend and the
-  pool alone. Backends refuse a `LayerSpec` feature they do not implement with
+  pool alone. Writes go through `pool.write` (divide by the scale, convert); reads convert
+  the stored values to float inside the kernels, and the per-layer scales are folded into the
+  attention: scores use `spec.scale * k_scale`, the output is multiplied by `v_scale` (`attend`
+  and `latent_attend` do both), so no dequantized copy of the pool is ever made.
+- Backends refuse a `LayerSpec` feature they do not implement with
   `UnsupportedAttentionError` naming it; they never ignore one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
@@ -142,10 +146,8 @@ class AttentionBackend:
         """Write the step's new keys and values k, v [T, Hkv, D] (k already rotated) into
         `layer`'s pages at `batch.out_slots`."""
         pool, slots = self.pool, self.tables(layer).out_slots
-        k_pool, v_pool = pool.k[layer], pool.v[layer]
-        hkv, d = k_pool.shape[2], k_pool.shape[3]
-        k_pool.view(-1, hkv, d).index_copy_(0, slots, k.to(k_pool.dtype))
-        v_pool.view(-1, hkv, d).index_copy_(0, slots, v.to(v_pool.dtype))
+        pool.write("k", layer, slots, k)
+        pool.write("v", layer, slots, v)
 
     def rope_store(
         self, layer: int, qkv: torch.Tensor, rotary: Rotary, num_heads: int
@@ -166,27 +168,32 @@ class AttentionBackend:
 
     def store_latent(self, layer: int, entry: torch.Tensor) -> None:
         """MLA: write the new tokens' latents entry [T, R + Dr] at `batch.out_slots`."""
-        latent = self.pool.latent[layer]
-        latent.view(-1, latent.shape[-1]).index_copy_(
-            0, self.batch.out_slots, entry.to(latent.dtype)
-        )
+        self.pool.write("latent", layer, self.batch.out_slots, entry[:, None])
 
     def latent_cache(self, layer: int, dtype: torch.dtype) -> torch.Tensor:
         """MLA: `layer`'s latent pages [pages, page_size, 1, R + Dr] readable in `dtype` (for
-        paths that expand the latents themselves, such as MLA's decompressed check)."""
+        paths that expand the latents themselves, such as MLA's decompressed check; a copy,
+        scaled back, when the pool stores another type)."""
         latent = self.pool.latent[layer]
-        return latent if latent.dtype == dtype else latent.to(dtype)
+        if latent.dtype == dtype:
+            return latent
+        s = self.pool.scale("latent", layer)
+        return latent.to(dtype) if s == 1.0 else (latent.float() * s).to(dtype)
 
     # ---- attention ---------------------------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
         """Every token of the step: q [T, Hq, D] -> [T, Hq, D] (decode rows, then extend)."""
+        k_scale, v_scale = self.pool.scale("k", layer), self.pool.scale("v", layer)
+        if k_scale != 1.0:
+            spec = replace(spec, scale=spec.scale * k_scale)
         nd, t = self.batch.num_decode, q.shape[0]
         parts = []
         if nd:
             parts.append(self.decode(layer, q[:nd], spec))
         if t > nd:
             parts.append(self.extend(layer, q[nd:], spec))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return out if v_scale == 1.0 else out.mul_(v_scale)
 
     def decode(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
         """The decode rows q [num_decode, Hq, D], each against its request's cached sequence
@@ -203,13 +210,17 @@ class AttentionBackend:
     ) -> torch.Tensor:
         """MLA, absorbed: q [T, H, R + Dr] against the shared latents (key: all R + Dr values,
         value: the first R = `rank`); returns [T, H, R], decode rows then extend rows."""
+        s = self.pool.scale("latent", layer)  # the latent is key and value: one scale for both
+        if s != 1.0:
+            spec = replace(spec, scale=spec.scale * s)
         nd, t = self.batch.num_decode, q.shape[0]
         parts = []
         if nd:
             parts.append(self.latent_decode(layer, q[:nd], spec, rank))
         if t > nd:
             parts.append(self.latent_extend(layer, q[nd:], spec, rank))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return out if s == 1.0 else out.mul_(s)
 
     def latent_decode(
         self, layer: int, q: torch.Tensor, spec: LayerSpec, rank: int

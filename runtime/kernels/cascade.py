@@ -156,13 +156,13 @@ def cascade_decode_attention(
     v_flat = v_pool.view(-1, *v_pool.shape[2:])
     for grp in plan.groups:
         qg = q[grp.rows]  # [G, Hq, D]
-        ks = k_flat.index_select(0, grp.shared_slots)  # index_select: faster than []
-        vs = v_flat.index_select(0, grp.shared_slots)
+        ks = k_flat.index_select(0, grp.shared_slots).to(q.dtype)  # index_select: faster than []
+        vs = v_flat.index_select(0, grp.shared_slots).to(q.dtype)
         o1, l1 = attend_all(qg, ks, vs, scale)  # all G queries at once
         slots, valid = grp.tail_slots, grp.tail_valid  # the same for every layer
         flat = slots.reshape(-1)
-        kt = k_flat.index_select(0, flat).view(*slots.shape, *k_flat.shape[1:])
-        vt = v_flat.index_select(0, flat).view(*slots.shape, *v_flat.shape[1:])
+        kt = k_flat.index_select(0, flat).to(q.dtype).view(*slots.shape, *k_flat.shape[1:])
+        vt = v_flat.index_select(0, flat).to(q.dtype).view(*slots.shape, *v_flat.shape[1:])
         o2, l2 = attend_with_lse(qg[:, None], kt, vt, valid, scale)
         out[grp.rows] = _merge(o1.float(), l1, o2[:, 0], l2[:, 0]).to(q.dtype)
     if plan.single_rows.numel():

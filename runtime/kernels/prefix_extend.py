@@ -171,8 +171,8 @@ def prefix_extend_attention(
     for grp in plan.groups:
         qg = q.index_select(0, grp.q_rows)  # [Tg, Hq, D]
         if grp.mask is None:  # one request's chunk, causal: heads side by side, K/V repeated
-            kt = k_flat.index_select(0, grp.tail_slots[0]).repeat_interleave(g, dim=1)
-            vt = v_flat.index_select(0, grp.tail_slots[0]).repeat_interleave(g, dim=1)
+            kt = k_flat.index_select(0, grp.tail_slots[0]).to(q.dtype).repeat_interleave(g, dim=1)
+            vt = v_flat.index_select(0, grp.tail_slots[0]).to(q.dtype).repeat_interleave(g, dim=1)
             o2, l2 = _flash(qg.transpose(0, 1)[None], kt.transpose(0, 1)[None],
                             vt.transpose(0, 1)[None], is_causal=True, scale=scale)  # fmt: skip
             o2, l2 = o2[0].transpose(0, 1), l2[0].transpose(0, 1)
@@ -182,8 +182,8 @@ def prefix_extend_attention(
             out[grp.q_rows] = o2.to(q.dtype)
             continue
         # the shared prefix: every query of the group against one copy, no mask
-        ks = k_flat.index_select(0, grp.shared_slots)
-        vs = v_flat.index_select(0, grp.shared_slots)
+        ks = k_flat.index_select(0, grp.shared_slots).to(q.dtype)
+        vs = v_flat.index_select(0, grp.shared_slots).to(q.dtype)
         o1, l1 = attend_all(qg, ks, vs, scale)
         out[grp.q_rows] = _merge(o1, l1, o2, l2).to(q.dtype)
     return out
@@ -207,8 +207,8 @@ def _tail(
     qp[grp.pad_rows] = qg
     qp = qp.view(n, m, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(n, hkv, g * m, d)
     flat = grp.tail_slots.reshape(-1)
-    kt = k_flat.index_select(0, flat).view(n, lt, hkv, d).transpose(1, 2)
-    vt = v_flat.index_select(0, flat).view(n, lt, hkv, d).transpose(1, 2)
+    kt = k_flat.index_select(0, flat).to(qg.dtype).view(n, lt, hkv, d).transpose(1, 2)
+    vt = v_flat.index_select(0, flat).to(qg.dtype).view(n, lt, hkv, d).transpose(1, 2)
     o2, l2 = _flash(qp, kt, vt, attn_mask=grp.mask.to(qg.dtype), scale=scale)
     o2 = o2.view(n, hkv, g, m, d).permute(0, 3, 1, 2, 4).reshape(n * m, hq, d)[grp.pad_rows]
     l2 = l2.view(n, hkv, g, m).permute(0, 3, 1, 2).reshape(n * m, hq)[grp.pad_rows]

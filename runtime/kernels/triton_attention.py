@@ -91,8 +91,7 @@ def _decode_split_kernel(
         kv_mask = valid[:, None] & d_mask[None, :]
         k_ptrs = K + page[:, None] * stride_kp + offset[:, None] * stride_ks + kvh * stride_kh
         k = tl.load(k_ptrs + offs_d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
+        k = k.to(q.dtype)  # fp8 pools: dequantized here, per block (no-op when types match)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         qk = tl.where(valid[None, :], qk, float("-inf"))
         # online softmax: rescale what was summed so far to the new running max
@@ -102,8 +101,7 @@ def _decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_ptrs = V + page[:, None] * stride_vp + offset[:, None] * stride_vs + kvh * stride_vh
         v = tl.load(v_ptrs + offs_d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
+        v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -226,8 +224,7 @@ def _extend_kernel(
         kv_mask = in_range[:, None] & d_mask[None, :]
         k_ptrs = K + page[:, None] * stride_kp + offset[:, None] * stride_ks + kvh * stride_kh
         k = tl.load(k_ptrs + offs_d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
+        k = k.to(q.dtype)  # fp8 pools: dequantized here, per block (no-op when types match)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         # causal: query at position q_pos sees keys 0 .. q_pos. Key 0 is visible to every row
         # (padding rows included), so the running max is finite after the first block.
@@ -239,8 +236,7 @@ def _extend_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_ptrs = V + page[:, None] * stride_vp + offset[:, None] * stride_vs + kvh * stride_vh
         v = tl.load(v_ptrs + offs_d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
+        v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 

@@ -111,9 +111,9 @@ def _mla_decode_split_kernel(
         k_rope = tl.load(
             slot + RANK + offs_dr[None, :], mask=valid[:, None] & dr_mask[None, :], other=0.0
         )
-        if UPCAST:
-            c = c.to(tl.float32)
-            k_rope = k_rope.to(tl.float32)
+        # fp8 pools: dequantized here, per block (no-op when the types match)
+        c = c.to(q_nope.dtype)
+        k_rope = k_rope.to(q_rope.dtype)
         qk = tl.dot(q_nope, tl.trans(c), input_precision=PRECISION)
         qk = tl.dot(q_rope, tl.trans(k_rope), acc=qk, input_precision=PRECISION)
         qk = tl.where(valid[None, :], qk * scale_log2, float("-inf"))
@@ -138,7 +138,8 @@ def _mla_decode_split_kernel(
 
 def _check(q: torch.Tensor, latent_pool: torch.Tensor, rank: int) -> None:
     check_latent_decode(q, latent_pool, rank)
-    if q.dtype != latent_pool.dtype:
+    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # read and converted inside the kernel
+    if q.dtype != latent_pool.dtype and latent_pool.dtype not in fp8:
         raise ValueError(f"q is {q.dtype} but latent_pool is {latent_pool.dtype}")
     for name, t in (("q", q), ("latent_pool", latent_pool)):
         if t.stride(-1) != 1:

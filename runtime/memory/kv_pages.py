@@ -43,9 +43,12 @@ def write_pages(pool: KVPool, pages: list[int], data: torch.Tensor) -> None:
             f"{page_bytes(pool)} bytes"
         )
     index = torch.tensor(pages, dtype=torch.long)
-    values = data.contiguous().view(pool.dtype).reshape(len(pages), -1)
+    # fp8 pools move as bytes (index_copy_ has no fp8 kernel on CPU): same bytes, uint8 view
+    store = torch.uint8 if pool.quantized else pool.dtype
+    values = data.contiguous().view(store).reshape(len(pages), -1)
     offset = 0
     for t in _tensors(pool):
+        t = t.view(store)
         width = t[0].numel()
         t.index_copy_(0, index, values[:, offset : offset + width].reshape(-1, *t.shape[1:]))
         offset += width

@@ -5,6 +5,11 @@ cache and the scheduler deal only in page ids, so they work the same on any layo
 window layers may keep `[window_pages, ...]` instead, addressed through `pool.windows`
 (memory/windows.py).
 
+The storage type (`kv_dtype`) may differ from the model's: `fp8_e4m3` / `fp8_e5m2` store one
+byte per value with a per-layer scale per tensor (`pool.scales[name][layer]`, 1.0 unless the
+checkpoint gives one): the stored value is `x / scale`, clamped to the type's range. Only the
+attention backends read the pool, and they fold the scales into the attention itself.
+
 Pages are handed out by a free list. A page is at any time in exactly one of three places: the
 free list, the radix cache, or the page table of one running request (the scheduler's
 `check_integrity` counts them).
@@ -13,6 +18,8 @@ free list, the radix cache, or the page table of one running request (the schedu
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 
 import torch
 
@@ -29,6 +36,64 @@ DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
+
+
+# the KV cache types an engine accepts (SGLang's names); "auto" = the model's dtype
+KV_DTYPES = {
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+}
+KV_DTYPE_CHOICES = ("auto", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16", "fp32")
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The pool's storage type for `kv_cache_dtype` ("auto": the model's dtype)."""
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    try:
+        return KV_DTYPES[kv_cache_dtype.lower()]
+    except (KeyError, AttributeError):
+        raise ValueError(
+            f"kv_cache_dtype must be one of {list(KV_DTYPE_CHOICES)}, got {kv_cache_dtype!r}"
+        ) from None
+
+
+def kv_dtype_name(dtype: torch.dtype) -> str:
+    """The SGLang-style name of a pool storage type (fp8_e4m3, bf16, ...)."""
+    names = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2",
+             torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}  # fmt: skip
+    return names.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.finfo(dtype).bits // 8
+
+
+# per-layer KV scales a checkpoint may carry (vLLM / SGLang / ModelOpt fp8 exports):
+# `<prefix>layers.<i>.self_attn.{k,v}_scale`, or `...self_attn.{k,v}_proj.output_scale`
+_SCALE_KEY = re.compile(r"layers\.(\d+)\.self_attn\.(?:(k|v)_scale|(k|v)_proj\.output_scale)$")
+
+
+def checkpoint_kv_scales(
+    state_dict: Mapping[str, torch.Tensor], num_layers: int
+) -> dict[str, list[float]]:
+    """Per-layer K / V scales found in a checkpoint's tensors ({} when it has none); a layer
+    without its own key keeps 1.0."""
+    found: dict[str, list[float]] = {}
+    for key, value in state_dict.items():
+        m = _SCALE_KEY.search(key)
+        if m is None or int(m.group(1)) >= num_layers:
+            continue
+        name = m.group(2) or m.group(3)
+        found.setdefault(name, [1.0] * num_layers)[int(m.group(1))] = float(value.float().max())
+    return found
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -60,21 +125,24 @@ class KVPool:
         device: str | torch.device = "cpu",
         allocate: bool = True,
         window_pages: int | None = None,
+        scales: Mapping[str, list[float]] | None = None,
     ) -> None:
-        """`allocate=False`: the page allocator only, for a parallel engine's driver (its
-        workers hold the storage, each for its own layers and heads). `window_pages`: the
-        sliding-window layers get that many pages of their own (memory/windows.py), fewer than
-        `num_pages`; None: every layer is indexed by page id."""
+        """`dtype`: the storage type (the KV cache dtype). `allocate=False`: the page allocator
+        only, for a parallel engine's driver (its workers hold the storage, each for its own
+        layers and heads). `window_pages`: the sliding-window layers get that many pages of
+        their own (memory/windows.py), fewer than `num_pages`; None: every layer is indexed by
+        page id. `scales`: per-layer scales by tensor name ("k", "v"; MLA's "latent") for fp8
+        storage, 1.0 where not given."""
         if num_pages < 2:
             raise ValueError(f"the KV pool needs at least 2 pages, got {num_pages}")
         self.num_pages = num_pages
         self.page_size = page_size
         self.dtype = dtype
         self.device = torch.device(device)
-        dtype_bytes = torch.finfo(dtype).bits // 8
-        self.bytes_per_token = config.kv_bytes_per_token(dtype_bytes)
+        value_bytes = dtype_bytes(dtype)
+        self.bytes_per_token = config.kv_bytes_per_token(value_bytes)
         self.layout = config.kv_layout()
-        per_layer = sum(heads * dim for _, heads, dim in self.layout) * dtype_bytes
+        per_layer = sum(heads * dim for _, heads, dim in self.layout) * value_bytes
         windowed = [config.layer_window(i) is not None for i in range(config.num_layers)]
         # bytes per token a window layer / a global layer keeps, summed over the layers
         self.bytes_per_token_by_kind = {
@@ -86,6 +154,11 @@ class KVPool:
             self.windows = WindowPages(num_pages, window_pages, int(config.sliding_window))
         # per layer: whether its storage is the window pages (indexed through windows.map)
         self.window_layer = [w and self.windows is not None for w in windowed]
+        self.quantized = dtype in FP8_DTYPES
+        given = scales or {}
+        self.scales: dict[str, list[float]] = {
+            name: list(given.get(name, [1.0] * config.num_layers)) for name, _, _ in self.layout
+        }
         self.buffers: dict[str, list[torch.Tensor]] = {
             name: [
                 torch.zeros(
@@ -102,6 +175,28 @@ class KVPool:
         self.latent = self.buffers.get("latent", [])
         # Page 0 is never handed out: padding entries of page tables may point at it safely.
         self._free: list[int] = list(range(num_pages - 1, 0, -1))
+
+    def scale(self, name: str, layer: int) -> float:
+        """The scale of tensor `name` ("k", "v", "latent") in `layer` (1.0 unless quantized
+        with a checkpoint's scale)."""
+        return self.scales[name][layer] if self.quantized else 1.0
+
+    def write(self, name: str, layer: int, slots: torch.Tensor, values: torch.Tensor) -> None:
+        """Store `values` [T, heads, dim] at flat `slots` of tensor `name` in `layer`,
+        converted to the storage type (fp8: divided by the layer's scale, clamped to range)."""
+        pool = self.buffers[name][layer]
+        flat = pool.view(-1, *pool.shape[2:])
+        if not self.quantized:
+            flat.index_copy_(0, slots, values.to(pool.dtype))
+            return
+        limit = torch.finfo(pool.dtype).max
+        scaled = values.float()
+        s = self.scales[name][layer]
+        if s != 1.0:
+            scaled = scaled / s
+        stored = scaled.clamp_(-limit, limit).to(pool.dtype)
+        # index_copy_ has no fp8 kernel on CPU: the same bytes through a uint8 view
+        flat.view(torch.uint8).index_copy_(0, slots, stored.view(torch.uint8))
 
     @property
     def capacity_tokens(self) -> int:

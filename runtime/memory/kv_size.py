@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from runtime.config import ModelConfig, load_config
 
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
-               "fp8": 1, "int8": 1}  # fmt: skip
+               "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -154,7 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("model", help="a model folder or a config.json file")
     parser.add_argument("--context", type=int, default=4096, help="tokens per sequence")
     parser.add_argument("--batch", type=int, default=1, help="sequences")
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES))
+    parser.add_argument(
+        "--dtype",
+        "--kv-dtype",
+        dest="dtype",
+        default="bf16",
+        choices=sorted(DTYPE_BYTES),
+        help="the KV cache's storage type (the engine's kv_cache_dtype; fp8_*: 1 byte)",
+    )
     args = parser.parse_args(argv)
     sys.stdout.write(report(load_config(args.model), args.context, args.batch, args.dtype) + "\n")
     return 0

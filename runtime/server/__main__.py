@@ -16,6 +16,7 @@ from typing import Any
 import uvicorn
 
 from runtime.attention.registry import CHOICES as ATTENTION_CHOICES
+from runtime.memory.kv_pool import KV_DTYPE_CHOICES
 from runtime.server.app import build_state, create_app
 
 logger = logging.getLogger("runtime.server")
@@ -109,6 +110,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="attention kernels: cpu (the planned fast CPU paths), torch (reference), triton "
         "(GPU kernels); auto picks cpu on a CPU",
     )
+    engine.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_DTYPE_CHOICES,
+        default="auto",
+        help="KV cache storage type: auto (the model's dtype), fp8_e4m3 / fp8_e5m2 (one byte "
+        "per value, per-layer scales; half the bytes of bf16), bf16, fp16, fp32",
+    )
     _chat_flags(p)
     _compile_flags(engine)
     pd = p.add_argument_group("prefill-decode disaggregation (behind the gateway's PD mode)")
@@ -186,6 +194,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "num_threads": args.num_threads,
         "json_schema_mode": args.json_schema_mode,
         "attention_backend": args.attention_backend,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "grammar_compile_timeout_s": args.grammar_compile_timeout,
         "grammar_compile_memory_mb": args.grammar_compile_memory_mb,
         "tp_size": args.tp_size,

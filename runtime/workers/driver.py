@@ -49,7 +49,8 @@ class ParallelModel:
     def __init__(self, path: Path, config: ModelConfig, dtype: torch.dtype, *, tp_size: int,
                  pp_size: int, ep_size: int, num_pages: int, page_size: int, nnodes: int = 1,
                  dist_init_addr: str | None = None,
-                 attention_backend: str = "cpu") -> None:  # fmt: skip
+                 attention_backend: str = "cpu",
+                 kv_dtype: torch.dtype | None = None) -> None:  # fmt: skip
         validate(config, tp_size, pp_size, ep_size)
         if dist.is_initialized():
             raise WorkerError("a parallel engine is already running in this process")
@@ -65,7 +66,8 @@ class ParallelModel:
             raise ParallelConfigError("nnodes > 1 needs dist_init_addr (host:port of node 0)")
         addr = f"tcp://{dist_init_addr or f'127.0.0.1:{_free_port()}'}"
         self.setup = {"dtype": str(dtype).replace("torch.", ""), "pages": (num_pages, page_size),
-                      "attention": attention_backend}  # fmt: skip
+                      "attention": attention_backend,
+                      "kv_dtype": str(kv_dtype or dtype).replace("torch.", "")}  # fmt: skip
         spawned = spawn(self.layout, self.layout.node_ranks(0), addr, str(path))
         self.procs = [proc for proc, _ in spawned]
         self.logs = [log for _, log in spawned]

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from runtime import settings
 from runtime.attention import make_backend
-from runtime.memory.kv_pool import KVPool, resolve_dtype
+from runtime.memory.kv_pool import KVPool, checkpoint_kv_scales, resolve_dtype
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
 from runtime.parallel.shard import local_config
@@ -47,10 +47,14 @@ def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int) ->
     loaded = load_model_files(model_path)
     config = loaded.config
     attention = make_backend(box[0]["attention"])
+    kv_dtype = getattr(torch, box[0].get("kv_dtype", str(dtype).replace("torch.", "")))
+    mine = list(shard.layers(config.num_layers))  # this rank's layers: its pool's indices
+    scales = {name: [per_layer[i] for i in mine] for name, per_layer in
+              checkpoint_kv_scales(loaded.state_dict, config.num_layers).items()}  # fmt: skip
     model = model_class(config)(config, loaded.state_dict, dtype, shard=shard, comm=comm,
                                 attention=attention)  # fmt: skip
     del loaded
-    pool = KVPool(local_config(config, shard), num_pages, page_size, dtype)
+    pool = KVPool(local_config(config, shard), num_pages, page_size, kv_dtype, scales=scales)
     report = {
         "pid": os.getpid(),
         "weight_bytes": model.weight_bytes(),
