@@ -332,7 +332,7 @@ def main() -> None:
 
     model = args.model or str(ensure_default_model())
     results, reasoning = [], []
-    for fmt in args.formats.split(","):
+    for fmt in filter(None, args.formats.split(",")):
         proc, srv = serve(model, fmt, args)
         try:
             for kind in args.choices.split(","):

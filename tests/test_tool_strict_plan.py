@@ -177,6 +177,13 @@ def test_plan_reasoning_then_the_format_and_the_budget_forces_the_end_tag():
     assert plan.next("x", _result("x", "length"), capped=False) is None  # out of tokens
     plan = AnswerPlan(ReasoningSpec(rp, True, None), spec)
     assert plan.first().share == 0.5  # no budget: the constrained answer keeps room
+    after_eos = AnswerPlan(ReasoningSpec(rp, True, None), spec)
+    after_eos.first()
+    owed = after_eos.next("hm", _result("hm", stop=2), capped=False)  # the turn ended thinking
+    assert owed.forced == "</think>" and owed.constraint == spec.constraint
+    after_user_stop = AnswerPlan(ReasoningSpec(rp, True, None), spec)
+    after_user_stop.first()
+    assert after_user_stop.next("hm", _result("hm", stop="STOP"), capped=False) is None
     answer = plan.next("hm", _result("hm", stop="</think>"), capped=False)
     assert answer.forced == "</think>" and answer.constraint == spec.constraint
 

@@ -245,6 +245,9 @@ class AnswerPlan:
             return None
         self.stage = "answer"
         end = self.reasoning.parser.end
-        if result.matched_stop == end or capped:
+        # the end of the turn inside the reasoning (an end-of-sequence token): a constrained
+        # answer is still owed, so the reasoning is closed for it
+        owed = isinstance(result.matched_stop, int) and bool(self.answer.constraint)
+        if result.matched_stop == end or capped or owed:
             return Phase(forced=end, constraint=dict(self.answer.constraint))
         return None
