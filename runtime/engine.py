@@ -166,8 +166,7 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.dtype = resolve_dtype(dtype)
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, self.dtype)  # "auto": the model's
-        # "auto": the planned CPU paths here (runtime/attention/registry.py)
-        self.attention_backend = resolve_backend(attention_backend, "cpu")
+        self.attention_backend = resolve_backend(attention_backend, "cpu")  # "auto": "cpu" here
         self.parallel = (tp_size, pp_size, ep_size) != (1, 1, 1)
         if nnodes > 1 and not self.parallel:
             raise ParallelConfigError(f"nnodes {nnodes} needs tp_size, pp_size or ep_size > 1")
@@ -192,8 +191,7 @@ class Engine:
                 path, self.config, self.dtype, tp_size=tp_size, pp_size=pp_size,
                 ep_size=ep_size, num_pages=num_pages, page_size=page_size, nnodes=nnodes,
                 dist_init_addr=dist_init_addr, attention_backend=self.attention_backend,
-                kv_dtype=self.kv_dtype,
-            )  # fmt: skip
+                kv_dtype=self.kv_dtype)  # fmt: skip
         else:
             self.model = model_class(loaded.config)(
                 loaded.config, loaded.state_dict, self.dtype,
@@ -203,9 +201,8 @@ class Engine:
             if chooser_wanted(num_threads, torch.device("cpu")):  # all threads, or one
                 self.model = ThreadChooser(self.model)
         self.sizes = {"tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size}
-        self.pool = KVPool(self.config, num_pages, page_size, self.kv_dtype,
-                           allocate=not self.parallel, window_pages=window_pages,
-                           scales=kv_scales)  # fmt: skip
+        self.pool = KVPool(self.config, num_pages, page_size, self.kv_dtype, scales=kv_scales,
+                           allocate=not self.parallel, window_pages=window_pages)  # fmt: skip
         self.tree = RadixCache(page_size, self.pool.free) if enable_radix_cache else None
         self.disaggregation = Disaggregation(
             disaggregation_mode,
