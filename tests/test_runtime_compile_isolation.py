@@ -185,5 +185,8 @@ def test_the_server_answers_a_400_naming_the_limit_beside_a_plain_200():
     assert bad.status_code == 400, bad.text
     err = bad.json()["error"]
     assert err["code"] == "constraint_too_complex"
-    assert "regex" in err["message"] and "grammar compile timeout (10 s)" in err["message"]
+    # which budget it meets first depends on the machine's speed: either is named with its value
+    message = err["message"]
+    assert "regex" in message
+    assert "grammar compile timeout (10 s)" in message or "memory budget (2048 MiB)" in message
     assert order == ["plain", "pathological"]
