@@ -122,3 +122,34 @@ def wait_until_idle(url: str, timeout: float = 20.0) -> dict:
         if time.monotonic() > deadline:
             raise AssertionError(f"server not idle after {timeout}s: {stats}")
         time.sleep(0.1)
+
+
+# two tools the tool-calling tests share: one with a bounded string and an enum, one enum only
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+        },
+    },
+}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+USER = [{"role": "user", "content": "Weather in Oslo, and the time?"}]

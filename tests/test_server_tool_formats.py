@@ -13,36 +13,9 @@ import jsonschema
 import openai
 import pytest
 
+from tests._server_fixtures import SCHEMAS, TIME, USER, WEATHER
 from tests._tool_fixtures import template_server, tokenizer_with
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 8},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-        },
-    },
-}
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
-USER = [{"role": "user", "content": "Weather in Oslo, and the time?"}]
 HISTORY = [
     {"role": "system", "content": "Be brief."},
     *USER,

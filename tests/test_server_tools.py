@@ -12,37 +12,18 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests._server_fixtures import SMALL_ENGINE, ServerProcess, shared_server, tiny_model_dir
+from tests._server_fixtures import (
+    SCHEMAS,
+    SMALL_ENGINE,
+    TIME,
+    USER,
+    WEATHER,
+    ServerProcess,
+    shared_server,
+    tiny_model_dir,
+)
 
 # LangChain-style schemas: no additionalProperties
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 8},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-        },
-    },
-}
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
-USER = [{"role": "user", "content": "Weather in Oslo, and the time?"}]
 
 
 class City(BaseModel):
