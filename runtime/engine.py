@@ -244,7 +244,14 @@ class Engine:
 
     def _make_constraint_hooks(self) -> ConstraintHooks:
         # constrained rows' logits are masked by the attention backend's bitmask kernel
-        return ConstraintHooks(self, make_backend(self.attention_backend).apply_token_bitmask_)
+        return ConstraintHooks(
+            self.tokenizer,
+            self.eos_token_ids,
+            json_schema_mode=self.json_schema_mode,
+            compile_timeout_s=self.grammar_compile_timeout_s,
+            compile_memory_mb=self.grammar_compile_memory_mb,
+            apply_token_bitmask_=make_backend(self.attention_backend).apply_token_bitmask_,
+        )
 
     # ---- requests ----------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:

@@ -95,7 +95,7 @@ def test_a_part_that_admits_nothing_is_pruned(schema, instances) -> None:
 def test_the_runtime_ends_a_request_whose_schema_admits_nothing() -> None:
     from runtime.scheduling.constrained import ConstraintHooks
 
-    hooks = ConstraintHooks(SimpleNamespace(tokenizer=deepseek_tokenizer(), eos_token_ids=[]))
+    hooks = ConstraintHooks(deepseek_tokenizer(), [])
     hooks._vocab = deepseek_vocab()
     req = SimpleNamespace(prompt_ids=[1, 2], constraint=None, cache_limit=None)
     hooks.attach(req, json_schema={"enum": []}, json_schema_mode="exact")

@@ -10,6 +10,7 @@ import pytest
 import grammar
 from grammar.json_schema import formats
 from grammar.json_schema.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
+from runtime.scheduling.compile_pool import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
 from runtime.scheduling.constrained import ConstraintHooks
 from tests._grammar_fixtures import deepseek_vocab, serialise, smollm2_tokenizer
 
@@ -80,12 +81,9 @@ def test_without_prebuild_the_first_compile_builds_them() -> None:
     assert len(built) >= len(SUPPORTED) - 1  # date-time's pieces may be shared with date/time
 
 
-class _Engine:
-    """What ConstraintHooks reads from an engine."""
-
-    def __init__(self) -> None:
-        self.tokenizer = smollm2_tokenizer()
-        self.eos_token_ids = [self.tokenizer.eos_token_id]
+def _hooks() -> ConstraintHooks:
+    tokenizer = smollm2_tokenizer()
+    return ConstraintHooks(tokenizer, [tokenizer.eos_token_id])
 
 
 def test_constraint_hooks_prebuild_on_their_grammar_thread(
@@ -100,7 +98,7 @@ def test_constraint_hooks_prebuild_on_their_grammar_thread(
 
     monkeypatch.setattr(grammar, "prebuild", fake_prebuild)
     monkeypatch.delenv("SGL_GRAMMAR_PREBUILD", raising=False)
-    hooks = ConstraintHooks(_Engine())
+    hooks = _hooks()
     try:
         assert called.wait(60)
         vocab, thread = seen[0]
@@ -114,7 +112,30 @@ def test_constraint_hooks_skip_prebuild_when_told(monkeypatch: pytest.MonkeyPatc
     seen: list = []
     monkeypatch.setattr(grammar, "prebuild", lambda vocab=None: seen.append(vocab))
     monkeypatch.setenv("SGL_GRAMMAR_PREBUILD", "0")
-    hooks = ConstraintHooks(_Engine())
+    hooks = _hooks()
     hooks._pool.submit(lambda: None).result(60)  # anything queued before this has run
     hooks.shutdown()
     assert seen == []
+
+
+def test_constraint_hooks_take_their_settings_not_an_engine(monkeypatch) -> None:
+    monkeypatch.setenv("SGL_GRAMMAR_PREBUILD", "0")
+    tokenizer = smollm2_tokenizer()
+    hooks = ConstraintHooks(
+        tokenizer, [tokenizer.eos_token_id], json_schema_mode="exact", compile_timeout_s=3.5,
+        compile_memory_mb=700,
+    )  # fmt: skip
+    try:
+        assert (hooks.json_schema_mode, hooks.eos_ids) == ("exact", {tokenizer.eos_token_id})
+        assert (hooks.compiles.timeout_s, hooks.compiles.memory_mb) == (3.5, 700)
+        assert len(hooks.vocab()) == len(tokenizer)  # the vocabulary read from that tokenizer
+    finally:
+        hooks.shutdown()
+    defaults = ConstraintHooks(tokenizer, [])
+    try:
+        assert defaults.json_schema_mode == "strict"
+        assert (defaults.compiles.timeout_s, defaults.compiles.memory_mb) == (
+            DEFAULT_TIMEOUT_S, DEFAULT_MEMORY_MB,
+        )  # fmt: skip
+    finally:
+        defaults.shutdown()

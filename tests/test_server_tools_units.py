@@ -124,12 +124,7 @@ def test_sgl_gen_carries_the_mode():
 def test_engine_mode_is_checked(monkeypatch):
     from runtime.scheduling.constrained import ConstraintHooks
 
-    class _Engine:
-        tokenizer = None
-        eos_token_ids = ()
-        json_schema_mode = "exact"
-
-    hooks = ConstraintHooks(_Engine())
+    hooks = ConstraintHooks(None, (), json_schema_mode="exact")
     assert hooks.json_schema_mode == "exact"
     with pytest.raises(ValueError, match="json_schema_mode"):
         hooks.attach(object(), json_schema={"type": "object"}, json_schema_mode="loose")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -99,23 +99,45 @@ def _grammar_package() -> Any:
     return grammar
 
 
+class Tokenizer(Protocol):
+    """What constrained decoding asks of the engine's tokenizer (a `transformers` one): its
+    pieces, read once into the token vocabulary, and `encode` to re-tokenise jumped text."""
+
+    def __len__(self) -> int: ...
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]: ...
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
 class ConstraintHooks:
     """The scheduler calls these; they run on the scheduler thread (compiles excepted)."""
 
-    def __init__(self, engine: Any, apply_token_bitmask_: BitmaskFn | None = None) -> None:
-        """`apply_token_bitmask_`: the engine's attention backend's mask kernel (the torch
-        reference when not given)."""
-        self.tokenizer = engine.tokenizer
-        self.eos_ids = frozenset(engine.eos_token_ids)
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        eos_token_ids: Iterable[int],
+        *,
+        json_schema_mode: str = "strict",
+        compile_timeout_s: float | None = None,
+        compile_memory_mb: int | None = None,
+        apply_token_bitmask_: BitmaskFn | None = None,
+    ) -> None:
+        """`json_schema_mode`: the default of requests with a `json_schema` ("strict" or
+        "exact"); `compile_timeout_s` / `compile_memory_mb`: each compile's budgets (None: the
+        compile pool's defaults); `apply_token_bitmask_`: the attention backend's mask kernel
+        (the torch reference when not given)."""
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(eos_token_ids)
         self.apply_token_bitmask_ = apply_token_bitmask_ or reference.apply_token_bitmask_
-        self._vocab: Any = None
+        self._vocab: TokenVocabulary | None = None
         self._vocab_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-grammar")
-        self.json_schema_mode = getattr(engine, "json_schema_mode", "strict")
+        self.json_schema_mode = json_schema_mode
         self.compiles = CompilePool(
             self.vocab,
-            timeout_s=getattr(engine, "grammar_compile_timeout_s", None) or DEFAULT_TIMEOUT_S,
-            memory_mb=getattr(engine, "grammar_compile_memory_mb", None) or DEFAULT_MEMORY_MB,
+            timeout_s=compile_timeout_s or DEFAULT_TIMEOUT_S,
+            memory_mb=compile_memory_mb or DEFAULT_MEMORY_MB,
         )
         compile_pool.register(self.compiles)
         if settings.GRAMMAR_PREBUILD.get():
@@ -133,7 +155,7 @@ class ConstraintHooks:
         except Exception:  # never fatal: nothing has asked for a constraint yet
             logger.warning("grammar prebuild failed", exc_info=True)
 
-    def vocab(self) -> Any:
+    def vocab(self) -> TokenVocabulary:
         from grammar import TokenVocabulary
 
         with self._vocab_lock:
