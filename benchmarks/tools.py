@@ -280,20 +280,66 @@ def start(model: str, flags: list[str], args) -> tuple[subprocess.Popen, str]:
 
 
 def _prompt_counter(model: str, template: str | None):
+    """The token count of the template's own rendering of `messages` with `tools`. The model's
+    own template (`template` None, the `json` format) cannot render tools: there the reference
+    is that template's rendering with our tools text as the system turn (as documented)."""
     from transformers import AutoTokenizer
+
+    from runtime.server.protocol import Tool
+    from runtime.server.tools import tools_system_text
 
     tok = AutoTokenizer.from_pretrained(model)
     if template is not None:
         tok.chat_template = template
 
     def count(messages: list[dict], tools: list[dict]) -> int:
-        if template is None:  # our own tools text: the server's rendering is the reference
-            return -1
-        text = tok.apply_chat_template(messages, tools=tools, tokenize=False,
-                                       add_generation_prompt=True)  # fmt: skip
-        return len(tok(text).input_ids)
+        if template is None:
+            text = tools_system_text([Tool.model_validate(t) for t in tools])
+            messages = [{"role": "system", "content": text}, *messages]
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+        else:
+            ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)  # BatchEncoding in v5
 
     return count
+
+
+# a conversation with a tool-call turn and its result (templates that render tool calls)
+HISTORY_CALL = {"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}  # fmt: skip
+HISTORY = [
+    {"role": "user", "content": "What is the weather like in Oslo?"},
+    {"role": "assistant", "content": "", "tool_calls": [HISTORY_CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 4}'},
+]
+
+
+def _template_history(messages: list[dict]) -> list[dict]:
+    """The history as a template reads it: arguments as an object (all our templates write
+    them with `tojson` but DeepSeek's, which prints the JSON text as given)."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [{**c, "function": {**c["function"],
+                                        "arguments": json.loads(c["function"]["arguments"])}}
+                     for c in m["tool_calls"]]  # fmt: skip
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
+
+
+async def history_prompt_same(srv: dict, fmt: str) -> bool | None:
+    """Whether the prompt of a conversation with a tool-call history has the token count of the
+    template's own rendering (None for `json`: its template cannot render tool calls)."""
+    if fmt == "json":
+        return None
+    body = {"model": srv["model"], "messages": HISTORY, "tools": _tools(True),
+            "max_tokens": 1, "temperature": 0}  # fmt: skip
+    async with httpx.AsyncClient(timeout=900) as http:
+        r = await http.post(f"{srv['url']}/v1/chat/completions", json=body)
+    r.raise_for_status()
+    history = HISTORY if fmt == "deepseekv3" else _template_history(HISTORY)
+    return r.json()["usage"]["prompt_tokens"] == srv["prompt_tokens"](history, _tools(True))
 
 
 def serve(model: str, fmt: str, args, flags: list[str] | None = None):
@@ -335,9 +381,11 @@ def main() -> None:
     for fmt in filter(None, args.formats.split(",")):
         proc, srv = serve(model, fmt, args)
         try:
+            history = asyncio.run(history_prompt_same(srv, fmt))
             for kind in args.choices.split(","):
                 for strict in _strict_rows(fmt, args):
                     results.append(asyncio.run(run_row(srv, fmt, kind, strict, args)))
+                    results[-1]["history_same"] = history
                     print(results[-1], flush=True)
         finally:
             proc.terminate()
@@ -360,19 +408,27 @@ def _strict_rows(fmt: str, args) -> list[bool]:
     return rows
 
 
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{x:.0%}"  # NaN: no call was opened
+
+
+def _num(x: float) -> str:
+    return "-" if x != x else f"{x:.1f}"
+
+
 def report(results: list[dict], reasoning: list[dict], args) -> None:
     print(f"\n{args.questions} requests per row, {len(TOOLS)} tools, greedy, repetition_penalty "
           f"{args.repetition_penalty}, max_tokens {args.max_tokens}\n")  # fmt: skip
     print("| format | tool_choice | strict | answers that opened a call | cut by max_tokens "
           "| finished calls valid | with undeclared args | completion tokens per call | wall s "
-          "| prompt = template |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| prompt = template | with a tool-call history |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        same = "n/a (our text)" if r["format"] == "json" else f"{r['prompt_same']:.0%}"
+        history = {None: "n/a", True: "yes", False: "NO"}[r.get("history_same")]
         head = f"| {r['format']} | {r['tool_choice']} | {r['strict']} "
-        print(f"{head}| {r['opened']}/{r['answers']} | {r['cut']} | {r['valid']:.0%} "
-              f"| {r['extra']:.0%} "
-              f"| {r['tokens_per_call']:.1f} | {r['wall']:.1f} | {same} |")  # fmt: skip
+        print(f"{head}| {r['opened']}/{r['answers']} | {r['cut']} | {_pct(r['valid'])} "
+              f"| {_pct(r['extra'])} | {_num(r['tokens_per_call'])} | {r['wall']:.1f} "
+              f"| {r['prompt_same']:.0%} | {history} |")  # fmt: skip
     if reasoning:
         print(
             "\n| reasoning (deepseek-r1 format, response_format) | answers | content validates "

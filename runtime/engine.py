@@ -269,6 +269,7 @@ class Engine:
         stop = kw.pop("stop", None)
         kw["stop"] = (stop,) if isinstance(stop, str) else tuple(stop or ())
         kw["stop_token_ids"] = frozenset(kw.pop("stop_token_ids", None) or ())
+        kw["keep_markers"] = tuple(kw.pop("keep_markers", None) or ())
         if kw.get("logit_bias"):
             kw["logit_bias"] = self._logit_bias(kw["logit_bias"])
         params = SamplingParams(**kw)

@@ -42,6 +42,7 @@ from runtime.scheduling.compile_pool import (
     CompilePool,
     CompileSpec,
 )
+from runtime.scheduling.detokenize import marker_ids
 from runtime.scheduling.request import Request
 
 if TYPE_CHECKING:
@@ -110,6 +111,24 @@ class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
 
+def constraint_vocabulary(tokenizer: Tokenizer) -> TokenVocabulary:
+    """The tokenizer's vocabulary for constraints: special tokens are never allowed, except the
+    call and reasoning markers (`detokenize.MARKER_TOKENS`), which stand for their text (as
+    XGrammar reads added tokens): a grammar can then match a call's opening on the token the
+    model was trained to write, and the text of a constrained request spells it."""
+    from grammar import TokenVocabulary
+
+    vocab = TokenVocabulary.from_tokenizer(tokenizer)
+    markers = {i: t for i, t in marker_ids(tokenizer).items() if i not in vocab.eos_token_ids}
+    if not markers:
+        return vocab
+    data = [vocab.token_bytes(i) for i in range(len(vocab))]
+    for i, text in markers.items():
+        if i < len(data):
+            data[i] = text.encode("utf-8")
+    return TokenVocabulary(data, vocab.eos_token_ids, vocab.special_token_ids - set(markers))
+
+
 class ConstraintHooks:
     """The scheduler calls these; they run on the scheduler thread (compiles excepted)."""
 
@@ -156,11 +175,9 @@ class ConstraintHooks:
             logger.warning("grammar prebuild failed", exc_info=True)
 
     def vocab(self) -> TokenVocabulary:
-        from grammar import TokenVocabulary
-
         with self._vocab_lock:
             if self._vocab is None:
-                self._vocab = TokenVocabulary.from_tokenizer(self.tokenizer)
+                self._vocab = constraint_vocabulary(self.tokenizer)
             return self._vocab
 
     # ---- from the caller's thread ----------------------------------------------------------

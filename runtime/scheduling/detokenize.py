@@ -7,6 +7,41 @@ from collections.abc import Sequence
 
 from runtime.scheduling.request import Request, StreamChunk
 
+# The text that tool-call and reasoning parsers look for in an answer (the model families' call
+# and reasoning markers). Some tokenizers have them as special tokens (Mistral's `[TOOL_CALLS]`,
+# Llama 3's `<|python_tag|>`), which decoding without special tokens would drop: such ids are
+# spelled in the text of a request that keeps them (`SamplingParams.keep_markers`: a chat
+# answer whose parser reads them) and of every constrained request (the constraint vocabulary
+# has them as their text, so a grammar can match a call's opening on them).
+MARKER_TOKENS = (
+    "<tool_call>",
+    "</tool_call>",
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<think>",
+    "</think>",
+)
+_NONE: frozenset[int] = frozenset()
+
+
+def special_ids(tokenizer) -> set[int]:
+    """The ids `decode(..., skip_special_tokens=True)` drops."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    return ids | {i for i, t in added.items() if getattr(t, "special", False)}
+
+
+def marker_ids(tokenizer, texts: Sequence[str] = MARKER_TOKENS) -> dict[int, str]:
+    """The special tokens of `tokenizer` that spell one of `texts`: id -> text."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    specials = special_ids(tokenizer)
+    return {i: str(t.content) for i, t in added.items() if i in specials and t.content in texts}
+
 
 class Detokenizer:
     """Decides when a request is finished and what text it has; runs on the scheduler thread."""
@@ -14,9 +49,33 @@ class Detokenizer:
     def __init__(self, tokenizer, eos_ids: Sequence[int]) -> None:
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_ids)
+        self.markers = marker_ids(tokenizer)  # special ids spelled for the requests keeping them
+        self._all_markers = frozenset(self.markers) - self.eos_ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    def kept(self, req: Request) -> frozenset[int]:
+        """The special ids spelled in `req`'s text: the markers it keeps (all of them when it
+        is constrained: its grammar matched them as text)."""
+        if not self._all_markers:
+            return _NONE
+        if req.constraint is not None:
+            return self._all_markers
+        keep = req.params.keep_markers
+        if not keep:
+            return _NONE
+        return frozenset(i for i in self._all_markers if self.markers[i] in keep)
+
+    def decode(self, ids: list[int], keep: frozenset[int] = _NONE) -> str:
+        """The text of `ids` without special tokens, but those in `keep` spelled."""
+        if not keep or keep.isdisjoint(ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        parts, start = [], 0
+        for i, t in enumerate(ids):
+            if t in keep:
+                parts.append(self.tokenizer.decode(ids[start:i], skip_special_tokens=True))
+                parts.append(self.markers[t])
+                start = i + 1
+        parts.append(self.tokenizer.decode(ids[start:], skip_special_tokens=True))
+        return "".join(parts)
 
     def check_finish(self, req: Request, new_tokens: int = 1) -> None:
         """Set `req.finish_reason` (and text) when the last `new_tokens` tokens end it."""
@@ -29,7 +88,7 @@ class Detokenizer:
                 del out[out.index(tok, len(out) - new_tokens) + 1 :]
                 break
         if req.finish_reason is None and (p.stop or req.stream):
-            req.text = self.decode(out)
+            req.text = self.decode(out, self.kept(req))
             if p.stop:
                 self._check_stop_strings(req)
         if req.finish_reason is None and len(out) >= p.max_new_tokens:
@@ -51,7 +110,7 @@ class Detokenizer:
 
     def finalize_text(self, req: Request) -> None:
         if req.matched_stop is None or isinstance(req.matched_stop, int):
-            req.text = self.decode(req.output_ids)
+            req.text = self.decode(req.output_ids, self.kept(req))
 
     def stream_chunk(self, req: Request, finished: bool) -> StreamChunk | None:
         """The text and tokens produced since the last chunk, holding back what may still change:

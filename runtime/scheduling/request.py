@@ -59,6 +59,9 @@ class SamplingParams:
     top_logprobs: int = 0
     # OpenAI's: token id -> bias in [-100, 100], added to that token's logit before sampling
     logit_bias: dict[int, float] | None = None
+    # marker texts (detokenize.MARKER_TOKENS) spelled in the text where the tokenizer has them
+    # as special tokens: the call / reasoning markers the server's parsers read
+    keep_markers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:

@@ -166,6 +166,18 @@ class EngineBridge:
             return await anyio.to_thread.run_sync(self.engine.encode, prompt)
         return self.engine.encode(prompt)
 
+    async def encode_chat(self, prompt: str) -> list[int]:
+        """A chat prompt's ids as `apply_chat_template(..., tokenize=True)` gives them: the
+        template writes the special tokens it wants (a BOS, ...), none is added to its text."""
+        tok = self.engine.tokenizer
+        if not getattr(tok, "chat_template", None):
+            return await self.encode(prompt)  # our plain "User: ..." text: as any prompt
+
+        def run() -> list[int]:
+            return list(tok(prompt, add_special_tokens=False).input_ids)
+
+        return await anyio.to_thread.run_sync(run)
+
     def check_length(self, prompt_ids: list[int], param: str) -> None:
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param=param, code="empty_prompt")

@@ -341,6 +341,8 @@ class ChatSetup:
     plan: Callable[[], AnswerPlan] | None  # else: a fresh plan of phases per choice
     reasoning: ReasoningSpec | None  # the reasoning to separate from the answer, if any
     buffer: bool  # tool calls and the response_format look alike: streamed whole at the end
+    # the parsers' marker texts, spelled in the answer where they are special tokens
+    markers: tuple[str, ...] = ()
 
 
 def tool_parser_for(tokenizer: Any, name: str | None) -> ToolParser:
@@ -365,7 +367,10 @@ def prepare_chat(
         plan = functools.partial(AnswerPlan, reasoning, spec)
     buffer = request.tool_mode and parser.trigger is None and has_output_format(request)
     separate = reasoning if request.separate_reasoning else None
-    return ChatSetup(prompt, parser, spec.constraint, plan, separate, bool(buffer))
+    markers = parser.markers if request.tool_mode else ()
+    if reasoning is not None:
+        markers += (reasoning.parser.start, reasoning.parser.end)
+    return ChatSetup(prompt, parser, spec.constraint, plan, separate, bool(buffer), markers)
 
 
 def answer_spec(request: ChatRequest, mode: str, parser: ToolParser) -> AnswerSpec:

@@ -4,6 +4,7 @@ about the model (`/get_model_info`, `/apply_chat_template`, `/stats`)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 import uuid
@@ -22,8 +23,12 @@ from runtime.server.protocol import (
     GenerateRequest,
     ScoreRequest,
 )
+from runtime.server.reasoning import END as THINK_END
+from runtime.server.reasoning import START as THINK_START
+from runtime.server.reasoning import get_reasoning_parser
 from runtime.server.state import get_state
 from runtime.server.structured import Constraint, logit_bias, native_constraint
+from runtime.server.tool_plan import AnswerPlan, AnswerSpec, ReasoningSpec
 
 router = APIRouter()
 
@@ -59,8 +64,8 @@ SAMPLING_KEYS = frozenset(
         "n",  # n engine requests per prompt
         "stop_regex",  # watched in the decoded text (generation.RegexStopStream)
         "no_stop_trim",  # the matched stop string stays in the text
-        # SGLang's, accepted: they change nothing here (special tokens are always skipped
-        # and never spaced; every chunk is streamed)
+        # SGLang's, accepted: they change nothing here (special tokens are skipped and never
+        # spaced, the markers of docs/tools-and-reasoning.md aside; every chunk is streamed)
         "skip_special_tokens",
         "spaces_between_special_tokens",
         "stream_interval",
@@ -128,7 +133,46 @@ def _output(
     if opts["no_stop_trim"] and isinstance(result.matched_stop, str):
         text += result.matched_stop
     meta = _meta(result, opts, tok, input_lps)
-    return {"text": text, "output_ids": result.token_ids, "meta_info": meta}
+    out = {"text": text, "output_ids": result.token_ids, "meta_info": meta}
+    spec = opts.get("separate")
+    if spec is not None:  # separate_reasoning: the answer in `text`, the reasoning apart
+        out["reasoning_text"], out["text"] = spec.parser.split(text, spec.open_at_start)
+    return out
+
+
+def _reasoning(
+    state: Any, body: GenerateRequest, prompt: str, constraint: dict[str, Any]
+) -> tuple[Any, ReasoningSpec | None]:
+    """(a plan of phases or None, the reasoning to separate or None) of one /generate prompt:
+    `require_reasoning` starts the constraint after the reasoning, `max_thinking_tokens`
+    forces `</think>` when spent, `separate_reasoning` splits the text (all three need the
+    server's reasoning parser)."""
+    asked = [
+        name
+        for name, on in (
+            ("require_reasoning", body.require_reasoning),
+            ("max_thinking_tokens", body.max_thinking_tokens is not None),
+            ("separate_reasoning", body.separate_reasoning),
+        )
+        if on
+    ]
+    if not asked:
+        return None, None
+    if state.reasoning_parser is None:
+        msg = f"{asked[0]} needs a reasoning parser: start the server with --reasoning-parser"
+        raise APIError(400, msg, param=asked[0])
+    rp = get_reasoning_parser(state.reasoning_parser)
+    spec = ReasoningSpec(rp, rp.opens_in_prompt(prompt, True), body.max_thinking_tokens)
+    plan = None
+    if body.require_reasoning or body.max_thinking_tokens is not None:
+        # without require_reasoning the constraint starts at the first token, as SGLang's
+        answer = AnswerSpec(dict(constraint) if body.require_reasoning else {})
+        if body.require_reasoning or not constraint:
+            plan = functools.partial(AnswerPlan, spec, answer)
+        else:
+            msg = "max_thinking_tokens with a constraint needs require_reasoning: true"
+            raise APIError(400, msg, param="max_thinking_tokens")
+    return plan, (spec if body.separate_reasoning else None)
 
 
 def _sampling(
@@ -230,6 +274,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     # SGLang's shape: `[logprob, id, text]` triples (text None unless return_text_in_logprobs)
     sglang_shape = True
     param = "text" if body.text is not None else "input_ids"
+    tok = state.tokenizer
     jobs, opts, input_starts = [], [], []
     for i, p in enumerate(prompts):
         top_n = _pick(body.top_logprobs_num, i) or 0
@@ -246,9 +291,13 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         if not isinstance(requested, int) or requested < 0:
             raise APIError(400, "max_new_tokens must be an integer >= 0", param="max_new_tokens")
         kw = {**params, "max_new_tokens": bridge.clamp_max_tokens(len(ids), requested)}
+        text = p if isinstance(p, str) else tok.decode(ids)
+        plan, separate = _reasoning(state, body, text, constraint.kwargs)
+        if plan is not None or separate is not None:
+            kw["keep_markers"] = (THINK_START, THINK_END)
         rid = _pick(body.rid, i) or uuid.uuid4().hex
         for k in range(counts[i]):
-            job = Job(ids, kw, _stop_regex(per_prompt[i]), constraint_field=constraint.param)
+            job = Job(ids, kw, _stop_regex(per_prompt[i]), constraint.param, plan)
             jobs.append((ids, job))
             opts.append(
                 {
@@ -258,6 +307,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
                     "with_text": body.return_text_in_logprobs,
                     "no_stop_trim": bool(per_prompt[i].get("no_stop_trim")),
                     "constraint": constraint.param,
+                    "separate": separate,
                 }
             )
             # SGLang: with return_logprob, input logprobs from logprob_start_len (-1 or unset:
@@ -274,7 +324,6 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
             )
         jobs[0][1].kwargs.update(body.bootstrap())
     admission = bridge.acquire(len(jobs))
-    tok = state.tokenizer
     if body.stream:
         return await _stream(state, [j for _, j in jobs], param, opts, admission)
     try:
@@ -331,6 +380,10 @@ async def _stream(
                 }
                 if many:
                     event["index"] = i
+                spec = opts[i]["separate"]
+                if spec is not None:  # the reasoning so far apart, as the last event has it
+                    reasoning, answer, _ = spec.parser.scan(texts[i], spec.open_at_start, False)
+                    event.update(text=answer, reasoning_text=reasoning)
                 if chunk.finished:
                     left -= 1
                     event.update(_output(chunk.result, opts[i], tok))

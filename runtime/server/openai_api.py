@@ -107,7 +107,7 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     setup = await anyio.to_thread.run_sync(
         prepare_chat, state.tokenizer, body, mode, state.tool_parser, state.reasoning_parser
     )
-    prompt_ids = await bridge.encode(setup.prompt)
+    prompt_ids = await bridge.encode_chat(setup.prompt)
     bridge.check_length(prompt_ids, "messages")
     forced = forced_tools(body.tools, body.tool_choice) is not None
     requested = (
@@ -117,6 +117,8 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     kwargs = sampling_kwargs(body, max_new, state.engine.config.vocab_size)
     if setup.plan is None:
         kwargs.update(setup.constraint)
+    if setup.markers:
+        kwargs["keep_markers"] = setup.markers
     if body.logprobs or body.top_logprobs:
         kwargs.update(logprobs=True, top_logprobs=body.top_logprobs)
     field = "tools" if forced or (body.tool_mode and setup.plan) else constraint_field(body)

@@ -173,6 +173,14 @@ class GenerateRequest(BootstrapFields):
     image_data: Any = None
     video_data: Any = None
     audio_data: Any = None
+    # reasoning models (the server's --reasoning-parser). SGLang's: `require_reasoning`, the
+    # constraint starts after the reasoning (else from the first token, as SGLang does);
+    # `max_thinking_tokens`, a budget after which `</think>` is forced. Ours:
+    # `separate_reasoning`, the reasoning apart in `reasoning_text` (SGLang's /generate keeps the
+    # raw text; its `/separate_reasoning` answers with these names)
+    require_reasoning: bool = False
+    max_thinking_tokens: int | None = Field(default=None, ge=0)
+    separate_reasoning: bool = False
 
 
 class ScoreRequest(_Body):

@@ -73,6 +73,8 @@ class ToolParser:
     openers: tuple[str, ...] = ()
     # after its trigger a block holds all the calls (mistral, deepseekv3): nothing follows it
     one_block = False
+    # the format's marker texts: special tokens in some tokenizers, kept in the text it reads
+    markers: tuple[str, ...] = ()
 
     def scan(self, text: str, final: bool = False) -> Scan:
         raise NotImplementedError
@@ -131,6 +133,7 @@ class HermesParser(ToolParser):
     name = "hermes"
     trigger = "<tool_call>"
     end = "</tool_call>"
+    markers = (trigger, end)
 
     def scan(self, text: str, final: bool = False) -> Scan:
         out = Scan("")
@@ -233,9 +236,10 @@ class JsonCallsParser(ToolParser):
 
 class Llama3Parser(JsonCallsParser):
     name = "llama3"
-    openers = ("{",)
+    openers = ("{", PYTHON_TAG)
     separators = ";"
     prefix = PYTHON_TAG
+    markers = (PYTHON_TAG,)
 
     def render(self, calls: list[tuple[str, Any]]) -> str:
         return "; ".join(_dumps({"name": n, "parameters": a}) for n, a in calls)
@@ -246,13 +250,15 @@ class Llama3Parser(JsonCallsParser):
 
     def block_regex(self, calls: list[str], parallel: bool) -> str:
         one = "(?:" + "|".join(calls) + ")"
-        return f"{one}(?:; {one})*" if parallel else one
+        block = f"{one}(?:; {one})*" if parallel else one
+        return f"(?:{re.escape(PYTHON_TAG)})?{block}"  # the tag its templates may open with
 
 
 class MistralParser(ToolParser):
     name = "mistral"
     trigger = "[TOOL_CALLS]"
     one_block = True
+    markers = (trigger,)
 
     # `[TOOL_CALLS]` is a control token of Mistral's tokenizers: text decoded without special
     # tokens has only the list, so an answer that is a list of calls is read as calls too
@@ -294,6 +300,7 @@ class DeepSeekV3Parser(ToolParser):
     name = "deepseekv3"
     trigger = DS_CALLS_BEGIN
     one_block = True
+    markers = (DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP)
 
     def scan(self, text: str, final: bool = False) -> Scan:
         at = text.find(self.trigger)
