@@ -26,9 +26,10 @@ from runtime.disaggregation.modes import (
     pool_layout,
     split_bootstrap,
 )
-from runtime.errors import KVTransferError, ParallelConfigError
+from runtime.errors import HiCacheConfigError, KVTransferError, ParallelConfigError
 from runtime.kernels import cpu_fused
 from runtime.memory.budget import default_kv_budget_bytes, resident_bytes
+from runtime.memory.hicache import HiCache
 from runtime.memory.kv_pool import (
     KVPool,
     checkpoint_kv_scales,
@@ -114,6 +115,43 @@ def _num_pages(
     )  # fmt: skip
 
 
+def _rank_config(config: Any, tp_size: int, pp_size: int, ep_size: int) -> Any:
+    """The shape one rank holds: the KV budget is per rank (its layers' and heads' KV)."""
+    if (tp_size, pp_size, ep_size) == (1, 1, 1):
+        return config
+    return local_config(config, Layout(tp_size, pp_size, ep_size, config.num_layers).shard(1))
+
+
+def _make_hicache(
+    pool: KVPool,
+    tree: RadixCache | None,
+    fingerprint: str,
+    backend: str,
+    folder: str | Path | None,
+    budget_gb: float,
+    load_policy: str,
+) -> HiCache:
+    """The storage tier under the radix cache (memory/hicache.py), its settings checked, hooked
+    to the tree's evictions."""
+    if tree is None or not pool.buffers.get(next(iter(pool.buffers), ""), []):
+        raise HiCacheConfigError(
+            "enable_hierarchical_cache needs the radix cache and the KV pool in this process "
+            "(not with disable_radix_cache or tp/pp/ep > 1)"
+        )
+    if budget_gb <= 0:
+        raise HiCacheConfigError(f"hicache_storage_budget_gb must be positive, got {budget_gb}")
+    root = Path(folder) if folder is not None else settings.CACHE_DIR.get() / "hicache"
+    try:
+        tier = HiCache(pool, fingerprint, str(root), int(budget_gb * 1024**3), backend=backend,
+                       load_policy=load_policy)  # fmt: skip
+    except OSError as exc:
+        raise HiCacheConfigError(f"hicache_storage_dir {str(root)!r} is not usable: {exc}") from exc
+    except ValueError as exc:
+        raise HiCacheConfigError(str(exc)) from exc
+    tree.on_evict = tier.on_evict
+    return tier
+
+
 class Engine:
     """A causal LM served from a paged KV pool with a radix prefix cache.
 
@@ -149,6 +187,11 @@ class Engine:
         attention_backend: str = "auto",
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
+        enable_hierarchical_cache: bool = False,
+        hicache_storage_backend: str = "file",
+        hicache_storage_dir: str | Path | None = None,
+        hicache_storage_budget_gb: float = 8.0,
+        hicache_load_policy: str = "auto",
     ) -> None:
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
         # a constraint's compile budget (time, address space; None: compile_pool's defaults)
@@ -172,16 +215,13 @@ class Engine:
             raise ParallelConfigError(f"nnodes {nnodes} needs tp_size, pp_size or ep_size > 1")
         if self.parallel:
             validate(self.config, tp_size, pp_size, ep_size)
-        rank_config = self.config
-        if self.parallel:  # the budget is per rank: a rank holds its layers' and heads' KV
-            rank_config = local_config(
-                self.config, Layout(tp_size, pp_size, ep_size, self.config.num_layers).shard(1)
-            )
-        # sliding-window layers keep pages of their own (memory/windows.py) unless ranks or a
-        # KV hand-off address every layer by page id
+        rank_config = _rank_config(self.config, tp_size, pp_size, ep_size)
+        # sliding-window layers keep pages of their own (memory/windows.py) unless ranks, a
+        # KV hand-off or the storage tier address every layer by page id
+        plain = not self.parallel and disaggregation_mode == "null"
         num_pages, window_pages = _num_pages(
             rank_config, self.kv_dtype, page_size, max_total_tokens, mem_budget_gb,
-            chunked_prefill_tokens, not self.parallel and disaggregation_mode == "null",
+            chunked_prefill_tokens, plain and not enable_hierarchical_cache,
         )  # fmt: skip
         self.model_fingerprint = model_fingerprint(loaded.config, loaded.state_dict)
         kv_scales = checkpoint_kv_scales(loaded.state_dict, self.config.num_layers)
@@ -204,6 +244,10 @@ class Engine:
         self.pool = KVPool(self.config, num_pages, page_size, self.kv_dtype, scales=kv_scales,
                            allocate=not self.parallel, window_pages=window_pages)  # fmt: skip
         self.tree = RadixCache(page_size, self.pool.free) if enable_radix_cache else None
+        self.hicache = _make_hicache(
+            self.pool, self.tree, self.model_fingerprint, hicache_storage_backend,
+            hicache_storage_dir, hicache_storage_budget_gb, hicache_load_policy,
+        ) if enable_hierarchical_cache else None  # fmt: skip
         self.disaggregation = Disaggregation(
             disaggregation_mode,
             None if self.parallel else pool_layout(self.pool, self.model_fingerprint),
@@ -224,6 +268,7 @@ class Engine:
             chunk_tokens=chunked_prefill_tokens,
             hooks=self._make_constraint_hooks(),
             overlap=overlap_wanted(overlap_schedule) and not self.parallel,
+            tier=self.hicache,
         )
         if not self.parallel and cpu_fused.available(torch.float32):
             # this thread's OpenMP team (from loading) would make libgomp stop spinning the
@@ -231,10 +276,13 @@ class Engine:
             cpu_fused.release_openmp_team()
         self._closed = False
         _LIVE_ENGINES.add(self)  # shut down at exit if the program never closes it
+        self._log_ready()
+
+    def _log_ready(self) -> None:
         logger.info(
             "engine ready: %s, weights %.1f MiB as stored, KV pool %.1f MiB (%d tokens, %d "
             "bytes/token), resident %.1f MiB",
-            path,
+            self.model_path,
             self.model.weight_bytes() / 2**20,
             self.pool.capacity_tokens * self.pool.bytes_per_token / 2**20,
             self.pool.capacity_tokens,
@@ -446,6 +494,9 @@ class Engine:
             "evictable_tokens": (self.tree.evictable_pages * ps) if self.tree else 0,
             "evicted_tokens": (self.tree.evicted_pages_total * ps) if self.tree else 0,
             "cache_hit_tokens": c["prefill_cached"],
+            # hits by tier: the pool (the radix tree) and the storage tier (loaded back)
+            "cache_hit_tokens_device": c["prefill_cached"] - c["prefill_cached_storage"],
+            "cache_hit_tokens_storage": c["prefill_cached_storage"],
             "prefill_computed_tokens": c["prefill_computed"],
             "cache_hit_rate": c["prefill_cached"] / served if served else 0.0,
             "decode_tokens": c["decode_tokens"],
@@ -465,6 +516,8 @@ class Engine:
             "throughput_tok_s": c["generated_tokens"] / s.busy_s if s.busy_s else 0.0,
             **self._expert_stats(),
             **self.disaggregation.counters(),
+            "hierarchical_cache": self.hicache is not None,
+            **(self.hicache.stats() if self.hicache is not None else {}),
         }
 
     def _expert_stats(self) -> dict[str, Any]:
@@ -500,9 +553,21 @@ class Engine:
         self._closed = True
         _LIVE_ENGINES.discard(self)
         self.disaggregation.close()
+        if self.hicache is not None:
+            self._close_hicache()
         self.scheduler.shutdown()
         if self.parallel:
             self.model.shutdown()
+
+    def _close_hicache(self) -> None:
+        """Store what the tree still holds (the storage tier outlives the process), then wait
+        for the writer."""
+        tier, tree = self.hicache, self.tree
+        try:
+            self.scheduler.call(lambda: tier.backup_tree(tree))
+        except Exception:  # a failing backup must not stop the shutdown
+            logger.warning("storage tier: backing up the radix tree failed", exc_info=True)
+        tier.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -39,6 +39,11 @@ class DisaggregationConfigError(EngineError, ValueError):
     """A `disaggregation_mode` / bootstrap setting the engine cannot serve."""
 
 
+class HiCacheConfigError(EngineError, ValueError):
+    """A hierarchical-cache setting the engine cannot serve (storage backend, folder, budget,
+    or a combination such as no radix cache); the message names the field."""
+
+
 class UnsupportedAttentionError(EngineError):
     """An attention backend cannot run here (triton missing) or lacks a feature a layer asks
     for (a sliding window, logit soft-capping); the message names it."""

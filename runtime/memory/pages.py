@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from runtime.memory.hicache import HiCache
+from runtime.memory.kv_pages import write_pages
 from runtime.memory.kv_pool import KVPool
 from runtime.memory.radix_cache import MatchResult, RadixCache, TreeNode
 
@@ -29,9 +31,10 @@ class Request(Protocol):
 
 
 class PageBook:
-    def __init__(self, pool: KVPool, tree: RadixCache | None) -> None:
+    def __init__(self, pool: KVPool, tree: RadixCache | None, tier: HiCache | None = None) -> None:
         self.pool = pool
         self.tree = tree
+        self.tier = tier  # the storage tier under the tree, or None
         self.ps = pool.page_size
         self.windows = pool.windows  # sliding-window layers' own pages, or None
         self._holders: dict[int, Request] = {}  # requests holding pages, by id
@@ -48,6 +51,40 @@ class PageBook:
                 node = m.node if usable else self.tree.root  # nothing matched: nothing locked
                 m = MatchResult(m.pages[: usable // self.ps], usable, node)
         return m
+
+    def load_from_tier(
+        self, tokens: Sequence[int], cap: int, match: MatchResult
+    ) -> tuple[MatchResult, int]:
+        """Extend `match` (the tree's, for `tokens` up to `cap`) with the pages the storage
+        tier holds right after it, when loading them is worth it: they go into fresh pool
+        pages and into the tree. Returns the longer match and the tokens loaded (0: `match`
+        unchanged)."""
+        tier, tree = self.tier, self.tree
+        if tier is None or tree is None or match.node is None:
+            return match, 0
+        first, last = match.length // self.ps, cap // self.ps
+        if last <= first:
+            return match, 0
+        keys = tier.page_keys(tokens, last)[first:]
+        count = tier.available(keys)
+        if not tier.worth_loading(count):
+            return match, 0
+        tree.lock(match.node)  # the matched pages must survive the allocation's evictions
+        try:
+            pages = self._alloc(count)
+            if pages is None:
+                return match, 0
+            data = tier.read(keys[:count], tokens[first * self.ps : (first + count) * self.ps])
+            got = data.shape[0]  # fewer when a page is missing or fails its check
+            self.pool.free(pages[got:])
+            if not got:
+                return match, 0
+            write_pages(self.pool, pages[:got], data)
+            end = (first + got) * self.ps
+            inserted = tree.insert(tokens[:end], [*match.pages, *pages[:got]])
+        finally:
+            tree.unlock(match.node)
+        return MatchResult(inserted.pages, end, inserted.node), end - match.length
 
     def _alloc(self, count: int) -> list[int] | None:
         pages = self.pool.alloc(count)

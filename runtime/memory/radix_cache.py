@@ -50,9 +50,17 @@ class InsertResult:
 
 
 class RadixCache:
-    def __init__(self, page_size: int, free_pages: Callable[[list[int]], None]) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        free_pages: Callable[[list[int]], None],
+        on_evict: Callable[[TreeNode], None] | None = None,
+    ) -> None:
+        """`on_evict(node)` runs before an evicted node's pages are freed (still attached to
+        its parent): the storage tier copies them out there (memory/hicache.py)."""
         self.page_size = page_size
         self._free_pages = free_pages
+        self.on_evict = on_evict
         self.reset()
 
     def reset(self) -> None:
@@ -174,6 +182,8 @@ class RadixCache:
             _, _, node = heapq.heappop(heap)
             parent = node.parent
             assert parent is not None
+            if self.on_evict is not None:
+                self.on_evict(node)
             del parent.children[self._page_key(node.key, 0)]
             self._free_pages(node.pages)
             freed += len(node.pages)

@@ -24,6 +24,7 @@ import torch
 
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.errors import PromptTooLongError
+from runtime.memory.hicache import HiCache
 from runtime.memory.kv_pool import KVPool
 from runtime.memory.pages import PageBook
 from runtime.memory.radix_cache import MatchResult, RadixCache
@@ -55,12 +56,14 @@ class Scheduler:
         chunk_tokens: int,
         hooks: ConstraintHooks | None = None,
         overlap: bool = False,
+        tier: HiCache | None = None,
     ) -> None:
         self.model = model
         self.pool = pool
         self.page_size = pool.page_size
         self.tree = tree
-        self.book = PageBook(pool, tree)
+        self.tier = tier  # the storage tier under the tree (hierarchical cache), or None
+        self.book = PageBook(pool, tree, tier)
         self.detokenizer = detokenizer
         self.max_running = max_running
         self.chunk_tokens = max(chunk_tokens, pool.page_size)
@@ -70,8 +73,10 @@ class Scheduler:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.generator = torch.Generator().manual_seed(0)
         self.counters = dict.fromkeys(
-            ("prefill_computed", "prefill_cached", "decode_tokens", "generated_tokens",
-             "forward_steps", "preemptions", "requests_finished"), 0)  # fmt: skip
+            ("prefill_computed", "prefill_cached", "prefill_cached_storage", "decode_tokens",
+             "generated_tokens", "forward_steps", "preemptions", "requests_finished"),
+            0,
+        )  # fmt: skip
         self.busy_s = 0.0  # wall time of steps that ran a forward pass
         self.forward_s = 0.0  # of which the model's forward (the rest: scheduling, sampling)
         self._admit_clock = 0
@@ -212,6 +217,8 @@ class Scheduler:
     ) -> None:
         self.forward_s += seconds
         self.counters["forward_steps"] += 1
+        if self.tier is not None:  # what recomputing a prompt token costs, as measured
+            self.tier.note_compute(sum(item.length for item in plan.extends), seconds)
         if not booked:
             self._apply(book_step(self._outputs, plan, logits))
         self._apply(sample_step(self._outputs, plan, logits))
@@ -293,11 +300,14 @@ class Scheduler:
                 continue
             # match again: admitting the previous candidate may have evicted pages
             match = self.book.match(req.seq, cap)
+            # then the storage tier's pages after the tree's (hierarchical cache)
+            match, loaded = self.book.load_from_tier(req.seq, cap, match)
             if self._shares_pending_prefix(req, match.length, extending):
                 continue  # wait: another request is computing the same prefix right now
             length = min(req.seq_len - match.length, budget)
             if not self._admit_request(req, match, match.length + length):
                 break
+            self.counters["prefill_cached_storage"] += loaded
             plan.extends.append(ExtendItem(req, req.computed, length))
             extending.append(req)
             budget -= length

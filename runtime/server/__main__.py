@@ -119,6 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     _chat_flags(p)
     _compile_flags(engine)
+    _hicache_flags(p)
     pd = p.add_argument_group("prefill-decode disaggregation (behind the gateway's PD mode)")
     pd.add_argument(
         "--disaggregation-mode",
@@ -181,6 +182,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _hicache_flags(p: argparse.ArgumentParser) -> None:
+    tier = p.add_argument_group("hierarchical cache (a storage tier under the radix cache)")
+    tier.add_argument(
+        "--enable-hierarchical-cache",
+        action="store_true",
+        help="write pages the radix cache evicts to storage and load them back on a later "
+        "prefix match (they survive a restart of the same model)",
+    )
+    tier.add_argument("--hicache-storage-backend", choices=("file",), default="file")
+    tier.add_argument(
+        "--hicache-storage-dir",
+        default=None,
+        help="the file backend's folder (default: $SGL_DSL_CACHE_DIR/hicache)",
+    )
+    tier.add_argument(
+        "--hicache-storage-budget-gb",
+        type=float,
+        default=8.0,
+        help="bytes the tier may keep on disk; least recently used pages go first",
+    )
+    tier.add_argument(
+        "--hicache-load-policy",
+        choices=("auto", "always"),
+        default="auto",
+        help="auto: load a stored prefix when measured cheaper than recomputing it; always",
+    )
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "mem_budget_gb": args.mem_budget_gb,
@@ -206,6 +235,11 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "disaggregation_bootstrap_port": args.disaggregation_bootstrap_port,
         "disaggregation_bootstrap_host": args.host,
         "disaggregation_timeout_s": args.disaggregation_timeout,
+        "enable_hierarchical_cache": args.enable_hierarchical_cache,
+        "hicache_storage_backend": args.hicache_storage_backend,
+        "hicache_storage_dir": args.hicache_storage_dir,
+        "hicache_storage_budget_gb": args.hicache_storage_budget_gb,
+        "hicache_load_policy": args.hicache_load_policy,
     }
 
 

@@ -118,6 +118,8 @@ class ServerMetrics:
         }
         for name, (key, help_) in gauges.items():
             metric(name, "gauge", help_, [("", float(engine_stats.get(key, 0)))])
+        if engine_stats.get("hierarchical_cache"):
+            self._hicache(metric, engine_stats)
         waiting = max(0, in_flight - int(engine_stats.get("running", 0)))
         metric(
             "in_flight_requests",
@@ -127,6 +129,23 @@ class ServerMetrics:
         )
         metric("queue_length", "gauge", "Admitted requests not yet running.", [("", waiting)])
         return "\n".join(out) + "\n"
+
+    @staticmethod
+    def _hicache(metric: Any, stats: dict[str, Any]) -> None:
+        """The storage tier's figures (an engine with `enable_hierarchical_cache`)."""
+        hits = [('{tier="device"}', stats.get("cache_hit_tokens_device", 0)),
+                ('{tier="storage"}', stats.get("cache_hit_tokens_storage", 0))]  # fmt: skip
+        metric("cache_hit_tokens_total", "counter", "Prompt tokens found cached, by tier.", hits)
+        figures = {
+            "hicache_storage_bytes": ("gauge", "Bytes the storage tier holds."),
+            "hicache_storage_pages": ("gauge", "KV pages the storage tier holds."),
+            "hicache_pages_written": ("counter", "KV pages written to the storage tier."),
+            "hicache_pages_loaded": ("counter", "KV pages loaded back from the storage tier."),
+            "hicache_load_failures": ("counter", "Stored pages missing or failing their check."),
+        }
+        for key, (kind, help_) in figures.items():
+            name = f"{key}_total" if kind == "counter" else key
+            metric(name, kind, help_, [("", float(stats.get(key, 0)))])
 
     @staticmethod
     def _histogram(out: list[str], name: str, help_: str, counts: list[int], total: float) -> None:
