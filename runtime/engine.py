@@ -184,6 +184,8 @@ class Engine:
         disaggregation_bootstrap_port: int | None = None,
         disaggregation_bootstrap_host: str = "0.0.0.0",
         disaggregation_timeout_s: float = DEFAULT_TIMEOUT_S,
+        disaggregation_transfer_backend: str = "tcp",
+        disaggregation_mooncake_protocol: str = "tcp",
         attention_backend: str = "auto",
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
@@ -195,8 +197,8 @@ class Engine:
     ) -> None:
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
         # a constraint's compile budget (time, address space; None: compile_pool's defaults)
-        self.grammar_compile_timeout_s = grammar_compile_timeout_s
-        self.grammar_compile_memory_mb = grammar_compile_memory_mb
+        self.grammar_compile_timeout_s, self.grammar_compile_memory_mb = (
+            grammar_compile_timeout_s, grammar_compile_memory_mb)  # fmt: skip
         if num_threads:
             torch.set_num_threads(num_threads)
         # a name such as "gemma3-270m" is converted once from its package (named_models.py)
@@ -251,10 +253,10 @@ class Engine:
         self.disaggregation = Disaggregation(
             disaggregation_mode,
             None if self.parallel else pool_layout(self.pool, self.model_fingerprint),
-            bootstrap_host=disaggregation_bootstrap_host,
-            bootstrap_port=disaggregation_bootstrap_port,
-            timeout_s=disaggregation_timeout_s,
-        )
+            bootstrap_host=disaggregation_bootstrap_host, timeout_s=disaggregation_timeout_s,
+            bootstrap_port=disaggregation_bootstrap_port, max_pages=self.pool.num_pages,
+            transfer_backend=disaggregation_transfer_backend,
+            mooncake_protocol=disaggregation_mooncake_protocol)  # fmt: skip
         self.eos_token_ids = _eos_ids(path, self.config.eos_token_ids, self.tokenizer)
         # the prefill or decode role, consulted only for requests that carry a room
         self._role = self.disaggregation if self.disaggregation.mode != "null" else None

@@ -9,6 +9,16 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 LOCK=requirements.lock
 PIP=(.venv/bin/pip install -q --constraint "$LOCK")
+# Mooncake's transfer engine (the `mooncake` PD transfer backend, a pip dependency) links the
+# RDMA user-space libraries: Debian / Ubuntu packages, installed here when missing.
+if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1 ' || ! ldconfig -p 2>/dev/null | grep -q 'librdmacm.so.1 '; then
+    if command -v apt-get >/dev/null; then
+        SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+        $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libibverbs1 librdmacm1 >/dev/null
+    else
+        echo "install: libibverbs1 / librdmacm1 missing and no apt-get: the mooncake transfer backend will not load" >&2
+    fi
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 "${PIP[@]}" pip setuptools
 # torch first, so no dependency can pull another build.

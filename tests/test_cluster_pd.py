@@ -16,6 +16,8 @@ import openai
 import pytest
 
 import sgl_dsl as sgl
+from runtime.disaggregation.mooncake import load_transfer_engine
+from runtime.errors import DisaggregationConfigError
 from tests._cluster_fixtures import ClusterProcess, alive, wait_for
 from tests._server_fixtures import shared_server, tiny_model_dir
 
@@ -27,6 +29,11 @@ SCHEMA = {
     "properties": {"city": {"type": "string", "maxLength": 10}, "rank": {"type": "integer"}},
     "required": ["city", "rank"],
 }
+try:
+    load_transfer_engine()
+    MOONCAKE_MISSING = None
+except DisaggregationConfigError as exc:  # a machine without it (scripts/install.sh installs it)
+    MOONCAKE_MISSING = str(exc)
 LONG = " ".join(f"Note {i}: the parcel for desk {i} leaves at {i % 12} o'clock." for i in range(25))
 
 
@@ -180,6 +187,27 @@ def test_many_concurrent_requests_each_answered_once(cluster, single):
     want = [generate(single, t)["output_ids"] for t in texts]
     assert got == want
     assert transfers(decode)[0] == before + len(texts)
+
+
+def test_mooncake_transfer_backend_answers_as_one_server(single):
+    """The same cluster with `--disaggregation-transfer-backend mooncake`: pages move through
+    Mooncake's transfer engine; same greedy tokens, same counters."""
+    if MOONCAKE_MISSING is not None:
+        pytest.skip(MOONCAKE_MISSING)
+    c = ClusterProcess(tiny_model_dir(), "cache_aware",
+                       extra=(*PD, "--disaggregation-transfer-backend", "mooncake"))  # fmt: skip
+    try:
+        roles = workers(c)
+        for w in roles.values():
+            info = httpx.get(f"{w['url']}/server_info", timeout=10).json()
+            assert info["disaggregation_transfer_backend"] == "mooncake"
+        for text in ("The harbour at dawn", LONG):
+            got, want = generate(c.url, text), generate(single, text)
+            assert got["output_ids"] == want["output_ids"] and got["text"] == want["text"]
+        moved = {k: transfers(w["url"]) for k, w in roles.items()}
+        assert moved["prefill"] == moved["decode"] and moved["decode"][0] == 2
+    finally:
+        assert c.stop() == 0, c.logs()
 
 
 def test_a_dead_prefill_server_fails_requests_then_comes_back():

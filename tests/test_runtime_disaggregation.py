@@ -2,6 +2,8 @@
 engine and a decode engine (one process, the KV moving over the bootstrap port's TCP
 protocol) give the single engine's greedy tokens, for plain, streamed, constrained, chunked and
 cached requests; the faults end the affected request with an error and leave the pools whole.
+A representative subset (equal tokens, a timeout, a prefill server dying, a decode server
+disconnecting) runs with the `mooncake` transfer backend as well.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from runtime import Engine
+from runtime.disaggregation.mooncake import load_transfer_engine
 from runtime.disaggregation.protocol import Kind, receive, send
 from runtime.errors import DisaggregationConfigError, KVTransferError
 from tests._runtime_fixtures import PROMPTS, make_tiny_model
@@ -23,6 +26,24 @@ GREEDY = dict(max_new_tokens=N, temperature=0.0, ignore_eos=True)
 ENGINE = dict(page_size=4, max_total_tokens=4096)
 _rooms = itertools.count(1000)
 LONG = " ".join(f"item {i} is number {i * 7 % 13}" for i in range(40))  # ~300 tokens
+
+
+def _mooncake_missing() -> str | None:
+    try:
+        load_transfer_engine()
+    except DisaggregationConfigError as exc:
+        return str(exc)
+    return None
+
+
+MOONCAKE_MISSING = _mooncake_missing()
+# every backend for the tests that run with both (scripts/install.sh installs Mooncake; a
+# machine without it skips those, saying why)
+BACKENDS = [
+    "tcp",
+    pytest.param("mooncake", marks=pytest.mark.skipif(MOONCAKE_MISSING is not None,
+                                                      reason=str(MOONCAKE_MISSING))),
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +71,30 @@ def decode(model_dir):
     with Engine(model_dir, disaggregation_mode="decode", disaggregation_timeout_s=3,
                 **ENGINE) as e:  # fmt: skip
         yield e
+
+
+@pytest.fixture(scope="module")
+def mc_prefill(model_dir):
+    kw = dict(ENGINE, chunked_prefill_tokens=64)
+    with Engine(model_dir, disaggregation_mode="prefill", disaggregation_bootstrap_port=0,
+                disaggregation_bootstrap_host="127.0.0.1", disaggregation_timeout_s=3,
+                disaggregation_transfer_backend="mooncake", **kw) as e:  # fmt: skip
+        yield e
+
+
+@pytest.fixture(scope="module")
+def mc_decode(model_dir):
+    with Engine(model_dir, disaggregation_mode="decode", disaggregation_timeout_s=3,
+                disaggregation_bootstrap_host="127.0.0.1",
+                disaggregation_transfer_backend="mooncake", **ENGINE) as e:  # fmt: skip
+        yield e
+
+
+@pytest.fixture
+def pair(request, backend) -> tuple[Engine, Engine]:
+    """The prefill and decode engines of `backend`."""
+    names = ("prefill", "decode") if backend == "tcp" else ("mc_prefill", "mc_decode")
+    return tuple(request.getfixturevalue(n) for n in names)
 
 
 def boot(prefill: Engine, room: int | None = None) -> dict:
@@ -104,7 +149,10 @@ def pool_whole(engine: Engine) -> None:
         assert engine.disaggregation.sender.open_rooms == 0  # no staged KV kept
 
 
-def test_greedy_tokens_equal_the_single_engine(single, prefill, decode):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_tokens_equal_the_single_engine(single, pair, backend):
+    prefill, decode = pair
+    assert decode.stats()["disaggregation_transfer_backend"] == backend
     for prompt in [*PROMPTS, LONG]:  # LONG is prefilled in chunks of 64 tokens
         want = single.generate(prompt, **GREEDY)
         got, pre = pd(prefill, decode, prompt, **GREEDY)
@@ -197,7 +245,9 @@ def test_many_concurrent_requests_are_each_answered_once(single, prefill, decode
         pool_whole(e)
 
 
-def test_room_that_never_arrives_times_out_with_an_error(prefill, decode):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_room_that_never_arrives_times_out_with_an_error(pair, backend):
+    prefill, decode = pair
     with pytest.raises(KVTransferError, match="did not arrive"):
         decode.generate(PROMPTS[0], **GREEDY, **boot(prefill))
     pool_whole(decode)
@@ -263,6 +313,45 @@ def test_prefill_server_dying_mid_transfer_ends_the_request(decode):
     assert decode.generate(PROMPTS[0], **GREEDY).finish_reason == "length"
 
 
+@pytest.mark.skipif(MOONCAKE_MISSING is not None, reason=str(MOONCAKE_MISSING))
+def test_prefill_engine_gone_before_the_mooncake_read_ends_the_request(mc_decode):
+    """The prefill server answers META with pages in a Mooncake session that is gone."""
+    ids = mc_decode.encode(LONG)
+    pages = -(-len(ids) // 4)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # nobody listens here once closed
+    where = {"session": dead, "addrs": [4096 * (i + 1) for i in range(pages)]}
+    meta = {"prompt_ids": ids, "output_ids": [5], "logprobs": None, "top_logprobs": None,
+            "kv_tokens": len(ids), "num_pages": pages, "mooncake": where}  # fmt: skip
+    port, t = _fake_prefill_server(meta, pages_sent=0, page_bytes=0)
+    free_before = mc_decode.pool.num_free_pages
+    with pytest.raises(KVTransferError, match="Mooncake read"):
+        mc_decode.generate(LONG, **GREEDY, bootstrap_host="127.0.0.1", bootstrap_port=port,
+                           bootstrap_room=1)  # fmt: skip
+    t.join(timeout=10)
+    pool_whole(mc_decode)
+    assert mc_decode.pool.num_free_pages == free_before
+    assert mc_decode.generate(PROMPTS[0], **GREEDY).finish_reason == "length"
+
+
+@pytest.mark.skipif(MOONCAKE_MISSING is not None, reason=str(MOONCAKE_MISSING))
+def test_mixed_transfer_backends_are_refused_at_registration(prefill, mc_decode):
+    got, pre = pd(prefill, mc_decode, PROMPTS[0], **GREEDY)
+    assert isinstance(got, KVTransferError) and "transfer backend" in str(got), got
+    assert isinstance(pre, KVTransferError), pre
+    pool_whole(mc_decode)
+    pool_whole(prefill)
+
+
+def test_a_missing_mooncake_is_named_in_the_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # as if not installed
+    with pytest.raises(DisaggregationConfigError, match="mooncake-transfer-engine-non-cuda"):
+        load_transfer_engine()
+
+
 def test_unreachable_prefill_server_is_an_error(decode):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -272,12 +361,15 @@ def test_unreachable_prefill_server_is_an_error(decode):
                         bootstrap_room=2)  # fmt: skip
 
 
-def test_decode_server_disconnecting_fails_the_prefill_request(prefill):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_server_disconnecting_fails_the_prefill_request(pair, backend):
+    prefill, _ = pair
     room = boot(prefill)
     pre = Background(prefill, LONG, **GREEDY, **room)
     layout = prefill.disaggregation.sender.layout
     with socket.create_connection(("127.0.0.1", room["bootstrap_port"])) as conn:
-        send(conn, Kind.REGISTER, {"room": room["bootstrap_room"], "layout": layout.to_json()})
+        send(conn, Kind.REGISTER, {"room": room["bootstrap_room"], "layout": layout.to_json(),
+                                   "transfer": backend})  # fmt: skip
         kind, _, _ = receive(conn)
         assert kind is Kind.META
     # gone before the pages and the acknowledgement

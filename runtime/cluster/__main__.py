@@ -40,6 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--prefill", type=int, default=0, help="PD mode: prefill servers (with --decode)"
     )
     p.add_argument("--decode", type=int, default=0, help="PD mode: decode servers")
+    p.add_argument(
+        "--disaggregation-transfer-backend",
+        choices=("tcp", "mooncake"),
+        default="tcp",
+        help="PD mode: how the servers move KV pages (passed to every server)",
+    )
     p.add_argument("--model", default=None, help="model folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--policy", choices=POLICIES, default="cache_aware", help="routing policy")
     p.add_argument("--host", default="127.0.0.1", help="where the router listens")
@@ -69,7 +75,12 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
         host=args.host,
         port=args.port,
         server_args=shlex.split(args.server_args)
-        + [f"--{k}={v}" for k, v in (("tp", args.tp), ("pp", args.pp), ("ep", args.ep)) if v > 1],
+        + [f"--{k}={v}" for k, v in (("tp", args.tp), ("pp", args.pp), ("ep", args.ep)) if v > 1]
+        + (
+            ["--disaggregation-transfer-backend", args.disaggregation_transfer_backend]
+            if args.prefill
+            else []
+        ),  # fmt: skip
         log_dir=args.log_dir,
         startup_timeout_s=args.startup_timeout,
         health_check_interval_s=args.health_check_interval,

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from runtime.config import ModelConfig
+from runtime.disaggregation.mooncake import MooncakeTransport
 from runtime.disaggregation.protocol import KVLayout
 from runtime.disaggregation.receiver import KVReceiver
 from runtime.disaggregation.sender import KVSender, Room
@@ -34,6 +35,7 @@ from runtime.scheduling.request import GenerateResult, Request, StreamChunk
 logger = logging.getLogger(__name__)
 
 MODES = ("null", "prefill", "decode")
+TRANSFER_BACKENDS = ("tcp", "mooncake")
 BOOTSTRAP_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 DEFAULT_BOOTSTRAP_PORT = 8998
 DEFAULT_TIMEOUT_S = 120.0
@@ -164,12 +166,24 @@ class Disaggregation:
         bootstrap_host: str = "0.0.0.0",
         bootstrap_port: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        transfer_backend: str = "tcp",
+        mooncake_protocol: str = "tcp",
+        max_pages: int = 1,
     ) -> None:
+        """`transfer_backend`: how pages move ("tcp": PAGE frames on the bootstrap connection;
+        "mooncake": Mooncake's transfer engine over `mooncake_protocol`, staging at most
+        `max_pages` pages in its registered arena)."""
         if mode not in MODES:
             raise DisaggregationConfigError(
                 f"disaggregation_mode must be one of {MODES}, got {mode!r}"
             )
+        if transfer_backend not in TRANSFER_BACKENDS:
+            raise DisaggregationConfigError(
+                f"disaggregation_transfer_backend must be one of {TRANSFER_BACKENDS}, got "
+                f"{transfer_backend!r}"
+            )
         self.mode = mode
+        self.transfer_backend = transfer_backend
         self.sender: KVSender | None = None
         self.receiver: KVReceiver | None = None
         if mode == "null":
@@ -179,17 +193,21 @@ class Disaggregation:
                 f"disaggregation_mode {mode!r} needs the pool in this process (tp/pp/ep > 1 "
                 "keeps it on the worker ranks, which is not supported yet)"
             )
+        mooncake = None
+        if transfer_backend == "mooncake":
+            mooncake = MooncakeTransport(bootstrap_host, layout.page_bytes, max_pages,
+                                         mooncake_protocol)  # fmt: skip
         if mode == "prefill":
             port = DEFAULT_BOOTSTRAP_PORT if bootstrap_port is None else bootstrap_port
             try:
-                self.sender = KVSender(layout, bootstrap_host, port, timeout_s)
+                self.sender = KVSender(layout, bootstrap_host, port, timeout_s, mooncake)
             except OSError as exc:
                 raise DisaggregationConfigError(
                     f"cannot listen on the bootstrap port {bootstrap_host}:{port}: {exc}"
                 ) from exc
             logger.info("prefill server: KV bootstrap on %s:%d", bootstrap_host, self.sender.port)
         else:
-            self.receiver = KVReceiver(layout, timeout_s)
+            self.receiver = KVReceiver(layout, timeout_s, mooncake)
 
     @property
     def bootstrap_port(self) -> int | None:
@@ -199,7 +217,9 @@ class Disaggregation:
         side = self.sender or self.receiver
         base = {"kv_transfer_requests": 0, "kv_transfer_bytes": 0, "kv_transfer_failures": 0,
                 "kv_transfer_s": 0.0}  # fmt: skip
-        return {"disaggregation_mode": self.mode, **(side.counters if side else base)}
+        return {"disaggregation_mode": self.mode,
+                "disaggregation_transfer_backend": self.transfer_backend,
+                **(side.counters if side else base)}  # fmt: skip
 
     # ---- prefill ---------------------------------------------------------------------------
     def attach_prefill(self, req: Request, boot: dict[str, Any]) -> Ticket | None:

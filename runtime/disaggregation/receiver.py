@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.disaggregation.mooncake import MooncakeTransport
 from runtime.disaggregation.protocol import Kind, KVLayout, expect, receive, send, tune
 from runtime.errors import KVTransferError
 
@@ -29,9 +30,13 @@ class ReceivedKV:
 
 
 class KVReceiver:
-    def __init__(self, layout: KVLayout, timeout_s: float) -> None:
+    def __init__(
+        self, layout: KVLayout, timeout_s: float, mooncake: MooncakeTransport | None = None
+    ) -> None:
+        """`mooncake`: read the pages through Mooncake's transfer engine (mooncake.py)."""
         self.layout = layout
         self.timeout_s = timeout_s
+        self.mooncake = mooncake
         self._lock = threading.Lock()
         self.counters = {"kv_transfer_requests": 0, "kv_transfer_bytes": 0,
                          "kv_transfer_failures": 0, "kv_transfer_s": 0.0}  # fmt: skip
@@ -70,22 +75,18 @@ class KVReceiver:
             tune(sock)
             # the prefill side answers within its own timeout; this is the backstop
             sock.settimeout(self.timeout_s + 10)
-            send(sock, Kind.REGISTER, {"room": room, "layout": self.layout.to_json()})
+            transfer = "tcp" if self.mooncake is None else "mooncake"
+            send(sock, Kind.REGISTER, {"room": room, "layout": self.layout.to_json(),
+                                       "transfer": transfer})  # fmt: skip
             meta = expect(sock, Kind.META, f"room {room}")
             moving = time.perf_counter()  # the pages move from here (the prefill is done)
             num_pages, tokens = int(meta["num_pages"]), int(meta["kv_tokens"])
             if num_pages != -(-tokens // self.layout.page_size):
                 raise KVTransferError(f"room {room}: {num_pages} pages for {tokens} tokens")
-            data = torch.empty((num_pages, self.layout.page_bytes), dtype=torch.uint8)
-            view = memoryview(data.numpy()).cast("B")
-            width = self.layout.page_bytes
-            for i in range(num_pages):
-                kind, header, _ = receive(sock, view[i * width : (i + 1) * width])
-                if kind is Kind.ERROR:
-                    raise KVTransferError(f"room {room}: {header.get('message')}")
-                if kind is not Kind.PAGE or header.get("index") != i:
-                    raise KVTransferError(f"room {room}: expected page {i}, got {kind.name}")
-            expect(sock, Kind.DONE, f"room {room}")
+            if self.mooncake is None:
+                data = self._receive_pages(sock, room, num_pages)
+            else:
+                data = self._read_pages(sock, room, num_pages, meta.get("mooncake") or {})
             send(sock, Kind.ACK, {})
             moved_s = time.perf_counter() - moving
         top = meta.get("top_logprobs")
@@ -100,3 +101,42 @@ class KVReceiver:
             data=data,
             transfer_s=moved_s,
         )
+
+    def _receive_pages(self, sock: socket.socket, room: int, num_pages: int) -> torch.Tensor:
+        """TCP: `num_pages` PAGE frames, then DONE."""
+        data = torch.empty((num_pages, self.layout.page_bytes), dtype=torch.uint8)
+        view = memoryview(data.numpy()).cast("B")
+        width = self.layout.page_bytes
+        for i in range(num_pages):
+            kind, header, _ = receive(sock, view[i * width : (i + 1) * width])
+            if kind is Kind.ERROR:
+                raise KVTransferError(f"room {room}: {header.get('message')}")
+            if kind is not Kind.PAGE or header.get("index") != i:
+                raise KVTransferError(f"room {room}: expected page {i}, got {kind.name}")
+        expect(sock, Kind.DONE, f"room {room}")
+        return data
+
+    def _read_pages(
+        self, sock: socket.socket, room: int, num_pages: int, where: dict
+    ) -> torch.Tensor:
+        """Mooncake: read the pages META points at from the prefill engine's registered memory;
+        a failed read is reported to the prefill side (ERROR) before it is raised here."""
+        assert self.mooncake is not None
+        addrs = [int(a) for a in where.get("addrs", [])]
+        if len(addrs) != num_pages or (num_pages and not where.get("session")):
+            raise KVTransferError(
+                f"room {room}: the prefill server offered {len(addrs)} Mooncake pages for "
+                f"{num_pages} (is it using the tcp transfer backend?)"
+            )
+        staged = self.mooncake.reserve(num_pages)
+        try:
+            self.mooncake.read(str(where.get("session")), addrs, staged.addrs)
+            return self.mooncake.copy_out(staged)
+        except KVTransferError as exc:
+            try:
+                send(sock, Kind.ERROR, {"message": f"the decode server's read failed: {exc}"})
+            except OSError:
+                pass
+            raise KVTransferError(f"room {room}: {exc}") from exc
+        finally:
+            self.mooncake.release(staged)

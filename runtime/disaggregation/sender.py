@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from runtime.disaggregation.mooncake import MooncakeTransport
 from runtime.disaggregation.protocol import Kind, KVLayout, expect, send, tune
 from runtime.errors import KVTransferError
 
@@ -42,9 +43,20 @@ class Room:
 class KVSender:
     """The bootstrap server of a prefill engine (a listening socket and a thread per peer)."""
 
-    def __init__(self, layout: KVLayout, host: str, port: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        layout: KVLayout,
+        host: str,
+        port: int,
+        timeout_s: float,
+        mooncake: MooncakeTransport | None = None,
+    ) -> None:
+        """`mooncake`: pages move through Mooncake's transfer engine (mooncake.py) instead
+        of PAGE frames; decode servers must use the same backend."""
         self.layout = layout
         self.timeout_s = timeout_s
+        self.mooncake = mooncake
+        self.transfer = "tcp" if mooncake is None else "mooncake"
         self._rooms: dict[int, Room] = {}
         # rooms that ended with an error, kept a while for a decode server that asks late
         self._failed: dict[int, tuple[str, float]] = {}
@@ -129,6 +141,10 @@ class KVSender:
                 reg = expect(conn, Kind.REGISTER, "registration")
                 room = int(reg["room"])
                 why = self.layout.mismatch(KVLayout.from_json(reg["layout"]))
+                theirs = reg.get("transfer", "tcp")
+                if why is None and theirs != self.transfer:
+                    why = (f"transfer backend mismatch: the decode server uses {theirs!r}, this "
+                           f"prefill server {self.transfer!r}")  # fmt: skip
                 if why is not None:  # this room can never be handed over: end it now
                     self.reject(room, f"the decode server was refused: {why}")
                     raise KVTransferError(why)
@@ -178,11 +194,14 @@ class KVSender:
         if data is None or state.meta is None:
             raise KVTransferError(f"room {state.room} holds no staged KV")
         try:
-            send(conn, Kind.META, state.meta)
-            for i in range(data.shape[0]):
-                send(conn, Kind.PAGE, {"index": i}, memoryview(data[i].numpy()))
-            send(conn, Kind.DONE, {})
-            expect(conn, Kind.ACK, "acknowledgement")
+            if self.mooncake is not None:
+                self._offer_pages(conn, state.meta, data)
+            else:
+                send(conn, Kind.META, state.meta)
+                for i in range(data.shape[0]):
+                    send(conn, Kind.PAGE, {"index": i}, memoryview(data[i].numpy()))
+                send(conn, Kind.DONE, {})
+                expect(conn, Kind.ACK, "acknowledgement")
         except (OSError, KVTransferError) as exc:
             raise KVTransferError(
                 f"the decode server disconnected during the transfer of room {state.room} ({exc})"
@@ -194,6 +213,19 @@ class KVSender:
             self.counters["kv_transfer_bytes"] += data.numel()
             self.counters["kv_transfer_s"] += time.perf_counter() - start
             state.done.set()
+
+    def _offer_pages(self, conn: socket.socket, meta: dict[str, Any], data: torch.Tensor) -> None:
+        """Mooncake: the pages go into registered memory and META says where; the decode
+        server reads them and acknowledges (an ERROR frame: its read failed)."""
+        assert self.mooncake is not None
+        staged = self.mooncake.place(data) if data.numel() else None
+        try:
+            where = {"session": self.mooncake.session, "addrs": staged.addrs if staged else []}
+            send(conn, Kind.META, {**meta, "mooncake": where})
+            expect(conn, Kind.ACK, "acknowledgement")
+        finally:
+            if staged is not None:
+                self.mooncake.release(staged)
 
     def _expire_loop(self) -> None:
         """Rooms staged but never asked for: dropped after the timeout (their KV freed)."""

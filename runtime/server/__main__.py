@@ -120,32 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _chat_flags(p)
     _compile_flags(engine)
     _hicache_flags(p)
-    pd = p.add_argument_group("prefill-decode disaggregation (behind the gateway's PD mode)")
-    pd.add_argument(
-        "--disaggregation-mode",
-        choices=("null", "prefill", "decode"),
-        default="null",
-        help="prefill: prefill each request with a bootstrap room and hand its KV over; "
-        "decode: fetch a room's KV and decode; null: a plain server",
-    )
-    pd.add_argument(
-        "--disaggregation-bootstrap-port",
-        type=int,
-        default=8998,
-        help="prefill servers: the TCP port decode servers fetch KV from",
-    )
-    pd.add_argument(
-        "--disaggregation-transfer-backend",
-        choices=("tcp",),
-        default="tcp",
-        help="how pages move (RDMA engines such as NIXL or Mooncake are not built in)",
-    )
-    pd.add_argument(
-        "--disaggregation-timeout",
-        type=float,
-        default=120.0,
-        help="seconds a room may wait for its prefill or its decode server",
-    )
+    _pd_flags(p)
     par = p.add_argument_group("parallelism (worker ranks joined by torch.distributed)")
     par.add_argument(
         "--tp",
@@ -180,6 +155,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     par.add_argument("--dist-init-addr", default=None, help="HOST:PORT of node 0's rendezvous")
     return p.parse_args(argv)
+
+
+def _pd_flags(p: argparse.ArgumentParser) -> None:
+    pd = p.add_argument_group("prefill-decode disaggregation (behind the gateway's PD mode)")
+    pd.add_argument(
+        "--disaggregation-mode",
+        choices=("null", "prefill", "decode"),
+        default="null",
+        help="prefill: prefill each request with a bootstrap room and hand its KV over; "
+        "decode: fetch a room's KV and decode; null: a plain server",
+    )
+    pd.add_argument(
+        "--disaggregation-bootstrap-port",
+        type=int,
+        default=8998,
+        help="prefill servers: the TCP port decode servers fetch KV from",
+    )
+    pd.add_argument(
+        "--disaggregation-transfer-backend",
+        choices=("tcp", "mooncake"),
+        default="tcp",
+        help="how pages move: tcp (frames on the bootstrap connection) or mooncake (Mooncake's "
+        "transfer engine; both servers must use the same)",
+    )
+    pd.add_argument(
+        "--disaggregation-mooncake-protocol",
+        choices=("tcp", "rdma"),
+        default="tcp",
+        help="the transport Mooncake's transfer engine uses (rdma where the cluster has it)",
+    )
+    pd.add_argument(
+        "--disaggregation-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a room may wait for its prefill or its decode server",
+    )
 
 
 def _hicache_flags(p: argparse.ArgumentParser) -> None:
@@ -235,6 +246,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "disaggregation_bootstrap_port": args.disaggregation_bootstrap_port,
         "disaggregation_bootstrap_host": args.host,
         "disaggregation_timeout_s": args.disaggregation_timeout,
+        "disaggregation_transfer_backend": args.disaggregation_transfer_backend,
+        "disaggregation_mooncake_protocol": args.disaggregation_mooncake_protocol,
         "enable_hierarchical_cache": args.enable_hierarchical_cache,
         "hicache_storage_backend": args.hicache_storage_backend,
         "hicache_storage_dir": args.hicache_storage_dir,
