@@ -32,6 +32,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -78,8 +79,10 @@ def run_sessions(setup: str, args: argparse.Namespace, pool_tokens: int, folder:
             for s in range(args.sessions):
                 histories[s] += user_turn(s, turn, args.turn_tokens)
                 t0 = time.perf_counter()
-                stream = engine.generate(histories[s], stream=True, temperature=0.0,
-                                         max_new_tokens=args.answer_tokens, ignore_eos=True)  # fmt: skip
+                stream = engine.generate(
+                    histories[s], stream=True, temperature=0.0,
+                    max_new_tokens=args.answer_tokens, ignore_eos=True,
+                )  # fmt: skip
                 first = None
                 for chunk in stream:
                     if first is None and chunk.token_ids:
@@ -104,8 +107,6 @@ def pd_transfer(args: argparse.Namespace, backend: str) -> float:
                disaggregation_bootstrap_host="127.0.0.1", **kw) as pre,
         Engine(args.model, disaggregation_mode="decode", **kw) as dec,
     ):  # fmt: skip
-        import threading
-
         for i in range(args.pd_prompts):
             prompt = user_turn(1000 + i, 0, args.pd_tokens)
             boot = dict(bootstrap_host="127.0.0.1", bootstrap_room=next(rooms),
