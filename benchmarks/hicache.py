@@ -143,6 +143,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1, help="alternations of the two setups")
     p.add_argument("--pd-prompts", type=int, default=6)
     p.add_argument("--pd-tokens", type=int, default=1000)
+    p.add_argument("--pd-backends", nargs="+", default=["tcp", "mooncake"])
     p.add_argument("--skip", nargs="*", default=[], choices=["sessions", "pd"])
     args = p.parse_args()
     print(f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f}")
@@ -159,7 +160,7 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
         report_sessions(args, runs, final, pool_tokens)
     if "pd" not in args.skip:
-        backends = ["tcp"] + (["mooncake"] if mooncake_installed() else [])
+        backends = [b for b in args.pd_backends if b != "mooncake" or mooncake_installed()]
         per_k = {b: [] for b in backends}
         for _ in range(args.repeats):
             for b in backends:
@@ -171,7 +172,7 @@ def main() -> None:
         print("|---|---:|")
         for b, values in per_k.items():
             print(f"| {b} | {statistics.median(values) * 1e3:.1f} |")
-        if "mooncake" not in per_k:
+        if "mooncake" in args.pd_backends and "mooncake" not in per_k:
             print("\n(mooncake: not installed here)")
     print(f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f}")
 

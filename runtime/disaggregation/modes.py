@@ -186,6 +186,7 @@ class Disaggregation:
         self.transfer_backend = transfer_backend
         self.sender: KVSender | None = None
         self.receiver: KVReceiver | None = None
+        self.mooncake: MooncakeTransport | None = None
         if mode == "null":
             return
         if layout is None:
@@ -193,15 +194,16 @@ class Disaggregation:
                 f"disaggregation_mode {mode!r} needs the pool in this process (tp/pp/ep > 1 "
                 "keeps it on the worker ranks, which is not supported yet)"
             )
-        mooncake = None
         if transfer_backend == "mooncake":
-            mooncake = MooncakeTransport(bootstrap_host, layout.page_bytes, max_pages,
-                                         mooncake_protocol)  # fmt: skip
+            self.mooncake = MooncakeTransport(bootstrap_host, layout.page_bytes, max_pages,
+                                              mooncake_protocol)  # fmt: skip
+        mooncake = self.mooncake
         if mode == "prefill":
             port = DEFAULT_BOOTSTRAP_PORT if bootstrap_port is None else bootstrap_port
             try:
                 self.sender = KVSender(layout, bootstrap_host, port, timeout_s, mooncake)
             except OSError as exc:
+                self.close()
                 raise DisaggregationConfigError(
                     f"cannot listen on the bootstrap port {bootstrap_host}:{port}: {exc}"
                 ) from exc
@@ -275,3 +277,5 @@ class Disaggregation:
     def close(self) -> None:
         if self.sender is not None:
             self.sender.close()
+        if self.mooncake is not None:
+            self.mooncake.close()

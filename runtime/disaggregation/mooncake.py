@@ -100,8 +100,21 @@ class MooncakeTransport:
         logger.info("mooncake transfer engine: session %s, %d arena pages (%.1f MiB)",
                     self.session, slots, self.arena.numel() / 2**20)  # fmt: skip
 
+    def close(self) -> None:
+        """Stop the transfer engine now, while Python runs: left to the interpreter's exit, its
+        native threads may be destroyed unjoined, which aborts the process."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.unregister_memory(self.arena.data_ptr())
+            del engine
+
+    def _live(self) -> Any:
+        if self.engine is None:
+            raise KVTransferError("the Mooncake transfer engine is closed (server shutting down)")
+        return self.engine
+
     def _register(self, buffer: torch.Tensor) -> None:
-        if self.engine.register_memory(buffer.data_ptr(), buffer.numel()) != 0:
+        if self._live().register_memory(buffer.data_ptr(), buffer.numel()) != 0:
             raise KVTransferError(f"Mooncake could not register {buffer.numel()} bytes")
 
     # ---- staging ------------------------------------------------------------------------------
@@ -118,7 +131,8 @@ class MooncakeTransport:
 
     def release(self, staged: Staged) -> None:
         if staged.slots is None:
-            self.engine.unregister_memory(staged.buffer.data_ptr())
+            if self.engine is not None:
+                self.engine.unregister_memory(staged.buffer.data_ptr())
             return
         with self._lock:
             self._free.extend(staged.slots)
@@ -150,7 +164,7 @@ class MooncakeTransport:
                 runs.append([mine, theirs, self.page_bytes])
         if not runs:
             return
-        code = self.engine.batch_transfer_sync_read(
+        code = self._live().batch_transfer_sync_read(
             peer, [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs]
         )
         if code != 0:
