@@ -143,3 +143,35 @@ def test_prefill_sized_inputs_take_the_dequantized_product():
     # the integer path (forced: a thread count given) agrees to within its input rounding
     forced = cpu_quant.linear(x, w, threads=1)
     assert (forced - y).abs().max() <= 1e-4 * y.abs().max()
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_packed_weights_keep_their_values_and_products(name):
+    # 45 rows: five groups of 8 packed, 5 tail rows as stored
+    stored, w = random_weight(name, 45, 256, seed=11)
+    ref = w.dequantize()
+    w.pack()
+    assert w.packed and w.data.shape == stored.shape
+    assert not np.array_equal(w.data.numpy(), stored)  # rearranged
+    assert np.array_equal(w.stored().numpy(), stored)  # and back, byte for byte
+    assert torch.equal(w.dequantize(), ref)
+    assert torch.equal(w.dequantize(portable=True), ref)
+    assert torch.equal(cpu_quant.embedding(torch.tensor([44, 3, 17]), w, torch.float32),
+                       ref[[44, 3, 17]])  # fmt: skip
+    assert torch.equal(w[8:20].dequantize(), ref[8:20])  # slices come as stored
+    x = torch.randn(3, 256)
+    simd = cpu_quant.linear(x, w)
+    assert torch.equal(simd, cpu_quant.linear(x, w, threads=3))  # groups split over threads
+    if cpu_quant.library(portable=True) is not None:
+        assert torch.equal(simd, cpu_quant.linear(x, w, portable=True, threads=1))
+    exact = int16_inputs(x) @ ref.double().T
+    scale = int16_inputs(x).abs() @ ref.double().abs().T
+    assert torch.all((simd.double() - exact).abs() <= 1e-5 * scale + 1e-6)
+
+
+def test_a_bf16_result_is_rounded_as_torch_rounds():
+    _, w = random_weight("Q4_1", 64, 512, seed=4)
+    x = torch.randn(5, 512).bfloat16()
+    wide = cpu_quant.linear(x, w, float_out=True)
+    narrow = cpu_quant.linear(x, w)
+    assert narrow.dtype == torch.bfloat16 and torch.equal(narrow, wide.bfloat16())

@@ -27,6 +27,7 @@ import torch
 from grammar.native_build import Unit, load_library
 from runtime.errors import UnsupportedModelError
 from runtime.kernels import cpu_pool
+from runtime.kernels.cpu_source import PRELUDE
 from runtime.kernels.quant_source import SOURCE as _QUANT_SOURCE
 
 logger = logging.getLogger(__name__)
@@ -53,20 +54,25 @@ MIN_PARALLEL = 1 << 16  # weights (elements) below which one thread does it all
 # rows: 6.0 vs 6.3 ms; 16 rows: 2.1 vs 1.5 ms).
 DENSE_ROWS = 128
 
-SOURCE = cpu_pool.SOURCE + _QUANT_SOURCE.replace("MIN_PAR", str(MIN_PARALLEL))
+SOURCE = cpu_pool.SOURCE + PRELUDE + _QUANT_SOURCE.replace("MIN_PAR", str(MIN_PARALLEL))
 _NATIVE = ("-O3", "-march=native")
 _PORTABLE = ("-O2", "-DQUANT_PORTABLE")  # the compiler's baseline target, no intrinsics
 _COMMON = ("-fPIC", "-std=gnu11", "-ffp-contract=off", "-fopenmp")
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
-    "q_dequant": ([_I32, _PTR, _I64, _I64, _I64, _PTR], _I32),
-    "q_matmul": ([_I32, _PTR, _I64, _I64, _I64, _PTR, _I32, _I64, _PTR, _I64, _PTR, _I32], _I32),
-    "q_embedding": ([_I32, _PTR, _I64, _I64, _PTR, _I64, _PTR], _I32),
+    "q_dequant": ([_I32, _I32, _PTR, _I64, _I64, _I64, _PTR], _I32),
+    "q_matmul": (
+        [_I32, _I32, _PTR, _I64, _I64, _I64, _PTR, _I32, _I64, _PTR, _I64, _I32, _PTR, _I32],
+        _I32,
+    ),
+    "q_embedding": ([_I32, _I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _PTR], _I32),
+    "q_repack": ([_I32, _PTR, _I64, _I64, _I64, _I32, _PTR], _I32),
     "q_uses_int": ([_I32], _I32),
 }
 
 _libs: dict[bool, ctypes.CDLL | None] = {}
 _lock = threading.Lock()
+_pack_lock = threading.Lock()
 
 
 def library(portable: bool = False) -> ctypes.CDLL | None:
@@ -118,13 +124,17 @@ def row_bytes(qtype: int, cols: int) -> int:
 
 @dataclass(slots=True, eq=False)
 class QuantTensor:
-    """A weight [rows, cols] in a GGUF block format; `data` uint8 [rows, row_bytes].
+    """A weight [rows, cols] in a GGUF block format; `data` uint8 [rows, row_bytes], as the
+    file stores it, or (`packed`) rearranged in groups of 8 rows for the products
+    (quant_source.py's q_repack; the same bytes, so the same size).
 
-    Invariant: `data` is contiguous and never modified after construction."""
+    Invariant: `data` is contiguous and never modified in place; `pack()` replaces it once,
+    under a lock (the first product packs a weight of a packable format)."""
 
     data: torch.Tensor
     qtype: int
     cols: int
+    packed: bool = False
 
     def __post_init__(self) -> None:
         _, block, _ = TYPES[self.qtype]
@@ -157,10 +167,33 @@ class QuantTensor:
     def contiguous(self) -> QuantTensor:
         return self
 
+    def stored(self) -> torch.Tensor:
+        """The bytes as the file stores them ([rows, row_bytes]; a copy when packed)."""
+        if not self.packed:
+            return self.data
+        out = torch.empty_like(self.data)
+        _lib().q_repack(self.qtype, self.data.data_ptr(), self.data.shape[1],
+                        self.data.shape[0], self.cols, 0, out.data_ptr())  # fmt: skip
+        return out
+
+    def pack(self) -> None:
+        """Rearrange `data` for the packed kernels (Q4_0, Q4_1, Q8_0 with at least 8 rows; a
+        no-op otherwise or when already packed)."""
+        if self.packed or self.qtype not in PACKED_TYPES or self.data.shape[0] < 8:
+            return
+        lib = _lib()
+        with _pack_lock:
+            if self.packed:
+                return
+            out = torch.empty_like(self.data)
+            lib.q_repack(self.qtype, self.data.data_ptr(), self.data.shape[1],
+                            self.data.shape[0], self.cols, 1, out.data_ptr())  # fmt: skip
+            self.data, self.packed = out, True
+
     def __getitem__(self, index) -> QuantTensor:
-        """Rows `w[a:b]`, or whole blocks of columns `w[:, a:b]` (a copy)."""
+        """Rows `w[a:b]`, or whole blocks of columns `w[:, a:b]` (a copy, as stored)."""
         if isinstance(index, slice):
-            return QuantTensor(self.data[index].clone(), self.qtype, self.cols)
+            return QuantTensor(self.stored()[index].clone(), self.qtype, self.cols)
         rows, cols = index
         start, stop, step = cols.indices(self.cols)
         _, block, size = TYPES[self.qtype]
@@ -169,7 +202,7 @@ class QuantTensor:
                 f"cannot split a {type_name(self.qtype)} weight at columns {start}:{stop} "
                 f"(blocks of {block})"
             )
-        data = self.data[rows, start // block * size : stop // block * size].clone()
+        data = self.stored()[rows, start // block * size : stop // block * size].clone()
         return QuantTensor(data, self.qtype, stop - start)
 
     @classmethod
@@ -184,9 +217,8 @@ class QuantTensor:
         """The weight in float32 [rows, cols], each value as gguf's reference computes it."""
         out = torch.empty(self.shape, dtype=torch.float32)
         rows = self.data.shape[0]
-        rc = _lib(portable).q_dequant(
-            self.qtype, self.data.data_ptr(), self.data.shape[1], rows, self.cols, out.data_ptr()
-        )
+        rc = _lib(portable).q_dequant(self.qtype, int(self.packed), self.data.data_ptr(),
+                                      self.data.shape[1], rows, self.cols, out.data_ptr())  # fmt: skip
         if rc:
             raise UnsupportedModelError(f"cannot dequantize {type_name(self.qtype)}")
         return out
@@ -245,17 +277,18 @@ def stack_rows(parts: list) -> QuantTensor | QuantStack:
             flat.append(QuantTensor(rows.view(torch.uint8).reshape(rows.shape[0], -1), 0,
                                     rows.shape[1]))  # fmt: skip
     if len({p.qtype for p in flat}) == 1:
-        return QuantTensor(torch.cat([p.data for p in flat]), flat[0].qtype, flat[0].cols)
+        return QuantTensor(torch.cat([p.stored() for p in flat]), flat[0].qtype, flat[0].cols)
     merged: list[QuantTensor] = []  # neighbours of one format joined
     for p in flat:
         if merged and merged[-1].qtype == p.qtype:
             last = merged.pop()
-            p = QuantTensor(torch.cat([last.data, p.data]), p.qtype, p.cols)
+            p = QuantTensor(torch.cat([last.stored(), p.stored()]), p.qtype, p.cols)
         merged.append(p)
     return QuantStack(merged)
 
 
 _INT_TYPES = frozenset({2, 3, 6, 7, 8})  # the 32-element formats: the integer path (q_uses_int)
+PACKED_TYPES = frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0: products on packed groups of 8 rows
 
 
 class _Scratch(threading.local):
@@ -273,10 +306,37 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
-def _scratch_bytes(qtype: int, rows: int, cols: int, x_bf16: bool) -> int:
-    if qtype in _INT_TYPES:
-        return 2 * rows * cols + 8 * rows * (cols // 32)
-    return 4 * rows * cols if x_bf16 else 0
+def _scratch_bytes(qtype: int, rows: int, cols: int, x_bf16: bool, out: int = 0) -> int:
+    """quant_source.py's q_scratch_bytes, plus `out` floats a row for a bf16 output."""
+    n = rows * cols
+    if qtype in _INT_TYPES:  # int16 q, h and l bytes; d, s and the integer sums a block
+        return 4 * n + 12 * (n // 32) + 4 * rows * out
+    return (4 * n if x_bf16 else 0) + 4 * rows * out
+
+
+_FLOATS = (torch.float32, torch.bfloat16)
+
+
+def _linear_fast(x: torch.Tensor, w: QuantTensor, float_out: bool) -> torch.Tensor | None:
+    """The common call (a 2-D contiguous input of fewer than DENSE_ROWS rows, one weight, no
+    bias) with the least Python: a bf16 result comes rounded from the C. None: not that call."""
+    rows, cols = x.shape
+    if not rows or rows >= DENSE_ROWS or cols != w.cols or not x.is_contiguous():
+        return None
+    lib = _libs.get(False) or _lib()
+    if not w.packed:
+        w.pack()
+    out = w.data.shape[0]
+    bf16 = x.dtype == torch.bfloat16
+    y_bf16 = bf16 and not float_out
+    y = torch.empty((rows, out), dtype=torch.bfloat16 if y_bf16 else torch.float32)
+    scratch = _scratch.get(_scratch_bytes(w.qtype, rows, cols, bf16, out if y_bf16 else 0))
+    rc = lib.q_matmul(w.qtype, int(w.packed), w.data.data_ptr(), w.data.shape[1], out, cols,
+                      x.data_ptr(), int(bf16), rows, y.data_ptr(), out, int(y_bf16), scratch,
+                      0)  # fmt: skip
+    if rc:
+        raise UnsupportedModelError(f"no product for {type_name(w.qtype)} weights of {cols} columns")
+    return y
 
 
 def linear(
@@ -290,7 +350,12 @@ def linear(
     """x [M, in] @ w.T (+ bias) for a quantized w, float32 inside; the result in x's dtype
     (float32 with `float_out`). `threads` 0: torch's thread count (the pool's). From
     DENSE_ROWS rows on, the weight is dequantized and torch multiplies (prefill chunks)."""
-    if x.dtype not in (torch.float32, torch.bfloat16):
+    if bias is None and not threads and not portable and type(w) is QuantTensor:
+        if x.dim() == 2 and x.dtype in _FLOATS:
+            y = _linear_fast(x, w, float_out)
+            if y is not None:
+                return y
+    if x.dtype not in _FLOATS:
         x = x.float()
     x = x.contiguous()
     lead = x.shape[:-1]
@@ -311,10 +376,12 @@ def linear(
         parts = w.parts if isinstance(w, QuantStack) else [w]
         at = 0
         for p in parts:
+            p.pack()
             scratch = _scratch.get(max(1, _scratch_bytes(p.qtype, rows, cols, bf16)))
             rc = lib.q_matmul(
-                p.qtype, p.data.data_ptr(), p.data.shape[1], p.shape[0], cols, x2.data_ptr(),
-                int(bf16), rows, y.data_ptr() + 4 * at, out, scratch, threads,
+                p.qtype, int(p.packed), p.data.data_ptr(), p.data.shape[1], p.shape[0], cols,
+                x2.data_ptr(), int(bf16), rows, y.data_ptr() + 4 * at, out, 0, scratch,
+                threads,
             )  # fmt: skip
             if rc:
                 raise UnsupportedModelError(
@@ -333,8 +400,9 @@ def embedding(ids: torch.Tensor, w: QuantTensor, dtype: torch.dtype) -> torch.Te
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= w.shape[0]):
         raise IndexError(f"token id out of range for an embedding of {w.shape[0]} rows")
     out = torch.empty(flat.numel(), w.cols, dtype=torch.float32)
-    _lib().q_embedding(w.qtype, w.data.data_ptr(), w.data.shape[1], w.cols, flat.data_ptr(),
-                       flat.numel(), out.data_ptr())  # fmt: skip
+    _lib().q_embedding(w.qtype, int(w.packed), w.data.data_ptr(), w.data.shape[1],
+                       w.data.shape[0], w.cols, flat.data_ptr(), flat.numel(),
+                       out.data_ptr())  # fmt: skip
     return out.reshape(*ids.shape, w.cols).to(dtype)
 
 

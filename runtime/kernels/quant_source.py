@@ -196,20 +196,13 @@ static void dequant_block(int t, const uint8_t *b, float *out) {
 
 /* rows [rows][row_bytes] of type t with `cols` values each -> out [rows][cols] float32;
    returns 0, or -1 for a type this code does not know */
-int q_dequant(int t, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t cols,
-              float *out) {
-    int bs = q_block(t), nb = q_bytes(t);
-    if (!bs) return -1;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t k = 0; k < cols / bs; k++)
-            dequant_block(t, w + r * row_bytes + k * nb, out + r * cols + k * bs);
-    return 0;
-}
+
 
 /* ---- the integer path: 32-element blocks ---------------------------------------------------- */
 
 /* x [n] (float32, or bf16 when `bf16`) in int16 blocks of 32: q [n], d [n/32], s [n/32] */
-static void quantize_row(const void *xv, int bf16, int64_t n, int16_t *q, float *d, float *s) {
+static void quantize_row(const void *xv, int bf16, int64_t n, int16_t *q, float *d, float *s,
+                         int8_t *h, uint8_t *l, int32_t *sq) {
     for (int64_t b = 0; b < n / 32; b++) {
         float x[32], amax = 0.0f;
         for (int j = 0; j < 32; j++) {
@@ -224,10 +217,13 @@ static void quantize_row(const void *xv, int bf16, int64_t n, int16_t *q, float 
             int v = (int)nearbyintf(x[j] * id);
             v = v > 32767 ? 32767 : (v < -32767 ? -32767 : v);
             q[b * 32 + j] = (int16_t)v;
+            h[b * 32 + j] = (int8_t)(v >> 8); /* v = 256 h + l, l in 0..255 */
+            l[b * 32 + j] = (uint8_t)(v & 255);
             sum += v;
         }
         d[b] = dd;
         s[b] = dd * (float)sum;
+        sq[b] = sum;
     }
 }
 
@@ -467,6 +463,211 @@ static void int_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
     }
 }
 
+/* ---- packed weights: Q4_0, Q4_1, Q8_0 in groups of 8 rows ------------------------------- */
+
+/* A packed matrix keeps its stored bytes, rearranged per group of 8 rows (rows / 8 groups;
+   the rows % 8 tail rows stay as stored, after the groups). Group g, block k (all 8 rows'
+   block k, one after another in memory, so a pass over a group streams it):
+     Q4_0: [d of rows 0..7: 8 fp16][qs: 4 x 32 bytes]          (8 x 18 bytes)
+     Q4_1: [d: 8 fp16][m: 8 fp16][qs: 4 x 32 bytes]            (8 x 20 bytes)
+     Q8_0: [d: 8 fp16][qs: 16 x 16 bytes]                      (8 x 34 bytes)
+   Q4 qs part c (0..3), bytes 4r..4r+3 = row r's stored qs bytes 4c..4c+3 (low nibbles:
+   elements 4c.., high nibbles: elements 16 + 4c..). Q8_0 qs part c (0..15), bytes 2r, 2r+1 =
+   row r's elements 2c, 2c+1. So one 32-bit lane holds one row and a vector holds 8 rows. */
+
+static int pk_type(int t) { return t == T_Q4_0 || t == T_Q4_1 || t == T_Q8_0; }
+
+static int pk_head(int t) { return t == T_Q4_1 ? 32 : 16; } /* scale bytes of a group block */
+
+/* byte i of row r's stored block -> its offset in the packed group block */
+static int pk_offset(int t, int r, int i) {
+    int head = pk_head(t);
+    if (t == T_Q8_0) {
+        if (i < 2) return 2 * r + i;
+        int e = i - 2;
+        return head + (e / 2) * 16 + 2 * r + e % 2;
+    }
+    int sc = t == T_Q4_1 ? 4 : 2; /* bytes of d (and m) in the stored block */
+    if (i < sc) return (i / 2) * 16 + 2 * r + i % 2;
+    int e = i - sc;
+    return head + (e / 4) * 32 + 4 * r + e % 4;
+}
+
+/* row r, block k's bytes as stored (a pointer into w, or rebuilt into tmp when packed) */
+static const uint8_t *pk_block(int t, int packed, const uint8_t *w, int64_t row_bytes,
+                               int64_t rows, int64_t r, int64_t k, uint8_t *tmp) {
+    int nb = q_bytes(t);
+    if (!packed || !pk_type(t) || r >= rows / 8 * 8) return w + r * row_bytes + k * nb;
+    const uint8_t *gb = w + (r / 8) * 8 * row_bytes + k * 8 * nb;
+    for (int i = 0; i < nb; i++) tmp[i] = gb[pk_offset(t, (int)(r % 8), i)];
+    return tmp;
+}
+
+/* stored -> packed (pack 1) or packed -> stored (pack 0), src and dst [rows][row_bytes] */
+int q_repack(int t, const uint8_t *src, int64_t row_bytes, int64_t rows, int64_t cols,
+             int pack, uint8_t *dst) {
+    if (!pk_type(t)) return -1;
+    int nb = q_bytes(t);
+    int64_t blocks = cols / 32, grouped = rows / 8 * 8;
+    for (int64_t r = 0; r < grouped; r++)
+        for (int64_t k = 0; k < blocks; k++) {
+            int64_t flat = r * row_bytes + k * nb, group = (r / 8) * 8 * row_bytes + k * 8 * nb;
+            for (int i = 0; i < nb; i++) {
+                int64_t o = group + pk_offset(t, (int)(r % 8), i);
+                if (pack) dst[o] = src[flat + i];
+                else dst[flat + i] = src[o];
+            }
+        }
+    memcpy(dst + grouped * row_bytes, src + grouped * row_bytes, (rows - grouped) * row_bytes);
+    return 0;
+}
+
+/* One weight row against one input row, in the packed kernels' arithmetic: per block the exact
+   integer sum S = sum w q (Q4_0: w = u - 8, as S_u - 8 sum q), then acc = fma(S, d_w d_x, acc)
+   block after block, and for Q4_1 mins = fma(m, s_x, mins); the result acc + mins. The SIMD
+   kernel does exactly this in 8 lanes (one a row). */
+static float pk_row(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t rows,
+                    int64_t r, int64_t nb, const int16_t *xq, const float *xd, const float *xs,
+                    const int32_t *xsq) {
+    float acc = 0.0f, mins = 0.0f;
+    uint8_t tmp[34];
+    for (int64_t k = 0; k < nb; k++) {
+        const uint8_t *b = pk_block(t, packed, w, row_bytes, rows, r, k, tmp);
+        const int16_t *q = xq + k * 32;
+        int32_t s = 0;
+        if (t == T_Q8_0) {
+            for (int j = 0; j < 32; j++) s += (int8_t)b[2 + j] * q[j];
+        } else {
+            const uint8_t *qs = b + (t == T_Q4_1 ? 4 : 2);
+            for (int j = 0; j < 16; j++) s += (qs[j] & 15) * q[j] + (qs[j] >> 4) * q[j + 16];
+            if (t == T_Q4_0) s -= 8 * xsq[k];
+        }
+        acc = fmaf((float)s, h2f(b) * xd[k], acc);
+        if (t == T_Q4_1) mins = fmaf(h2f(b + 2), xs[k], mins);
+    }
+    return acc + mins;
+}
+
+#ifdef Q_AVX2
+/* 8 weight rows (group at gp) against one input row: y[0..7] */
+Q_INLINE void pk_group(const int t, const uint8_t *gp, int64_t nb, const int16_t *xq,
+                       const int8_t *xh, const uint8_t *xl, const float *xd, const float *xs,
+                       const int32_t *xsq, float *y) {
+    const int gbytes = 8 * q_bytes(t), head = pk_head(t);
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+    for (int64_t k = 0; k < nb; k++) {
+        const uint8_t *b = gp + k * gbytes;
+        __m256i s;
+        if (t == T_Q8_0) {
+            const int16_t *q = xq + k * 32;
+            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+            for (int c = 0; c < 16; c += 2) {
+                int32_t x0, x1;
+                memcpy(&x0, q + 2 * c, 4);
+                memcpy(&x1, q + 2 * c + 2, 4);
+                __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + head + 16 * c)));
+                __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + head + 16 * c + 16)));
+                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(w0, _mm256_set1_epi32(x0)));
+                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(w1, _mm256_set1_epi32(x1)));
+            }
+            s = _mm256_add_epi32(s0, s1);
+        } else {
+            /* q = 256 h + l (h signed, l unsigned bytes): S_u = 256 (u . h) + u . l, each
+               part in 16-bit sums that cannot overflow (u <= 15: 8 x 2 x 15 x 128 and
+               4 x 2 x 15 x 255 < 32768) */
+            const int8_t *h = xh + k * 32;
+            const uint8_t *l = xl + k * 32;
+            __m256i hs = _mm256_setzero_si256(), l0 = hs, l1 = hs;
+            for (int c = 0; c < 4; c++) {
+                __m256i p = _mm256_loadu_si256((const __m256i *)(b + head + 32 * c));
+                __m256i u0 = _mm256_and_si256(p, low);
+                __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+                int32_t h0, h1, v0, v1;
+                memcpy(&h0, h + 4 * c, 4);
+                memcpy(&h1, h + 16 + 4 * c, 4);
+                memcpy(&v0, l + 4 * c, 4);
+                memcpy(&v1, l + 16 + 4 * c, 4);
+                hs = _mm256_add_epi16(hs, _mm256_maddubs_epi16(u0, _mm256_set1_epi32(h0)));
+                hs = _mm256_add_epi16(hs, _mm256_maddubs_epi16(u1, _mm256_set1_epi32(h1)));
+                l0 = _mm256_add_epi16(l0, _mm256_maddubs_epi16(_mm256_set1_epi32(v0), u0));
+                l1 = _mm256_add_epi16(l1, _mm256_maddubs_epi16(_mm256_set1_epi32(v1), u1));
+            }
+            s = _mm256_slli_epi32(_mm256_madd_epi16(hs, ones), 8);
+            s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_madd_epi16(l0, ones),
+                                                     _mm256_madd_epi16(l1, ones)));
+            if (t == T_Q4_0) s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * xsq[k]));
+        }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xd[k])), acc);
+        if (t == T_Q4_1) {
+            __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)));
+            mins = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[k]), mins);
+        }
+    }
+    _mm256_storeu_ps(y, _mm256_add_ps(acc, mins));
+}
+#endif
+
+struct pk_x { /* one product's quantized inputs, rows * cols / 32 blocks */
+    const int16_t *q;
+    const int8_t *h;
+    const uint8_t *l;
+    const float *d, *s;
+    const int32_t *sq;
+};
+
+/* weight rows [r0, r1) (r0 a multiple of 8) of a packed matrix against every input row */
+Q_INLINE void pk_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64_t rows,
+                         int64_t cols, const struct pk_x *x, int64_t m_rows, float *y,
+                         int64_t ldy, int64_t r0, int64_t r1) {
+    int64_t nb = cols / 32, r = r0;
+#ifdef Q_AVX2
+    float out[8];
+    for (; r + 8 <= r1 && r + 8 <= rows / 8 * 8; r += 8)
+        for (int64_t m = 0; m < m_rows; m++) {
+            int64_t o = m * cols, ob = m * nb;
+            pk_group(t, w + r * row_bytes, nb, x->q + o, x->h + o, x->l + o, x->d + ob,
+                     x->s + ob, x->sq + ob, out);
+            memcpy(y + m * ldy + r, out, sizeof out);
+        }
+#endif
+    for (; r < r1; r++)
+        for (int64_t m = 0; m < m_rows; m++)
+            y[m * ldy + r] = pk_row(t, 1, w, row_bytes, rows, r, nb, x->q + m * cols,
+                                    x->d + m * nb, x->s + m * nb, x->sq + m * nb);
+}
+
+static void pk_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t cols,
+                    const struct pk_x *x, int64_t m_rows, float *y, int64_t ldy, int64_t r0,
+                    int64_t r1) {
+    switch (t) {
+    case T_Q4_0: pk_rows_of(T_Q4_0, w, row_bytes, rows, cols, x, m_rows, y, ldy, r0, r1); break;
+    case T_Q4_1: pk_rows_of(T_Q4_1, w, row_bytes, rows, cols, x, m_rows, y, ldy, r0, r1); break;
+    case T_Q8_0: pk_rows_of(T_Q8_0, w, row_bytes, rows, cols, x, m_rows, y, ldy, r0, r1); break;
+    }
+}
+
+/* rows [r0, r1) of w [rows][row_bytes] (type t, `packed` as q_repack leaves it, `cols` values a
+   row) -> out [r1 - r0][cols] float32; returns 0, or -1 for a type this code does not know */
+static int dequant_rows(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t rows,
+                        int64_t cols, int64_t r0, int64_t r1, float *out) {
+    int bs = q_block(t);
+    uint8_t tmp[34];
+    if (!bs) return -1;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k = 0; k < cols / bs; k++)
+            dequant_block(t, pk_block(t, packed, w, row_bytes, rows, r, k, tmp),
+                          out + (r - r0) * cols + k * bs);
+    return 0;
+}
+
+/* every row to float32, each value as gguf's numpy reference computes it */
+int q_dequant(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t cols,
+              float *out) {
+    return dequant_rows(t, packed, w, row_bytes, rows, cols, 0, rows, out);
+}
+
 /* ---- the fused-dequantization path: any type, float32 inputs ---------------------------- */
 
 static void float_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
@@ -498,53 +699,83 @@ static void float_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
 /* ---- the product, split over the pool's threads ----------------------------------------- */
 
 struct q_job {
-    int t, use_int;
+    int t, use_int, packed;
     const uint8_t *w;
     int64_t row_bytes, cols, out, rows, ldy;
     const int16_t *xq;
     const float *xd, *xs, *xf;
     float *y;
+    struct pk_x x;
 };
 
 static void q_part(void *p, int part, int parts) {
     const struct q_job *j = p;
     int64_t r0 = j->out * part / parts, r1 = j->out * (part + 1) / parts;
+    if (j->packed) { /* whole groups of 8 rows a part (the tail rows with the last part) */
+        int64_t groups = j->out / 8;
+        r0 = groups * part / parts * 8;
+        r1 = part + 1 == parts ? j->out : groups * (part + 1) / parts * 8;
+    }
     if (r0 >= r1) return;
-    if (j->use_int)
+    if (j->packed)
+        pk_rows(j->t, j->w, j->row_bytes, j->out, j->cols, &j->x, j->rows, j->y, j->ldy, r0, r1);
+    else if (j->use_int)
         int_rows(j->t, j->w, j->row_bytes, j->cols, j->xq, j->xd, j->xs, j->rows, j->y, j->ldy,
                  r0, r1);
     else
         float_rows(j->t, j->w, j->row_bytes, j->cols, j->xf, j->rows, j->y, j->ldy, r0, r1);
 }
 
-/* whether type t takes the int8 path (the caller sizes the scratch for it) */
+/* whether type t takes the integer path */
 int q_uses_int(int t) {
     return t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1 || t == T_Q8_0;
 }
 
+/* scratch bytes q_matmul needs for its inputs (plus rows * out floats for a bf16 output) */
+int64_t q_scratch_bytes(int t, int64_t rows, int64_t cols, int x_bf16) {
+    int64_t n = rows * cols;
+    if (q_uses_int(t)) return 4 * n + 12 * (n / 32); /* int16 q, h and l; d, s, sums a block */
+    return x_bf16 ? 4 * n : 0;
+}
+
 /* y [rows][ldy] (columns 0 .. out) = x [rows][cols] . w^T for w [out] rows of type t.
-   x float32 (or bf16 when x_bf16); scratch: rows * cols int16 + 2 * rows * cols / 32 floats
-   for the integer path, rows * cols floats (the input widened) for a bf16 input otherwise.
+   x float32 (or bf16 when x_bf16); `packed`: w as q_repack packs it; y float32, or bf16
+   (rounded as torch rounds) when y_bf16. scratch: q_scratch_bytes, plus rows * out floats
+   when y_bf16.
    `threads`: how many parts (0: the pool's own count). Returns 0, -1 for an unknown type,
    -2 when cols is not a multiple of the block. */
-int q_matmul(int t, const uint8_t *w, int64_t row_bytes, int64_t out, int64_t cols,
-             const void *x, int x_bf16, int64_t rows, float *y, int64_t ldy, void *scratch,
-             int threads) {
+int q_matmul(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t out, int64_t cols,
+             const void *x, int x_bf16, int64_t rows, void *y_out, int64_t ldy, int y_bf16,
+             void *scratch, int threads) {
+    float *y = y_out;
+    int64_t ldy_out = ldy;
+    if (y_bf16) { /* the product in float32 after the scratch's inputs, then rounded */
+        y = (float *)((uint8_t *)scratch + q_scratch_bytes(t, rows, cols, x_bf16));
+        ldy = out;
+    }
     int bs = q_block(t);
     if (!bs) return -1;
     if (cols % (bs < 32 ? 32 : bs)) return -2;
-    struct q_job j = {t, q_uses_int(t), w, row_bytes, cols, out, rows, ldy,
-                      0, 0, 0, (const float *)x, y};
+    if (packed && !pk_type(t)) return -1;
+    struct q_job j = {t, q_uses_int(t), packed, w, row_bytes, cols, out, rows, ldy,
+                      0, 0, 0, (const float *)x, y, {0}};
     if (j.use_int) {
+        int64_t n = rows * cols, nb = n / 32;
         int16_t *q = scratch;
-        float *d = (float *)(q + rows * cols), *s = d + rows * cols / 32;
+        float *d = (float *)(q + n), *s = d + nb;
+        int32_t *sq = (int32_t *)(s + nb);
+        int8_t *h = (int8_t *)(sq + nb);
+        uint8_t *l = (uint8_t *)(h + n);
         for (int64_t m = 0; m < rows; m++)
             quantize_row(x_bf16 ? (const void *)((const uint16_t *)x + m * cols)
                                 : (const void *)((const float *)x + m * cols),
-                         x_bf16, cols, q + m * cols, d + m * cols / 32, s + m * cols / 32);
+                         x_bf16, cols, q + m * cols, d + m * cols / 32, s + m * cols / 32,
+                         h + m * cols, l + m * cols, sq + m * cols / 32);
         j.xq = q;
         j.xd = d;
         j.xs = s;
+        struct pk_x px = {q, h, l, d, s, sq};
+        j.x = px;
     } else if (x_bf16) {
         float *xf = scratch;
         for (int64_t i = 0; i < rows * cols; i++)
@@ -552,15 +783,21 @@ int q_matmul(int t, const uint8_t *w, int64_t row_bytes, int64_t out, int64_t co
         j.xf = xf;
     }
     int parts = threads > 0 ? threads : (out * cols < MIN_PAR ? 1 : pool_threads());
+    if (packed && parts > out / 8) parts = out / 8 > 0 ? (int)(out / 8) : 1;
     pool_run(q_part, &j, parts);
+    if (y_bf16)
+        for (int64_t m = 0; m < rows; m++)
+            for (int64_t r = 0; r < out; r++)
+                ((uint16_t *)y_out)[m * ldy_out + r] = f2bf(y[m * out + r]);
     return 0;
 }
 
 /* rows `ids` [n] of the table w (type t, cols values a row) -> out [n][cols] float32 */
-int q_embedding(int t, const uint8_t *w, int64_t row_bytes, int64_t cols, const int64_t *ids,
-                int64_t n, float *out) {
+int q_embedding(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t rows,
+                int64_t cols, const int64_t *ids, int64_t n, float *out) {
     for (int64_t i = 0; i < n; i++)
-        if (q_dequant(t, w + ids[i] * row_bytes, row_bytes, 1, cols, out + i * cols)) return -1;
+        if (dequant_rows(t, packed, w, row_bytes, rows, cols, ids[i], ids[i] + 1, out + i * cols))
+            return -1;
     return 0;
 }
 """
