@@ -229,3 +229,33 @@ def test_quantization_is_refused_for_a_gguf_and_an_unknown_format(written, tiny_
         Engine(str(path), mem_budget_gb=0.05, quantization="q8_0")
     with pytest.raises(ValueError, match="q3_x"):
         Engine(str(tiny_folder), mem_budget_gb=0.05, quantization="q3_x")
+
+
+def test_tensor_parallel_ranks_run_quantized_shards(written):
+    """tp_size=2 on the GGUF: each rank slices its rows / whole blocks of columns of the stored
+    weights and multiplies them quantized; the halves' sums are added across ranks in another
+    order than one process adds them, so a prompt may part where two logits are that close."""
+    path, _, _ = written
+    prompts = PROMPTS + ["Hello, my name is", "The capital of France is", "import numpy as"]
+    kw = dict(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    with Engine(str(path), mem_budget_gb=0.05) as one:
+        alone = [r.token_ids for r in one.generate(prompts, **kw)]
+    with Engine(str(path), mem_budget_gb=0.05, tp_size=2) as two:
+        assert len(two.stats()["worker_pids"]) == 2
+        split = [r.token_ids for r in two.generate(prompts, **kw)]
+    assert sum(a == b for a, b in zip(alone, split, strict=True)) >= len(prompts) - 1
+
+
+def test_the_pd_fingerprint_names_the_quantization(tiny_folder):
+    """Prefill and decode servers exchange KV only under equal fingerprints: the same folder
+    quantized differently (or not at all) must not match; the same quantization must."""
+    from runtime.disaggregation.modes import model_fingerprint
+    from runtime.models.loader import load_model_files
+
+    def fingerprint(quantization):
+        loaded = load_model_files(tiny_folder, quantization)
+        return model_fingerprint(loaded.config, loaded.state_dict)
+
+    prints = [fingerprint(q) for q in (None, "q8_0", "q4_0")]
+    assert len(set(prints)) == 3
+    assert fingerprint("q4_0") == prints[2]
