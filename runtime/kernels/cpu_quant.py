@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -122,6 +123,21 @@ def row_bytes(qtype: int, cols: int) -> int:
     return cols // block * size
 
 
+def _huge_page_bytes(shape: torch.Size) -> torch.Tensor:
+    """An uninitialised uint8 tensor; from 2 MB on, in a mapping of its own advised for
+    transparent huge pages (a decode step streams every weight: fewer TLB misses, as
+    cpu_gemv.pack_all does for the dense weights)."""
+    nbytes = shape[0] * shape[1]
+    if nbytes >= 1 << 21:
+        try:
+            arena = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            arena.madvise(mmap.MADV_HUGEPAGE)
+            return torch.frombuffer(arena, dtype=torch.uint8).view(shape)  # keeps it mapped
+        except (AttributeError, OSError, ValueError):  # no madvise / huge pages here
+            pass
+    return torch.empty(shape, dtype=torch.uint8)
+
+
 @dataclass(slots=True, eq=False)
 class QuantTensor:
     """A weight [rows, cols] in a GGUF block format; `data` uint8 [rows, row_bytes], as the
@@ -185,7 +201,7 @@ class QuantTensor:
         with _pack_lock:
             if self.packed:
                 return
-            out = torch.empty_like(self.data)
+            out = _huge_page_bytes(self.data.shape)
             lib.q_repack(self.qtype, self.data.data_ptr(), self.data.shape[1],
                             self.data.shape[0], self.cols, 1, out.data_ptr())  # fmt: skip
             self.data, self.packed = out, True
