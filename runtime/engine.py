@@ -15,6 +15,7 @@ import torch
 from runtime import settings
 from runtime.attention import make_backend, resolve_backend
 from runtime.default_model import default_model
+from runtime.device import building_on, device_runner, place_state, resolve_device
 from runtime.disaggregation.modes import (
     BOOTSTRAP_KEYS,
     DEFAULT_TIMEOUT_S,
@@ -152,11 +153,32 @@ def _make_hicache(
     return tier
 
 
+def _local_model(loaded: Any, engine: Engine, quantization: str | None) -> Any:
+    """A one-process engine's model, built on its device (on the CPU: from the loaded tensors
+    themselves; a GGUF's block-quantized weights are dequantized for a GPU)."""
+    device = engine.device
+    if quantization and device.type != "cpu":
+        raise ValueError(f"quantization {quantization!r} runs on the CPU only, not on {device}")
+    state = place_state(loaded.state_dict, device)
+    with building_on(device):
+        return model_class(loaded.config)(
+            loaded.config, state, engine.dtype, attention=make_backend(engine.attention_backend)
+        )
+
+
 class Engine:
     """A causal LM served from a paged KV pool with a radix prefix cache.
 
     Thread-safe: every public method may be called from any thread; the model runs on one
     background scheduler thread that batches whatever requests are in flight.
+
+    `device`: "auto" (the default: the current GPU when `torch.cuda.is_available()`, else the
+    CPU), "cpu", "cuda" or "cuda:N" (runtime/device/; a parallel engine's ranks take
+    `cuda:<local rank>` each). On a GPU, decode steps replay CUDA graphs captured at start-up
+    for the batch sizes `cuda_graph_bs` (default 1, 2, 4, 8, then every 8 up to
+    `max_running_requests`) unless `disable_cuda_graph`; on the CPU, giving `cuda_graph_bs`
+    runs decode steps through the same padded static buffers eagerly (the graphs'
+    bookkeeping, checked without a GPU).
     """
 
     def __init__(
@@ -194,7 +216,11 @@ class Engine:
         hicache_storage_dir: str | Path | None = None,
         hicache_storage_budget_gb: float = 8.0,
         hicache_load_policy: str = "auto",
+        device: str = "auto",
+        disable_cuda_graph: bool = False,
+        cuda_graph_bs: Sequence[int] | None = None,
     ) -> None:
+        self.device = resolve_device(device)  # DeviceUnavailableError before any loading
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
         # a constraint's compile budget (time, address space; None: compile_pool's defaults)
         self.grammar_compile_timeout_s, self.grammar_compile_memory_mb = (
@@ -211,7 +237,7 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.dtype = resolve_dtype(dtype)
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, self.dtype)  # "auto": the model's
-        self.attention_backend = resolve_backend(attention_backend, "cpu")  # "auto": "cpu" here
+        self.attention_backend = resolve_backend(attention_backend, self.device)  # auto: cpu/triton
         self.parallel = (tp_size, pp_size, ep_size) != (1, 1, 1)
         if nnodes > 1 and not self.parallel:
             raise ParallelConfigError(f"nnodes {nnodes} needs tp_size, pp_size or ep_size > 1")
@@ -233,18 +259,21 @@ class Engine:
                 path, self.config, self.dtype, tp_size=tp_size, pp_size=pp_size,
                 ep_size=ep_size, num_pages=num_pages, page_size=page_size, nnodes=nnodes,
                 dist_init_addr=dist_init_addr, attention_backend=self.attention_backend,
-                kv_dtype=self.kv_dtype)  # fmt: skip
+                kv_dtype=self.kv_dtype, device=self.device.type)  # fmt: skip
         else:
-            self.model = model_class(loaded.config)(
-                loaded.config, loaded.state_dict, self.dtype,
-                attention=make_backend(self.attention_backend),
-            )  # fmt: skip
+            self.model = _local_model(loaded, self, quantization)
             del loaded
-            if chooser_wanted(num_threads, torch.device("cpu")):  # all threads, or one
+            if chooser_wanted(num_threads, self.device):  # all threads, or one
                 self.model = ThreadChooser(self.model)
         self.sizes = {"tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size}
         self.pool = KVPool(self.config, num_pages, page_size, self.kv_dtype, scales=kv_scales,
-                           allocate=not self.parallel, window_pages=window_pages)  # fmt: skip
+                           allocate=not self.parallel, window_pages=window_pages,
+                           device="cpu" if self.parallel else self.device)  # fmt: skip
+        if not self.parallel:  # on the CPU without cuda_graph_bs: the model itself
+            self.model = device_runner(
+                self.model, self.pool, self.device, disable_cuda_graph=disable_cuda_graph,
+                batch_sizes=cuda_graph_bs, max_running=max_running_requests,
+            )  # fmt: skip
         self.tree = RadixCache(page_size, self.pool.free) if enable_radix_cache else None
         self.hicache = _make_hicache(
             self.pool, self.tree, self.model_fingerprint, hicache_storage_backend,
@@ -261,18 +290,10 @@ class Engine:
         # the prefill or decode role, consulted only for requests that carry a room
         self._role = self.disaggregation if self.disaggregation.mode != "null" else None
         self.detokenizer = Detokenizer(self.tokenizer, self.eos_token_ids)
-        self.scheduler = Scheduler(
-            self.model,
-            self.pool,
-            self.tree,
-            self.detokenizer,
-            max_running=max_running_requests,
-            chunk_tokens=chunked_prefill_tokens,
-            hooks=self._make_constraint_hooks(),
-            overlap=overlap_wanted(overlap_schedule) and not self.parallel,
-            tier=self.hicache,
+        self.scheduler = self._make_scheduler(
+            max_running_requests, chunked_prefill_tokens, overlap_wanted(overlap_schedule)
         )
-        if not self.parallel and cpu_fused.available(torch.float32):
+        if not self.parallel and self.device.type == "cpu" and cpu_fused.available(torch.float32):
             # this thread's OpenMP team (from loading) would make libgomp stop spinning the
             # scheduler thread's: free it (cpu_fused.release_openmp_team)
             cpu_fused.release_openmp_team()
@@ -290,6 +311,19 @@ class Engine:
             self.pool.capacity_tokens,
             self.pool.bytes_per_token,
             resident_bytes()[0] / 2**20,
+        )
+
+    def _make_scheduler(self, max_running: int, chunk_tokens: int, overlap: bool) -> Scheduler:
+        return Scheduler(
+            self.model,
+            self.pool,
+            self.tree,
+            self.detokenizer,
+            max_running=max_running,
+            chunk_tokens=chunk_tokens,
+            hooks=self._make_constraint_hooks(),
+            overlap=overlap and not self.parallel,
+            tier=self.hicache,
         )
 
     def _make_constraint_hooks(self) -> ConstraintHooks:
@@ -468,6 +502,10 @@ class Engine:
         return {
             "model": str(self.model_path),
             "dtype": str(self.dtype).replace("torch.", ""),
+            "device": str(self.device),
+            # decode batch sizes replayed through static buffers (CUDA graphs on a GPU)
+            "cuda_graph_batch_sizes": list(getattr(self.model, "batch_sizes", [])),
+            "graph_replays": getattr(self.model, "replayed", 0),
             # memory: weights as stored (quantized: their blocks), the KV pool, the process
             "weight_bytes": self.model.weight_bytes(),
             "kv_pool_bytes": self.pool.capacity_tokens * self.pool.bytes_per_token,

@@ -47,3 +47,8 @@ class HiCacheConfigError(EngineError, ValueError):
 class UnsupportedAttentionError(EngineError):
     """An attention backend cannot run here (triton missing) or lacks a feature a layer asks
     for (a sliding window, logit soft-capping); the message names it."""
+
+
+class DeviceUnavailableError(EngineError, ValueError):
+    """The engine was asked for a device this machine does not have (`device="cuda"` with no
+    CUDA, or a GPU index past the last one); the message names it and what is present."""

@@ -42,6 +42,7 @@ LAYERS = [
     ("runtime.attention",),
     ("runtime.parallel",),
     ("runtime.models",),
+    ("runtime.device",),
     ("runtime.workers",),
     ("runtime.scheduling",),
     ("runtime.disaggregation",),

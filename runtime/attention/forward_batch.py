@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -31,3 +31,14 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device) -> ForwardBatch:
+        """The same batch with every tensor on `device` (a GPU engine copies each step's
+        host-built batch over; copies from pinned memory do not wait for the host)."""
+        return ForwardBatch(
+            **{
+                f.name: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+                for f in fields(self)
+                for v in (getattr(self, f.name),)
+            }
+        )

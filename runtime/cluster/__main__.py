@@ -62,6 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=1, help="tensor parallel ranks per replica")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages per replica")
     p.add_argument("--ep", type=int, default=1, help="expert parallel ranks per replica")
+    p.add_argument(
+        "--device",
+        default=None,
+        help="every replica's --device (auto, cpu, cuda, cuda:N; default: the server's, auto)",
+    )
     return p.parse_args(argv)
 
 
@@ -80,7 +85,8 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
             ["--disaggregation-transfer-backend", args.disaggregation_transfer_backend]
             if args.prefill
             else []
-        ),  # fmt: skip
+        )
+        + ([f"--device={args.device}"] if args.device else []),  # fmt: skip
         log_dir=args.log_dir,
         startup_timeout_s=args.startup_timeout,
         health_check_interval_s=args.health_check_interval,

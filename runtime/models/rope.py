@@ -116,21 +116,32 @@ class RotaryEmbedding:
         self.dtype = dtype
         self._cache_len = 0
         self._cos = self._sin = torch.empty(0)
+        self._reserved = False  # grown once for every position: no per-step length check
 
     def _grow(self, length: int) -> None:
         length = max(length, 2 * self._cache_len, 4096)
-        positions = torch.arange(length, dtype=torch.float32)
+        positions = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
         freqs = positions[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self._cos = (emb.cos() * self.attention_scaling).to(self.dtype)
         self._sin = (emb.sin() * self.attention_scaling).to(self.dtype)
         self._cache_len = length
 
+    def reserve(self, length: int) -> None:
+        """Grow the tables to `length` positions once and stop checking each step's positions
+        against them (the check reads the largest position back to the host, which a captured
+        CUDA graph may not do). The caller keeps positions below `length` (the scheduler
+        refuses sequences past the model's context)."""
+        if length > self._cache_len:
+            self._grow(length)
+        self._reserved = True
+
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, D] for positions [T] (int64)."""
-        needed = int(positions.max()) + 1 if positions.numel() else 0
-        if needed > self._cache_len:
-            self._grow(needed)
+        if not self._reserved:
+            needed = int(positions.max()) + 1 if positions.numel() else 0
+            if needed > self._cache_len:
+                self._grow(needed)
         return self._cos[positions][:, None, :], self._sin[positions][:, None, :]
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

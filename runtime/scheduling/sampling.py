@@ -29,12 +29,12 @@ def _apply_penalties(row: torch.Tensor, req: Request) -> None:
     p = req.params
     if p.repetition_penalty != 1.0:
         # as transformers: every token seen in prompt or output, divided if positive
-        seen = torch.tensor(sorted(set(req.seq)), dtype=torch.long)
+        seen = torch.tensor(sorted(set(req.seq)), dtype=torch.long, device=row.device)
         vals = row[seen]
         row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
     if (p.frequency_penalty or p.presence_penalty) and req.output_ids:
         # OpenAI semantics: over the generated tokens only
-        out = torch.tensor(req.output_ids, dtype=torch.long)
+        out = torch.tensor(req.output_ids, dtype=torch.long, device=row.device)
         counts = torch.bincount(out, minlength=row.shape[0])[: row.shape[0]].to(row.dtype)
         row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
@@ -45,8 +45,10 @@ def _apply_logit_bias(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
     for i, req in enumerate(reqs):
         bias = req.params.logit_bias
         if bias:
-            ids = torch.tensor([t for t in bias if t < width], dtype=torch.long)
-            vals = torch.tensor([v for t, v in bias.items() if t < width], dtype=logits.dtype)
+            ids = torch.tensor([t for t in bias if t < width], dtype=torch.long,
+                               device=logits.device)  # fmt: skip
+            vals = torch.tensor([v for t, v in bias.items() if t < width], dtype=logits.dtype,
+                                device=logits.device)  # fmt: skip
             logits[i].index_add_(0, ids, vals)
 
 
@@ -56,29 +58,32 @@ def _forbid_end(
     """Before min_new_tokens, EOS and stop ids may not be sampled (in these rows)."""
     banned = sorted({t for t in (*eos_ids, *stop_ids) if t < logits.shape[1]})
     if banned:
-        logits[torch.tensor(rows)[:, None], torch.tensor(banned)[None, :]] = float("-inf")
+        dev = logits.device
+        rows_t, banned_t = torch.tensor(rows, device=dev), torch.tensor(banned, device=dev)
+        logits[rows_t[:, None], banned_t[None, :]] = float("-inf")
 
 
 def _truncate(logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
     """top-k, top-p and min-p on temperature-scaled logits [N, V]; returns the new logits."""
+    dev = logits.device
     top_k = [r.params.top_k for r in reqs]
     top_p = [r.params.top_p for r in reqs]
     min_p = [r.params.min_p for r in reqs]
     if any(p > 0 for p in min_p):
         probs = torch.softmax(logits, dim=-1)
-        floor = probs.max(dim=-1, keepdim=True).values * torch.tensor(min_p)[:, None]
+        floor = probs.max(dim=-1, keepdim=True).values * torch.tensor(min_p, device=dev)[:, None]
         logits = logits.masked_fill(probs < floor, float("-inf"))
     if all(k == -1 for k in top_k) and all(p >= 1.0 for p in top_p):
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     vocab = logits.shape[1]
-    ranks = torch.arange(vocab)[None, :]
-    ks = torch.tensor([k if k > 0 else vocab for k in top_k])[:, None]
+    ranks = torch.arange(vocab, device=dev)[None, :]
+    ks = torch.tensor([k if k > 0 else vocab for k in top_k], device=dev)[:, None]
     drop = ranks >= ks
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     # keep the smallest head whose mass reaches top_p (the token crossing it included)
     before = probs.cumsum(dim=-1) - probs
-    drop |= before >= torch.tensor(top_p)[:, None]
+    drop |= before >= torch.tensor(top_p, device=dev)[:, None]
     drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
@@ -131,7 +136,7 @@ def sample(
     want_lp = [i for i, r in enumerate(reqs) if r.params.logprobs or r.params.top_logprobs]
     logprob_rows = torch.log_softmax(logits[want_lp], dim=-1) if want_lp else None
 
-    tokens = torch.empty(n, dtype=torch.long)
+    tokens = torch.empty(n, dtype=torch.long, device=logits.device)
     greedy = [i for i, r in enumerate(reqs) if r.params.is_greedy]
     if len(greedy) == n:
         tokens = greedy_tokens(logits)
@@ -140,16 +145,18 @@ def sample(
     sampled = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
     if sampled:
         sub_reqs = [reqs[i] for i in sampled]
-        temps = torch.tensor([r.params.temperature for r in sub_reqs])[:, None]
-        scaled = _truncate(logits[sampled] / temps, sub_reqs)
-        probs = torch.softmax(scaled, dim=-1)
+        temps = torch.tensor([r.params.temperature for r in sub_reqs], device=logits.device)
+        scaled = _truncate(logits[sampled] / temps[:, None], sub_reqs)
+        # the draws take the host's generators (the engine's, or a request's seeded one), so
+        # a seed means one sequence of draws on any device: a GPU's probabilities come over
+        probs = torch.softmax(scaled, dim=-1).cpu()
         unseeded = [j for j, r in enumerate(sub_reqs) if r.generator is None]
         if unseeded:
             picks = torch.multinomial(probs[unseeded], 1, generator=global_generator)[:, 0]
-            tokens[[sampled[j] for j in unseeded]] = picks
+            tokens[[sampled[j] for j in unseeded]] = picks.to(tokens.device)
         for j, r in enumerate(sub_reqs):
             if r.generator is not None:
-                tokens[sampled[j]] = torch.multinomial(probs[j], 1, generator=r.generator)[0]
+                tokens[sampled[j]] = torch.multinomial(probs[j], 1, generator=r.generator)[0].item()
 
     token_list = tokens.tolist()
     lps: list[float | None] = [None] * n

@@ -58,7 +58,8 @@ def book_step(ctx: OutputContext, plan: StepPlan, logits: torch.Tensor | None) -
     for req, row0, count in plan.score_rows:
         # row i scores token (position of the row + 1)
         first = max(req.logprob_start, req.computed + 1)
-        targets = torch.tensor(req.seq[first : first + count], dtype=torch.long)
+        targets = torch.tensor(req.seq[first : first + count], dtype=torch.long,
+                               device=logits.device)  # fmt: skip
         lp = torch.log_softmax(logits[row0 : row0 + count], dim=-1)
         req.prompt_logprobs.extend(lp.gather(1, targets[:, None])[:, 0].tolist())
     for req in plan.decodes:

@@ -38,6 +38,27 @@ def _compile_flags(engine: argparse._ArgumentGroup) -> None:
     )
 
 
+def _device_flags(engine: argparse._ArgumentGroup) -> None:
+    engine.add_argument(
+        "--device",
+        default="auto",
+        help="auto (the GPU when CUDA is available, else the CPU), cpu, cuda or cuda:N",
+    )
+    engine.add_argument(
+        "--disable-cuda-graph",
+        action="store_true",
+        help="on a GPU, run decode steps eagerly instead of replaying CUDA graphs",
+    )
+    engine.add_argument(
+        "--cuda-graph-bs",
+        type=int,
+        nargs="+",
+        default=None,
+        help="decode batch sizes captured as CUDA graphs (default 1 2 4 8, then every 8 up to "
+        "--max-running-requests)",
+    )
+
+
 def _chat_flags(p: argparse.ArgumentParser) -> None:
     chat = p.add_argument_group("chat: templates, tool calls, reasoning")
     chat.add_argument(
@@ -108,7 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=ATTENTION_CHOICES,
         default="auto",
         help="attention kernels: cpu (the planned fast CPU paths), torch (reference), triton "
-        "(GPU kernels); auto picks cpu on a CPU",
+        "(GPU kernels); auto picks cpu on a CPU, triton on a GPU",
     )
     engine.add_argument(
         "--kv-cache-dtype",
@@ -121,6 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _compile_flags(engine)
     _hicache_flags(p)
     _pd_flags(p)
+    _device_flags(engine)
     par = p.add_argument_group("parallelism (worker ranks joined by torch.distributed)")
     par.add_argument(
         "--tp",
@@ -235,6 +257,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "json_schema_mode": args.json_schema_mode,
         "attention_backend": args.attention_backend,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "device": args.device,
+        "disable_cuda_graph": args.disable_cuda_graph,
+        "cuda_graph_bs": args.cuda_graph_bs,
         "grammar_compile_timeout_s": args.grammar_compile_timeout,
         "grammar_compile_memory_mb": args.grammar_compile_memory_mb,
         "tp_size": args.tp_size,
@@ -289,11 +314,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.node_rank > 0:  # another machine of a multi-machine engine: its ranks only
         from runtime.default_model import default_model
+        from runtime.device import resolve_device
         from runtime.workers.launch import run_node
 
         model = args.model or str(default_model())
         return run_node(model, args.tp_size, args.pp_size, args.ep_size, args.nnodes,
-                        args.node_rank, args.dist_init_addr)  # fmt: skip
+                        args.node_rank, args.dist_init_addr,
+                        resolve_device(args.device).type)  # fmt: skip
     from runtime.server.reasoning import ReasoningParserError, get_reasoning_parser
     from runtime.server.tool_parsers import ToolParserError, get_parser
 
@@ -308,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         engine = Engine(model=args.model, **engine_kwargs(args))
-    except (EngineError, FileNotFoundError, OSError) as exc:
+    except (EngineError, FileNotFoundError, OSError, ValueError) as exc:
         logger.error("cannot start the engine: %s", exc)
         return 2
     if template is not None:

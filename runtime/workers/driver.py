@@ -50,7 +50,9 @@ class ParallelModel:
                  pp_size: int, ep_size: int, num_pages: int, page_size: int, nnodes: int = 1,
                  dist_init_addr: str | None = None,
                  attention_backend: str = "cpu",
-                 kv_dtype: torch.dtype | None = None) -> None:  # fmt: skip
+                 kv_dtype: torch.dtype | None = None, device: str = "cpu") -> None:  # fmt: skip
+        """`device`: "cpu" (gloo everywhere) or "cuda" (each rank on `cuda:<local rank>`,
+        its stage's collectives over NCCL; this process talks to the ranks over gloo)."""
         validate(config, tp_size, pp_size, ep_size)
         if dist.is_initialized():
             raise WorkerError("a parallel engine is already running in this process")
@@ -68,7 +70,8 @@ class ParallelModel:
         self.setup = {"dtype": str(dtype).replace("torch.", ""), "pages": (num_pages, page_size),
                       "attention": attention_backend,
                       "kv_dtype": str(kv_dtype or dtype).replace("torch.", "")}  # fmt: skip
-        spawned = spawn(self.layout, self.layout.node_ranks(0), addr, str(path))
+        self.device = device
+        spawned = spawn(self.layout, self.layout.node_ranks(0), addr, str(path), device)
         self.procs = [proc for proc, _ in spawned]
         self.logs = [log for _, log in spawned]
         atexit.register(self._kill)
@@ -90,7 +93,7 @@ class ParallelModel:
                 dist.init_process_group("gloo", init_method=addr, rank=0,
                                         world_size=self.layout.world,
                                         timeout=timedelta(seconds=START_TIMEOUT_S))  # fmt: skip
-                self.layout.make_comm(0)
+                self.layout.make_comm(0, self.device)
                 dist.broadcast_object_list([self.setup], src=0)
                 reports: list = [None] * self.layout.world
                 dist.gather_object(None, reports, dst=0)

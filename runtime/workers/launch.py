@@ -26,14 +26,15 @@ from runtime.workers.worker import spawn
 
 
 def run_node(model: str, tp_size: int, pp_size: int, ep_size: int, nnodes: int,
-             node_rank: int, dist_init_addr: str) -> int:  # fmt: skip
+             node_rank: int, dist_init_addr: str, device: str = "cpu") -> int:  # fmt: skip
+    """`device`: "cpu" or "cuda" (each rank on `cuda:<local rank>`), as node 0's engine."""
     config = load_config(model)
     validate(config, tp_size, pp_size, ep_size)
     layout = Layout(tp_size, pp_size, ep_size, config.num_layers, nnodes)
     if not 0 < node_rank < nnodes:
         raise SystemExit(f"--node-rank must be in 1..{nnodes - 1} here (node 0 runs the engine)")
     procs = [proc for proc, _ in spawn(layout, layout.node_ranks(node_rank),
-                                       f"tcp://{dist_init_addr}", model)]  # fmt: skip
+                                       f"tcp://{dist_init_addr}", model, device)]  # fmt: skip
 
     def stop(_signum: int, _frame: object) -> None:
         for proc in procs:
@@ -58,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nnodes", type=int, required=True)
     p.add_argument("--node-rank", type=int, required=True)
     p.add_argument("--dist-init-addr", required=True, help="HOST:PORT of node 0")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="as node 0's engine: cuda puts each rank on cuda:<local rank>")  # fmt: skip
     a = p.parse_args(argv)
-    return run_node(a.model, a.tp, a.pp, a.ep, a.nnodes, a.node_rank, a.dist_init_addr)
+    return run_node(a.model, a.tp, a.pp, a.ep, a.nnodes, a.node_rank, a.dist_init_addr,
+                    a.device)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -57,12 +57,24 @@ class Layout:
             layer_start=start, layer_end=end,
         )  # fmt: skip
 
-    def make_comm(self, rank: int) -> Comm | None:
-        """Create every stage group (all ranks must); this rank's Comm (None for the driver)."""
-        groups = [dist.new_group(self.stage_ranks(s)) for s in range(self.pp_size)]
+    def local_rank(self, rank: int) -> int:
+        """A worker's index among its machine's workers (its GPU there: `cuda:<local rank>`)."""
+        return (rank - 1) % ((self.world - 1) // self.nnodes)
+
+    def make_comm(self, rank: int, device: str = "cpu") -> Comm | None:
+        """Create every stage group (all ranks must, in the same order); this rank's Comm
+        (None for the driver). `device` "cuda": the stage groups and a group of every worker
+        for the stage-to-stage sends are NCCL groups on `cuda:<local rank>` (the driver holds
+        no GPU: it is in none of them); "cpu": gloo, the stage sends on the default group."""
+        gpu = device == "cuda"
+        backend = "nccl" if gpu else None  # None: the default group's (gloo)
+        groups = [dist.new_group(self.stage_ranks(s), backend=backend)
+                  for s in range(self.pp_size)]  # fmt: skip
+        p2p = dist.new_group(list(range(1, self.world)), backend=backend) if gpu else None
         if rank == 0:
             return None
         stage, g = divmod(rank - 1, self.group)
         prev_rank = self.stage_ranks(stage - 1)[g] if stage > 0 else None
         next_rank = self.stage_ranks(stage + 1)[g] if stage < self.pp_size - 1 else None
-        return Comm(groups[stage], self.group, prev_rank, next_rank)
+        where = f"cuda:{self.local_rank(rank)}" if gpu else "cpu"
+        return Comm(groups[stage], self.group, prev_rank, next_rank, p2p, where)

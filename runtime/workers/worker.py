@@ -1,6 +1,9 @@
 """One rank of a parallel engine: loads its shard, then runs what the driver broadcasts.
 
-Commands (broadcast from rank 0 as Python objects): ("forward", [ForwardBatch, ...]): run
+On GPUs (device "cuda") each rank holds its weights and pool on `cuda:<local rank>` and its
+stage's collectives run over NCCL (workers/layout.py); the batch arrives on the host and is
+copied over, the logits go back to rank 0 from the host. Commands (broadcast from rank 0 as
+Python objects): ("forward", [ForwardBatch, ...]): run
 this rank's part of each micro-batch in turn, the last stage's first rank sending each one's
 logits to rank 0; ("set", name, value): set
 a model attribute (e.g. MLA's `absorb`); ("stop",): leave. Any error ends the process, which
@@ -19,6 +22,8 @@ import torch.distributed as dist
 
 from runtime import settings
 from runtime.attention import make_backend
+from runtime.device import building_on, place_state
+from runtime.device.cuda import bind
 from runtime.memory.kv_pool import KVPool, checkpoint_kv_scales, resolve_dtype
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
@@ -34,12 +39,16 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken p
               "gloo/transport")  # fmt: skip
 
 
-def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int) -> None:
+def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int,
+         device: str = "cpu") -> None:  # fmt: skip
     torch.set_num_threads(threads)
     settings.set_default(settings.TOKENIZERS_PARALLELISM, "false")
+    gpu = device == "cuda"
+    where = torch.device(f"cuda:{layout.local_rank(rank)}" if gpu else "cpu")
+    bind(where)  # this rank's GPU (nothing on the CPU)
     dist.init_process_group("gloo", init_method=addr, rank=rank, world_size=layout.world,
                             timeout=TIMEOUT)  # fmt: skip
-    comm = layout.make_comm(rank)
+    comm = layout.make_comm(rank, device)
     shard = layout.shard(rank)
     box: list = [None]
     dist.broadcast_object_list(box, src=0)  # the driver's setup: dtype and the pool's pages
@@ -51,10 +60,13 @@ def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int) ->
     mine = list(shard.layers(config.num_layers))  # this rank's layers: its pool's indices
     scales = {name: [per_layer[i] for i in mine] for name, per_layer in
               checkpoint_kv_scales(loaded.state_dict, config.num_layers).items()}  # fmt: skip
-    model = model_class(config)(config, loaded.state_dict, dtype, shard=shard, comm=comm,
-                                attention=attention)  # fmt: skip
-    del loaded
-    pool = KVPool(local_config(config, shard), num_pages, page_size, kv_dtype, scales=scales)
+    state = place_state(loaded.state_dict, where)  # the same tensors on the CPU
+    with building_on(where):
+        model = model_class(config)(config, state, dtype, shard=shard, comm=comm,
+                                    attention=attention)  # fmt: skip
+    del loaded, state
+    pool = KVPool(local_config(config, shard), num_pages, page_size, kv_dtype, scales=scales,
+                  device=where)  # fmt: skip
     report = {
         "pid": os.getpid(),
         "weight_bytes": model.weight_bytes(),
@@ -74,17 +86,19 @@ def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int) ->
             setattr(model, command[1], command[2])
         elif command[0] == "forward":  # micro-batches, in order: the stages overlap
             for part in command[1]:
-                logits = model.forward(part, pool)
-                if sends_logits:
-                    dist.send(logits.contiguous(), dst=0)
+                logits = model.forward(part.to(where) if gpu else part, pool)
+                if sends_logits:  # to the driver over gloo: from the host
+                    dist.send(logits.contiguous().cpu(), dst=0)
         elif command[0] == "comm_seconds":
             dist.gather_object(comm.seconds, None, dst=0)
     dist.destroy_process_group()
 
 
-def spawn(layout: Layout, ranks: range, addr: str, model: str) -> list[tuple[object, object]]:
+def spawn(layout: Layout, ranks: range, addr: str, model: str,
+          device: str = "cpu") -> list[tuple[object, object]]:  # fmt: skip
     """Start `ranks` as `python -m runtime.workers.worker` processes, each with its share of
-    this machine's CPU threads; [(Popen, its stderr log file)]."""
+    this machine's CPU threads (and with `device` "cuda", its own GPU);
+    [(Popen, its stderr log file)]."""
     import json
     import subprocess
     import sys
@@ -100,7 +114,8 @@ def spawn(layout: Layout, ranks: range, addr: str, model: str) -> list[tuple[obj
     fields = {name: getattr(layout, name) for name in Layout.__slots__}
     out = []
     for rank in ranks:
-        job = dict(rank=rank, layout=fields, addr=addr, model=model, threads=threads)
+        job = dict(rank=rank, layout=fields, addr=addr, model=model, threads=threads,
+                   device=device)  # fmt: skip
         log = tempfile.TemporaryFile()  # a pipe could fill up and block the rank
         proc = subprocess.Popen(
             [sys.executable, "-m", "runtime.workers.worker", json.dumps(job)],
@@ -118,7 +133,8 @@ def _cli() -> None:
     job = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.WARNING)
     try:
-        main(job["rank"], Layout(**job["layout"]), job["addr"], job["model"], job["threads"])
+        main(job["rank"], Layout(**job["layout"]), job["addr"], job["model"], job["threads"],
+             job.get("device", "cpu"))  # fmt: skip
     except RuntimeError as exc:  # torch.distributed's errors are RuntimeErrors
         if not (isinstance(exc, dist.DistError) or any(t in str(exc) for t in _PEER_GONE)):
             raise

@@ -1,0 +1,123 @@
+"""The engine's device: which one `device="auto" | "cpu" | "cuda" | "cuda:N"` means here, a
+checkpoint's tensors moved there, a model built there, and `DeviceModel`, which hands the model
+each step's batch on its device.
+
+What lives where on a GPU: the weights, the KV pool, each step's tensors, the logits and the
+sampler's arithmetic are on the device; the scheduler, the radix tree, the page allocator and
+the grammar stay on the host (a step's plan is built there and copied over; constrained rows'
+packed bitmasks are stacked on the host and copied once per step by the mask kernel's
+wrapper). On the CPU none of this code runs: `Engine(device="cpu")` builds the model and the
+pool exactly as before and calls the model directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from runtime.attention.forward_batch import ForwardBatch
+from runtime.device import cuda
+from runtime.errors import DeviceUnavailableError, UnsupportedModelError
+from runtime.kernels import cpu_quant
+from runtime.memory.kv_pool import KVPool
+from runtime.models.model import Model
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
+
+
+def resolve_device(spec: str | torch.device = "auto") -> torch.device:
+    """The device `spec` names here: "auto" is the current GPU when
+    `torch.cuda.is_available()`, else the CPU; "cuda" is the current GPU, "cuda:N" GPU N.
+    `DeviceUnavailableError` when a GPU is asked for and none (or not that one) is present;
+    ValueError for anything else."""
+    text = str(spec)
+    if text == "auto":
+        return cuda.current() if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise ValueError(f"device must be one of {list(DEVICE_CHOICES)}, got {text!r}") from None
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type != "cuda":
+        raise ValueError(f"device must be one of {list(DEVICE_CHOICES)}, got {text!r}")
+    if not torch.cuda.is_available():
+        raise DeviceUnavailableError(
+            f"device {text!r} was asked for but CUDA is not available here "
+            f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); use device='cpu' "
+            f"or device='auto'"
+        )
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise DeviceUnavailableError(f"device {text!r}: this machine has {count} GPU(s)")
+    return device if device.index is not None else cuda.current()
+
+
+def place_state(state: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """A checkpoint's tensors on `device` (the same dict's values on the CPU). Weights kept in
+    GGUF block formats run on the CPU only: UnsupportedModelError names the first one."""
+    if device.type == "cpu":
+        return dict(state)
+    out = {}
+    for name, t in state.items():
+        if cpu_quant.is_quantized(t):
+            raise UnsupportedModelError(
+                f"weight {name!r} is in a GGUF block format, which runs on the CPU only; "
+                f"use device='cpu', or a float (safetensors) checkpoint on {device}"
+            )
+        out[name] = t.to(device)
+    return out
+
+
+@contextlib.contextmanager
+def building_on(device: torch.device) -> Iterator[None]:
+    """Tensors a model creates while it is built (biases, rotary frequencies, buffers) land on
+    `device`; nothing changes on the CPU."""
+    if device.type == "cpu":
+        yield
+        return
+    with torch.device(device):
+        yield
+
+
+class DeviceModel:
+    """A model on a device other than the CPU: `forward(batch, pool)` copies the host-built
+    batch to the device first; every other attribute is the model's own."""
+
+    _OWN = frozenset(("_model", "device", "pool", "_threads"))
+
+    def __init__(self, model: Model, pool: KVPool, device: torch.device) -> None:
+        self._model = model
+        self.device = device
+        self.pool = pool
+        self._threads: set[int] = set()  # threads already bound to the device
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # the model's own settings (e.g. DeepSeek's `absorb`) go to the model
+        if name in self._OWN or name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._model, name, value)
+
+    @property
+    def model(self) -> Model:
+        return self._model
+
+    def bind_thread(self) -> None:
+        """Make the device current on the calling thread (the scheduler's or the overlap
+        model thread: a new thread starts on GPU 0), once per thread."""
+        ident = threading.get_ident()
+        if ident not in self._threads:
+            cuda.bind(self.device)
+            self._threads.add(ident)
+
+    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
+        self.bind_thread()
+        return self._model.forward(batch.to(self.device), pool)
