@@ -21,7 +21,7 @@ import torch
 
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.device import cuda
-from runtime.errors import DeviceUnavailableError, UnsupportedModelError
+from runtime.errors import DeviceUnavailableError
 from runtime.kernels import cpu_quant
 from runtime.memory.kv_pool import KVPool
 from runtime.models.model import Model
@@ -58,17 +58,16 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
 
 
 def place_state(state: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
-    """A checkpoint's tensors on `device` (the same dict's values on the CPU). Weights kept in
-    GGUF block formats run on the CPU only: UnsupportedModelError names the first one."""
+    """A checkpoint's tensors on `device` (the same dict's values on the CPU). Weights a GGUF
+    keeps in block formats (Q4_1, Q8_0, ...) have kernels on the CPU only: for another device
+    they are dequantized on the host first (float32, as gguf's reference computes them; the
+    model then casts them to its dtype), so a GGUF file runs on a GPU as its float weights."""
     if device.type == "cpu":
         return dict(state)
     out = {}
     for name, t in state.items():
         if cpu_quant.is_quantized(t):
-            raise UnsupportedModelError(
-                f"weight {name!r} is in a GGUF block format, which runs on the CPU only; "
-                f"use device='cpu', or a float (safetensors) checkpoint on {device}"
-            )
+            t = t.dequantize()
         out[name] = t.to(device)
     return out
 
