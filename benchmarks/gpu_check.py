@@ -216,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/sgl-gpu-check"))
     ap.add_argument("--quick", action="store_true", help="small sizes (the CPU dry run)")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
+    ap.add_argument(
+        "--merge", type=Path, default=None, help="an earlier run's --out: its rows first"
+    )
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -232,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
              "default": lambda: default_rows(device, gguf, a.quick),
              "bench": lambda: bench_rows(device, gguf, a.quick),
              "fewshot": lambda: fewshot_rows(device, gguf, a.quick)}  # fmt: skip
-    rows: list[Row] = []
+    rows = [Row(**r) for r in json.loads(a.merge.read_text())] if a.merge else []
     for section in sections:
         t = time.perf_counter()
         rows += steps[section]()

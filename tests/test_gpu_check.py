@@ -1,0 +1,35 @@
+"""benchmarks/gpu_check.sh and gpu_check.py are run for real only on a lent GPU; here their
+non-GPU parts are: the shell scripts parse, a bad flag is refused, and one comparison of
+gpu_check.py (engine vs transformers, the padded decode path) runs on the CPU."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import gpu_check
+from tests._runtime_fixtures import make_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_payload.sh"])
+def test_the_scripts_parse(script):
+    subprocess.run(["bash", "-n", str(REPO / "benchmarks" / script)], check=True)
+
+
+def test_a_bad_flag_is_refused():
+    out = subprocess.run(["bash", str(REPO / "benchmarks/gpu_check.sh"), "--bogus"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 2 and "usage" in out.stdout
+
+
+def test_one_comparison_runs_on_the_cpu(tmp_path):
+    folder = make_tiny_model(tmp_path / "tiny")
+    kw = {"cuda_graph_bs": [1, 2, 4]}
+    row = gpu_check.compare("tiny", "tiny Llama", folder, torch.device("cpu"), 4, kw)
+    assert row.ok and row.result == "equal", row
+    assert "graphs True" in row.detail
