@@ -130,6 +130,10 @@ def _prefill_rate(engine: Engine, batch: int, length: int) -> float:
     return batch * length / (time.perf_counter() - start)
 
 
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def _sync(engine: Engine) -> None:
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
@@ -140,6 +144,7 @@ def bench_rows(device: torch.device, gguf: Path, quick: bool) -> list[Row]:
     n, plen, pbatch = (16, 128, 2) if quick else (128, 1024, 16)
     rows = []
     for kv in ("bf16", "fp8_e4m3"):
+        by_mode = {}
         for graphs in (True, False):
             kw = dict(dtype="bfloat16", kv_cache_dtype=kv, disable_cuda_graph=not graphs,
                       mem_budget_gb=0.5 if quick else 8.0)  # fmt: skip
@@ -149,9 +154,14 @@ def bench_rows(device: torch.device, gguf: Path, quick: bool) -> list[Row]:
             with Engine(gguf, device=str(device), max_running_requests=max(batches), **kw) as e:
                 decode = [_decode_rate(e, b, n) for b in batches]
                 prefill = _prefill_rate(e, pbatch, plen)
-            rates = ", ".join(f"b{b} {r:,.0f}" for b, r in zip(batches, decode, strict=True))
+            by_mode[graphs] = decode
+            rates = ", ".join(f"b{b} {_rate(r)}" for b, r in zip(batches, decode, strict=True))
             rows.append(Row("bench", case, f"decode tok/s {rates}",
-                            f"prefill {prefill:,.0f} tok/s ({pbatch} x {plen})"))  # fmt: skip
+                            f"prefill {_rate(prefill)} tok/s ({pbatch} x {plen})"))  # fmt: skip
+        ratio = ", ".join(f"b{b} {g / e:.2f}x" for b, g, e in
+                          zip(batches, by_mode[True], by_mode[False], strict=True))  # fmt: skip
+        rows.append(Row("bench", f"KV {kv}: graphs / eager", f"decode {ratio}",
+                        f"{n} new tokens per request"))  # fmt: skip
     return rows
 
 
@@ -184,11 +194,11 @@ def fewshot_rows(device: torch.device, gguf: Path, quick: bool) -> list[Row]:
     theirs = questions * n / (time.perf_counter() - start)
     detail = f"{questions} questions behind a {prefix}-token prefix, {n} tokens each, bf16"
     return [
-        Row("fewshot", "engine, radix cache", f"{ours:,.0f} tok/s", f"{detail}; hit {hit:.0%}"),
+        Row("fewshot", "engine, radix cache", f"{_rate(ours)} tok/s", f"{detail}; hit {hit:.0%}"),
         Row(
             "fewshot",
             "transformers generate (batched)",
-            f"{theirs:,.0f} tok/s",
+            f"{_rate(theirs)} tok/s",
             f"engine / transformers = {ours / theirs:.1f}x",
         ),  # fmt: skip
     ]
