@@ -216,3 +216,21 @@ def test_server_on_cuda_without_cuda_exits_with_the_reason(model_dir, caplog):
 
     assert main(["--device", "cuda", "--model", str(model_dir)]) == 2
     assert "CUDA is not available" in caplog.text
+
+
+def test_block_quantized_weights_are_dequantized_for_another_device():
+    from runtime.device import place_state
+    from runtime.kernels import cpu_quant
+    from runtime.models.loader import quantize_state
+
+    w = torch.randn(64, 64)
+    state = quantize_state(
+        {"model.layers.0.mlp.down_proj.weight": w, "norm": torch.ones(4)}, "q8_0"
+    )
+    assert cpu_quant.is_quantized(state["model.layers.0.mlp.down_proj.weight"])
+    assert place_state(state, torch.device("cpu")) == state  # the CPU keeps the blocks
+    # "meta" stands in for a GPU: every weight arrives as a plain tensor of its shape
+    moved = place_state(state, torch.device("meta"))
+    assert moved["model.layers.0.mlp.down_proj.weight"].device.type == "meta"
+    assert moved["model.layers.0.mlp.down_proj.weight"].shape == (64, 64)
+    assert moved["norm"].device.type == "meta"
