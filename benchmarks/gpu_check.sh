@@ -38,6 +38,7 @@ die() { echo "gpu_check: $*" >&2; exit 1; }
 
 if [ "$part" = dry ]; then  # no GPU: the Python side at small sizes, on the CPU
     bash -n "$0" || die "syntax error in $0"
+    [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python  # the project's
     exec timeout 1500 "$PY" -m benchmarks.gpu_check --device cpu --quick --out "$OUT/dry.json"
 fi
 
