@@ -10,7 +10,9 @@ split-prefix path (`kernels/prefix_extend.py`); else many short chunks share one
 
 Every path gives the reference's numbers up to float rounding (greedy tokens unchanged). MLA
 latents, sliding windows and soft-capping take the torch backend's paths (reference kernels,
-`torch_backend.general_attention`): correct, not planned.
+`torch_backend.general_attention`): correct, not planned. docs/engine.md says why: the planned
+kernels take equal-width K / V pools, read from position 0 through the global page table, and
+have no tanh cap.
 """
 
 from __future__ import annotations
