@@ -107,6 +107,20 @@ def shared_server() -> ServerProcess:
     return _shared
 
 
+_shared_default: ServerProcess | None = None
+
+
+def shared_default_server() -> ServerProcess:
+    """The default-model server (SmolLM2-135M, 0.5 GB for the KV cache) the heavy test modules
+    share, started on first use; its tests only send requests (clean exit on SIGTERM:
+    test_server_lifecycle)."""
+    global _shared_default
+    if _shared_default is None or _shared_default.proc.poll() is not None:
+        _shared_default = ServerProcess(None, "--mem-budget-gb", "0.5")
+        atexit.register(_shared_default.stop)
+    return _shared_default
+
+
 def engine_stats(url: str, headers: dict[str, str] | None = None) -> dict:
     return httpx.get(f"{url}/stats", headers=headers, timeout=30).json()
 

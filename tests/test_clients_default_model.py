@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests._server_fixtures import ServerProcess
+from tests._server_fixtures import shared_default_server
 
 pytestmark = pytest.mark.heavy
 pytest.importorskip("langchain_openai")
@@ -37,9 +37,7 @@ class Person(BaseModel):
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess(None, "--mem-budget-gb", "0.5")
-    yield srv
-    srv.stop()
+    return shared_default_server()
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """Replica failure and recovery behind the gateway (round-robin), and a clean SIGTERM.
 
-Each test that changes a cluster (kills a replica, stops it) starts one of its own, so the
-tests pass in any order or alone: a replica is killed, the other keeps serving, the supervisor
-restarts the dead one and it rejoins; SIGTERM stops everything.
+The module's tests share one cluster, handed out only while it runs with both replicas healthy
+(else a fresh one is started), so the tests pass in any order or alone: a replica is killed,
+the other keeps serving, the supervisor restarts the dead one and it rejoins (the cluster is
+whole again); SIGTERM stops everything (the next test gets a new cluster).
 """
 
 from __future__ import annotations
@@ -26,25 +27,37 @@ from tests._server_fixtures import tiny_model_dir
 pytestmark = pytest.mark.timeout(300)
 
 
-def _started():
-    c = ClusterProcess(tiny_model_dir(), "round_robin")
-    yield c
-    c.stop(signal.SIGKILL if c.proc.poll() is None else signal.SIGTERM)
+class Clusters:
+    """The module's round-robin cluster: `live()` returns it while its process runs and the
+    router sees both replicas healthy, else stops it and starts a fresh one."""
 
+    def __init__(self) -> None:
+        self.current: ClusterProcess | None = None
 
-# read-only tests share one cluster; own_cluster is a fresh one for a test that breaks it
-cluster = pytest.fixture(scope="module", name="cluster")(_started)
-own_cluster = pytest.fixture(name="own_cluster")(_started)
+    def live(self) -> ClusterProcess:
+        c = self.current
+        if c is not None and (c.proc.poll() is not None or len(healthy_urls(c)) != 2):
+            self.close()
+        if self.current is None:
+            self.current = ClusterProcess(tiny_model_dir(), "round_robin")
+        return self.current
 
-
-def _model_of(cluster) -> str:
-    replica = cluster.replica_urls()[0]
-    return httpx.get(f"{replica}/v1/models", timeout=10).json()["data"][0]["id"]
+    def close(self) -> None:
+        if self.current is not None:
+            c, self.current = self.current, None
+            c.stop(signal.SIGKILL if c.proc.poll() is None else signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")
-def model(cluster) -> str:
-    return _model_of(cluster)
+def clusters():
+    held = Clusters()
+    yield held
+    held.close()
+
+
+def model_of(cluster: ClusterProcess) -> str:
+    replica = cluster.replica_urls()[0]
+    return httpx.get(f"{replica}/v1/models", timeout=10).json()["data"][0]["id"]
 
 
 def complete(cluster, model: str, prompt: str, max_tokens: int = 2) -> httpx.Response:
@@ -56,16 +69,18 @@ def healthy_urls(cluster) -> set[str]:
     return {w["url"] for w in cluster.workers() if w["is_healthy"]}
 
 
-def test_round_robin_spreads_a_shared_prefix(cluster, model):
-    replicas = cluster.replica_urls()
+def test_round_robin_spreads_a_shared_prefix(clusters):
+    cluster = clusters.live()
+    model, replicas = model_of(cluster), cluster.replica_urls()
     before = {r: completions_answered(r) for r in replicas}
     for i in range(4):
         assert complete(cluster, model, f"Shared prefix, request {i}").status_code == 200
     assert [completions_answered(r) - before[r] for r in replicas] == [2, 2]
 
 
-def test_killed_replica_leaves_the_other_serving_then_rejoins(own_cluster):
-    cluster, model = own_cluster, _model_of(own_cluster)
+def test_killed_replica_leaves_the_other_serving_then_rejoins(clusters):
+    cluster = clusters.live()
+    model = model_of(cluster)
     pids = cluster.replica_pids()
     victim, survivor = sorted(pids)
     outcomes: list[tuple[int, str]] = []
@@ -112,8 +127,8 @@ def test_killed_replica_leaves_the_other_serving_then_rejoins(own_cluster):
     assert completions_answered(url) >= 1  # a fresh process: every count is new
 
 
-def test_sigterm_stops_the_cluster_and_every_child(own_cluster):
-    cluster = own_cluster
+def test_sigterm_stops_the_cluster_and_every_child(clusters):
+    cluster = clusters.live()
     children = cluster.descendants()
     assert len(children) >= 3, children  # two replicas and the router
     started = time.monotonic()

@@ -8,16 +8,15 @@ import jsonschema
 import openai
 import pytest
 
-from tests._server_fixtures import ServerProcess, constrained_decoding_available
+from tests._server_fixtures import constrained_decoding_available, shared_default_server
 
 pytestmark = pytest.mark.heavy
 
 
 @pytest.fixture(scope="module")
 def client():
-    server = ServerProcess(None, "--mem-budget-gb", "0.5")
-    yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-    assert server.stop() == 0
+    server = shared_default_server()
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
 
 
 def test_default_model_answers_a_question(client):

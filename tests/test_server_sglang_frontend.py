@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from examples.sglang_programs import PROGRAMS
-from tests._server_fixtures import ServerProcess, shared_server
+from tests._server_fixtures import shared_default_server, shared_server
 
 sgl = pytest.importorskip("sglang", reason="SGLang's frontend is not installed")
 
@@ -185,8 +185,7 @@ def test_concate_and_append_request_accepts_unknown_rids(server):
 
 @pytest.mark.heavy
 def test_sglang_programs_on_the_default_model(capsys):
-    server = ServerProcess(None, "--mem-budget-gb", "0.5")
-    sgl.set_default_backend(sgl.RuntimeEndpoint(server.url))
+    sgl.set_default_backend(sgl.RuntimeEndpoint(shared_default_server().url))
     answers = {}
     try:
         for name, run in PROGRAMS.items():
@@ -194,7 +193,6 @@ def test_sglang_programs_on_the_default_model(capsys):
                 answers[name] = run(sgl, budget=48)
     finally:
         sgl.set_default_backend(None)
-        assert server.stop() == 0
     with capsys.disabled():
         for name, facts in answers.items():
             print(f"\n[sglang frontend, default model] {name}: {facts}")
