@@ -205,7 +205,8 @@ async def run_row(srv: dict, fmt: str, kind: str, strict: bool, args) -> dict:
         "cut": cut,
         "valid": sum(r[1] for r in opened) / len(opened) if opened else float("nan"),
         "extra": sum(r[2] for r in opened) / len(opened) if opened else float("nan"),
-        "tokens_per_call": sum(r[4] for r in rows) / calls if calls else float("nan"),
+        # over the answers that hold calls (an auto answer of plain text is not a call's cost)
+        "tokens_per_call": sum(r[4] for r in rows if r[3]) / calls if calls else float("nan"),
         "wall": wall,
         "prompt_same": sum(r[5] for r in rows) / len(rows),
     }
