@@ -2,7 +2,7 @@
 call format.
 
 Run: .venv/bin/python -m benchmarks.tools [--model PATH] [--formats hermes,llama3,...]
-     [--questions 8] [--concurrency 8] [--max-tokens 128]
+     [--questions 4] [--concurrency 4] [--max-tokens 160]
 
 For each tool-call format (`json`: the model's own template with our tools text; `hermes`,
 `llama3`, `mistral`, `deepseekv3`, `pythonic`: a server started with that family's template
@@ -361,9 +361,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--formats", default=",".join(FORMATS))
-    p.add_argument("--questions", type=int, default=8, help="requests per row")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--questions", type=int, default=4, help="requests per row")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--repetition-penalty", type=float, default=1.05)
     p.add_argument("--no-reasoning", action="store_true")
