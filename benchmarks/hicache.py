@@ -31,6 +31,7 @@ import itertools
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -156,6 +157,7 @@ def main() -> None:
             for _ in range(args.repeats):
                 for setup in runs:
                     runs[setup].append(run_sessions(setup, args, pool_tokens, folder))
+                    print(f"  {setup}: {runs[setup][-1].wall:.1f} s", file=sys.stderr)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         report_sessions(args, runs, final, pool_tokens)
@@ -165,6 +167,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for b in backends:
                 per_k[b].append(pd_transfer(args, b))
+                print(f"  pd {b}: {per_k[b][-1] * 1e3:.1f} ms / 1k tokens", file=sys.stderr)
         print(f"\nPD KV transfer, {args.pd_prompts} prompts x ~{args.pd_tokens} tokens over "
               "loopback (decode side, first page to acknowledgement; median of "
               f"{args.repeats}):\n")  # fmt: skip

@@ -147,7 +147,8 @@ class HiCache:
             todo = todo[:fits]
             if not todo:
                 return
-            data = read_pages(self.pool, [pages[i] for i in todo])  # the copy the writer owns
+            # the copy the writer owns (in host memory, whatever device the pool is on)
+            data = read_pages(self.pool, [pages[i] for i in todo]).cpu()
             first = (total - count) * self.ps
             write = _Write([keys[i] for i in todo], [], data)
             for row, i in enumerate(todo):
