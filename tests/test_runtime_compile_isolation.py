@@ -163,6 +163,25 @@ def test_a_compile_past_its_memory_budget_is_refused_naming_it(vocab):
         pool.shutdown()
 
 
+def test_the_time_budget_counts_from_submission_not_from_a_free_worker(vocab):
+    # one worker, busy with a pathological compile: a simple constraint queued behind it is
+    # refused when its own budget (counted from its submission) runs out, not given a fresh
+    # budget once the worker is free; that refusal is not cached
+    pool = CompilePool(lambda: vocab, workers=1, timeout_s=3, prebuild=False)
+    try:
+        pool.start()
+        assert _wait_for(lambda: len(pool.worker_pids()) == 1)
+        busy = pool.submit(CompileSpec("regex", "d{1000000}"))
+        queued = pool.submit(CompileSpec("regex", "[0-9]{3}"))
+        with pytest.raises(CompileBudgetError, match="grammar compile timeout .3 s"):
+            queued.result(timeout=120)
+        with pytest.raises(CompileBudgetError, match="a repetition count of 1000000"):
+            busy.result(timeout=120)
+        assert pool.compile(CompileSpec("regex", "[0-9]{3}")) is not None  # compiled this time
+    finally:
+        pool.shutdown()
+
+
 def test_the_server_answers_a_400_naming_the_limit_beside_a_plain_200():
     server = shared_server()  # the default budget: 10 s
     order: list[str] = []

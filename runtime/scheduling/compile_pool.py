@@ -9,13 +9,16 @@ interpreter each without torch); the serving process only receives the result: t
 and the first mask, built there (see `compile_worker`).
 
 Budgets. A compile that has not finished within `timeout_s` (the server's
-`--grammar-compile-timeout`, `Engine(grammar_compile_timeout_s=)`) is ended: its worker is
-killed (its memory goes back to the system) and a fresh one started; the request gets a
-`CompileBudgetError` (a 400 naming the constraint and the limit). A compile that needs more
-than `memory_mb` of address space fails there with a MemoryError, the same way. A worker that
-grew past `memory_mb / 2` while compiling is replaced after its job, so its memory does not
-stay held. A worker that dies under a job (killed from outside) is replaced and the job
-retried once.
+`--grammar-compile-timeout`, `Engine(grammar_compile_timeout_s=)`) of its submission is ended:
+its worker is killed (its memory goes back to the system) and a fresh one started; the request
+gets a `CompileBudgetError` (a 400 naming the constraint and the limit). The clock starts at
+submission, so time spent waiting for a busy or starting worker counts: a job still queued when
+its budget runs out is refused there (not cached: the constraint itself may be simple). A
+compile that needs more than `memory_mb` of address space fails in its worker with a
+MemoryError, the same way. A worker that grew past `memory_mb / 2` while compiling is replaced
+after its job, so its memory does not stay held. A worker that dies under a job (killed from
+outside) is replaced and the job retried once, with a fresh budget (the death was not the
+constraint's doing).
 
 Sharing. Results are cached per (kind, constraint text, json_schema_mode) in this process (LRU,
 `cache_size` entries; refusals too, so a pathological constraint sent again is answered at
@@ -99,8 +102,10 @@ class CompileSpec:
 class _Job:
     spec: CompileSpec
     future: Future
+    deadline: float  # time.monotonic() when its time budget runs out (counted from submission)
     waiters: list[Any] = field(default_factory=list)  # requests (`.aborted`) waiting for it
     pinned: bool = False  # someone waits who cannot be aborted (a blocking `compile`)
+    taken: bool = False  # a worker thread has it (else it waits in the queue)
 
     def cancelled(self) -> bool:
         waiting = [getattr(w, "aborted", False) for w in self.waiters]
@@ -118,12 +123,35 @@ class _Worker:
         self.proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(mine.detach())
-        self.conn.send_bytes(vocab_message)
-        if not self.conn.poll(_START_TIMEOUT_S):
+        self.started = time.monotonic()
+        self.base_rss = 0
+        self.is_ready = False
+        try:
+            self.conn.send_bytes(vocab_message)
+        except OSError:
             self.kill()
-            raise RuntimeError("the compile worker did not start")
-        self.conn.recv_bytes()  # ("ready", vocab hash)
+            raise
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """True once the worker has built its vocabulary (False: not within `timeout_s`);
+        raises RuntimeError when it died or took longer than any start may."""
+        if self.is_ready:
+            return True
+        try:
+            ready = self.conn.poll(timeout_s)
+            if ready:
+                self.conn.recv_bytes()  # ("ready", vocab hash)
+        except (EOFError, OSError):
+            self.kill()
+            raise RuntimeError("the compile worker died while starting") from None
+        if not ready:
+            if time.monotonic() - self.started > _START_TIMEOUT_S or not self.alive():
+                self.kill()
+                raise RuntimeError("the compile worker did not start")
+            return False
+        self.is_ready = True
         self.base_rss = self.rss()
+        return True
 
     @property
     def pid(self) -> int:
@@ -173,6 +201,7 @@ class CompilePool:
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._workers: list[_Worker | None] = []
+        self._clock: threading.Thread | None = None
         self._closed = False
         self._next_id = 0
         self.restarts = 0  # workers replaced (timeouts, cancellations, deaths, recycling)
@@ -196,7 +225,7 @@ class CompilePool:
                 return fut
             job = self._inflight.get(key)
             if job is None:
-                job = _Job(spec, Future())
+                job = _Job(spec, Future(), time.monotonic() + self.timeout_s)
                 self._inflight[key] = job
                 self._jobs.put(job)
                 self._start_threads()
@@ -238,6 +267,24 @@ class CompilePool:
             )
             self._threads.append(t)
             t.start()
+        if self._clock is None:
+            self._clock = threading.Thread(target=self._watch_queue, name="sgl-compile-clock",
+                                           daemon=True)  # fmt: skip
+            self._clock.start()
+
+    def _watch_queue(self) -> None:
+        """Ends the jobs still waiting for a worker when their budget runs out (a job's
+        budget counts from its submission, so waiting for a busy or starting worker counts)."""
+        while not self._closed:
+            time.sleep(_POLL_S)
+            now = time.monotonic()
+            with self._lock:
+                late = [j for j in self._inflight.values() if not j.taken and now > j.deadline]
+                for job in late:
+                    job.taken = True  # a worker thread that gets it from the queue skips it
+            for job in late:
+                why = largest_count(job.spec) or "no compile worker was free before it"
+                self._finish(job, self._timeout_error(job.spec, why), cache=False)
 
     def _vocab_message(self) -> bytes:
         v = self.vocab()
@@ -246,6 +293,7 @@ class CompilePool:
         return pickle.dumps((data, v.eos_token_ids, sorted(specials), self.prebuild))
 
     def _worker(self, slot: int) -> _Worker:
+        """The slot's worker, started (not necessarily ready yet) when it had none."""
         w = self._workers[slot]
         if w is not None and w.alive():
             return w
@@ -258,6 +306,17 @@ class CompilePool:
             if self._closed:
                 w.kill()
         return w
+
+    def _ready_worker(self, slot: int) -> None:
+        """Start the slot's worker (if it has none) and wait until it is ready."""
+        try:
+            w = self._worker(slot)
+            while not self._closed and not w.wait_ready(1.0):
+                pass
+        except (OSError, RuntimeError):
+            logger.warning("compile worker %d did not start", slot, exc_info=True)
+            self._retire(slot)
+            time.sleep(1.0)
 
     def _retire(self, slot: int) -> None:
         w = self._workers[slot]
@@ -274,17 +333,18 @@ class CompilePool:
 
     def _serve(self, slot: int) -> None:
         while True:
-            if not self._closed:
-                try:  # a replacement starts while the slot is idle, not under the next job
-                    self._worker(slot)
-                except (OSError, RuntimeError):
-                    logger.warning("compile worker %d did not start", slot, exc_info=True)
+            if not self._closed:  # a replacement starts while the slot is idle
+                self._ready_worker(slot)
             try:
                 job = self._jobs.get(timeout=1.0)
             except queue.Empty:
                 continue  # (a worker that died idle is replaced above)
             if job is None:
                 return
+            with self._lock:
+                if job.taken:  # its budget ran out while it waited (see _watch_queue)
+                    continue
+                job.taken = True
             try:
                 outcome = self._run(slot, job)
             except BaseException as exc:  # the pool itself failed: the job must still end
@@ -299,15 +359,27 @@ class CompilePool:
                 return CompileCancelledError("the requests waiting for this compile went away")
             try:
                 worker = self._worker(slot)
+                while not worker.wait_ready(_POLL_S):
+                    if job.cancelled():
+                        return CompileCancelledError("the requests waiting for it went away")
+                    if time.monotonic() > job.deadline:
+                        return self._timeout_error(job.spec, largest_count(job.spec))
             except (OSError, RuntimeError) as exc:
+                self._retire(slot)
                 return GrammarError(f"{job.spec.kind}: no compile worker: {exc}")
             outcome = self._on_worker(slot, worker, job)
             if outcome != "died" or attempt == 1:
                 break
             logger.warning("compile worker %d died under a job; retrying once", worker.pid)
+            # the worker was killed from outside, not for the constraint: a fresh budget
+            job.deadline = max(job.deadline, time.monotonic() + self.timeout_s)
         if outcome == "died":
             return GrammarError(f"{job.spec.kind}: the compile worker died while compiling it")
         return outcome
+
+    def _timeout_error(self, spec: CompileSpec, why: str) -> CompileBudgetError:
+        limit = f"{self.timeout_s:g} s"
+        return CompileBudgetError(_name(spec), "grammar compile timeout", limit, why)
 
     def _on_worker(self, slot: int, worker: _Worker, job: _Job) -> Any:
         self._next_id += 1
@@ -320,7 +392,6 @@ class CompilePool:
         except OSError:
             self._retire(slot)
             return "died"
-        deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 ready = worker.conn.poll(_POLL_S)
@@ -334,12 +405,9 @@ class CompilePool:
             if job.cancelled():
                 self._retire(slot)  # the only way to stop a compile: end its process
                 return CompileCancelledError("the requests waiting for this compile went away")
-            if time.monotonic() > deadline:
+            if time.monotonic() > job.deadline:
                 self._retire(slot)
-                limit = f"{self.timeout_s:g} s"
-                return CompileBudgetError(
-                    _name(spec), "grammar compile timeout", limit, largest_count(spec)
-                )
+                return self._timeout_error(spec, largest_count(spec))
         try:
             header = pickle.loads(worker.conn.recv_bytes())
             payload = worker.conn.recv_bytes()
@@ -368,11 +436,12 @@ class CompilePool:
             )
         return compiled, vocab, header[2]
 
-    def _finish(self, job: _Job, outcome: Any) -> None:
+    def _finish(self, job: _Job, outcome: Any, cache: bool = True) -> None:
         key = job.spec.key()
         with self._lock:
-            self._inflight.pop(key, None)
-            if not isinstance(outcome, CompileCancelledError):
+            if self._inflight.get(key) is job:
+                self._inflight.pop(key)
+            if cache and not isinstance(outcome, CompileCancelledError):
                 self._cache[key] = outcome if isinstance(outcome, BaseException) else outcome[0]
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
