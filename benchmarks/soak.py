@@ -1,7 +1,7 @@
 """Soak test of `runtime.server`: a mixed load from many clients, with faults, for minutes.
 
 Run: .venv/bin/python -m benchmarks.soak [--minutes 10] [--clients 16] [--model PATH]
-     [--url URL (a running server; no faults on its processes)] [--no-faults] [--json FILE]
+     [--topology server|replicas|pd|tp] [--fault-every S | --no-faults] [--json FILE]
 
 Each client sends requests one after another, of these kinds in turn (a client starts at its
 own place in the list): plain chat (its latency is the one reported), streamed, streamed and
@@ -10,14 +10,20 @@ max_tokens), regex, GBNF (`ebnf`), tools (a tool call parsed back), `n=2`, a cli
 up after 50 ms (cancelled), a malformed body (must be a 4xx), and a pathological constraint
 (`benchmarks.isolation`'s, must be answered: a 200 or a 4xx naming the limit).
 
-Faults (unless --no-faults): every `--fault-every` seconds one of the server's compile
-workers is killed (SIGKILL); the server must replace it and no request may fail for it.
+Topologies and their faults (`benchmarks.soak_topologies`): one server (a compile worker
+killed), a 2-replica cluster (a replica killed), a prefill-decode cluster (a prefill server
+killed while it has a request in flight), a `--tp 2` server (a tensor-parallel rank killed).
+Every `--fault-every` seconds the victim is killed with SIGKILL; the next fault waits until the
+topology is whole again (the time it took is reported).
 
-The report: requests answered (2xx), refused (4xx), failed (5xx), hung (no answer within
-`--hang-s`, none allowed), cancelled on purpose; p50 / p99 latency of the plain requests; the
-server's resident memory after warm-up and at the end; after `/flush_cache` the pool's used
-tokens (must be 0) and the engine's integrity check of the pool and radix tree. The exit status
-is 1 when a hang, an unexpected 5xx, a wrong answer, a leak or a failed check was seen.
+The report: requests answered (2xx), refused (4xx), failed (5xx: those in flight when a process
+was killed, and the others, which must be none), hung (no answer within `--hang-s`, none
+allowed), cancelled on purpose; p50 / p99 latency of the plain requests; the serving
+processes' resident memory (summed) after warm-up and at the end; after `/flush_cache` on every
+server the pools' used tokens (must be 0) and each engine's integrity check of the pool and
+radix tree; whether the killed processes came back. The exit status is 1 when a hang, a 5xx
+not in flight at a kill, a wrong answer, a leak, a failed check or a process not brought back
+was seen.
 
 This module also starts servers for the other server benchmarks here (`start_server`).
 """
@@ -29,12 +35,8 @@ import asyncio
 import json
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,64 +44,11 @@ from pathlib import Path
 import httpx
 import jsonschema
 
+from benchmarks import soak_topologies
 from benchmarks.server import rss_mb, wait_idle
+from benchmarks.soak_topologies import SMALL_ENGINE, Server, Topology, start_server
 
-REPO = Path(__file__).resolve().parents[1]
-SMALL_ENGINE = ["--mem-budget-gb", "0.5", "--num-threads", "1"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass(slots=True)
-class Server:
-    proc: subprocess.Popen
-    url: str
-    log: str
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def tail(self, n: int = 4000) -> str:
-        return Path(self.log).read_text(errors="replace")[-n:]
-
-
-def start_server(
-    model: str | None, extra: list[str] | None = None, module: str = "runtime.server"
-) -> Server:
-    """`python -m runtime.server` on a free port (the default model unless `model`), once
-    `/health` answers."""
-    port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="sgl-soak-", suffix=".log", delete=False).name
-    cmd = [sys.executable, "-m", module, "--port", str(port), *SMALL_ENGINE, *(extra or [])]
-    if model:
-        cmd += ["--model", model]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
-    server = Server(proc, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.tail()}")
-        try:
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    server.stop()
-    raise RuntimeError(f"server did not start:\n{server.tail()}")
-
+__all__ = ["SMALL_ENGINE", "Server", "soak", "start_server"]
 
 # ---- the load -------------------------------------------------------------------------------
 KINDS = (
@@ -138,7 +87,7 @@ class Tally:
     failures: list[str] = field(default_factory=list)
     plain_s: list[float] = field(default_factory=list)
     by_kind: dict[str, int] = field(default_factory=dict)
-    killed_workers: int = 0
+    failed_spans: list[tuple[float, float]] = field(default_factory=list)  # (sent, answered)
 
 
 def _body(kind: str, k: int) -> dict:
@@ -262,10 +211,12 @@ async def one_request(http: httpx.AsyncClient, kind: str, k: int, t: Tally, hang
     except httpx.HTTPError as e:
         t.failed += 1
         t.failures.append(f"{kind}: {type(e).__name__}: {e}")
+        t.failed_spans.append((started, time.perf_counter()))
         return
     if status >= 500:
         t.failed += 1
         t.failures.append(problem or f"{kind}: {status}")
+        t.failed_spans.append((started, time.perf_counter()))
     elif status >= 400:
         t.refused += 1
         if kind not in ("malformed", "pathological"):
@@ -295,62 +246,91 @@ async def run_load(url: str, minutes: float, clients: int, hang_s: float, t: Tal
 
 
 # ---- faults and checks ----------------------------------------------------------------------
-def compile_worker_pids(server_pid: int) -> list[int]:
-    """The server's compile workers: its children running compile_worker.py."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat[1]) == server_pid and b"compile_worker.py" in cmd:
-            out.append(int(entry.name))
-    return out
-
-
-async def inject_faults(server: Server, every_s: float, until: float, t: Tally) -> None:
+async def inject_faults(topo: Topology, every_s: float, until: float) -> None:
+    """Every `every_s`: kill the topology's victim, then wait until it is back (the next fault
+    comes `every_s` after that)."""
     rng = random.Random(0)
     while time.monotonic() + every_s < until:
         await asyncio.sleep(every_s)
-        pids = compile_worker_pids(server.proc.pid)
-        if pids:
-            os.kill(rng.choice(pids), signal.SIGKILL)
-            t.killed_workers += 1
+        fault = await asyncio.to_thread(topo.inject, rng)
+        if fault is None:
+            continue
+        await asyncio.sleep(1.0)
+        while time.monotonic() - fault.at < 600:
+            if await asyncio.to_thread(topo.recovered):
+                fault.back_after_s = round(time.monotonic() - fault.at, 1)
+                break
+            await asyncio.sleep(1.0)
 
 
-def soak(url: str, server: Server | None, args: argparse.Namespace) -> dict:
+def _at_a_fault(span: tuple[float, float], faults: list, grace_s: float = 2.0) -> bool:
+    """Was the request in flight when a fault struck (sent before it, answered after)?"""
+    return any(span[0] <= f.at + grace_s and span[1] >= f.at for f in faults)
+
+
+def _settle(topo: Topology, timeout_s: float = 600) -> bool:
+    """Wait until the topology is whole again and every server idle."""
+    deadline = time.monotonic() + timeout_s
+    while not topo.recovered():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
+    for url, _ in topo.servers():
+        wait_idle(url)
+    return True
+
+
+def _pools(topo: Topology) -> dict:
+    """After `/flush_cache` on every server: their used pool tokens and integrity checks."""
+    used, checks = 0, []
+    for url, pid in topo.servers():
+        flush = httpx.post(f"{url}/flush_cache", timeout=60).json()
+        stats = httpx.get(f"{url}/stats", timeout=30).json()
+        used += stats.get("pool_used_tokens") or 0
+        checks.append(f"{topo.role(pid)}: {flush.get('integrity', 'not reported')}")
+    ok = all(c.endswith((": ok", ": not reported")) for c in checks)
+    return {"pool_used_tokens_after_flush": used, "integrity": "ok" if ok else checks,
+            "integrity_per_server": checks}  # fmt: skip
+
+
+def _rss(topo: Topology) -> float:
+    return sum(rss_mb(pid) for _, pid in topo.servers())
+
+
+def soak(topo: Topology, args: argparse.Namespace) -> dict:
     warm = Tally()
-    asyncio.run(run_load(url, 0.25, min(args.clients, 4), args.hang_s, warm))  # warm-up
-    wait_idle(url)
-    pid = server.proc.pid if server is not None else None
-    rss_start = rss_mb(pid)
+    asyncio.run(run_load(topo.url, 0.25, min(args.clients, 4), args.hang_s, warm))  # warm-up
+    _settle(topo)
+    rss_start = _rss(topo)
+    pids_start = sorted(pid for _, pid in topo.servers())
+    load_start = os.getloadavg()
     t = Tally()
 
     async def load_and_faults() -> None:
         until = time.monotonic() + args.minutes * 60
-        jobs = [run_load(url, args.minutes, args.clients, args.hang_s, t)]
-        if server is not None and args.fault_every > 0:
-            jobs.append(inject_faults(server, args.fault_every, until, t))
+        jobs = [run_load(topo.url, args.minutes, args.clients, args.hang_s, t)]
+        if args.fault_every > 0:
+            jobs.append(inject_faults(topo, args.fault_every, until))
         await asyncio.gather(*jobs)
 
     started = time.monotonic()
     asyncio.run(load_and_faults())
     took = time.monotonic() - started
-    wait_idle(url)
-    rss_end = rss_mb(pid)
-    flush = httpx.post(f"{url}/flush_cache", timeout=60).json()
-    stats = httpx.get(f"{url}/stats", timeout=30).json()
+    recovered = _settle(topo)
+    rss_end = _rss(topo)
+    at_fault = sum(_at_a_fault(span, topo.faults) for span in t.failed_spans)
     q = sorted(t.plain_s)
     report = {
+        "topology": topo.name,
         "minutes": round(took / 60, 2),
         "clients": args.clients,
+        "load_average_start_end": [load_start, os.getloadavg()],
         "requests": t.answered + t.refused + t.failed + t.hung + t.cancelled,
         "answered_2xx": t.answered,
         "refused_4xx": t.refused,
         "failed_5xx": t.failed,
+        "failed_in_flight_at_a_kill": at_fault,
+        "failed_other": t.failed - at_fault,
         "hung": t.hung,
         "cancelled_on_purpose": t.cancelled,
         "wrong": t.wrong[:10],
@@ -360,18 +340,19 @@ def soak(url: str, server: Server | None, args: argparse.Namespace) -> dict:
         "plain_p99_s": round(q[min(len(q) - 1, int(len(q) * 0.99))], 3) if q else None,
         "rss_start_mb": round(rss_start, 1),
         "rss_end_mb": round(rss_end, 1),
-        "flushed": flush.get("flushed"),
-        "pool_used_tokens_after_flush": stats.get("pool_used_tokens"),
-        "integrity": flush.get("integrity", "not reported"),
-        "compile_workers_killed": t.killed_workers,
+        "server_pids_start_end": [pids_start, sorted(pid for _, pid in topo.servers())],
+        **_pools(topo),
+        "faults": [f"{f.what}: back after {f.back_after_s} s" for f in topo.faults],
+        "recovered": recovered,
         "by_kind": t.by_kind,
     }
     report["ok"] = (
         t.hung == 0
-        and t.failed == 0
+        and report["failed_other"] == 0
         and not t.wrong
+        and recovered
         and report["pool_used_tokens_after_flush"] == 0
-        and report["integrity"] in ("ok", "not reported")
+        and report["integrity"] == "ok"
         and not (rss_end > rss_start * 1.10)
     )
     return report
@@ -382,20 +363,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--model", default=None)
-    p.add_argument("--url", default=None, help="a running server (no faults then)")
-    p.add_argument("--fault-every", type=float, default=30.0, help="seconds between faults")
+    p.add_argument("--topology", choices=soak_topologies.TOPOLOGIES, default="server")
+    p.add_argument(
+        "--fault-every", type=float, default=None,
+        help="seconds between faults (default: 30 on one server, 120 on the others)",
+    )  # fmt: skip
     p.add_argument("--no-faults", dest="fault_every", action="store_const", const=0.0)
     p.add_argument("--hang-s", type=float, default=120.0, help="no answer within: hung")
     p.add_argument("--server-arg", action="append", default=[], help="extra server flag")
     p.add_argument("--json", default=None, help="write the report here too")
     args = p.parse_args(argv)
-    server = None if args.url else start_server(args.model, args.server_arg)
-    url = args.url or server.url
+    if args.fault_every is None:
+        args.fault_every = 30.0 if args.topology == "server" else 120.0
+    topo = soak_topologies.start(args.topology, args.model, args.server_arg)
     try:
-        report = soak(url, server, args)
+        report = soak(topo, args)
     finally:
-        if server is not None:
-            server.stop()
+        topo.stop()
     print(json.dumps(report, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

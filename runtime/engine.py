@@ -544,6 +544,7 @@ class Engine:
             "forward_steps": c["forward_steps"],
             "preemptions": c["preemptions"],
             "requests_finished": c["requests_finished"],
+            "rank_restarts": c["rank_restarts"],  # a parallel engine's ranks, after one died
             "running": len(s.running),
             "waiting": len(s.waiting),
             "busy_s": s.busy_s,

@@ -58,6 +58,14 @@ CASES = [
         "",
         id="model-omitted-means-the-served-one",
     ),
+    pytest.param(  # what the gateway sends in front of a cluster when the client named none
+        "/v1/chat/completions",
+        {"model": "unknown", "messages": USER, "max_tokens": 2},
+        200,
+        None,
+        "",
+        id="the-gateways-unknown-means-the-served-one",
+    ),
     pytest.param(
         "/v1/chat/completions",
         {"model": "M", "messages": []},

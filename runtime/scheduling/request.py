@@ -178,6 +178,7 @@ class Request:
         self.constraint: Constraint | None = constraint
         self.cache_limit: int | None = None  # cache at most this many tokens while running
         self.admit_order = 0
+        self.rank_failures = 0  # steps of it that failed because a parallel rank died
         # prefill-decode disaggregation (runtime/disaggregation): on a prefill server, the room
         # this request's KV goes to; on a decode server, the KV it arrived with
         self.handoff: Handoff | None = None

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from runtime.attention.forward_batch import ForwardBatch
-from runtime.errors import PromptTooLongError
+from runtime.errors import PromptTooLongError, WorkerError
 from runtime.memory.hicache import HiCache
 from runtime.memory.kv_pool import KVPool
 from runtime.memory.pages import PageBook
@@ -74,7 +74,8 @@ class Scheduler:
         self.generator = torch.Generator().manual_seed(0)
         self.counters = dict.fromkeys(
             ("prefill_computed", "prefill_cached", "prefill_cached_storage", "decode_tokens",
-             "generated_tokens", "forward_steps", "preemptions", "requests_finished"),
+             "generated_tokens", "forward_steps", "preemptions", "requests_finished",
+             "rank_restarts"),
             0,
         )  # fmt: skip
         self.busy_s = 0.0  # wall time of steps that ran a forward pass
@@ -128,6 +129,8 @@ class Scheduler:
                 break
             try:
                 self._reap_aborted()
+                if getattr(self.model, "failed", None) and self._restartable():
+                    self._recover_ranks(WorkerError(f"parallel engine: {self.model.failed}"))
                 t0 = time.perf_counter()
                 if self.step():
                     self.busy_s += time.perf_counter() - t0
@@ -136,18 +139,56 @@ class Scheduler:
                         self._handle(self.inbox.get(timeout=0.05))
                     except queue.Empty:
                         pass
+            except WorkerError as exc:
+                if not self._restartable():
+                    self._abort_all(exc)
+                else:
+                    self._recover_ranks(exc)
             except Exception as exc:  # a bug or a bad input must not kill the engine
                 logger.exception("scheduler step failed; aborting the requests in flight")
-                for req in list(self.running):
-                    req.error = exc
-                    self.finish(req, "abort")
-                while self.waiting:  # one of them may be the cause: do not loop on it
-                    req = self.waiting.popleft()
-                    req.error = exc
-                    self._deliver_finished(req, "abort")
+                self._abort_all(exc)
         for req in list(self.running) + list(self.waiting):
             req.error = RuntimeError("engine shut down")
             self.finish(req, "abort")
+
+    def _abort_all(self, exc: BaseException) -> None:
+        """End every request in flight or waiting with `exc` (a step failed; one of them may
+        be the cause, so none is retried)."""
+        for req in list(self.running):
+            req.error = exc
+            self.finish(req, "abort")
+        while self.waiting:
+            req = self.waiting.popleft()
+            req.error = exc
+            self._deliver_finished(req, "abort")
+
+    def _restartable(self) -> bool:
+        return bool(getattr(self.model, "restartable", False))
+
+    def _recover_ranks(self, exc: WorkerError) -> None:
+        """A rank of the parallel engine died: its KV is gone. The running requests go back to
+        the queue (their tokens so far kept, their KV recomputed, as after a preemption; one
+        that was running at two rank failures is ended instead: it may be the cause), the
+        radix cache is emptied (its KV lived on the ranks too) and the ranks are restarted.
+        The waiting requests wait meanwhile."""
+        logger.error("%s; requeueing %d running requests, restarting the ranks", exc,
+                     len(self.running))  # fmt: skip
+        for req in sorted(self.running, key=lambda r: r.admit_order, reverse=True):
+            req.rank_failures += 1
+            if req.rank_failures >= 2 or req.handoff is not None or req.imported is not None:
+                req.error = exc
+                self.finish(req, "abort")
+            else:
+                self.preempt(req)
+        if self.tree is not None:
+            self.tree.evict(self.tree.evictable_pages)
+        try:
+            self.model.restart()
+        except Exception as err:  # no ranks: nothing can run; the next request tries again
+            logger.exception("restarting the parallel engine's ranks failed")
+            self._abort_all(err)
+            return
+        self.counters["rank_restarts"] += 1
 
     def _handle(self, item: tuple[str, Any] | None) -> None:
         if item is None:

@@ -11,6 +11,9 @@ from runtime.server.bridge import EngineBridge
 from runtime.server.errors import APIError
 from runtime.server.metrics import ServerMetrics
 
+# the SGLang Model Gateway (runtime.cluster) fills a request's missing "model" with this
+GATEWAY_NO_MODEL = "unknown"
+
 
 @dataclass(slots=True)
 class ServerState:
@@ -40,8 +43,9 @@ class ServerState:
         return {self.model_name, str(self.engine.model_path)}
 
     def check_model(self, model: str | None) -> None:
-        """404 unless `model` is the served model (its name or path; None means it)."""
-        if model is not None and model not in self.model_names():
+        """404 unless `model` is the served model (its name or path; None means it, and so
+        does `GATEWAY_NO_MODEL`, what the gateway sends for a request that named none)."""
+        if model not in (None, GATEWAY_NO_MODEL) and model not in self.model_names():
             raise APIError(
                 404,
                 f"model {model!r} does not exist; this server serves {self.model_name!r}",

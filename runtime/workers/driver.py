@@ -6,8 +6,9 @@ The engine's process is rank 0 of a `torch.distributed` group (gloo) whose other
 the CPU threads. The scheduler, the radix cache and the page allocator stay here; a step's plan
 (token ids, positions, out slots, page tables) is broadcast, so every rank writes the same
 pages of its own pool. If any rank dies, the others are stopped and every step from then on
-raises `WorkerError` (the scheduler ends the requests in flight with it); `shutdown()` stops
-them all.
+raises `WorkerError`; the scheduler then calls `restart()`, which starts fresh ranks (on one
+machine; their KV pools empty) and requeues the requests that were running (see the
+scheduler's `_recover_ranks`). `shutdown()` stops them all.
 """
 
 from __future__ import annotations
@@ -66,22 +67,53 @@ class ParallelModel:
             )
         if nnodes > 1 and not dist_init_addr:
             raise ParallelConfigError("nnodes > 1 needs dist_init_addr (host:port of node 0)")
-        addr = f"tcp://{dist_init_addr or f'127.0.0.1:{_free_port()}'}"
         self.setup = {"dtype": str(dtype).replace("torch.", ""), "pages": (num_pages, page_size),
                       "attention": attention_backend,
                       "kv_dtype": str(kv_dtype or dtype).replace("torch.", "")}  # fmt: skip
         self.device = device
-        spawned = spawn(self.layout, self.layout.node_ranks(0), addr, str(path), device)
+        self.path = str(path)
+        self.dist_init_addr = dist_init_addr
+        self.restarts = 0
+        self.procs: list[subprocess.Popen] = []
+        atexit.register(self._kill)
+        self._start_ranks()
+
+    def _start_ranks(self) -> None:
+        addr = f"tcp://{self.dist_init_addr or f'127.0.0.1:{_free_port()}'}"
+        spawned = spawn(self.layout, self.layout.node_ranks(0), addr, self.path, self.device)
         self.procs = [proc for proc, _ in spawned]
         self.logs = [log for _, log in spawned]
-        atexit.register(self._kill)
         try:
             self._join(addr)
         except BaseException:
             self._kill()
             raise
-        self._monitor = threading.Thread(target=self._watch, name="sgl-workers", daemon=True)
+        self._monitor = threading.Thread(
+            target=self._watch, args=(self.procs,), name="sgl-workers", daemon=True
+        )
         self._monitor.start()
+
+    @property
+    def restartable(self) -> bool:
+        """Whether `restart` can bring the ranks back: every rank on this machine, on CPU (a
+        restart of GPU ranks is not tried yet)."""
+        return self.layout.nnodes == 1 and str(self.device) == "cpu"
+
+    def restart(self) -> None:
+        """After a rank failed: stop every rank, leave the process group and start fresh ranks
+        (their KV pools empty: the caller drops what it cached). Raises WorkerError when the
+        new ranks do not start."""
+        with self._lock:
+            if not self.restartable:
+                raise WorkerError(f"parallel engine: {self.failed} (ranks on other machines)")
+            self.failed = self.failed or "restarting"
+            self._kill()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self._start_ranks()
+            self.failed = None
+            self.restarts += 1
+            logger.warning("parallel engine: ranks restarted (%d so far)", self.restarts)
 
     # ---- start-up ----------------------------------------------------------------------------
     def _join(self, addr: str) -> None:
@@ -135,13 +167,14 @@ class ParallelModel:
         tail = log.read().decode(errors="replace")[-2000:].strip()
         return f"rank {rank} (pid {proc.pid}) exited with {code}: {tail}"
 
-    def _watch(self) -> None:
-        """Any rank dying stops the others: a step in flight then fails instead of waiting."""
-        while self.failed is None:
+    def _watch(self, procs: list[subprocess.Popen]) -> None:
+        """Any rank dying stops the others: a step in flight then fails instead of waiting.
+        (`procs`: the ranks it watches; a restart starts a new watcher for the new ones.)"""
+        while self.failed is None and self.procs is procs:
             # a PEER_LOST rank seen alone: the rank that caused it gets a moment to be seen too
-            exited = any(proc.poll() is not None for proc in self.procs)
+            exited = any(proc.poll() is not None for proc in procs)
             dead = self._dead_worker(wait=1.0) if exited else None
-            if dead and self.failed is None:
+            if dead and self.failed is None and self.procs is procs:
                 self.failed = dead
                 logger.error("parallel engine: %s; stopping the other ranks", dead)
                 self._kill()
