@@ -240,3 +240,46 @@ def test_additional_keys_cannot_spell_a_property_name_with_escapes() -> None:
     parser.parse('{"b":"x"}')
     with pytest.raises(lark.exceptions.LarkError):
         parser.parse('{"\\u0061":"x"}')
+
+
+def _alive(g, text: str) -> bool:
+    """Whether the CFG constraint can still complete `text` (the mask's view)."""
+    m = g.matcher()
+    try:
+        m.advance_bytes(text.encode())
+    except GrammarError:
+        return False
+    return not m.is_dead()
+
+
+def test_strict_mode_bounds_numbers_and_closes_objects_on_the_lark_path() -> None:
+    from grammar.json_schema.number_text import FLOAT64_FRACTION_DIGITS, FLOAT64_INT_DIGITS
+
+    schema = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "v": {"type": "number"},
+                    "n": {"type": "integer"},
+                    "any": {},
+                    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                },
+                "required": ["v"],
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    strict = compile_json_schema_cfg(schema, deepseek_vocab(), json_schema_mode="strict")
+    exact = compile_json_schema_cfg(schema, deepseek_vocab())
+    fraction = '{"v":1.' + "0" * FLOAT64_FRACTION_DIGITS
+    integer = '{"v":1,"kids":[{"v":' + "1" * FLOAT64_INT_DIGITS
+    looping_any = '{"v":1,"any":[2.' + "0" * FLOAT64_FRACTION_DIGITS
+    for text in (fraction, integer, looping_any):
+        assert _alive(strict, text) and _alive(exact, text)
+        assert not _alive(strict, text + "0")  # one digit past a float64's: cut
+        assert _alive(exact, text + "0" * 200)  # exact mode: the schema's own language
+    # integers within I-JSON's range; objects closed to their declared properties
+    assert _alive(strict, '{"v":1,"n":9007199254740991')
+    assert not _alive(strict, '{"v":1,"n":9007199254740992')
+    assert not _alive(strict, '{"v":1,"extra"') and _alive(exact, '{"v":1,"extra"')

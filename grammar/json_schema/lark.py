@@ -21,7 +21,9 @@ import json
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.json_schema.number_text import FLOAT64_NUMBER
 from grammar.json_schema.refs.local import local_refs, pointer_target
+from grammar.json_schema.strict import apply_mode, check_mode
 from grammar.json_schema.vocabulary import ANNOTATIONS, kind_of
 
 # the keywords that annotate: `vocabulary.ANNOTATIONS`
@@ -38,8 +40,8 @@ json_any: json_obj | json_arr | JSON_STRING | JSON_NUMBER | "true" | "false" | "
 json_obj: "{" [JSON_STRING ":" json_any ("," JSON_STRING ":" json_any)*] "}"
 json_arr: "[" [json_any ("," json_any)*] "]"
 JSON_STRING: /"([^"\\\x00-\x1f]|\\["\\\/bfnrt]|\\u[0-9a-fA-F]{4})*"/
-JSON_NUMBER: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/
 """
+_ANY_NUMBER = r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"
 
 
 def _lark_regex(regex: str) -> str:
@@ -84,8 +86,9 @@ def _types_of(schema: Any) -> set[str] | None:
 
 
 class _Builder:
-    def __init__(self, root: Any) -> None:
+    def __init__(self, root: Any, mode: str = "exact") -> None:
         self.root = root
+        self.mode = mode  # "strict": closed objects, bounded numbers (json_schema_to_lark)
         self.lines: list[str] = []
         self.by_ref: dict[str, str] = {}
         self.n_rules = 0
@@ -232,6 +235,7 @@ class _Builder:
         draft = self.root.get("$schema") if isinstance(self.root, dict) else None
         if isinstance(draft, str):  # the draft decides what an integer's spellings are
             schema = {**schema, "$schema": draft}
+        schema = apply_mode(schema, self.mode)  # strict: bounded digits, I-JSON integers
         try:
             regex = json_schema_to_regex(schema)
         except UnsupportedSchemaError as e:
@@ -242,7 +246,8 @@ class _Builder:
     def object(self, schema: dict, ptr: str) -> str:
         props: dict[str, Any] = dict(schema.get("properties", {}))
         required = list(dict.fromkeys(schema.get("required", [])))
-        extra = schema.get("additionalProperties", True)
+        # strict mode: an object emits only the properties it declares
+        extra = schema.get("additionalProperties", self.mode != "strict")
         for name in required:
             if name not in props:
                 if extra is False:
@@ -335,24 +340,35 @@ def _string_except(names: list[str]) -> str:
     return ra.to_text(string_except(names, ra.parsed(STRING_CHAR), "#"))
 
 
-def json_schema_to_lark(schema: Any, *, whitespace: bool = False) -> str:
+def json_schema_to_lark(
+    schema: Any, *, whitespace: bool = False, json_schema_mode: str = "exact"
+) -> str:
     """A lark grammar (start rule `start`) of the compact serialisations of a schema's
-    instances; `$ref` cycles become recursive rules."""
+    instances; `$ref` cycles become recursive rules. `json_schema_mode` as in
+    `compile_json_schema`: "strict" closes each object that leaves `additionalProperties` unset
+    to its declared properties, keeps integers without bounds within I-JSON's range and bounds
+    a number's digits to a float64's (`number_text.FLOAT64_NUMBER`), in values of any type
+    (`{}`) too."""
     from grammar.json_schema.schema import load_schema
 
     root = local_refs(load_schema(schema))
-    b = _Builder(root)
+    b = _Builder(root, check_mode(json_schema_mode))
     top = b.rule(root, "#")
     lines = [f"start: {top}", *b.lines]
     if b.uses_any:
-        lines.append(_ANY_VALUE)
+        strict = json_schema_mode == "strict"
+        number = _lark_regex(FLOAT64_NUMBER) if strict else _ANY_NUMBER
+        lines.append(_ANY_VALUE + f"JSON_NUMBER: {number}\n")
     if whitespace:
         lines.append(r"%ignore /[ \t\n\r]+/")
     return "\n".join(lines) + "\n"
 
 
-def compile_json_schema_cfg(schema: Any, vocab: Any, *, whitespace: bool = False) -> Any:
+def compile_json_schema_cfg(
+    schema: Any, vocab: Any, *, whitespace: bool = False, json_schema_mode: str = "exact"
+) -> Any:
     """A constraint from a JSON Schema through the CFG path (exact for recursive schemas)."""
     from grammar.cfg.compiler import compile_lark
 
-    return compile_lark(json_schema_to_lark(schema, whitespace=whitespace), vocab)
+    text = json_schema_to_lark(schema, whitespace=whitespace, json_schema_mode=json_schema_mode)
+    return compile_lark(text, vocab)
