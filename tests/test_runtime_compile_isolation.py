@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from runtime import Engine
+from runtime.scheduling import compile_worker
 from runtime.scheduling.compile_pool import (
     CompileBudgetError,
     CompileCancelledError,
@@ -178,6 +179,44 @@ def test_the_time_budget_counts_from_submission_not_from_a_free_worker(vocab):
         with pytest.raises(CompileBudgetError, match="a repetition count of 1000000"):
             busy.result(timeout=120)
         assert pool.compile(CompileSpec("regex", "[0-9]{3}")) is not None  # compiled this time
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "text"),
+    [
+        ("grammar", 'start: "The answer is " NUM "."\nNUM: /[0-9]+/\n', b"The answer is 42."),
+        ("ebnf", 'root ::= "(" root ")" | "x"', b"((x))"),  # recursive: context-free
+        (
+            "structural_tag",
+            {
+                "structures": [
+                    {
+                        "begin": "<f>",
+                        "schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                        "end": "</f>",
+                    }
+                ],
+                "triggers": ["<f>"],
+            },
+            b'hi <f>{"a":1}</f>',
+        ),
+    ],
+)
+def test_context_free_constraints_come_back_compiled(vocab, monkeypatch, kind, value, text):
+    # built in the worker only: compiling here would fail
+    def not_here(*args, **kwargs):
+        raise AssertionError("compiled again in the serving process")
+
+    monkeypatch.setattr(compile_worker, "compile_constraint", not_here)
+    pool = CompilePool(lambda: vocab, workers=1, timeout_s=120, prebuild=False)
+    try:
+        g = pool.compile(CompileSpec(kind, value))
+        m = g.matcher()
+        m.advance_bytes(text)
+        assert m.is_accepting()
+        assert m.bitmask().any()
     finally:
         pool.shutdown()
 

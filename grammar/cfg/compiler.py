@@ -74,6 +74,11 @@ def _lark_analysis(text: str, start: str) -> tuple[list, list, list, Any]:
     return terminals, rules, ignore, analysis.parse_table
 
 
+def vocab_layout(vocab: TokenVocabulary) -> VocabLayout:
+    """The vocabulary's layout for lexing, shared by every grammar compiled over it."""
+    return _LAYOUTS.get_or_build(vocab.hash, lambda: VocabLayout(vocab))
+
+
 class CompiledCFG:
     """A compiled lark grammar over one vocabulary. Shared between threads (caches fill lazily);
     each sequence gets its own `matcher()`."""
@@ -90,7 +95,7 @@ class CompiledCFG:
         index = {t.name: i for i, t in enumerate(self.terminals)}
         self.ignore_bits = sum(1 << index[n] for n in set(ignore) if n in index)
         self.table = LRTable(table, start, index)
-        self.layout: VocabLayout = _LAYOUTS.get_or_build(vocab.hash, lambda: VocabLayout(vocab))
+        self.layout: VocabLayout = vocab_layout(vocab)
         self.num_words = self.layout.num_words
         self._lexers: dict[int, ContextLexer] = {}  # terminal bitset -> lexer
         self._state_lexer: dict[int, ContextLexer] = {}  # LR state -> lexer

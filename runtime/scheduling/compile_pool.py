@@ -428,9 +428,12 @@ class CompilePool:
         if status == "error":
             return _rebuild_error(*header[2:])
         vocab = self.vocab()
-        if payload:
+        packing = header[3] if len(header) > 3 else ""
+        if packing == "portable":
             compiled = compile_worker.loads_portable(payload, vocab)
-        else:  # checked within the budget there; built here (a lark grammar)
+        elif packing == "whole":
+            compiled = compile_worker.loads_whole(payload, vocab)
+        else:  # checked within the budget there, but not packable: built here
             compiled = compile_worker.compile_constraint(
                 spec.kind, spec.value, spec.mode, vocab, spec.whitespace
             )

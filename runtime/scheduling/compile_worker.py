@@ -9,9 +9,10 @@ in a MemoryError here, not in the serving process.
 A compiled constraint comes back as its automaton, the masks of the states the worker visited
 (the start state's: the first mask is often the longest to build) and its forced text, pickled
 with locks and the vocabulary left out (`dumps_portable` / `loads_portable`); the serving
-process rebuilds it around its own vocabulary. A lark grammar (no automaton to ship) is only
-checked here, within the budget, and compiled again by the caller (so are GBNF grammars and
-structural tags, whose compiled forms are not automata either).
+process rebuilds it around its own vocabulary. A context-free one (a lark `CompiledCFG`: lark
+grammars, recursive GBNF grammars and structural tags) comes back whole, its first mask built,
+with the vocabulary, its shared lexing layout, locks and thread-local scratch left out
+(`dumps_whole` / `loads_whole`); one that cannot be packed is compiled again by the caller.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 KINDS = ("regex", "json_schema", "choices", "grammar", "ebnf", "structural_tag", "dtype")
 _JSON_KINDS = ("json_schema", "choices", "structural_tag")  # sent as JSON text
 _LOCKS = (type(threading.Lock()), type(threading.RLock()))
+_LOCAL = threading.local
 # `python -c LAUNCH REPO FILE FD BUDGET`: this file run as a script with the repository first
 # on the path (not `-m`, which would import the `runtime` package and with it torch)
 LAUNCH = (
@@ -72,9 +74,15 @@ def compile_constraint(
 
 
 class _Pickler(pickle.Pickler):
+    """Leaves out what the serving process has its own of: the vocabulary, its lexing layout
+    (shared by every grammar over it), locks and thread-local scratch."""
+
     def __init__(self, file: io.BytesIO, vocab: Any) -> None:
+        from grammar.cfg.compiler import VocabLayout
+
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.vocab = vocab
+        self.layout_type = VocabLayout
 
     def persistent_id(self, obj: Any) -> str | None:
         if obj is self.vocab:
@@ -83,6 +91,10 @@ class _Pickler(pickle.Pickler):
             return "rlock"
         if isinstance(obj, _LOCKS[0]):
             return "lock"
+        if isinstance(obj, _LOCAL):
+            return "local"
+        if isinstance(obj, self.layout_type):
+            return "layout"
         return None
 
 
@@ -94,6 +106,12 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid: str) -> Any:
         if pid == "vocab":
             return self.vocab
+        if pid == "layout":
+            from grammar.cfg.compiler import vocab_layout
+
+            return vocab_layout(self.vocab)
+        if pid == "local":
+            return threading.local()
         return threading.RLock() if pid == "rlock" else threading.Lock()
 
 
@@ -112,6 +130,32 @@ def loads_portable(data: bytes, vocab: Any) -> Any:
     from grammar.tokens.compiled import CompiledGrammar
 
     return CompiledGrammar.from_portable(_Unpickler(io.BytesIO(data), vocab).load(), vocab)
+
+
+def dumps_whole(compiled: Any, vocab: Any) -> bytes:
+    """A compiled constraint that is not an automaton (a lark `CompiledCFG`: lark grammars,
+    recursive GBNF grammars and structural tags), its first mask built, as bytes."""
+    compiled.matcher().bitmask()
+    buf = io.BytesIO()
+    _Pickler(buf, vocab).dump(compiled)
+    return buf.getvalue()
+
+
+def loads_whole(data: bytes, vocab: Any) -> Any:
+    return _Unpickler(io.BytesIO(data), vocab).load()
+
+
+def ship(compiled: Any, vocab: Any) -> tuple[str, bytes]:
+    """(how it was packed, the bytes): "portable" (an automaton), "whole" (pickled with what
+    the serving process has its own of left out), or "" when it could not be packed (then the
+    serving process compiles it again)."""
+    if hasattr(compiled, "portable"):
+        return "portable", dumps_portable(compiled, vocab)
+    try:
+        return "whole", dumps_whole(compiled, vocab)
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as exc:
+        logger.warning("compile worker: %s not shipped: %r", type(compiled).__name__, exc)
+        return "", b""
 
 
 def error_record(exc: BaseException) -> tuple[str, str, dict]:
@@ -156,10 +200,9 @@ def serve(conn: Any, budget_bytes: int) -> None:
             if kind in _JSON_KINDS:
                 value = json.loads(value)
             compiled = compile_constraint(kind, value, mode, vocab, whitespace)
-            if hasattr(compiled, "portable"):
-                payload = dumps_portable(compiled, vocab)
+            packing, payload = ship(compiled, vocab)
             del compiled
-            header: tuple = ("ok", job_id, time.perf_counter() - start)
+            header: tuple = ("ok", job_id, time.perf_counter() - start, packing)
         except MemoryError:
             header = ("memory", job_id)
         except grammar.GrammarError as exc:
