@@ -165,8 +165,12 @@ class Topology:
         servers = self.servers()
         if len(servers) != self.expected or not all(_healthy(u) for u, _ in servers):
             return False
-        if self.name == "tp":
-            return len(self.ranks()) == 2
+        if self.name == "tp":  # the ranks the engine reports (once joined) are the live ones
+            try:
+                reported = httpx.get(f"{self.url}/stats", timeout=30).json()["worker_pids"]
+            except (httpx.HTTPError, ValueError, KeyError):
+                return False
+            return len(reported) == 2 and set(reported) == set(self.ranks())
         if self.name in ("replicas", "pd"):
             try:
                 workers = httpx.get(f"{self.url}/workers", timeout=5).json().get("workers", [])

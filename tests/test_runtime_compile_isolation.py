@@ -82,9 +82,13 @@ def test_a_pathological_compile_does_not_hold_up_a_plain_request(engine):
         (
             "json_schema",
             {"properties": {"x": {"minLength": 10**6}}},
-            "minLength 1000000 at #/properties/x",
+            "minLength 1000000 at #/properties/x, unrolled into as many automaton states",
         ),
-        ("json_schema", {"type": "array", "minItems": 10**5}, "minItems 100000 at #"),
+        (
+            "json_schema",
+            {"type": "array", "minItems": 10**5},
+            "minItems 100000 at #, unrolled into as many automaton states",
+        ),
         (
             "json_schema",
             {"anyOf": [{"enum": list(range(10**5))}]},

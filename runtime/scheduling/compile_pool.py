@@ -462,8 +462,9 @@ _NOTABLE = 1000  # counts from here on are named in a budget error
 
 def largest_count(spec: CompileSpec) -> str:
     """The constraint's largest repetition count or alternative list, as the likely reason a
-    compile went past its budget ("" when none is large): `minLength 1000000 at #/x`,
-    `enum of 100000 values at #`, `a repetition count of 1000000`."""
+    compile went past its budget ("" when none is large): `minLength 1000000 at #/x, unrolled
+    into as many automaton states`, `enum of 100000 values at #`, `a repetition count of
+    1000000`."""
     if spec.kind == "json_schema":
         best: tuple[int, str] = (0, "")
         stack: list[tuple[Any, str]] = [(spec.value, "#")]
@@ -476,7 +477,7 @@ def largest_count(spec: CompileSpec) -> str:
                 continue
             for key, v in node.items():
                 if key in _COUNT_KEYWORDS and isinstance(v, int) and v > best[0]:
-                    best = (v, f"{key} {v} at {ptr}")
+                    best = (v, f"{key} {v} at {ptr}, unrolled into as many automaton states")
                 elif key == "enum" and isinstance(v, list) and len(v) > best[0]:
                     best = (len(v), f"enum of {len(v)} values at {ptr}")
                 elif isinstance(v, dict | list) and key not in ("enum", "const", "default"):
