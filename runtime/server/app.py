@@ -145,10 +145,11 @@ class RoomRejectMiddleware:
             detail = json.loads(answer)["error"]["message"]
         except (ValueError, KeyError, TypeError):
             detail = answer[:200].decode(errors="replace")
-        if isinstance(room, int):
-            self.disaggregation.reject(
-                room, f"the prefill server answered the request with {status}: {detail}"
-            )
+        for one in room if isinstance(room, list) else [room]:  # (a list: one per generation)
+            if isinstance(one, int):
+                self.disaggregation.reject(
+                    one, f"the prefill server answered the request with {status}: {detail}"
+                )
 
 
 def create_app(state: ServerState) -> FastAPI:

@@ -315,6 +315,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
             start = _pick(body.logprob_start_len, i)
             input_starts.append((-1 if start is None else start) if want_lp else None)
     if body.bootstrap_room is not None:  # PD mode: one generation per room
+        boot = body.bootstrap()  # (a 400 for several rooms)
         if len(jobs) != 1:
             raise APIError(
                 400,
@@ -322,7 +323,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
                 "(a batch or n > 1)",
                 param="bootstrap_room",
             )
-        jobs[0][1].kwargs.update(body.bootstrap())
+        jobs[0][1].kwargs.update(boot)
     admission = bridge.acquire(len(jobs))
     if body.stream:
         return await _stream(state, [j for _, j in jobs], param, opts, admission)

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runtime.server.errors import APIError
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -18,21 +20,34 @@ class _Body(BaseModel):
 
 class BootstrapFields(_Body):
     """What the SGLang Model Gateway adds in PD mode: the prefill server's host and bootstrap
-    port, and the room (a random 63-bit id) both servers know the request by."""
+    port, and the room (a random 63-bit id) both servers know the request by. For a request
+    that makes several generations (`n > 1`) the gateway sends a list of each, one per
+    generation: a PD server makes one generation per request, so that is a 400 naming it."""
 
-    bootstrap_host: str | None = None
-    bootstrap_port: int | None = None
-    bootstrap_room: int | None = None
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int] | None = None
+    bootstrap_room: int | list[int] | None = None
 
     def bootstrap(self) -> dict[str, Any]:
         """The engine keywords for the room (none without one)."""
         if self.bootstrap_room is None:
             return {}
-        return {
+        fields = {
             "bootstrap_host": self.bootstrap_host,
             "bootstrap_port": self.bootstrap_port,
             "bootstrap_room": self.bootstrap_room,
         }
+        for name, value in fields.items():
+            if isinstance(value, list):
+                if len(value) != 1:
+                    raise APIError(
+                        400,
+                        f"{len(value)} bootstrap rooms: a server in prefill-decode mode makes "
+                        "one generation per request (n > 1 and batches are not supported there)",
+                        param="n",
+                    )
+                fields[name] = value[0]
+        return fields
 
 
 class JsonSchemaFormat(_Body):
