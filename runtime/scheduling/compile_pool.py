@@ -9,11 +9,13 @@ interpreter each without torch); the serving process only receives the result: t
 and the first mask, built there (see `compile_worker`).
 
 Budgets. A compile that has not finished within `timeout_s` (the server's
-`--grammar-compile-timeout`, `Engine(grammar_compile_timeout_s=)`) of its submission is ended:
-its worker is killed (its memory goes back to the system) and a fresh one started; the request
-gets a `CompileBudgetError` (a 400 naming the constraint and the limit). The clock starts at
-submission, so time spent waiting for a busy or starting worker counts: a job still queued when
-its budget runs out is refused there (not cached: the constraint itself may be simple). A
+`--grammar-compile-timeout`, `Engine(grammar_compile_timeout_s=)`) is ended: its worker is
+killed (its memory goes back to the system) and a fresh one started; the request gets a
+`CompileBudgetError` (a 400 naming the constraint and the limit). For a constraint with a large
+count or list (`largest_count`: the likely pathological ones) the clock starts at submission,
+so time spent waiting for a busy or starting worker counts, and one still queued when its
+budget runs out is refused there (not cached); any other constraint's clock starts when a
+worker takes it, so other users' pathological compiles delay it but cannot make it fail. A
 compile that needs more than `memory_mb` of address space fails in its worker with a
 MemoryError, the same way. A worker that grew past `memory_mb / 2` while compiling is replaced
 after its job, so its memory does not stay held. A worker that dies under a job (killed from
@@ -103,6 +105,7 @@ class _Job:
     spec: CompileSpec
     future: Future
     deadline: float  # time.monotonic() when its time budget runs out (counted from submission)
+    large: str = ""  # `largest_count`: a large count or list it has ("": none)
     waiters: list[Any] = field(default_factory=list)  # requests (`.aborted`) waiting for it
     pinned: bool = False  # someone waits who cannot be aborted (a blocking `compile`)
     taken: bool = False  # a worker thread has it (else it waits in the queue)
@@ -225,7 +228,7 @@ class CompilePool:
                 return fut
             job = self._inflight.get(key)
             if job is None:
-                job = _Job(spec, Future(), time.monotonic() + self.timeout_s)
+                job = _Job(spec, Future(), time.monotonic() + self.timeout_s, largest_count(spec))
                 self._inflight[key] = job
                 self._jobs.put(job)
                 self._start_threads()
@@ -245,8 +248,9 @@ class CompilePool:
             self._cache.clear()
 
     def worker_pids(self) -> list[int]:
+        """The workers that are up and ready for a job."""
         with self._lock:
-            return [w.pid for w in self._workers if w is not None and w.alive()]
+            return [w.pid for w in self._workers if w is not None and w.is_ready and w.alive()]
 
     def shutdown(self) -> None:
         with self._lock:
@@ -273,17 +277,18 @@ class CompilePool:
             self._clock.start()
 
     def _watch_queue(self) -> None:
-        """Ends the jobs still waiting for a worker when their budget runs out (a job's
-        budget counts from its submission, so waiting for a busy or starting worker counts)."""
+        """Ends the jobs with a large count or list (`_Job.large`) still waiting for a worker
+        when their budget, counted from submission, runs out."""
         while not self._closed:
             time.sleep(_POLL_S)
             now = time.monotonic()
             with self._lock:
-                late = [j for j in self._inflight.values() if not j.taken and now > j.deadline]
+                late = [j for j in self._inflight.values()
+                        if j.large and not j.taken and now > j.deadline]  # fmt: skip
                 for job in late:
                     job.taken = True  # a worker thread that gets it from the queue skips it
             for job in late:
-                why = largest_count(job.spec) or "no compile worker was free before it"
+                why = f"{job.large}; it waited for a compile worker"
                 self._finish(job, self._timeout_error(job.spec, why), cache=False)
 
     def _vocab_message(self) -> bytes:
@@ -345,6 +350,8 @@ class CompilePool:
                 if job.taken:  # its budget ran out while it waited (see _watch_queue)
                     continue
                 job.taken = True
+            if not job.large:  # it waited for others' compiles: its own budget starts now
+                job.deadline = max(job.deadline, time.monotonic() + self.timeout_s)
             try:
                 outcome = self._run(slot, job)
             except BaseException as exc:  # the pool itself failed: the job must still end
@@ -362,8 +369,10 @@ class CompilePool:
                 while not worker.wait_ready(_POLL_S):
                     if job.cancelled():
                         return CompileCancelledError("the requests waiting for it went away")
-                    if time.monotonic() > job.deadline:
-                        return self._timeout_error(job.spec, largest_count(job.spec))
+                    if job.large and time.monotonic() > job.deadline:
+                        return self._timeout_error(job.spec, job.large)
+                if not job.large:  # (the wait for a worker to start is not its doing)
+                    job.deadline = max(job.deadline, time.monotonic() + self.timeout_s)
             except (OSError, RuntimeError) as exc:
                 self._retire(slot)
                 return GrammarError(f"{job.spec.kind}: no compile worker: {exc}")
