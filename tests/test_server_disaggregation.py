@@ -117,3 +117,20 @@ def test_pool_layout_mismatch_is_refused_at_registration(servers):
         assert p.status_code == 500 and "page_size" in p.text, p.text
     finally:
         assert other.stop() == 0, other.logs()
+
+
+def test_a_failed_hand_off_of_a_constrained_request_is_a_500_not_a_constraint_400(servers):
+    # the KV could not be fetched (no prefill server there): the server's failure, even though
+    # the request carries a constraint and no token was made
+    _, dec, _ = servers
+    body = {
+        "messages": [{"role": "user", "content": "Yes or no?"}],
+        "max_tokens": 4,
+        "regex": "(yes|no)",
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": free_port(),  # nothing listens there
+        "bootstrap_room": random.getrandbits(63),
+    }
+    d = httpx.post(dec.url + "/v1/chat/completions", json=body, timeout=120)
+    assert d.status_code == 500, d.text
+    assert "bootstrap port" in d.text and "invalid constraint" not in d.text

@@ -112,6 +112,7 @@ class GenerateResult:
     finish_reason: str  # "stop" | "length" | "abort"
     matched_stop: str | int | None = None
     error: str | None = None
+    error_kind: str | None = None  # the error's class name ("KVTransferError", ...)
     usage: Usage = field(default_factory=Usage)
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
@@ -200,6 +201,7 @@ class Request:
             finish_reason=self.finish_reason or "abort",
             matched_stop=self.matched_stop,
             error=None if self.error is None else str(self.error),
+            error_kind=None if self.error is None else type(self.error).__name__,
             usage=Usage(
                 prompt_tokens=len(self.prompt_ids),
                 cached_tokens=self.cached_tokens_at_admission or 0,

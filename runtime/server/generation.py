@@ -121,7 +121,13 @@ def _check(result: GenerateResult, stream: EngineStream, param: str | None) -> G
         if "does not fit" in result.error:
             raise APIError(413, result.error, param=param, code="context_length_exceeded")
         param = _constraint_param(stream)
-        if param is not None and (not result.token_ids or constraint_limit(result.error)):
+        # (a KV hand-off that failed, its prefill server gone: the server's failure, a 500)
+        server_side = result.error_kind == "KVTransferError"
+        if (
+            param is not None
+            and not server_side
+            and (not result.token_ids or constraint_limit(result.error))
+        ):
             # the engine compiles constraints off its loop and reports a bad one as an abort
             # carrying only the message: a request whose constraint failed before any token,
             # or reached a limit of the constraint's (its automaton's state budget) later
