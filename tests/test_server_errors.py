@@ -68,8 +68,13 @@ CASES = [
     ),
     pytest.param(  # the gateway in PD mode sends one room per generation for n > 1
         "/v1/chat/completions",
-        {"messages": USER, "n": 2, "bootstrap_host": ["127.0.0.1"] * 2,
-         "bootstrap_port": [9, 9], "bootstrap_room": [1, 2]},  # fmt: skip
+        {
+            "messages": USER,
+            "n": 2,
+            "bootstrap_host": ["127.0.0.1"] * 2,
+            "bootstrap_port": [9, 9],
+            "bootstrap_room": [1, 2],
+        },  # fmt: skip
         400,
         None,
         "one generation per request",
