@@ -31,6 +31,7 @@ from runtime.errors import HiCacheConfigError, KVTransferError, ParallelConfigEr
 from runtime.kernels import cpu_fused
 from runtime.memory.budget import default_kv_budget_bytes, resident_bytes
 from runtime.memory.hicache import HiCache
+from runtime.memory.kv_calibration import KVCalibration, calibrate, kv_calibration_kind
 from runtime.memory.kv_pool import (
     KVPool,
     checkpoint_kv_scales,
@@ -219,6 +220,7 @@ class Engine:
         device: str = "auto",
         disable_cuda_graph: bool = False,
         cuda_graph_bs: Sequence[int] | None = None,
+        kv_calibration: str = "smooth",
     ) -> None:
         self.device = resolve_device(device)  # DeviceUnavailableError before any loading
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
@@ -253,20 +255,37 @@ class Engine:
         )  # fmt: skip
         self.model_fingerprint = model_fingerprint(loaded.config, loaded.state_dict)
         kv_scales = checkpoint_kv_scales(loaded.state_dict, self.config.num_layers)
+        self.kv_calibration = kv_calibration_kind(self.kv_dtype, kv_calibration, kv_scales)
+        if self.device.type != "cpu" and self.kv_calibration in ("smooth", "scale"):
+            # the calibration pass runs the model on the CPU (not yet on an accelerator)
+            logger.warning("kv_calibration %r runs on the CPU only: unit scales on %s",
+                           self.kv_calibration, self.device)  # fmt: skip
+            self.kv_calibration = "none"
+        calibration = None
         if self.parallel:
+            if self.kv_calibration in ("smooth", "scale"):  # measured here, on a whole model
+                whole = model_class(loaded.config)(loaded.config, loaded.state_dict, self.dtype)
+                calibration = self._calibrate(whole)
+                del whole
             del loaded  # each worker loads its own shard
             self.model = ParallelModel(
                 path, self.config, self.dtype, tp_size=tp_size, pp_size=pp_size,
                 ep_size=ep_size, num_pages=num_pages, page_size=page_size, nnodes=nnodes,
                 dist_init_addr=dist_init_addr, attention_backend=self.attention_backend,
-                kv_dtype=self.kv_dtype, device=self.device.type)  # fmt: skip
+                kv_dtype=self.kv_dtype, device=self.device.type,
+                kv_calibration=calibration)  # fmt: skip
         else:
             self.model = _local_model(loaded, self, quantization)
             del loaded
+            if self.kv_calibration in ("smooth", "scale"):
+                calibration = self._calibrate(self.model)
             if chooser_wanted(num_threads, self.device):  # all threads, or one
                 self.model = ThreadChooser(self.model)
         self.sizes = {"tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size}
+        if calibration is not None:
+            kv_scales = calibration.scales
         self.pool = KVPool(self.config, num_pages, page_size, self.kv_dtype, scales=kv_scales,
+                           offsets=calibration.offsets if calibration else None,
                            allocate=not self.parallel, window_pages=window_pages,
                            device="cpu" if self.parallel else self.device)  # fmt: skip
         if not self.parallel:  # on the CPU without cuda_graph_bs: the model itself
@@ -325,6 +344,12 @@ class Engine:
             overlap=overlap and not self.parallel,
             tier=self.hicache,
         )
+
+    def _calibrate(self, model) -> KVCalibration:
+        """The fp8 pool's scales (and offsets, "smooth") measured on `model` over the shipped
+        calibration text (memory/kv_calibration.py)."""
+        return calibrate(model, self.config, self.tokenizer, self.dtype, self.kv_dtype,
+                         smooth=self.kv_calibration == "smooth")  # fmt: skip
 
     def _make_constraint_hooks(self) -> ConstraintHooks:
         # constrained rows' logits are masked by the attention backend's bitmask kernel
@@ -513,6 +538,7 @@ class Engine:
             "peak_resident_bytes": peak,
             "attention_backend": self.attention_backend,
             "kv_cache_dtype": kv_dtype_name(self.pool.dtype),
+            "kv_calibration": self.kv_calibration,
             "page_size": ps,
             "num_pages": self.pool.num_usable_pages,
             "kv_bytes_per_token": self.pool.bytes_per_token,

@@ -23,11 +23,15 @@ Invariants every backend keeps:
 - Softmax runs in float32; outputs have q's dtype. Greedy tokens of one model agree across
   backends (the tests compare them).
 - Only the backend converts between the pool's storage type and the compute type, so a KV
-  dtype other than the model's (fp8 with a per-layer scale) is a change to the backend and the
-  pool alone. Writes go through `pool.write` (divide by the scale, convert); reads convert
-  the stored values to float inside the kernels, and the per-layer scales are folded into the
-  attention: scores use `spec.scale * k_scale`, the output is multiplied by `v_scale` (`attend`
-  and `latent_attend` do both), so no dequantized copy of the pool is ever made.
+  dtype other than the model's (fp8 with per-layer scales and per-channel offsets) is a change
+  to the backend and the pool alone. Writes go through `pool.write` (subtract the offset,
+  divide by the scale, convert); reads convert the stored values to float inside the kernels,
+  and scales and offsets are folded into the attention: scores use `spec.scale * k_scale`;
+  the key offset needs nothing, since q . (k - m) differs from q . k by q . m, the same for
+  every key of a query, which the softmax cancels; the output is multiplied by `v_scale` and
+  the value offset added (the probabilities sum to 1). `attend` and `latent_attend` do it for
+  every backend, so no dequantized copy of the pool is ever made. (Logit soft-capping is not
+  shift-invariant: calibration gives such models no key offset, kv_calibration.py.)
 - Backends refuse a `LayerSpec` feature they do not implement with
   `UnsupportedAttentionError` naming it; they never ignore one.
 """
@@ -177,8 +181,11 @@ class AttentionBackend:
         latent = self.pool.latent[layer]
         if latent.dtype == dtype:
             return latent
-        s = self.pool.scale("latent", layer)
-        return latent.to(dtype) if s == 1.0 else (latent.float() * s).to(dtype)
+        s, offset = self.pool.scale("latent", layer), self.pool.offset("latent", layer)
+        if s == 1.0 and offset is None:
+            return latent.to(dtype)
+        values = latent.float() * s
+        return (values if offset is None else values.add_(offset)).to(dtype)
 
     # ---- attention ---------------------------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
@@ -193,7 +200,21 @@ class AttentionBackend:
         if t > nd:
             parts.append(self.extend(layer, q[nd:], spec))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return out if v_scale == 1.0 else out.mul_(v_scale)
+        return self._value_epilogue(out, v_scale, self.pool.offset("v", layer))
+
+    @staticmethod
+    def _value_epilogue(
+        out: torch.Tensor, v_scale: float, offset: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`out` [T, Hq, Dv] times the value scale, plus the value offset [Hkv, >= Dv] of each
+        query head's KV head (in place)."""
+        if v_scale != 1.0:
+            out.mul_(v_scale)
+        if offset is not None:
+            t, hq, dv = out.shape
+            hkv = offset.shape[0]
+            out.view(t, hkv, hq // hkv, dv).add_(offset[:, None, :dv].to(out.dtype))
+        return out
 
     def decode(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
         """The decode rows q [num_decode, Hq, D], each against its request's cached sequence
@@ -220,7 +241,7 @@ class AttentionBackend:
         if t > nd:
             parts.append(self.latent_extend(layer, q[nd:], spec, rank))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return out if s == 1.0 else out.mul_(s)
+        return self._value_epilogue(out, s, self.pool.offset("latent", layer))
 
     def latent_decode(
         self, layer: int, q: torch.Tensor, spec: LayerSpec, rank: int

@@ -51,7 +51,8 @@ class CPUBackend(TorchBackend):
 
     def __init__(self, fused: bool | None = None) -> None:
         """`fused=False`: torch ops instead of the C kernels (to compare them); None: the C
-        kernels wherever they are built for the pool's dtype."""
+        kernels wherever they are built for the pool's dtype (float32, bf16, fp8 under a
+        float32 / bf16 model)."""
         super().__init__()
         self.cascade: CascadePlan | None = None
         self.fused_decode: cpu_fused.DecodeRows | None = None
@@ -109,16 +110,25 @@ class CPUBackend(TorchBackend):
     def rope_store(
         self, layer: int, qkv: torch.Tensor, rotary: Rotary, num_heads: int
     ) -> torch.Tensor:
-        k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]
-        plain = self._fused and rotary.dim == k_pool.shape[3] and qkv.dtype == k_pool.dtype
-        if not plain or self.pool.window_layer[layer]:  # window pages: through store_kv
+        pool = self.pool
+        k_pool, v_pool = pool.k[layer], pool.v[layer]
+        # the pool holds the model's type, or fp8 (written as pool.write writes it)
+        same = qkv.dtype == k_pool.dtype or (
+            pool.quantized and qkv.dtype in cpu_fused.MODEL_TYPES and k_pool.shape[3] <= 512
+        )
+        plain = self._fused and rotary.dim == k_pool.shape[3] and same
+        if not plain or pool.window_layer[layer]:  # window pages: through store_kv
             return super().rope_store(layer, qkv, rotary, num_heads)
         if self._rope is None:  # the kernel reads the tables at each token's position
             self._rope = rotary.tables(self.batch.positions)
         cos, sin = self._rope
         b = self.batch
+        quant = None
+        if pool.quantized:
+            quant = (pool.offset("k", layer), pool.offset("v", layer),
+                     pool.inverse_scales["k"][layer], pool.inverse_scales["v"][layer])  # fmt: skip
         return cpu_fused.rotary_kv(
-            qkv, cos, sin, b.positions, b.out_slots, k_pool, v_pool, num_heads
+            qkv, cos, sin, b.positions, b.out_slots, k_pool, v_pool, num_heads, quant
         )
 
     def decode(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
@@ -129,8 +139,12 @@ class CPUBackend(TorchBackend):
             return cascade_decode_attention(
                 q, k, v, b.decode_page_table, b.decode_seq_lens, spec.scale, self.cascade
             )
-        if self.fused_decode is not None:
+        if self.fused_decode is not None and q.dtype in cpu_fused.MODEL_TYPES:
             return cpu_fused.decode_attention(q, k, v, self.fused_decode, spec.scale)
+        if self.decode_plan is None:
+            self.decode_plan = plan_decode(
+                b.decode_page_table, b.decode_seq_lens, self.pool.page_size, self.pool.num_pages
+            )
         return planned_decode_attention(q, k, v, self.decode_plan, spec.scale)
 
     def extend(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:

@@ -66,6 +66,7 @@ def pool_layout(pool: KVPool, fingerprint: str) -> KVLayout:
         num_layers=layers,
         tensors=tuple(pool.layout),
         page_bytes=page_bytes(pool),
+        kv_calibration=pool.calibration_digest(),
     )
 
 

@@ -56,6 +56,7 @@ class KVLayout:
     num_layers: int
     tensors: tuple[tuple[str, int, int], ...]  # per layer: (name, heads, dim)
     page_bytes: int
+    kv_calibration: str = ""  # fp8 pools: the digest of their scales and offsets
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +67,7 @@ class KVLayout:
             "num_layers": self.num_layers,
             "tensors": [list(t) for t in self.tensors],
             "page_bytes": self.page_bytes,
+            "kv_calibration": self.kv_calibration,
         }
 
     @classmethod
@@ -79,11 +81,14 @@ class KVLayout:
             num_layers=int(raw["num_layers"]),
             tensors=tuple((str(n), int(h), int(d)) for n, h, d in raw["tensors"]),
             page_bytes=int(raw["page_bytes"]),
+            kv_calibration=str(raw.get("kv_calibration", "")),
         )
 
     def mismatch(self, other: KVLayout) -> str | None:
         """Why pages of `other` cannot go into a pool of this layout (None: they can)."""
-        for name in ("model", "dtype", "page_size", "num_layers", "tensors", "page_bytes"):
+        names = ("model", "dtype", "page_size", "num_layers", "tensors", "page_bytes",
+                 "kv_calibration")  # fmt: skip
+        for name in names:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 return f"KV layout mismatch: {name} is {theirs!r} there, {mine!r} here"

@@ -34,7 +34,17 @@ import torch
 from grammar.native_build import Unit, load_library
 from runtime import settings
 from runtime.kernels import cpu_gemv
-from runtime.kernels.cpu_source import EXACT, FAST, FAST_PRELUDE, render
+from runtime.kernels.cpu_source import (
+    EXACT,
+    EXACT_FP8,
+    EXACT_FP8_PRELUDE,
+    FAST,
+    FAST_FP8_PRELUDE,
+    FAST_PRELUDE,
+    FP8_PRELUDE,
+    TYPES,
+    render,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +55,9 @@ _FLAGS = {
     "gemv": (*_COMMON, "-ffp-contract=fast"),
 }
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+MODEL_TYPES = tuple(_SUFFIX)  # the compute types the kernels take
+# an fp8 KV pool under a float32 / bfloat16 model: decode attention reads it, rotary writes it
+_FP8_SUFFIX = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
     "add_rms_norm": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32],
@@ -52,15 +65,21 @@ _SIGNATURES = {
     "decode_attention": [_PTR, _PTR, _PTR, _PTR, _I64, _PTR] + [_I64] * 6 + [_F32, _PTR],
     "gemv": [_PTR, _PTR, _PTR, _I64, _I64, _I64],
 }
+_FP8_SIGNATURES = {
+    "rotary_kv": _SIGNATURES["rotary_kv"] + [_PTR, _PTR, _F32, _F32],
+    "decode_attention": _SIGNATURES["decode_attention"],
+}
 _ONE_TYPE = {  # name: (argtypes, restype), one C function each (cpu_gemv.py)
     "gemv_bf16_wide": ([_PTR, _PTR, _PTR, _I64, _I64, _I64], None),
     "argmax_f32": ([_PTR, _I64], _I64),
     "release_openmp_team": ([], ctypes.c_int),
 }
 
-# (kernel, dtype) -> C; dtype None: the functions of one type
-_lib: dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None = None
+# (kernel, dtype) -> C; dtype None: the functions of one type; (kernel, dtype, fp8 dtype):
+# the variant for an fp8 KV pool
+_lib: dict[tuple, ctypes._CFuncPtr] | None = None
 _failed = False
+_fp8_failed = False
 
 
 def _open(openmp: bool) -> ctypes.CDLL:
@@ -73,6 +92,20 @@ def _open(openmp: bool) -> ctypes.CDLL:
         Unit("gemv", cpu_gemv.SOURCE, _FLAGS["gemv"] + omp),
     ]
     return load_library("fused-omp" if openmp else "fused", units, (*omp, "-lm"))
+
+
+def _open_fp8(openmp: bool) -> ctypes.CDLL:
+    """The fp8 KV pool's kernels, a library of their own (built on first use of an fp8 pool):
+    the quantizing rotary write, and decode attention once per (model type, fp8 type) in a
+    unit each (one unit's compile stays short on a loaded machine)."""
+    omp = ("-fopenmp",) if openmp else ()
+    units = [Unit("exact8", render([(EXACT_FP8, ("fp8",))], FP8_PRELUDE + EXACT_FP8_PRELUDE),
+                  _FLAGS["exact"])]  # fmt: skip
+    for fp8 in _FP8_SUFFIX.values():
+        for t in TYPES:
+            source = render([(FAST, (fp8,))], FAST_PRELUDE + FP8_PRELUDE + FAST_FP8_PRELUDE, [t])
+            units.append(Unit(f"fast_{t[0]}_{fp8}", source, _FLAGS["fast"] + omp))
+    return load_library("fused8-omp" if openmp else "fused8", units, (*omp, "-lm"))
 
 
 def _load() -> dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None:
@@ -104,16 +137,47 @@ def _load() -> dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None:
     return _lib
 
 
-def available(dtype: torch.dtype) -> bool:
-    """Whether the fused kernels run for CPU tensors of `dtype` (float32 or bfloat16)."""
-    if not settings.FUSED_CPU.get() or dtype not in _SUFFIX:
+def _load_fp8() -> bool:
+    """Add the fp8 pool's kernels to the table (built on first use); False where they cannot
+    be built or loaded (callers keep the torch paths)."""
+    global _fp8_failed
+    if _load() is None or _fp8_failed:
         return False
-    return _load() is not None
+    if ("decode_attention", torch.float32, torch.float8_e4m3fn) in _lib:
+        return True
+    try:
+        try:
+            lib = _open_fp8(openmp=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            logger.info("fp8 KV kernels without OpenMP: %s", exc)
+            lib = _open_fp8(openmp=False)
+        funcs = {}
+        for name, argtypes in _FP8_SIGNATURES.items():
+            for dtype, suffix in _SUFFIX.items():
+                for kv, kv_suffix in _FP8_SUFFIX.items():
+                    fn = getattr(lib, f"{name}_{suffix}_{kv_suffix}")
+                    fn.argtypes, fn.restype = argtypes, None
+                    funcs[name, dtype, kv] = fn
+        _lib.update(funcs)
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
+        _fp8_failed = True
+        logger.info("fp8 KV kernels unavailable, using torch ops: %s", exc)
+    return not _fp8_failed
 
 
-def _fn(name: str, dtype: torch.dtype | None) -> ctypes._CFuncPtr:
+def available(dtype: torch.dtype) -> bool:
+    """Whether the fused kernels run for CPU tensors of `dtype` (float32 or bfloat16; for a KV
+    pool also fp8_e4m3 / fp8_e5m2, under a float32 or bfloat16 model)."""
+    if not settings.FUSED_CPU.get():
+        return False
+    if dtype in _FP8_SUFFIX:
+        return _load_fp8()
+    return dtype in _SUFFIX and _load() is not None
+
+
+def _fn(name: str, dtype: torch.dtype | None, kv: torch.dtype | None = None) -> ctypes._CFuncPtr:
     assert _lib is not None, "call available() first"
-    return _lib[name, dtype]
+    return _lib[name, dtype] if kv is None or kv == dtype else _lib[name, dtype, kv]
 
 
 def add_rms_norm(
@@ -145,22 +209,33 @@ def rotary_kv(
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
     num_heads: int,
+    quant: tuple[torch.Tensor | None, torch.Tensor | None, float, float] | None = None,
 ) -> torch.Tensor:
     """Rotated q [N, Hq, D] from qkv [N, (Hq + 2 Hkv) D]; the rotated k and v are written into
     the pools' `slots` (flat `page * page_size + offset`, int64 [N]).
 
     cos_table / sin_table [P, D] must cover every position (int64 [N]); the pools are
-    [pages, page_size, Hkv, D], contiguous, of qkv's dtype."""
+    [pages, page_size, Hkv, D], contiguous, of qkv's dtype, or fp8: then `quant` = (k offset,
+    v offset, k reciprocal scale, v reciprocal scale), offsets [Hkv, D] float32 or None, and
+    k / v are stored as KVPool.write stores them (the same bits)."""
     n = qkv.shape[0]
     hkv, d = k_pool.shape[2], k_pool.shape[3]
     assert qkv.stride(1) == 1 and k_pool.is_contiguous() and v_pool.is_contiguous()
     assert positions.dtype == slots.dtype == torch.int64
     q = torch.empty(n, num_heads, d, dtype=qkv.dtype)
-    _fn("rotary_kv", qkv.dtype)(
+    args = [
         qkv.data_ptr(), qkv.stride(0), cos_table.data_ptr(), sin_table.data_ptr(),
         positions.data_ptr(), slots.data_ptr(), n, num_heads, hkv, d, q.data_ptr(),
         k_pool.data_ptr(), v_pool.data_ptr(),
-    )  # fmt: skip
+    ]  # fmt: skip
+    if k_pool.dtype != qkv.dtype:
+        assert quant is not None and d <= 512
+        k_off, v_off, k_inv, v_inv = quant
+        for off in (k_off, v_off):
+            assert off is None or (off.dtype == torch.float32 and off.is_contiguous())
+        args += [None if k_off is None else k_off.data_ptr(),
+                 None if v_off is None else v_off.data_ptr(), k_inv, v_inv]  # fmt: skip
+    _fn("rotary_kv", qkv.dtype, k_pool.dtype)(*args)
     return q
 
 
@@ -181,8 +256,9 @@ def decode_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, rows: DecodeRows, scale: float
 ) -> torch.Tensor:
     """As reference.paged_decode_attention: q [B, Hq, D] against each request's cached K/V
-    (pools [pages, page_size, Hkv, D], contiguous). Entries of the page table past a request's
-    last page are never read."""
+    (pools [pages, page_size, Hkv, D], contiguous, of q's dtype or fp8: converted to float as
+    they are read, in registers). Entries of the page table past a request's last page are
+    never read."""
     b, hq, d = q.shape
     if hq % k_pool.shape[2]:
         raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({k_pool.shape[2]})")
@@ -191,7 +267,7 @@ def decode_attention(
         return out
     q = q.contiguous()
     assert k_pool.is_contiguous() and v_pool.is_contiguous() and rows.lens.shape[0] == b
-    _fn("decode_attention", q.dtype)(
+    _fn("decode_attention", q.dtype, k_pool.dtype)(
         q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), rows.table.data_ptr(),
         rows.table.stride(0), rows.lens.data_ptr(), b, hq, k_pool.shape[2], d, k_pool.shape[1],
         k_pool.shape[0], scale, out.data_ptr(),

@@ -101,6 +101,107 @@ void rotary_kv_SUF(const T_ *qkv, int64_t row, const T_ *cos_t, const T_ *sin_t,
 }
 """
 
+FP8_PRELUDE = r"""
+/* fp8 storage (the KV pool's fp8_e4m3 / fp8_e5m2): a byte to float, exactly (finite values;
+   the pool never stores NaN or inf, its writes clamp). Subnormals are built from the integer
+   mantissa, not from float subnormals, so a flush-to-zero mode cannot lose them. */
+static inline float e4m3_to_f32(uint8_t b) {
+    uint32_t mag = b & 0x7fu, u;
+    float f;
+    if (mag < 8u) {
+        f = (float)mag * 0.001953125f; /* mantissa * 2^-9 */
+        memcpy(&u, &f, 4);
+    } else {
+        u = (mag << 20) + (120u << 23); /* exponent bias 7 -> 127 */
+    }
+    u |= (uint32_t)(b & 0x80u) << 24;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float e5m2_to_f32(uint8_t b) {
+    uint32_t mag = b & 0x7fu, u;
+    float f;
+    if (mag < 4u) {
+        f = (float)mag * 0.0000152587890625f; /* mantissa * 2^-16 */
+        memcpy(&u, &f, 4);
+    } else {
+        u = (mag << 21) + (112u << 23); /* exponent bias 15 -> 127 */
+    }
+    u |= (uint32_t)(b & 0x80u) << 24;
+    memcpy(&f, &u, 4);
+    return f;
+}
+"""
+
+EXACT_FP8_PRELUDE = r"""
+/* float to fp8 with `mbits` mantissa bits and exponent bias `bias`, rounded to nearest even,
+   as torch's conversion (finite inputs within the type's range: the callers clamp). Below the
+   smallest normal the value is a multiple of the subnormal step, rounded as an integer count
+   of steps (adding and removing 2^23 rounds a float to an integer, to nearest even). */
+static inline uint8_t f32_to_fp8(float f, int mbits, int bias, float steps_per_unit) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    u &= 0x7fffffffu;
+    if (u < (uint32_t)(128 - bias) << 23) {
+        float a, r;
+        memcpy(&a, &u, 4);
+        r = (a * steps_per_unit + 8388608.0f) - 8388608.0f;
+        return (uint8_t)(sign | (uint8_t)r);
+    }
+    int shift = 23 - mbits;
+    u += ((1u << (shift - 1)) - 1u) + ((u >> shift) & 1u);
+    u -= (uint32_t)(127 - bias) << 23;
+    return (uint8_t)(sign | (uint8_t)(u >> shift));
+}
+
+static inline uint8_t enc_e4m3(float f) { return f32_to_fp8(f, 3, 7, 512.0f); }
+
+static inline uint8_t enc_e5m2(float f) { return f32_to_fp8(f, 2, 15, 65536.0f); }
+"""
+
+EXACT_FP8 = r"""
+/* x (float) as the pool stores it: minus the offset (NULL: none), times the reciprocal scale,
+   clamped to the type's range, rounded: the operations and order of KVPool.write */
+static inline KV_ quantize_SUF(float x, const float *off, int64_t j, float inv) {
+    if (off) x = x - off[j];
+    x = x * inv;
+    x = x > KVMAX ? KVMAX : (x < -KVMAX ? -KVMAX : x);
+    return ENC(x);
+}
+
+/* rotary_kv for an fp8 pool: q as there; k (rotated, rounded to T_ as there) and v stored
+   through quantize_SUF with the layer's offsets [hkv, d] (NULL: none) and reciprocal scales */
+void rotary_kv_SUF(const T_ *qkv, int64_t row, const T_ *cos_t, const T_ *sin_t,
+                   const int64_t *pos, const int64_t *slots, int64_t n, int64_t hq, int64_t hkv,
+                   int64_t d, T_ *q_out, KV_ *k_flat, KV_ *v_flat, const float *k_off,
+                   const float *v_off, float k_inv, float v_inv) {
+    int64_t half = d / 2;
+    for (int64_t i = 0; i < n; i++) {
+        const T_ *src = qkv + i * row;
+        const T_ *c = cos_t + pos[i] * d, *s = sin_t + pos[i] * d;
+        for (int64_t hh = 0; hh < hq + hkv; hh++) {
+            const T_ *x = src + hh * d;
+            T_ rot[512];
+            T_ *dst = hh < hq ? q_out + (i * hq + hh) * d : rot;
+            for (int64_t j = 0; j < half; j++)
+                dst[j] = ST(RND(LD(x[j]) * LD(c[j])) + RND(-LD(x[j + half]) * LD(s[j])));
+            for (int64_t j = half; j < d; j++)
+                dst[j] = ST(RND(LD(x[j]) * LD(c[j])) + RND(LD(x[j - half]) * LD(s[j])));
+            if (hh < hq) continue;
+            int64_t h = hh - hq;
+            KV_ *kd = k_flat + (slots[i] * hkv + h) * d;
+            const float *off = k_off ? k_off + h * d : NULL;
+            for (int64_t j = 0; j < d; j++) kd[j] = quantize_SUF(LD(rot[j]), off, j, k_inv);
+        }
+        const T_ *v = src + (hq + hkv) * d;
+        KV_ *vd = v_flat + slots[i] * hkv * d;
+        for (int64_t j = 0; j < hkv * d; j++) vd[j] = quantize_SUF(LD(v[j]), v_off, j, v_inv);
+    }
+}
+"""
+
 FAST_PRELUDE = r"""
 #ifdef _OPENMP
 #include <omp.h>
@@ -153,21 +254,50 @@ static inline v16f sum_lanes16(v16f *p) {
 #endif
 """
 
+FAST_FP8_PRELUDE = r"""
+#ifdef HAVE_VECTORS
+typedef uint8_t v16b __attribute__((vector_size(16)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+/* 16 fp8 bytes to floats, as e4m3_to_f32 / e5m2_to_f32 lane by lane: `mbits` mantissa bits,
+   `rebias` the exponent bias difference to float's, `tiny` the subnormal step */
+static inline v16f ldv_fp8(const uint8_t *p, int mbits, uint32_t rebias, float tiny) {
+    v16b b;
+    memcpy(&b, p, sizeof b);
+    v16u u = __builtin_convertvector(b, v16u);
+    v16u mag = u & 0x7fu;
+    v16u normal = (mag << (23 - mbits)) + (rebias << 23);
+    v16f sub = __builtin_convertvector((v16i)mag, v16f) * tiny;
+    v16u sub_bits;
+    memcpy(&sub_bits, &sub, sizeof sub);
+    v16u is_sub = (v16u)(mag < (1u << mbits)); /* all ones where the exponent field is 0 */
+    v16u bits = (sub_bits & is_sub) | (normal & ~is_sub) | ((u & 0x80u) << 24);
+    v16f v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+static inline v16f ldv_e4m3(const uint8_t *p) { return ldv_fp8(p, 3, 120u, 0.001953125f); }
+
+static inline v16f ldv_e5m2(const uint8_t *p) { return ldv_fp8(p, 2, 112u, 0.0000152587890625f); }
+#endif
+"""
+
 FAST = r"""
 #ifdef HAVE_VECTORS
 /* The scores of a full 16-token page: for each query head, 16 per-token vectors of partial
    products (d / 16 multiply-adds each), summed across lanes together. */
 static inline __attribute__((always_inline)) void page_scores_SUF(
-    const float *qf, const T_ *page_rows, int64_t g, int64_t hkv, int64_t d, int64_t len,
+    const float *qf, const KV_ *page_rows, int64_t g, int64_t hkv, int64_t d, int64_t len,
     int64_t t0, float *scores) {
     for (int64_t h = 0; h < hkv; h++)
         for (int64_t gi = 0; gi < g; gi++) {
             const float *qh = qf + (h * g + gi) * d;
             v16f part[16];
             for (int o = 0; o < 16; o++) {
-                const T_ *k = page_rows + (o * hkv + h) * d;
-                v16f acc = ldv_f32(qh) * ldv_SUF(k);
-                for (int64_t c = 16; c < d; c += 16) acc += ldv_f32(qh + c) * ldv_SUF(k + c);
+                const KV_ *k = page_rows + (o * hkv + h) * d;
+                v16f acc = ldv_f32(qh) * ldv_KVS(k);
+                for (int64_t c = 16; c < d; c += 16) acc += ldv_f32(qh + c) * ldv_KVS(k + c);
                 part[o] = acc;
             }
             v16f sums = sum_lanes16(part);
@@ -179,9 +309,9 @@ static inline __attribute__((always_inline)) void page_scores_SUF(
    head h): their accumulators stay in registers (nb * d / 16 vectors, at most 16) while the
    tokens' value rows stream past. */
 static inline __attribute__((always_inline)) void value_block_SUF(
-    const T_ *v_pool, const int32_t *pages, int64_t len, int64_t h, int64_t hkv, int64_t d,
+    const KV_ *v_pool, const int32_t *pages, int64_t len, int64_t h, int64_t hkv, int64_t d,
     int64_t ps, int64_t num_pages, const float *scores, int64_t qh0, int nb, float *acc,
-    const T_ *fetch_pool, const int32_t *fetch_pages, int64_t fetch_count) {
+    const KV_ *fetch_pool, const int32_t *fetch_pages, int64_t fetch_count) {
     v16f a[4][8];
     for (int i = 0; i < nb; i++)
         for (int c = 0; c < d / 16; c++) a[i][c] = (v16f){0};
@@ -189,12 +319,12 @@ static inline __attribute__((always_inline)) void value_block_SUF(
         int64_t page = clamp_page(pages[t0 / ps], num_pages);
         for (int64_t f = t0 / ps; f < fetch_count && f < t0 / ps + 1; f++)
             prefetch_page(fetch_pool + clamp_page(fetch_pages[f], num_pages) * ps * hkv * d,
-                          (int64_t)sizeof(T_) * ps * hkv * d);
+                          (int64_t)sizeof(KV_) * ps * hkv * d);
         int64_t m = len - t0 < ps ? len - t0 : ps;
         for (int64_t o = 0; o < m; o++) {
-            const T_ *v = v_pool + ((page * ps + o) * hkv + h) * d;
+            const KV_ *v = v_pool + ((page * ps + o) * hkv + h) * d;
             for (int c = 0; c < d / 16; c++) {
-                v16f x = ldv_SUF(v + 16 * c);
+                v16f x = ldv_KVS(v + 16 * c);
                 for (int i = 0; i < nb; i++) a[i][c] += scores[(qh0 + i) * len + t0 + o] * x;
             }
         }
@@ -208,13 +338,13 @@ static inline __attribute__((always_inline)) void value_block_SUF(
    contiguous run of hkv * d values), the next page prefetched. Inlined with constant d and
    ps for the common shapes, so the row loops unroll into whole vectors. */
 static inline __attribute__((always_inline)) void attend_SUF(
-    const float *qf, const T_ *k_pool, const T_ *v_pool, const int32_t *pages, int64_t len,
+    const float *qf, const KV_ *k_pool, const KV_ *v_pool, const int32_t *pages, int64_t len,
     int64_t g, int64_t hkv, int64_t d, int64_t ps, int64_t num_pages, float *scores, float *row,
     float *acc, const int32_t *next_pages, int64_t next_count) {
     int64_t hq = g * hkv, width = hkv * d, npages = (len + ps - 1) / ps;
-    int64_t page_bytes = (int64_t)sizeof(T_) * ps * width;
+    int64_t page_bytes = (int64_t)sizeof(KV_) * ps * width;
     for (int pass = 0; pass < 2; pass++) {
-        const T_ *pool = pass == 0 ? k_pool : v_pool;
+        const KV_ *pool = pass == 0 ? k_pool : v_pool;
 #ifdef HAVE_VECTORS
         if (pass == 1 && d % 16 == 0 && d <= 128) {
             int most = d <= 64 ? 4 : 2; /* query heads per block: at most 16 accumulators */
@@ -250,8 +380,8 @@ static inline __attribute__((always_inline)) void attend_SUF(
             }
 #endif
             for (int64_t o = 0; o < m; o++) {
-                const T_ *src = pool + (page * ps + o) * width;
-                for (int64_t j = 0; j < width; j++) row[j] = LD(src[j]);
+                const KV_ *src = pool + (page * ps + o) * width;
+                for (int64_t j = 0; j < width; j++) row[j] = LDK(src[j]);
                 for (int64_t h = 0; h < hkv; h++) {
                     const float *r = row + h * d;
                     for (int64_t gi = 0; gi < g; gi++) {
@@ -285,7 +415,7 @@ static inline __attribute__((always_inline)) void attend_SUF(
 /* One query per request against its paged K/V (pools [pages, ps, hkv, d]); query head h reads
    kv head h / (hq / hkv). Float32 softmax; a request with no key gets zeros. */
 /* decode attention for requests first .. last - 1 */
-static void attend_rows_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool,
+static void attend_rows_SUF(const T_ *q, const KV_ *k_pool, const KV_ *v_pool,
                             const int32_t *table, int64_t table_stride, const int32_t *lens,
                             int64_t first, int64_t last, int64_t hq, int64_t hkv, int64_t d,
                             int64_t ps, int64_t num_pages, float scale, T_ *out) {
@@ -325,7 +455,7 @@ static void attend_rows_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool,
     free(qf);
 }
 
-void decode_attention_SUF(const T_ *q, const T_ *k_pool, const T_ *v_pool, const int32_t *table,
+void decode_attention_SUF(const T_ *q, const KV_ *k_pool, const KV_ *v_pool, const int32_t *table,
                           int64_t table_stride, const int32_t *lens, int64_t b, int64_t hq,
                           int64_t hkv, int64_t d, int64_t ps, int64_t num_pages, float scale,
                           T_ *out) {
@@ -352,13 +482,40 @@ TYPES = [
     ("f32", "float", "(x)", "(x)", "(x)"),
     ("bf16", "uint16_t", "bf2f(x)", "bf2f(f2bf(x))", "f2bf(x)"),
 ]
+# the KV pool's fp8 types: (suffix, to float, from float, largest value)
+FP8_TYPES = [
+    ("e4m3", "e4m3_to_f32(x)", "enc_e4m3(x)", "448.0f"),
+    ("e5m2", "e5m2_to_f32(x)", "enc_e5m2(x)", "57344.0f"),
+]
 
 
-def render(body: str, prelude: str = "") -> str:
-    """The unit's C source: the preludes, then `body` once per storage type."""
+def render(
+    body: str | list[tuple[str, tuple[str, ...]]], prelude: str = "", types: list | None = None
+) -> str:
+    """The unit's C source: PRELUDE and `prelude`, then each body once per storage type and
+    KV pool type of its `kv` tuple: "same" (the pool holds the storage type; functions
+    `<name>_f32`, ...), "fp8" (an fp8 pool: `<name>_f32_e4m3`, ...) or one fp8 type ("e4m3",
+    "e5m2"). A plain string is one body with ("same",). In a body `KV_` / `KVS` / `LDK(x)` /
+    `ENC(x)` / `KVMAX` name the pool's C type, suffix, conversions and largest value.
+    `types`: the storage types (all of TYPES by default)."""
     out = [PRELUDE, prelude]
-    for suffix, storage, load, rnd, store in TYPES:
-        macros = f"#define LD(x) {load}\n#define RND(x) {rnd}\n#define ST(x) {store}\n"
-        text = body.replace("SUF", suffix).replace("T_", storage)
-        out.append(macros + text + "#undef LD\n#undef RND\n#undef ST\n")
+    for text, kv in [(body, ("same",))] if isinstance(body, str) else body:
+        for storage_type in TYPES if types is None else types:
+            out += _instances(text, storage_type, kv)
     return "\n".join(out)
+
+
+def _instances(body: str, storage_type: tuple[str, ...], kv: tuple[str, ...]) -> list[str]:
+    suffix, storage, load, rnd, store = storage_type
+    macros = f"#define LD(x) {load}\n#define RND(x) {rnd}\n#define ST(x) {store}\n"
+    undef = "#undef LD\n#undef RND\n#undef ST\n"
+    out = []
+    if "same" in kv:  # substituted, no macros: the source of before fp8 pools, byte for byte
+        text = body.replace("KVS", suffix).replace("KV_", storage).replace("LDK(", "LD(")
+        out.append(macros + text.replace("SUF", suffix).replace("T_", storage) + undef)
+    for fp8, load8, store8, top in [t for t in FP8_TYPES if "fp8" in kv or t[0] in kv]:
+        text = body.replace("KVS", fp8).replace("KV_", "uint8_t")
+        text = text.replace("SUF", f"{suffix}_{fp8}").replace("T_", storage)
+        kv_macros = f"#define LDK(x) {load8}\n#define ENC(x) {store8}\n#define KVMAX {top}\n"
+        out.append(macros + kv_macros + text + undef + "#undef LDK\n#undef ENC\n#undef KVMAX\n")
+    return out

@@ -6,9 +6,11 @@ window layers may keep `[window_pages, ...]` instead, addressed through `pool.wi
 (memory/windows.py).
 
 The storage type (`kv_dtype`) may differ from the model's: `fp8_e4m3` / `fp8_e5m2` store one
-byte per value with a per-layer scale per tensor (`pool.scales[name][layer]`, 1.0 unless the
-checkpoint gives one): the stored value is `x / scale`, clamped to the type's range. Only the
-attention backends read the pool, and they fold the scales into the attention itself.
+byte per value with a per-layer scale per tensor (`pool.scales[name][layer]`) and optionally a
+per-channel offset (`pool.offsets[name][layer]`, [heads, dim] float32): the stored value is
+`(x - offset) / scale`, clamped to the type's range. Scales and offsets come from the
+checkpoint or from a calibration pass (memory/kv_calibration.py). Only the attention backends
+read the pool, and they fold both into the attention itself (attention/base.py).
 
 Pages are handed out by a free list. A page is at any time in exactly one of three places: the
 free list, the radix cache, or the page table of one running request (the scheduler's
@@ -17,6 +19,7 @@ free list, the radix cache, or the page table of one running request (the schedu
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Mapping
@@ -126,13 +129,15 @@ class KVPool:
         allocate: bool = True,
         window_pages: int | None = None,
         scales: Mapping[str, list[float]] | None = None,
+        offsets: Mapping[str, list[torch.Tensor | None]] | None = None,
     ) -> None:
         """`dtype`: the storage type (the KV cache dtype). `allocate=False`: the page allocator
         only, for a parallel engine's driver (its workers hold the storage, each for its own
         layers and heads). `window_pages`: the sliding-window layers get that many pages of
         their own (memory/windows.py), fewer than `num_pages`; None: every layer is indexed by
         page id. `scales`: per-layer scales by tensor name ("k", "v"; MLA's "latent") for fp8
-        storage, 1.0 where not given."""
+        storage, 1.0 where not given; `offsets`: per-layer [heads, dim] float32 offsets by
+        name (None: none), subtracted before scaling (fp8 storage only)."""
         if num_pages < 2:
             raise ValueError(f"the KV pool needs at least 2 pages, got {num_pages}")
         self.num_pages = num_pages
@@ -159,6 +164,17 @@ class KVPool:
         self.scales: dict[str, list[float]] = {
             name: list(given.get(name, [1.0] * config.num_layers)) for name, _, _ in self.layout
         }
+        shifts = offsets or {}
+        self.offsets: dict[str, list[torch.Tensor | None]] = {
+            name: [None if o is None else o.to(torch.float32, copy=True).to(device)
+                   for o in shifts.get(name, [None] * config.num_layers)]
+            for name, _, _ in self.layout
+        }  # fmt: skip
+        # float32 reciprocals the writes multiply by (the fused C write uses the same numbers)
+        self.inverse_scales = {
+            name: [float(torch.tensor(1.0 / s, dtype=torch.float32)) for s in per_layer]
+            for name, per_layer in self.scales.items()
+        }
         self.buffers: dict[str, list[torch.Tensor]] = {
             name: [
                 torch.zeros(
@@ -181,9 +197,27 @@ class KVPool:
         with a checkpoint's scale)."""
         return self.scales[name][layer] if self.quantized else 1.0
 
+    def calibration_digest(self) -> str:
+        """A short hash of the fp8 scales and offsets ("" for other types): two pools whose
+        pages mean the same values have the same digest."""
+        if not self.quantized:
+            return ""
+        h = hashlib.sha256()
+        for name in sorted(self.scales):
+            h.update(name.encode() + repr(self.scales[name]).encode())
+            for o in self.offsets[name]:
+                h.update(b"-" if o is None else o.cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    def offset(self, name: str, layer: int) -> torch.Tensor | None:
+        """The [heads, dim] float32 offset of tensor `name` in `layer` (None: none)."""
+        return self.offsets[name][layer] if self.quantized else None
+
     def write(self, name: str, layer: int, slots: torch.Tensor, values: torch.Tensor) -> None:
         """Store `values` [T, heads, dim] at flat `slots` of tensor `name` in `layer`,
-        converted to the storage type (fp8: divided by the layer's scale, clamped to range)."""
+        converted to the storage type (fp8: in float32, minus the layer's offset, times the
+        float32 reciprocal of its scale, clamped to range, rounded to nearest even; the fused
+        C write does the same operations in the same order)."""
         pool = self.buffers[name][layer]
         flat = pool.view(-1, *pool.shape[2:])
         if not self.quantized:
@@ -191,10 +225,12 @@ class KVPool:
             return
         limit = torch.finfo(pool.dtype).max
         scaled = values.float()
-        s = self.scales[name][layer]
-        if s != 1.0:
-            scaled = scaled / s
-        stored = scaled.clamp_(-limit, limit).to(pool.dtype)
+        offset = self.offsets[name][layer]
+        if offset is not None:
+            scaled = scaled - offset
+        if self.scales[name][layer] != 1.0:
+            scaled = scaled * self.inverse_scales[name][layer]
+        stored = scaled.clamp(-limit, limit).to(pool.dtype)
         # index_copy_ has no fp8 kernel on CPU: the same bytes through a uint8 view
         flat.view(torch.uint8).index_copy_(0, slots, stored.view(torch.uint8))
 

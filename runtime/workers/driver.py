@@ -29,6 +29,7 @@ import torch.distributed as dist
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import ModelConfig
 from runtime.errors import ParallelConfigError, WorkerError
+from runtime.memory.kv_calibration import KVCalibration
 from runtime.parallel.shard import validate
 from runtime.workers.layout import Layout
 from runtime.workers.microbatch import split
@@ -51,7 +52,8 @@ class ParallelModel:
                  pp_size: int, ep_size: int, num_pages: int, page_size: int, nnodes: int = 1,
                  dist_init_addr: str | None = None,
                  attention_backend: str = "cpu",
-                 kv_dtype: torch.dtype | None = None, device: str = "cpu") -> None:  # fmt: skip
+                 kv_dtype: torch.dtype | None = None, device: str = "cpu",
+                 kv_calibration: KVCalibration | None = None) -> None:  # fmt: skip
         """`device`: "cpu" (gloo everywhere) or "cuda" (each rank on `cuda:<local rank>`,
         its stage's collectives over NCCL; this process talks to the ranks over gloo)."""
         validate(config, tp_size, pp_size, ep_size)
@@ -69,7 +71,10 @@ class ParallelModel:
             raise ParallelConfigError("nnodes > 1 needs dist_init_addr (host:port of node 0)")
         self.setup = {"dtype": str(dtype).replace("torch.", ""), "pages": (num_pages, page_size),
                       "attention": attention_backend,
-                      "kv_dtype": str(kv_dtype or dtype).replace("torch.", "")}  # fmt: skip
+                      "kv_dtype": str(kv_dtype or dtype).replace("torch.", ""),
+                      # the fp8 pool's measured scales and offsets, every layer and head (each
+                      # rank keeps its own: KVCalibration.select)
+                      "kv_calibration": kv_calibration}  # fmt: skip
         self.device = device
         self.path = str(path)
         self.dist_init_addr = dist_init_addr

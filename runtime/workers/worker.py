@@ -27,7 +27,7 @@ from runtime.device.cuda import bind
 from runtime.memory.kv_pool import KVPool, checkpoint_kv_scales, resolve_dtype
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
-from runtime.parallel.shard import local_config
+from runtime.parallel.shard import heads_of, local_config
 from runtime.workers.layout import Layout
 
 logger = logging.getLogger(__name__)
@@ -60,13 +60,20 @@ def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int,
     mine = list(shard.layers(config.num_layers))  # this rank's layers: its pool's indices
     scales = {name: [per_layer[i] for i in mine] for name, per_layer in
               checkpoint_kv_scales(loaded.state_dict, config.num_layers).items()}  # fmt: skip
+    offsets = None
+    calibration = box[0].get("kv_calibration")  # measured by the driver on the whole model
+    if calibration is not None:
+        _, _, kv0, kv = heads_of(config, shard) if shard.tp_size > 1 else (0, 0, 0,
+                                                                          config.num_kv_heads)
+        calibration = calibration.select(mine, slice(kv0, kv0 + kv))
+        scales, offsets = calibration.scales, calibration.offsets
     state = place_state(loaded.state_dict, where)  # the same tensors on the CPU
     with building_on(where):
         model = model_class(config)(config, state, dtype, shard=shard, comm=comm,
                                     attention=attention)  # fmt: skip
     del loaded, state
     pool = KVPool(local_config(config, shard), num_pages, page_size, kv_dtype, scales=scales,
-                  device=where)  # fmt: skip
+                  offsets=offsets, device=where)  # fmt: skip
     report = {
         "pid": os.getpid(),
         "weight_bytes": model.weight_bytes(),
