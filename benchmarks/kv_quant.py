@@ -10,7 +10,7 @@ i (over all prompts) where token i equals the bf16 run's token i, position by po
 first difference the continuations usually part, so later positions mostly count as unequal);
 "equal prompts" the share of prompts whose tokens are all equal; "first diff" the mean share
 of a prompt's tokens before its first difference. Perplexity of HELD_OUT below (written for
-this benchmark; not the calibration text, runtime/memory/kv_calibration.py). Decode tokens/s
+this benchmark; not the calibration text, runtime/attention/kv_calibration.py). Decode tokens/s
 (all prompts batched) and few-shot tokens/s (a shared few-shot prefix, short answers): each a
 median over `--repeats` runs that alternate between the dtypes (the machine may be shared).
 Targets: half the bytes and twice the capacity of bf16, perplexity within 1%, throughput at

@@ -14,6 +14,7 @@ import torch
 
 from runtime import settings
 from runtime.attention import make_backend, resolve_backend
+from runtime.attention.kv_calibration import KVCalibration, calibrate, kv_calibration_kind
 from runtime.default_model import default_model
 from runtime.device import building_on, device_runner, place_state, resolve_device
 from runtime.disaggregation.modes import (
@@ -31,7 +32,6 @@ from runtime.errors import HiCacheConfigError, KVTransferError, ParallelConfigEr
 from runtime.kernels import cpu_fused
 from runtime.memory.budget import default_kv_budget_bytes, resident_bytes
 from runtime.memory.hicache import HiCache
-from runtime.memory.kv_calibration import KVCalibration, calibrate, kv_calibration_kind
 from runtime.memory.kv_pool import (
     KVPool,
     checkpoint_kv_scales,
@@ -254,38 +254,21 @@ class Engine:
             chunked_prefill_tokens, plain and not enable_hierarchical_cache,
         )  # fmt: skip
         self.model_fingerprint = model_fingerprint(loaded.config, loaded.state_dict)
-        kv_scales = checkpoint_kv_scales(loaded.state_dict, self.config.num_layers)
-        self.kv_calibration = kv_calibration_kind(self.kv_dtype, kv_calibration, kv_scales)
-        if self.device.type != "cpu" and self.kv_calibration in ("smooth", "scale"):
-            # the calibration pass runs the model on the CPU (not yet on an accelerator)
-            logger.warning("kv_calibration %r runs on the CPU only: unit scales on %s",
-                           self.kv_calibration, self.device)  # fmt: skip
-            self.kv_calibration = "none"
-        calibration = None
+        calibration = self._kv_calibration(kv_calibration, loaded)
         if self.parallel:
-            if self.kv_calibration in ("smooth", "scale"):  # measured here, on a whole model
-                whole = model_class(loaded.config)(loaded.config, loaded.state_dict, self.dtype)
-                calibration = self._calibrate(whole)
-                del whole
             del loaded  # each worker loads its own shard
             self.model = ParallelModel(
                 path, self.config, self.dtype, tp_size=tp_size, pp_size=pp_size,
                 ep_size=ep_size, num_pages=num_pages, page_size=page_size, nnodes=nnodes,
                 dist_init_addr=dist_init_addr, attention_backend=self.attention_backend,
-                kv_dtype=self.kv_dtype, device=self.device.type,
-                kv_calibration=calibration)  # fmt: skip
+                kv_dtype=self.kv_dtype, device=self.device.type, kv_calibration=calibration)
         else:
             self.model = _local_model(loaded, self, quantization)
             del loaded
-            if self.kv_calibration in ("smooth", "scale"):
-                calibration = self._calibrate(self.model)
             if chooser_wanted(num_threads, self.device):  # all threads, or one
                 self.model = ThreadChooser(self.model)
         self.sizes = {"tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size}
-        if calibration is not None:
-            kv_scales = calibration.scales
-        self.pool = KVPool(self.config, num_pages, page_size, self.kv_dtype, scales=kv_scales,
-                           offsets=calibration.offsets if calibration else None,
+        self.pool = KVPool(self.config, num_pages, page_size, self.kv_dtype, **calibration.kwargs(),
                            allocate=not self.parallel, window_pages=window_pages,
                            device="cpu" if self.parallel else self.device)  # fmt: skip
         if not self.parallel:  # on the CPU without cuda_graph_bs: the model itself
@@ -345,9 +328,21 @@ class Engine:
             tier=self.hicache,
         )
 
-    def _calibrate(self, model) -> KVCalibration:
-        """The fp8 pool's scales (and offsets, "smooth") measured on `model` over the shipped
-        calibration text (memory/kv_calibration.py)."""
+    def _kv_calibration(self, requested: str, loaded: Any) -> KVCalibration:
+        """The pool's scales and offsets; sets `kv_calibration` (what they are). "smooth" /
+        "scale": measured on a model of its own built from `loaded` (so a one-process engine
+        and a parallel one, whose ranks keep their shares, get the same numbers) over the
+        shipped text (attention/kv_calibration.py); else the checkpoint's scales (or none)."""
+        scales = checkpoint_kv_scales(loaded.state_dict, self.config.num_layers)
+        self.kv_calibration = kv_calibration_kind(self.kv_dtype, requested, scales)
+        if self.kv_calibration in ("smooth", "scale") and self.device.type != "cpu":
+            # the calibration pass runs the model on the CPU only
+            logger.warning("kv_calibration %r runs on the CPU only: unit scales on %s",
+                           self.kv_calibration, self.device)  # fmt: skip
+            self.kv_calibration = "none"
+        if self.kv_calibration not in ("smooth", "scale"):
+            return KVCalibration(scales, {})
+        model = model_class(loaded.config)(loaded.config, loaded.state_dict, self.dtype)
         return calibrate(model, self.config, self.tokenizer, self.dtype, self.kv_dtype,
                          smooth=self.kv_calibration == "smooth")  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Calibrated fp8 KV storage (runtime/memory/kv_calibration.py) and the fused C kernels that
+"""Calibrated fp8 KV storage (runtime/attention/kv_calibration.py) and the fused C kernels that
 read and write fp8 pools: calibration is deterministic and independent of the serving backend,
 scales and offsets change nothing but the rounding in every backend, the C write gives the
 torch write's bytes, the C decode reads every fp8 byte exactly, and fp8 pools work with
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from runtime.attention import LayerSpec, make_backend
+from runtime.attention.kv_calibration import CALIBRATION_TEXT, calibrate, kv_calibration_kind
 from runtime.errors import UnsupportedAttentionError
 from runtime.kernels import cpu_fused, reference
-from runtime.memory.kv_calibration import CALIBRATION_TEXT, calibrate, kv_calibration_kind
 from runtime.memory.kv_pool import KVPool
 from tests.test_kv_cache_dtype import _batch
 

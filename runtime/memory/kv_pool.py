@@ -9,7 +9,7 @@ The storage type (`kv_dtype`) may differ from the model's: `fp8_e4m3` / `fp8_e5m
 byte per value with a per-layer scale per tensor (`pool.scales[name][layer]`) and optionally a
 per-channel offset (`pool.offsets[name][layer]`, [heads, dim] float32): the stored value is
 `(x - offset) / scale`, clamped to the type's range. Scales and offsets come from the
-checkpoint or from a calibration pass (memory/kv_calibration.py). Only the attention backends
+checkpoint or from a calibration pass (attention/kv_calibration.py). Only the attention backends
 read the pool, and they fold both into the attention itself (attention/base.py).
 
 Pages are handed out by a free list. A page is at any time in exactly one of three places: the

@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from runtime.attention.forward_batch import ForwardBatch
+from runtime.attention.kv_calibration import KVCalibration
 from runtime.config import ModelConfig
 from runtime.errors import ParallelConfigError, WorkerError
-from runtime.memory.kv_calibration import KVCalibration
 from runtime.parallel.shard import validate
 from runtime.workers.layout import Layout
 from runtime.workers.microbatch import split

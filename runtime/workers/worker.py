@@ -62,7 +62,7 @@ def main(rank: int, layout: Layout, addr: str, model_path: str, threads: int,
               checkpoint_kv_scales(loaded.state_dict, config.num_layers).items()}  # fmt: skip
     offsets = None
     calibration = box[0].get("kv_calibration")  # measured by the driver on the whole model
-    if calibration is not None:
+    if calibration is not None and calibration.scales:
         _, _, kv0, kv = heads_of(config, shard) if shard.tp_size > 1 else (0, 0, 0,
                                                                           config.num_kv_heads)
         calibration = calibration.select(mine, slice(kv0, kv0 + kv))

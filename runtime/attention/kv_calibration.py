@@ -95,6 +95,10 @@ class KVCalibration:
     scales: dict[str, list[float]]
     offsets: dict[str, list[torch.Tensor | None]]
 
+    def kwargs(self) -> dict:
+        """`KVPool` keywords: scales and offsets."""
+        return {"scales": self.scales, "offsets": self.offsets}
+
     def select(self, layers: list[int], kv_heads: slice) -> KVCalibration:
         """A rank's part: its `layers` and, of tensors with several heads, its `kv_heads`."""
 
