@@ -42,7 +42,11 @@ def _wait_for(cond, timeout: float = 120.0) -> bool:
 def engine(tmp_path_factory):
     folder = make_tiny_model(tmp_path_factory.mktemp("tiny-isolation"), seed=7)
     with Engine(folder, page_size=4, max_total_tokens=4096, grammar_compile_timeout_s=4) as e:
-        e.scheduler.hooks.compiles.start()
+        pool = e.scheduler.hooks.compiles
+        pool.start()
+        # the workers ready before the first test: a large constraint's budget counts from its
+        # submission, so one that waited for a worker to start would be refused uncached
+        assert _wait_for(lambda: len(pool.worker_pids()) == pool.n_workers)
         yield e
 
 

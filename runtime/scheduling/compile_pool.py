@@ -129,6 +129,11 @@ class _Worker:
         self.started = time.monotonic()
         self.base_rss = 0
         self.is_ready = False
+        # `kill` runs once: the pool's shutdown and the slot's thread (a worker that died while
+        # it waited) may both call it, and a second close of the socket could close an unrelated
+        # descriptor that reused its number
+        self._kill_lock = threading.Lock()
+        self._killed = False
         try:
             self.conn.send_bytes(vocab_message)
         except OSError:
@@ -171,6 +176,10 @@ class _Worker:
             return 0
 
     def kill(self) -> None:
+        with self._kill_lock:
+            if self._killed:
+                return
+            self._killed = True
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
@@ -319,6 +328,8 @@ class CompilePool:
             while not self._closed and not w.wait_ready(1.0):
                 pass
         except (OSError, RuntimeError):
+            if self._closed:  # the pool shut down while the worker started
+                return
             logger.warning("compile worker %d did not start", slot, exc_info=True)
             self._retire(slot)
             time.sleep(1.0)
