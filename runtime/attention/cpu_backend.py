@@ -139,7 +139,9 @@ class CPUBackend(TorchBackend):
             return cascade_decode_attention(
                 q, k, v, b.decode_page_table, b.decode_seq_lens, spec.scale, self.cascade
             )
-        if self.fused_decode is not None and q.dtype in cpu_fused.MODEL_TYPES:
+        # the kernels read a pool of the model's type, or fp8 (not bf16 under float32)
+        fused_kv = k.dtype == q.dtype or self.pool.quantized
+        if self.fused_decode is not None and q.dtype in cpu_fused.MODEL_TYPES and fused_kv:
             return cpu_fused.decode_attention(q, k, v, self.fused_decode, spec.scale)
         if self.decode_plan is None:
             self.decode_plan = plan_decode(
