@@ -24,6 +24,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -79,12 +80,16 @@ class LlamaServer:
         cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port),
                "-np", str(slots), "-c", str(slots * ctx_per_slot), "-t", str(threads),
                "-tb", str(threads), "--no-webui"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # its log goes to a file: a pipe nobody reads fills up (64 KiB) and the server then
+        # blocks on its next log line, every request hanging with it
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + 300
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace")[-2000:]
+                self.log.seek(0)
+                err = self.log.read().decode(errors="replace")[-2000:]
                 raise RuntimeError(f"llama-server exited: {err}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
@@ -135,3 +140,4 @@ class LlamaServer:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        self.log.close()
