@@ -1,6 +1,6 @@
 """The KV cache dtype trade-off on the default model (weights in bf16).
 
-Run: .venv/bin/python -m benchmarks.kv_quant [--prompts 32] [--tokens 64] [--repeats 3]
+Run: .venv/bin/python -m benchmarks.kv_quant [--prompts 32] [--tokens 64] [--repeats 3] [--chat]
      [--kv bf16,fp8_e4m3,fp8_e5m2] [--calibration smooth]
 
 For each KV dtype (one engine each, all open at once): KV bytes per token and tokens per GiB;
@@ -74,6 +74,13 @@ def prompts(n: int) -> list[str]:
             for i in range(n)]  # fmt: skip
 
 
+def chat_prompts(engine: Engine, n: int) -> list[str]:
+    """The same requests as a chat user sends them: through the model's chat template."""
+    return [engine.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                 tokenize=False, add_generation_prompt=True)
+            for text in prompts(n)]  # fmt: skip
+
+
 def open_engine(kv: str, args: argparse.Namespace) -> Engine:
     return Engine(dtype="bfloat16", kv_cache_dtype=kv, mem_budget_gb=args.budget_gb,
                   kv_calibration=args.calibration)  # fmt: skip
@@ -82,8 +89,12 @@ def open_engine(kv: str, args: argparse.Namespace) -> Engine:
 def accuracy(engine: Engine, args: argparse.Namespace) -> dict:
     """Sizes, greedy tokens and held-out perplexity of one engine."""
     stats = engine.stats()
-    outs = engine.generate(prompts(args.prompts), max_new_tokens=args.tokens, temperature=0.0,
-                           ignore_eos=True)  # fmt: skip
+    if args.chat:  # answers end where the model ends them
+        outs = engine.generate(chat_prompts(engine, args.prompts), max_new_tokens=args.tokens,
+                               temperature=0.0)  # fmt: skip
+    else:
+        outs = engine.generate(prompts(args.prompts), max_new_tokens=args.tokens,
+                               temperature=0.0, ignore_eos=True)  # fmt: skip
     ids = engine.tokenizer(HELD_OUT, add_special_tokens=False).input_ids
     logprob = engine.score(ids[:1], [ids[1:]])[0]
     return {
@@ -129,6 +140,9 @@ def main() -> None:
     p.add_argument("--kv", default="bf16,fp8_e4m3,fp8_e5m2")
     p.add_argument("--calibration", default="smooth", help="fp8 pools: smooth, scale or none")
     p.add_argument("--budget-gb", type=float, default=0.05)
+    p.add_argument("--chat", action="store_true",
+                   help="agreement on chat-templated prompts that stop at the model's end of "
+                        "turn (default: raw prompts, ignore_eos)")  # fmt: skip
     args = p.parse_args()
     kvs = args.kv.split(",")
     load = [os.getloadavg()[0]]
