@@ -6,7 +6,7 @@ import atexit
 import json
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from runtime.disaggregation.modes import (
 from runtime.errors import HiCacheConfigError, KVTransferError, ParallelConfigError
 from runtime.kernels import cpu_fused
 from runtime.memory.budget import default_kv_budget_bytes, resident_bytes
-from runtime.memory.hicache import HiCache
+from runtime.memory.hicache import HiCache, parse_extra_config
 from runtime.memory.kv_pool import (
     KVPool,
     checkpoint_kv_scales,
@@ -132,6 +132,7 @@ def _make_hicache(
     folder: str | Path | None,
     budget_gb: float,
     load_policy: str,
+    extra_config: str | Mapping[str, Any] | None,
 ) -> HiCache:
     """The storage tier under the radix cache (memory/hicache.py), its settings checked, hooked
     to the tree's evictions."""
@@ -145,7 +146,9 @@ def _make_hicache(
     root = Path(folder) if folder is not None else settings.CACHE_DIR.get() / "hicache"
     try:
         tier = HiCache(pool, fingerprint, str(root), int(budget_gb * 1024**3), backend=backend,
-                       load_policy=load_policy)  # fmt: skip
+                       load_policy=load_policy, extra=parse_extra_config(extra_config))  # fmt: skip
+    except HiCacheConfigError:
+        raise
     except OSError as exc:
         raise HiCacheConfigError(f"hicache_storage_dir {str(root)!r} is not usable: {exc}") from exc
     except ValueError as exc:
@@ -217,6 +220,7 @@ class Engine:
         hicache_storage_dir: str | Path | None = None,
         hicache_storage_budget_gb: float = 8.0,
         hicache_load_policy: str = "auto",
+        hicache_storage_backend_extra_config: str | Mapping[str, Any] | None = None,
         device: str = "auto",
         disable_cuda_graph: bool = False,
         cuda_graph_bs: Sequence[int] | None = None,
@@ -280,6 +284,7 @@ class Engine:
         self.hicache = _make_hicache(
             self.pool, self.tree, self.model_fingerprint, hicache_storage_backend,
             hicache_storage_dir, hicache_storage_budget_gb, hicache_load_policy,
+            hicache_storage_backend_extra_config,
         ) if enable_hierarchical_cache else None  # fmt: skip
         self.disaggregation = Disaggregation(
             disaggregation_mode,
@@ -295,13 +300,16 @@ class Engine:
         self.scheduler = self._make_scheduler(
             max_running_requests, chunked_prefill_tokens, overlap_wanted(overlap_schedule)
         )
-        if not self.parallel and self.device.type == "cpu" and cpu_fused.available(torch.float32):
-            # this thread's OpenMP team (from loading) would make libgomp stop spinning the
-            # scheduler thread's: free it (cpu_fused.release_openmp_team)
-            cpu_fused.release_openmp_team()
+        self._free_loading_threads()
         self._closed = False
         _LIVE_ENGINES.add(self)  # shut down at exit if the program never closes it
         self._log_ready()
+
+    def _free_loading_threads(self) -> None:
+        """This thread's OpenMP team (from loading) would make libgomp stop spinning the
+        scheduler thread's: free it (cpu_fused.release_openmp_team)."""
+        if not self.parallel and self.device.type == "cpu" and cpu_fused.available(torch.float32):
+            cpu_fused.release_openmp_team()
 
     def _log_ready(self) -> None:
         logger.info(

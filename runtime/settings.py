@@ -87,6 +87,48 @@ PYTHONPATH = Text(
     "Passed on to worker ranks with the repository root in front, so they import this code.",
 )
 
+# Mooncake Store, the `mooncake` backend of the storage tier: SGLang's variables, read when an
+# engine starts; `hicache_storage_backend_extra_config` keys of the same meaning win over them
+MOONCAKE_MASTER = Text(
+    "MOONCAKE_MASTER",
+    None,
+    "The Mooncake master (`host:port`) of the `mooncake` storage tier when "
+    "`hicache_storage_backend_extra_config` has no `master_server_address`.",
+)
+MOONCAKE_TE_META_DATA_SERVER = Text(
+    "MOONCAKE_TE_META_DATA_SERVER",
+    "P2PHANDSHAKE",
+    "The `mooncake` storage tier's metadata server: `P2PHANDSHAKE` (none) or an "
+    "`http://host:port/metadata` URL (extra-config key `metadata_server`).",
+)
+MOONCAKE_GLOBAL_SEGMENT_SIZE = Text(
+    "MOONCAKE_GLOBAL_SEGMENT_SIZE",
+    "1gb",
+    "Memory the engine lends Mooncake Store for pages (bytes, or `512mb`, `4gb`); 0 when store "
+    "services hold them (extra-config key `global_segment_size`).",
+)
+MOONCAKE_LOCAL_BUFFER_SIZE = Text(
+    "MOONCAKE_LOCAL_BUFFER_SIZE",
+    "64mb",
+    "The Mooncake Store client's transfer buffer (extra-config key `local_buffer_size`).",
+)
+MOONCAKE_PROTOCOL = Text(
+    "MOONCAKE_PROTOCOL",
+    "tcp",
+    "How the `mooncake` storage tier moves pages: `tcp` or `rdma` (extra-config key `protocol`).",
+)
+MOONCAKE_DEVICE = Text(
+    "MOONCAKE_DEVICE",
+    None,
+    "RDMA devices of the `mooncake` storage tier, e.g. `mlx5_0` (extra-config key `device_name`).",
+)
+MOONCAKE_LOCAL_HOSTNAME = Text(
+    "MOONCAKE_LOCAL_HOSTNAME",
+    "localhost",
+    "The address other Mooncake clients reach this engine's segment at (extra-config key "
+    "`local_hostname`).",
+)
+
 SETTINGS: tuple[Setting, ...] = (
     OVERLAP,
     KERNELS,
@@ -100,6 +142,13 @@ SETTINGS: tuple[Setting, ...] = (
     TRITON_INTERPRET,
     TOKENIZERS_PARALLELISM,
     PYTHONPATH,
+    MOONCAKE_MASTER,
+    MOONCAKE_TE_META_DATA_SERVER,
+    MOONCAKE_GLOBAL_SEGMENT_SIZE,
+    MOONCAKE_LOCAL_BUFFER_SIZE,
+    MOONCAKE_PROTOCOL,
+    MOONCAKE_DEVICE,
+    MOONCAKE_LOCAL_HOSTNAME,
 )
 
 

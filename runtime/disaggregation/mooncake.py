@@ -27,11 +27,10 @@ from typing import Any
 import torch
 
 from runtime.errors import DisaggregationConfigError, KVTransferError
+from runtime.memory.tier_mooncake import PACKAGE, SYSTEM_LIBS
 
 logger = logging.getLogger(__name__)
 
-PACKAGE = "mooncake-transfer-engine-non-cuda"
-SYSTEM_LIBS = "libibverbs1 librdmacm1"
 ARENA_BYTES = 256 * 2**20
 PROTOCOLS = ("tcp", "rdma")
 

@@ -2,11 +2,12 @@
 
 When the radix tree evicts a node, `on_evict` copies its pages' KV out of the pool into a
 staging buffer (one gather, on the scheduler thread, before the pages return to the free list:
-the pool may overwrite them right after) and queues them; a writer thread writes them to the
-backend (`tier_files.FileStore`). A later prefix match that stops at the end of what the tree
-holds asks `available` how many of the following pages the tier has, and `read` brings them
-back (from the staging buffer while a write is pending, else from the backend, every payload
-checked); `memory.pages.PageBook.load_from_tier` puts them into fresh pool pages and the tree.
+the pool may overwrite them right after) and queues them; a writer thread stores them
+(`tier_store.PageStore`, over files, `tier_files`, or Mooncake Store, `tier_mooncake`). A later
+prefix match that stops at the end of what the tree holds asks `available` how many of the
+following pages the tier has, and `read` brings them back (from the staging buffer while a
+write is pending, else from the backend, every payload checked);
+`memory.pages.PageBook.load_from_tier` puts them into fresh pool pages and the tree.
 
 Pages are keyed by a chain of digests: the key of page i is BLAKE2b(key of page i - 1, the
 page's tokens), starting from the tier fingerprint (the model's weights and shape, the KV dtype,
@@ -22,12 +23,15 @@ loading must be estimated cheaper than computing the tokens again (both measured
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,11 +39,13 @@ import torch
 from runtime.memory.kv_pages import page_bytes, read_pages
 from runtime.memory.kv_pool import KVPool, kv_dtype_name
 from runtime.memory.radix_cache import RadixCache, TreeNode
-from runtime.memory.tier_files import FileStore
+from runtime.memory.tier_files import FileBackend
+from runtime.memory.tier_mooncake import MooncakeBackend, MooncakeStoreConfig
+from runtime.memory.tier_store import PageStore, StorageBackend
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("file",)
+BACKENDS = ("file", "mooncake")
 LOAD_POLICIES = ("auto", "always")
 STAGING_LIMIT_BYTES = 256 * 2**20  # pages queued for the writer, at most
 CLOSE_TIMEOUT_S = 60.0
@@ -54,6 +60,37 @@ def tier_fingerprint(model_fingerprint: str, pool: KVPool) -> str:
     parts = (model_fingerprint, kv_dtype_name(pool.dtype), pool.page_size, layers,
              tuple(pool.layout), sorted(pool.scales.items()) if pool.quantized else ())  # fmt: skip
     return hashlib.blake2b(repr(parts).encode(), digest_size=12).hexdigest()
+
+
+def parse_extra_config(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """`hicache_storage_backend_extra_config` as a dict: a mapping, JSON text, or `@FILE` of
+    JSON (SGLang's forms); ValueError naming the field otherwise."""
+    if value is None or isinstance(value, Mapping):
+        return dict(value or {})
+    text = str(value).strip()
+    try:
+        if text.startswith("@"):
+            text = Path(text[1:]).expanduser().read_text(encoding="utf-8")
+        parsed = json.loads(text) if text else {}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"hicache_storage_backend_extra_config is not JSON (or @FILE of "
+                         f"JSON): {exc}") from None  # fmt: skip
+    if not isinstance(parsed, dict):
+        raise ValueError(f"hicache_storage_backend_extra_config must be a JSON object, got "
+                         f"{type(parsed).__name__}")  # fmt: skip
+    return parsed
+
+
+def open_backend(
+    backend: str, fingerprint: str, storage_dir: str, extra: dict[str, Any]
+) -> StorageBackend:
+    """The storage backend named `backend` for pages of `fingerprint`."""
+    if backend == "mooncake":
+        return MooncakeBackend(MooncakeStoreConfig.resolve(extra), fingerprint)
+    if extra:
+        raise ValueError(f"hicache_storage_backend_extra_config: the file backend takes no "
+                         f"settings, got {sorted(extra)}")  # fmt: skip
+    return FileBackend(storage_dir, fingerprint)
 
 
 def node_tokens(node: TreeNode) -> list[int]:
@@ -84,6 +121,7 @@ class HiCache:
         budget_bytes: int,
         backend: str = "file",
         load_policy: str = "auto",
+        extra: dict[str, Any] | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(
@@ -101,7 +139,10 @@ class HiCache:
         self.backend = backend
         self.load_policy = load_policy
         self.fingerprint = tier_fingerprint(model_fingerprint, pool)
-        self.store = FileStore(storage_dir, self.fingerprint, budget_bytes)
+        if budget_bytes <= 0:
+            raise ValueError(f"the storage tier's budget must be positive, got {budget_bytes}")
+        backing = open_backend(backend, self.fingerprint, storage_dir, extra or {})
+        self.store = PageStore(backing, self.fingerprint, budget_bytes)
         self._root_key = hashlib.blake2b(self.fingerprint.encode(), digest_size=16).digest()
         # pages copied out and not yet written: key -> (payload row, tokens)
         self._pending: dict[str, torch.Tensor] = {}
@@ -192,17 +233,25 @@ class HiCache:
             logger.warning("storage tier: pages still unwritten at shutdown were dropped")
         self._queue.put(None)
         self._writer.join(timeout=5)
+        self.store.close()
 
     # ---- reading ----------------------------------------------------------------------------
     def available(self, keys: Sequence[str]) -> int:
         """How many of `keys`, from the first on, the tier holds (pending or stored)."""
-        n = 0
         with self._pending_lock:
-            for key in keys:
-                if key not in self._pending and not self.store.contains(key):
-                    break
-                n += 1
+            pending = [key in self._pending for key in keys]
+        n = 0
+        for ok in self._pending_or(pending, keys):
+            if not ok:
+                break
+            n += 1
         return n
+
+    def _pending_or(self, pending: list[bool], keys: Sequence[str]) -> list[bool]:
+        """Whether each key is pending or stored (the store asked only about the others)."""
+        rest = [key for key, p in zip(keys, pending, strict=True) if not p]
+        held = iter(self.store.held(rest))
+        return [p or next(held) for p in pending]
 
     def read(self, keys: Sequence[str], tokens: Sequence[int]) -> torch.Tensor:
         """The payloads of `keys` (pages of `tokens`, which start at the first key's page) as
@@ -260,7 +309,7 @@ class HiCache:
             "hicache_load_failures": c["load_failures"],
             "hicache_writes_dropped": c["writes_dropped"],
             "hicache_write_errors": c["write_errors"],
-            "hicache_files_evicted": self.store.evicted_files,
+            "hicache_files_evicted": self.store.evicted_objects,
         }
 
 

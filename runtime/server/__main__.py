@@ -223,7 +223,19 @@ def _hicache_flags(p: argparse.ArgumentParser) -> None:
         help="write pages the radix cache evicts to storage and load them back on a later "
         "prefix match (they survive a restart of the same model)",
     )
-    tier.add_argument("--hicache-storage-backend", choices=("file",), default="file")
+    tier.add_argument(
+        "--hicache-storage-backend",
+        choices=("file", "mooncake"),
+        default="file",
+        help="file: a folder; mooncake: Mooncake Store (a running mooncake_master)",
+    )
+    tier.add_argument(
+        "--hicache-storage-backend-extra-config",
+        default=None,
+        help="the backend's settings as JSON (or @FILE of JSON); mooncake: "
+        "master_server_address, metadata_server, global_segment_size, local_buffer_size, "
+        "protocol, device_name, local_hostname (else the MOONCAKE_* variables)",
+    )
     tier.add_argument(
         "--hicache-storage-dir",
         default=None,
@@ -278,6 +290,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "hicache_storage_dir": args.hicache_storage_dir,
         "hicache_storage_budget_gb": args.hicache_storage_budget_gb,
         "hicache_load_policy": args.hicache_load_policy,
+        "hicache_storage_backend_extra_config": args.hicache_storage_backend_extra_config,
     }
 
 
