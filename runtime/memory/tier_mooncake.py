@@ -18,6 +18,7 @@ a `HiCacheConfigError` naming it before the client is set up.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import socket
 from collections.abc import Sequence
@@ -174,6 +175,9 @@ class MooncakeBackend(StorageBackend):
                 f"(code {code}) with master {config.master_server_address}, metadata "
                 f"{config.metadata_server}, protocol {config.protocol}"
             )
+        # closed while Python runs even when the engine never gets to shut down (its start
+        # failed later on): a native client left to the interpreter's exit may abort it
+        atexit.register(self.close)
         self.prefix = f"{KEY_PREFIX}/{fingerprint}/"
         self.where = f"Mooncake Store (master {config.master_server_address})"
         logger.info("storage tier: %s, lending %.1f MiB", self.where,
@@ -202,6 +206,7 @@ class MooncakeBackend(StorageBackend):
         self.client.remove(self.prefix + key, force=True)
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         client, self.client = self.client, None
         if client is not None:
             client.close()
