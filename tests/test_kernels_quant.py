@@ -145,6 +145,36 @@ def test_prefill_sized_inputs_take_the_dequantized_product():
     assert (forced - y).abs().max() <= 1e-4 * y.abs().max()
 
 
+def test_prefill_sized_bf16_inputs_multiply_in_float32():
+    # a CPU without native bf16 dot products runs torch's bf16 matmul several times slower:
+    # the dequantized product is float32, rounded to bf16 once at the end
+    _, w = random_weight("Q4_1", 64, 256, seed=6)
+    x = torch.randn(cpu_quant.DENSE_ROWS + 3, 256).to(torch.bfloat16)
+    y = cpu_quant.linear(x, w)
+    assert y.dtype == torch.bfloat16
+    expect = torch.nn.functional.linear(x.float(), w.dequantize())
+    assert torch.equal(y, expect.to(torch.bfloat16))
+    assert torch.equal(cpu_quant.linear(x, w, float_out=True), expect)
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
+def test_a_large_weight_dequantizes_over_threads_as_on_one(name):
+    # 203 rows x 512: past the size one thread does alone, with tail rows after the groups of 8
+    stored, w = random_weight(name, 203, 512, seed=9)
+    ref = quants.dequantize(stored, GGMLQuantizationType[name]).astype(np.float32)
+    w.pack()
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(w.dequantize())
+    finally:
+        torch.set_num_threads(before)
+    for out in results:
+        assert np.array_equal(out.numpy(), ref)
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
 def test_packed_weights_keep_their_values_and_products(name):
     # 45 rows: five groups of 8 packed, 5 tail rows as stored

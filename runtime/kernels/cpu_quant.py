@@ -382,10 +382,13 @@ def linear(
     if cols != w.shape[1]:
         raise ValueError(f"input of {cols} features for a weight of {w.shape[1]}")
     if rows >= DENSE_ROWS and not portable and threads == 0:
-        dense = w.dequantize().to(x2.dtype)
-        y = torch.nn.functional.linear(x2, dense, None if bias is None else bias.to(x2.dtype))
+        # in float32 whatever x's dtype: the weight dequantizes to float32 anyway, and a CPU
+        # without native bf16 dot products (AVX2 only) runs torch's bf16 matmul several times
+        # slower than its float32 one
+        y = torch.nn.functional.linear(x2.float(), w.dequantize(),
+                                       None if bias is None else bias.float())  # fmt: skip
         y = y.reshape(*lead, out)
-        return y.float() if float_out else y
+        return y if float_out or x.dtype == torch.float32 else y.to(x.dtype)
     y = torch.empty(rows, out, dtype=torch.float32)
     if rows:
         lib = _lib(portable)

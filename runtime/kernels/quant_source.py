@@ -674,10 +674,32 @@ static int dequant_rows(int t, int packed, const uint8_t *w, int64_t row_bytes, 
     return 0;
 }
 
-/* every row to float32, each value as gguf's numpy reference computes it */
+struct dq_job {
+    int t, packed;
+    const uint8_t *w;
+    int64_t row_bytes, rows, cols;
+    float *out;
+};
+
+static void dq_part(void *p, int part, int parts) { /* whole groups of 8 rows a part */
+    const struct dq_job *j = p;
+    int64_t groups = j->rows / 8;
+    int64_t r0 = groups * part / parts * 8;
+    int64_t r1 = part + 1 == parts ? j->rows : groups * (part + 1) / parts * 8;
+    if (r0 < r1)
+        dequant_rows(j->t, j->packed, j->w, j->row_bytes, j->rows, j->cols, r0, r1,
+                     j->out + r0 * j->cols);
+}
+
+/* every row to float32, each value as gguf's numpy reference computes it (split over the
+   pool's threads; each value's arithmetic is the same whichever thread computes it) */
 int q_dequant(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t cols,
               float *out) {
-    return dequant_rows(t, packed, w, row_bytes, rows, cols, 0, rows, out);
+    if (!q_block(t)) return -1;
+    struct dq_job j = {t, packed, w, row_bytes, rows, cols, out};
+    int parts = rows * cols < MIN_PAR || rows < 16 ? 1 : pool_threads();
+    pool_run(dq_part, &j, parts);
+    return 0;
 }
 
 /* ---- the fused-dequantization path: any type, float32 inputs ---------------------------- */
