@@ -290,7 +290,7 @@ class Engine:
             disaggregation_mode,
             None if self.parallel else pool_layout(self.pool, self.model_fingerprint),
             bootstrap_host=disaggregation_bootstrap_host, timeout_s=disaggregation_timeout_s,
-            bootstrap_port=disaggregation_bootstrap_port, max_pages=self.pool.num_pages,
+            bootstrap_port=disaggregation_bootstrap_port,
             transfer_backend=disaggregation_transfer_backend,
             mooncake_protocol=disaggregation_mooncake_protocol)  # fmt: skip
         self.eos_token_ids = _eos_ids(path, self.config.eos_token_ids, self.tokenizer)

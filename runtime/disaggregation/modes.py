@@ -169,11 +169,9 @@ class Disaggregation:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transfer_backend: str = "tcp",
         mooncake_protocol: str = "tcp",
-        max_pages: int = 1,
     ) -> None:
         """`transfer_backend`: how pages move ("tcp": PAGE frames on the bootstrap connection;
-        "mooncake": Mooncake's transfer engine over `mooncake_protocol`, staging at most
-        `max_pages` pages in its registered arena)."""
+        "mooncake": Mooncake's transfer engine over `mooncake_protocol`)."""
         if mode not in MODES:
             raise DisaggregationConfigError(
                 f"disaggregation_mode must be one of {MODES}, got {mode!r}"
@@ -196,7 +194,7 @@ class Disaggregation:
                 "keeps it on the worker ranks, which is not supported yet)"
             )
         if transfer_backend == "mooncake":
-            self.mooncake = MooncakeTransport(bootstrap_host, layout.page_bytes, max_pages,
+            self.mooncake = MooncakeTransport(bootstrap_host, layout.page_bytes,
                                               mooncake_protocol)  # fmt: skip
         mooncake = self.mooncake
         if mode == "prefill":

@@ -3,24 +3,22 @@
 The bootstrap exchange is the TCP protocol's (`protocol`): the decode server registers for a
 room with its layout and `transfer: "mooncake"`, the prefill server answers META. Then, instead
 of PAGE frames, META carries the prefill engine's Mooncake session and the address of every
-page in its staging arena; the decode server reads them into its own arena with one batched
-`transfer_sync_read` (Mooncake's TCP transport here, RDMA where the cluster has it:
-`disaggregation_mooncake_protocol`), copies them out and acknowledges (ACK, or ERROR when the
-read failed), and the prefill side frees the slots.
+page of the room's staged copy; the decode server reads them straight into the tensor the room
+arrives in, with one batched `transfer_sync_read` (Mooncake's TCP transport here, RDMA where the
+cluster has it: `disaggregation_mooncake_protocol`), and acknowledges (ACK, or ERROR when the
+read failed); the prefill side then frees the copy.
 
-Each engine registers one arena with Mooncake when it starts (a staging area of whole pages,
-`ARENA_BYTES` at most, never more pages than the pool): a room larger than the free part of the
-arena registers a buffer of its own for the transfer. Pages are staged (copied out of the pool)
-as with TCP, because the prefill side retires its pages into the radix cache at the first token
-and the decode side allocates pool pages only when it admits the request.
+No bytes are copied for Mooncake's sake: the prefill side registers the staged copy itself (the
+one the `tcp` backend sends from) for the time of the read, and the decode side registers the
+tensor it returns. Pages are staged (copied out of the pool) as with TCP, because the prefill
+side retires its pages into the radix cache at the first token and the decode side allocates
+pool pages only when it admits the request.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import socket
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +29,6 @@ from runtime.memory.tier_mooncake import PACKAGE, SYSTEM_LIBS
 
 logger = logging.getLogger(__name__)
 
-ARENA_BYTES = 256 * 2**20
 PROTOCOLS = ("tcp", "rdma")
 
 
@@ -66,17 +63,16 @@ def reachable_host(host: str) -> str:
 
 @dataclass(slots=True)
 class Staged:
-    """Pages placed in registered memory: where each page is, and how to give it back."""
+    """Pages of a tensor registered with the transfer engine, until `release`."""
 
     addrs: list[int]
-    buffer: torch.Tensor  # the arena, or a buffer registered for this room alone
-    slots: list[int] | None  # arena slots (None: an own buffer, unregistered on release)
+    buffer: torch.Tensor  # [pages, page_bytes] uint8
 
 
 class MooncakeTransport:
-    """One engine's Mooncake transfer engine and registered staging arena (thread-safe)."""
+    """One engine's Mooncake transfer engine (thread-safe)."""
 
-    def __init__(self, host: str, page_bytes: int, max_pages: int, protocol: str) -> None:
+    def __init__(self, host: str, page_bytes: int, protocol: str) -> None:
         if protocol not in PROTOCOLS:
             raise DisaggregationConfigError(
                 f"disaggregation_mooncake_protocol must be one of {list(PROTOCOLS)}, got "
@@ -91,20 +87,13 @@ class MooncakeTransport:
             )
         self.session = f"{self.host}:{self.engine.get_rpc_port()}"
         self.page_bytes = page_bytes
-        slots = max(1, min(max_pages, ARENA_BYTES // max(page_bytes, 1)))
-        self.arena = torch.zeros((slots, page_bytes), dtype=torch.uint8)
-        self._register(self.arena)
-        self._free = list(range(slots - 1, -1, -1))
-        self._lock = threading.Lock()
-        logger.info("mooncake transfer engine: session %s, %d arena pages (%.1f MiB)",
-                    self.session, slots, self.arena.numel() / 2**20)  # fmt: skip
+        logger.info("mooncake transfer engine: session %s", self.session)
 
     def close(self) -> None:
         """Stop the transfer engine now, while Python runs: left to the interpreter's exit, its
         native threads may be destroyed unjoined, which aborts the process."""
         engine, self.engine = self.engine, None
         if engine is not None:
-            engine.unregister_memory(self.arena.data_ptr())
             del engine
 
     def _live(self) -> Any:
@@ -112,43 +101,20 @@ class MooncakeTransport:
             raise KVTransferError("the Mooncake transfer engine is closed (server shutting down)")
         return self.engine
 
-    def _register(self, buffer: torch.Tensor) -> None:
-        if self._live().register_memory(buffer.data_ptr(), buffer.numel()) != 0:
-            raise KVTransferError(f"Mooncake could not register {buffer.numel()} bytes")
-
-    # ---- staging ------------------------------------------------------------------------------
-    def reserve(self, pages: int) -> Staged:
-        """Registered room for `pages` pages: arena slots, or a buffer of its own."""
-        with self._lock:
-            if pages <= len(self._free):
-                slots = [self._free.pop() for _ in range(pages)]
-                base, width = self.arena.data_ptr(), self.page_bytes
-                return Staged([base + s * width for s in slots], self.arena, slots)
-        own = torch.empty((max(pages, 1), self.page_bytes), dtype=torch.uint8)
-        self._register(own)
-        return Staged([own.data_ptr() + i * self.page_bytes for i in range(pages)], own, None)
+    def expose(self, data: torch.Tensor) -> Staged:
+        """Register `data` (`[pages, page_bytes]` uint8, contiguous, not empty) where it is:
+        the address of each page."""
+        if not data.is_contiguous() or data.dim() != 2 or data.shape[1] != self.page_bytes:
+            raise ValueError(f"pages of {self.page_bytes} bytes expected, got {tuple(data.shape)}")
+        if self._live().register_memory(data.data_ptr(), data.numel()) != 0:
+            raise KVTransferError(f"Mooncake could not register {data.numel()} bytes")
+        base = data.data_ptr()
+        return Staged([base + i * self.page_bytes for i in range(data.shape[0])], data)
 
     def release(self, staged: Staged) -> None:
-        if staged.slots is None:
-            if self.engine is not None:
-                self.engine.unregister_memory(staged.buffer.data_ptr())
-            return
-        with self._lock:
-            self._free.extend(staged.slots)
-            staged.slots = []
-
-    def place(self, data: torch.Tensor) -> Staged:
-        """Copy `data` ([pages, page_bytes] uint8) into registered memory."""
-        staged = self.reserve(data.shape[0])
-        for i, addr in enumerate(staged.addrs):
-            ctypes.memmove(addr, data[i].data_ptr(), self.page_bytes)
-        return staged
-
-    def copy_out(self, staged: Staged) -> torch.Tensor:
-        out = torch.empty((len(staged.addrs), self.page_bytes), dtype=torch.uint8)
-        for i, addr in enumerate(staged.addrs):
-            ctypes.memmove(out[i].data_ptr(), addr, self.page_bytes)
-        return out
+        """Unregister (before the tensor may be freed)."""
+        if self.engine is not None:
+            self.engine.unregister_memory(staged.buffer.data_ptr())
 
     # ---- moving -----------------------------------------------------------------------------
     def read(self, peer: str, remote: list[int], local: list[int]) -> None:

@@ -128,10 +128,13 @@ class KVReceiver:
                 f"room {room}: the prefill server offered {len(addrs)} Mooncake pages for "
                 f"{num_pages} (is it using the tcp transfer backend?)"
             )
-        staged = self.mooncake.reserve(num_pages)
+        data = torch.empty((num_pages, self.layout.page_bytes), dtype=torch.uint8)
+        if not num_pages:
+            return data
+        staged = self.mooncake.expose(data)  # the pages land where the room arrives
         try:
             self.mooncake.read(str(where.get("session")), addrs, staged.addrs)
-            return self.mooncake.copy_out(staged)
+            return data
         except KVTransferError as exc:
             try:
                 send(sock, Kind.ERROR, {"message": f"the decode server's read failed: {exc}"})

@@ -218,7 +218,7 @@ class KVSender:
         """Mooncake: the pages go into registered memory and META says where; the decode
         server reads them and acknowledges (an ERROR frame: its read failed)."""
         assert self.mooncake is not None
-        staged = self.mooncake.place(data) if data.numel() else None
+        staged = self.mooncake.expose(data) if data.numel() else None
         try:
             where = {"session": self.mooncake.session, "addrs": staged.addrs if staged else []}
             send(conn, Kind.META, {**meta, "mooncake": where})
