@@ -12,7 +12,9 @@ its history has been evicted from the pool:
 
 - radix:        the radix cache alone recomputes the evicted history every turn;
 - radix + file: `enable_hierarchical_cache` with the file backend (a fresh folder, cold) loads
-  it back from the files written when it was evicted.
+  it back from the files written when it was evicted;
+- radix + mooncake (with `--mooncake-master HOST:PORT`, a running `mooncake_master`): the same
+  tier over Mooncake Store, the engine lending the store 1 GiB (cold: its objects go with it).
 
 Measured in-process: time to first token per turn (a streamed request's first chunk), p50 and
 p99, and the wall time of all turns; the two setups' outputs must be equal token for token.
@@ -71,6 +73,11 @@ def run_sessions(setup: str, args: argparse.Namespace, pool_tokens: int, folder:
     if setup == "radix + file":
         shutil.rmtree(folder, ignore_errors=True)
         kw.update(enable_hierarchical_cache=True, hicache_storage_dir=folder)
+    if setup == "radix + mooncake":
+        extra = {"master_server_address": args.mooncake_master, "global_segment_size": "1gb",
+                 "local_hostname": "127.0.0.1"}  # fmt: skip
+        kw.update(enable_hierarchical_cache=True, hicache_storage_backend="mooncake",
+                  hicache_storage_backend_extra_config=extra)  # fmt: skip
     out = Run(setup)
     with Engine(args.model, **kw) as engine:
         histories = [user_turn(s, -1, args.system_tokens) for s in range(args.sessions)]
@@ -146,6 +153,8 @@ def main() -> None:
     p.add_argument("--pd-tokens", type=int, default=1000)
     p.add_argument("--pd-backends", nargs="+", default=["tcp", "mooncake"])
     p.add_argument("--skip", nargs="*", default=[], choices=["sessions", "pd"])
+    p.add_argument("--mooncake-master", default=None,
+                   help="host:port of a running mooncake_master: adds radix + mooncake")
     args = p.parse_args()
     print(f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f}")
     final = args.system_tokens + args.turns * (args.turn_tokens + args.answer_tokens)
@@ -153,6 +162,8 @@ def main() -> None:
     if "sessions" not in args.skip:
         folder = tempfile.mkdtemp(prefix="hicache-bench-")
         runs: dict[str, list[Run]] = {"radix": [], "radix + file": []}
+        if args.mooncake_master:
+            runs["radix + mooncake"] = []
         try:
             for _ in range(args.repeats):
                 for setup in runs:
@@ -183,8 +194,8 @@ def main() -> None:
 def report_sessions(
     args: argparse.Namespace, runs: dict[str, list[Run]], final: int, pool_tokens: int
 ) -> None:
-    a, b = runs["radix"], runs["radix + file"]
-    equal = all(x.outputs == y.outputs for x, y in zip(a, b, strict=True))
+    a = runs["radix"]
+    equal = all(x.outputs == y.outputs for rs in runs.values() for x, y in zip(a, rs, strict=True))
     print(
         f"\n{args.sessions} sessions x {args.turns} turns (+{args.turn_tokens} user, "
         f"+{args.answer_tokens} answer tokens a turn; final history {final} tokens); pool "
@@ -205,10 +216,12 @@ def report_sessions(
             f"{s.get('cache_hit_tokens_storage', 0)}"
             f" | {s.get('hicache_pages_written', 0)} / {s.get('hicache_pages_loaded', 0)} |"
         )
-    ratio = statistics.median(percentile(r.ttft, 0.5) for r in a) / statistics.median(
-        percentile(r.ttft, 0.5) for r in b
-    )
-    print(f"\nTTFT p50, radix / radix + file: {ratio:.2f}x")
+    for name, rs in runs.items():
+        if rs is not a:
+            ratio = statistics.median(percentile(r.ttft, 0.5) for r in a) / statistics.median(
+                percentile(r.ttft, 0.5) for r in rs
+            )
+            print(f"\nTTFT p50, radix / {name}: {ratio:.2f}x")
 
 
 if __name__ == "__main__":
