@@ -5,6 +5,7 @@ request ends its compile."""
 
 from __future__ import annotations
 
+import contextvars
 import os
 import signal
 import threading
@@ -13,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from grammar.errors import GrammarError
 from runtime import Engine
 from runtime.scheduling import compile_worker
 from runtime.scheduling.compile_pool import (
@@ -20,6 +22,7 @@ from runtime.scheduling.compile_pool import (
     CompileCancelledError,
     CompilePool,
     CompileSpec,
+    arrival,
     largest_count,
 )
 from tests._runtime_fixtures import make_tiny_model
@@ -118,6 +121,20 @@ def test_compiles_are_shared_and_cached(engine):
     assert out.error is None
 
 
+def test_a_cached_refusal_is_handed_out_as_a_copy(engine):
+    # raising one exception object again and again would chain every raise's traceback onto
+    # it, and with them the frames (the requests, their schemas) of everyone who met it
+    pool = engine.scheduler.hooks.compiles
+    spec = CompileSpec("regex", "(unclosed")
+    errors = []
+    for _ in range(3):
+        with pytest.raises(GrammarError) as err:
+            pool.compile(spec)
+        errors.append(err.value)
+    assert len({id(e) for e in errors}) == 3 and len({str(e) for e in errors}) == 1
+    assert pool._cache[spec.key()].__traceback__ is None
+
+
 def test_a_killed_worker_is_replaced_and_its_job_retried(engine):
     pool = engine.scheduler.hooks.compiles
     assert _wait_for(lambda: len(pool.worker_pids()) == pool.n_workers)
@@ -137,7 +154,7 @@ def test_a_killed_worker_is_replaced_and_its_job_retried(engine):
         os.kill(pid, signal.SIGKILL)
     with pytest.raises(CompileBudgetError, match="grammar compile timeout"):
         fut.result(timeout=120)
-    assert pool.restarts > restarts
+    assert _wait_for(lambda: pool.restarts > restarts)
 
 
 def test_a_cancelled_request_cancels_its_compile(engine):
@@ -153,7 +170,7 @@ def test_a_cancelled_request_cancels_its_compile(engine):
         stream.close()  # the client went away
         with pytest.raises(CompileCancelledError):
             job.future.result(timeout=120)
-        assert pool.restarts > restarts  # its worker was ended
+        assert _wait_for(lambda: pool.restarts > restarts)  # its worker was ended
         assert _wait_for(lambda: len(pool.worker_pids()) == pool.n_workers)
     finally:
         pool.timeout_s = 4
@@ -172,25 +189,53 @@ def test_a_compile_past_its_memory_budget_is_refused_naming_it(vocab):
         pool.shutdown()
 
 
-def test_a_large_constraints_budget_counts_from_submission(vocab):
-    # one worker, busy with a pathological compile: a large constraint queued behind it is
-    # refused when its budget, counted from its submission, runs out (not given a fresh budget
-    # once the worker is free; that refusal is not cached); a simple constraint queued beside
-    # it waits and compiles (others' compiles delay it but do not make it fail)
+def test_a_large_constraints_budget_counts_from_its_requests_arrival(vocab):
+    # one worker, busy with a pathological compile: a large constraint queued behind it, from
+    # a request that arrived 1.5 s ago, is refused when its budget, counted from that arrival,
+    # runs out (not given a fresh budget once the worker is free; that refusal is not cached);
+    # a simple constraint queued beside it waits and compiles (others' compiles delay it but
+    # do not make it fail)
     pool = CompilePool(lambda: vocab, workers=1, timeout_s=3, prebuild=False)
     try:
         pool.start()
         assert _wait_for(lambda: len(pool.worker_pids()) == 1)
         busy = pool.submit(CompileSpec("regex", "d{1000000}"))
-        large = pool.submit(CompileSpec("regex", "e{1000000}"))
+        request = contextvars.copy_context()
+        request.run(arrival.set, time.monotonic() - 1.5)
+        large = request.run(pool.submit, CompileSpec("regex", "e{1000000}"))
         simple = pool.submit(CompileSpec("regex", "[0-9]{3}"))
         with pytest.raises(CompileBudgetError, match="it waited for a compile worker"):
             large.result(timeout=120)
-        assert not busy.done()  # refused while the worker was still busy: from submission
+        assert not busy.done()  # refused while the worker was still busy: from its arrival
         with pytest.raises(CompileBudgetError, match="a repetition count of 1000000"):
             busy.result(timeout=120)
         assert simple.result(timeout=120)[0] is not None
         assert pool._cache.get(CompileSpec("regex", "e{1000000}").key()) is None
+    finally:
+        pool.shutdown()
+
+
+def test_after_two_refusals_in_a_row_the_spare_takes_over(vocab):
+    # two pathological constraints in a row, each ended at its budget: each is answered before
+    # its worker is reaped, the slot takes the pre-started spare at once (so the second one,
+    # sent right after the first's refusal, is tried on a worker, not refused for waiting),
+    # and a plain constraint after them compiles on the next spare: after its first worker no
+    # slot had to start one of its own
+    pool = CompilePool(lambda: vocab, workers=1, timeout_s=3, prebuild=False)
+    try:
+        pool.start()
+        assert _wait_for(lambda: pool.worker_pids() and pool.spare_pid())
+        (first,) = pool.worker_pids()
+        for text in ("f{1000000}", "g{1000000}"):
+            with pytest.raises(CompileBudgetError, match="a repetition count of 1000000") as err:
+                pool.compile(CompileSpec("regex", text))
+            assert "waited for a compile worker" not in str(err.value)
+        assert pool.compile(CompileSpec("regex", "[0-9]{3}")) is not None
+        assert pool.slot_starts == 1 and pool.spares_taken == 2
+        assert _wait_for(lambda: ("reaped", first) in pool.events)
+        events = list(pool.events)
+        assert events.index(("answered", "regex")) < events.index(("reaped", first))
+        assert first not in pool.worker_pids()
     finally:
         pool.shutdown()
 

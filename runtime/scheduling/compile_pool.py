@@ -9,18 +9,28 @@ interpreter each without torch); the serving process only receives the result: t
 and the first mask, built there (see `compile_worker`).
 
 Budgets. A compile that has not finished within `timeout_s` (the server's
-`--grammar-compile-timeout`, `Engine(grammar_compile_timeout_s=)`) is ended: its worker is
-killed (its memory goes back to the system) and a fresh one started; the request gets a
-`CompileBudgetError` (a 400 naming the constraint and the limit). For a constraint with a large
-count or list (`largest_count`: the likely pathological ones) the clock starts at submission,
-so time spent waiting for a busy or starting worker counts, and one still queued when its
-budget runs out is refused there (not cached); any other constraint's clock starts when a
-worker takes it, so other users' pathological compiles delay it but cannot make it fail. A
-compile that needs more than `memory_mb` of address space fails in its worker with a
-MemoryError, the same way. A worker that grew past `memory_mb / 2` while compiling is replaced
-after its job, so its memory does not stay held. A worker that dies under a job (killed from
-outside) is replaced and the job retried once, with a fresh budget (the death was not the
-constraint's doing).
+`--grammar-compile-timeout`, `Engine(grammar_compile_timeout_s=)`) is ended: its worker gets a
+SIGKILL, the request gets a `CompileBudgetError` (a 400 naming the constraint and the limit) at
+once, and only then is the worker reaped (a process that grew to gigabytes takes a while to
+give its memory back) and replaced by the spare (below). The clock starts when the request
+arrived (`arrival`, set by the HTTP layer; else at submission), so reading its body and the
+chat template count, and a small part of the budget (`reply_reserve_s`) is kept for the answer
+to reach the client: a refusal arrives within the budget the client set. For a constraint with
+a large count or list (`largest_count`: the likely pathological ones) time spent waiting for a
+busy or starting worker counts too, and one still queued when its budget runs out is refused
+there (not cached); any other constraint gets its wait for a worker added back, so other
+users' pathological compiles delay it but cannot make it fail. A compile that needs more than
+`memory_mb` of address space fails in its worker with a MemoryError, the same way. A worker
+that grew past `memory_mb / 2` while compiling is replaced after its job, so its memory does
+not stay held. A worker that dies under a job (killed from outside) is replaced and the job
+retried once, with a fresh budget (the death was not the constraint's doing).
+
+The spare. One more worker is started (after the others are ready; by a pool started lazily,
+on its first compile, only once a worker has been ended) and kept idle: a slot whose worker
+was ended takes it at once, so the next constraint (a large one right after a refusal
+too) is tried at once instead of waiting for an interpreter and a vocabulary to start; another
+spare starts in the background. It costs one idle worker's memory (an interpreter with
+`grammar`, numpy and the vocabulary: see docs/robustness.md).
 
 Sharing. Results are cached per (kind, constraint text, json_schema_mode) in this process (LRU,
 `cache_size` entries; refusals too, so a pathological constraint sent again is answered at
@@ -32,6 +42,7 @@ constraint. When every request waiting for a compile has been aborted, the compi
 from __future__ import annotations
 
 import collections
+import contextvars
 import json
 import logging
 import os
@@ -60,6 +71,21 @@ DEFAULT_WORKERS = 2
 _REPO = Path(__file__).resolve().parents[2]
 _POLL_S = 0.05
 _START_TIMEOUT_S = 300.0
+_SLOTS_FIRST_S = 60.0  # the spare starts once the slots' workers are ready (or after this)
+
+# When the request that asks for a compile arrived (`time.monotonic()`), set by the HTTP layer
+# for each request (and carried into the threads that serve it): a large constraint's budget
+# counts from there, so the time its request spent before the compile (reading a large body,
+# the chat template) is inside the budget the client sees. Unset: from submission.
+arrival: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "sgl_request_arrival", default=None
+)
+
+
+def reply_reserve_s(timeout_s: float) -> float:
+    """The part of a large constraint's budget kept back for its refusal to reach the client
+    (the scheduler's pick-up, the HTTP answer): 5 % of the budget, at most half a second."""
+    return min(0.5, 0.05 * timeout_s)
 
 
 BUDGET_MARK = "compiling it went past the"  # in every CompileBudgetError's message
@@ -104,11 +130,12 @@ class CompileSpec:
 class _Job:
     spec: CompileSpec
     future: Future
-    deadline: float  # time.monotonic() when its time budget runs out (counted from submission)
+    deadline: float  # time.monotonic() when its time budget runs out (see `_new_job`)
     large: str = ""  # `largest_count`: a large count or list it has ("": none)
     waiters: list[Any] = field(default_factory=list)  # requests (`.aborted`) waiting for it
     pinned: bool = False  # someone waits who cannot be aborted (a blocking `compile`)
     taken: bool = False  # a worker thread has it (else it waits in the queue)
+    submitted: float = 0.0  # time.monotonic() when it was submitted
 
     def cancelled(self) -> bool:
         waiting = [getattr(w, "aborted", False) for w in self.waiters]
@@ -129,6 +156,9 @@ class _Worker:
         self.started = time.monotonic()
         self.base_rss = 0
         self.is_ready = False
+        self.condemned = False  # sent SIGKILL; reaped (`kill`) once its job has been answered
+        # the spare's keeper and the slot that takes the spare may both wait for it to start
+        self._ready_lock = threading.Lock()
         # `kill` runs once: the pool's shutdown and the slot's thread (a worker that died while
         # it waited) may both call it, and a second close of the socket could close an unrelated
         # descriptor that reused its number
@@ -143,23 +173,24 @@ class _Worker:
     def wait_ready(self, timeout_s: float) -> bool:
         """True once the worker has built its vocabulary (False: not within `timeout_s`);
         raises RuntimeError when it died or took longer than any start may."""
-        if self.is_ready:
-            return True
-        try:
-            ready = self.conn.poll(timeout_s)
-            if ready:
-                self.conn.recv_bytes()  # ("ready", vocab hash)
-        except (EOFError, OSError):
-            self.kill()
-            raise RuntimeError("the compile worker died while starting") from None
-        if not ready:
-            if time.monotonic() - self.started > _START_TIMEOUT_S or not self.alive():
+        with self._ready_lock:
+            if self.is_ready:
+                return True
+            try:
+                ready = self.conn.poll(timeout_s)
+                if ready:
+                    self.conn.recv_bytes()  # ("ready", vocab hash)
+            except (EOFError, OSError):
                 self.kill()
-                raise RuntimeError("the compile worker did not start")
-            return False
-        self.is_ready = True
-        self.base_rss = self.rss()
-        return True
+                raise RuntimeError("the compile worker died while starting") from None
+            if not ready:
+                if time.monotonic() - self.started > _START_TIMEOUT_S or not self.alive():
+                    self.kill()
+                    raise RuntimeError("the compile worker did not start")
+                return False
+            self.base_rss = self.rss()
+            self.is_ready = True
+            return True
 
     @property
     def pid(self) -> int:
@@ -168,6 +199,9 @@ class _Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def usable(self) -> bool:
+        return not self.condemned and self.alive()
+
     def rss(self) -> int:
         try:
             with open(f"/proc/{self.proc.pid}/statm") as f:
@@ -175,11 +209,20 @@ class _Worker:
         except (OSError, IndexError, ValueError):
             return 0
 
+    def condemn(self) -> None:
+        """SIGKILL, without waiting for the process to end (a large one takes a while to give
+        its memory back): its job is answered first, `kill` reaps it after."""
+        self.condemned = True
+        with self._kill_lock:
+            if not self._killed and self.proc.poll() is None:
+                self.proc.kill()
+
     def kill(self) -> None:
         with self._kill_lock:
             if self._killed:
                 return
             self._killed = True
+        self.condemned = True
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
@@ -187,13 +230,15 @@ class _Worker:
 
 
 class CompilePool:
-    """Compiles constraints in `workers` worker processes (started on first use)."""
+    """Compiles constraints in `workers` worker processes (started on first use), with
+    `spares` more started and kept idle to replace a worker that is ended at once."""
 
     def __init__(
         self,
         vocab: Any,
         *,
         workers: int = DEFAULT_WORKERS,
+        spares: int = 1,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         memory_mb: int = DEFAULT_MEMORY_MB,
         cache_size: int = 128,
@@ -205,6 +250,7 @@ class CompilePool:
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
         self.n_workers = max(1, int(workers))
+        self.n_spares = min(1, max(0, int(spares)))  # (one keeper: 0 or 1)
         self.cache_size = cache_size
         self.prebuild = prebuild
         self._lock = threading.Lock()
@@ -213,10 +259,19 @@ class CompilePool:
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._workers: list[_Worker | None] = []
+        self._spare: _Worker | None = None
+        self._spare_taken = threading.Event()
         self._clock: threading.Thread | None = None
+        self._keeper: threading.Thread | None = None
+        self._vocab_bytes: bytes | None = None
         self._closed = False
         self._next_id = 0
         self.restarts = 0  # workers replaced (timeouts, cancellations, deaths, recycling)
+        self.spares_taken = 0  # replacements that found the spare there
+        self.slot_starts = 0  # workers a slot had to start itself (first start or no spare)
+        self.start_waits = 0  # jobs that waited for their worker to start
+        # what happened, oldest first: ("answered", kind), ("reaped", pid), ("spare", pid)...
+        self.events: collections.deque[tuple[str, Any]] = collections.deque(maxlen=256)
 
     # ---- the callers' side ---------------------------------------------------------------
     def submit(self, spec: CompileSpec, waiter: Any = None) -> Future:
@@ -231,13 +286,13 @@ class CompilePool:
                 self._cache.move_to_end(key)
                 fut: Future = Future()
                 if isinstance(hit, BaseException):
-                    fut.set_exception(hit)
+                    fut.set_exception(_fresh(hit))
                 else:
                     fut.set_result((hit, hit.vocab, 0.0))
                 return fut
             job = self._inflight.get(key)
             if job is None:
-                job = _Job(spec, Future(), time.monotonic() + self.timeout_s, largest_count(spec))
+                job = self._new_job(spec)
                 self._inflight[key] = job
                 self._jobs.put(job)
                 self._start_threads()
@@ -246,6 +301,15 @@ class CompilePool:
             else:
                 job.waiters.append(waiter)
             return job.future
+
+    def _new_job(self, spec: CompileSpec) -> _Job:
+        """The budget counts from the request's arrival (`arrival`; else from now), less the
+        reserve for its answer. A constraint without a large count or list gets the time it
+        then waits for a worker (others' compiles, a start) added back (`_serve`, `_run`)."""
+        now = time.monotonic()
+        since = min(now, arrival.get() or now)
+        deadline = since + self.timeout_s - reply_reserve_s(self.timeout_s)
+        return _Job(spec, Future(), deadline, largest_count(spec), submitted=now)
 
     def compile(self, spec: CompileSpec) -> Any:
         """The compiled constraint, blocking (raises its error)."""
@@ -257,16 +321,23 @@ class CompilePool:
             self._cache.clear()
 
     def worker_pids(self) -> list[int]:
-        """The workers that are up and ready for a job."""
+        """The workers that are up and ready for a job (the spare not counted)."""
         with self._lock:
-            return [w.pid for w in self._workers if w is not None and w.is_ready and w.alive()]
+            return [w.pid for w in self._workers if w is not None and w.is_ready and w.usable()]
+
+    def spare_pid(self) -> int | None:
+        """The spare worker's pid, once it is ready (else None)."""
+        with self._lock:
+            w = self._spare
+            return w.pid if w is not None and w.is_ready and w.usable() else None
 
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
             for _ in self._threads:
                 self._jobs.put(None)
-            workers = [w for w in self._workers if w is not None]
+            workers = [w for w in [*self._workers, self._spare] if w is not None]
+        self._spare_taken.set()
         for w in workers:
             w.kill()
 
@@ -285,15 +356,27 @@ class CompilePool:
                                            daemon=True)  # fmt: skip
             self._clock.start()
 
+    def _start_keeper(self) -> None:
+        """Start keeping a spare worker (once)."""
+        with self._lock:
+            if self._keeper is not None or not self.n_spares or self._closed:
+                return
+            self._keeper = threading.Thread(target=self._keep_spare, name="sgl-compile-spare",
+                                            daemon=True)  # fmt: skip
+            self._keeper.start()
+
     def _watch_queue(self) -> None:
         """Ends the jobs with a large count or list (`_Job.large`) still waiting for a worker
-        when their budget, counted from submission, runs out."""
+        when their budget, counted from their request's arrival, runs out."""
         while not self._closed:
-            time.sleep(_POLL_S)
+            with self._lock:
+                queued = [j.deadline for j in self._inflight.values() if j.large and not j.taken]
+            now = time.monotonic()
+            time.sleep(max(0.0, min([_POLL_S, *(d - now for d in queued)])))
             now = time.monotonic()
             with self._lock:
                 late = [j for j in self._inflight.values()
-                        if j.large and not j.taken and now > j.deadline]  # fmt: skip
+                        if j.large and not j.taken and now >= j.deadline]  # fmt: skip
                 for job in late:
                     job.taken = True  # a worker thread that gets it from the queue skips it
             for job in late:
@@ -301,20 +384,83 @@ class CompilePool:
                 self._finish(job, self._timeout_error(job.spec, why), cache=False)
 
     def _vocab_message(self) -> bytes:
-        v = self.vocab()
-        data = [v.token_bytes(i) for i in range(len(v))]
-        specials = set(v.special_token_ids) - set(v.eos_token_ids)
-        return pickle.dumps((data, v.eos_token_ids, sorted(specials), self.prebuild))
+        if self._vocab_bytes is None:  # (every worker gets the same: built once)
+            v = self.vocab()
+            data = [v.token_bytes(i) for i in range(len(v))]
+            specials = set(v.special_token_ids) - set(v.eos_token_ids)
+            self._vocab_bytes = pickle.dumps((data, v.eos_token_ids, sorted(specials),
+                                              self.prebuild))  # fmt: skip
+        return self._vocab_bytes
+
+    def _keep_spare(self) -> None:
+        """Keeps one started worker aside (started once the slots' own are ready, so the
+        first requests do not share the cores with it): a slot whose worker was ended takes
+        it at once instead of starting one (`_worker`), and another is started here."""
+        until = time.monotonic() + _SLOTS_FIRST_S
+        while not self._closed and time.monotonic() < until:
+            if len(self.worker_pids()) >= self.n_workers:
+                break
+            time.sleep(0.2)
+        while not self._closed:
+            with self._lock:
+                spare = self._spare
+            try:
+                if spare is None:
+                    spare = _Worker(self._vocab_message(), self.memory_mb)
+                    with self._lock:
+                        self._spare = spare
+                        if self._closed:
+                            spare.kill()
+                            return
+                    self.events.append(("spare started", spare.pid))
+                elif not spare.wait_ready(1.0):
+                    continue
+                elif not spare.usable():  # killed while idle, from outside
+                    self._drop_spare(spare)
+                    continue
+            except (OSError, RuntimeError):
+                self._drop_spare(spare)
+                if self._closed:
+                    return
+                logger.warning("the spare compile worker did not start", exc_info=True)
+                time.sleep(1.0)
+                continue
+            if spare.is_ready:
+                self._spare_taken.wait(1.0)
+                self._spare_taken.clear()
+
+    def _drop_spare(self, spare: _Worker | None) -> None:
+        with self._lock:
+            if spare is None or self._spare is not spare:
+                return  # a slot took it meanwhile
+            self._spare = None
+        spare.kill()
+        self.restarts += 1
+
+    def _take_spare(self) -> _Worker | None:
+        """The spare (ready or still starting), now the caller's; None when there is none."""
+        with self._lock:
+            w = self._spare
+            if w is None or not w.usable():
+                return None
+            self._spare = None
+            self.spares_taken += 1
+        self._spare_taken.set()
+        self.events.append(("spare taken", w.pid))
+        return w
 
     def _worker(self, slot: int) -> _Worker:
-        """The slot's worker, started (not necessarily ready yet) when it had none."""
+        """The slot's worker: the spare, or one started here (not necessarily ready yet), when
+        it had none or its worker was ended."""
         w = self._workers[slot]
-        if w is not None and w.alive():
+        if w is not None and w.usable():
             return w
         if w is not None:
-            w.kill()
-            self.restarts += 1
-        w = _Worker(self._vocab_message(), self.memory_mb)
+            self._retire(slot)
+        w = self._take_spare()
+        if w is None:
+            w = _Worker(self._vocab_message(), self.memory_mb)
+            self.slot_starts += 1
         with self._lock:
             self._workers[slot] = w
             if self._closed:
@@ -335,17 +481,30 @@ class CompilePool:
             time.sleep(1.0)
 
     def _retire(self, slot: int) -> None:
+        """Leave the slot empty; its worker is ended and reaped on a thread of its own (a
+        process that grew to gigabytes takes a while to exit), so the slot takes the spare
+        at once."""
         w = self._workers[slot]
         if w is not None:
-            w.kill()
-            self.restarts += 1
             self._workers[slot] = None
+            self.restarts += 1
+            w.condemn()
+            threading.Thread(target=self._reap, args=(w,), name="sgl-compile-reap",
+                             daemon=True).start()  # fmt: skip
+            self._start_keeper()
+
+    def _reap(self, w: _Worker) -> None:
+        w.kill()
+        self.events.append(("reaped", w.pid))
 
     def start(self) -> None:
         """Start the workers now (else on the first compile), so that no request's compile
-        waits for one to start."""
+        waits for one to start, and the spare once they are ready (else after the first
+        worker is ended: an in-process engine that never meets a pathological constraint
+        does not pay for it)."""
         with self._lock:
             self._start_threads()
+        self._start_keeper()
 
     def _serve(self, slot: int) -> None:
         while True:
@@ -361,14 +520,17 @@ class CompilePool:
                 if job.taken:  # its budget ran out while it waited (see _watch_queue)
                     continue
                 job.taken = True
-            if not job.large:  # it waited for others' compiles: its own budget starts now
-                job.deadline = max(job.deadline, time.monotonic() + self.timeout_s)
+            if not job.large:  # the time it waited for others' compiles is not charged
+                job.deadline += time.monotonic() - job.submitted
             try:
                 outcome = self._run(slot, job)
             except BaseException as exc:  # the pool itself failed: the job must still end
                 logger.exception("compile pool: job failed")
                 outcome = GrammarError(f"{job.spec.kind}: the compile failed: {exc}")
-            self._finish(job, outcome)
+            self._finish(job, outcome)  # the answer first,
+            w = self._workers[slot]
+            if w is not None and w.condemned:
+                self._retire(slot)  # then the ended worker goes (the spare takes its place)
 
     def _run(self, slot: int, job: _Job) -> Any:
         """The job's (compiled, vocab, seconds), or the exception it ends with."""
@@ -377,17 +539,20 @@ class CompilePool:
                 return CompileCancelledError("the requests waiting for this compile went away")
             try:
                 worker = self._worker(slot)
-                while not worker.wait_ready(_POLL_S):
+                if not worker.is_ready:
+                    self.start_waits += 1
+                waiting = time.monotonic()
+                while not worker.wait_ready(self._wait_s(job) if job.large else _POLL_S):
                     if job.cancelled():
                         return CompileCancelledError("the requests waiting for it went away")
-                    if job.large and time.monotonic() > job.deadline:
+                    if job.large and time.monotonic() >= job.deadline:
                         return self._timeout_error(job.spec, job.large)
                 if not job.large:  # (the wait for a worker to start is not its doing)
-                    job.deadline = max(job.deadline, time.monotonic() + self.timeout_s)
+                    job.deadline += time.monotonic() - waiting
             except (OSError, RuntimeError) as exc:
                 self._retire(slot)
                 return GrammarError(f"{job.spec.kind}: no compile worker: {exc}")
-            outcome = self._on_worker(slot, worker, job)
+            outcome = self._on_worker(worker, job)
             if outcome != "died" or attempt == 1:
                 break
             logger.warning("compile worker %d died under a job; retrying once", worker.pid)
@@ -397,11 +562,20 @@ class CompilePool:
             return GrammarError(f"{job.spec.kind}: the compile worker died while compiling it")
         return outcome
 
+    @staticmethod
+    def _wait_s(job: _Job) -> float:
+        """How long to wait for the worker before looking at the job again: up to its
+        deadline, at most `_POLL_S` (so a cancellation is seen soon)."""
+        return max(0.0, min(_POLL_S, job.deadline - time.monotonic()))
+
     def _timeout_error(self, spec: CompileSpec, why: str) -> CompileBudgetError:
         limit = f"{self.timeout_s:g} s"
         return CompileBudgetError(_name(spec), "grammar compile timeout", limit, why)
 
-    def _on_worker(self, slot: int, worker: _Worker, job: _Job) -> Any:
+    def _on_worker(self, worker: _Worker, job: _Job) -> Any:
+        """The job on `worker`: its outcome, or "died". A worker ended for the job (its time,
+        its cancellation, the memory it grew to) is only condemned here (SIGKILL sent): the
+        caller answers the job, then reaps it."""
         self._next_id += 1
         spec = job.spec
         try:
@@ -410,32 +584,33 @@ class CompilePool:
             message = (self._next_id, spec.kind, spec.key()[1], spec.mode, spec.whitespace)
             worker.conn.send_bytes(pickle.dumps(message))
         except OSError:
-            self._retire(slot)
+            worker.condemn()
             return "died"
         while True:
             try:
-                ready = worker.conn.poll(_POLL_S)
+                ready = worker.conn.poll(self._wait_s(job))
             except OSError:
                 ready = False
             if ready:
                 break
             if not worker.alive():
-                self._retire(slot)
+                worker.condemn()
                 return "died"
             if job.cancelled():
-                self._retire(slot)  # the only way to stop a compile: end its process
+                worker.condemn()  # the only way to stop a compile: end its process
                 return CompileCancelledError("the requests waiting for this compile went away")
-            if time.monotonic() > job.deadline:
-                self._retire(slot)
+            if time.monotonic() >= job.deadline:
+                worker.condemn()
+                self.events.append(("timeout", worker.pid))
                 return self._timeout_error(spec, largest_count(spec))
         try:
             header = pickle.loads(worker.conn.recv_bytes())
             payload = worker.conn.recv_bytes()
         except (EOFError, OSError):
-            self._retire(slot)
+            worker.condemn()
             return "died"
         if worker.rss() - worker.base_rss > self.memory_mb * 2**20 // 2:
-            self._retire(slot)  # give the memory it grew to back
+            worker.condemn()  # give the memory it grew to back
         return self._outcome(spec, header, payload)
 
     def _outcome(self, spec: CompileSpec, header: tuple, payload: bytes) -> Any:
@@ -465,9 +640,11 @@ class CompilePool:
             if self._inflight.get(key) is job:
                 self._inflight.pop(key)
             if cache and not isinstance(outcome, CompileCancelledError):
-                self._cache[key] = outcome if isinstance(outcome, BaseException) else outcome[0]
+                refused = isinstance(outcome, BaseException)
+                self._cache[key] = _fresh(outcome) if refused else outcome[0]
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
+        self.events.append(("answered", job.spec.kind))
         if isinstance(outcome, BaseException):
             job.future.set_exception(outcome)
         else:
@@ -514,6 +691,17 @@ def largest_count(spec: CompileSpec) -> str:
 
 def _name(spec: CompileSpec) -> str:
     return {"grammar": "grammar (lark)"}.get(spec.kind, spec.kind)
+
+
+def _fresh(exc: BaseException) -> BaseException:
+    """A copy of `exc` without a traceback. A cached refusal is handed out as a copy: raising
+    one exception object again and again chains every raise's traceback onto it, and with them
+    the frames of every request that met it (their locals: the request, a 100,000-value
+    schema), kept for as long as the cache keeps the refusal."""
+    copy = type(exc).__new__(type(exc))
+    copy.args = exc.args
+    copy.__dict__.update(exc.__dict__)
+    return copy
 
 
 def _rebuild_error(name: str, message: str, attrs: dict) -> GrammarError:

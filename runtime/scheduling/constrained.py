@@ -84,6 +84,10 @@ class ConstraintState:
         self.jumps = 0
         self.jumped_tokens = 0
 
+    def refused(self) -> bool:
+        """Whether its compile has ended with an error."""
+        return self.matcher is None and self.future.done() and self.future.exception() is not None
+
     def ready(self) -> bool:
         if self.matcher is not None:
             return True

@@ -198,6 +198,8 @@ class Scheduler:
             self._accept(payload)
         elif kind == "abort":
             self._reap_aborted()
+        elif kind == "wake":  # a compile ended
+            self._reap_refused()
         elif kind == "call":
             fn, done = payload
             try:
@@ -224,6 +226,12 @@ class Scheduler:
             self._deliver_finished(req, "abort")
             return
         self.waiting.append(req)
+
+    def _reap_refused(self) -> None:
+        """The waiting requests whose constraint failed to compile leave the queue now, with
+        that error (a refusal goes out when it is known, not when admission reaches it)."""
+        for req in [r for r in self.waiting if r.constraint is not None and r.constraint.refused()]:
+            self.constraint_ready(req)
 
     def _reap_aborted(self) -> None:
         for req in [r for r in self.waiting if r.aborted]:

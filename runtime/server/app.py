@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from runtime.scheduling import compile_pool
 from runtime.server import native_api, openai_api, tool_routes
 from runtime.server.bridge import EngineBridge
 from runtime.server.errors import APIError, install_error_handlers
@@ -74,6 +75,8 @@ class GateMiddleware:
             return
         path = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
         started = time.perf_counter()
+        # a pathological constraint's compile budget counts from here (the body not read yet)
+        compile_pool.arrival.set(time.monotonic())
         status, streaming = 500, False
 
         async def send_counted(message: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -46,7 +47,10 @@ class EngineStream:
         self.done = False
         self._text: list[str] = []  # what has streamed so far, for `_aborted_chunk`
         self._token_ids: list[int] = []
-        threading.Thread(target=self._pump, name="sgl-server-stream", daemon=True).start()
+        # in the request's context (`compile_pool.arrival`: when it arrived)
+        context = contextvars.copy_context()
+        threading.Thread(target=context.run, args=(self._pump,), name="sgl-server-stream",
+                         daemon=True).start()  # fmt: skip
 
     @property
     def constraint_key(self) -> str | None:

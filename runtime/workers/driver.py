@@ -113,6 +113,8 @@ class ParallelModel:
                 raise WorkerError(f"parallel engine: {self.failed} (ranks on other machines)")
             self.failed = self.failed or "restarting"
             self._kill()
+            for log in self.logs:  # the dead ranks' stderr (read by `_dead_worker` already)
+                log.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
             self._start_ranks()
@@ -168,8 +170,11 @@ class ParallelModel:
             return None
         rank, code = min(exited, key=lambda rc: rc[1] == PEER_LOST)  # a cause, else the first
         proc, log = self.procs[rank - 1], self.logs[rank - 1]
-        log.seek(0)
-        tail = log.read().decode(errors="replace")[-2000:].strip()
+        try:
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-2000:].strip()
+        except (OSError, ValueError):  # closed by a restart meanwhile
+            tail = ""
         return f"rank {rank} (pid {proc.pid}) exited with {code}: {tail}"
 
     def _watch(self, procs: list[subprocess.Popen]) -> None:
