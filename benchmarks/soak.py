@@ -301,6 +301,16 @@ def _rss(topo: Topology) -> float:
     return sum(rss_mb(pid) for _, pid in topo.servers())
 
 
+def _rss_parts(topo: Topology) -> dict[str, list[float]]:
+    """Resident MB per process: the serving processes, and beside them (not in `_rss`) a
+    `--tp` server's ranks and the compile workers (the spare included)."""
+    servers = [pid for _, pid in topo.servers()]
+    workers = [w for pid in servers for w in soak_topologies.children(pid, b"compile_worker.py")]
+    ranks = topo.ranks() if topo.name == "tp" else []
+    parts = {"serving": servers, "ranks": ranks, "compile workers": workers}
+    return {k: [round(rss_mb(p), 1) for p in pids] for k, pids in parts.items()}
+
+
 async def warm_up(url: str, clients: int, hang_s: float) -> None:
     """A quarter minute of the load, then every kind once and every pathological constraint
     once (their compiled forms and refusals are cached from then on: memory they take is not
@@ -319,7 +329,7 @@ async def warm_up(url: str, clients: int, hang_s: float) -> None:
 def soak(topo: Topology, args: argparse.Namespace) -> dict:
     asyncio.run(warm_up(topo.url, args.clients, args.hang_s))
     _settle(topo)
-    rss_start = _rss(topo)
+    rss_start, parts_start = _rss(topo), _rss_parts(topo)
     pids_start = sorted(pid for _, pid in topo.servers())
     load_start = os.getloadavg()
     t = Tally()
@@ -337,7 +347,7 @@ def soak(topo: Topology, args: argparse.Namespace) -> dict:
     asyncio.run(load_and_faults())
     took = time.monotonic() - started
     recovered = _settle(topo)
-    rss_end = _rss(topo)
+    rss_end, parts_end = _rss(topo), _rss_parts(topo)
     at_fault = sum(_at_a_fault(span, topo.faults) for span in t.failed_spans)
     q = sorted(t.plain_s)
     report = {
@@ -360,6 +370,7 @@ def soak(topo: Topology, args: argparse.Namespace) -> dict:
         "plain_p99_s": round(q[min(len(q) - 1, int(len(q) * 0.99))], 3) if q else None,
         "rss_start_mb": round(rss_start, 1),
         "rss_end_mb": round(rss_end, 1),
+        "rss_per_process_start_end_mb": [parts_start, parts_end],
         "server_pids_start_end": [pids_start, sorted(pid for _, pid in topo.servers())],
         **_pools(topo),
         "faults": [f"{f.what}: back after {f.back_after_s} s" for f in topo.faults],
