@@ -164,11 +164,17 @@ class _Worker:
         # descriptor that reused its number
         self._kill_lock = threading.Lock()
         self._killed = False
+        # the vocabulary is larger than the socket's buffer: sent on a thread, so the start
+        # does not wait for the new interpreter's imports (a spare is published at once)
+        self._sender = threading.Thread(target=self._send, args=(vocab_message,),
+                                        name="sgl-compile-vocab", daemon=True)  # fmt: skip
+        self._sender.start()
+
+    def _send(self, message: bytes) -> None:
         try:
-            self.conn.send_bytes(vocab_message)
-        except OSError:
-            self.kill()
-            raise
+            self.conn.send_bytes(message)
+        except OSError:  # it died (or was killed) while starting: `wait_ready` sees it
+            self.condemn()
 
     def wait_ready(self, timeout_s: float) -> bool:
         """True once the worker has built its vocabulary (False: not within `timeout_s`);
@@ -226,6 +232,10 @@ class _Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        # (its peer gone, a send under way fails at once; closing under it could let its
+        # next write reach a descriptor that reused the number)
+        if self._sender is not threading.current_thread():
+            self._sender.join(10)
         self.conn.close()
 
 
