@@ -108,18 +108,23 @@ def _open_fp8(openmp: bool) -> ctypes.CDLL:
     return load_library("fused8-omp" if openmp else "fused8", units, (*omp, "-lm"))
 
 
+def _open_either(opener, what: str):
+    """The OpenMP build of a kernel library, else its single-threaded build. OpenMP links
+    against the libgomp torch already loaded (one runtime, torch's thread count); a compiler or
+    runtime without it gets the single-threaded build."""
+    try:
+        return opener(openmp=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.info("%s without OpenMP: %s", what, exc)
+        return opener(openmp=False)
+
+
 def _load() -> dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None:
     global _lib, _failed
     if _lib is not None or _failed:
         return _lib
     try:
-        try:
-            # OpenMP links against the libgomp torch already loaded (one runtime, torch's
-            # thread count); a compiler or runtime without it gets the single-threaded build
-            lib = _open(openmp=True)
-        except (OSError, subprocess.SubprocessError) as exc:
-            logger.info("fused CPU kernels without OpenMP: %s", exc)
-            lib = _open(openmp=False)
+        lib = _open_either(_open, "fused CPU kernels")
         funcs = {}
         for name, argtypes in _SIGNATURES.items():
             for dtype, suffix in _SUFFIX.items():
@@ -146,11 +151,7 @@ def _load_fp8() -> bool:
     if ("decode_attention", torch.float32, torch.float8_e4m3fn) in _lib:
         return True
     try:
-        try:
-            lib = _open_fp8(openmp=True)
-        except (OSError, subprocess.SubprocessError) as exc:
-            logger.info("fp8 KV kernels without OpenMP: %s", exc)
-            lib = _open_fp8(openmp=False)
+        lib = _open_either(_open_fp8, "fp8 KV kernels")
         funcs = {}
         for name, argtypes in _FP8_SIGNATURES.items():
             for dtype, suffix in _SUFFIX.items():
