@@ -205,3 +205,27 @@ def test_a_bf16_result_is_rounded_as_torch_rounds():
     wide = cpu_quant.linear(x, w, float_out=True)
     narrow = cpu_quant.linear(x, w)
     assert narrow.dtype == torch.bfloat16 and torch.equal(narrow, wide.bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q5_0", "Q6_K"])
+def test_swiglu_input_gives_the_product_of_torchs_silu_times_up(name, dtype):
+    # the SiLU in the C (its own exp, within ~1 ulp of torch's): the products of the MLP's
+    # down projection as torch's `F.silu(gate) * up` feeds it; large gates of both signs too
+    _, w = random_weight(name, 48, 512, seed=5)
+    torch.manual_seed(5)
+    gate_up = (torch.randn(6, 1024) * 4).to(dtype)
+    gate_up[0, :6] = torch.tensor([100.0, -100.0, 0.0, -90.0, 88.5, -87.5])
+    gate, up = gate_up.chunk(2, dim=-1)
+    ref = cpu_quant.linear(torch.nn.functional.silu(gate) * up, w)
+    fused = cpu_quant.linear(gate_up, w, swiglu=True)
+    assert fused.dtype == dtype
+    close = (fused.float() - ref.float()).abs() <= 1e-6 * ref.float().abs().amax() + 1e-30
+    assert close.all() and (fused == ref).float().mean() > 0.95, name
+    # one row at a time, over threads and in the portable build: the same bits
+    alone = torch.cat([cpu_quant.linear(gate_up[i : i + 1], w, swiglu=True) for i in range(6)])
+    assert torch.equal(alone, fused)
+    assert torch.equal(cpu_quant.linear(gate_up, w, swiglu=True, threads=2), fused)
+    if cpu_quant.library(portable=True) is not None:
+        portable = cpu_quant.linear(gate_up, w, swiglu=True, portable=True, threads=1)
+        assert torch.equal(portable, fused)

@@ -88,6 +88,28 @@ def test_rotary_and_kv_write_give_torchs_bits(dtype, tokens):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_decode_gives_the_bits_of_rotary_then_attention(dtype):
+    # a decode step's layer in one call: the same kernels, so the same K/V writes and output
+    hq, hkv, d, ps, lens = 9, 3, 64, 16, [30, 17, 1]
+    b, per = len(lens), 2
+    qkv = _rand(b, (hq + 2 * hkv) * d, dtype=dtype, seed=11)
+    cos, sin = _rand(64, d, dtype=dtype, seed=12), _rand(64, d, dtype=dtype, seed=13)
+    table = (torch.arange(b * per).view(b, per) + 1).to(torch.int32)
+    positions = torch.tensor([n - 1 for n in lens])
+    slots = torch.tensor([int(table[i, (n - 1) // ps]) * ps + (n - 1) % ps
+                          for i, n in enumerate(lens)])  # fmt: skip
+    pools = [_rand(b * per + 1, ps, hkv, d, dtype=dtype, seed=s) for s in (14, 15)]
+    twin = [p.clone() for p in pools]
+    rows = cpu_fused.DecodeRows.of(table, torch.tensor(lens))
+    step = cpu_fused.RopeDecode(cos, sin, positions, slots, rows, hq, pools[0], dtype)
+    got = step(qkv, pools[0], pools[1], 0.125)
+    q = cpu_fused.rotary_kv(qkv, cos, sin, positions, slots, twin[0], twin[1], hq)
+    want = cpu_fused.decode_attention(q, twin[0], twin[1], rows, 0.125)
+    assert torch.equal(got, want)
+    assert torch.equal(pools[0], twin[0]) and torch.equal(pools[1], twin[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("with_delta", "with_bias"),
     [

@@ -170,6 +170,13 @@ class AttentionBackend:
         self.store_kv(layer, qk[:, num_heads:], v)
         return qk[:, :num_heads]
 
+    def rope_attend(
+        self, layer: int, qkv: torch.Tensor, rotary: Rotary, num_heads: int, spec: LayerSpec
+    ) -> torch.Tensor:
+        """`attend(layer, rope_store(layer, qkv, rotary, num_heads), spec)` (a backend may do
+        both in one pass)."""
+        return self.attend(layer, self.rope_store(layer, qkv, rotary, num_heads), spec)
+
     def store_latent(self, layer: int, entry: torch.Tensor) -> None:
         """MLA: write the new tokens' latents entry [T, R + Dr] at `batch.out_slots`."""
         self.pool.write("latent", layer, self.batch.out_slots, entry[:, None])

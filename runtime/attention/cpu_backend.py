@@ -61,6 +61,9 @@ class CPUBackend(TorchBackend):
         self.short: ShortExtendPlan | None = None
         self._fused = fused  # the C kernels exist for the pool's dtype
         self._extend_planned = False
+        # a decode-only step's rotary + attention in one C call a layer (None: not yet
+        # decided this step, False: not this step)
+        self._rope_decode: cpu_fused.RopeDecode | bool | None = None
 
     def _plan(self, batch: ForwardBatch, pool: KVPool) -> None:
         if self._fused is None:
@@ -82,6 +85,7 @@ class CPUBackend(TorchBackend):
                     pool.num_pages,
                 )  # fmt: skip
         self._extend_planned = False  # at the first layer's extend: it needs q's head count
+        self._rope_decode = None  # at the first layer's rope_attend: it needs the rotary
 
     def _plan_extend(self, group: int) -> None:
         """The extend paths for every layer of this step; `group`: query heads per KV head."""
@@ -130,6 +134,35 @@ class CPUBackend(TorchBackend):
         return cpu_fused.rotary_kv(
             qkv, cos, sin, b.positions, b.out_slots, k_pool, v_pool, num_heads, quant
         )
+
+    def rope_attend(
+        self, layer: int, qkv: torch.Tensor, rotary: Rotary, num_heads: int, spec: LayerSpec
+    ) -> torch.Tensor:
+        """A decode-only step through the fused decode kernel: rotary, the K/V write and
+        attention in one C call (cpu_fused.RopeDecode); else rope_store, then attend."""
+        if self._rope_decode is None:
+            self._rope_decode = self._plan_rope_decode(qkv, rotary, num_heads) or False
+        fused = self._rope_decode
+        if not fused or not spec.plain or self.pool.window_layer[layer]:
+            return super().rope_attend(layer, qkv, rotary, num_heads, spec)
+        return fused(qkv, self.pool.k[layer], self.pool.v[layer], spec.scale)
+
+    def _plan_rope_decode(
+        self, qkv: torch.Tensor, rotary: Rotary, num_heads: int
+    ) -> cpu_fused.RopeDecode | None:
+        b, pool = self.batch, self.pool
+        if not (self._fused and b.num_decode == b.num_tokens and self.fused_decode is not None):
+            return None
+        k_pool = pool.k[0]
+        if pool.quantized or qkv.dtype != k_pool.dtype or qkv.dtype not in cpu_fused.MODEL_TYPES:
+            return None
+        if rotary.dim != k_pool.shape[3] or qkv.stride(1) != 1:
+            return None
+        if self._rope is None:
+            self._rope = rotary.tables(b.positions)
+        cos, sin = self._rope
+        return cpu_fused.RopeDecode(cos, sin, b.positions, b.out_slots, self.fused_decode,
+                                    num_heads, k_pool, qkv.dtype)  # fmt: skip
 
     def decode(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
         if not spec.plain:

@@ -42,6 +42,8 @@ from runtime.kernels.cpu_source import (
     FAST_FP8_PRELUDE,
     FAST_PRELUDE,
     FP8_PRELUDE,
+    ROPE_DECODE,
+    ROPE_STEP,
     TYPES,
     render,
 )
@@ -64,6 +66,7 @@ _SIGNATURES = {
     "rotary_kv": [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR],
     "decode_attention": [_PTR, _PTR, _PTR, _PTR, _I64, _PTR] + [_I64] * 6 + [_F32, _PTR],
     "gemv": [_PTR, _PTR, _PTR, _I64, _I64, _I64],
+    "rope_decode": [_PTR, _PTR, _I64, _PTR, _PTR, _F32, _PTR],
 }
 _FP8_SIGNATURES = {
     "rotary_kv": _SIGNATURES["rotary_kv"] + [_PTR, _PTR, _F32, _F32],
@@ -88,7 +91,7 @@ def _open(openmp: bool) -> ctypes.CDLL:
     omp = ("-fopenmp",) if openmp else ()
     units = [
         Unit("exact", render(EXACT), _FLAGS["exact"]),
-        Unit("fast", render(FAST, FAST_PRELUDE), _FLAGS["fast"] + omp),
+        Unit("fast", render(FAST + ROPE_DECODE, FAST_PRELUDE + ROPE_STEP), _FLAGS["fast"] + omp),
         Unit("gemv", cpu_gemv.SOURCE, _FLAGS["gemv"] + omp),
     ]
     return load_library("fused-omp" if openmp else "fused", units, (*omp, "-lm"))
@@ -274,6 +277,59 @@ def decode_attention(
         k_pool.shape[0], scale, out.data_ptr(),
     )  # fmt: skip
     return out
+
+
+class _RopeStepArgs(ctypes.Structure):
+    _fields_ = [(name, _PTR) for name in ("cos", "sin", "pos", "slots", "table", "lens")] + [
+        (name, _I64) for name in ("table_stride", "n", "hq", "hkv", "d", "ps", "num_pages")
+    ] + [("q", _PTR)]  # fmt: skip
+
+
+class RopeDecode:
+    """`rotary_kv` then `decode_attention` for each layer of one decode-only step, in one C call
+    a layer (the same kernels, so the same bits); what every layer shares is set up once.
+
+    rows: the step's DecodeRows (one query per request: positions / slots int64 [B]); the
+    pools [pages, page_size, Hkv, D] of the model's dtype (not fp8), contiguous."""
+
+    def __init__(
+        self,
+        cos_table: torch.Tensor,
+        sin_table: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        rows: DecodeRows,
+        num_heads: int,
+        k_pool: torch.Tensor,
+        dtype: torch.dtype,
+    ) -> None:
+        pages, ps, hkv, d = k_pool.shape
+        b = rows.lens.shape[0]
+        if num_heads % hkv:
+            raise ValueError(f"query heads ({num_heads}) must be a multiple of kv heads ({hkv})")
+        assert k_pool.dtype == dtype and positions.dtype == slots.dtype == torch.int64
+        assert positions.shape[0] == slots.shape[0] == b
+        self._keep = (cos_table, sin_table, positions, slots, rows)  # the struct points at them
+        self.q = torch.empty(b, num_heads, d, dtype=dtype)
+        self.args = _RopeStepArgs(
+            cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(), slots.data_ptr(),
+            rows.table.data_ptr(), rows.lens.data_ptr(), rows.table.stride(0), b, num_heads, hkv,
+            d, ps, pages, self.q.data_ptr(),
+        )  # fmt: skip
+        self._ref = ctypes.byref(self.args)
+        self._fn = _fn("rope_decode", dtype)
+        self.dtype, self.shape = dtype, (b, num_heads, d)
+
+    def __call__(
+        self, qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """Attention output [B, Hq, D] of one layer, whose fused projection is qkv [B, (Hq + 2
+        Hkv) D] (q, k, v heads; the new k / v go into the pools)."""
+        assert qkv.dtype == self.dtype and qkv.stride(1) == 1 and k_pool.dtype == self.dtype
+        out = torch.empty(self.shape, dtype=self.dtype)
+        self._fn(self._ref, qkv.data_ptr(), qkv.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
+                 scale, out.data_ptr())  # fmt: skip
+        return out
 
 
 def gemv(

@@ -63,7 +63,7 @@ _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
     "q_dequant": ([_I32, _I32, _PTR, _I64, _I64, _I64, _PTR], _I32),
     "q_matmul": (
-        [_I32, _I32, _PTR, _I64, _I64, _I64, _PTR, _I32, _I64, _PTR, _I64, _I32, _PTR, _I32],
+        [_I32, _I32, _PTR, _I64, _I64, _I64, _PTR, _I32, _I64, _PTR, _I64, _I32, _PTR, _I32, _I32],
         _I32,
     ),
     "q_embedding": ([_I32, _I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _PTR], _I32),
@@ -323,21 +323,29 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
-def _scratch_bytes(qtype: int, rows: int, cols: int, x_bf16: bool, out: int = 0) -> int:
-    """quant_source.py's q_scratch_bytes, plus `out` floats a row for a bf16 output."""
+def _scratch_bytes(
+    qtype: int, rows: int, cols: int, x_bf16: bool, out: int = 0, swiglu: bool = False
+) -> int:
+    """quant_source.py's q_scratch_bytes, plus `out` floats a row for a bf16 output and `cols`
+    floats a row for the SwiGLU input."""
     n = rows * cols
+    extra = 4 * rows * out + (4 * n if swiglu else 0)
     if qtype in _INT_TYPES:  # int16 q, h and l bytes; d, s and the integer sums a block
-        return 4 * n + 12 * (n // 32) + 4 * rows * out
-    return (4 * n if x_bf16 else 0) + 4 * rows * out
+        return 4 * n + 12 * (n // 32) + extra
+    return (4 * n if x_bf16 else 0) + extra
 
 
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
-def _linear_fast(x: torch.Tensor, w: QuantTensor, float_out: bool) -> torch.Tensor | None:
+def _linear_fast(
+    x: torch.Tensor, w: QuantTensor, float_out: bool, swiglu: bool = False
+) -> torch.Tensor | None:
     """The common call (a 2-D contiguous input of fewer than DENSE_ROWS rows, one weight, no
     bias) with the least Python: a bf16 result comes rounded from the C. None: not that call."""
     rows, cols = x.shape
+    if swiglu:
+        cols //= 2
     if not rows or rows >= DENSE_ROWS or cols != w.cols or not x.is_contiguous():
         return None
     lib = _libs.get(False) or _lib()
@@ -347,10 +355,10 @@ def _linear_fast(x: torch.Tensor, w: QuantTensor, float_out: bool) -> torch.Tens
     bf16 = x.dtype == torch.bfloat16
     y_bf16 = bf16 and not float_out
     y = torch.empty((rows, out), dtype=torch.bfloat16 if y_bf16 else torch.float32)
-    scratch = _scratch.get(_scratch_bytes(w.qtype, rows, cols, bf16, out if y_bf16 else 0))
+    scratch = _scratch.get(_scratch_bytes(w.qtype, rows, cols, bf16, out if y_bf16 else 0, swiglu))
     rc = lib.q_matmul(w.qtype, int(w.packed), w.data.data_ptr(), w.data.shape[1], out, cols,
                       x.data_ptr(), int(bf16), rows, y.data_ptr(), out, int(y_bf16), scratch,
-                      0)  # fmt: skip
+                      0, int(swiglu))  # fmt: skip
     if rc:
         raise UnsupportedModelError(f"no product for {type_name(w.qtype)} weights, {cols} columns")
     return y
@@ -363,21 +371,30 @@ def linear(
     float_out: bool = False,
     threads: int = 0,
     portable: bool = False,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """x [M, in] @ w.T (+ bias) for a quantized w, float32 inside; the result in x's dtype
     (float32 with `float_out`). `threads` 0: torch's thread count (the pool's). From
-    DENSE_ROWS rows on, the weight is dequantized and torch multiplies (prefill chunks)."""
+    DENSE_ROWS rows on, the weight is dequantized and torch multiplies (prefill chunks).
+    With `swiglu`, x is [M, 2 in] (gate | up) and the product's input `F.silu(gate) * up`,
+    computed in the C on the way in (its exp within ~1 ulp of torch's)."""
     if bias is None and not threads and not portable and type(w) is QuantTensor:
         if x.dim() == 2 and x.dtype in _FLOATS:
-            y = _linear_fast(x, w, float_out)
+            y = _linear_fast(x, w, float_out, swiglu)
             if y is not None:
                 return y
     if x.dtype not in _FLOATS:
         x = x.float()
+    if swiglu and (x.shape[-1] != 2 * w.shape[1] or type(w) is not QuantTensor
+                   or x.numel() >= DENSE_ROWS * x.shape[-1]):  # fmt: skip
+        gate, up = x.chunk(2, dim=-1)
+        x, swiglu = torch.nn.functional.silu(gate) * up, False
     x = x.contiguous()
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     rows, cols = x2.shape
+    if swiglu:
+        cols //= 2
     out = w.shape[0]
     if cols != w.shape[1]:
         raise ValueError(f"input of {cols} features for a weight of {w.shape[1]}")
@@ -397,11 +414,11 @@ def linear(
         at = 0
         for p in parts:
             p.pack()
-            scratch = _scratch.get(max(1, _scratch_bytes(p.qtype, rows, cols, bf16)))
+            scratch = _scratch.get(max(1, _scratch_bytes(p.qtype, rows, cols, bf16, 0, swiglu)))
             rc = lib.q_matmul(
                 p.qtype, int(p.packed), p.data.data_ptr(), p.data.shape[1], p.shape[0], cols,
                 x2.data_ptr(), int(bf16), rows, y.data_ptr() + 4 * at, out, 0, scratch,
-                threads,
+                threads, int(swiglu),
             )  # fmt: skip
             if rc:
                 raise UnsupportedModelError(

@@ -477,6 +477,34 @@ void decode_attention_SUF(const T_ *q, const KV_ *k_pool, const KV_ *v_pool, con
 }
 """
 
+ROPE_STEP = r"""
+/* what stays the same for every layer of a decode-only step (rope_decode; cpu_fused.RopeStep) */
+struct rope_decode_step {
+    const void *cos, *sin;
+    const int64_t *pos, *slots;
+    const int32_t *table, *lens;
+    int64_t table_stride, n, hq, hkv, d, ps, num_pages;
+    void *q;
+};
+"""
+
+ROPE_DECODE = r"""
+/* A decode-only step's per-layer attention in one call: rotary_kv (the exact unit's: q into
+   st->q, k and v into the pools at st->slots), then decode_attention of st->n requests. */
+
+void rotary_kv_SUF(const T_ *qkv, int64_t row, const T_ *cos_t, const T_ *sin_t,
+                   const int64_t *pos, const int64_t *slots, int64_t n, int64_t hq, int64_t hkv,
+                   int64_t d, T_ *q_out, T_ *k_flat, T_ *v_flat);
+
+void rope_decode_SUF(const struct rope_decode_step *st, const T_ *qkv, int64_t row, T_ *k_pool,
+                     T_ *v_pool, float scale, T_ *out) {
+    rotary_kv_SUF(qkv, row, st->cos, st->sin, st->pos, st->slots, st->n, st->hq, st->hkv, st->d,
+                  st->q, k_pool, v_pool);
+    decode_attention_SUF(st->q, k_pool, v_pool, st->table, st->table_stride, st->lens, st->n,
+                         st->hq, st->hkv, st->d, st->ps, st->num_pages, scale, out);
+}
+"""
+
 # (suffix, storage type, to float, round, to storage)
 TYPES = [
     ("f32", "float", "(x)", "(x)", "(x)"),

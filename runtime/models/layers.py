@@ -96,6 +96,14 @@ class Packed:
         out = self._dense(x, w, bias)
         return out.float() if float_out else out
 
+    def swiglu(self, gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """`linear(F.silu(gate) * up, w)` for gate_up = [gate | up] (a quantized w: the SiLU and
+        the product in the C product's input stage, no torch ops)."""
+        if cpu_quant.is_quantized(w):
+            return cpu_quant.linear(gate_up, w, swiglu=True)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.linear(F.silu(gate) * up, w)
+
     def _dense(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         entry = self._packed.get(id(w))
         if entry is None or x.dim() != 2 or x.shape[0] == 0:

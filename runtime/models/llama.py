@@ -156,7 +156,8 @@ class LlamaModel:
         for layer in self.layers:
             big += [layer.qkv, layer.o, layer.gate_up, layer.down]
         device = self.embed.device
-        self.mm = Packed(big, packing_enabled(dtype, device), gemv_enabled(dtype, device)).linear
+        packed = Packed(big, packing_enabled(dtype, device), gemv_enabled(dtype, device))
+        self.mm, self.swiglu_mm = packed.linear, packed.swiglu
         # residual add + RMSNorm, fused on CPU where the C kernel is built (models/layers.py)
         self.add_norm = AddNorm(config.rms_norm_eps, dtype, self.embed.device)
         # every layer attends alike: full causal attention at head_dim ** -0.5
@@ -184,14 +185,13 @@ class LlamaModel:
             hidden, x = self.add_norm(hidden, residual, layer.input_norm)
             qkv = self.mm(x, layer.qkv, layer.qkv_bias)
             # the new tokens' K/V go into their slots before attention reads the pages
-            q = attention.rope_store(li, qkv, self.rotary, self.num_heads)
-            attn = attention.attend(li, q, self.layer_specs[li])
+            attn = attention.rope_attend(li, qkv, self.rotary, self.num_heads,
+                                         self.layer_specs[li])  # fmt: skip
             out = self.comm.all_reduce(self.mm(attn.reshape(t, self.q_size), layer.o))
             # SwiGLU MLP block
             hidden, x = self.add_norm(hidden, (out, layer.o_bias), layer.post_norm)
             gate_up = self.mm(x, layer.gate_up, layer.gate_up_bias)
-            gate, up = gate_up.chunk(2, dim=-1)
-            out = self.comm.all_reduce(self.mm(F.silu(gate) * up, layer.down))
+            out = self.comm.all_reduce(self.swiglu_mm(gate_up, layer.down))
             residual = (out, layer.down_bias)
         if residual is not None:
             out, bias = residual
