@@ -73,6 +73,26 @@ def test_weights_stay_in_their_formats_and_match_the_original(written):
         "model.layers.0.input_layernorm.weight"])  # fmt: skip
 
 
+def test_a_layers_stacked_weights_share_one_buffer_and_stack_without_a_copy(written):
+    # q | k | v and gate | up are read one after another: the model's row stacking is a view,
+    # so the weights are never held twice while the model is built
+    path, _, _ = written
+    _, loaded = load_gguf(path)
+    q, k, v = (loaded[f"model.layers.1.self_attn.{n}_proj.weight"] for n in "qkv")
+    qkv = torch.cat([q, k, v])
+    assert isinstance(qkv, QuantTensor) and qkv.data.data_ptr() == q.data.data_ptr()
+    assert torch.equal(qkv.dequantize(), torch.cat([t.dequantize() for t in (q, k, v)]))
+    gate, up = (loaded[f"model.layers.1.mlp.{n}_proj.weight"] for n in ("gate", "up"))
+    assert torch.cat([gate, up]).data.data_ptr() == gate.data.data_ptr()
+    # layer 0's v is Q4_1: its q, k, v load apart and stack as two runs of one format each
+    mixed = [loaded[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "qkv"]
+    assert isinstance(torch.cat(mixed), QuantStack)
+    # the whole weight sliced is the weight itself; part of it a copy
+    assert q[:] is q and q[:, 0 : q.shape[1]] is q
+    assert q[0:8].data.data_ptr() != q.data.data_ptr()
+    assert torch.equal(q[0:8].dequantize(), q.dequantize()[0:8])
+
+
 def test_engine_runs_the_file_and_reports_stored_weight_bytes(written, tmp_path, monkeypatch):
     path, _, _ = written
     monkeypatch.setenv("SGL_DSL_CACHE_DIR", str(tmp_path / "cache"))

@@ -123,10 +123,11 @@ def row_bytes(qtype: int, cols: int) -> int:
     return cols // block * size
 
 
-def _huge_page_bytes(shape: torch.Size) -> torch.Tensor:
+def huge_page_bytes(shape: torch.Size) -> torch.Tensor:
     """An uninitialised uint8 tensor; from 2 MB on, in a mapping of its own advised for
     transparent huge pages (a decode step streams every weight: fewer TLB misses, as
-    cpu_gemv.pack_all does for the dense weights)."""
+    cpu_gemv.pack_all does for the dense weights), unmapped when the tensor is freed (so a
+    weight replaced by its packed copy gives its memory back to the system)."""
     nbytes = shape[0] * shape[1]
     if nbytes >= 1 << 21:
         try:
@@ -201,17 +202,22 @@ class QuantTensor:
         with _pack_lock:
             if self.packed:
                 return
-            out = _huge_page_bytes(self.data.shape)
+            out = huge_page_bytes(self.data.shape)
             lib.q_repack(self.qtype, self.data.data_ptr(), self.data.shape[1],
                             self.data.shape[0], self.cols, 1, out.data_ptr())  # fmt: skip
             self.data, self.packed = out, True
 
     def __getitem__(self, index) -> QuantTensor:
-        """Rows `w[a:b]`, or whole blocks of columns `w[:, a:b]` (a copy, as stored)."""
+        """Rows `w[a:b]`, or whole blocks of columns `w[:, a:b]` (a copy, as stored; the whole
+        weight: itself)."""
         if isinstance(index, slice):
+            if index.indices(self.shape[0]) == (0, self.shape[0], 1):
+                return self
             return QuantTensor(self.stored()[index].clone(), self.qtype, self.cols)
         rows, cols = index
         start, stop, step = cols.indices(self.cols)
+        if (start, stop, step) == (0, self.cols, 1) and rows == slice(None):
+            return self
         _, block, size = TYPES[self.qtype]
         if step != 1 or start % block or stop % block:
             raise UnsupportedModelError(
@@ -294,7 +300,9 @@ def stack_rows(parts: list) -> QuantTensor | QuantStack:
             flat.append(QuantTensor(rows.view(torch.uint8).reshape(rows.shape[0], -1), 0,
                                     rows.shape[1]))  # fmt: skip
     if len({p.qtype for p in flat}) == 1:
-        return QuantTensor(torch.cat([p.stored() for p in flat]), flat[0].qtype, flat[0].cols)
+        return _one_view(flat) or QuantTensor(
+            torch.cat([p.stored() for p in flat]), flat[0].qtype, flat[0].cols
+        )
     merged: list[QuantTensor] = []  # neighbours of one format joined
     for p in flat:
         if merged and merged[-1].qtype == p.qtype:
@@ -302,6 +310,23 @@ def stack_rows(parts: list) -> QuantTensor | QuantStack:
             p = QuantTensor(torch.cat([last.stored(), p.stored()]), p.qtype, p.cols)
         merged.append(p)
     return QuantStack(merged)
+
+
+def _one_view(parts: list[QuantTensor]) -> QuantTensor | None:
+    """Parts of one format that are consecutive rows of one buffer (gguf.py reads a layer's
+    q | k | v and gate | up so): all their rows as one view, no copy. None otherwise."""
+    first = parts[0].data
+    end = first.data_ptr()
+    for p in parts:
+        d = p.data
+        if p.packed or p.cols != parts[0].cols or d.data_ptr() != end:
+            return None
+        if d.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
+            return None
+        end += d.numel()
+    rows = sum(p.data.shape[0] for p in parts)
+    view = first.as_strided((rows, first.shape[1]), (first.shape[1], 1))
+    return QuantTensor(view, parts[0].qtype, parts[0].cols)
 
 
 _INT_TYPES = frozenset({2, 3, 6, 7, 8})  # the 32-element formats: the integer path (q_uses_int)

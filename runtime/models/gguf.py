@@ -5,7 +5,9 @@ converted or written to disk.
 The reader is ours (header, key-values, tensor table; the format is little-endian GGUF v2 / v3):
 `gguf.GGUFReader` builds a numpy view per array element and takes ~13 s on the 49,152-token
 vocabulary of the default model, this ~0.1 s. Tensors are read into memory (not memory-mapped),
-so resident memory is what the weights take as stored.
+so resident memory is what the weights take as stored. A layer's q, k, v (and gate, up) of one
+format go into one buffer, one after another: the model files stack them by rows, and stacking
+them is then a view of that buffer, not a second copy of the weights.
 
 Names follow llama.cpp's (`blk.N.attn_q.weight`) and map onto the checkpoint names the model
 files read (`model.layers.N.self_attn.q_proj.weight`). llama.cpp's converter permutes the rows
@@ -25,7 +27,7 @@ import torch
 
 from runtime.config import ModelConfig, config_from_dict
 from runtime.errors import ModelNotFoundError, UnsupportedModelError
-from runtime.kernels.cpu_quant import TYPES, QuantTensor, row_bytes, type_name
+from runtime.kernels.cpu_quant import TYPES, QuantTensor, huge_page_bytes, row_bytes, type_name
 
 logger = logging.getLogger(__name__)
 
@@ -162,29 +164,88 @@ def _unpermute(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.reshape(heads, rows // heads // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
 
 
-def _read_tensor(f: BinaryIO, at: int, name: str, shape: tuple[int, ...], ggml_type: int):
-    """One tensor: a plain tensor for F32 / F16 / BF16 vectors, else a QuantTensor [rows, cols]
-    (a float matrix too: the fused kernels read it as stored)."""
+# a layer's tensors that the model files stack by rows (one matrix product instead of several)
+_STACKED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+
+
+def _check(name: str, shape: tuple[int, ...], ggml_type: int) -> None:
     if ggml_type not in TYPES:
         raise UnsupportedModelError(
             f"tensor {name!r} is {type_name(ggml_type)} (GGML type {ggml_type}), which this "
             f"engine cannot run; supported: {sorted(n for n, _, _ in TYPES.values())}"
         )
+    _, block, _ = TYPES[ggml_type]
+    if shape[-1] % block:
+        raise UnsupportedModelError(
+            f"tensor {name!r}: {shape[-1]} columns are not whole {type_name(ggml_type)} blocks"
+        )
+
+
+def _read_into(f: BinaryIO, at: int, name: str, out: torch.Tensor) -> None:
+    f.seek(at)
+    if f.readinto(memoryview(out.numpy()).cast("B")) != out.numel():
+        raise ModelNotFoundError(f"GGUF tensor {name!r} is cut short (truncated file?)")
+
+
+def _read_tensor(f: BinaryIO, at: int, name: str, shape: tuple[int, ...], ggml_type: int):
+    """One tensor: a plain tensor for F32 / F16 / BF16 vectors, else a QuantTensor [rows, cols]
+    (a float matrix too: the fused kernels read it as stored)."""
+    _check(name, shape, ggml_type)
     cols = shape[-1]
     rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-    _, block, _ = TYPES[ggml_type]
-    if cols % block:
-        raise UnsupportedModelError(
-            f"tensor {name!r}: {cols} columns are not whole {type_name(ggml_type)} blocks"
-        )
-    nbytes = rows * row_bytes(ggml_type, cols)
-    buf = torch.empty(nbytes, dtype=torch.uint8)
-    f.seek(at)
-    if f.readinto(memoryview(buf.numpy())) != nbytes:
-        raise ModelNotFoundError(f"GGUF tensor {name!r} is cut short (truncated file?)")
     if ggml_type in _FLOAT_TYPES and (len(shape) == 1 or ggml_type == 0):
+        buf = torch.empty(rows * row_bytes(ggml_type, cols), dtype=torch.uint8)
+        _read_into(f, at, name, buf)
         return buf.view(_FLOAT_TYPES[ggml_type]).reshape(shape)
-    return QuantTensor(buf.reshape(rows, -1), ggml_type, cols)
+    buf = huge_page_bytes(torch.Size((rows, row_bytes(ggml_type, cols))))
+    _read_into(f, at, name, buf)
+    return QuantTensor(buf, ggml_type, cols)
+
+
+def _stacks(tensors: list[tuple[str, tuple[int, ...], int, int]]) -> list[list[int]]:
+    """Indices into `tensors` of each layer's _STACKED group whose members are all there, are
+    matrices of one block format (not F32: those load as plain tensors) and one width."""
+    index = {t[0]: i for i, t in enumerate(tensors)}
+    groups = []
+    for name, *_ in tensors:
+        parts = name.split(".")
+        if parts[0] != "blk" or len(parts) != 4 or parts[3] != "weight":
+            continue
+        for group in _STACKED:
+            if parts[2] != group[0]:
+                continue
+            names = [f"blk.{parts[1]}.{member}.weight" for member in group]
+            if not all(n in index for n in names):
+                continue
+            members = [index[n] for n in names]
+            kinds = {(tensors[i][2], tensors[i][1][-1], len(tensors[i][1])) for i in members}
+            if len(kinds) == 1 and next(iter(kinds))[2] == 2 and tensors[members[0]][2] != 0:
+                groups.append(members)
+    return groups
+
+
+def _read_stack(
+    f: BinaryIO, start: int, members: list[tuple[str, tuple[int, ...], int, int]], heads: dict
+) -> list[QuantTensor]:
+    """Matrices of one format and width read one after another into one buffer: a QuantTensor
+    over each one's rows (rows permuted back where `heads` names a head count)."""
+    for name, shape, ggml_type, _ in members:
+        _check(name, shape, ggml_type)
+    ggml_type, cols = members[0][2], members[0][1][-1]
+    width = row_bytes(ggml_type, cols)
+    buf = huge_page_bytes(torch.Size((sum(m[1][0] for m in members), width)))
+    out, at = [], 0
+    for name, shape, _, offset in members:
+        rows = buf[at : at + shape[0]]
+        if name in heads:  # read aside, then the rows in their original order
+            raw = torch.empty(rows.shape, dtype=torch.uint8)
+            _read_into(f, start + offset, name, raw)
+            rows.copy_(_unpermute(raw, heads[name]))
+        else:
+            _read_into(f, start + offset, name, rows)
+        out.append(QuantTensor(rows, ggml_type, cols))
+        at += shape[0]
+    return out
 
 
 def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, Any]]:
@@ -195,8 +256,18 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, Any]]:
     state: dict[str, Any] = {}
     permute = config.model_type == "llama"
     with open(path, "rb") as f:
+        for members in _stacks(tensors):
+            group = [tensors[i] for i in members]
+            heads = {}  # llama's q and k rows are permuted back
+            for name, *_ in group if permute else []:
+                if ".attn_q." in name or ".attn_k." in name:
+                    heads[name] = config.num_heads if ".attn_q." in name else config.num_kv_heads
+            for (name, *_), t in zip(group, _read_stack(f, start, group, heads), strict=True):
+                state[_hf_name(name)] = t
         for name, shape, ggml_type, offset in tensors:
             hf = _hf_name(name)
+            if hf in state:
+                continue
             if hf is None:
                 if name.startswith("rope_freqs"):
                     raise UnsupportedModelError(f"tensor {name!r} (rope frequency factors)")
