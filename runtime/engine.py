@@ -25,7 +25,6 @@ from runtime.disaggregation.modes import (
     Ticket,
     finish_room,
     model_fingerprint,
-    pool_layout,
     split_bootstrap,
 )
 from runtime.errors import HiCacheConfigError, KVTransferError, ParallelConfigError
@@ -287,8 +286,7 @@ class Engine:
             hicache_storage_backend_extra_config,
         ) if enable_hierarchical_cache else None  # fmt: skip
         self.disaggregation = Disaggregation(
-            disaggregation_mode,
-            None if self.parallel else pool_layout(self.pool, self.model_fingerprint),
+            disaggregation_mode, None if self.parallel else self.pool, self.model_fingerprint,
             bootstrap_host=disaggregation_bootstrap_host, timeout_s=disaggregation_timeout_s,
             bootstrap_port=disaggregation_bootstrap_port,
             transfer_backend=disaggregation_transfer_backend,
@@ -476,7 +474,7 @@ class Engine:
             ticket = d.attach_prefill(req, boot)
             self.scheduler.submit(req)
             return ticket
-        if d.submit_decode(req, boot, self.scheduler.submit):
+        if d.submit_decode(req, boot, self.scheduler.submit, self.scheduler.wake):
             return None  # submitted once its KV has arrived
         self.scheduler.submit(req)
         return None

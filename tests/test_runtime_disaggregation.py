@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from runtime import Engine
-from runtime.disaggregation.mooncake import load_transfer_engine
+from runtime.disaggregation import mooncake
+from runtime.disaggregation.mooncake import load_transfer_engine, pieces
 from runtime.disaggregation.protocol import Kind, receive, send
 from runtime.errors import DisaggregationConfigError, KVTransferError
 from tests._runtime_fixtures import PROMPTS, make_tiny_model
@@ -145,6 +146,9 @@ def pool_whole(engine: Engine) -> None:
     engine.check_integrity()
     stats = engine.stats()
     assert stats["running"] == 0 and stats["waiting"] == 0
+    # no pages held for a Mooncake read (prefill) or landing from one (decode)
+    sched = engine.scheduler
+    assert engine.scheduler.call(lambda: (len(sched.held), len(sched.landing))) == (0, 0)
     if engine.disaggregation.sender is not None:
         assert engine.disaggregation.sender.open_rooms == 0  # no staged KV kept
 
@@ -177,10 +181,13 @@ def test_stream_and_logprobs_equal_the_single_engine(single, prefill, decode):
     assert [sorted(d) for d in result.top_logprobs] == [sorted(d) for d in want.top_logprobs]
 
 
-def test_transfer_counters_count_pages_on_both_sides(prefill, decode):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transfer_counters_count_pages_on_both_sides(pair, backend):
+    prefill, decode = pair
     sent0, got0 = prefill.stats(), decode.stats()
-    prompt_ids = decode.encode(LONG)
-    pd(prefill, decode, LONG, **GREEDY)
+    prompt = f"Counting with {backend}: {LONG}"  # nothing of it cached on the decode side
+    prompt_ids = decode.encode(prompt)
+    pd(prefill, decode, prompt, **GREEDY)
     sent, got = prefill.stats(), decode.stats()
     assert sent["disaggregation_mode"] == "prefill" and got["disaggregation_mode"] == "decode"
     pages = -(-len(prompt_ids) // 4)
@@ -192,13 +199,19 @@ def test_transfer_counters_count_pages_on_both_sides(prefill, decode):
     assert got["prefill_computed_tokens"] == got0["prefill_computed_tokens"]
 
 
-def test_decode_side_radix_cache_knows_the_transferred_prompt(single, prefill, decode):
-    prompt = LONG + " and one more"
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_side_radix_cache_knows_the_transferred_prompt(single, pair, backend):
+    prefill, decode = pair
+    prompt = f"Again with {backend}: {LONG} and one more"
     want = single.generate(prompt, **GREEDY)
     first, _ = pd(prefill, decode, prompt, **GREEDY)
+    moved = decode.stats()["kv_transfer_bytes"]
     again, _ = pd(prefill, decode, prompt, **GREEDY)
     assert first.token_ids == again.token_ids == want.token_ids
     assert again.usage.cached_tokens >= len(decode.encode(prompt)) - 4
+    if backend == "mooncake":  # pool to pool: only the pages past the cached prefix are read
+        page = 4 * decode.pool.bytes_per_token
+        assert decode.stats()["kv_transfer_bytes"] - moved <= page
     pool_whole(decode)
 
 
@@ -226,7 +239,9 @@ def test_constrained_output_and_jump_forward_equal_the_single_engine(single, pre
         pool_whole(e)
 
 
-def test_first_token_that_ends_the_request_and_zero_new_tokens(single, prefill, decode):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_first_token_that_ends_the_request_and_zero_new_tokens(single, pair, backend):
+    prefill, decode = pair
     want = single.generate(PROMPTS[1], max_new_tokens=1, temperature=0.0)
     got, _ = pd(prefill, decode, PROMPTS[1], max_new_tokens=1, temperature=0.0)
     assert got.token_ids == want.token_ids and got.finish_reason == "length"
@@ -235,7 +250,12 @@ def test_first_token_that_ends_the_request_and_zero_new_tokens(single, prefill, 
     pool_whole(decode)
 
 
-def test_many_concurrent_requests_are_each_answered_once(single, prefill, decode):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_many_concurrent_requests_are_each_answered_once(single, pair, backend, monkeypatch):
+    prefill, decode = pair
+    # mooncake: reads in batches of 7 pieces, at most 20 in flight (the queue bound)
+    monkeypatch.setattr(mooncake, "MAX_BATCH", 7)
+    monkeypatch.setattr(mooncake, "MAX_IN_FLIGHT", 20)
     prompts = [f"{PROMPTS[i % len(PROMPTS)]} #{i}" for i in range(16)]
     want = [single.generate(p, **GREEDY).token_ids for p in prompts]
     with ThreadPoolExecutor(8) as pool:
@@ -321,7 +341,9 @@ def test_prefill_engine_gone_before_the_mooncake_read_ends_the_request(mc_decode
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"  # nobody listens here once closed
-    where = {"session": dead, "addrs": [4096 * (i + 1) for i in range(pages)]}
+    regions = len(mc_decode.disaggregation.mooncake.regions)
+    where = {"session": dead, "bases": [4096 * (i + 1) for i in range(regions)],
+             "pages": list(range(1, pages + 1))}  # fmt: skip
     meta = {"prompt_ids": ids, "output_ids": [5], "logprobs": None, "top_logprobs": None,
             "kv_tokens": len(ids), "num_pages": pages, "mooncake": where}  # fmt: skip
     port, t = _fake_prefill_server(meta, pages_sent=0, page_bytes=0)
@@ -333,6 +355,43 @@ def test_prefill_engine_gone_before_the_mooncake_read_ends_the_request(mc_decode
     pool_whole(mc_decode)
     assert mc_decode.pool.num_free_pages == free_before
     assert mc_decode.generate(PROMPTS[0], **GREEDY).finish_reason == "length"
+
+
+@pytest.mark.skipif(MOONCAKE_MISSING is not None, reason=str(MOONCAKE_MISSING))
+def test_mooncake_prefill_holds_the_pages_until_the_decode_side_read_them(mc_prefill):
+    """The decode server reads the prefill pool in place: the finished request's pages stay
+    held (not free, not evictable) until its ACK, then the prefill side answers DONE and
+    frees them."""
+    sched, pool, tree = mc_prefill.scheduler, mc_prefill.pool, mc_prefill.tree
+    room = boot(mc_prefill)
+    pre = Background(mc_prefill, LONG, **GREEDY, **room)
+    layout = mc_prefill.disaggregation.sender.layout
+    with socket.create_connection(("127.0.0.1", room["bootstrap_port"])) as conn:
+        send(conn, Kind.REGISTER, {"room": room["bootstrap_room"], "layout": layout.to_json(),
+                                   "transfer": "mooncake"})  # fmt: skip
+        kind, meta, _ = receive(conn)
+        assert kind is Kind.META
+        pages = set(meta["mooncake"]["pages"])
+        assert len(pages) == meta["num_pages"] > 0
+        held = sched.call(lambda: [set(r.pages) for r in sched.held])
+        sched.call(lambda: tree.evict(tree.evictable_pages))  # as a full pool would
+        free = sched.call(pool.free_page_set)
+        assert len(held) == 1 and pages <= held[0] and not pages & free
+        send(conn, Kind.ACK, {"pages": len(pages)})
+        kind, _, _ = receive(conn)
+        assert kind is Kind.DONE  # they were held until the ACK came
+    assert pre.result().finish_reason == "length"
+    pool_whole(mc_prefill)  # and released after it
+
+
+def test_mooncake_pieces_are_runs_of_pages_per_pool_tensor():
+    regions = [(1000, 10, 100), (5000, 10, 100)]  # two tensors, 10 bytes a page
+    dst, src, lengths = pieces(regions, [200, 600], mine=[5, 6, 7, 9], theirs=[1, 2, 3, 4])
+    # pages 5-7 <- 1-3 are one run, 9 <- 4 another (not consecutive here)
+    assert dst == [1050, 1090, 5050, 5090]
+    assert src == [210, 240, 610, 640]
+    assert lengths == [30, 10, 30, 10]
+    assert pieces(regions, [200, 600], mine=[], theirs=[]) == ([], [], [])
 
 
 @pytest.mark.skipif(MOONCAKE_MISSING is not None, reason=str(MOONCAKE_MISSING))

@@ -1,28 +1,30 @@
-"""The `mooncake` transfer backend: room pages move through Mooncake's transfer engine.
+"""The `mooncake` transfer backend: room pages move pool to pool through Mooncake's transfer
+engine.
 
-The bootstrap exchange is the TCP protocol's (`protocol`): the decode server registers for a
-room with its layout and `transfer: "mooncake"`, the prefill server answers META. Then, instead
-of PAGE frames, META carries the prefill engine's Mooncake session and the address of every
-page of the room's staged copy; the decode server reads them straight into the tensor the room
-arrives in, with one batched `transfer_sync_read` (Mooncake's TCP transport here, RDMA where the
-cluster has it: `disaggregation_mooncake_protocol`), and acknowledges (ACK, or ERROR when the
-read failed); the prefill side then frees the copy.
+Each engine registers its whole KV pool with its transfer engine once, at start
+(`kv_pages.pool_regions`: one region per layer tensor). The bootstrap exchange is the TCP
+protocol's (`protocol`): the decode server registers for a room with its layout and
+`transfer: "mooncake"`, the prefill server answers META. Then, instead of PAGE frames:
 
-No bytes are copied for Mooncake's sake: the prefill side registers the staged copy itself (the
-one the `tcp` backend sends from) for the time of the read, and the decode side registers the
-tensor it returns. Pages are staged (copied out of the pool) as with TCP, because the prefill
-side retires its pages into the radix cache at the first token and the decode side allocates
-pool pages only when it admits the request.
+- prefill: META carries its Mooncake session, its regions' addresses and the room's page ids
+  in its pool. No page is copied: the request's pages stay held (not freed, not evicted) until
+  the room ends: the decode server's ACK, an error, or its connection failing or timing out.
+- decode: the scheduler admits the request and allocates its pool pages first (`Landing`),
+  then one batched read (`read_pool`) brings every layer's pages straight into them: runs of
+  consecutive pages on both sides go as one piece per layer tensor. It sends ACK; the prefill
+  side answers DONE, which says it still held the pages when the ACK came (after a timeout
+  it answers ERROR, and the decode side drops what it read).
+
+Mooncake's TCP transport is used here, RDMA where the cluster has it
+(`disaggregation_mooncake_protocol`; RDMA pins the registered pool, untested here).
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from dataclasses import dataclass
+import threading
 from typing import Any
-
-import torch
 
 from runtime.errors import DisaggregationConfigError, KVTransferError
 from runtime.memory.tier_mooncake import PACKAGE, SYSTEM_LIBS
@@ -61,18 +63,43 @@ def reachable_host(host: str) -> str:
         return "127.0.0.1"
 
 
-@dataclass(slots=True)
-class Staged:
-    """Pages of a tensor registered with the transfer engine, until `release`."""
+# the TCP transport queues at most 1024 transfers per peer (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER)
+# and refuses a batch beyond that: reads go in batches of at most this many pieces, and the
+# pieces in flight to one peer stay under the queue's size
+MAX_BATCH = 512
+MAX_IN_FLIGHT = 1024
 
-    addrs: list[int]
-    buffer: torch.Tensor  # [pages, page_bytes] uint8
+
+def pieces(
+    local: list[tuple[int, int, int]], remote: list[int], mine: list[int], theirs: list[int]
+) -> tuple[list[int], list[int], list[int]]:
+    """The (local address, remote address, length) of every piece that moves pages `theirs`
+    of the peer's pool into pages `mine` of ours: per pool tensor, one piece per run of pages
+    consecutive on both sides. `local`: our regions (`pool_regions`); `remote`: the peer's
+    region addresses, in the same order (equal layouts: equal strides)."""
+    runs: list[list[int]] = []  # [our first page, their first page, pages]
+    for a, b in zip(mine, theirs, strict=True):
+        last = runs[-1] if runs else None
+        if last and last[0] + last[2] == a and last[1] + last[2] == b:
+            last[2] += 1
+        else:
+            runs.append([a, b, 1])
+    dst: list[int] = []
+    src: list[int] = []
+    lengths: list[int] = []
+    for (base, stride, _), theirs_base in zip(local, remote, strict=True):
+        for a, b, n in runs:
+            dst.append(base + a * stride)
+            src.append(theirs_base + b * stride)
+            lengths.append(n * stride)
+    return dst, src, lengths
 
 
 class MooncakeTransport:
-    """One engine's Mooncake transfer engine (thread-safe)."""
+    """One engine's Mooncake transfer engine, with the engine's KV pool registered (thread-safe)."""
 
-    def __init__(self, host: str, page_bytes: int, protocol: str) -> None:
+    def __init__(self, host: str, regions: list[tuple[int, int, int]], protocol: str) -> None:
+        """`regions`: the pool's tensors (`kv_pages.pool_regions`), registered until `close`."""
         if protocol not in PROTOCOLS:
             raise DisaggregationConfigError(
                 f"disaggregation_mooncake_protocol must be one of {list(PROTOCOLS)}, got "
@@ -86,14 +113,27 @@ class MooncakeTransport:
                 f"Mooncake's transfer engine did not start on {self.host} ({protocol})"
             )
         self.session = f"{self.host}:{self.engine.get_rpc_port()}"
-        self.page_bytes = page_bytes
-        logger.info("mooncake transfer engine: session %s", self.session)
+        self.regions = list(regions)
+        self.bases = [r[0] for r in self.regions]
+        if (
+            self.regions
+            and self.engine.batch_register_memory(self.bases, [r[2] for r in self.regions]) != 0
+        ):
+            raise DisaggregationConfigError(
+                f"Mooncake could not register the KV pool ({sum(r[2] for r in regions)} bytes)"
+            )
+        self._flight = threading.Condition()
+        self._in_flight: dict[str, int] = {}  # pieces being read, by peer session
+        logger.info("mooncake transfer engine: session %s, %d pool regions registered",
+                    self.session, len(self.regions))  # fmt: skip
 
     def close(self) -> None:
         """Stop the transfer engine now, while Python runs: left to the interpreter's exit, its
         native threads may be destroyed unjoined, which aborts the process."""
         engine, self.engine = self.engine, None
         if engine is not None:
+            if self.regions:
+                engine.batch_unregister_memory(self.bases)
             del engine
 
     def _live(self) -> Any:
@@ -101,36 +141,38 @@ class MooncakeTransport:
             raise KVTransferError("the Mooncake transfer engine is closed (server shutting down)")
         return self.engine
 
-    def expose(self, data: torch.Tensor) -> Staged:
-        """Register `data` (`[pages, page_bytes]` uint8, contiguous, not empty) where it is:
-        the address of each page."""
-        if not data.is_contiguous() or data.dim() != 2 or data.shape[1] != self.page_bytes:
-            raise ValueError(f"pages of {self.page_bytes} bytes expected, got {tuple(data.shape)}")
-        if self._live().register_memory(data.data_ptr(), data.numel()) != 0:
-            raise KVTransferError(f"Mooncake could not register {data.numel()} bytes")
-        base = data.data_ptr()
-        return Staged([base + i * self.page_bytes for i in range(data.shape[0])], data)
-
-    def release(self, staged: Staged) -> None:
-        """Unregister (before the tensor may be freed)."""
-        if self.engine is not None:
-            self.engine.unregister_memory(staged.buffer.data_ptr())
+    def offer(self, pages: list[int]) -> dict[str, Any]:
+        """What META says of a room's pages in this engine's pool (`read_pool` takes it)."""
+        return {"session": self.session, "bases": self.bases, "pages": list(pages)}
 
     # ---- moving -----------------------------------------------------------------------------
-    def read(self, peer: str, remote: list[int], local: list[int]) -> None:
-        """Read the peer's pages at `remote` into ours at `local` (one batched call; runs of
-        consecutive pages on both sides go as one piece)."""
-        runs: list[list[int]] = []  # [local, remote, length]
-        for mine, theirs in zip(local, remote, strict=True):
-            last = runs[-1] if runs else None
-            if last and last[0] + last[2] == mine and last[1] + last[2] == theirs:
-                last[2] += self.page_bytes
-            else:
-                runs.append([mine, theirs, self.page_bytes])
-        if not runs:
-            return
-        code = self._live().batch_transfer_sync_read(
-            peer, [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs]
-        )
-        if code != 0:
-            raise KVTransferError(f"Mooncake read from {peer} failed (code {code})")
+    def read_pool(self, peer: str, remote: list[int], theirs: list[int], mine: list[int]) -> int:
+        """Read the peer's pool pages `theirs` (its region addresses `remote`) into our pool
+        pages `mine`; returns the bytes moved."""
+        if len(remote) != len(self.regions):
+            raise KVTransferError(
+                f"the peer's pool has {len(remote)} regions, this one {len(self.regions)}"
+            )
+        dst, src, lengths = pieces(self.regions, remote, mine, theirs)
+        for at in range(0, len(dst), MAX_BATCH):
+            end = min(at + MAX_BATCH, len(dst))
+            self._take(peer, end - at)
+            try:
+                code = self._live().batch_transfer_sync_read(
+                    peer, dst[at:end], src[at:end], lengths[at:end]
+                )
+            finally:
+                self._give(peer, end - at)
+            if code != 0:
+                raise KVTransferError(f"Mooncake read from {peer} failed (code {code})")
+        return sum(lengths)
+
+    def _take(self, peer: str, count: int) -> None:
+        with self._flight:
+            self._flight.wait_for(lambda: self._in_flight.get(peer, 0) + count <= MAX_IN_FLIGHT)
+            self._in_flight[peer] = self._in_flight.get(peer, 0) + count
+
+    def _give(self, peer: str, count: int) -> None:
+        with self._flight:
+            self._in_flight[peer] -= count
+            self._flight.notify_all()

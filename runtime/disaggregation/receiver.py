@@ -5,7 +5,9 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,9 +26,12 @@ class ReceivedKV:
     output_ids: list[int]
     logprobs: list[float] | None
     top_logprobs: list[dict[int, float]] | None
-    kv_tokens: int  # positions 0 .. kv_tokens - 1 have K/V in `data`
-    data: torch.Tensor  # [num_pages, page_bytes] uint8
+    kv_tokens: int  # positions 0 .. kv_tokens - 1 have K/V in `data` (or in the pool)
+    data: torch.Tensor | None  # [num_pages, page_bytes] uint8; None: read into the pool
     transfer_s: float = 0.0  # from the first page to the acknowledgement
+    bytes: int = 0  # moved over the wire
+    landing: Any = None  # mooncake: where the pages land (modes.Landing)
+    note_copy: Callable[[float], None] | None = field(default=None, repr=False)
 
 
 class KVReceiver:
@@ -39,12 +44,25 @@ class KVReceiver:
         self.mooncake = mooncake
         self._lock = threading.Lock()
         self.counters = {"kv_transfer_requests": 0, "kv_transfer_bytes": 0,
-                         "kv_transfer_failures": 0, "kv_transfer_s": 0.0}  # fmt: skip
+                         "kv_transfer_failures": 0, "kv_transfer_s": 0.0,
+                         "kv_transfer_copy_s": 0.0}  # fmt: skip
 
-    def fetch(self, host: str, port: int, room: int) -> ReceivedKV:
-        """The room's KV, or KVTransferError naming what went wrong (nothing is kept)."""
+    def note_copy(self, seconds: float) -> None:
+        """The scheduler copied a room's pages into the pool (tcp) in `seconds`."""
+        with self._lock:
+            self.counters["kv_transfer_copy_s"] += seconds
+
+    def fetch(
+        self, host: str, port: int, room: int,
+        place: Callable[[ReceivedKV], tuple[int, list[int]]] | None = None,
+    ) -> ReceivedKV:  # fmt: skip
+        """The room's KV, or KVTransferError naming what went wrong (nothing is kept).
+
+        mooncake: `place(kv)` is called once META has come (`kv.data` None) and returns where
+        the pages go: the room's first page to read and this pool's pages for it and the
+        following ones; they are read straight there."""
         try:
-            got = self._fetch(host, port, room)
+            got = self._fetch(host, port, room, place)
         except (KVTransferError, OSError, ValueError, KeyError, TypeError) as exc:
             with self._lock:
                 self.counters["kv_transfer_failures"] += 1
@@ -60,11 +78,14 @@ class KVReceiver:
             ) from exc
         with self._lock:
             self.counters["kv_transfer_requests"] += 1
-            self.counters["kv_transfer_bytes"] += got.data.numel()
+            self.counters["kv_transfer_bytes"] += got.bytes
             self.counters["kv_transfer_s"] += got.transfer_s
         return got
 
-    def _fetch(self, host: str, port: int, room: int) -> ReceivedKV:
+    def _fetch(
+        self, host: str, port: int, room: int,
+        place: Callable[[ReceivedKV], tuple[int, list[int]]] | None,
+    ) -> ReceivedKV:  # fmt: skip
         try:
             sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
         except OSError as exc:
@@ -83,24 +104,36 @@ class KVReceiver:
             num_pages, tokens = int(meta["num_pages"]), int(meta["kv_tokens"])
             if num_pages != -(-tokens // self.layout.page_size):
                 raise KVTransferError(f"room {room}: {num_pages} pages for {tokens} tokens")
+            top = meta.get("top_logprobs")
+            got = ReceivedKV(
+                prompt_ids=[int(t) for t in meta["prompt_ids"]],
+                output_ids=[int(t) for t in meta["output_ids"]],
+                logprobs=meta.get("logprobs"),
+                top_logprobs=None
+                if top is None
+                else [{int(k): float(v) for k, v in d.items()} for d in top],
+                kv_tokens=tokens,
+                data=None,
+                note_copy=self.note_copy,
+            )
             if self.mooncake is None:
-                data = self._receive_pages(sock, room, num_pages)
+                got.data = self._receive_pages(sock, room, num_pages)
+                got.bytes = got.data.numel()
+                send(sock, Kind.ACK, {})
             else:
-                data = self._read_pages(sock, room, num_pages, meta.get("mooncake") or {})
-            send(sock, Kind.ACK, {})
-            moved_s = time.perf_counter() - moving
-        top = meta.get("top_logprobs")
-        return ReceivedKV(
-            prompt_ids=[int(t) for t in meta["prompt_ids"]],
-            output_ids=[int(t) for t in meta["output_ids"]],
-            logprobs=meta.get("logprobs"),
-            top_logprobs=None
-            if top is None
-            else [{int(k): float(v) for k, v in d.items()} for d in top],
-            kv_tokens=tokens,
-            data=data,
-            transfer_s=moved_s,
-        )
+                if place is None:
+                    raise KVTransferError("a mooncake transfer needs the pages to read into")
+                where = meta.get("mooncake") or {}
+                theirs = self._offered_pages(room, num_pages, where)
+                first, mine = place(got)  # the scheduler allocates them (the wait not timed)
+                moving = time.perf_counter()
+                got.bytes = self._read_pages(sock, room, where, theirs[first:first + len(mine)],
+                                             mine)  # fmt: skip
+                send(sock, Kind.ACK, {"pages": len(mine)})
+                # the prefill side held its pages until our ACK (else: ERROR, the read is void)
+                expect(sock, Kind.DONE, f"room {room}")
+            got.transfer_s = time.perf_counter() - moving
+        return got
 
     def _receive_pages(self, sock: socket.socket, room: int, num_pages: int) -> torch.Tensor:
         """TCP: `num_pages` PAGE frames, then DONE."""
@@ -116,30 +149,28 @@ class KVReceiver:
         expect(sock, Kind.DONE, f"room {room}")
         return data
 
-    def _read_pages(
-        self, sock: socket.socket, room: int, num_pages: int, where: dict
-    ) -> torch.Tensor:
-        """Mooncake: read the pages META points at from the prefill engine's registered memory;
-        a failed read is reported to the prefill side (ERROR) before it is raised here."""
-        assert self.mooncake is not None
-        addrs = [int(a) for a in where.get("addrs", [])]
-        if len(addrs) != num_pages or (num_pages and not where.get("session")):
+    def _offered_pages(self, room: int, num_pages: int, where: dict) -> list[int]:
+        """The prefill pool's pages META offers for Mooncake reads."""
+        theirs = [int(p) for p in where.get("pages", [])]
+        if len(theirs) != num_pages or not where.get("session") or "bases" not in where:
             raise KVTransferError(
-                f"room {room}: the prefill server offered {len(addrs)} Mooncake pages for "
+                f"room {room}: the prefill server offered {len(theirs)} Mooncake pages for "
                 f"{num_pages} (is it using the tcp transfer backend?)"
             )
-        data = torch.empty((num_pages, self.layout.page_bytes), dtype=torch.uint8)
-        if not num_pages:
-            return data
-        staged = self.mooncake.expose(data)  # the pages land where the room arrives
+        return theirs
+
+    def _read_pages(
+        self, sock: socket.socket, room: int, where: dict, theirs: list[int], mine: list[int]
+    ) -> int:
+        """Mooncake: read the prefill pool's pages `theirs` into this pool's `mine`; a failed
+        read is reported to the prefill side (ERROR) before it is raised here."""
+        assert self.mooncake is not None
         try:
-            self.mooncake.read(str(where.get("session")), addrs, staged.addrs)
-            return data
+            bases = [int(b) for b in where["bases"]]
+            return self.mooncake.read_pool(str(where["session"]), bases, theirs, mine)
         except KVTransferError as exc:
             try:
                 send(sock, Kind.ERROR, {"message": f"the decode server's read failed: {exc}"})
             except OSError:
                 pass
             raise KVTransferError(f"room {room}: {exc}") from exc
-        finally:
-            self.mooncake.release(staged)

@@ -1,11 +1,14 @@
 """The prefill side: rooms of prefilled requests, served to decode servers on the bootstrap port.
 
 A room is opened when a request with a `bootstrap_room` arrives, staged by the scheduler once
-the prefill and first token are done (its KV pages copied out; the pool pages retire into the
-radix cache at once), and closed when a decode server has acknowledged every page, or with an
-error: the prefill request failed, no decode server asked within the timeout, the decode
-server disconnected, or its pool layout does not match. Whoever waits on the room (the prefill
-request's caller) then sees the outcome; the staged copy is dropped either way.
+the prefill and first token are done, and closed when a decode server has acknowledged every
+page, or with an error: the prefill request failed, no decode server asked within the timeout,
+the decode server disconnected, or its pool layout does not match. Whoever waits on the room
+(the prefill request's caller) then sees the outcome.
+
+Staging: with `tcp` the KV pages are copied out (the pool pages retire into the radix cache at
+once) and the copy is dropped when the room closes; with `mooncake` nothing is copied: the room
+names the request's pool pages, which the scheduler holds until the room closes (`when_ended`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,8 +37,11 @@ class Room:
     room: int
     opened_at: float = field(default_factory=time.monotonic)
     meta: dict[str, Any] | None = None
-    data: torch.Tensor | None = None  # [num_pages, page_bytes] uint8, until sent
+    data: torch.Tensor | None = None  # [num_pages, page_bytes] uint8, until sent (tcp)
+    pages: list[int] | None = None  # the request's pool pages, held until the room ends (mooncake)
     error: str | None = None
+    ended: bool = False
+    on_end: list[Callable[[], None]] = field(default_factory=list)
     claimed: bool = False
     staged: threading.Event = field(default_factory=threading.Event)  # staged or failed
     done: threading.Event = field(default_factory=threading.Event)  # sent or failed
@@ -62,7 +69,8 @@ class KVSender:
         self._failed: dict[int, tuple[str, float]] = {}
         self._cond = threading.Condition()
         self.counters = {"kv_transfer_requests": 0, "kv_transfer_bytes": 0,
-                         "kv_transfer_failures": 0, "kv_transfer_s": 0.0}  # fmt: skip
+                         "kv_transfer_failures": 0, "kv_transfer_s": 0.0,
+                         "kv_transfer_copy_s": 0.0}  # fmt: skip
         self._sock = socket.create_server((host, port), reuse_port=False)
         self._sock.settimeout(ACCEPT_POLL_S)
         self.port = self._sock.getsockname()[1]
@@ -81,27 +89,57 @@ class KVSender:
             self._cond.notify_all()
             return state
 
-    def stage(self, state: Room, meta: dict[str, Any], data: torch.Tensor) -> None:
-        """Called on the scheduler thread once the room's prefill and first token are done."""
+    def stage(
+        self,
+        state: Room,
+        meta: dict[str, Any],
+        data: torch.Tensor | None = None,
+        pages: list[int] | None = None,
+        copy_s: float = 0.0,
+    ) -> None:
+        """Called on the scheduler thread once the room's prefill and first token are done:
+        with the copied pages (`data`, tcp) or the pool pages it holds (`pages`, mooncake)."""
         with self._cond:
             if state.error is None:
-                state.meta, state.data = meta, data
+                state.meta, state.data, state.pages = meta, data, pages
+            self.counters["kv_transfer_copy_s"] += copy_s
             state.staged.set()
             self._cond.notify_all()
+
+    def when_ended(self, state: Room, callback: Callable[[], None]) -> None:
+        """Call `callback` once the room has ended, however (at once if it has): it runs before
+        the room's waiters wake, on the thread that ends the room."""
+        with self._cond:
+            if not state.ended:
+                state.on_end.append(callback)
+                return
+        callback()
+
+    def _end(self, state: Room) -> None:
+        """The room is over (its fields set under the lock): run its callbacks, wake waiters."""
+        with self._cond:
+            callbacks, state.on_end = state.on_end, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # the scheduler is gone (shutdown): nothing is held any more
+                logger.exception("room %d: releasing its pages failed", state.room)
+        state.done.set()
 
     def fail(self, state: Room, message: str) -> None:
         """End the room with an error (if it has not ended yet); a waiting peer is told."""
         with self._cond:
-            if state.done.is_set():
+            if state.ended:
                 return
+            state.ended = True
             state.error = state.error or message
-            state.data = None
+            state.data = state.pages = None
             state.staged.set()
-            state.done.set()
             self._rooms.pop(state.room, None)
             self._failed[state.room] = (state.error, time.monotonic())
             self.counters["kv_transfer_failures"] += 1
             self._cond.notify_all()
+        self._end(state)
 
     def reject(self, room: int, message: str) -> None:
         """The server refused the request of `room` before (or while) running it: its decode
@@ -190,42 +228,51 @@ class KVSender:
 
     def _send_room(self, conn: socket.socket, state: Room) -> None:
         start = time.perf_counter()
-        data = state.data
-        if data is None or state.meta is None:
+        data, pages = state.data, state.pages
+        if (data is None and pages is None) or state.meta is None:
             raise KVTransferError(f"room {state.room} holds no staged KV")
         try:
             if self.mooncake is not None:
-                self._offer_pages(conn, state.meta, data)
+                if pages is None:
+                    raise KVTransferError(f"room {state.room} holds no pool pages")
+                moved = self._offer_pages(conn, state.meta, pages)
             else:
+                assert data is not None
                 send(conn, Kind.META, state.meta)
                 for i in range(data.shape[0]):
                     send(conn, Kind.PAGE, {"index": i}, memoryview(data[i].numpy()))
                 send(conn, Kind.DONE, {})
                 expect(conn, Kind.ACK, "acknowledgement")
+                moved = data.numel()
         except (OSError, KVTransferError) as exc:
             raise KVTransferError(
                 f"the decode server disconnected during the transfer of room {state.room} ({exc})"
             ) from exc
         with self._cond:
-            state.data = None
+            if state.ended:  # ended meanwhile (the server is shutting down): pages released
+                raise KVTransferError(f"room {state.room}: {state.error}")
+            state.ended = True
+            state.data = state.pages = None
             self._rooms.pop(state.room, None)
             self.counters["kv_transfer_requests"] += 1
-            self.counters["kv_transfer_bytes"] += data.numel()
+            self.counters["kv_transfer_bytes"] += moved
+        if self.mooncake is not None:
+            try:  # the pages were held until the ACK: the decode server may use what it read
+                send(conn, Kind.DONE, {})
+            except OSError:
+                logger.warning("room %d: the decode server left before DONE", state.room)
+        with self._cond:
             self.counters["kv_transfer_s"] += time.perf_counter() - start
-            state.done.set()
+        self._end(state)
 
-    def _offer_pages(self, conn: socket.socket, meta: dict[str, Any], data: torch.Tensor) -> None:
-        """Mooncake: the pages go into registered memory and META says where; the decode
-        server reads them and acknowledges (an ERROR frame: its read failed)."""
+    def _offer_pages(self, conn: socket.socket, meta: dict[str, Any], pages: list[int]) -> int:
+        """Mooncake: META says where the room's pages lie in this pool; the decode server
+        reads them and acknowledges (an ERROR frame: its read failed); `_send_room` then
+        answers DONE: the pages were still held when the ACK came. Returns the bytes read."""
         assert self.mooncake is not None
-        staged = self.mooncake.expose(data) if data.numel() else None
-        try:
-            where = {"session": self.mooncake.session, "addrs": staged.addrs if staged else []}
-            send(conn, Kind.META, {**meta, "mooncake": where})
-            expect(conn, Kind.ACK, "acknowledgement")
-        finally:
-            if staged is not None:
-                self.mooncake.release(staged)
+        send(conn, Kind.META, {**meta, "mooncake": self.mooncake.offer(pages)})
+        ack = expect(conn, Kind.ACK, "acknowledgement")
+        return int(ack.get("pages", len(pages))) * self.layout.page_bytes
 
     def _expire_loop(self) -> None:
         """Rooms staged but never asked for: dropped after the timeout (their KV freed)."""

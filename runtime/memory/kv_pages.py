@@ -24,6 +24,19 @@ def _tensors(pool: KVPool) -> list[torch.Tensor]:
     return [pool.buffers[name][layer] for layer in range(layers) for name, _, _ in pool.layout]
 
 
+def pool_regions(pool: KVPool) -> list[tuple[int, int, int]]:
+    """Where every pool tensor lies, in wire order: `(address, bytes per page, bytes)`; page
+    `p` of tensor `i` is the `stride` bytes at `address + p * stride` (the tensors are
+    contiguous, `[num_pages, page_size, heads, dim]`). Pool-to-pool transfers (Mooncake)
+    register these once and address pages through them."""
+    out = []
+    for t in _tensors(pool):
+        if not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError("pool-to-pool transfers need contiguous host-memory pool tensors")
+        out.append((t.data_ptr(), t[0].numel() * t.element_size(), t.numel() * t.element_size()))
+    return out
+
+
 def read_pages(pool: KVPool, pages: list[int]) -> torch.Tensor:
     """A copy of `pages` as a `[len(pages), page_bytes]` uint8 tensor (one gather per layer
     tensor); the pool may reuse the pages as soon as this returns."""

@@ -3,7 +3,9 @@
 Such a request waits in the queue like any other (its constraint compiling meanwhile). The
 scheduler admits it through its one admission path (the radix cache's longest match of its
 prompt, pages for the rest); then `install_imported` writes the received pages into them, so
-its prefill is never computed here.
+its prefill is never computed here. A Mooncake transfer reads the pages straight into the
+pool instead: the scheduler admits such a request first (`Scheduler._admit_imported`, its
+pages "landing") and installs it once the read has ended.
 Then the tokens the prefill server sampled (the first one) are booked as if sampled in this
 engine: the matcher advances (and may jump forward), stop conditions apply, the stream gets
 them, and the next step decodes.
@@ -11,25 +13,30 @@ them, and the next step decodes.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from runtime.memory.kv_pages import write_pages
-from runtime.memory.radix_cache import MatchResult
 from runtime.scheduling.request import Request
 from runtime.scheduling.step_results import OutputContext, StepResult, after_new_token
 
 
-def install_imported(ctx: OutputContext, req: Request, match: MatchResult) -> StepResult:
-    """A request just admitted with `match` and pages up to its imported KV: write the received
-    pages into those past the match, book them as computed, then take the prefill server's
-    sampled token(s) as if sampled here. The scheduler applies the result."""
+def install_imported(ctx: OutputContext, req: Request, matched: int) -> StepResult:
+    """A request just admitted with `matched` tokens from the radix cache and pages up to its
+    imported KV: write the received pages into those past the match (unless the transfer read
+    them into the pool already), book them as computed, then take the prefill server's sampled
+    token(s) as if sampled here. The scheduler applies the result."""
     result = StepResult()
     kv = req.imported
     ps = ctx.pool.page_size
     tokens = kv.kv_tokens
-    first, last = match.length // ps, -(-tokens // ps)
-    if last > first:
+    first, last = matched // ps, -(-tokens // ps)
+    if last > first and kv.data is not None:
+        start = time.perf_counter()
         write_pages(ctx.pool, req.pages[first:last], kv.data[first:last])
+        if kv.note_copy is not None:
+            kv.note_copy(time.perf_counter() - start)
     req.imported = None  # the received copy is not needed any more
     req.computed = tokens
     req.prefill_done = req.computed == req.seq_len - 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 import queue
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,18 +27,38 @@ class Constraint(Protocol):
 class Handoff(Protocol):
     """A prefill server's room for this request's KV (disaggregation.modes.Ticket)."""
 
+    keeps_pages: bool  # staged in place: the pages stay held until `when_sent` calls back
+
     def stage(self, pool: KVPool, req: Request) -> None:
-        """Copy the request's KV out for the decode server (on the scheduler thread)."""
+        """Hand the request's KV to the room (on the scheduler thread)."""
         ...
+
+    def when_sent(self, callback: Callable[[], None]) -> None:
+        """`callback()` once the room has ended (from any thread)."""
+        ...
+
+
+class Landing(Protocol):
+    """Where a transfer reads a request's pages into the pool (disaggregation.modes.Landing)."""
+
+    state: str
+    error: Exception | None
+    pending: bool
+
+    def place(self, first: int, pages: list[int]) -> bool: ...
+
+    def end(self, error: Exception | None) -> None: ...
 
 
 class ImportedKV(Protocol):
     """KV that arrived from a prefill server (disaggregation.receiver.ReceivedKV)."""
 
-    kv_tokens: int  # positions 0 .. kv_tokens - 1 have K/V in `data`
-    data: torch.Tensor  # [num_pages, page_bytes] uint8
+    kv_tokens: int  # positions 0 .. kv_tokens - 1 have K/V in `data` (or in the pool)
+    data: torch.Tensor | None  # [num_pages, page_bytes] uint8; None: read into the pool
     logprobs: list[float] | None
     top_logprobs: list[dict[int, float]] | None
+    landing: Landing | None  # mooncake: the pages are read into the pool once placed
+    note_copy: Callable[[float], None] | None  # seconds the copy into the pool took
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from runtime.attention.forward_batch import ForwardBatch
-from runtime.errors import PromptTooLongError, WorkerError
+from runtime.errors import KVTransferError, PromptTooLongError, WorkerError
 from runtime.memory.hicache import HiCache
 from runtime.memory.kv_pool import KVPool
 from runtime.memory.pages import PageBook
@@ -70,6 +70,10 @@ class Scheduler:
         self.hooks = hooks  # constrained decoding; None when unused
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # decode side, mooncake: admitted, pages allocated, the transfer reading into them
+        self.landing: list[Request] = []
+        # prefill side, mooncake: finished, their pages held until the decode server read them
+        self.held: list[Request] = []
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.generator = torch.Generator().manual_seed(0)
         self.counters = dict.fromkeys(
@@ -97,6 +101,14 @@ class Scheduler:
         req.aborted = True
         self.inbox.put(("abort", req))
 
+    def wake(self) -> None:
+        """Something a step waits for happened elsewhere (a transfer ended): look again."""
+        self.inbox.put(("wake", None))
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the scheduler thread between steps, without waiting for it."""
+        self.inbox.put(("post", fn))
+
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the scheduler thread between steps and return its result."""
         done: queue.SimpleQueue = queue.SimpleQueue()
@@ -118,7 +130,7 @@ class Scheduler:
     # ---- the loop --------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop:
-            if not self.waiting and not self.running:
+            if not self.waiting and not self.running and not self.landing:
                 self._handle(self.inbox.get())  # idle: sleep until something arrives
             while True:
                 try:
@@ -147,7 +159,7 @@ class Scheduler:
             except Exception as exc:  # a bug or a bad input must not kill the engine
                 logger.exception("scheduler step failed; aborting the requests in flight")
                 self._abort_all(exc)
-        for req in list(self.running) + list(self.waiting):
+        for req in list(self.running) + list(self.waiting) + list(self.landing):
             req.error = RuntimeError("engine shut down")
             self.finish(req, "abort")
 
@@ -200,6 +212,11 @@ class Scheduler:
             self._reap_aborted()
         elif kind == "wake":  # a compile ended
             self._reap_refused()
+        elif kind == "post":
+            try:
+                payload()
+            except Exception:
+                logger.exception("a posted scheduler task failed")
         elif kind == "call":
             fn, done = payload
             try:
@@ -290,6 +307,8 @@ class Scheduler:
 
     def plan_step(self) -> StepPlan | None:
         """Who decodes, who extends by how much, who is admitted; None when nothing can run."""
+        if self.landing:
+            self._land()  # transfers that ended: decode from here, or end with the error
         if self.waiting and any(r.imported is not None for r in self.waiting):
             self._admit_imported()  # KV that arrived from a prefill server: no prefill here
         plan = StepPlan()
@@ -366,15 +385,44 @@ class Scheduler:
         """Admit the waiting requests that carry transferred KV, oldest first, while room
         lasts: the same admission as any request, then their pages are written in."""
         for req in [r for r in self.waiting if r.imported is not None]:
-            if len(self.running) >= self.max_running:
+            landing = req.imported.landing
+            if landing is not None and not landing.pending:  # the transfer gave up waiting
+                self.waiting.remove(req)
+                req.error = landing.error
+                self._deliver_finished(req, "abort")
+                continue
+            if len(self.running) + len(self.landing) >= self.max_running:
                 return
             if not self.constraint_ready(req):
                 continue
             tokens = req.imported.kv_tokens
             match = self.book.match(req.seq, tokens)
+            if landing is not None:  # mooncake: pages first, the read fills them
+                if not self.book.admit(req, match, tokens + 1):
+                    return
+                self.waiting.remove(req)
+                self.landing.append(req)
+                first, last = match.length // self.page_size, -(-tokens // self.page_size)
+                if not landing.place(first, req.pages[first:last]):
+                    self._land()  # it gave up meanwhile: free them now
+                continue
             if not self._admit_request(req, match, tokens + 1):
                 return  # the pool is full: try again after a step has freed pages
-            self._apply(install_imported(self._outputs, req, match))
+            self._apply(install_imported(self._outputs, req, match.length))
+
+    def _land(self) -> None:
+        """Landing requests whose read has ended: those that got their KV run from their first
+        token; the others give their pages back and end with the transfer's error."""
+        for req in [r for r in self.landing if not r.imported.landing.pending]:
+            self.landing.remove(req)
+            landing = req.imported.landing
+            if landing.state != "landed" or req.aborted:
+                self.book.release(req)  # nothing past the radix cache's prefix was booked
+                req.error = landing.error if landing.state != "landed" else req.error
+                self._deliver_finished(req, "abort")
+                continue
+            self._enter_running(req, req.cached)
+            self._apply(install_imported(self._outputs, req, req.cached))
 
     def _admit_request(self, req: Request, match: MatchResult, upto: int) -> bool:
         """The one admission path (plain and imported requests): pages for positions up to
@@ -383,14 +431,17 @@ class Scheduler:
         if not self.book.admit(req, match, upto):
             return False
         self.waiting.remove(req)
+        self._enter_running(req, match.length)
+        return True
+
+    def _enter_running(self, req: Request, matched: int) -> None:
         req.status = Status.RUNNING
         self._admit_clock += 1
         req.admit_order = self._admit_clock
         if req.cached_tokens_at_admission is None:
-            req.cached_tokens_at_admission = match.length
-        self.counters["prefill_cached"] += match.length
+            req.cached_tokens_at_admission = matched
+        self.counters["prefill_cached"] += matched
         self.running.append(req)
-        return True
 
     def constraint_ready(self, req: Request) -> bool:
         """Whether a waiting request may be admitted: True unless its constraint is still
@@ -430,11 +481,28 @@ class Scheduler:
 
     def finish(self, req: Request, reason: str) -> None:
         if req in self.running:
-            self.book.release(req)
             self.running.remove(req)
+            if req.handoff is not None and req.handoff.keeps_pages:
+                self._hold(req)
+            else:
+                self.book.release(req)
         self._deliver_finished(req, reason)
 
+    def _hold(self, req: Request) -> None:
+        """Prefill side, mooncake: the decode server reads the finished request's pages where
+        they are, so they stay its own until the room has ended (read, failed, timed out)."""
+        self.held.append(req)
+
+        def release() -> None:
+            if req in self.held:
+                self.held.remove(req)
+                self.book.release(req)
+
+        req.handoff.when_sent(lambda: self.post(release))
+
     def _deliver_finished(self, req: Request, reason: str) -> None:
+        if req.imported is not None and req.imported.landing is not None:
+            req.imported.landing.end(KVTransferError(f"the request ended ({reason})"))
         req.finish_reason = req.finish_reason or reason
         if reason == "abort":
             req.finish_reason = "abort"
@@ -450,4 +518,4 @@ class Scheduler:
             req.outbox.put(req.to_result())
 
     def check_integrity(self) -> None:
-        self.book.check_integrity(self.running)
+        self.book.check_integrity(self.running + self.landing + self.held)
