@@ -22,8 +22,10 @@ The setups alternate `repeats` times (the machine is shared); the table shows me
 
 PD: a prefill and a decode engine in this process move `pd-prompts` prompts of ~`pd-tokens`
 tokens over loopback with `disaggregation_transfer_backend` tcp and mooncake (when installed);
-the figure is the decode side's `kv_transfer_s` per 1,000 tokens of KV (from the first page to
-the acknowledgement, the wait for the prefill excluded).
+per 1,000 tokens of KV: the wire (the decode side's `kv_transfer_s`: from the first page to
+the acknowledgement, the wait for the prefill and for pool pages excluded), the copies
+(`kv_transfer_copy_s` of both sides: tcp copies the pages out of the prefill pool and into the
+decode pool; mooncake reads pool to pool and copies nothing), and their sum.
 """
 
 from __future__ import annotations
@@ -105,8 +107,9 @@ def run_sessions(setup: str, args: argparse.Namespace, pool_tokens: int, folder:
     return out
 
 
-def pd_transfer(args: argparse.Namespace, backend: str) -> float:
-    """The decode side's transfer seconds per 1,000 tokens of KV with `backend`."""
+def pd_transfer(args: argparse.Namespace, backend: str) -> tuple[float, float]:
+    """Seconds per 1,000 tokens of KV with `backend`: on the wire (decode side), and copying
+    pages out of and into the pools (both sides)."""
     kw = dict(page_size=args.page_size, disaggregation_timeout_s=120,
               disaggregation_transfer_backend=backend)  # fmt: skip
     rooms = itertools.count(1)
@@ -124,9 +127,10 @@ def pd_transfer(args: argparse.Namespace, backend: str) -> float:
             t.start()
             dec.generate(prompt, max_new_tokens=2, **boot)
             t.join()
-        s = dec.stats()
+        s, p = dec.stats(), pre.stats()
     tokens = s["kv_transfer_bytes"] / s["kv_bytes_per_token"]
-    return s["kv_transfer_s"] / tokens * 1000
+    copies = s["kv_transfer_copy_s"] + p["kv_transfer_copy_s"]
+    return s["kv_transfer_s"] / tokens * 1000, copies / tokens * 1000
 
 
 def mooncake_installed() -> bool:
@@ -174,18 +178,25 @@ def main() -> None:
         report_sessions(args, runs, final, pool_tokens)
     if "pd" not in args.skip:
         backends = [b for b in args.pd_backends if b != "mooncake" or mooncake_installed()]
-        per_k = {b: [] for b in backends}
+        per_k: dict[str, list[tuple[float, float]]] = {b: [] for b in backends}
         for _ in range(args.repeats):
             for b in backends:
                 per_k[b].append(pd_transfer(args, b))
-                print(f"  pd {b}: {per_k[b][-1] * 1e3:.1f} ms / 1k tokens", file=sys.stderr)
+                wire, copies = per_k[b][-1]
+                print(f"  pd {b}: wire {wire * 1e3:.1f} + copies {copies * 1e3:.1f} ms / 1k "
+                      "tokens", file=sys.stderr)  # fmt: skip
         print(f"\nPD KV transfer, {args.pd_prompts} prompts x ~{args.pd_tokens} tokens over "
-              "loopback (decode side, first page to acknowledgement; median of "
-              f"{args.repeats}):\n")  # fmt: skip
-        print("| transfer backend | ms per 1,000 tokens of KV |")
-        print("|---|---:|")
+              "loopback, ms per 1,000 tokens of KV (wire: decode side, first page to "
+              "acknowledgement; copies: out of the prefill pool and into the decode pool); "
+              f"median of {args.repeats}:\n")  # fmt: skip
+        print("| transfer backend | wire | copies | wire + copies | runs (wire + copies) |")
+        print("|---|---:|---:|---:|---|")
         for b, values in per_k.items():
-            print(f"| {b} | {statistics.median(values) * 1e3:.1f} |")
+            med = statistics.median
+            runs = ", ".join(f"{(w + c) * 1e3:.1f}" for w, c in values)
+            print(f"| {b} | {med(w for w, _ in values) * 1e3:.1f} | "
+                  f"{med(c for _, c in values) * 1e3:.1f} | "
+                  f"{med(w + c for w, c in values) * 1e3:.1f} | {runs} |")  # fmt: skip
         if "mooncake" in args.pd_backends and "mooncake" not in per_k:
             print("\n(mooncake: not installed here)")
     print(f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f}")

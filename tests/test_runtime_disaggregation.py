@@ -391,6 +391,9 @@ def test_mooncake_pieces_are_runs_of_pages_per_pool_tensor():
     assert dst == [1050, 1090, 5050, 5090]
     assert src == [210, 240, 610, 640]
     assert lengths == [30, 10, 30, 10]
+    # falling runs (as the pool hands pages out): 8, 7, 6 <- 3, 2, 1 is pages 6-8 <- 1-3
+    dst, src, lengths = pieces(regions[:1], [200], mine=[8, 7, 6, 2, 3], theirs=[3, 2, 1, 9, 8])
+    assert (dst, src, lengths) == ([1060, 1020, 1030], [210, 290, 280], [30, 10, 10])
     assert pieces(regions, [200, 600], mine=[], theirs=[]) == ([], [], [])
 
 

@@ -75,22 +75,26 @@ def pieces(
 ) -> tuple[list[int], list[int], list[int]]:
     """The (local address, remote address, length) of every piece that moves pages `theirs`
     of the peer's pool into pages `mine` of ours: per pool tensor, one piece per run of pages
-    consecutive on both sides. `local`: our regions (`pool_regions`); `remote`: the peer's
-    region addresses, in the same order (equal layouts: equal strides)."""
-    runs: list[list[int]] = []  # [our first page, their first page, pages]
+    consecutive on both sides, rising or falling alike (the pool hands pages out falling).
+    `local`: our regions (`pool_regions`); `remote`: the peer's region addresses, in the same
+    order (equal layouts: equal strides)."""
+    runs: list[list[int]] = []  # [our first page, their first page, pages, step +1 / -1]
     for a, b in zip(mine, theirs, strict=True):
-        last = runs[-1] if runs else None
-        if last and last[0] + last[2] == a and last[1] + last[2] == b:
-            last[2] += 1
-        else:
-            runs.append([a, b, 1])
+        if runs:
+            a0, b0, n, step = runs[-1]
+            d = a - (a0 + step * (n - 1))
+            if d == b - (b0 + step * (n - 1)) and d in (1, -1) and (n == 1 or d == step):
+                runs[-1][2:] = [n + 1, d]
+                continue
+        runs.append([a, b, 1, 1])
     dst: list[int] = []
     src: list[int] = []
     lengths: list[int] = []
     for (base, stride, _), theirs_base in zip(local, remote, strict=True):
-        for a, b, n in runs:
-            dst.append(base + a * stride)
-            src.append(theirs_base + b * stride)
+        for a, b, n, step in runs:
+            low = 0 if step == 1 else n - 1  # the run's lowest page on both sides
+            dst.append(base + (a - low) * stride)
+            src.append(theirs_base + (b - low) * stride)
             lengths.append(n * stride)
     return dst, src, lengths
 
