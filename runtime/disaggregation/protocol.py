@@ -10,6 +10,11 @@ The decode server connects to the prefill server's bootstrap port and pulls one 
     prefill -> decode    DONE {}
     decode  -> prefill   ACK {}                           the prefill side may now forget it
 
+With the `mooncake` backend (mooncake.py) META also carries `mooncake: {session, bases,
+pages}` (where the pages lie in the prefill pool), no PAGE frames follow: the decode server
+reads the pages itself, then sends ACK {pages} and waits for DONE (the prefill side held
+them until the ACK) or ERROR.
+
 Every frame is `MAGIC kind:u8 header_len:u32 payload_len:u64`, a JSON header, then the payload
 (only PAGE frames carry one). A page is every layer's KV of `page_size` tokens in the pool's
 dtype (`runtime.memory.kv_pages`); the layout sent at registration must equal the prefill
