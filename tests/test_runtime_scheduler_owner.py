@@ -77,8 +77,11 @@ def test_imported_and_plain_admissions_share_one_path():
             }
     assert "self._admit_request" in calls["_admit"]
     assert "self._admit_request" in calls["_admit_imported"]
-    # only the one path moves a request into `running`
-    assert [name for name, c in calls.items() if "self.running.append" in c] == ["_admit_request"]
+    # only the one path moves a request into `running`: admission, or (a Mooncake transfer's
+    # request, admitted by that same path into `landing`) once its pages have landed
+    assert [name for name, c in calls.items() if "self.running.append" in c] == ["_enter_running"]
+    entering = {name for name, c in calls.items() if "self._enter_running" in c}
+    assert entering == {"_admit_request", "_land"}
 
 
 @pytest.mark.parametrize("name", ["step_results", "overlap", "handoff", "constrained"])

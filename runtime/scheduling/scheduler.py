@@ -397,17 +397,13 @@ class Scheduler:
                 continue
             tokens = req.imported.kv_tokens
             match = self.book.match(req.seq, tokens)
-            if landing is not None:  # mooncake: pages first, the read fills them
-                if not self.book.admit(req, match, tokens + 1):
-                    return
-                self.waiting.remove(req)
-                self.landing.append(req)
+            if not self._admit_request(req, match, tokens + 1, landing=landing is not None):
+                return  # the pool is full: try again after a step has freed pages
+            if landing is not None:  # mooncake: the pages first, then the read fills them
                 first, last = match.length // self.page_size, -(-tokens // self.page_size)
                 if not landing.place(first, req.pages[first:last]):
                     self._land()  # it gave up meanwhile: free them now
                 continue
-            if not self._admit_request(req, match, tokens + 1):
-                return  # the pool is full: try again after a step has freed pages
             self._apply(install_imported(self._outputs, req, match.length))
 
     def _land(self) -> None:
@@ -424,14 +420,20 @@ class Scheduler:
             self._enter_running(req, req.cached)
             self._apply(install_imported(self._outputs, req, req.cached))
 
-    def _admit_request(self, req: Request, match: MatchResult, upto: int) -> bool:
+    def _admit_request(
+        self, req: Request, match: MatchResult, upto: int, landing: bool = False
+    ) -> bool:
         """The one admission path (plain and imported requests): pages for positions up to
-        `upto` after the cached `match`, then the request moves from waiting to running.
-        False (nothing changed) when the pool has no room."""
+        `upto` after the cached `match`, then the request moves from waiting to running (or,
+        `landing`, to `self.landing` until a transfer has filled the pages: `_land`). False
+        (nothing changed) when the pool has no room."""
         if not self.book.admit(req, match, upto):
             return False
         self.waiting.remove(req)
-        self._enter_running(req, match.length)
+        if landing:
+            self.landing.append(req)
+        else:
+            self._enter_running(req, match.length)
         return True
 
     def _enter_running(self, req: Request, matched: int) -> None:
