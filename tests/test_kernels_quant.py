@@ -89,13 +89,15 @@ def test_portable_build_gives_the_simd_builds_bits(name):
         assert torch.equal(simd, portable), rows
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q6_K"])
 def test_each_row_is_the_same_whatever_the_batch_and_threads(name):
+    # 21 rows: the packed kernels share each unpacked block among 16 rows, then 5
     _, w = random_weight(name, 96, 768, seed=3)
-    x = torch.randn(7, 768)
+    x = torch.randn(21, 768)
     together = cpu_quant.linear(x, w, threads=2)
-    alone = torch.cat([cpu_quant.linear(x[i : i + 1], w, threads=1) for i in range(7)])
+    alone = torch.cat([cpu_quant.linear(x[i : i + 1], w, threads=1) for i in range(21)])
     assert torch.equal(together, alone)
+    assert torch.equal(cpu_quant.linear(x[:7], w), together[:7])
 
 
 def test_bf16_inputs_bias_and_output_dtype():

@@ -629,6 +629,84 @@ struct pk_x { /* one product's quantized inputs, rows * cols / 32 blocks */
     const int32_t *sq;
 };
 
+#ifdef Q_AVX2
+#define PK_MROWS 16 /* input rows that share one unpacking of a group's blocks */
+
+/* pk_group for input rows m0 .. m0 + mt - 1 (mt <= PK_MROWS) at once: each block of the group
+   is unpacked once for all of them (Q4: the nibbles; Q8_0: the int16 widening), then each row
+   does exactly pk_group's arithmetic (the same integer sums, the same float operations in the
+   same order: the same bits as one row alone). */
+Q_INLINE void pk_group_rows(const int t, const uint8_t *gp, int64_t nb, const struct pk_x *x,
+                            int64_t cols, int64_t m0, int64_t mt, float *y, int64_t ldy,
+                            int64_t r) {
+    const int gbytes = 8 * q_bytes(t), head = pk_head(t);
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 acc[PK_MROWS], mins[PK_MROWS];
+    for (int64_t i = 0; i < mt; i++) acc[i] = mins[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < nb; k++) {
+        const uint8_t *b = gp + k * gbytes;
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+        __m256 mw = t == T_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)))
+                                : _mm256_setzero_ps();
+        __m256i wv[16]; /* Q4: u0 of part c in wv[c], u1 in wv[4 + c]; Q8_0: part c widened */
+        if (t == T_Q8_0) {
+            for (int c = 0; c < 16; c++)
+                wv[c] = _mm256_cvtepi8_epi16(
+                    _mm_loadu_si128((const __m128i *)(b + head + 16 * c)));
+        } else {
+            for (int c = 0; c < 4; c++) {
+                __m256i p = _mm256_loadu_si256((const __m256i *)(b + head + 32 * c));
+                wv[c] = _mm256_and_si256(p, low);
+                wv[4 + c] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+            }
+        }
+        for (int64_t i = 0; i < mt; i++) {
+            int64_t m = m0 + i, o = m * cols + k * 32, ob = m * (cols / 32) + k;
+            __m256i s;
+            if (t == T_Q8_0) {
+                const int16_t *q = x->q + o;
+                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+                for (int c = 0; c < 16; c += 2) {
+                    int32_t x0, x1;
+                    memcpy(&x0, q + 2 * c, 4);
+                    memcpy(&x1, q + 2 * c + 2, 4);
+                    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(wv[c], _mm256_set1_epi32(x0)));
+                    s1 = _mm256_add_epi32(s1,
+                                          _mm256_madd_epi16(wv[c + 1], _mm256_set1_epi32(x1)));
+                }
+                s = _mm256_add_epi32(s0, s1);
+            } else {
+                const int8_t *h = x->h + o;
+                const uint8_t *l = x->l + o;
+                __m256i hs = _mm256_setzero_si256(), l0 = hs, l1 = hs;
+                for (int c = 0; c < 4; c++) {
+                    int32_t h0, h1, v0, v1;
+                    memcpy(&h0, h + 4 * c, 4);
+                    memcpy(&h1, h + 16 + 4 * c, 4);
+                    memcpy(&v0, l + 4 * c, 4);
+                    memcpy(&v1, l + 16 + 4 * c, 4);
+                    __m256i bh0 = _mm256_set1_epi32(h0), bh1 = _mm256_set1_epi32(h1);
+                    __m256i bl0 = _mm256_set1_epi32(v0), bl1 = _mm256_set1_epi32(v1);
+                    hs = _mm256_add_epi16(hs, _mm256_maddubs_epi16(wv[c], bh0));
+                    hs = _mm256_add_epi16(hs, _mm256_maddubs_epi16(wv[4 + c], bh1));
+                    l0 = _mm256_add_epi16(l0, _mm256_maddubs_epi16(bl0, wv[c]));
+                    l1 = _mm256_add_epi16(l1, _mm256_maddubs_epi16(bl1, wv[4 + c]));
+                }
+                s = _mm256_slli_epi32(_mm256_madd_epi16(hs, ones), 8);
+                s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_madd_epi16(l0, ones),
+                                                         _mm256_madd_epi16(l1, ones)));
+                if (t == T_Q4_0) s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * x->sq[ob]));
+            }
+            __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(x->d[ob]));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[i]);
+            if (t == T_Q4_1) mins[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x->s[ob]), mins[i]);
+        }
+    }
+    for (int64_t i = 0; i < mt; i++)
+        _mm256_storeu_ps(y + (m0 + i) * ldy + r, _mm256_add_ps(acc[i], mins[i]));
+}
+#endif
+
 /* weight rows [r0, r1) (r0 a multiple of 8) of a packed matrix against every input row */
 Q_INLINE void pk_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64_t rows,
                          int64_t cols, const struct pk_x *x, int64_t m_rows, float *y,
@@ -636,13 +714,16 @@ Q_INLINE void pk_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64
     int64_t nb = cols / 32, r = r0;
 #ifdef Q_AVX2
     float out[8];
-    for (; r + 8 <= r1 && r + 8 <= rows / 8 * 8; r += 8)
-        for (int64_t m = 0; m < m_rows; m++) {
-            int64_t o = m * cols, ob = m * nb;
-            pk_group(t, w + r * row_bytes, nb, x->q + o, x->h + o, x->l + o, x->d + ob,
-                     x->s + ob, x->sq + ob, out);
-            memcpy(y + m * ldy + r, out, sizeof out);
+    for (; r + 8 <= r1 && r + 8 <= rows / 8 * 8; r += 8) {
+        if (m_rows > 1) { /* the group's blocks unpacked once for up to PK_MROWS rows */
+            for (int64_t m0 = 0; m0 < m_rows; m0 += PK_MROWS)
+                pk_group_rows(t, w + r * row_bytes, nb, x, cols, m0,
+                              m_rows - m0 < PK_MROWS ? m_rows - m0 : PK_MROWS, y, ldy, r);
+            continue;
         }
+        pk_group(t, w + r * row_bytes, nb, x->q, x->h, x->l, x->d, x->s, x->sq, out);
+        memcpy(y + r, out, sizeof out);
+    }
 #endif
     for (; r < r1; r++)
         for (int64_t m = 0; m < m_rows; m++)
