@@ -59,6 +59,37 @@ def test_decode_attention_matches_the_reference(dtype, lens, heads, kv_heads, he
     assert torch.equal(got[seq_lens == 0], torch.zeros_like(got[seq_lens == 0]))
 
 
+def test_decode_attention_over_the_quantized_kernels_pool_gives_the_same_bits():
+    # with the quantized kernels loaded, several requests split over their pool, not OpenMP
+    import ctypes
+
+    from runtime.kernels import cpu_quant
+
+    lib = cpu_quant.library()
+    if lib is None:
+        pytest.skip("no quantized kernels")
+    lens, heads, kv_heads, d, ps = [37, 5, 80, 1, 16, 33], 9, 3, 64, 16
+    k_pool = _rand(40, ps, kv_heads, d, dtype=torch.bfloat16, seed=21)
+    v_pool = _rand(40, ps, kv_heads, d, dtype=torch.bfloat16, seed=22)
+    table = (torch.arange(36).view(6, 6) + 1).to(torch.int32)
+    rows = cpu_fused.DecodeRows.of(table, torch.tensor(lens))
+    q = _rand(6, heads, d, dtype=torch.bfloat16, seed=23)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        pooled = cpu_fused.decode_attention(q, k_pool, v_pool, rows, 0.125)
+        cpu_fused.run_attention_on(None)
+        openmp = cpu_fused.decode_attention(q, k_pool, v_pool, rows, 0.125)
+    finally:
+        cpu_fused.run_attention_on(ctypes.cast(lib.q_pool_run, ctypes.c_void_p).value)
+        torch.set_num_threads(threads)
+    alone = [cpu_fused.decode_attention(q[i : i + 1], k_pool, v_pool,
+                                        cpu_fused.DecodeRows.of(table[i : i + 1],
+                                                                torch.tensor(lens[i : i + 1])),
+                                        0.125) for i in range(6)]  # fmt: skip
+    assert torch.equal(pooled, openmp) and torch.equal(pooled, torch.cat(alone))
+
+
 def test_decode_attention_rejects_heads_that_do_not_group():
     pool = torch.zeros(2, 4, 3, 8)
     rows = cpu_fused.DecodeRows.of(torch.ones(1, 1), torch.ones(1))

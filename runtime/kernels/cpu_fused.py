@@ -76,6 +76,7 @@ _ONE_TYPE = {  # name: (argtypes, restype), one C function each (cpu_gemv.py)
     "gemv_bf16_wide": ([_PTR, _PTR, _PTR, _I64, _I64, _I64], None),
     "argmax_f32": ([_PTR, _I64], _I64),
     "release_openmp_team": ([], ctypes.c_int),
+    "set_attention_runner": ([_PTR], None),
 }
 
 # (kernel, dtype) -> C; dtype None: the functions of one type; (kernel, dtype, fp8 dtype):
@@ -360,6 +361,17 @@ def argmax_row(logits: torch.Tensor) -> torch.Tensor:
         raise ValueError("argmax of an empty row")
     logits = logits.contiguous()
     return torch.tensor([_fn("argmax_f32", None)(logits.data_ptr(), logits.shape[1])])
+
+
+def run_attention_on(runner: int | None) -> bool:
+    """Split decode attention's requests over `runner` (the address of a C function
+    `runner(fn, args, parts)`, another library's thread pool) instead of OpenMP; None: OpenMP
+    again. False where the kernels are not built. Each request's result is the same either
+    way."""
+    if _load() is None:
+        return False
+    _fn("set_attention_runner", None)(runner)
+    return True
 
 
 def release_openmp_team() -> bool:

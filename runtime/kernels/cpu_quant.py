@@ -27,7 +27,7 @@ import torch
 
 from grammar.native_build import Unit, load_library
 from runtime.errors import UnsupportedModelError
-from runtime.kernels import cpu_pool
+from runtime.kernels import cpu_fused, cpu_pool
 from runtime.kernels.cpu_source import PRELUDE
 from runtime.kernels.quant_source import SOURCE as _QUANT_SOURCE
 
@@ -69,6 +69,7 @@ _SIGNATURES = {
     "q_embedding": ([_I32, _I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _PTR], _I32),
     "q_repack": ([_I32, _PTR, _I64, _I64, _I64, _I32, _PTR], _I32),
     "q_uses_int": ([_I32], _I32),
+    "q_pool_run": ([_PTR, _PTR, _I32], None),
 }
 
 _libs: dict[bool, ctypes.CDLL | None] = {}
@@ -93,6 +94,10 @@ def library(portable: bool = False) -> ctypes.CDLL | None:
             logger.warning("quantized CPU kernels unavailable: %s", exc)
             lib = None
         _libs[portable] = lib
+        if lib is not None and not portable and cpu_fused.available(torch.float32):
+            # decode attention (several requests) splits over this library's pool: the
+            # projections' spinning worker, not a second team of OpenMP threads beside it
+            cpu_fused.run_attention_on(ctypes.cast(lib.q_pool_run, ctypes.c_void_p).value)
         return lib
 
 
@@ -152,6 +157,9 @@ class QuantTensor:
     qtype: int
     cols: int
     packed: bool = False
+    # q_matmul's leading arguments (type, packed, pointer, row bytes, rows, cols), set by the
+    # first fast product once `data` is final (packed, or a format that stays as stored)
+    head: tuple = ()
 
     def __post_init__(self) -> None:
         _, block, _ = TYPES[self.qtype]
@@ -374,16 +382,18 @@ def _linear_fast(
     if not rows or rows >= DENSE_ROWS or cols != w.cols or not x.is_contiguous():
         return None
     lib = _libs.get(False) or _lib()
-    if not w.packed:
+    head = w.head
+    if not head:
         w.pack()
-    out = w.data.shape[0]
+        d = w.data
+        head = w.head = (w.qtype, int(w.packed), d.data_ptr(), d.shape[1], d.shape[0], cols)
+    out = head[4]
     bf16 = x.dtype == torch.bfloat16
     y_bf16 = bf16 and not float_out
     y = torch.empty((rows, out), dtype=torch.bfloat16 if y_bf16 else torch.float32)
-    scratch = _scratch.get(_scratch_bytes(w.qtype, rows, cols, bf16, out if y_bf16 else 0, swiglu))
-    rc = lib.q_matmul(w.qtype, int(w.packed), w.data.data_ptr(), w.data.shape[1], out, cols,
-                      x.data_ptr(), int(bf16), rows, y.data_ptr(), out, int(y_bf16), scratch,
-                      0, int(swiglu))  # fmt: skip
+    scratch = _scratch.get(_scratch_bytes(head[0], rows, cols, bf16, out if y_bf16 else 0, swiglu))
+    rc = lib.q_matmul(*head, x.data_ptr(), bf16, rows, y.data_ptr(), out, y_bf16, scratch, 0,
+                      swiglu)  # fmt: skip
     if rc:
         raise UnsupportedModelError(f"no product for {type_name(w.qtype)} weights, {cols} columns")
     return y

@@ -206,6 +206,13 @@ FAST_PRELUDE = r"""
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+/* Another library's thread pool that decode attention splits its requests over instead of
+   OpenMP (set_attention_runner; NULL: OpenMP): a quantized model's projections run on the
+   quantized kernels' pool, whose worker spins between jobs, and an OpenMP team beside it
+   would want the same cores. */
+typedef void (*par_fn)(void *args, int part, int parts);
+typedef void (*par_runner)(par_fn fn, void *args, int parts);
+static par_runner attention_runner;
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
 #define HAVE_VECTORS 1
 typedef float v16f __attribute__((vector_size(64)));
@@ -455,11 +462,34 @@ static void attend_rows_SUF(const T_ *q, const KV_ *k_pool, const KV_ *v_pool,
     free(qf);
 }
 
+struct attend_job_SUF {
+    const T_ *q;
+    const KV_ *k_pool, *v_pool;
+    const int32_t *table, *lens;
+    int64_t table_stride, b, hq, hkv, d, ps, num_pages;
+    float scale;
+    T_ *out;
+};
+
+static void attend_part_SUF(void *p, int part, int parts) { /* a contiguous run of requests */
+    const struct attend_job_SUF *j = p;
+    attend_rows_SUF(j->q, j->k_pool, j->v_pool, j->table, j->table_stride, j->lens,
+                    j->b * part / parts, j->b * (part + 1) / parts, j->hq, j->hkv, j->d, j->ps,
+                    j->num_pages, j->scale, j->out);
+}
+
 void decode_attention_SUF(const T_ *q, const KV_ *k_pool, const KV_ *v_pool, const int32_t *table,
                           int64_t table_stride, const int32_t *lens, int64_t b, int64_t hq,
                           int64_t hkv, int64_t d, int64_t ps, int64_t num_pages, float scale,
                           T_ *out) {
 #ifdef _OPENMP
+    if (b > 1 && attention_runner && omp_get_max_threads() > 1) {
+        struct attend_job_SUF j = {q, k_pool, v_pool, table, lens, table_stride, b, hq, hkv, d,
+                                   ps, num_pages, scale, out};
+        int parts = omp_get_max_threads();
+        attention_runner(attend_part_SUF, &j, parts < b ? parts : (int)b);
+        return;
+    }
     /* OpenMP is torch's own runtime here, so this follows torch's thread count: each thread
        takes a contiguous run of requests */
     if (b > 1 && omp_get_max_threads() > 1) {
@@ -478,6 +508,8 @@ void decode_attention_SUF(const T_ *q, const KV_ *k_pool, const KV_ *v_pool, con
 """
 
 ROPE_STEP = r"""
+void set_attention_runner(par_runner runner) { attention_runner = runner; }
+
 /* what stays the same for every layer of a decode-only step (rope_decode; cpu_fused.RopeStep) */
 struct rope_decode_step {
     const void *cos, *sin;

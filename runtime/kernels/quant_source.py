@@ -560,6 +560,7 @@ static float pk_row(int t, int packed, const uint8_t *w, int64_t row_bytes, int6
 }
 
 #ifdef Q_AVX2
+#define PK_AHEAD 1024
 /* 8 weight rows (group at gp) against one input row: y[0..7] */
 Q_INLINE void pk_group(const int t, const uint8_t *gp, int64_t nb, const int16_t *xq,
                        const int8_t *xh, const uint8_t *xl, const float *xd, const float *xs,
@@ -569,6 +570,11 @@ Q_INLINE void pk_group(const int t, const uint8_t *gp, int64_t nb, const int16_t
     __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
     for (int64_t k = 0; k < nb; k++) {
         const uint8_t *b = gp + k * gbytes;
+        /* the stream PK_AHEAD bytes on (this group's later blocks, then the next group's: a
+           thread's groups are one contiguous run) requested now, so that a one-row product
+           (bandwidth-bound) keeps more loads from memory in flight */
+        for (int o = 0; o < gbytes; o += 64)
+            _mm_prefetch((const char *)b + PK_AHEAD + o, _MM_HINT_T0);
         __m256i s;
         if (t == T_Q8_0) {
             const int16_t *q = xq + k * 32;
@@ -907,6 +913,10 @@ static void swiglu_rows(const void *x, int x_bf16, int64_t rows, int64_t cols, f
             for (j = 0; j < cols; j++) a[j] = a[j] * xf[cols + j];
     }
 }
+
+/* the pool for other libraries' kernels (cpu_fused's decode attention): fn(args, part, parts)
+   over the threads that run the quantized products */
+void q_pool_run(pool_fn fn, void *args, int parts) { pool_run(fn, args, parts); }
 
 /* whether type t takes the integer path */
 int q_uses_int(int t) {
