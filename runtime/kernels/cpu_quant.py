@@ -382,8 +382,8 @@ def _linear_fast(
     if not rows or rows >= DENSE_ROWS or cols != w.cols or not x.is_contiguous():
         return None
     lib = _libs.get(False) or _lib()
-    head = w.head
-    if not head:
+    head, d = w.head, w.data
+    if not head or head[2] != d.data_ptr():  # a copy of the weight (pickled, ...) checks anew
         w.pack()
         d = w.data
         head = w.head = (w.qtype, int(w.packed), d.data_ptr(), d.shape[1], d.shape[0], cols)
