@@ -124,3 +124,8 @@ def build_tiny_llama(folder: Path, seed: int = 0) -> Path:
 
 
 ENGINE_KWARGS = {"mem_budget_gb": 0.25}
+# the SGLang test programs the heavy tests run on the default model (the tiny model runs all of
+# them, structurally): one of each kind, short (the whole set took ~150 s on 2 cores)
+ON_THE_DEFAULT_MODEL = ("few_shot_qa", "select", "decode_json_regex", "regex", "tool_use",
+                        "hellaswag_select")  # fmt: skip
+DEFAULT_MODEL_BUDGET = 24

@@ -2,7 +2,8 @@
 runtime and on a `RuntimeEndpoint` (examples/sglang_programs.py holds them and their checks).
 
 A random tiny model answers nonsense, so the checks are structural only (variables, types, JSON,
-regexes, messages); the heavy run on the default model prints its factual answers.
+regexes, messages); the heavy run on the default model runs one program of each kind and
+prints its factual answers.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 
 import sgl_dsl as sgl
 from examples.sglang_programs import PROGRAMS
-from tests._dsl_fixtures import ENGINE_KWARGS
+from tests._dsl_fixtures import DEFAULT_MODEL_BUDGET, ENGINE_KWARGS, ON_THE_DEFAULT_MODEL
 from tests._server_fixtures import shared_server, tiny_model_dir
 
 
@@ -120,7 +121,9 @@ def test_flush_cache_and_server_info(runtime, endpoint, use):
 def test_programs_on_the_default_model(use, capsys):
     backend = use(sgl.Runtime(**ENGINE_KWARGS))
     try:
-        answers = {name: run(sgl, budget=48) for name, run in PROGRAMS.items()}
+        answers = {
+            name: PROGRAMS[name](sgl, budget=DEFAULT_MODEL_BUDGET) for name in ON_THE_DEFAULT_MODEL
+        }
     finally:
         backend.shutdown()
     with capsys.disabled():

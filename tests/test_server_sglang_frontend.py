@@ -2,7 +2,8 @@
 `python -m runtime.server`: its test programs, and the native API exactly as it calls it.
 
 The programs are examples/sglang_programs.py with `import sglang as sgl`; the checks are
-structural (a random tiny model); the heavy run on the default model prints its answers.
+structural (a random tiny model); the heavy run on the default model runs one program of each
+kind and prints its answers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from examples.sglang_programs import PROGRAMS
+from tests._dsl_fixtures import DEFAULT_MODEL_BUDGET, ON_THE_DEFAULT_MODEL
 from tests._server_fixtures import shared_default_server, shared_server
 
 sgl = pytest.importorskip("sglang", reason="SGLang's frontend is not installed")
@@ -188,9 +190,8 @@ def test_sglang_programs_on_the_default_model(capsys):
     sgl.set_default_backend(sgl.RuntimeEndpoint(shared_default_server().url))
     answers = {}
     try:
-        for name, run in PROGRAMS.items():
-            if name not in SGLANG_CLIENT_ONLY:
-                answers[name] = run(sgl, budget=48)
+        for name in ON_THE_DEFAULT_MODEL:
+            answers[name] = PROGRAMS[name](sgl, budget=DEFAULT_MODEL_BUDGET)
     finally:
         sgl.set_default_backend(None)
     with capsys.disabled():
