@@ -46,11 +46,19 @@ def engine(tmp_path_factory):
     folder = make_tiny_model(tmp_path_factory.mktemp("tiny-isolation"), seed=7)
     with Engine(folder, page_size=4, max_total_tokens=4096, grammar_compile_timeout_s=4) as e:
         pool = e.scheduler.hooks.compiles
-        pool.start()
-        # the workers ready before the first test: a large constraint's budget counts from its
-        # submission, so one that waited for a worker to start would be refused uncached
-        assert _wait_for(lambda: len(pool.worker_pids()) == pool.n_workers)
+        # the workers ready before the first test (as a server waits for them before it says it
+        # is up): a large constraint's budget counts from its submission, so one that waited for
+        # a worker to start would be refused uncached
+        assert e.scheduler.hooks.wait_ready(120)
+        assert len(pool.worker_pids()) == pool.n_workers  # at once, not eventually
         yield e
+
+
+def test_a_server_is_up_only_once_its_compile_workers_are_ready():
+    server = shared_server()
+    log = server.logs()
+    assert "constraints ready in" in log, log[-2000:]
+    assert log.index("constraints ready in") < log.index("Uvicorn running on")
 
 
 @pytest.fixture(scope="module")

@@ -335,6 +335,15 @@ class CompilePool:
         with self._lock:
             return [w.pid for w in self._workers if w is not None and w.is_ready and w.usable()]
 
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether every slot's worker became ready within `timeout_s` (after `start`)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.worker_pids()) < self.n_workers:
+            if self._closed or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def spare_pid(self) -> int | None:
         """The spare worker's pid, once it is ready (else None)."""
         with self._lock:

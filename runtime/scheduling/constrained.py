@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
@@ -163,9 +164,24 @@ class ConstraintHooks:
             memory_mb=compile_memory_mb or DEFAULT_MEMORY_MB,
         )
         compile_pool.register(self.compiles)
+        self._prebuilt: Future | None = None
         if settings.GRAMMAR_PREBUILD.get():
             # first on the grammar thread, so no request's compile waits for these
-            self._pool.submit(self._prebuild)
+            self._prebuilt = self._pool.submit(self._prebuild)
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Start the compile workers and wait (up to `timeout_s`) until the prebuild is done
+        and every worker is ready: a server says it is up only then, so its first constrained
+        requests do not wait for them (on a loaded machine that took longer than a compile's
+        budget). False when that did not happen in time (never an error: requests then wait)."""
+        deadline = time.monotonic() + timeout_s
+        self.compiles.start()
+        if self._prebuilt is not None:
+            try:
+                self._prebuilt.result(timeout=timeout_s)
+            except TimeoutError:
+                return False
+        return self.compiles.wait_ready(max(0.0, deadline - time.monotonic()))
 
     def _prebuild(self) -> None:
         """The vocabulary and the pieces every schema shares (`grammar.prebuild`: format

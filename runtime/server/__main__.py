@@ -11,6 +11,7 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from typing import Any
 
 import uvicorn
@@ -20,6 +21,8 @@ from runtime.memory.kv_pool import KV_DTYPE_CHOICES
 from runtime.server.app import build_state, create_app
 
 logger = logging.getLogger("runtime.server")
+# how long a start waits for the grammar prebuild and the compile workers before it serves
+CONSTRAINTS_READY_S = 120
 
 
 def _compile_flags(engine: argparse._ArgumentGroup) -> None:
@@ -355,7 +358,12 @@ def main(argv: list[str] | None = None) -> int:
         engine.tokenizer.chat_template = template
     hooks = getattr(getattr(engine, "scheduler", None), "hooks", None)
     if hooks is not None:  # compile workers ready before the first constrained request
-        hooks.compiles.start()
+        started = time.monotonic()
+        if hooks.wait_ready(CONSTRAINTS_READY_S):
+            logger.info("constraints ready in %.1f s", time.monotonic() - started)
+        else:
+            logger.warning("the compile workers were not ready within %d s; constrained "
+                           "requests wait for them", CONSTRAINTS_READY_S)  # fmt: skip
     state = build_state(
         engine,
         model_name=args.served_model_name,
