@@ -30,5 +30,5 @@ _hypothesis_profile()
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (pyproject's addopts): one worker per core, at most 4 (each starts its own
     shared servers; most tests keep one core busy: engines with one thread, a server answering
-    while the test waits). `-n 0` or `-p no:xdist` runs the suite in one process."""
+    while the test waits). `-n 0` runs the suite in one process."""
     return max(1, min(4, len(os.sched_getaffinity(0))))

@@ -210,24 +210,22 @@ def test_mooncake_transfer_backend_answers_as_one_server(single):
         assert c.stop() == 0, c.logs()
 
 
-def test_a_dead_prefill_server_fails_requests_then_comes_back():
-    c = ClusterProcess(tiny_model_dir(), "cache_aware", extra=PD)
-    try:
-        prefill = workers(c)["prefill"]["url"]
-        pid = c.replica_pids()[prefill]
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not alive(pid), 10, "the prefill server to die")
-        reply = httpx.post(f"{c.url}/generate", json={"text": "hello"}, timeout=120)
-        assert reply.status_code >= 500  # an error, not a hang
-        # the supervisor restarts it and puts it back as a prefill worker
-        # one read of the worker list per poll: the supervisor may drop and re-add the worker
-        # between two reads
-        wait_for(lambda: workers(c).get("prefill", {}).get("is_healthy", False), 120,
-                 "the prefill server to be back")  # fmt: skip
+def test_a_dead_prefill_server_fails_requests_then_comes_back(cluster, single):
+    # the module's cluster (the last test here: it leaves the cluster answering again)
+    prefill = workers(cluster)["prefill"]["url"]
+    pid = cluster.replica_pids()[prefill]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not alive(pid), 10, "the prefill server to die")
+    reply = httpx.post(f"{cluster.url}/generate", json={"text": "hello"}, timeout=120)
+    assert reply.status_code >= 500  # an error, not a hang
+    # the supervisor restarts it and puts it back as a prefill worker
+    # one read of the worker list per poll: the supervisor may drop and re-add the worker
+    # between two reads
+    wait_for(lambda: workers(cluster).get("prefill", {}).get("is_healthy", False), 120,
+             "the prefill server to be back")  # fmt: skip
 
-        def answers() -> bool:
-            return httpx.post(f"{c.url}/generate", json={"text": "hi"}, timeout=60).is_success
+    def answers() -> bool:
+        return httpx.post(f"{cluster.url}/generate", json={"text": "hi"}, timeout=60).is_success
 
-        wait_for(answers, 60, "a request to succeed")
-    finally:
-        assert c.stop() == 0, c.logs()
+    wait_for(answers, 60, "a request to succeed")
+    assert generate(cluster.url, LONG)["output_ids"] == generate(single, LONG)["output_ids"]

@@ -148,3 +148,42 @@ def test_unsupported_rope_scaling_is_named(tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModelError, match="longrope"):
         load_config(folder)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_a_folders_tokenizer_is_auto_tokenizers_without_the_familys_config(tmp_path, kind):
+    # the tokenizer a folder loads with equals AutoTokenizer's, and loading it imported no
+    # model family's config module (a fresh interpreter: this one has them all)
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from runtime.models.loader import load_folder_tokenizer
+
+    folder = make_tiny_model(tmp_path, kind=kind)
+    ours, theirs = load_folder_tokenizer(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert type(ours) is type(theirs) and len(ours) == len(theirs)
+    assert ours.all_special_tokens == theirs.all_special_tokens
+    assert ours.chat_template == theirs.chat_template
+    for text in ("Hello <|im_start|> world", " naïve  café\n\tx", "<|endoftext|>"):
+        assert ours.encode(text) == theirs.encode(text)
+    family = f"transformers.models.{kind}.configuration_{kind}"
+    code = (
+        "import sys; from pathlib import Path; from runtime.models.loader import "
+        f"load_folder_tokenizer; load_folder_tokenizer(Path({str(folder)!r})); "
+        f"print([m for m in ({family!r}, 'torch.distributed.tensor') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_folder_with_remote_code_reads_its_config_itself(tmp_path):
+    from runtime.models.loader import _model_type_only
+
+    folder = make_tiny_model(tmp_path)
+    assert _model_type_only(folder) is not None
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "custom.Config"}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert _model_type_only(folder) is None

@@ -6,6 +6,7 @@ A `.gguf` file is read as it is (`gguf.py`): its weights stay in their block for
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,40 @@ def _load_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     for file in files:
         state.update(load_file(str(file)))
     return state
+
+
+def _model_type_only(path: Path) -> object | None:
+    """A config that tells `AutoTokenizer` only the folder's model type, when that is all it
+    needs: `tokenizer_config.json` names the tokenizer class and nothing is remote code. Its
+    own `AutoConfig` imports the model family's config module, which pulls in much of
+    transformers' modelling and `torch.distributed.tensor`: about 3 s of CPU at every start
+    (the class chosen is the same; None: let it read the config itself)."""
+    try:
+        model = json.loads((path / "config.json").read_text())
+        tokenizer = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    model_type = model.get("model_type")
+    if not (isinstance(model_type, str) and model_type and tokenizer.get("tokenizer_class")):
+        return None
+    if "auto_map" in model or "auto_map" in tokenizer:
+        return None
+    from transformers import PreTrainedConfig
+
+    stub = type("ModelTypeOnly", (PreTrainedConfig,), {"model_type": model_type})()
+    stub._name_or_path = str(path)
+    return stub
+
+
+def load_folder_tokenizer(path: Path) -> object:
+    """`AutoTokenizer.from_pretrained(path)`, without importing the model family's config
+    where the folder says which tokenizer class it has (`_model_type_only`)."""
+    from transformers import AutoTokenizer
+
+    config = _model_type_only(path)
+    if config is None:
+        return AutoTokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path), config=config)
 
 
 def quantize_state(state: dict[str, torch.Tensor], quantization: str) -> dict[str, object]:
@@ -80,10 +115,8 @@ def load_model_files(model: str | Path, quantization: str | None = None) -> Load
     if not path.is_dir():
         raise ModelNotFoundError(f"{path} is neither a model folder nor a .gguf file")
     config = load_config(path)
-    from transformers import AutoTokenizer
-
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = load_folder_tokenizer(path)
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"no usable tokenizer in {path}: {exc}") from exc
     state = _load_safetensors(path)
