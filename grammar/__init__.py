@@ -26,7 +26,8 @@ from grammar.tokens.vocab import TokenVocabulary
 
 def prebuild(vocab: TokenVocabulary | None = None) -> None:
     """Build now what later compiles share, so that no request's first mask waits for it: the
-    format automata (date-time, email, uri, ...; ~0.3 s once per process), the automata of
+    format automata (date-time, email, uri, ...; read from the native cache folder after the
+    first process built them), the automata of
     unconstrained values and plain scalars (~0.05 s) and, given one, the vocabulary's token
     tables. The engine runs this on its grammar thread at start. `clear_caches` keeps them
     (they depend on no schema)."""

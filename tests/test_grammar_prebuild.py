@@ -3,6 +3,7 @@ first compile that needs them, and the engine's constraint hooks run it at start
 
 from __future__ import annotations
 
+import pickle
 import threading
 
 import pytest
@@ -50,7 +51,7 @@ def _refuse_building(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_after_prebuild_no_compile_builds_a_format_automaton(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    formats.format_node.cache_clear()  # as in a fresh process
+    formats.forget_built()  # as in a fresh process
     grammar.prebuild()
     _refuse_building(monkeypatch)
     grammar.clear_caches()  # compiled constraints go; the shared format automata stay
@@ -64,7 +65,7 @@ def test_after_prebuild_no_compile_builds_a_format_automaton(
 
 def test_without_prebuild_the_first_compile_builds_them() -> None:
     # the check above could pass with nothing shared: without prebuild a compile does build
-    formats.format_node.cache_clear()
+    formats.forget_built()
     built = []
     real = formats.node_to_dfa
 
@@ -79,6 +80,55 @@ def test_without_prebuild_the_first_compile_builds_them() -> None:
     finally:
         formats.node_to_dfa = real
     assert len(built) >= len(SUPPORTED) - 1  # date-time's pieces may be shared with date/time
+
+
+def _counting_builds(monkeypatch: pytest.MonkeyPatch) -> list:
+    built: list = []
+    real = formats.node_to_dfa
+
+    def counting(node):
+        built.append(node)
+        return real(node)
+
+    monkeypatch.setattr(formats, "node_to_dfa", counting)
+    return built
+
+
+def test_a_later_process_reads_the_prebuilt_formats_from_the_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    # the first prebuild builds them and keeps them in the native cache folder; a process
+    # after it reads the same automata from there and builds none
+    monkeypatch.setenv("SGL_NATIVE_CACHE", str(tmp_path))
+    formats.forget_built()
+    built = _counting_builds(monkeypatch)
+    grammar.prebuild()
+    (kept,) = tmp_path.glob("formats-*.pickle")
+    assert len(built) >= len(SUPPORTED) - 1
+    first = {f: pickle.dumps(formats.format_node(f, None)) for f in SUPPORTED}
+    formats.forget_built()
+    _refuse_building(monkeypatch)
+    grammar.prebuild()
+    assert {f: pickle.dumps(formats.format_node(f, None)) for f in SUPPORTED} == first
+    grammar.clear_caches()
+    schema = _schema_with_every_format()
+    g = grammar.compile_json_schema(schema, deepseek_vocab())
+    values = {f"p{i}": EXAMPLES[f] for i, f in enumerate(SUPPORTED)}
+    assert g.dfa.matches(serialise(schema, values).encode())
+    assert kept.exists()
+
+
+def test_an_unreadable_cache_file_is_built_again(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("SGL_NATIVE_CACHE", str(tmp_path))
+    formats.forget_built()
+    grammar.prebuild()
+    (kept,) = tmp_path.glob("formats-*.pickle")
+    kept.write_bytes(b"not a pickle")
+    formats.forget_built()
+    built = _counting_builds(monkeypatch)
+    grammar.prebuild()
+    assert len(built) >= len(SUPPORTED) - 1
+    assert pickle.loads(kept.read_bytes()).keys() == set(SUPPORTED)  # written again
 
 
 def _hooks() -> ConstraintHooks:

@@ -16,7 +16,13 @@ relative-json-pointer).
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 from grammar.automata import dfa_ops
 from grammar.automata import regex_ast as ra
@@ -108,11 +114,21 @@ def format_regex(fmt: str, max_length: int | None) -> tuple[str, int | None]:
     return hosts.labels(None if max_length <= 63 else 63), max_length
 
 
-@functools.lru_cache(maxsize=256)
+# the formats' automata without a maxLength, as `prebuild` built or read them
+_PREBUILT: dict[str, tuple[object, int | None]] = {}
+
+
 def format_node(fmt: str, max_length: int | None) -> tuple[object, int | None]:
     """format_regex as a prebuilt automaton shared by every schema (a format's NFA is large:
     an IP literal's alternatives; embedded, a schema holding a format in many places builds
     none of its states), keeping its regex text for json_schema_to_regex."""
+    if max_length is None and fmt in _PREBUILT:
+        return _PREBUILT[fmt]
+    return _built_node(fmt, max_length)
+
+
+@functools.lru_cache(maxsize=256)
+def _built_node(fmt: str, max_length: int | None) -> tuple[object, int | None]:
     if fmt in _NODES:
         node, text, hi = _NODES[fmt](), FORMAT_REGEXES[fmt], max_length
     else:
@@ -122,8 +138,55 @@ def format_node(fmt: str, max_length: int | None) -> tuple[object, int | None]:
 
 
 def prebuild() -> None:
-    """Build every supported format's shared automaton now (~0.3 s, once per process), so
-    that no schema's compile pays for one (a server calls this at start: `grammar.prebuild`)."""
-    for fmt in FORMAT_REGEXES:
-        if fmt not in UNSUPPORTED_FORMATS:
-            format_node(fmt, None)
+    """Every supported format's shared automaton now, so that no schema's compile pays for
+    one (a server and each compile worker call this at start: `grammar.prebuild`). Building
+    them takes ~1.2 s of CPU; they are kept in the native cache folder ($SGL_NATIVE_CACHE),
+    keyed by the grammar package's source, and read from there (~1 ms) by later processes."""
+    if _PREBUILT:
+        return
+    wanted = [fmt for fmt in FORMAT_REGEXES if fmt not in UNSUPPORTED_FORMATS]
+    path = _prebuilt_path()
+    try:
+        kept = pickle.loads(path.read_bytes()) if path is not None else None
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError):
+        kept = None  # missing, or not what this source writes: build them
+    if isinstance(kept, dict) and set(kept) == set(wanted):
+        _PREBUILT.update(kept)
+        return
+    built = {fmt: _built_node(fmt, None) for fmt in wanted}
+    _PREBUILT.update(built)
+    if path is not None:
+        try:  # written beside and renamed into place: processes starting at once
+            fd, tmp = tempfile.mkstemp(prefix=".formats-", dir=path.parent)
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(built, f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache: built again by the next process
+
+
+def forget_built() -> None:
+    """Drop the format automata built or read in this process (as in a fresh one)."""
+    _PREBUILT.clear()
+    _built_node.cache_clear()
+
+
+def _prebuilt_path() -> Path | None:
+    """The cache file of the prebuilt formats: keyed by every source file of the grammar
+    package (what builds them), the versions of Python, numpy and interegular (what they
+    are made of and parsed with; None: no usable cache folder)."""
+    from importlib import metadata
+
+    import numpy
+
+    from grammar import native_build
+
+    package = Path(__file__).resolve().parents[2]
+    versions = [sys.version, numpy.__version__, metadata.version("interegular")]
+    digest = hashlib.sha256(repr(versions).encode())
+    for source in sorted(package.rglob("*.py")):
+        digest.update(str(source.relative_to(package)).encode() + b"\0" + source.read_bytes())
+    try:
+        return native_build.cache_dir() / f"formats-{digest.hexdigest()[:24]}.pickle"
+    except OSError:
+        return None
