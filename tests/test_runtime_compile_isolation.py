@@ -199,17 +199,19 @@ def test_a_compile_past_its_memory_budget_is_refused_naming_it(vocab):
 
 def test_a_large_constraints_budget_counts_from_its_requests_arrival(vocab):
     # one worker, busy with a pathological compile: a large constraint queued behind it, from
-    # a request that arrived 1.5 s ago, is refused when its budget, counted from that arrival,
+    # a request that arrived 4.5 s ago, is refused when its budget, counted from that arrival,
     # runs out (not given a fresh budget once the worker is free; that refusal is not cached);
     # a simple constraint queued beside it waits and compiles (others' compiles delay it but
     # do not make it fail)
-    pool = CompilePool(lambda: vocab, workers=1, timeout_s=3, prebuild=False)
+    # (6 s budgets: the large one's ends ~1.2 s from now, the busy one's ~6 s: a loaded machine
+    # leaves that gap)
+    pool = CompilePool(lambda: vocab, workers=1, timeout_s=6, prebuild=False)
     try:
         pool.start()
         assert _wait_for(lambda: len(pool.worker_pids()) == 1)
         busy = pool.submit(CompileSpec("regex", "d{1000000}"))
         request = contextvars.copy_context()
-        request.run(arrival.set, time.monotonic() - 1.5)
+        request.run(arrival.set, time.monotonic() - 4.5)
         large = request.run(pool.submit, CompileSpec("regex", "e{1000000}"))
         simple = pool.submit(CompileSpec("regex", "[0-9]{3}"))
         with pytest.raises(CompileBudgetError, match="it waited for a compile worker"):
@@ -229,7 +231,9 @@ def test_after_two_refusals_in_a_row_the_spare_takes_over(vocab):
     # sent right after the first's refusal, is tried on a worker, not refused for waiting),
     # and a plain constraint after them compiles on the next spare: after its first worker no
     # slot had to start one of its own
-    pool = CompilePool(lambda: vocab, workers=1, timeout_s=3, prebuild=False)
+    # (6 s budgets: the large one's ends ~1.2 s from now, the busy one's ~6 s: a loaded machine
+    # leaves that gap)
+    pool = CompilePool(lambda: vocab, workers=1, timeout_s=6, prebuild=False)
     try:
         pool.start()
         assert _wait_for(lambda: pool.worker_pids() and pool.spare_pid())

@@ -54,6 +54,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -145,7 +146,7 @@ class _Job:
 class _Worker:
     """One worker process and its end of the socket."""
 
-    def __init__(self, vocab_message: bytes, memory_mb: int) -> None:
+    def __init__(self, vocab_message: Callable[[], bytes], memory_mb: int) -> None:
         mine, theirs = socket.socketpair()
         budget = memory_mb * 2**20
         cmd = [sys.executable, "-c", compile_worker.LAUNCH, str(_REPO),
@@ -164,16 +165,20 @@ class _Worker:
         # descriptor that reused its number
         self._kill_lock = threading.Lock()
         self._killed = False
-        # the vocabulary is larger than the socket's buffer: sent on a thread, so the start
-        # does not wait for the new interpreter's imports (a spare is published at once)
+        # the vocabulary is larger than the socket's buffer: made and sent on a thread, so the
+        # start does not wait for the new interpreter's imports (a spare is published at once)
+        # and the interpreter starts while the vocabulary is still being read (a server's start)
         self._sender = threading.Thread(target=self._send, args=(vocab_message,),
                                         name="sgl-compile-vocab", daemon=True)  # fmt: skip
         self._sender.start()
 
-    def _send(self, message: bytes) -> None:
+    def _send(self, message: Callable[[], bytes]) -> None:
         try:
-            self.conn.send_bytes(message)
+            self.conn.send_bytes(message())
         except OSError:  # it died (or was killed) while starting: `wait_ready` sees it
+            self.condemn()
+        except Exception:  # no vocabulary to send: the worker cannot start
+            logger.exception("compile worker: no vocabulary for it")
             self.condemn()
 
     def wait_ready(self, timeout_s: float) -> bool:
@@ -274,6 +279,7 @@ class CompilePool:
         self._clock: threading.Thread | None = None
         self._keeper: threading.Thread | None = None
         self._vocab_bytes: bytes | None = None
+        self._vocab_lock = threading.Lock()
         self._closed = False
         self._next_id = 0
         self.restarts = 0  # workers replaced (timeouts, cancellations, deaths, recycling)
@@ -403,13 +409,14 @@ class CompilePool:
                 self._finish(job, self._timeout_error(job.spec, why), cache=False)
 
     def _vocab_message(self) -> bytes:
-        if self._vocab_bytes is None:  # (every worker gets the same: built once)
-            v = self.vocab()
-            data = [v.token_bytes(i) for i in range(len(v))]
-            specials = set(v.special_token_ids) - set(v.eos_token_ids)
-            self._vocab_bytes = pickle.dumps((data, v.eos_token_ids, sorted(specials),
-                                              self.prebuild))  # fmt: skip
-        return self._vocab_bytes
+        with self._vocab_lock:  # (every worker gets the same: built once, by the first sender)
+            if self._vocab_bytes is None:
+                v = self.vocab()
+                data = [v.token_bytes(i) for i in range(len(v))]
+                specials = set(v.special_token_ids) - set(v.eos_token_ids)
+                self._vocab_bytes = pickle.dumps((data, v.eos_token_ids, sorted(specials),
+                                                  self.prebuild))  # fmt: skip
+            return self._vocab_bytes
 
     def _keep_spare(self) -> None:
         """Keeps one started worker aside (started once the slots' own are ready, so the
@@ -425,7 +432,7 @@ class CompilePool:
                 spare = self._spare
             try:
                 if spare is None:
-                    spare = _Worker(self._vocab_message(), self.memory_mb)
+                    spare = _Worker(self._vocab_message, self.memory_mb)
                     with self._lock:
                         self._spare = spare
                         if self._closed:
@@ -478,7 +485,7 @@ class CompilePool:
             self._retire(slot)
         w = self._take_spare()
         if w is None:
-            w = _Worker(self._vocab_message(), self.memory_mb)
+            w = _Worker(self._vocab_message, self.memory_mb)
             self.slot_starts += 1
         with self._lock:
             self._workers[slot] = w
