@@ -384,6 +384,32 @@ def test_mooncake_prefill_holds_the_pages_until_the_decode_side_read_them(mc_pre
     pool_whole(mc_prefill)  # and released after it
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(MOONCAKE_MISSING is not None, reason=str(MOONCAKE_MISSING))
+def test_mooncake_held_pages_are_freed_when_the_decode_side_goes_silent(model_dir):
+    """A decode server that takes META, then says nothing: past the timeout (+5 s) the prefill
+    side frees the held pages and answers ERROR, which a late ACK's reader gets instead of
+    DONE (so the decode side drops what it read). About 10 s: the timeout is 3 s + 5 s."""
+    with Engine(model_dir, disaggregation_mode="prefill", disaggregation_bootstrap_port=0,
+                disaggregation_bootstrap_host="127.0.0.1", disaggregation_timeout_s=3,
+                disaggregation_transfer_backend="mooncake", **ENGINE) as pre:  # fmt: skip
+        room = boot(pre)
+        request = Background(pre, LONG, **GREEDY, **room)
+        layout = pre.disaggregation.sender.layout
+        with socket.create_connection(("127.0.0.1", room["bootstrap_port"])) as conn:
+            register = {"room": room["bootstrap_room"], "layout": layout.to_json(),
+                        "transfer": "mooncake"}  # fmt: skip
+            send(conn, Kind.REGISTER, register)
+            kind, _, _ = receive(conn)
+            assert kind is Kind.META
+            assert pre.scheduler.call(lambda: len(pre.scheduler.held)) == 1
+            got = request.result(timeout=30)  # silent past the timeout
+            assert isinstance(got, KVTransferError) and "timed out" in str(got), got
+            pool_whole(pre)  # the held pages are free again
+            kind, _, _ = receive(conn)
+            assert kind is Kind.ERROR
+
+
 def test_mooncake_pieces_are_runs_of_pages_per_pool_tensor():
     regions = [(1000, 10, 100), (5000, 10, 100)]  # two tensors, 10 bytes a page
     dst, src, lengths = pieces(regions, [200, 600], mine=[5, 6, 7, 9], theirs=[1, 2, 3, 4])
