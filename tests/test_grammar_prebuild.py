@@ -48,6 +48,18 @@ def _refuse_building(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(formats, "node_to_dfa", refuse)
 
 
+def _counting_builds(monkeypatch: pytest.MonkeyPatch) -> list:
+    built: list = []
+    real = formats.node_to_dfa
+
+    def counting(node):
+        built.append(node)
+        return real(node)
+
+    monkeypatch.setattr(formats, "node_to_dfa", counting)
+    return built
+
+
 def test_after_prebuild_no_compile_builds_a_format_automaton(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -63,35 +75,13 @@ def test_after_prebuild_no_compile_builds_a_format_automaton(
     assert not g.dfa.matches(serialise(schema, values).encode())
 
 
-def test_without_prebuild_the_first_compile_builds_them() -> None:
+def test_without_prebuild_the_first_compile_builds_them(monkeypatch: pytest.MonkeyPatch) -> None:
     # the check above could pass with nothing shared: without prebuild a compile does build
     formats.forget_built()
-    built = []
-    real = formats.node_to_dfa
-
-    def counting(node):
-        built.append(node)
-        return real(node)
-
-    formats.node_to_dfa = counting
-    try:
-        grammar.clear_caches()
-        grammar.compile_json_schema(_schema_with_every_format(), deepseek_vocab())
-    finally:
-        formats.node_to_dfa = real
+    built = _counting_builds(monkeypatch)
+    grammar.clear_caches()
+    grammar.compile_json_schema(_schema_with_every_format(), deepseek_vocab())
     assert len(built) >= len(SUPPORTED) - 1  # date-time's pieces may be shared with date/time
-
-
-def _counting_builds(monkeypatch: pytest.MonkeyPatch) -> list:
-    built: list = []
-    real = formats.node_to_dfa
-
-    def counting(node):
-        built.append(node)
-        return real(node)
-
-    monkeypatch.setattr(formats, "node_to_dfa", counting)
-    return built
 
 
 def test_a_later_process_reads_the_prebuilt_formats_from_the_cache(
