@@ -80,8 +80,9 @@ class ServerProcess:
         self.stop()
         raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{self.logs()}")
 
-    def logs(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")[-5000:]
+    def logs(self, tail: int | None = 5000) -> str:
+        text = Path(self.log.name).read_text(errors="replace")
+        return text if tail is None else text[-tail:]
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         """Send `sig` and wait for the exit status (killing the process if it hangs)."""

@@ -151,7 +151,7 @@ CASES = [
         "/v1/completions",
         {"model": "M", "prompt": [[7, 99999999]]},
         400,
-        None,
+        "invalid_value",
         "token ids",
         id="token-id-out-of-vocab",
     ),
@@ -354,6 +354,19 @@ def test_error_then_good_request_on_the_same_connection(server, model):
             "/v1/chat/completions", json={"model": model, "messages": USER, "max_tokens": 2}
         )
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_a_users_mistake_is_answered_without_a_traceback_in_the_log(server, model):
+    """A 400 for the user's input is an answer, not a server fault: nothing is logged as an
+    exception (Starlette re-raises what its catch-all handler answered)."""
+    mark = "Exception in ASGI application"
+    before = server.logs(tail=None).count(mark)
+    for prompt in ([[7, 99999999]], [[-1]]):
+        r = httpx.post(
+            f"{server.url}/v1/completions", json={"model": model, "prompt": prompt}, timeout=60
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert server.logs(tail=None).count(mark) == before
 
 
 def test_stream_request_errors_come_as_status_not_as_a_broken_stream(server, model):

@@ -168,7 +168,10 @@ class EngineBridge:
     async def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             return await anyio.to_thread.run_sync(self.engine.encode, prompt)
-        return self.engine.encode(prompt)
+        try:
+            return self.engine.encode(prompt)
+        except ValueError as exc:  # the user's token ids: a 400 naming them, no traceback logged
+            raise APIError(400, str(exc), param="prompt", code="invalid_value") from None
 
     async def encode_chat(self, prompt: str) -> list[int]:
         """A chat prompt's ids as `apply_chat_template(..., tokenize=True)` gives them: the

@@ -138,3 +138,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _other(_: Request, exc: Exception) -> JSONResponse:
         return from_exception(exc).response()
+
+    # Starlette answers a handler for `Exception` from its outermost middleware and then
+    # re-raises (uvicorn logs a traceback): the user's mistakes get handlers of their own, which
+    # answer and stop there
+    for user_error in (ValueError, TypeError, KeyError, NotImplementedError):
+        app.add_exception_handler(user_error, _other)
