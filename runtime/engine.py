@@ -311,13 +311,14 @@ class Engine:
 
     def _log_ready(self) -> None:
         logger.info(
-            "engine ready: %s, weights %.1f MiB as stored, KV pool %.1f MiB (%d tokens, %d "
-            "bytes/token), resident %.1f MiB",
+            "engine ready: %s, weights %.1f MiB as stored, KV pool %.1f MiB reserved (%d tokens, "
+            "%d bytes/token; %s resident), process resident %.1f MiB",
             self.model_path,
             self.model.weight_bytes() / 2**20,
             self.pool.capacity_tokens * self.pool.bytes_per_token / 2**20,
             self.pool.capacity_tokens,
             self.pool.bytes_per_token,
+            "workers'" if self.parallel else f"{self.pool.resident_bytes() / 2**20:.1f} MiB",
             resident_bytes()[0] / 2**20,
         )
 
@@ -535,6 +536,9 @@ class Engine:
             # memory: weights as stored (quantized: their blocks), the KV pool, the process
             "weight_bytes": self.model.weight_bytes(),
             "kv_pool_bytes": self.pool.capacity_tokens * self.pool.bytes_per_token,
+            # of the pool's storage, what the system holds now (it becomes resident page by
+            # page as it is written; None: the workers of a parallel engine hold it)
+            "kv_pool_resident_bytes": None if self.parallel else self.pool.resident_bytes(),
             "resident_bytes": resident,
             "peak_resident_bytes": peak,
             "attention_backend": self.attention_backend,

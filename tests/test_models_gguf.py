@@ -181,6 +181,10 @@ def test_stats_report_stored_weights_kv_pool_and_resident_memory(written):
         assert stats["kv_pool_bytes"] == stats["kv_capacity_tokens"] * stats["kv_bytes_per_token"]
         assert stats["kv_pool_bytes"] <= 0.05 * 1024**3
         assert 0 < stats["resident_bytes"] <= stats["peak_resident_bytes"]
+        # the pool is held as it is written: a short request touches a small part of it
+        engine.generate("Hello", max_new_tokens=4, temperature=0.0)
+        held = engine.stats()["kv_pool_resident_bytes"]
+        assert 0 < held < stats["kv_pool_bytes"] / 4
 
 
 @pytest.mark.parametrize(

@@ -15,12 +15,24 @@ read the pool, and they fold both into the attention itself (attention/base.py).
 Pages are handed out by a free list. A page is at any time in exactly one of three places: the
 free list, the radix cache, or the page table of one running request (the scheduler's
 `check_integrity` counts them).
+
+Reserved is not resident: on the CPU each layer tensor of `LAZY_BYTES` or more is an anonymous
+mapping of its own (`zeroed`), which the system zero-fills one memory page at a time when it
+is first written. Its contents are those of `torch.zeros` (every value 0 until written), so
+nothing that reads the pool can tell the difference, but a page never handed out costs no
+memory: a batch-1 run over a 65,536-token pool holds the few pages its tokens use, not the
+whole pool. The free list hands out the lowest page ids first and takes freed pages back on
+top, so the memory touched follows the most pages ever in use at once. `resident_bytes()`
+says how much of the pool the system holds now (mincore).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import logging
+import mmap
 import re
 from collections.abc import Mapping
 
@@ -108,6 +120,50 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)}") from None
 
 
+# a CPU layer tensor of this size or more is a mapping of its own, resident as it is written
+LAZY_BYTES = 1 << 20
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`torch.zeros(shape)`; on the CPU from LAZY_BYTES on, an anonymous private mapping of
+    its own (the system's zero pages: resident only once written, unmapped when the tensor
+    is freed)."""
+    nbytes = dtype_bytes(dtype) * int(torch.Size(shape).numel())
+    if device.type == "cpu" and nbytes >= LAZY_BYTES:
+        try:
+            area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (AttributeError, OSError, ValueError):  # no anonymous mappings here
+            pass
+        else:  # the tensor keeps the mapping alive
+            return torch.frombuffer(area, dtype=torch.uint8).view(dtype).view(shape)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+_LIBC: ctypes.CDLL | None = None
+
+
+def resident_part(t: torch.Tensor) -> int | None:
+    """Bytes of a page-aligned CPU tensor the system holds in memory (mincore; a read of a
+    never-written page maps the shared zero page, which counts here), None where that cannot
+    be asked."""
+    global _LIBC
+    if t.device.type != "cpu" or t.data_ptr() % mmap.PAGESIZE:
+        return None
+    try:
+        if _LIBC is None:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        mincore = _LIBC.mincore
+    except (OSError, AttributeError):
+        return None
+    nbytes = t.numel() * t.element_size()
+    pages = -(-nbytes // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * pages)()
+    if mincore(ctypes.c_void_p(t.data_ptr()), ctypes.c_size_t(nbytes), vec) != 0:
+        return None
+    held = int((torch.frombuffer(vec, dtype=torch.uint8) & 1).sum())
+    return min(held * mmap.PAGESIZE, nbytes)
+
+
 def pages_for_budget(
     config: ModelConfig, budget_bytes: int, page_size: int, dtype_bytes: int
 ) -> int:
@@ -175,13 +231,14 @@ class KVPool:
             name: [float(torch.tensor(1.0 / s, dtype=torch.float32)) for s in per_layer]
             for name, per_layer in self.scales.items()
         }
+
+        # every value 0 until written (resident page by page on the CPU: `zeroed`)
+        def rows(i: int) -> int:
+            return window_pages if self.window_layer[i] else num_pages
+
         self.buffers: dict[str, list[torch.Tensor]] = {
             name: [
-                torch.zeros(
-                    (window_pages if self.window_layer[i] else num_pages, page_size, heads, dim),
-                    dtype=dtype,
-                    device=device,
-                )  # fmt: skip
+                zeroed((rows(i), page_size, heads, dim), dtype, self.device)
                 for i in range(config.num_layers if allocate else 0)
             ]
             for name, heads, dim in self.layout
@@ -191,6 +248,20 @@ class KVPool:
         self.latent = self.buffers.get("latent", [])
         # Page 0 is never handed out: padding entries of page tables may point at it safely.
         self._free: list[int] = list(range(num_pages - 1, 0, -1))
+
+    def reserved_bytes(self) -> int:
+        """Bytes of every layer tensor this pool holds (page 0 and window pages included)."""
+        return sum(t.numel() * t.element_size() for ts in self.buffers.values() for t in ts)
+
+    def resident_bytes(self) -> int:
+        """Bytes of the pool the system holds in memory now (`resident_part` of each layer
+        tensor; a tensor where that cannot be asked counts whole)."""
+        total = 0
+        for ts in self.buffers.values():
+            for t in ts:
+                part = resident_part(t)
+                total += t.numel() * t.element_size() if part is None else part
+        return total
 
     def scale(self, name: str, layer: int) -> float:
         """The scale of tensor `name` ("k", "v", "latent") in `layer` (1.0 unless quantized
