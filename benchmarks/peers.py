@@ -410,13 +410,17 @@ def compare_llamacpp(args: argparse.Namespace, work: dict[str, dict], gguf: str)
         ratio = f"{t['seconds'] / o['seconds']:.2f}x" if t else "-"
         print(f"| {name} | {o['seconds']:.2f} | {ts} | {ratio} | {equal} | {full} | {json_ok} |")
     st = ours["stats"]
+    # the KV pool is reserved whole and resident as it is written (runtime/memory/kv_pool.py)
     print("\nMemory at equal context (peak resident of each engine's process):")
-    print("| engine | weights (MB) | KV pool (MB) | peak resident (MB) |")
-    print("|---|---:|---:|---:|")
+    print("| engine | weights (MB) | KV pool reserved (MB) | KV pool resident at the end (MB) | "
+          "peak resident (MB) |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|")
+    held = st.get("kv_pool_resident_bytes")
+    held_mb = "-" if held is None else f"{held / 1e6:.0f}"
     print(f"| ours | {st['weight_bytes'] / 1e6:.0f} | {st['kv_pool_bytes'] / 1e6:.0f} | "
-          f"{ours_peak / 1e6:.0f} |")  # fmt: skip
+          f"{held_mb} | {ours_peak / 1e6:.0f} |")  # fmt: skip
     if theirs:
-        print(f"| llama.cpp | - | - | {theirs['peak_rss'] / 1e6:.0f} |")
+        print(f"| llama.cpp | - | - | - | {theirs['peak_rss'] / 1e6:.0f} |")
     sys.stdout.flush()
 
 
