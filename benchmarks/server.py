@@ -331,6 +331,10 @@ def main() -> None:
             rows[-1].append(("  of which radix cache", str(after["cached_tokens"])))
             rss_after.append(rss_mb(pid))
             rows[-1].append(("server RSS after (MiB)", f"{rss_after[-1]:.0f}"))
+            # the pool becomes resident as it is written (runtime/memory/kv_pool.py)
+            held = after.get("kv_pool_resident_bytes")
+            rows[-1].append(("  of which KV pool (MiB)",
+                             "-" if held is None else f"{held / 2**20:.0f}"))  # fmt: skip
     finally:
         if proc is not None:
             proc.terminate()
