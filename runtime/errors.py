@@ -52,3 +52,8 @@ class UnsupportedAttentionError(EngineError):
 class DeviceUnavailableError(EngineError, ValueError):
     """The engine was asked for a device this machine does not have (`device="cuda"` with no
     CUDA, or a GPU index past the last one); the message names it and what is present."""
+
+
+class KVPoolTooLargeError(EngineError, ValueError):
+    """The KV pool asked for (`--mem-budget-gb`, `--max-total-tokens`) is more than the
+    machine has available."""

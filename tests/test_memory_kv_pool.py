@@ -81,3 +81,20 @@ def test_zeroed_is_torch_zeros_for_every_storage_type():
         for t in (big, small):
             assert t.dtype == dtype and t.is_contiguous()
             assert not t.view(torch.uint8).any()
+
+
+def test_a_pool_larger_than_the_machine_is_refused_at_start(monkeypatch):
+    """Its pages would become resident only as they fill: without the check, a pool the
+    machine cannot hold would start and fail later, under load."""
+    import runtime.memory.kv_pool as kv_pool
+    from runtime.errors import KVPoolTooLargeError
+
+    monkeypatch.setattr(kv_pool, "available_memory_bytes", lambda: 127 * 2**20)
+    try:
+        KVPool(CONFIG, PAGES, PAGE, torch.float32)
+    except KVPoolTooLargeError as exc:
+        assert "0.12 GiB available" in str(exc) and "--mem-budget-gb" in str(exc)
+    else:
+        raise AssertionError("a 128 MiB pool was reserved with 127 MiB available")
+    monkeypatch.setattr(kv_pool, "available_memory_bytes", lambda: 129 * 2**20)
+    assert KVPool(CONFIG, PAGES, PAGE, torch.float32).reserved_bytes() == 128 * 2**20

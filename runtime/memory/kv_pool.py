@@ -39,6 +39,8 @@ from collections.abc import Mapping
 import torch
 
 from runtime.config import ModelConfig
+from runtime.errors import KVPoolTooLargeError
+from runtime.memory.budget import available_memory_bytes
 from runtime.memory.windows import WindowPages
 
 logger = logging.getLogger(__name__)
@@ -139,6 +141,17 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
+def _check_reservable(nbytes: int) -> None:
+    """Refuse at start a pool the machine could not hold once written (its pages become
+    resident only as they fill, so nothing else would fail before then)."""
+    free = available_memory_bytes()
+    if free is not None and nbytes > free:
+        raise KVPoolTooLargeError(
+            f"the KV pool needs {nbytes / 2**30:.2f} GiB once full but the machine has "
+            f"{free / 2**30:.2f} GiB available: lower --mem-budget-gb or --max-total-tokens"
+        )
+
+
 _LIBC: ctypes.CDLL | None = None
 
 
@@ -235,6 +248,11 @@ class KVPool:
         # every value 0 until written (resident page by page on the CPU: `zeroed`)
         def rows(i: int) -> int:
             return window_pages if self.window_layer[i] else num_pages
+
+        if allocate and self.device.type == "cpu":
+            _check_reservable(
+                sum(rows(i) for i in range(config.num_layers)) * page_size * per_layer
+            )
 
         self.buffers: dict[str, list[torch.Tensor]] = {
             name: [
