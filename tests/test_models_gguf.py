@@ -142,6 +142,42 @@ def test_logits_close_to_the_dequantized_forward(written):
         assert abs(a.top_logprobs[0][token] - logprob) < 2e-3
 
 
+@pytest.fixture(scope="module")
+def chain_file(tmp_path_factory):
+    """A tiny Llama whose layers' matrices are each of one integer-kernel format (Q4_1, layer 0's
+    gate | up Q4_0, layer 1's down Q8_0): every layer runs in the decode chain."""
+    config, state = tiny_llama(seed=3)
+    for name in state:  # norms of their own (transformers starts them all at 1)
+        if name.endswith("norm.weight"):
+            state[name] = 1 + 0.2 * torch.randn(state[name].shape)
+    mixed = {f"model.layers.0.mlp.{n}_proj.weight": "Q4_0" for n in ("gate", "up")}
+    mixed["model.layers.1.mlp.down_proj.weight"] = "Q8_0"
+    root = tmp_path_factory.mktemp("chain")
+    return write_gguf(root / "tiny.Q4_1.gguf", config, state, "Q4_1", overrides=mixed)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_the_decode_chain_gives_the_layer_by_layer_forwards_bits(chain_file, dtype):
+    """A decode-only step's layers in one C call (quant_chain.py) against the Python loop over
+    the same kernels: the same logits, bit for bit, for one request and for three."""
+    from runtime.attention import make_backend
+    from runtime.kernels.quant_chain import DecodeChain
+    from runtime.models.llama import LlamaModel
+    from tests.test_models_fused_cpu import _decode_run
+
+    config, state = load_gguf(chain_file)
+    model = LlamaModel(config, state, dtype, attention=make_backend("cpu"))
+    prompts = [[5, 17, 300, 42, 9], [7, 7, 1000], [12] * 11]
+    for batch in (prompts[:1], prompts):
+        model._chain = None
+        chained_tokens, chained = _decode_run(model, dtype, batch, steps=6)
+        assert isinstance(model._chain, DecodeChain) and model._chain.runs == 6
+        model._chain = False  # the Python loop
+        tokens, plain = _decode_run(model, dtype, batch, steps=6)
+        assert torch.equal(chained, plain)
+        assert torch.equal(chained_tokens, tokens)
+
+
 def test_an_unsupported_tensor_type_names_the_tensor_and_type(tmp_path):
     config, state = tiny_llama()
     path = tmp_path / "q2k.gguf"

@@ -140,29 +140,37 @@ class CPUBackend(TorchBackend):
     ) -> torch.Tensor:
         """A decode-only step through the fused decode kernel: rotary, the K/V write and
         attention in one C call (cpu_fused.RopeDecode); else rope_store, then attend."""
-        if self._rope_decode is None:
-            self._rope_decode = self._plan_rope_decode(qkv, rotary, num_heads) or False
-        fused = self._rope_decode
-        if not fused or not spec.plain or self.pool.window_layer[layer]:
+        fused = self.decode_rope(rotary, num_heads, qkv.dtype)
+        if fused is None or not spec.plain or self.pool.window_layer[layer] or qkv.stride(1) != 1:
             return super().rope_attend(layer, qkv, rotary, num_heads, spec)
         return fused(qkv, self.pool.k[layer], self.pool.v[layer], spec.scale)
 
+    def decode_rope(
+        self, rotary: Rotary, num_heads: int, dtype: torch.dtype
+    ) -> cpu_fused.RopeDecode | None:
+        """This step's fused rotary + K/V write + attention of a plain layer (what rope_attend
+        runs for a `dtype` projection), or None where the step is not decode-only or the
+        fused kernels do not take it."""
+        if self._rope_decode is None:
+            self._rope_decode = self._plan_rope_decode(dtype, rotary, num_heads) or False
+        return self._rope_decode or None
+
     def _plan_rope_decode(
-        self, qkv: torch.Tensor, rotary: Rotary, num_heads: int
+        self, dtype: torch.dtype, rotary: Rotary, num_heads: int
     ) -> cpu_fused.RopeDecode | None:
         b, pool = self.batch, self.pool
         if not (self._fused and b.num_decode == b.num_tokens and self.fused_decode is not None):
             return None
         k_pool = pool.k[0]
-        if pool.quantized or qkv.dtype != k_pool.dtype or qkv.dtype not in cpu_fused.MODEL_TYPES:
+        if pool.quantized or dtype != k_pool.dtype or dtype not in cpu_fused.MODEL_TYPES:
             return None
-        if rotary.dim != k_pool.shape[3] or qkv.stride(1) != 1:
+        if rotary.dim != k_pool.shape[3]:
             return None
         if self._rope is None:
             self._rope = rotary.tables(b.positions)
         cos, sin = self._rope
         return cpu_fused.RopeDecode(cos, sin, b.positions, b.out_slots, self.fused_decode,
-                                    num_heads, k_pool, qkv.dtype)  # fmt: skip
+                                    num_heads, k_pool, dtype)  # fmt: skip
 
     def decode(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
         if not spec.plain:

@@ -185,6 +185,11 @@ def _fn(name: str, dtype: torch.dtype | None, kv: torch.dtype | None = None) -> 
     return _lib[name, dtype] if kv is None or kv == dtype else _lib[name, dtype, kv]
 
 
+def add_rms_norm_address(dtype: torch.dtype) -> int:
+    """The address of `add_rms_norm`'s C function for `dtype` (for a caller in C)."""
+    return ctypes.cast(_fn("add_rms_norm", dtype), ctypes.c_void_p).value
+
+
 def add_rms_norm(
     hidden: torch.Tensor,
     delta: torch.Tensor | None,
@@ -320,6 +325,12 @@ class RopeDecode:
         self._ref = ctypes.byref(self.args)
         self._fn = _fn("rope_decode", dtype)
         self.dtype, self.shape = dtype, (b, num_heads, d)
+
+    def c_call(self) -> tuple[int, int]:
+        """(the C function's address, its per-step arguments' address), for a caller in C
+        (cpu_quant's decode chain): `fn(args, qkv, qkv_row_stride, k_pool, v_pool, scale,
+        out)` does what `__call__` does."""
+        return ctypes.cast(self._fn, ctypes.c_void_p).value, ctypes.addressof(self.args)
 
     def __call__(
         self, qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float

@@ -70,6 +70,7 @@ _SIGNATURES = {
     "q_repack": ([_I32, _PTR, _I64, _I64, _I64, _I32, _PTR], _I32),
     "q_uses_int": ([_I32], _I32),
     "q_pool_run": ([_PTR, _PTR, _I32], None),
+    "q_decode_chain": ([_PTR], _I32),
 }
 
 _libs: dict[bool, ctypes.CDLL | None] = {}
@@ -337,7 +338,7 @@ def _one_view(parts: list[QuantTensor]) -> QuantTensor | None:
     return QuantTensor(view, parts[0].qtype, parts[0].cols)
 
 
-_INT_TYPES = frozenset({2, 3, 6, 7, 8})  # the 32-element formats: the integer path (q_uses_int)
+INT_TYPES = frozenset({2, 3, 6, 7, 8})  # the 32-element formats: the integer path (q_uses_int)
 PACKED_TYPES = frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0: products on packed groups of 8 rows
 
 
@@ -356,14 +357,19 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
-def _scratch_bytes(
+def scratch(nbytes: int) -> int:
+    """The address of this thread's scratch buffer for products' inputs, `nbytes` or more."""
+    return _scratch.get(nbytes)
+
+
+def scratch_bytes(
     qtype: int, rows: int, cols: int, x_bf16: bool, out: int = 0, swiglu: bool = False
 ) -> int:
     """quant_source.py's q_scratch_bytes, plus `out` floats a row for a bf16 output and `cols`
     floats a row for the SwiGLU input."""
     n = rows * cols
     extra = 4 * rows * out + (4 * n if swiglu else 0)
-    if qtype in _INT_TYPES:  # int16 q, h and l bytes; d, s and the integer sums a block
+    if qtype in INT_TYPES:  # int16 q, h and l bytes; d, s and the integer sums a block
         return 4 * n + 12 * (n // 32) + extra
     return (4 * n if x_bf16 else 0) + extra
 
@@ -391,7 +397,7 @@ def _linear_fast(
     bf16 = x.dtype == torch.bfloat16
     y_bf16 = bf16 and not float_out
     y = torch.empty((rows, out), dtype=torch.bfloat16 if y_bf16 else torch.float32)
-    scratch = _scratch.get(_scratch_bytes(head[0], rows, cols, bf16, out if y_bf16 else 0, swiglu))
+    scratch = _scratch.get(scratch_bytes(head[0], rows, cols, bf16, out if y_bf16 else 0, swiglu))
     rc = lib.q_matmul(*head, x.data_ptr(), bf16, rows, y.data_ptr(), out, y_bf16, scratch, 0,
                       swiglu)  # fmt: skip
     if rc:
@@ -449,7 +455,7 @@ def linear(
         at = 0
         for p in parts:
             p.pack()
-            scratch = _scratch.get(max(1, _scratch_bytes(p.qtype, rows, cols, bf16, 0, swiglu)))
+            scratch = _scratch.get(max(1, scratch_bytes(p.qtype, rows, cols, bf16, 0, swiglu)))
             rc = lib.q_matmul(
                 p.qtype, int(p.packed), p.data.data_ptr(), p.data.shape[1], p.shape[0], cols,
                 x2.data_ptr(), int(bf16), rows, y.data_ptr() + 4 * at, out, 0, scratch,

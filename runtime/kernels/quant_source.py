@@ -992,6 +992,74 @@ int q_matmul(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t out
     return 0;
 }
 
+/* ---- a decode step's layers in one call ---------------------------------------------------- */
+
+/* the other library's kernels the chain calls (cpu_fused: add_rms_norm and rope_decode of the
+   model's dtype), by address */
+typedef void (*chain_norm_fn)(void *hidden, const void *delta, const void *bias, const void *w,
+                              void *out, int64_t n, int64_t h, float eps);
+typedef void (*chain_attn_fn)(const void *step, const void *qkv, int64_t row, void *k_pool,
+                              void *v_pool, float scale, void *out);
+
+struct q_proj { /* q_matmul's leading arguments for one weight */
+    int64_t t, packed;
+    const uint8_t *w;
+    int64_t row_bytes, out, cols;
+};
+
+struct q_chain_layer {
+    struct q_proj qkv, o, gate_up, down;
+    const void *norm1, *norm2; /* the input and post-attention RMSNorm weights */
+    void *k_pool, *v_pool;
+    float scale;
+};
+
+struct q_chain {
+    int64_t layers, rows, hidden, bf16; /* bf16: the model's dtype (else float32) */
+    float eps;
+    chain_norm_fn norm;
+    chain_attn_fn attn;
+    const void *attn_step;              /* rope_decode's per-step arguments */
+    const struct q_chain_layer *layer;
+    /* [rows][...] buffers: h (the residual stream, updated in place), x (a norm's output),
+       qkv, att (attention's output), o, gu (gate | up), down (the MLP's output) */
+    void *h, *x, *qkv, *att, *o, *gu, *down, *scratch;
+};
+
+/* Every layer of a decode-only step of a Llama-family model without biases, as the Python
+   forward runs it (the same kernels on the same inputs in the same order, so the same bits):
+     x = add_norm(h, down_prev, norm1); qkv = x W_qkv; att = rope_decode(qkv);
+     o = att W_o; x = add_norm(h, o, norm2); gu = x W_gate_up; down = swiglu(gu) W_down.
+   The caller adds the last layer's `down` into h. Returns 0, or q_matmul's error code. */
+int q_decode_chain(const struct q_chain *c) {
+    int64_t n = c->rows;
+    int y_bf16 = (int)c->bf16, rc;
+    for (int64_t i = 0; i < c->layers; i++) {
+        const struct q_chain_layer *L = c->layer + i;
+        const struct q_proj *p;
+        c->norm(c->h, i ? c->down : NULL, NULL, L->norm1, c->x, n, c->hidden, c->eps);
+        p = &L->qkv;
+        rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, c->x,
+                      y_bf16, n, c->qkv, p->out, y_bf16, c->scratch, 0, 0);
+        if (rc) return rc;
+        c->attn(c->attn_step, c->qkv, L->qkv.out, L->k_pool, L->v_pool, L->scale, c->att);
+        p = &L->o;
+        rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, c->att,
+                      y_bf16, n, c->o, p->out, y_bf16, c->scratch, 0, 0);
+        if (rc) return rc;
+        c->norm(c->h, c->o, NULL, L->norm2, c->x, n, c->hidden, c->eps);
+        p = &L->gate_up;
+        rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, c->x,
+                      y_bf16, n, c->gu, p->out, y_bf16, c->scratch, 0, 0);
+        if (rc) return rc;
+        p = &L->down;
+        rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, c->gu,
+                      y_bf16, n, c->down, p->out, y_bf16, c->scratch, 0, 1);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* rows `ids` [n] of the table w (type t, cols values a row) -> out [n][cols] float32 */
 int q_embedding(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t rows,
                 int64_t cols, const int64_t *ids, int64_t n, float *out) {

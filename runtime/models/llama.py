@@ -17,6 +17,8 @@ from runtime.attention import AttentionBackend, LayerSpec, make_backend
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import ModelConfig
 from runtime.errors import UnsupportedModelError
+from runtime.kernels import cpu_quant
+from runtime.kernels.quant_chain import DecodeChain
 from runtime.memory.kv_pool import KVPool
 from runtime.models.layers import (
     AddNorm,
@@ -162,6 +164,8 @@ class LlamaModel:
         self.add_norm = AddNorm(config.rms_norm_eps, dtype, self.embed.device)
         # every layer attends alike: full causal attention at head_dim ** -0.5
         self.layer_specs = [LayerSpec(self.scale) for _ in self.layers]
+        # a decode-only step's layers in one C call (quantized weights; None: not yet decided)
+        self._chain: DecodeChain | bool | None = None
 
     def weight_bytes(self) -> int:
         """Bytes of weights read per forward pass (the embedding counted once when tied)."""
@@ -180,7 +184,12 @@ class LlamaModel:
         hidden = self.embed_tokens(batch.input_ids)
         t = hidden.shape[0]
         residual: tuple[torch.Tensor, torch.Tensor | None] | None = None  # not yet in hidden
-        for li, layer in enumerate(self.layers):
+        chained = self._chained(hidden, pool)
+        if chained is not None:  # the same kernels in the same order, called from C
+            residual, layers = (chained, None), []
+        else:
+            layers = self.layers
+        for li, layer in enumerate(layers):
             # attention block (the previous layer's MLP output joins the residual here)
             hidden, x = self.add_norm(hidden, residual, layer.input_norm)
             qkv = self.mm(x, layer.qkv, layer.qkv_bias)
@@ -197,6 +206,36 @@ class LlamaModel:
             out, bias = residual
             hidden = hidden + (out if bias is None else out + bias)
         return self.finish(hidden, batch)
+
+    def _chained(self, hidden: torch.Tensor, pool: KVPool) -> torch.Tensor | None:
+        """Every layer of a decode-only step through quant_chain.DecodeChain (the last layer's
+        MLP output; `hidden` updated in place up to it), or None where it does not apply."""
+        chain = self._chain
+        if chain is None:
+            chain = self._chain = self._decode_chain() or False
+        if chain is False or hidden.shape[0] >= cpu_quant.DENSE_ROWS or any(pool.window_layer):
+            return None
+        decode_rope = getattr(self.attention, "decode_rope", None)
+        rope = decode_rope(self.rotary, self.num_heads, hidden.dtype) if decode_rope else None
+        if rope is None or not hidden.is_contiguous():
+            return None
+        return chain.run(hidden, rope, pool.k, pool.v)
+
+    def _decode_chain(self) -> DecodeChain | None:
+        shard = self.shard
+        if shard.tp_size != 1 or not (shard.first_stage and shard.last_stage):
+            return None
+        if not self.add_norm.fused or not all(s.plain for s in self.layer_specs):
+            return None
+        layers = []
+        for w in self.layers:
+            if any(b is not None for b in (w.qkv_bias, w.o_bias, w.gate_up_bias, w.down_bias)):
+                return None
+            layers.append((w.input_norm, w.qkv, w.o, w.post_norm, w.gate_up, w.down))
+        if not DecodeChain.supported(layers, self.dtype):
+            return None
+        scales = [s.scale for s in self.layer_specs]
+        return DecodeChain(layers, scales, self.config.rms_norm_eps, self.dtype)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """The first stage embeds (vocab-parallel: each rank its rows, summed); later stages
