@@ -89,6 +89,27 @@ def test_portable_build_gives_the_simd_builds_bits(name):
         assert torch.equal(simd, portable), rows
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_input_quantization_edge_cases_give_the_portable_builds_bits(dtype):
+    # the SIMD input quantization (int16 blocks) against the portable one: a zero block, ties
+    # of the rounding (a block whose maximum is 32767: scale 1), tiny and huge blocks
+    if cpu_quant.library(portable=True) is None:
+        pytest.skip("portable build failed")
+    _, w = random_weight("Q4_1", 40, 256, seed=9)
+    torch.manual_seed(9)
+    x = torch.randn(3, 256)
+    x[0, :32] = 0.0
+    x[0, 32:64] = torch.tensor([32767.0] + [k + 0.5 for k in range(-16, 15)])
+    x[1, 64:96] *= 1e-30
+    x[1, 96:128] *= 1e30
+    x[2, 128:160] = -x[2, 128:160].abs()  # all negative
+    x = x.to(dtype)
+    for rows in (1, 3):
+        simd = cpu_quant.linear(x[:rows], w)
+        portable = cpu_quant.linear(x[:rows], w, portable=True, threads=1)
+        assert simd.dtype == dtype and torch.equal(simd, portable), rows
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q6_K"])
 def test_each_row_is_the_same_whatever_the_batch_and_threads(name):
     # 21 rows: the packed kernels share each unpacked block among 16 rows, then 5

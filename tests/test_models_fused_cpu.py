@@ -90,6 +90,40 @@ def test_decode_attention_over_the_quantized_kernels_pool_gives_the_same_bits():
     assert torch.equal(pooled, openmp) and torch.equal(pooled, torch.cat(alone))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_requests_kv_heads_split_over_the_pool_give_the_same_bits(dtype):
+    # a batch-1 decode step with a long context splits its kv heads over the quantized
+    # kernels' pool (3 kv heads on 2 threads: 2 + 1); each head as on one thread
+    import ctypes
+
+    from runtime.kernels import cpu_quant
+
+    lib = cpu_quant.library()
+    if lib is None:
+        pytest.skip("no quantized kernels")
+    heads, kv_heads, d, ps = 9, 3, 64, 16
+    k_pool = _rand(12, ps, kv_heads, d, dtype=dtype, seed=31)
+    v_pool = _rand(12, ps, kv_heads, d, dtype=dtype, seed=32)
+    table = torch.tensor([[3, 9, 1, 4, 7, 2]], dtype=torch.int32)
+    q = _rand(1, heads, d, dtype=dtype, seed=33)
+    threads = torch.get_num_threads()
+    try:
+        cpu_fused.run_attention_on(ctypes.cast(lib.q_pool_run, ctypes.c_void_p).value)
+        for length in (90, 33, 20):  # split, split, too short to split
+            rows = cpu_fused.DecodeRows.of(table, torch.tensor([length]))
+            torch.set_num_threads(2)
+            split = cpu_fused.decode_attention(q, k_pool, v_pool, rows, 0.125)
+            torch.set_num_threads(1)
+            one = cpu_fused.decode_attention(q, k_pool, v_pool, rows, 0.125)
+            assert torch.equal(split, one), length
+            want = reference.paged_decode_attention(
+                q, k_pool, v_pool, table, torch.tensor([length], dtype=torch.int32), 0.125
+            )
+            assert (split.float() - want.float()).abs().max().item() < ATTENTION_TOLERANCE[dtype]
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_decode_attention_rejects_heads_that_do_not_group():
     pool = torch.zeros(2, 4, 3, 8)
     rows = cpu_fused.DecodeRows.of(torch.ones(1, 1), torch.ones(1))

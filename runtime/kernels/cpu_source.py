@@ -213,6 +213,9 @@ FAST_PRELUDE = r"""
 typedef void (*par_fn)(void *args, int part, int parts);
 typedef void (*par_runner)(par_fn fn, void *args, int parts);
 static par_runner attention_runner;
+/* context length from which one request's decode attention splits its kv heads over the
+   runner's threads (shorter: the hand-off costs about what the split saves) */
+#define MIN_LEN_TO_SPLIT 32
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
 #define HAVE_VECTORS 1
 typedef float v16f __attribute__((vector_size(64)));
@@ -295,9 +298,9 @@ FAST = r"""
 /* The scores of a full 16-token page: for each query head, 16 per-token vectors of partial
    products (d / 16 multiply-adds each), summed across lanes together. */
 static inline __attribute__((always_inline)) void page_scores_SUF(
-    const float *qf, const KV_ *page_rows, int64_t g, int64_t hkv, int64_t d, int64_t len,
-    int64_t t0, float *scores) {
-    for (int64_t h = 0; h < hkv; h++)
+    const float *qf, const KV_ *page_rows, int64_t g, int64_t hkv, int64_t h0, int64_t h1,
+    int64_t d, int64_t len, int64_t t0, float *scores) {
+    for (int64_t h = h0; h < h1; h++)
         for (int64_t gi = 0; gi < g; gi++) {
             const float *qh = qf + (h * g + gi) * d;
             v16f part[16];
@@ -341,13 +344,14 @@ static inline __attribute__((always_inline)) void value_block_SUF(
 #endif
 
 /* Attention of one request's query heads (qf: scaled, float [hq, d]) to its `len` keys, into
-   acc [hq, d] (normalised). Token by token over all kv heads (a token's K or V row is one
-   contiguous run of hkv * d values), the next page prefetched. Inlined with constant d and
-   ps for the common shapes, so the row loops unroll into whole vectors. */
+   acc [hq, d] (normalised), for the query heads of kv heads h0 .. h1 - 1 (each head's
+   arithmetic the same whichever range it is in). Token by token over the kv heads (a token's
+   K or V row is one contiguous run of hkv * d values), the next page prefetched. Inlined with
+   constant d and ps for the common shapes, so the row loops unroll into whole vectors. */
 static inline __attribute__((always_inline)) void attend_SUF(
     const float *qf, const KV_ *k_pool, const KV_ *v_pool, const int32_t *pages, int64_t len,
-    int64_t g, int64_t hkv, int64_t d, int64_t ps, int64_t num_pages, float *scores, float *row,
-    float *acc, const int32_t *next_pages, int64_t next_count) {
+    int64_t g, int64_t hkv, int64_t h0, int64_t h1, int64_t d, int64_t ps, int64_t num_pages,
+    float *scores, float *row, float *acc, const int32_t *next_pages, int64_t next_count) {
     int64_t hq = g * hkv, width = hkv * d, npages = (len + ps - 1) / ps;
     int64_t page_bytes = (int64_t)sizeof(KV_) * ps * width;
     for (int pass = 0; pass < 2; pass++) {
@@ -355,7 +359,7 @@ static inline __attribute__((always_inline)) void attend_SUF(
 #ifdef HAVE_VECTORS
         if (pass == 1 && d % 16 == 0 && d <= 128) {
             int most = d <= 64 ? 4 : 2; /* query heads per block: at most 16 accumulators */
-            for (int64_t h = 0; h < hkv; h++)
+            for (int64_t h = h0; h < h1; h++)
                 for (int64_t qh = h * g, nb; qh < (h + 1) * g; qh += nb) {
                     nb = (h + 1) * g - qh < most ? (h + 1) * g - qh : most;
                     /* a constant block size each, so the accumulators are registers */
@@ -382,14 +386,14 @@ static inline __attribute__((always_inline)) void attend_SUF(
             int64_t t0 = pi * ps, m = len - t0 < ps ? len - t0 : ps;
 #ifdef HAVE_VECTORS
             if (pass == 0 && ps == 16 && m == 16 && d % 16 == 0) {
-                page_scores_SUF(qf, pool + page * ps * width, g, hkv, d, len, t0, scores);
+                page_scores_SUF(qf, pool + page * ps * width, g, hkv, h0, h1, d, len, t0, scores);
                 continue;
             }
 #endif
             for (int64_t o = 0; o < m; o++) {
                 const KV_ *src = pool + (page * ps + o) * width;
-                for (int64_t j = 0; j < width; j++) row[j] = LDK(src[j]);
-                for (int64_t h = 0; h < hkv; h++) {
+                for (int64_t j = h0 * d; j < h1 * d; j++) row[j] = LDK(src[j]);
+                for (int64_t h = h0; h < h1; h++) {
                     const float *r = row + h * d;
                     for (int64_t gi = 0; gi < g; gi++) {
                         int64_t qh = h * g + gi;
@@ -406,7 +410,7 @@ static inline __attribute__((always_inline)) void attend_SUF(
             }
         }
         if (pass == 1) break;
-        for (int64_t qh = 0; qh < hq; qh++) {
+        for (int64_t qh = h0 * g; qh < h1 * g; qh++) {
             float *sc = scores + qh * len, top = sc[0], total = 0.0f;
             for (int64_t t = 1; t < len; t++) top = sc[t] > top ? sc[t] : top;
             for (int64_t t = 0; t < len; t++) {
@@ -421,12 +425,13 @@ static inline __attribute__((always_inline)) void attend_SUF(
 
 /* One query per request against its paged K/V (pools [pages, ps, hkv, d]); query head h reads
    kv head h / (hq / hkv). Float32 softmax; a request with no key gets zeros. */
-/* decode attention for requests first .. last - 1 */
+/* decode attention for requests first .. last - 1, the query heads of kv heads h0 .. h1 - 1 */
 static void attend_rows_SUF(const T_ *q, const KV_ *k_pool, const KV_ *v_pool,
                             const int32_t *table, int64_t table_stride, const int32_t *lens,
-                            int64_t first, int64_t last, int64_t hq, int64_t hkv, int64_t d,
-                            int64_t ps, int64_t num_pages, float scale, T_ *out) {
-    int64_t g = hq / hkv, cap = 0;
+                            int64_t first, int64_t last, int64_t hq, int64_t hkv, int64_t h0,
+                            int64_t h1, int64_t d, int64_t ps, int64_t num_pages, float scale,
+                            T_ *out) {
+    int64_t g = hq / hkv, cap = 0, j0 = h0 * g * d, j1 = h1 * g * d; /* their q / out values */
     float *scores = NULL;
     float *qf = malloc(sizeof(float) * (size_t)(2 * hq * d + hkv * d));
     float *acc = qf + hq * d, *row = acc + hq * d;
@@ -434,7 +439,7 @@ static void attend_rows_SUF(const T_ *q, const KV_ *k_pool, const KV_ *v_pool,
         int64_t len = lens[bi];
         T_ *oh = out + bi * hq * d;
         if (len <= 0) {
-            for (int64_t j = 0; j < hq * d; j++) oh[j] = ST(0.0f);
+            for (int64_t j = j0; j < j1; j++) oh[j] = ST(0.0f);
             continue;
         }
         if (len > cap) {
@@ -446,17 +451,17 @@ static void attend_rows_SUF(const T_ *q, const KV_ *k_pool, const KV_ *v_pool,
         /* the V pass prefetches the next request's K pages, one per page it reads */
         const int32_t *next = bi + 1 < last ? pages + table_stride : NULL;
         int64_t next_count = next ? (lens[bi + 1] + ps - 1) / ps : 0;
-        for (int64_t j = 0; j < hq * d; j++) qf[j] = LD(q[bi * hq * d + j]) * scale;
+        for (int64_t j = j0; j < j1; j++) qf[j] = LD(q[bi * hq * d + j]) * scale;
         if (d == 64 && ps == 16)
-            attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, 64, 16, num_pages, scores, row,
-                       acc, next, next_count);
+            attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, h0, h1, 64, 16, num_pages, scores,
+                       row, acc, next, next_count);
         else if (d == 128 && ps == 16)
-            attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, 128, 16, num_pages, scores, row,
-                       acc, next, next_count);
+            attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, h0, h1, 128, 16, num_pages,
+                       scores, row, acc, next, next_count);
         else
-            attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, d, ps, num_pages, scores, row,
-                       acc, next, next_count);
-        for (int64_t j = 0; j < hq * d; j++) oh[j] = ST(acc[j]);
+            attend_SUF(qf, k_pool, v_pool, pages, len, g, hkv, h0, h1, d, ps, num_pages, scores,
+                       row, acc, next, next_count);
+        for (int64_t j = j0; j < j1; j++) oh[j] = ST(acc[j]);
     }
     free(scores);
     free(qf);
@@ -474,7 +479,14 @@ struct attend_job_SUF {
 static void attend_part_SUF(void *p, int part, int parts) { /* a contiguous run of requests */
     const struct attend_job_SUF *j = p;
     attend_rows_SUF(j->q, j->k_pool, j->v_pool, j->table, j->table_stride, j->lens,
-                    j->b * part / parts, j->b * (part + 1) / parts, j->hq, j->hkv, j->d, j->ps,
+                    j->b * part / parts, j->b * (part + 1) / parts, j->hq, j->hkv, 0, j->hkv,
+                    j->d, j->ps, j->num_pages, j->scale, j->out);
+}
+
+static void attend_heads_SUF(void *p, int part, int parts) { /* one request, a run of kv heads */
+    const struct attend_job_SUF *j = p;
+    attend_rows_SUF(j->q, j->k_pool, j->v_pool, j->table, j->table_stride, j->lens, 0, 1, j->hq,
+                    j->hkv, j->hkv * part / parts, j->hkv * (part + 1) / parts, j->d, j->ps,
                     j->num_pages, j->scale, j->out);
 }
 
@@ -490,6 +502,17 @@ void decode_attention_SUF(const T_ *q, const KV_ *k_pool, const KV_ *v_pool, con
         attention_runner(attend_part_SUF, &j, parts < b ? parts : (int)b);
         return;
     }
+    /* one request with a long enough context: its kv heads split over the runner's threads
+       (a batch-1 decode step's attention, while the other core would wait for the next
+       product) */
+    if (b == 1 && hkv > 1 && lens[0] >= MIN_LEN_TO_SPLIT && attention_runner &&
+        omp_get_max_threads() > 1) {
+        struct attend_job_SUF j = {q, k_pool, v_pool, table, lens, table_stride, b, hq, hkv, d,
+                                   ps, num_pages, scale, out};
+        int parts = omp_get_max_threads();
+        attention_runner(attend_heads_SUF, &j, parts < hkv ? parts : (int)hkv);
+        return;
+    }
     /* OpenMP is torch's own runtime here, so this follows torch's thread count: each thread
        takes a contiguous run of requests */
     if (b > 1 && omp_get_max_threads() > 1) {
@@ -497,12 +520,12 @@ void decode_attention_SUF(const T_ *q, const KV_ *k_pool, const KV_ *v_pool, con
         {
             int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
             attend_rows_SUF(q, k_pool, v_pool, table, table_stride, lens, b * id / nt,
-                            b * (id + 1) / nt, hq, hkv, d, ps, num_pages, scale, out);
+                            b * (id + 1) / nt, hq, hkv, 0, hkv, d, ps, num_pages, scale, out);
         }
         return;
     }
 #endif
-    attend_rows_SUF(q, k_pool, v_pool, table, table_stride, lens, 0, b, hq, hkv, d, ps,
+    attend_rows_SUF(q, k_pool, v_pool, table, table_stride, lens, 0, b, hq, hkv, 0, hkv, d, ps,
                     num_pages, scale, out);
 }
 """

@@ -201,9 +201,65 @@ static void dequant_block(int t, const uint8_t *b, float *out) {
 /* ---- the integer path: 32-element blocks ---------------------------------------------------- */
 
 /* x [n] (float32, or bf16 when `bf16`) in int16 blocks of 32: q [n], d [n/32], s [n/32] */
+#ifdef Q_AVX2
+/* quantize_row's block b in 8-float vectors: the same values (the maximum and the products are
+   exact operations, round-to-nearest-even as nearbyintf, the clamp and the integer sum alike) */
+static inline void quantize_block_v(const void *xv, int bf16, int64_t b, int16_t *q, float *d,
+                                    float *s, int8_t *h, uint8_t *l, int32_t *sq) {
+    __m256 x[4];
+    for (int i = 0; i < 4; i++) {
+        if (bf16) {
+            __m128i r = _mm_loadu_si128((const __m128i *)((const uint16_t *)xv + b * 32 + 8 * i));
+            x[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(r), 16));
+        } else {
+            x[i] = _mm256_loadu_ps((const float *)xv + b * 32 + 8 * i);
+        }
+    }
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) /* max(a, m) keeps m where a is NaN, as `a > amax ? a : amax` */
+        m = _mm256_max_ps(_mm256_and_ps(x[i], abs_mask), m);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float amax = _mm_cvtss_f32(m4);
+    float dd = amax / 32767.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i hi = _mm256_set1_epi32(32767), lo = _mm256_set1_epi32(-32767);
+    __m256i v[4], sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(x[i], vid),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(r), hi), lo);
+        sum = _mm256_add_epi32(sum, v[i]);
+    }
+    /* int32 -> int16 (in range: no saturation), back in element order */
+    __m256i q0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[0], v[1]), 0xd8);
+    __m256i q1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[2], v[3]), 0xd8);
+    _mm256_storeu_si256((__m256i *)(q + b * 32), q0);
+    _mm256_storeu_si256((__m256i *)(q + b * 32 + 16), q1);
+    const __m256i low8 = _mm256_set1_epi16(255);
+    __m256i hb = _mm256_packs_epi16(_mm256_srai_epi16(q0, 8), _mm256_srai_epi16(q1, 8));
+    __m256i lb = _mm256_packus_epi16(_mm256_and_si256(q0, low8), _mm256_and_si256(q1, low8));
+    _mm256_storeu_si256((__m256i *)(h + b * 32), _mm256_permute4x64_epi64(hb, 0xd8));
+    _mm256_storeu_si256((__m256i *)(l + b * 32), _mm256_permute4x64_epi64(lb, 0xd8));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    int total = _mm_cvtsi128_si32(s4);
+    d[b] = dd;
+    s[b] = dd * (float)total;
+    sq[b] = total;
+}
+#endif
+
 static void quantize_row(const void *xv, int bf16, int64_t n, int16_t *q, float *d, float *s,
                          int8_t *h, uint8_t *l, int32_t *sq) {
     for (int64_t b = 0; b < n / 32; b++) {
+#ifdef Q_AVX2
+        quantize_block_v(xv, bf16, b, q, d, s, h, l, sq);
+        continue;
+#endif
         float x[32], amax = 0.0f;
         for (int j = 0; j < 32; j++) {
             x[j] = bf16 ? bf16f((const uint8_t *)((const uint16_t *)xv + b * 32 + j))
@@ -259,6 +315,39 @@ Q_INLINE void unpack_p(const int t, const uint8_t *b, int8_t *w, float *d, float
         memcpy(w, b + 2, 32);
         return;
     }
+}
+
+#ifdef Q_AVX2
+/* f2bf of 8 floats, as 32-bit lanes holding the 16 bits */
+static inline __m256i f2bf_v(__m256i u) {
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+    __m256i quieted = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(rounded, quieted, nan);
+}
+
+/* bf2f(f2bf(x)) of 8 floats */
+static inline __m256 round_bf16_v(__m256 x) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(f2bf_v(_mm256_castps_si256(x)), 16));
+}
+#endif
+
+/* f2bf of n floats (NaN: quiet, as f2bf; else round to nearest even) */
+static void f2bf_row(const float *x, int64_t n, uint16_t *out) {
+    int64_t j = 0;
+#ifdef Q_AVX2
+    for (; j + 16 <= n; j += 16) {
+        __m256i r[2];
+        for (int i = 0; i < 2; i++)
+            r[i] = f2bf_v(_mm256_loadu_si256((const __m256i *)(x + j + 8 * i)));
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8);
+        _mm256_storeu_si256((__m256i *)(out + j), p);
+    }
+#endif
+    for (; j < n; j++) out[j] = f2bf(x[j]);
 }
 
 /* the lane-sum tree both builds share: (l_i + l_{i+4}), then (0 + 2) + (1 + 3) */
@@ -907,9 +996,18 @@ static void swiglu_rows(const void *x, int x_bf16, int64_t rows, int64_t cols, f
         }
 #endif
         for (; j < cols; j++) a[j] = a[j] / (1.0f + exp_poly(-a[j]));
-        if (x_bf16)
-            for (j = 0; j < cols; j++) a[j] = bf2f(f2bf(bf2f(f2bf(a[j])) * bf2f(xb[cols + j])));
-        else
+        if (x_bf16) {
+            j = 0;
+#ifdef Q_AVX2
+            for (; j + 8 <= cols; j += 8) {
+                __m128i up = _mm_loadu_si128((const __m128i *)(xb + cols + j));
+                __m256 u = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(up), 16));
+                __m256 g = round_bf16_v(_mm256_loadu_ps(a + j));
+                _mm256_storeu_ps(a + j, round_bf16_v(_mm256_mul_ps(g, u)));
+            }
+#endif
+            for (; j < cols; j++) a[j] = bf2f(f2bf(bf2f(f2bf(a[j])) * bf2f(xb[cols + j])));
+        } else
             for (j = 0; j < cols; j++) a[j] = a[j] * xf[cols + j];
     }
 }
@@ -987,8 +1085,7 @@ int q_matmul(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t out
     pool_run(q_part, &j, parts);
     if (y_bf16)
         for (int64_t m = 0; m < rows; m++)
-            for (int64_t r = 0; r < out; r++)
-                ((uint16_t *)y_out)[m * ldy_out + r] = f2bf(y[m * out + r]);
+            f2bf_row(y + m * out, out, (uint16_t *)y_out + m * ldy_out);
     return 0;
 }
 
