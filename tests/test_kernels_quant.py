@@ -110,6 +110,29 @@ def test_input_quantization_edge_cases_give_the_portable_builds_bits(dtype):
         assert simd.dtype == dtype and torch.equal(simd, portable), rows
 
 
+def test_packed_weights_follow_each_other_from_a_huge_page_boundary(monkeypatch):
+    # the arena: the first weight on a 2 MB boundary, each next one on the next cache line;
+    # the products as before
+    shapes = (("Q4_0", 40), ("Q8_0", 24), ("Q4_1", 16))
+    twins = [random_weight(name, rows, 256, seed=rows)[1] for name, rows in shapes]
+    for w in twins:  # packed into plain tensors
+        w.pack()
+    assert all(w.packed for w in twins)
+    monkeypatch.setattr(cpu_quant, "_arena", cpu_quant._Arena())
+    weights = [random_weight(name, rows, 256, seed=rows)[1] for name, rows in shapes]
+    before = [w.dequantize() for w in weights]
+    for w in weights:
+        w.pack()
+    at = [w.data.data_ptr() for w in weights]
+    assert at[0] % (1 << 21) == 0
+    for prev, p, w in zip(at, at[1:], weights, strict=False):
+        assert p - prev == -(-w.nbytes // 64) * 64
+    x = torch.randn(2, 256)
+    for w, twin, dense in zip(weights, twins, before, strict=True):
+        assert torch.equal(w.dequantize(), dense)
+        assert torch.equal(cpu_quant.linear(x, w), cpu_quant.linear(x, twin))
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q6_K"])
 def test_each_row_is_the_same_whatever_the_batch_and_threads(name):
     # 21 rows: the packed kernels share each unpacked block among 16 rows, then 5
