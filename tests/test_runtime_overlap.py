@@ -113,6 +113,23 @@ def test_greedy_tokens_equal_argmax(rows, vocab):
     assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
 
 
+def test_thread_chooser_switches_only_on_a_trial_confirmed_a_few_steps_later():
+    from runtime.models import threads
+
+    chooser = threads.ThreadChooser(object())
+    chooser._average, chooser._period = 1.0, 64
+    chooser._judge(1, 0.5)  # wins once: a second trial soon, against fresh steps' average
+    assert (chooser.current, chooser.switches, chooser._period) == (0, 0, threads.CONFIRM_AFTER)
+    assert chooser._average is None
+    chooser._average = 1.0  # the steps in between
+    chooser._judge(1, 0.95)  # the confirming trial loses: no switch, the period doubles
+    assert (chooser.current, chooser.switches, chooser._period) == (0, 0, 128)
+    chooser._judge(1, 0.5)
+    chooser._average = 1.0
+    chooser._judge(1, 0.6)  # won twice: switched
+    assert (chooser.current, chooser.switches) == (1, 1) and chooser._average == 0.6
+
+
 def test_thread_chooser_tries_the_other_count_and_keeps_tokens(model_dir, expected, monkeypatch):
     from runtime.models import threads
 

@@ -9,7 +9,12 @@ running the model on one pinned core; here the engine measures.
 `ThreadChooser.forward` runs the model with the current choice, and now and then one trial decode
 step with the other (prefill steps run with the current choice, unmeasured). A step's cost is its
 seconds per unit of work (tokens plus a fixed share for reading the weights); the trial wins when
-it costs less than 0.9x the recent average of the current choice. The first trial comes after 2
+it costs less than 0.9x the recent average of the current choice, and then wins a second trial
+against the average of a few fresh steps (one win can be noise: a burst elsewhere, or an
+average still holding a previous workload's dearer steps, as the cost counts no attention:
+after the few-shot workload's 1,500-token contexts a one-thread trial won at the start of the
+16-request decode workload, which then ran one thread, 1.35x slower, until the next trial). The
+first trial comes after 2
 decode steps (a warm-up request decides); after each trial the period at least doubles and grows
 until trials of the losing choice, however slow, take at most 2% of the decode time (a quiet
 machine pays one 1.5x-slower step in ~75, then fewer). oneDNN's matmuls give the same bits with
@@ -34,6 +39,7 @@ FIXED_TOKENS = 32  # a step's fixed cost (reading every weight once), in tokens 
 FIRST_TRIAL = 2  # decode steps before the first trial (a warm-up request decides)
 MAX_PERIOD = 4096
 WIN_MARGIN = 0.9  # the trial must cost less than this share of the current average
+CONFIRM_AFTER = 4  # decode steps between a winning trial and the trial that confirms it
 TRIAL_SHARE = 0.02  # losing trials may cost at most this share of the decode time
 
 
@@ -56,10 +62,11 @@ class ThreadChooser:
         self._average: float | None = None  # seconds per unit of work, current choice
         self._period = FIRST_TRIAL
         self._since_trial = 0
+        self._confirming: int | None = None  # the period to resume after a confirming trial
         self.switches = 0
 
     _OWN = frozenset(("_model", "choices", "current", "_average", "_period", "_since_trial",
-                      "switches"))  # fmt: skip
+                      "_confirming", "switches"))  # fmt: skip
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
@@ -100,6 +107,15 @@ class ThreadChooser:
         self._since_trial = 0
         assert self._average is not None
         ratio = cost / self._average
+        if ratio < WIN_MARGIN and self._confirming is None:
+            # won once: another trial must win too, against the average of CONFIRM_AFTER fresh
+            # steps of the current choice (the old average may hold another workload's steps:
+            # a step's cost counts no attention, so long contexts make it dearer)
+            self._confirming, self._period = self._period, CONFIRM_AFTER
+            self._average = None
+            return
+        if self._confirming is not None:  # the confirming trial: the period as it was
+            self._period, self._confirming = self._confirming, None
         if ratio < WIN_MARGIN:
             self.current, self._average = choice, cost
             self.switches += 1
