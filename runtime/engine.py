@@ -29,6 +29,7 @@ from runtime.disaggregation.modes import (
 )
 from runtime.errors import HiCacheConfigError, KVTransferError, ParallelConfigError
 from runtime.kernels import cpu_fused
+from runtime.kernels.cpu_quant import QuantTensor
 from runtime.memory.budget import default_kv_budget_bytes, resident_bytes
 from runtime.memory.hicache import HiCache, parse_extra_config
 from runtime.memory.kv_pool import (
@@ -258,6 +259,7 @@ class Engine:
         )  # fmt: skip
         self.model_fingerprint = model_fingerprint(loaded.config, loaded.state_dict)
         calibration = self._kv_calibration(kv_calibration, loaded)
+        quantized = any(isinstance(t, QuantTensor) for t in loaded.state_dict.values())
         if self.parallel:
             del loaded  # each worker loads its own shard
             self.model = ParallelModel(
@@ -298,16 +300,21 @@ class Engine:
         self.scheduler = self._make_scheduler(
             max_running_requests, chunked_prefill_tokens, overlap_wanted(overlap_schedule)
         )
-        self._free_loading_threads()
+        self._free_loading_threads(quantized)
         self._closed = False
         _LIVE_ENGINES.add(self)  # shut down at exit if the program never closes it
         self._log_ready()
 
-    def _free_loading_threads(self) -> None:
+    def _free_loading_threads(self, quantized: bool) -> None:
         """This thread's OpenMP team (from loading) would make libgomp stop spinning the
-        scheduler thread's: free it (cpu_fused.release_openmp_team)."""
+        scheduler thread's: free it (cpu_fused.release_openmp_team). Quantized weights run on
+        the quantized kernels' own pool, beside which a spinning OpenMP worker only takes a
+        core away: there this thread keeps a team of torch's size, so that libgomp's workers
+        spin briefly (cpu_fused.hold_openmp_team)."""
         if not self.parallel and self.device.type == "cpu" and cpu_fused.available(torch.float32):
             cpu_fused.release_openmp_team()
+            if quantized:
+                cpu_fused.hold_openmp_team()
 
     def _log_ready(self) -> None:
         logger.info(

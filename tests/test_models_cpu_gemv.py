@@ -295,3 +295,27 @@ def test_the_thread_that_loaded_a_model_gives_back_its_openmp_team():
     freed, gone, again, change = out.stdout.split()
     assert freed == "True" and int(gone) >= 1  # the team's worker thread exited
     assert again == "True" and change == "0"  # no team left: a second call changes nothing
+
+
+def test_a_held_openmp_team_keeps_its_workers_across_regions():
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch\n"
+        "from runtime.kernels import cpu_fused\n"
+        "torch.set_num_threads(2)\n"
+        "assert cpu_fused.available(torch.float32)\n"
+        "n = lambda: len(os.listdir('/proc/self/task'))\n"
+        "cpu_fused.release_openmp_team()\n"
+        "before = n()\n"
+        "size = cpu_fused.hold_openmp_team()\n"
+        "grown = n() - before\n"
+        "again = cpu_fused.hold_openmp_team()\n"
+        "print(size, grown, again, n() - before)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    size, grown, again, total = out.stdout.split()
+    assert size == "2" and grown == "1"  # a team of torch's size: one worker thread started
+    assert again == "2" and total == "1"  # the same team serves the next region

@@ -107,6 +107,25 @@ def test_engine_runs_the_file_and_reports_stored_weight_bytes(written, tmp_path,
     assert not (tmp_path / "cache").exists()  # nothing converted, nothing written
 
 
+def test_only_a_quantized_model_keeps_the_loading_threads_openmp_team(written, monkeypatch):
+    """Quantized products run on the quantized kernels' own pool: the engine keeps an OpenMP
+    team on its loading thread so that libgomp's workers spin only briefly beside it; a dense
+    model's matmuls are OpenMP regions, whose workers keep spinning (the team is freed)."""
+    from runtime.kernels import cpu_fused
+
+    if not cpu_fused.available(torch.float32):
+        pytest.skip("no C compiler: the fused kernels are not built")
+    calls = []
+    monkeypatch.setattr(cpu_fused, "hold_openmp_team", lambda: calls.append("hold") or 2)
+    path, folder, _ = written
+    with Engine(str(path), mem_budget_gb=0.05) as quant:
+        assert quant.generate("Hello", max_new_tokens=2, temperature=0.0).token_ids
+    assert calls == ["hold"]
+    with Engine(str(folder), mem_budget_gb=0.05):
+        pass
+    assert calls == ["hold"]
+
+
 def test_greedy_tokens_match_the_dequantized_fp32_forward_on_most_prompts(written):
     """The quantized model multiplies int8-quantized activations; its dequantized twin runs
     the same weights in fp32. A random tiny model's logits are close together, so a prompt

@@ -283,6 +283,22 @@ int release_openmp_team(void) {
     return 0;
 #endif
 }
+
+/* Open a parallel region on the calling thread and keep its team (its size; 0 without
+   OpenMP). With this thread's team and the scheduler thread's, libgomp manages more threads
+   than there are CPUs and its workers spin only briefly (its throttled count) after a region
+   before they sleep: right where another pool does the step's main work on the same cores. */
+int hold_openmp_team(void) {
+    int n = 0;
+#ifdef _OPENMP
+#pragma omp parallel
+    {
+#pragma omp single
+        n = omp_get_num_threads();
+    }
+#endif
+    return n;
+}
 """.replace("MIN_PAR", str(MIN_PARALLEL))
 )
 
