@@ -401,12 +401,13 @@ def hold_openmp_team() -> int:
     """Give the calling thread an OpenMP team of torch's thread count and keep it (its size;
     0 where the kernels are not built or OpenMP is absent). Beside the scheduler thread's team
     libgomp then manages more threads than CPUs, and its workers spin only briefly after each
-    region (libgomp's throttled spin count) instead of holding a core for milliseconds: what a
-    quantized model wants, whose projections and decode attention run on the quantized
-    kernels' own spinning pool (cpu_pool.py) while torch's regions (prefill attention, the
-    dense prompt products) are few. Measured on 2 cores, default Q4_1 model: json workload
-    3.9 -> 2.0 s, 16x128 decode 7.7 -> 5.7 s, batch-1 0.71 -> 0.57 s. A dense model keeps the
-    long spin: its matmuls are OpenMP regions back to back."""
+    region (libgomp's throttled spin count: 100 pauses against 300,000 when OMP_WAIT_POLICY
+    is unset) instead of holding a core for milliseconds: what a quantized model wants, whose
+    projections and decode attention run on the quantized kernels' own spinning pool
+    (cpu_pool.py) while torch's regions (prefill attention, the dense prompt products) are
+    few. Measured on 2 cores, default Q4_1 model: json workload 3.7 -> 2.0 s, 16x128 decode
+    7.8 -> 5.7 s, batch-1 0.74 -> 0.60 s. A dense model keeps the long spin (see
+    docs/quantization.md)."""
     if _load() is None:
         return 0
     return int(_fn("hold_openmp_team", None)())
