@@ -271,42 +271,43 @@ def test_argmax_of_one_row_is_torchs(row):
     assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))  # the sampler's one row
 
 
-def test_the_thread_that_loaded_a_model_gives_back_its_openmp_team():
+# a child process on torch's 2 threads with the fused kernels built; `n()` counts its threads
+_OPENMP_CHILD = (
+    "import os, time, torch\n"
+    "from runtime.kernels import cpu_fused\n"
+    "torch.set_num_threads(2)\n"
+    "assert cpu_fused.available(torch.float32)\n"
+    "n = lambda: len(os.listdir('/proc/self/task'))\n"
+)
+
+
+def _openmp_child(code: str) -> list[str]:
     import subprocess
     import sys
 
-    code = (
-        "import os, torch\n"
-        "from runtime.kernels import cpu_fused\n"
-        "torch.set_num_threads(2)\n"
-        "assert cpu_fused.available(torch.float32)\n"
-        "n = lambda: len(os.listdir('/proc/self/task'))\n"
+    out = subprocess.run([sys.executable, "-c", _OPENMP_CHILD + code], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_the_thread_that_loaded_a_model_gives_back_its_openmp_team():
+    freed, gone, again, change = _openmp_child(
         "torch.ones(1 << 22).add_(1)\n"  # a parallel op: this thread's team starts
         "before = n()\n"
         "freed = cpu_fused.release_openmp_team()\n"
-        "import time\n"  # a worker's exit shows in /proc a moment later on a busy machine
+        # a worker's exit shows in /proc a moment later on a busy machine
         "deadline = time.monotonic() + 2\n"
         "while n() >= before and time.monotonic() < deadline: time.sleep(0.01)\n"
         "after = n()\n"
         "print(freed, before - after, cpu_fused.release_openmp_team(), n() - after)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    freed, gone, again, change = out.stdout.split()
     assert freed == "True" and int(gone) >= 1  # the team's worker thread exited
     assert again == "True" and change == "0"  # no team left: a second call changes nothing
 
 
 def test_a_held_openmp_team_keeps_its_workers_across_regions():
-    import subprocess
-    import sys
-
-    code = (
-        "import os, torch\n"
-        "from runtime.kernels import cpu_fused\n"
-        "torch.set_num_threads(2)\n"
-        "assert cpu_fused.available(torch.float32)\n"
-        "n = lambda: len(os.listdir('/proc/self/task'))\n"
+    size, grown, again, total = _openmp_child(
         "cpu_fused.release_openmp_team()\n"
         "before = n()\n"
         "size = cpu_fused.hold_openmp_team()\n"
@@ -314,8 +315,5 @@ def test_a_held_openmp_team_keeps_its_workers_across_regions():
         "again = cpu_fused.hold_openmp_team()\n"
         "print(size, grown, again, n() - before)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    size, grown, again, total = out.stdout.split()
     assert size == "2" and grown == "1"  # a team of torch's size: one worker thread started
     assert again == "2" and total == "1"  # the same team serves the next region
