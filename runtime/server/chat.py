@@ -21,11 +21,11 @@ from pydantic import Field, PrivateAttr
 
 from runtime.server.errors import APIError
 from runtime.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from runtime.server.reasoning import get_reasoning_parser
 from runtime.server.structured import check_schema, constraint_field, openai_constraint
-from runtime.server.tool_parsers import JsonCallsParser, ToolParser, get_parser, parser_for_template
-from runtime.server.tool_plan import AnswerPlan, AnswerSpec, ReasoningSpec, tool_answer_spec
-from runtime.server.tools import (
+from runtime.server.tools.parser import JsonCallsParser, ToolParser, get_parser, parser_for_template
+from runtime.server.tools.plan import AnswerPlan, AnswerSpec, ReasoningSpec, tool_answer_spec
+from runtime.server.tools.reasoning import get_reasoning_parser
+from runtime.server.tools.request import (
     auto_tool_regex,
     calls_text,
     check_tool_schemas,

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.scheduling.request import GenerateResult
 from runtime.server import responses as R
-from runtime.server.call_scan import CallStreamer
 from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, sse, sse_error
-from runtime.server.reasoning import ReasoningStream
+from runtime.server.tools.reasoning import ReasoningStream
+from runtime.server.tools.scan import CallStreamer
 
 if TYPE_CHECKING:
     from runtime.server.chat import ChatRequest, ChatSetup

@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from runtime.scheduling.request import GenerateResult, StreamChunk, Usage
 from runtime.server.bridge import EngineBridge, EngineStream
 from runtime.server.errors import APIError, constraint_limit, constraint_refusal, from_exception
-from runtime.server.phases import PhasedStream
+from runtime.server.tools.phases import PhasedStream
 
 DISCONNECT_POLL_S = 0.25
 

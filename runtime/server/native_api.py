@@ -23,12 +23,12 @@ from runtime.server.protocol import (
     GenerateRequest,
     ScoreRequest,
 )
-from runtime.server.reasoning import END as THINK_END
-from runtime.server.reasoning import START as THINK_START
-from runtime.server.reasoning import get_reasoning_parser
 from runtime.server.state import get_state
 from runtime.server.structured import Constraint, logit_bias, native_constraint
-from runtime.server.tool_plan import AnswerPlan, AnswerSpec, ReasoningSpec
+from runtime.server.tools.plan import AnswerPlan, AnswerSpec, ReasoningSpec
+from runtime.server.tools.reasoning import END as THINK_END
+from runtime.server.tools.reasoning import START as THINK_START
+from runtime.server.tools.reasoning import get_reasoning_parser
 
 router = APIRouter()
 

@@ -19,7 +19,7 @@ from runtime.server.generation import ChoiceStreams, Job, SSEResponse, collect, 
 from runtime.server.protocol import BootstrapFields, SamplingFields
 from runtime.server.state import ServerState, get_state
 from runtime.server.structured import constraint_field, logit_bias, openai_constraint
-from runtime.server.tools import forced_tools
+from runtime.server.tools.request import forced_tools
 
 router = APIRouter()
 

@@ -32,7 +32,7 @@ import json
 import re
 from typing import Any
 
-from runtime.server.call_scan import (
+from runtime.server.tools.scan import (
     CallPiece,
     Scan,
     held_back,
