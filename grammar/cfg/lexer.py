@@ -42,7 +42,9 @@ class ContextLexer:
         cls_of = {t: [dfas[t].classes[int(b)] for b in reps] for t in comps}
         # a state is its signature: the live components and their states (dead ones dropped)
         start_sig = tuple((t, 1) for t in comps)
-        index: dict[tuple, int] = {(): DEAD, start_sig: START}
+        index: dict[tuple, int] = {(): DEAD}
+        if start_sig:  # with no candidate (only the end may follow) START leads nowhere
+            index[start_sig] = START
         order: list[tuple] = [(), start_sig]
         class_rows: list[list[int]] = [[DEAD] * len(reps)]
         i = START

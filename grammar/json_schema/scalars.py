@@ -131,9 +131,11 @@ def length_bounded(b: Builder, content: Node, lo: int, hi: int | None, ptr: str)
 
 def integer_value(b: Builder, s: dict, ptr: str) -> Node:
     """Integers; from draft 6 on also spelled with a zero fraction (1.0, -3.00): the
-    same values, so bounds and multipleOf hold for them as for the integer."""
+    same values, so bounds and multipleOf hold for them as for the integer. Strict mode
+    (generation) writes plain integers only, as XGrammar and vLLM do: a zero fraction has no
+    bound on its zeros (`"population":1.0000...` to max_tokens)."""
     bounds = _bounds(s)
-    zeros = b.integral_floats
+    zeros = b.integral_floats and not b.float64_numbers
     if bounds == (None,) * 4 and s.get("multipleOf") is None:
         text = number_text.INTEGER + (_ZERO_FRACTION if zeros else "")
         return shared_leaf(text, "integer")

@@ -14,11 +14,13 @@ same closure. An object that says `additionalProperties: true` (or a schema), ha
 `patternProperties`, or has a non-false `unevaluatedProperties` (its own or through `allOf` /
 `$ref`) stays open. Nothing under `not` or `if` changes (tightening a condition or a negation
 would loosen the schema). A schema with no object keywords (`{}`, any value) stays any value;
-`{"type": "object"}` alone becomes the empty object, as in OpenAI's strict mode.
+`{"type": "object"}` alone becomes the empty object, as in OpenAI's strict mode. An object
+schema with `const` or `enum` stays as it is: its values name their own keys.
 
 Integers: an integer schema without a `minimum` (`maximum`) gets I-JSON's exact range,
 `-(2**53 - 1)` (`2**53 - 1`): a value JavaScript and float parsers read back unchanged, and a
-bound on the digits a model can repeat (`"minutes": 1000000000...` to max_tokens).
+bound on the digits a model can repeat (`"minutes": 1000000000...` to max_tokens). Integers
+are generated plain (no `1.0` spelling, whose zeros would be unbounded); validation is unchanged.
 
 Numbers: a number carries at most the digits a float64 does (`number_text.FLOAT64_NUMBER`:
 17 in the integer part, 17 in the fraction, 3 in the exponent; more where the schema's own
@@ -142,7 +144,7 @@ class _Strict:
         _safe_integers(s)
         self.children(s)
         names = [*inherited, *self.names(s)]
-        if self.is_open(s) or not self._object_like(s, names):
+        if self.is_open(s) or not self._object_like(s, names) or _enumerated(s):
             self.branches(s, None)
             return s
         own = [*inherited, *self.names(s, branches=False)]
@@ -204,6 +206,12 @@ class _Strict:
         deps = s.get("dependentSchemas")
         if isinstance(deps, dict):
             s["dependentSchemas"] = {k: self.open(v) for k, v in deps.items()}
+
+
+def _enumerated(s: dict) -> bool:
+    """`const` / `enum` spell out every allowed value, their keys included: closing the object
+    to its declared properties would refuse them (`{"type": "object", "const": {"k": 1}}`)."""
+    return "const" in s or "enum" in s
 
 
 def _safe_integers(s: dict) -> None:
