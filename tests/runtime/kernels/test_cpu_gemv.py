@@ -17,7 +17,7 @@ from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
 from runtime.scheduling.sampling import greedy_tokens
 from tests._runtime_fixtures import make_tiny_model
-from tests.test_models_fused_cpu import _decode_run
+from tests.runtime.kernels.test_cpu_fused import _decode_run
 
 pytestmark = pytest.mark.skipif(
     not cpu_fused.available(torch.float32), reason="no C compiler: the torch ops run instead"

@@ -131,8 +131,8 @@ def test_unconstrained_text_spells_only_the_kept_markers(engine, tok):
 
 def test_llama3_strict_call_opens_on_the_python_tag_token(engine, tok):
     from runtime.server.protocol import Tool
-    from runtime.server.tool_parsers import get_parser
-    from runtime.server.tool_plan import tool_answer_spec
+    from runtime.server.tools.plan import tool_answer_spec
+    from runtime.server.tools.registry import get_parser
 
     parser = get_parser("llama3")
     tools = [Tool.model_validate(TIME)]

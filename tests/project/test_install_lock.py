@@ -13,7 +13,7 @@ from packaging.version import Version
 
 from scripts.lock_check import differences, read_lock
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _declared() -> list[Requirement]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_grammar_keywords_exact import _exact
+from tests.grammar.json_schema.test_keywords_exact import _exact
 
 D2020 = "https://json-schema.org/draft/2020-12/schema"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SCHEDULER_STATE = {"waiting", "running", "counters", "_admit_clock"}
 
 

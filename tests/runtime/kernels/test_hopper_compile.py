@@ -25,7 +25,7 @@ except ImportError as exc:  # the compile API moves between triton releases
         f"triton's ahead-of-time compile API is not available: {exc}", allow_module_level=True
     )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 
 

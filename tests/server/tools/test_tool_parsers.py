@@ -8,9 +8,10 @@ import zlib
 
 import pytest
 
-from runtime.server.call_scan import CallStreamer, python_literal
 from runtime.server.protocol import Tool
-from runtime.server.tool_parsers import get_parser, parser_for_template
+from runtime.server.tools.parser import CallStreamer
+from runtime.server.tools.registry import get_parser, parser_for_template
+from runtime.server.tools.scan import python_literal
 
 TOOLS = [
     Tool.model_validate({"function": {"name": n, "parameters": {"type": "object"}}})

@@ -17,7 +17,7 @@ from grammar.automata.fsm import DEAD, START, node_to_lazy_dfa, regex_to_dfa
 from grammar.automata.lazy_dfa import LazyDFA
 from grammar.json_schema.schema import json_schema_to_node
 from tests._grammar_fixtures import deepseek_vocab
-from tests.test_grammar_budget import NOTHING, _regexes
+from tests.grammar.automata.test_budget import NOTHING, _regexes
 
 
 def _expand_all(dfa: LazyDFA) -> None:

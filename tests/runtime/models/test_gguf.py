@@ -182,7 +182,7 @@ def test_the_decode_chain_gives_the_layer_by_layer_forwards_bits(chain_file, dty
     from runtime.attention import make_backend
     from runtime.kernels.quant_chain import DecodeChain
     from runtime.models.llama import LlamaModel
-    from tests.test_models_fused_cpu import _decode_run
+    from tests.runtime.kernels.test_cpu_fused import _decode_run
 
     config, state = load_gguf(chain_file)
     model = LlamaModel(config, state, dtype, attention=make_backend("cpu"))

@@ -24,7 +24,7 @@ from scripts.import_graph import (
     unnamed_modules,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # bottom to top; a module belongs to the longest prefix listed
 LAYERS = [

@@ -36,7 +36,7 @@ def test_an_engine_left_open_is_shut_down_at_exit(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tokens: [8, 8]" in proc.stdout

@@ -13,7 +13,7 @@ import torch
 from benchmarks import gpu_check
 from tests._runtime_fixtures import make_tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_payload.sh"])

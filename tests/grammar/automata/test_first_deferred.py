@@ -21,7 +21,7 @@ from grammar.automata.nfa_keys import Deferred
 from grammar.json_schema.exact import names
 from grammar.json_schema.scalars import STRING_CHAR_TEXT
 from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab, walk
-from tests.test_grammar_budget import NOTHING
+from tests.grammar.automata.test_budget import NOTHING
 
 NAME_LISTS = [
     pytest.param(["apiVersion", "kind", "metadata"], id="kubernetes"),

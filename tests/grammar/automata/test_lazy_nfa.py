@@ -17,7 +17,7 @@ from grammar.automata.lazy_dfa import LazyDFA
 from grammar.automata.nfa import NFA, parse_regex
 from grammar.json_schema.schema import json_schema_to_node
 from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab, walk
-from tests.test_grammar_budget import NOTHING
+from tests.grammar.automata.test_budget import NOTHING
 
 REGEXES = [
     r"(ab|cd)*e",

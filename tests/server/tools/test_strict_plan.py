@@ -12,9 +12,9 @@ import pytest
 
 from runtime.scheduling.request import GenerateResult
 from runtime.server.protocol import Tool
-from runtime.server.reasoning import ReasoningStream, get_reasoning_parser
-from runtime.server.tool_parsers import get_parser
-from runtime.server.tool_plan import AnswerPlan, ReasoningSpec, not_prefixed, tool_answer_spec
+from runtime.server.tools.plan import AnswerPlan, ReasoningSpec, not_prefixed, tool_answer_spec
+from runtime.server.tools.reasoning import ReasoningStream, get_reasoning_parser
+from runtime.server.tools.registry import get_parser
 
 WEATHER = Tool.model_validate(
     {

@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from runtime.server.call_scan import CallStreamer
 from runtime.server.chat import ChatRequest, render_prompt, renders_tool_calls
-from runtime.server.tool_parsers import JsonCallsParser, get_parser
-from runtime.server.tools import parse_tools
+from runtime.server.tools.json_calls import JsonCallsParser
+from runtime.server.tools.parser import CallStreamer
+from runtime.server.tools.registry import get_parser
+from runtime.server.tools.request import parse_tools
 
 TOOLS = parse_tools(
     [

@@ -19,7 +19,7 @@ from runtime.attention.kv_calibration import CALIBRATION_TEXT, calibrate, kv_cal
 from runtime.errors import UnsupportedAttentionError
 from runtime.kernels import cpu_fused, reference
 from runtime.memory.kv_pool import KVPool
-from tests.test_kv_cache_dtype import _batch
+from tests.runtime.memory.test_kv_cache_dtype import _batch
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 
