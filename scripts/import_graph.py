@@ -1,4 +1,5 @@
-"""The layout of the project's packages (grammar, runtime, sgl_dsl), read from source.
+"""The layout of the project's packages (grammar, runtime, sgl_dsl), read from source; the
+import graph and its cycles also over the benchmarks (``graph(packages=BENCHMARKS)``).
 
 The import graph: every ``import`` / ``from ... import`` counts, those inside functions and those
 under ``if TYPE_CHECKING:`` too (a type-only import still ties two modules' concepts together,
@@ -9,7 +10,7 @@ import c`` counts ``a.b.c`` when that is a module, else ``a.b``); importing a pa
 Beside the graph: functions longer than a limit, reads of the process environment outside a
 package's ``settings.py``, and modules that ``docs/ARCHITECTURE.md`` does not name.
 
-    python scripts/import_graph.py   # everything it finds, one line each
+    python scripts/import_graph.py   # everything it finds, one line each (benchmarks: cycles)
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("grammar", "runtime", "sgl_dsl")
+BENCHMARKS = ("benchmarks",)  # not a layer of the product: only its own graph is checked
 
 
-def modules(repo: Path = REPO) -> dict[str, Path]:
+def modules(repo: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     """{dotted module name: file} of every .py file of the packages (``__init__``: the package)."""
     out = {}
-    for pkg in PACKAGES:
+    for pkg in packages:
         for path in sorted((repo / pkg).rglob("*.py")):
             parts = path.relative_to(repo).with_suffix("").parts
             if parts[-1] == "__init__":
@@ -76,9 +78,10 @@ def _imports(tree: ast.Module, module: str, is_package: bool, mods: dict) -> set
     return out
 
 
-def graph(repo: Path = REPO) -> dict[str, set[str]]:
-    """{module: modules of the packages it imports} (a module never lists itself)."""
-    mods = modules(repo)
+def graph(repo: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """{module: modules of the packages it imports} (a module never lists itself); imports of
+    modules outside ``packages`` are left out."""
+    mods = modules(repo, packages)
     return {
         name: _imports(ast.parse(path.read_text(encoding="utf-8")), name,
                        path.name == "__init__.py", mods)
@@ -214,6 +217,7 @@ def unnamed_modules(repo: Path = REPO, doc: str = "docs/ARCHITECTURE.md") -> lis
 def main() -> int:
     edges = graph()
     found = cycles(edges)
+    found += cycles(graph(packages=BENCHMARKS))
     for comp in found:
         print("cycle:", " <-> ".join(comp))
     for name, n in sorted(long_functions(120).items()):
