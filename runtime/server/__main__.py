@@ -337,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_node(model, args.tp_size, args.pp_size, args.ep_size, args.nnodes,
                         args.node_rank, args.dist_init_addr,
                         resolve_device(args.device).type)  # fmt: skip
-    from runtime.server.tools.parser import ToolParserError, get_parser
     from runtime.server.tools.reasoning import ReasoningParserError, get_reasoning_parser
+    from runtime.server.tools.registry import ToolParserError, get_parser
 
     try:
         if args.tool_call_parser:

@@ -22,18 +22,17 @@ from pydantic import Field, PrivateAttr
 from runtime.server.errors import APIError
 from runtime.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from runtime.server.structured import check_schema, constraint_field, openai_constraint
-from runtime.server.tools.parser import JsonCallsParser, ToolParser, get_parser, parser_for_template
+from runtime.server.tools.json_calls import JsonCallsParser, auto_tool_regex, tool_call_schema
+from runtime.server.tools.parser import ToolParser
 from runtime.server.tools.plan import AnswerPlan, AnswerSpec, ReasoningSpec, tool_answer_spec
+from runtime.server.tools.prompt import calls_text, tools_system_text
 from runtime.server.tools.reasoning import get_reasoning_parser
+from runtime.server.tools.registry import get_parser, parser_for_template
 from runtime.server.tools.request import (
-    auto_tool_regex,
-    calls_text,
     check_tool_schemas,
     forced_tools,
     parse_tool_choice,
     parse_tools,
-    tool_call_schema,
-    tools_system_text,
 )
 
 JsonSchemaMode = Literal["strict", "exact"]
@@ -41,7 +40,7 @@ JsonSchemaMode = Literal["strict", "exact"]
 
 class ChatRequest(ChatCompletionRequest):
     """A chat request as the endpoint reads it: `tools` / `tool_choice` are checked by
-    `tools.py` (a malformed one is a 400 naming the field), plus `json_schema_mode` and the
+    `tools/request.py` (a malformed one is a 400 naming the field), plus `json_schema_mode` and the
     reasoning fields (SGLang's `separate_reasoning`, a reasoning budget under SGLang's or
     vLLM's name)."""
 

@@ -18,8 +18,8 @@ from runtime.scheduling.request import GenerateResult
 from runtime.server import responses as R
 from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, sse, sse_error
+from runtime.server.tools.parser import CallStreamer
 from runtime.server.tools.reasoning import ReasoningStream
-from runtime.server.tools.scan import CallStreamer
 
 if TYPE_CHECKING:
     from runtime.server.chat import ChatRequest, ChatSetup

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request
 from runtime.server.errors import APIError
 from runtime.server.protocol import _Body
 from runtime.server.state import get_state
-from runtime.server.tools.parser import ToolParserError, get_parser
 from runtime.server.tools.reasoning import ReasoningParserError, get_reasoning_parser
+from runtime.server.tools.registry import ToolParserError, get_parser
 from runtime.server.tools.request import parse_tools
 
 router = APIRouter()
@@ -35,7 +35,7 @@ async def parse_function_call(body: ParseFunctionCallRequest, request: Request) 
     state = get_state(request)
     name = body.tool_call_parser or state.tool_parser
     if name is None:
-        from runtime.server.tools.parser import parser_for_template
+        from runtime.server.tools.registry import parser_for_template
 
         name = parser_for_template(getattr(state.tokenizer, "chat_template", None))
     try:

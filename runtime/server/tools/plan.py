@@ -34,8 +34,9 @@ from typing import Any
 from runtime.scheduling.request import GenerateResult
 from runtime.server.errors import APIError
 from runtime.server.protocol import Tool
-from runtime.server.tools.parser import PythonicParser, ToolParser
+from runtime.server.tools.parser import ToolParser
 from runtime.server.tools.phases import Phase
+from runtime.server.tools.pythonic import PythonicParser
 from runtime.server.tools.reasoning import ReasoningParser
 
 logger = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def tool_answer_spec(
 @functools.lru_cache(maxsize=64)
 def _spec(name: str, key: str, named: str | None, required: bool, parallel: bool, mode: str,
           other: str | None) -> AnswerSpec:  # fmt: skip
-    from runtime.server.tools.parser import get_parser
+    from runtime.server.tools.registry import get_parser
 
     parser = get_parser(name)
     tools = [Tool.model_validate(t) for t in json.loads(key)]

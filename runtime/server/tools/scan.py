@@ -1,8 +1,8 @@
-"""Reading a (partial) tool-call answer: the pieces every parser in `tool_parsers.py` shares.
+"""Reading a (partial) tool-call answer: the pieces every call format shares.
 
 JSON values scanned without parsing (so an unfinished one is seen as unfinished), a call
-object's name and arguments so far, Python literals (the `pythonic` format), and
-`CallStreamer`, which turns the growing text into OpenAI's streamed `tool_calls` deltas.
+object's name and arguments so far, Python literals (the `pythonic` format). The formats'
+`CallStreamer` (in `parser.py`) turns what they read into OpenAI's streamed `tool_calls`.
 """
 
 from __future__ import annotations
@@ -154,40 +154,3 @@ def python_literal(text: str) -> Any:
         raise ValueError(f"not a literal: {ast.dump(node)}")
 
     return convert(ast.parse(text.strip(), mode="eval").body)
-
-
-class CallStreamer:
-    """OpenAI stream deltas of a growing answer: content pieces, and per call (in order, with
-    its own `index`) a first delta with id, type and name, then pieces of its arguments."""
-
-    def __init__(self, parser: Any) -> None:  # a tool_parsers.ToolParser
-        self.parser = parser
-        self.ids: list[str] = []
-        self.sent_args: list[int] = []
-        self.sent_content = 0
-
-    def feed(self, text: str, final: bool = False) -> list[dict[str, Any]]:
-        s = self.parser.scan(text, final)
-        deltas: list[dict[str, Any]] = []
-        if len(s.content) > self.sent_content and s.content.strip():
-            deltas.append({"content": s.content[self.sent_content :]})
-            self.sent_content = len(s.content)
-        calls: list[dict[str, Any]] = []
-        for k, c in enumerate(s.calls):
-            if k >= len(self.ids):
-                if c.name is None:
-                    break
-                self.ids.append(new_call_id())
-                self.sent_args.append(0)
-                fn = {"name": c.name, "arguments": ""}
-                calls.append({"index": k, "id": self.ids[k], "type": "function", "function": fn})
-            if len(c.arguments) > self.sent_args[k]:
-                piece = c.arguments[self.sent_args[k] :]
-                calls.append({"index": k, "function": {"arguments": piece}})
-                self.sent_args[k] = len(c.arguments)
-        deltas.extend({"tool_calls": [d]} for d in calls)
-        return deltas
-
-    @property
-    def started_calls(self) -> bool:
-        return bool(self.ids)

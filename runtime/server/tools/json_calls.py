@@ -1,0 +1,130 @@
+r"""`json`: our own call format, for templates that cannot render tools.
+
+A call is the JSON `{"name": <tool>, "arguments": {...}}`; with `parallel_tool_calls` (the
+default) the answer may also be a list of calls `[{...}, {...}]`, each to any of the tools;
+the calls are the whole answer. `JsonCallsParser` reads it (Llama 3's and Mistral's formats
+build on it). Its constraint:
+
+- `tool_choice` "required" or a named function: the output is constrained by a schema built
+  from the tools' parameter schemas (`anyOf` over the tools for "required"), so the calls
+  always parse and their arguments validate (unless max_tokens cuts them short: then
+  finish_reason is "length" and the raw text is returned as content).
+- `tool_choice` "auto" (the default when tools are given): the tools and the call format are
+  listed in a system text (`prompt.py`), and the output is constrained to the regex
+  `(<valid calls>)|([^{[][\s\S]*)`: an answer that starts with "{" (or "[" when parallel
+  calls are allowed) must be complete, valid calls; any other first character starts free
+  text. (A response_format given with auto joins the calls as another alternative.)
+
+The parameter schemas are generated under the request's `json_schema_mode` (strict by
+default: an object emits only the properties its schema declares).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+from typing import Any
+
+from runtime.server.protocol import Tool
+from runtime.server.tools.parser import ToolParser, json_string
+from runtime.server.tools.scan import Scan, scan_json_call, ws
+
+logger = logging.getLogger(__name__)
+
+
+class JsonCallsParser(ToolParser):
+    """Calls as JSON objects making up the whole answer (our format; Llama 3's)."""
+
+    name = "json"
+    openers = ("{", "[")
+    args_keys: tuple[str, ...] = ("arguments", "parameters")
+    separators = ","
+    prefix = ""
+
+    def scan(self, text: str, final: bool = False) -> Scan:
+        i = ws(text, 0)
+        if self.prefix and text.startswith(self.prefix, i):
+            i = ws(text, i + len(self.prefix))
+        elif self.prefix and self.prefix.startswith(text[i:]) and not final and i < len(text):
+            return Scan("")
+        if i >= len(text):
+            return Scan("" if not final else text)
+        if text[i] not in self.openers:
+            return Scan(text)
+        out = Scan("")
+        listed = text[i] == "["
+        if listed:
+            i += 1
+        while True:
+            i = ws(text, i)
+            while i < len(text) and text[i] in self.separators:
+                i = ws(text, i + 1)
+            if i >= len(text):
+                return out
+            if text[i] != "{":
+                if not (listed and text[i] == "]"):
+                    out.ok = False
+                return out
+            piece, i = scan_json_call(text, i + 1, self.args_keys)
+            out.calls.append(piece)
+            if i is None:
+                return out
+
+    def render(self, calls: list[tuple[str, Any]]) -> str:
+        objs = [{"name": n, "arguments": a} for n, a in calls]
+        return json.dumps(objs[0] if len(objs) == 1 else objs, ensure_ascii=False)
+
+    def call_regex(self, name: str, args: str) -> str:
+        head = re.escape('{"name": ' + json_string(name) + ', "arguments": ')
+        return f"{head}{args}\\}}"
+
+    def block_regex(self, calls: list[str], parallel: bool) -> str:
+        one = "(?:" + "|".join(calls) + ")"
+        return f"{one}|\\[{one}(?:, {one})*\\]" if parallel else one
+
+
+def _call_schema(tool: Tool) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": tool.function.name},
+            "arguments": tool.function.parameters,
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def tool_call_schema(tools: list[Tool], parallel: bool = False) -> dict[str, Any]:
+    """The JSON schema of one call to one of `tools`, or (parallel) also of a list of calls."""
+    one = _call_schema(tools[0]) if len(tools) == 1 else {"anyOf": [_call_schema(t) for t in tools]}
+    if not parallel:
+        return one
+    return {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+
+
+def auto_tool_regex(
+    tools: list[Tool], parallel: bool, mode: str, other: str | None = None
+) -> str | None:
+    """Valid calls to `tools`, or `other` (a regex), or text that starts with neither "{"
+    nor "[" (nor "{" alone without parallel calls); None when the grammar cannot say it.
+    Cached by the tools' JSON (an agent sends the same tools with every turn)."""
+    key = json.dumps([t.model_dump(mode="json") for t in tools], sort_keys=True)
+    return _auto_tool_regex(key, parallel, mode, other)
+
+
+@functools.lru_cache(maxsize=64)
+def _auto_tool_regex(key: str, parallel: bool, mode: str, other: str | None) -> str | None:
+    from grammar import GrammarError, json_schema_to_regex
+    from grammar.json_schema.strict import apply_mode
+
+    tools = [Tool.model_validate(t) for t in json.loads(key)]
+    try:
+        calls = json_schema_to_regex(apply_mode(tool_call_schema(tools, parallel), mode))
+    except GrammarError as exc:
+        logger.info("tool_choice auto without a constraint: %s", exc)
+        return None
+    text = r"[^{\[][\s\S]*" if parallel else r"[^{][\s\S]*"
+    return f"({calls})|({other if other is not None else text})"

@@ -1,0 +1,66 @@
+"""The `--tool-call-parser` names: each format's module, its aliases, and the format a chat
+template asks for.
+
+A new format is one module beside the others (a `ToolParser` subclass) and one entry in
+`PARSERS` (its SGLang / vLLM names in `ALIASES`, its template's markers in
+`parser_for_template`).
+"""
+
+from __future__ import annotations
+
+from runtime.server.tools.deepseekv3 import DeepSeekV3Parser
+from runtime.server.tools.hermes import HermesParser
+from runtime.server.tools.json_calls import JsonCallsParser
+from runtime.server.tools.llama3 import PYTHON_TAG, Llama3Parser
+from runtime.server.tools.mistral import MistralParser
+from runtime.server.tools.parser import ToolParser
+from runtime.server.tools.pythonic import PythonicParser
+
+
+class ToolParserError(ValueError):
+    """An unknown parser name."""
+
+
+PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": HermesParser,
+    "llama3": Llama3Parser,
+    "mistral": MistralParser,
+    "deepseekv3": DeepSeekV3Parser,
+    "pythonic": PythonicParser,
+    "json": JsonCallsParser,
+}
+ALIASES = {
+    "qwen25": "hermes",
+    "qwen": "hermes",
+    "qwen3": "hermes",
+    "llama3_json": "llama3",
+    "llama32": "llama3",
+    "llama4": "pythonic",
+    "deepseek_v3": "deepseekv3",
+}
+
+
+def get_parser(name: str) -> ToolParser:
+    key = ALIASES.get(name, name)
+    if key not in PARSERS:
+        known = sorted([*PARSERS, *ALIASES])
+        raise ToolParserError(f"unknown tool-call parser {name!r}; known: {', '.join(known)}")
+    return PARSERS[key]()
+
+
+def parser_for_template(template: str | None) -> str:
+    """The parser a chat template's tool format asks for (its call markers, looked up in
+    this order); `json` (our system text) when the template shows no known format."""
+    if not template:
+        return "json"
+    if "<tool_call>" in template:
+        return "hermes"
+    if "tool▁calls▁begin" in template:
+        return "deepseekv3"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if PYTHON_TAG in template or ('"parameters"' in template and "ipython" in template):
+        return "llama3"
+    if "func_name1(" in template or "[func_name(" in template:
+        return "pythonic"
+    return "json"
