@@ -17,6 +17,7 @@ Pattern = _patterns.Pattern
 InvalidSyntax = _patterns.InvalidSyntax
 Unsupported = _patterns.Unsupported
 parse_pattern = _patterns.parse_pattern
+REFlags = _patterns.REFlags
 # private in interegular: the parse tree's node classes, the parser, and two shared nodes
 CharGroup = _patterns._CharGroup
 Concatenation = _patterns._Concatenation
@@ -35,6 +36,7 @@ __all__ = [
     "NonCapturing",
     "ParsePattern",
     "Pattern",
+    "REFlags",
     "Repeated",
     "Unsupported",
     "nomatch",

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from grammar.automata import interegular_adapter as ip
 from grammar.automata.nfa_blocks import Copies, Embedded, moved
 from grammar.automata.nfa_keys import Structures, _matches_nothing
+from grammar.automata.regex_syntax import parse_user_regex
 from grammar.automata.utf8 import byte_mask, char_form
 from grammar.errors import GrammarError
 
@@ -29,8 +30,9 @@ EAGER_COPIES = 1000  # this many copies (a maxLength 32767 string's copies reser
 
 
 def parse_regex(pattern: str) -> ip.Pattern:
-    """Parse with interegular; unsupported constructs raise GrammarError naming them."""
-    return parsed_or_refused(ip.parse_pattern, pattern)
+    """Parse with interegular, in the dialect of `regex_syntax` (escapes, end anchors, flags);
+    unsupported constructs raise GrammarError naming them."""
+    return parsed_or_refused(parse_user_regex, pattern)
 
 
 def parsed_or_refused(parse: Callable[[str], ip.Pattern], pattern: str) -> ip.Pattern:

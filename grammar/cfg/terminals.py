@@ -121,7 +121,7 @@ def terminal_regex(name: str, pattern: object) -> str:
     kind = type(pattern).__name__
     value = pattern.value  # type: ignore[attr-defined]
     flags = set(pattern.flags)  # type: ignore[attr-defined]
-    unknown = flags - {"i"}
+    unknown = flags - {"i", "s", "u"}  # u: Unicode matching, what a text pattern has anyway
     if unknown:
         raise GrammarError(f"terminal {name}: regex flags {sorted(unknown)} are not supported")
     if kind == "PatternStr":
@@ -143,6 +143,8 @@ def terminal_regex(name: str, pattern: object) -> str:
         raise GrammarError(f"terminal {name}: lookaround is not supported in {value!r}")
     if "i" in flags:
         regex = _case_insensitive(regex)
+    if "s" in flags:  # `.` also matches a line break (grammar.automata.regex_syntax)
+        regex = f"(?s:{regex})"
     return _inline_case_groups(regex)
 
 
