@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tests._kernel_fixtures import interpreter_env
+from tests.support.triton_kernels import interpreter_env
 
 # Tests never reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

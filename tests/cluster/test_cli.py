@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from tests._cluster_fixtures import alive, descendants, launch, replica_pids, wait_for
-from tests._server_fixtures import tiny_model_dir
+from tests.support.cluster_process import alive, descendants, launch, replica_pids, wait_for
+from tests.support.server_process import tiny_model_dir
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -20,7 +20,7 @@ from runtime.disaggregation import mooncake
 from runtime.disaggregation.mooncake import load_transfer_engine, pieces
 from runtime.disaggregation.protocol import Kind, receive, send
 from runtime.errors import DisaggregationConfigError, KVTransferError
-from tests._runtime_fixtures import PROMPTS, make_tiny_model
+from tests.support.tiny_models import PROMPTS, make_tiny_model
 
 N = 10
 GREEDY = dict(max_new_tokens=N, temperature=0.0, ignore_eos=True)

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests._server_fixtures import SMALL_ENGINE, ServerProcess, free_port, tiny_model_dir
+from tests.support.server_process import SMALL_ENGINE, ServerProcess, free_port, tiny_model_dir
 
 pytestmark = pytest.mark.timeout(300)
 

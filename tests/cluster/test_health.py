@@ -16,13 +16,8 @@ import time
 import httpx
 import pytest
 
-from tests._cluster_fixtures import (
-    ClusterProcess,
-    alive,
-    completions_answered,
-    wait_for,
-)
-from tests._server_fixtures import tiny_model_dir
+from tests.support.cluster_process import ClusterProcess, alive, completions_answered, wait_for
+from tests.support.server_process import tiny_model_dir
 
 pytestmark = pytest.mark.timeout(300)
 

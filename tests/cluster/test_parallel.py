@@ -16,7 +16,7 @@ import torch
 
 from runtime import Engine
 from runtime.errors import ParallelConfigError
-from tests._runtime_fixtures import PROMPTS, make_tiny_model
+from tests.support.tiny_models import PROMPTS, make_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
 GREEDY = dict(max_new_tokens=10, min_new_tokens=10, temperature=0.0)
@@ -236,7 +236,7 @@ def test_server_with_tp_serves_and_sigterm_stops_every_rank(llama):
     import httpx
     import psutil
 
-    from tests._server_fixtures import SMALL_ENGINE, ServerProcess
+    from tests.support.server_process import SMALL_ENGINE, ServerProcess
 
     folder, _, _ = llama
     server = ServerProcess(folder, *SMALL_ENGINE, "--tp", "2")
@@ -261,7 +261,7 @@ def test_two_machines_on_loopback(llama):
     import subprocess
     import sys
 
-    from tests._server_fixtures import free_port
+    from tests.support.server_process import free_port
 
     folder, expected, _ = llama
     addr = f"127.0.0.1:{free_port()}"

@@ -18,8 +18,8 @@ import pytest
 import sgl_dsl as sgl
 from runtime.disaggregation.mooncake import load_transfer_engine
 from runtime.errors import DisaggregationConfigError
-from tests._cluster_fixtures import ClusterProcess, alive, wait_for
-from tests._server_fixtures import shared_server, tiny_model_dir
+from tests.support.cluster_process import ClusterProcess, alive, wait_for
+from tests.support.server_process import shared_server, tiny_model_dir
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -11,8 +11,8 @@ import openai
 import pytest
 
 import sgl_dsl as sgl
-from tests._cluster_fixtures import ClusterProcess, completions_answered, metric_sum
-from tests._server_fixtures import tiny_model_dir
+from tests.support.cluster_process import ClusterProcess, completions_answered, metric_sum
+from tests.support.server_process import tiny_model_dir
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 import sgl_dsl as sgl
-from tests._dsl_fixtures import ENGINE_KWARGS
+from tests.support.dsl_backends import ENGINE_KWARGS
 
 pytestmark = pytest.mark.heavy
 

@@ -9,12 +9,12 @@ import re
 
 import jsonschema
 import pytest
+from benchmarks.structured_output import GBNF, GBNF_AS_REGEX, LARK, TAG_SCHEMA
 
 import sgl_dsl as sgl
-from benchmarks.structured_output import GBNF, GBNF_AS_REGEX, LARK, TAG_SCHEMA
-from tests._dsl_fixtures import ENGINE_KWARGS, build_tiny_llama
-from tests._server_fixtures import shared_server
-from tests._structured_fixtures import needs_ebnf, needs_tags
+from tests.support.dsl_backends import ENGINE_KWARGS, build_tiny_llama
+from tests.support.marks import needs_ebnf, needs_tags
+from tests.support.server_process import shared_server
 
 WHOLE_TAG = {  # XGrammar's shape: the whole output is one tag
     "type": "structural_tag",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import sgl_dsl as sgl
-from tests._dsl_fixtures import ENGINE_KWARGS, build_tiny_llama
+from tests.support.dsl_backends import ENGINE_KWARGS, build_tiny_llama
 
 NOISE = {"temperature": 0, "ignore_eos": True}  # random weights: fixed length, greedy
 

@@ -12,7 +12,7 @@ from examples import (
     tool_agent,
     tree_of_thought,
 )
-from tests._dsl_fixtures import FakeBackend
+from tests.support.dsl_backends import FakeBackend
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import sgl_dsl as sgl
-from tests._dsl_fixtures import FakeBackend
+from tests.support.dsl_backends import FakeBackend
 
 
 @sgl.function
@@ -49,7 +49,7 @@ def test_role_blocks_without_system_get_the_template_default():
     ]
     assert tok.default_system == "Default system."
     # the text is exactly what the tokenizer's own template renders for these messages
-    from tests._dsl_fixtures import ChatMLTokenizer
+    from tests.support.dsl_backends import ChatMLTokenizer
 
     assert state.text() == ChatMLTokenizer().apply_chat_template(state.messages())
 

@@ -9,7 +9,7 @@ import pytest
 
 import sgl_dsl as sgl
 from sgl_dsl.ir import Gen, Select
-from tests._dsl_fixtures import FakeBackend
+from tests.support.dsl_backends import FakeBackend
 
 SGLANG_NAMES = (
     "Runtime RuntimeEndpoint assistant assistant_begin assistant_end flush_cache function gen "

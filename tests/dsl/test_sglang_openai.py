@@ -8,7 +8,7 @@ import re
 import pytest
 
 import sgl_dsl as sgl
-from tests._server_fixtures import shared_server
+from tests.support.server_process import shared_server
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import pytest
 
 import sgl_dsl as sgl
 from examples.sglang_programs import PROGRAMS
-from tests._dsl_fixtures import DEFAULT_MODEL_BUDGET, ENGINE_KWARGS, ON_THE_DEFAULT_MODEL
-from tests._server_fixtures import shared_server, tiny_model_dir
+from tests.support.dsl_backends import DEFAULT_MODEL_BUDGET, ENGINE_KWARGS, ON_THE_DEFAULT_MODEL
+from tests.support.server_process import shared_server, tiny_model_dir
 
 
 @pytest.fixture(scope="module")

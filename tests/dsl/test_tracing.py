@@ -7,7 +7,7 @@ import pytest
 import sgl_dsl as sgl
 from sgl_dsl.compiler import constant_prefix_length, prefix_text
 from sgl_dsl.ir import Append, ArgRef, Fork, GetForkItem, Join, RoleBegin, Text
-from tests._dsl_fixtures import FakeBackend
+from tests.support.dsl_backends import FakeBackend
 
 
 @sgl.function

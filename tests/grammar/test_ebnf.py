@@ -8,11 +8,11 @@ import random
 
 import numpy as np
 import pytest
-
 from benchmarks.grammar_gbnf import CASES
+
 from grammar import CompiledGrammar, GrammarError, compile_ebnf
 from grammar.ebnf.compiler import CompiledEBNF
-from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 
 
 def _ids(text: str) -> list[int]:

@@ -13,7 +13,8 @@ from grammar.json_schema import formats
 from grammar.json_schema.formats import FORMAT_REGEXES, UNSUPPORTED_FORMATS
 from runtime.scheduling.compile_pool import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
 from runtime.scheduling.constrained import ConstraintHooks
-from tests._grammar_fixtures import deepseek_vocab, serialise, smollm2_tokenizer
+from tests.support.json_text import serialise
+from tests.support.tokenizers import deepseek_vocab, smollm2_tokenizer
 
 SUPPORTED = sorted(f for f in FORMAT_REGEXES if f not in UNSUPPORTED_FORMATS)
 EXAMPLES = {

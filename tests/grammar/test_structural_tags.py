@@ -9,7 +9,7 @@ import pytest
 
 from grammar import CompiledEBNF, CompiledGrammar, GrammarError, compile_structural_tag
 from grammar.structural import spec as spec_module
-from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 
 WEATHER = {
     "type": "object",
@@ -240,7 +240,8 @@ def test_bad_specs_are_refused_naming_the_field(spec: dict, path: str) -> None:
 def test_tool_call_benchmark_accepts_no_invalid_call(capsys) -> None:
     """The structural-tags benchmark on 3 tools: every valid call walks, no invalid one does."""
     from benchmarks.grammar_structural import structural_suite
-    from tests._grammar_fixtures import bench_files
+
+    from tests.support.schema_bench import bench_files
 
     if not bench_files():
         pytest.skip("JSONSchemaBench sample not found")

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from runtime import Engine
-from tests._runtime_fixtures import make_tiny_model
+from tests.support.tiny_models import make_tiny_model
 
 SCHEMA = {
     "type": "object",

@@ -5,15 +5,13 @@ gpu_check.py (engine vs transformers, the padded decode path) runs on the CPU.""
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from benchmarks import gpu_check
-from tests._runtime_fixtures import make_tiny_model
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+from tests.support.tiny_models import make_tiny_model
 
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_payload.sh"])

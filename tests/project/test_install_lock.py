@@ -4,7 +4,6 @@ extra included) is pinned, exactly once, at a version its range allows; torch is
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -12,8 +11,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from scripts.lock_check import differences, read_lock
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 
 def _declared() -> list[Requirement]:

@@ -23,8 +23,7 @@ from scripts.import_graph import (
     long_functions,
     unnamed_modules,
 )
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 # bottom to top; a module belongs to the longest prefix listed
 LAYERS = [

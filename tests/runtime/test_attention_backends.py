@@ -39,14 +39,14 @@ def _triton_or_skip() -> None:
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    from tests._runtime_fixtures import make_tiny_model
+    from tests.support.tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("attn") / "tiny-llama")
 
 
 @pytest.fixture(scope="module")
 def deepseek_dir(tmp_path_factory):
-    from tests._runtime_fixtures import make_tiny_model
+    from tests.support.tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("attn") / "tiny-ds", "deepseek_v2")
 

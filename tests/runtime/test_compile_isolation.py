@@ -25,8 +25,8 @@ from runtime.scheduling.compile_pool import (
     arrival,
     largest_count,
 )
-from tests._runtime_fixtures import make_tiny_model
-from tests._server_fixtures import shared_server
+from tests.support.server_process import shared_server
+from tests.support.tiny_models import make_tiny_model
 
 PROMPT = "Give me the data:"
 HUGE = "a{1000000}"  # a million-state automaton: minutes of work, gigabytes of it

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from runtime import Engine
-from tests._runtime_fixtures import make_tiny_model
+from tests.support.tiny_models import make_tiny_model
 
 SCHEMAS = {
     "flat": {

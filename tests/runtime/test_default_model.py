@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from runtime.kernels.cpu_quant import QuantTensor
 
 from runtime import Engine
 from runtime.default_model import (
@@ -15,7 +16,6 @@ from runtime.default_model import (
     default_model_dir,
     ensure_default_model,
 )
-from runtime.kernels.cpu_quant import QuantTensor
 
 pytestmark = pytest.mark.heavy
 

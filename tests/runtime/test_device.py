@@ -18,8 +18,8 @@ from runtime.device import DecodeGraphRunner, default_batch_sizes, resolve_devic
 from runtime.device.graph_runner import LENGTH, PAGES, graph_blocker
 from runtime.errors import DeviceUnavailableError
 from runtime.workers.layout import Layout
-from tests._runtime_fixtures import PROMPTS, make_tiny_model
-from tests._server_fixtures import ServerProcess
+from tests.support.server_process import ServerProcess
+from tests.support.tiny_models import PROMPTS, make_tiny_model
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 

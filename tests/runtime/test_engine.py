@@ -9,7 +9,7 @@ import torch
 
 from runtime import Engine, GenerateResult, StreamChunk
 from runtime.errors import PromptTooLongError
-from tests._runtime_fixtures import PROMPTS, hf_greedy, hf_model, make_tiny_model
+from tests.support.tiny_models import PROMPTS, hf_greedy, hf_model, make_tiny_model
 
 N = 12
 

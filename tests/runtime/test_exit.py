@@ -10,7 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests._runtime_fixtures import make_tiny_model
+from tests.support.paths import REPO
+from tests.support.tiny_models import make_tiny_model
 
 PROGRAM = textwrap.dedent(
     """
@@ -36,7 +37,7 @@ def test_an_engine_left_open_is_shut_down_at_exit(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tokens: [8, 8]" in proc.stdout

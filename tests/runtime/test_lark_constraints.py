@@ -7,7 +7,7 @@ import pytest
 
 import sgl_dsl as sgl
 from runtime import Engine
-from tests._runtime_fixtures import make_tiny_model
+from tests.support.tiny_models import make_tiny_model
 
 # a finite language: every sampled output ends within the token budget
 SELECT_GRAMMAR = r"""

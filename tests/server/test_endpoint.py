@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 
 import sgl_dsl as sgl
 from sgl_dsl.backend.endpoint import RuntimeEndpoint
-from tests._server_fixtures import shared_server, tiny_model_dir
+from tests.support.server_process import shared_server, tiny_model_dir
 
 NOISE = {"temperature": 0, "ignore_eos": True}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests._server_fixtures import shared_server
+from tests.support.server_process import shared_server
 
 USER = [{"role": "user", "content": "hi"}]
 LONG_PROMPT = "hello " * 5000  # > the tiny model's 4096-token context

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests._server_fixtures import SMALL_ENGINE, ServerProcess, tiny_model_dir
+from tests.support.server_process import SMALL_ENGINE, ServerProcess, tiny_model_dir
 
 KEY = "sekret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

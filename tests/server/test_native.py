@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests._server_fixtures import engine_stats, shared_server, wait_until_idle
+from tests.support.server_process import engine_stats, shared_server, wait_until_idle
 
 NOISE = {"temperature": 0, "ignore_eos": True}
 

@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests._server_fixtures import constrained_decoding_available, shared_server
+from tests.support.server_process import constrained_decoding_available, shared_server
 
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 needs_constraints = pytest.mark.xfail(

@@ -8,7 +8,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests._server_fixtures import constrained_decoding_available, shared_default_server
+from tests.support.server_process import constrained_decoding_available, shared_default_server
 
 pytestmark = pytest.mark.heavy
 

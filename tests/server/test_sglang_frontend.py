@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from examples.sglang_programs import PROGRAMS
-from tests._dsl_fixtures import DEFAULT_MODEL_BUDGET, ON_THE_DEFAULT_MODEL
-from tests._server_fixtures import shared_default_server, shared_server
+from tests.support.dsl_backends import DEFAULT_MODEL_BUDGET, ON_THE_DEFAULT_MODEL
+from tests.support.server_process import shared_default_server, shared_server
 
 sgl = pytest.importorskip("sglang", reason="SGLang's frontend is not installed")
 

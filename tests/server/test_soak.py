@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks import soak_topologies
 from benchmarks.soak import soak
-from tests._server_fixtures import tiny_model_dir
+
+from benchmarks import soak_topologies
+from tests.support.server_process import tiny_model_dir
 
 
 def test_a_minute_of_mixed_load_with_faults_on_one_server():

@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from benchmarks.structured_output import (
     BIASED_TOKEN,
     GBNF,
@@ -24,9 +23,10 @@ from benchmarks.structured_output import (
     matches,
     obeys_schema,
 )
-from tests._runtime_fixtures import smollm_tokenizer
-from tests._server_fixtures import shared_server
-from tests._structured_fixtures import needs_ebnf, needs_tags
+
+from tests.support.marks import needs_ebnf, needs_tags
+from tests.support.server_process import shared_server
+from tests.support.tiny_models import smollm_tokenizer
 
 
 @pytest.fixture(scope="module")

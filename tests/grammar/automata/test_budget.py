@@ -17,11 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grammar import GrammarError, compile_json_schema, regex_to_dfa
-from grammar.automata import interegular_adapter as ip
 from grammar.automata import regex_ast as ra
 from grammar.automata.fsm import DEFAULT_MAX_STATES, START, _prune_dead_ends, node_to_dfa
 from grammar.json_schema.schema import json_schema_to_node
-from tests._grammar_fixtures import BENCH_DIR, NO_BENCH, deepseek_tokenizer, deepseek_vocab, walk
+from tests.support.regex_cases import NOTHING, random_regexes
+from tests.support.schema_bench import BENCH_DIR, NO_BENCH
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
+from tests.support.walks import walk
 
 ALPHABET = 'ab\u00e9\u65e5\U0001f600"\\'  # 1-, 2-, 3- and 4-byte characters, JSON specials
 
@@ -85,9 +87,6 @@ def test_nested_counted_repetitions_agree_with_python_re() -> None:
             i = rng.randrange(len(text))
             text = text[:i] + rng.choice("abcde") + text[i + 1 :]
         assert dfa.matches(text.encode()) == bool(rx.fullmatch(text)), text
-
-
-NOTHING = ip.CharGroup(frozenset(), False)  # a character class that matches nothing
 
 
 @pytest.mark.parametrize(
@@ -188,24 +187,6 @@ def test_a_bench_schema_that_exceeded_the_budget_compiles() -> None:
             assert walk(g, tok.encode(text, add_special_tokens=False))
 
 
-def _regexes() -> st.SearchStrategy[str]:
-    atoms = st.sampled_from(["a", "b", "\u00e9", "[a-c]", ".", "(a|)", "[^a]"])
-
-    def grow(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
-        counted = st.tuples(inner, st.integers(0, 12), st.integers(0, 6)).map(
-            lambda t: f"({t[0]}){{{t[1]},{t[1] + t[2]}}}"
-        )
-        return st.one_of(
-            st.tuples(inner, inner).map("".join),
-            st.tuples(inner, inner).map(lambda t: f"({t[0]}|{t[1]})"),
-            inner.map(lambda r: f"({r})*"),
-            inner.map(lambda r: f"({r})?"),
-            counted,
-        )
-
-    return st.recursive(atoms, grow, max_leaves=6)
-
-
 _ALONE = "SGL_TEST_IN_OWN_PROCESS"
 
 
@@ -228,7 +209,7 @@ def test_random_regexes_with_counted_repetitions_in_a_fresh_process() -> None:
 
 
 @pytest.mark.skipif(_ALONE not in __import__("os").environ, reason="run by the test above")
-@given(pattern=_regexes(), data=st.data())
+@given(pattern=random_regexes(), data=st.data())
 @settings(max_examples=300, deadline=None)
 def test_property_random_regexes_with_counted_repetitions_agree_with_re(
     pattern: str, data: st.DataObject

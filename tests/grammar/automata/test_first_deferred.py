@@ -20,8 +20,9 @@ from grammar.automata.nfa import NFA
 from grammar.automata.nfa_keys import Deferred
 from grammar.json_schema.exact import names
 from grammar.json_schema.scalars import STRING_CHAR_TEXT
-from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab, walk
-from tests.grammar.automata.test_budget import NOTHING
+from tests.support.regex_cases import NOTHING
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
+from tests.support.walks import walk
 
 NAME_LISTS = [
     pytest.param(["apiVersion", "kind", "metadata"], id="kubernetes"),

@@ -15,7 +15,8 @@ from grammar.automata import dfa_ops
 from grammar.automata.fsm import START, ByteDFA, regex_to_dfa
 from grammar.automata.nfa import NFA, parse_regex
 from grammar.json_schema.scalars import STRING_CHAR_TEXT
-from tests._grammar_fixtures import assert_masks_on_walks_match, deepseek_tokenizer, deepseek_vocab
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
+from tests.support.walks import assert_masks_on_walks_match
 
 
 def _same_language(a: ByteDFA, b: ByteDFA) -> bool:

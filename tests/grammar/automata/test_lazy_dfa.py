@@ -16,8 +16,8 @@ from grammar.automata import regex_ast as ra
 from grammar.automata.fsm import DEAD, START, node_to_lazy_dfa, regex_to_dfa
 from grammar.automata.lazy_dfa import LazyDFA
 from grammar.json_schema.schema import json_schema_to_node
-from tests._grammar_fixtures import deepseek_vocab
-from tests.grammar.automata.test_budget import NOTHING, _regexes
+from tests.support.regex_cases import NOTHING, random_regexes
+from tests.support.tokenizers import deepseek_vocab
 
 
 def _expand_all(dfa: LazyDFA) -> None:
@@ -46,7 +46,7 @@ def _reaches_acceptance(dfa: LazyDFA) -> bool:
     return live == set(range(1, n))
 
 
-@given(pattern=_regexes(), data=st.data())
+@given(pattern=random_regexes(), data=st.data())
 @settings(max_examples=200, deadline=None)
 def test_lazy_dfa_agrees_with_re_and_the_eager_dfa(pattern: str, data: st.DataObject) -> None:
     lazy = node_to_lazy_dfa(pattern)

@@ -16,8 +16,9 @@ from grammar.automata.fsm import DEFAULT_MAX_STATES, nfa_budget, node_to_lazy_df
 from grammar.automata.lazy_dfa import LazyDFA
 from grammar.automata.nfa import NFA, parse_regex
 from grammar.json_schema.schema import json_schema_to_node
-from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab, walk
-from tests.grammar.automata.test_budget import NOTHING
+from tests.support.regex_cases import NOTHING
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
+from tests.support.walks import walk
 
 REGEXES = [
     r"(ab|cd)*e",

@@ -6,7 +6,7 @@ import pytest
 
 from grammar.cfg.compiler import compile_lark
 from grammar.errors import GrammarError
-from tests._grammar_fixtures import deepseek_vocab
+from tests.support.tokenizers import deepseek_vocab
 
 
 @pytest.mark.parametrize(

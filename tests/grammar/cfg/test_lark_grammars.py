@@ -10,7 +10,7 @@ import pytest
 
 from grammar import TokenVocabulary
 from grammar.cfg.compiler import compile_lark
-from tests._cfg_fixtures import (
+from tests.support.lark_sentences import (
     EXAMPLES,
     accepts_tokens,
     corruptions,
@@ -18,7 +18,7 @@ from tests._cfg_fixtures import (
     lark_accepts,
     valid_sentences,
 )
-from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab, smollm2_tokenizer
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab, smollm2_tokenizer
 
 SENTENCES = 12
 

@@ -10,8 +10,8 @@ import pytest
 
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema.lark import compile_json_schema_cfg, json_schema_to_lark
-from tests._cfg_fixtures import accepts_tokens, corruptions
-from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab
+from tests.support.lark_sentences import accepts_tokens, corruptions
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 
 TREE = {
     "$defs": {

@@ -2,13 +2,13 @@
 beside conditional applicators, prefixItems merged element by element, `not` of tuples and of
 alternatives, $dynamicRef through the dynamic scope, objects with the same patterns merged.
 Each instance is walked through the compiled constraint, `jsonschema` the oracle (helpers:
-test_grammar_keywords_exact.py)."""
+tests/support/exact_walks.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.grammar.json_schema.test_keywords_exact import _exact
+from tests.support.exact_walks import assert_exact
 
 D2020 = "https://json-schema.org/draft/2020-12/schema"
 
@@ -63,7 +63,7 @@ BAR, BAZ = {"properties": {"bar": {"const": 1}}}, {"properties": {"baz": {"const
     ],
 )
 def test_unevaluated_properties_beside_conditional_applicators_are_exact(schema, instances) -> None:
-    _exact(schema, instances)
+    assert_exact(schema, instances)
 
 
 # ----- prefixItems merged element by element; unevaluatedItems past an evaluated prefix -----
@@ -114,7 +114,7 @@ def test_unevaluated_properties_beside_conditional_applicators_are_exact(schema,
     ],
 )
 def test_tuples_merge_element_by_element(schema, instances) -> None:
-    _exact(schema, instances)
+    assert_exact(schema, instances)
 
 
 @pytest.mark.parametrize(
@@ -126,7 +126,7 @@ def test_tuples_merge_element_by_element(schema, instances) -> None:
     ],
 )
 def test_not_of_tuples_and_items_is_exact(schema) -> None:
-    _exact(schema, [[], [1], ["a"], [1, "x"], [1, "y"], [1, "x", 3], [2.5, "x"], "s", {}])
+    assert_exact(schema, [[], [1], ["a"], [1, "x"], [1, "y"], [1, "x", 3], [2.5, "x"], "s", {}])
 
 
 # ----- $dynamicRef through the dynamic scope -----
@@ -188,7 +188,7 @@ def _typed_list(name: str, t: str) -> dict:
     ],
 )
 def test_dynamic_refs_resolve_through_the_dynamic_scope(schema, instances) -> None:
-    _exact(schema, instances)
+    assert_exact(schema, instances)
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_dynamic_refs_resolve_through_the_dynamic_scope(schema, instances) -> No
     ],
 )
 def test_not_of_alternatives_is_exact(schema) -> None:
-    _exact(schema, [1, 2, 3, 2.5, 1.5, "a", "ab", None, [], {}])
+    assert_exact(schema, [1, 2, 3, 2.5, 1.5, "a", "ab", None, [], {}])
 
 
 @pytest.mark.parametrize(
@@ -235,7 +235,8 @@ def test_not_of_alternatives_is_exact(schema) -> None:
 )
 def test_objects_with_the_same_patterns_merge_exactly(schema) -> None:
     instances = [{}, {"a": 1}, {"a": 3}, {"ab": 3}, {"ab": 7}, {"b": "x"}, {"b": 1}, {"c": 1}]
-    _exact(schema, [*instances, {"a": "x"}, {"foo": "x", "bar": "y"}, {"bark": 1}, {"baz": 1}])
+    more = [{"a": "x"}, {"foo": "x", "bar": "y"}, {"bark": 1}, {"baz": 1}]
+    assert_exact(schema, [*instances, *more])
 
 
 @pytest.mark.parametrize(

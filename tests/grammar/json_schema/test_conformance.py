@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from benchmarks.conformance import groups, scored_schema, suite_dir, suite_files
+
 from grammar import UnsupportedSchemaError
 from grammar.automata.fsm import node_to_lazy_dfa
 from grammar.json_schema.schema import json_schema_to_node, json_schema_to_regex
-from tests._grammar_fixtures import compact, deepseek_tokenizer, deepseek_vocab, serialise, walk
+from tests.support.json_text import compact, serialise
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
+from tests.support.walks import walk
 
 NO_SUITE = f"JSON-Schema-Test-Suite not found at {suite_dir()} (set SGL_SHARED_DIR)"
 # keyword files whose fixes these tests cover, beside every optional/format file

@@ -3,7 +3,7 @@ iri-reference, uri's IP-literal hosts) from their RFC grammars: each case throug
 on the value regex and on the JSON-content regex, and through a compiled constraint (a token
 walk, or the DFA for JSON spellings written by hand); the duration, uri-template and URI / IRI
 regexes against independent readings of their grammars on every short string. Property
-escapes in patterns: tests/test_grammar_pattern_escapes.py."""
+escapes in patterns: test_pattern_escapes.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ from grammar import UnsupportedSchemaError
 from grammar.automata.fsm import node_to_lazy_dfa
 from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
 from grammar.json_schema.schema import json_schema_to_node
-from tests._grammar_fixtures import compact, deepseek_tokenizer, deepseek_vocab, walk
+from tests.support.json_text import compact
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
+from tests.support.walks import walk
 
 
 def _cases(fmt: str, valid: list[str], invalid: list[str]) -> list:

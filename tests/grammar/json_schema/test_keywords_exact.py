@@ -1,55 +1,21 @@
 """JSON Schema keywords compiled exactly: schemas that admit no instance, property
 names that need escapes, oneOf whose branches overlap, uniqueItems over finitely many values,
-and unconstrained values nested 5 deep (applicators: test_grammar_applicators_exact.py).
+and unconstrained values nested 5 deep (applicators: test_applicators_exact.py).
 Every instance is walked token by token through the compiled constraint; `jsonschema` says
 whether it is valid."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
-import jsonschema
 import pytest
 
 import grammar
 from grammar import EmptyLanguageError, UnsupportedSchemaError
-from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab, serialise, walk
+from tests.support.exact_walks import Spelt, Text, assert_exact, exact_walks
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 
 D7 = "http://json-schema.org/draft-07/schema#"
-
-
-class Text(str):
-    """JSON text given as written (other spellings than the compact serialisation)."""
-
-
-class Spelt(Text):
-    """JSON text whose property names are spelled otherwise than the generator spells them
-    (`json.dumps(..., ensure_ascii=False)`): refused if invalid; if valid, may be refused."""
-
-
-def _valid(schema: object, instance: object) -> bool:
-    cls = jsonschema.validators.validator_for(schema if isinstance(schema, dict) else {})
-    return cls(schema).is_valid(instance)
-
-
-def _walks(schema: object, instances: list) -> list[tuple[str, bool, bool]]:
-    """(text, accepted, valid) for each instance (a value, or Text to walk as written)."""
-    g = grammar.compile_json_schema(schema, deepseek_vocab())
-    tok = deepseek_tokenizer()
-    out = []
-    for inst in instances:
-        text = inst if isinstance(inst, Text) else serialise(schema, inst)
-        value = json.loads(text) if isinstance(inst, Text) else inst
-        ok = walk(g, tok.encode(text, add_special_tokens=False))
-        out.append((text, ok, _valid(schema, value)))
-    return out
-
-
-def _exact(schema: object, instances: list) -> None:
-    walks = zip(instances, _walks(schema, instances), strict=True)
-    wrong = [(t, ok) for x, (t, ok, valid) in walks if ok != valid and (ok or type(x) is not Spelt)]
-    assert not wrong, wrong
 
 
 # ----- schemas that admit no instance -----
@@ -76,7 +42,7 @@ def test_a_schema_that_admits_nothing_compiles_to_a_constraint_that_refuses_ever
     m = g.matcher()
     assert g.admits_nothing
     assert not m.mask().any() and not m.is_accepting()
-    assert not any(ok for _, ok, _ in _walks(schema, [None, 0, "", [], {}, {"a": 1}]))
+    assert not any(ok for _, ok, _ in exact_walks(schema, [None, 0, "", [], {}, {"a": 1}]))
 
 
 @pytest.mark.parametrize(
@@ -89,7 +55,7 @@ def test_a_schema_that_admits_nothing_compiles_to_a_constraint_that_refuses_ever
 )
 def test_a_part_that_admits_nothing_is_pruned(schema, instances) -> None:
     assert not grammar.compile_json_schema(schema, deepseek_vocab()).admits_nothing
-    _exact(schema, instances)
+    assert_exact(schema, instances)
 
 
 def test_the_runtime_ends_a_request_whose_schema_admits_nothing() -> None:
@@ -160,7 +126,7 @@ ESCAPED = {"foo\nbar": {"type": "number"}, 'foo"bar': {"type": "number"}, "foo\\
     ],
 )
 def test_names_that_need_escapes_are_exact_in_every_spelling(schema, instances) -> None:
-    _exact(schema, instances)
+    assert_exact(schema, instances)
 
 
 @pytest.mark.parametrize(
@@ -215,7 +181,7 @@ def test_extra_keys_and_name_spellings_partition_the_strings(names) -> None:
     ],
 )
 def test_overlapping_oneOf_is_exactly_one_branch(schema, instances) -> None:
-    _exact(schema, instances)
+    assert_exact(schema, instances)
 
 
 def test_overlapping_oneOf_with_a_branch_that_cannot_be_negated_is_refused() -> None:
@@ -269,7 +235,7 @@ METHODS = {"type": "string", "enum": ["GET", "POST", "PATCH", "PUT", "DELETE"]}
     ],
 )
 def test_unique_items_over_finite_values_are_exact(schema, instances) -> None:
-    _exact(schema, instances)
+    assert_exact(schema, instances)
 
 
 @pytest.mark.parametrize(
@@ -292,5 +258,5 @@ def test_unique_items_over_other_items_are_refused(schema, detail) -> None:
 # ----- unconstrained values nested 5 deep -----
 def test_unconstrained_values_nest_five_levels_in_a_compiled_constraint() -> None:
     deep = {"a": [{"b": [{"c": [1]}]}]}  # 6 containers: nested 5 levels below the first
-    walks = _walks({"properties": {"x": {}}}, [{"x": deep}, {"x": {"y": deep}}])
+    walks = exact_walks({"properties": {"x": {}}}, [{"x": deep}, {"x": {"y": deep}}])
     assert [(ok, valid) for _, ok, valid in walks] == [(True, True), (False, True)]  # 7: cut

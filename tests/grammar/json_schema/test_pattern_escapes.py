@@ -17,7 +17,7 @@ from grammar import UnsupportedSchemaError
 from grammar.automata.ecma_regex import category_ranges, ecma_space, property_class
 from grammar.automata.fsm import node_to_lazy_dfa
 from grammar.json_schema.schema import json_schema_to_node
-from tests._grammar_fixtures import compact
+from tests.support.json_text import compact
 
 
 @functools.cache

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from grammar import UnsupportedSchemaError, json_schema_to_regex
 from grammar.automata.fsm import node_to_dfa
 from grammar.json_schema.schema import json_schema_to_node
-from tests._grammar_fixtures import serialise
+from tests.support.json_text import serialise
 
 CASES = [
     pytest.param(

@@ -19,7 +19,7 @@ from grammar import (
     json_schema_to_regex,
     regex_to_dfa,
 )
-from tests._grammar_fixtures import compact, serialise
+from tests.support.json_text import compact, serialise
 
 PERSON = {
     "type": "object",

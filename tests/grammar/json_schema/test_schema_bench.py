@@ -9,16 +9,10 @@ import time
 import pytest
 
 from grammar import GrammarError, UnsupportedSchemaError, compile_json_schema
-from tests._grammar_fixtures import (
-    NO_BENCH,
-    bench_files,
-    deepseek_tokenizer,
-    deepseek_vocab,
-    fixed_slice,
-    load_case,
-    serialise,
-    walk,
-)
+from tests.support.json_text import serialise
+from tests.support.schema_bench import NO_BENCH, bench_files, fixed_slice, load_case
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
+from tests.support.walks import walk
 
 SLICE = 30
 MIN_FULLY_CORRECT = 0.85  # of the compiled schemas in the slice

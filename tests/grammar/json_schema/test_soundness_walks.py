@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 
 import pytest
-
 from benchmarks.soundness import InstanceCheck, WalkSettings, WalkTokens, walk_schema
 from benchmarks.soundness_checkers import ecma_to_regex, is_date_time, is_uri_template
-from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab
+
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 
 D2020 = "https://json-schema.org/draft/2020-12/schema"
 INT, STR = {"type": "integer"}, {"type": "string"}

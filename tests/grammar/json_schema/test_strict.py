@@ -187,6 +187,6 @@ def _walks(grammar, text: str) -> bool:
 @pytest.fixture(scope="module")
 def smollm_vocab():
     from grammar import TokenVocabulary
-    from tests._grammar_fixtures import smollm2_tokenizer
+    from tests.support.tokenizers import smollm2_tokenizer
 
     return TokenVocabulary.from_tokenizer(smollm2_tokenizer())

@@ -12,7 +12,9 @@ import pytest
 from grammar import clear_caches, compile_json_schema
 from grammar.tokens.index import TokenIndex
 from grammar.tokens.vocab import TokenVocabulary
-from tests._grammar_fixtures import brute_force_mask, compact, deepseek_tokenizer, deepseek_vocab
+from tests.support.json_text import compact
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
+from tests.support.walks import brute_force_mask
 
 SCHEMA = {
     "type": "object",

@@ -8,7 +8,8 @@ import pytest
 
 from grammar import clear_caches, compile_json_schema
 from grammar.tokens.index import TokenIndex
-from tests._grammar_fixtures import assert_masks_on_walks_match, deepseek_tokenizer, deepseek_vocab
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
+from tests.support.walks import assert_masks_on_walks_match
 
 CASES = [
     pytest.param(

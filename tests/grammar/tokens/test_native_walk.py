@@ -14,7 +14,8 @@ from grammar import TokenVocabulary, clear_caches, compile_json_schema
 from grammar.automata.fsm import regex_to_dfa
 from grammar.tokens import native
 from grammar.tokens.index import TokenIndex
-from tests._grammar_fixtures import compact, deepseek_tokenizer, deepseek_vocab
+from tests.support.json_text import compact
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 
 pytestmark = pytest.mark.skipif(native._load() is None, reason="no C compiler")
 

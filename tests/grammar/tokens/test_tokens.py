@@ -20,13 +20,9 @@ from grammar import (
     compile_json_schema,
     compile_regex,
 )
-from tests._grammar_fixtures import (
-    brute_force_mask,
-    compact,
-    deepseek_tokenizer,
-    deepseek_vocab,
-    smollm2_tokenizer,
-)
+from tests.support.json_text import compact
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab, smollm2_tokenizer
+from tests.support.walks import brute_force_mask
 
 TEXTS = ['{"name":"Zoë 日本語","n":-12.5e3}', "  tabs\tand\nnewlines ", "emoji 🙂 ok"]
 

@@ -2,7 +2,7 @@
 Triton kernels against the reference.
 
 On CPU (the default, and CI) the Triton kernels run in Triton's interpreter
-(tests/_kernel_fixtures.py). ``SGL_KERNEL_TEST_DEVICE=cuda`` runs the same cases
+(tests/support/triton_kernels.py). ``SGL_KERNEL_TEST_DEVICE=cuda`` runs the same cases
 compiled on a GPU (benchmarks/gpu_check.sh).
 
 Tolerances (max abs and rel error, elementwise ``torch.testing.assert_close``), all computed
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from runtime.kernels import kernel_backend, reference
-from tests._kernel_fixtures import DEVICE, DTYPES, TOL, triton_kernels
+from tests.support.triton_kernels import DEVICE, DTYPES, TOL, triton_kernels
 
 # interpreted on CPU (TRITON_INTERPRET=1 for the whole session: tests/conftest.py)
 triton_attention, TRITON_ERROR = triton_kernels("triton_attention")

@@ -1,7 +1,7 @@
 """apply_token_bitmask_: the torch reference and the Triton kernel against a numpy unpacking.
 
 Exact comparison (masking only writes -inf; allowed logits are untouched bit for bit).
-On CPU the Triton kernel runs in Triton's interpreter (tests/_kernel_fixtures.py);
+On CPU the Triton kernel runs in Triton's interpreter (tests/support/triton_kernels.py);
 ``SGL_KERNEL_TEST_DEVICE=cuda`` runs it compiled.
 """
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from runtime.kernels import reference
-from tests._kernel_fixtures import DEVICE, triton_kernels
+from tests.support.triton_kernels import DEVICE, triton_kernels
 
 # interpreted on CPU (TRITON_INTERPRET=1 for the whole session: tests/conftest.py)
 triton_bitmask, TRITON_ERROR = triton_kernels("triton_bitmask")

@@ -9,14 +9,13 @@ import torch
 
 from runtime.attention import make_backend
 from runtime.attention.cpu_backend import CPUBackend
-from runtime.attention.forward_batch import ForwardBatch
 from runtime.kernels import cpu_fused, reference
-from runtime.memory.kv_pool import KVPool
 from runtime.models.layers import rms_norm
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
 from runtime.models.rope import apply_rotary
-from tests._runtime_fixtures import make_tiny_model
+from tests.support.forward_batches import decode_run
+from tests.support.tiny_models import make_tiny_model
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
 ATTENTION_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -199,43 +198,6 @@ def test_add_rms_norm_matches_torch(dtype, with_delta, with_bias):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-def _decode_run(model, dtype: torch.dtype, prompts: list[list[int]], steps: int):
-    """Prefill each prompt, then `steps` greedy decode steps of the whole batch; returns
-    (tokens [B, steps], logits of every decode step [steps, B, V])."""
-    page_size, per = 4, 32
-    b = len(prompts)
-    pool = KVPool(model.config, b * per + 1, page_size, dtype)
-    table = torch.arange(1, b * per + 1, dtype=torch.int32).view(b, per)
-    none = torch.zeros(0, dtype=torch.int32)
-
-    def slot(row: int, pos: int) -> int:
-        return int(table[row, pos // page_size]) * page_size + pos % page_size
-
-    last = []
-    for row, ids in enumerate(prompts):
-        n = len(ids)
-        batch = ForwardBatch(
-            torch.tensor(ids), torch.arange(n), torch.tensor([slot(row, p) for p in range(n)]),
-            0, table[:0], none, table[row : row + 1], torch.tensor([0], dtype=torch.int32),
-            torch.tensor([n], dtype=torch.int32), torch.tensor([n - 1]),
-        )  # fmt: skip
-        last.append(int(model.forward(batch, pool).argmax(-1)))
-    lens = [len(p) for p in prompts]
-    tokens, logits = [], []
-    for _ in range(steps):
-        batch = ForwardBatch(
-            torch.tensor(last), torch.tensor(lens), torch.tensor([slot(r, p) for r, p in
-            enumerate(lens)]), b, table, torch.tensor(lens, dtype=torch.int32) + 1, table[:0],
-            none, none, torch.arange(b),
-        )  # fmt: skip
-        out = model.forward(batch, pool)
-        logits.append(out)
-        last = out.argmax(-1).tolist()
-        tokens.append(last)
-        lens = [n + 1 for n in lens]
-    return torch.tensor(tokens).T, torch.stack(logits)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("kind", "overrides"),
@@ -252,10 +214,10 @@ def test_fused_forward_matches_the_torch_forward(tmp_path, dtype, kind, override
     )
     assert model.add_norm.fused
     prompts = [[5, 17, 300, 42, 9], [7, 7, 1000], [12] * 11]
-    fused_tokens, fused_logits = _decode_run(model, dtype, prompts, steps=12)
+    fused_tokens, fused_logits = decode_run(model, dtype, prompts, steps=12)
     model.add_norm.fused = False  # torch's ops for the norms, rotary and decode attention
     model.attention = CPUBackend(fused=False)
-    torch_tokens, torch_logits = _decode_run(model, dtype, prompts, steps=12)
+    torch_tokens, torch_logits = decode_run(model, dtype, prompts, steps=12)
     assert torch.equal(fused_tokens, torch_tokens)
     tolerance = 1e-4 if dtype == torch.float32 else 0.1
     assert (fused_logits - torch_logits).abs().max().item() < tolerance

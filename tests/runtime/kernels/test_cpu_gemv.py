@@ -16,8 +16,8 @@ from runtime.models.layers import GEMV_ROWS, Packed, gemv_enabled
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
 from runtime.scheduling.sampling import greedy_tokens
-from tests._runtime_fixtures import make_tiny_model
-from tests.runtime.kernels.test_cpu_fused import _decode_run
+from tests.support.forward_batches import decode_run
+from tests.support.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.skipif(
     not cpu_fused.available(torch.float32), reason="no C compiler: the torch ops run instead"
@@ -161,10 +161,10 @@ def test_batch1_decode_with_the_kernel_matches_without(tmp_path, monkeypatch, dt
     real = cpu_fused.gemv
     monkeypatch.setattr(cpu_fused, "gemv", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     prompt = [[5, 17, 300, 42, 9, 11]]
-    with_tokens, with_logits = _decode_run(models["1"], dtype, prompt, steps=12)
+    with_tokens, with_logits = decode_run(models["1"], dtype, prompt, steps=12)
     assert calls, "the batch-1 decode never reached the kernel"
     n = len(calls)
-    without_tokens, without_logits = _decode_run(models["0"], dtype, prompt, steps=12)
+    without_tokens, without_logits = decode_run(models["0"], dtype, prompt, steps=12)
     assert len(calls) == n  # the model loaded with SGL_CPU_GEMV=0 never calls it
     assert torch.equal(with_tokens, without_tokens)
     tolerance = 1e-4 if dtype == torch.float32 else 0.1

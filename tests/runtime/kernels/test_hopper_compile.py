@@ -12,9 +12,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from tests.support.paths import REPO
 
 triton = pytest.importorskip("triton", reason="triton is not installed")
 try:
@@ -25,19 +26,18 @@ except ImportError as exc:  # the compile API moves between triton releases
         f"triton's ahead-of-time compile API is not available: {exc}", allow_module_level=True
     )
 
-REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 
 
 def compile_for_hopper(module: str, kernel: str, pointers: dict, constexprs: dict) -> int:
     """Compile ``runtime.kernels.<module>.<kernel>`` to a cubin in a fresh process (see
-    tests/_aot_compile.py: Triton's interpreter, run by other tests in this process, patches
+    tests/support/aot_compile.py: Triton's interpreter, run by other tests in this process, patches
     ``triton.language``); returns the cubin's size."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SGL_KERNELS")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     job = dict(module=module, kernel=kernel, pointers=pointers, constexprs=constexprs)
     done = subprocess.run(
-        [sys.executable, "-m", "tests._aot_compile", json.dumps(job)],
+        [sys.executable, "-m", "tests.support.aot_compile", json.dumps(job)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, f"{kernel} failed to compile for sm_90:\n{done.stderr[-4000:]}"

@@ -2,9 +2,10 @@
 pages gathered by hand, the Triton kernel against the reference, and the package dispatch.
 
 On CPU (the default, and CI) the Triton kernel runs in Triton's interpreter
-(tests/_kernel_fixtures.py); ``SGL_KERNEL_TEST_DEVICE=cuda`` runs the same cases compiled on a
-GPU (benchmarks/gpu_check.sh). Tolerances are those of tests/test_kernels_attention.py: outputs
-are softmax-weighted averages of standard-normal latents (magnitude ~1).
+(tests/support/triton_kernels.py); ``SGL_KERNEL_TEST_DEVICE=cuda`` runs the same cases compiled
+on a GPU (benchmarks/gpu_check.sh). Tolerances are those of
+tests/runtime/kernels/test_attention.py: outputs are softmax-weighted averages of standard-normal
+latents (magnitude ~1).
   fp32 1e-4 / 1e-4, fp16 5e-3 / 5e-3, bf16 4e-2 / 2e-2 (Triton vs reference, same dtype)
   reference (fp32) vs naive float64: 1e-5 / 1e-5
 """
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from runtime.kernels import reference
-from tests._kernel_fixtures import DEVICE, DTYPES, TOL, triton_kernels
+from tests.support.triton_kernels import DEVICE, DTYPES, TOL, triton_kernels
 
 # interpreted on CPU (TRITON_INTERPRET=1 for the whole session: tests/conftest.py)
 triton_mla, TRITON_ERROR = triton_kernels("triton_mla")

@@ -97,7 +97,7 @@ def test_a_group_whose_padded_tails_are_too_large_goes_alone(monkeypatch):
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    from tests._runtime_fixtures import make_tiny_model
+    from tests.support.tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("prefix_extend") / "llama", "llama")
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from runtime.kernels.cpu_quant import QuantTensor
 
 from runtime.errors import UnsupportedModelError
 from runtime.kernels import cpu_quant
-from runtime.kernels.cpu_quant import QuantTensor
 
 pytestmark = pytest.mark.skipif(cpu_quant.library() is None, reason="no C compiler")
 

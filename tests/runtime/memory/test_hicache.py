@@ -19,8 +19,8 @@ from runtime import Engine
 from runtime.errors import HiCacheConfigError
 from runtime.memory.hicache import HiCache
 from runtime.memory.tier_mooncake import load_store_client
-from tests._runtime_fixtures import make_tiny_model
-from tests._server_fixtures import free_port
+from tests.support.server_process import free_port
+from tests.support.tiny_models import make_tiny_model
 
 GREEDY = dict(max_new_tokens=6, temperature=0.0, ignore_eos=True)
 # a pool of 256 tokens; six sessions of ~100 tokens each, asked twice: the second round's

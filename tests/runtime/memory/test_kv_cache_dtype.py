@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from runtime.attention import LayerSpec, make_backend
-from runtime.attention.forward_batch import ForwardBatch
 from runtime.errors import UnsupportedAttentionError
 from runtime.memory.kv_pages import read_pages, write_pages
 from runtime.memory.kv_pool import (
@@ -23,6 +22,7 @@ from runtime.memory.kv_pool import (
     resolve_kv_dtype,
 )
 from runtime.memory.kv_size import main as kv_size_main
+from tests.support.forward_batches import mixed_batch
 
 ON_CPU = os.environ.get("SGL_KERNEL_TEST_DEVICE", "cpu") == "cpu"
 PROMPTS = [
@@ -35,14 +35,14 @@ REGEX = r"(yes|no), [a-z]{2,5}\."
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    from tests._runtime_fixtures import make_tiny_model
+    from tests.support.tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("kvq") / "tiny-llama")
 
 
 @pytest.fixture(scope="module")
 def deepseek_dir(tmp_path_factory):
-    from tests._runtime_fixtures import make_tiny_model
+    from tests.support.tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("kvq") / "tiny-ds", "deepseek_v2")
 
@@ -194,18 +194,6 @@ def _scaled_pool(dtype, k_scale: float, v_scale: float):
                   scales={"k": [k_scale], "v": [v_scale]})  # fmt: skip
 
 
-def _batch():
-    return ForwardBatch(
-        input_ids=torch.zeros(4, dtype=torch.long), positions=torch.tensor([4, 6, 7, 8]),
-        out_slots=torch.tensor([20, 26, 27, 28]), num_decode=1,
-        decode_page_table=torch.tensor([[3, 5]], dtype=torch.int32),
-        decode_seq_lens=torch.tensor([5], dtype=torch.int32),
-        extend_page_table=torch.tensor([[1, 6, 7]], dtype=torch.int32),
-        extend_prefix_lens=torch.tensor([6], dtype=torch.int32),
-        extend_lens=torch.tensor([3], dtype=torch.int32), logit_rows=torch.tensor([0, 3]),
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("backend_name", ["torch", "cpu"])
 def test_per_layer_scales_are_folded_into_attention(backend_name):
     """K/V far beyond fp8_e4m3's range (+-448) stored with scales 40 and 30: attention over
@@ -223,7 +211,7 @@ def test_per_layer_scales_are_folded_into_attention(backend_name):
         pool.write("k", 0, slots, keys)
         pool.write("v", 0, slots, values)
         backend = make_backend(backend_name)
-        backend.plan(_batch(), pool)
+        backend.plan(mixed_batch(), pool)
         return backend.attend(0, q, LayerSpec(0.35))
 
     quantized = attend(fp8, 40.0, 30.0, k, v)

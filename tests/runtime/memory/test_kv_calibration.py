@@ -19,14 +19,14 @@ from runtime.attention.kv_calibration import CALIBRATION_TEXT, calibrate, kv_cal
 from runtime.errors import UnsupportedAttentionError
 from runtime.kernels import cpu_fused, reference
 from runtime.memory.kv_pool import KVPool
-from tests.runtime.memory.test_kv_cache_dtype import _batch
+from tests.support.forward_batches import mixed_batch
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    from tests._runtime_fixtures import make_tiny_model
+    from tests.support.tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("kvcal") / "tiny-llama")
 
@@ -113,7 +113,7 @@ def test_offsets_and_scales_change_only_the_rounding(backend_name, fp8):
         pool.write("k", 0, slots, keys)
         pool.write("v", 0, slots, values)
         backend = make_backend(backend_name)
-        backend.plan(_batch(), pool)
+        backend.plan(mixed_batch(), pool)
         return backend.attend(0, q, LayerSpec(0.35))
 
     quantized = attend(_pool(fp8, scales, offsets), k, v)
@@ -244,7 +244,7 @@ def test_fp8_tensor_parallel_equals_the_single_process_engine(llama_dir):
     scales and offsets: TP=2 gives the single-process fp8 engine's tokens, preemption and
     the radix cache in play."""
     from runtime import Engine
-    from tests._runtime_fixtures import PROMPTS
+    from tests.support.tiny_models import PROMPTS
 
     kw = dict(page_size=4, chunked_prefill_tokens=16, max_total_tokens=96,
               kv_cache_dtype="fp8_e4m3")  # fmt: skip

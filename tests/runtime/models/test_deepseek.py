@@ -13,7 +13,7 @@ import pytest
 from runtime import Engine
 from runtime.config import config_from_dict, load_config
 from runtime.errors import UnsupportedModelError
-from tests._runtime_fixtures import PROMPTS, YARN, hf_greedy, hf_model, make_tiny_model
+from tests.support.tiny_models import PROMPTS, YARN, hf_greedy, hf_model, make_tiny_model
 
 KINDS = ["deepseek_v3", "deepseek_v2"]
 GREEDY = dict(max_new_tokens=10, min_new_tokens=10, temperature=0.0)
@@ -98,7 +98,7 @@ def test_expert_load_counts_every_routed_token(tiny):
 
 def test_greedy_tokens_match_with_yarn_and_non_interleaved_rope(tmp_path):
     """V3 with YaRN scaling (mscale in the softmax scale and on cos/sin) and rope_interleave
-    off (the logits themselves: tests/test_runtime_model.py)."""
+    off (the logits themselves: tests/runtime/models/test_forward.py)."""
     folder = make_tiny_model(tmp_path / "m", "deepseek_v3", rope_scaling=YARN,
                              rope_interleave=False)  # fmt: skip
     hf = hf_model(folder)
@@ -118,7 +118,7 @@ def test_greedy_tokens_match_with_yarn_and_non_interleaved_rope(tmp_path):
     ],
 )
 def test_a_field_the_engine_cannot_honour_is_named(kind, field, value):
-    from tests._runtime_fixtures import tiny_config
+    from tests.support.tiny_models import tiny_config
 
     cfg = tiny_config(kind).to_dict()
     cfg[field] = value

@@ -10,8 +10,8 @@ import pytest
 from runtime import Engine
 from runtime.config import SLIDING, config_from_dict, load_config
 from runtime.errors import UnsupportedModelError
-from tests._family_fixtures import FAMILIES, WINDOW, expected_tokens, make_family_model
-from tests._runtime_fixtures import PROMPTS, smollm_tokenizer
+from tests.support.family_models import FAMILIES, WINDOW, expected_tokens, make_family_model
+from tests.support.tiny_models import PROMPTS, smollm_tokenizer
 
 NEW = 8
 GREEDY = dict(max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
@@ -86,7 +86,7 @@ def test_configured_variants_match_transformers(tmp_path, kind, overrides):
 
 
 def _config(kind: str, **changes):
-    from tests._family_fixtures import family_config
+    from tests.support.family_models import family_config
 
     cfg = family_config(kind).to_dict()
     cfg.update(changes)

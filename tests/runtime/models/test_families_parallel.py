@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from runtime import Engine
-from tests._family_fixtures import make_family_model
-from tests._runtime_fixtures import PROMPTS
+from tests.support.family_models import make_family_model
+from tests.support.tiny_models import PROMPTS
 
 pytestmark = pytest.mark.timeout(300)
 GREEDY = dict(max_new_tokens=8, min_new_tokens=8, temperature=0.0)

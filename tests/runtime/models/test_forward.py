@@ -14,7 +14,7 @@ from runtime.memory.kv_pool import KVPool
 from runtime.models.llama import LlamaModel
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
-from tests._runtime_fixtures import LLAMA3_ROPE, YARN, hf_model, make_tiny_model
+from tests.support.tiny_models import LLAMA3_ROPE, YARN, hf_model, make_tiny_model
 
 TOLERANCE = 1e-4
 

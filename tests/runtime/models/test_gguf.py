@@ -11,14 +11,14 @@ import gguf
 import numpy as np
 import pytest
 import torch
-
 from benchmarks.gguf_models import write_gguf
+from runtime.kernels.cpu_quant import QuantStack, QuantTensor
+
 from runtime import Engine
 from runtime.errors import UnsupportedModelError
 from runtime.kernels import cpu_quant
-from runtime.kernels.cpu_quant import QuantStack, QuantTensor
 from runtime.models.gguf import load_gguf
-from tests._runtime_fixtures import PROMPTS, smollm_tokenizer, tiny_config
+from tests.support.tiny_models import PROMPTS, smollm_tokenizer, tiny_config
 
 pytestmark = pytest.mark.skipif(cpu_quant.library() is None, reason="no C compiler")
 
@@ -179,20 +179,21 @@ def chain_file(tmp_path_factory):
 def test_the_decode_chain_gives_the_layer_by_layer_forwards_bits(chain_file, dtype):
     """A decode-only step's layers in one C call (quant_chain.py) against the Python loop over
     the same kernels: the same logits, bit for bit, for one request and for three."""
-    from runtime.attention import make_backend
     from runtime.kernels.quant_chain import DecodeChain
+
+    from runtime.attention import make_backend
     from runtime.models.llama import LlamaModel
-    from tests.runtime.kernels.test_cpu_fused import _decode_run
+    from tests.support.forward_batches import decode_run
 
     config, state = load_gguf(chain_file)
     model = LlamaModel(config, state, dtype, attention=make_backend("cpu"))
     prompts = [[5, 17, 300, 42, 9], [7, 7, 1000], [12] * 11]
     for batch in (prompts[:1], prompts):
         model._chain = None
-        chained_tokens, chained = _decode_run(model, dtype, batch, steps=6)
+        chained_tokens, chained = decode_run(model, dtype, batch, steps=6)
         assert isinstance(model._chain, DecodeChain) and model._chain.runs == 6
         model._chain = False  # the Python loop
-        tokens, plain = _decode_run(model, dtype, batch, steps=6)
+        tokens, plain = decode_run(model, dtype, batch, steps=6)
         assert torch.equal(chained, plain)
         assert torch.equal(chained_tokens, tokens)
 
@@ -265,7 +266,7 @@ def test_default_kv_budget_is_one_full_context_capped_by_free_memory(context, to
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    from tests._runtime_fixtures import make_tiny_model
+    from tests.support.tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 

@@ -14,8 +14,8 @@ from runtime import Engine
 from runtime.config import config_from_dict
 from runtime.memory.kv_size import main as kv_size_main
 from runtime.memory.windows import WindowPages, min_window_pages, pool_pages, split_budget
-from tests._family_fixtures import WINDOW, expected_tokens, family_config, make_family_model
-from tests._runtime_fixtures import PROMPTS
+from tests.support.family_models import WINDOW, expected_tokens, family_config, make_family_model
+from tests.support.tiny_models import PROMPTS
 
 NEW = 10
 GREEDY = dict(max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from runtime import Engine
-from tests._runtime_fixtures import PROMPTS, hf_greedy, hf_model, make_tiny_model
+from tests.support.tiny_models import PROMPTS, hf_greedy, hf_model, make_tiny_model
 
 N = 8
 

@@ -13,7 +13,7 @@ import torch
 
 from runtime import Engine
 from runtime.scheduling.sampling import greedy_tokens
-from tests._runtime_fixtures import PROMPTS, hf_greedy, hf_model, make_tiny_model
+from tests.support.tiny_models import PROMPTS, hf_greedy, hf_model, make_tiny_model
 
 N = 12
 GREEDY = dict(max_new_tokens=N, temperature=0.0, ignore_eos=True)

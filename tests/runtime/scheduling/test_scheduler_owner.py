@@ -6,12 +6,12 @@ admitted through the same path as any other."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.support.paths import REPO
+
 SCHEDULER_STATE = {"waiting", "running", "counters", "_admit_clock"}
 
 
@@ -32,7 +32,7 @@ def test_every_model_kind_is_a_model(tmp_path):
     from runtime.models.registry import model_class
     from runtime.models.threads import ThreadChooser
     from runtime.workers.driver import ParallelModel
-    from tests._runtime_fixtures import make_tiny_model
+    from tests.support.tiny_models import make_tiny_model
 
     for kind in ("llama", "deepseek_v2"):
         loaded = load_model_files(make_tiny_model(tmp_path / kind, kind))
@@ -47,7 +47,7 @@ def test_every_model_kind_is_a_model(tmp_path):
 def test_a_plain_engine_never_consults_the_disaggregation_module(tmp_path, monkeypatch):
     import runtime.engine as engine_module
     from runtime import Engine
-    from tests._runtime_fixtures import make_tiny_model
+    from tests.support.tiny_models import make_tiny_model
 
     def refuse(*args, **kwargs):
         raise AssertionError("a plain request went through disaggregation")

@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests._server_fixtures import shared_default_server
+from tests.support.server_process import shared_default_server
 
 pytestmark = pytest.mark.heavy
 pytest.importorskip("langchain_openai")

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from pydantic import Field
 
-from tests._tool_fixtures import template_server
+from tests.support.tool_servers import template_server
 
 pytest.importorskip("langchain_openai")
 

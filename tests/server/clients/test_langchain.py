@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from tests._server_fixtures import shared_server
+from tests.support.server_process import shared_server
 
 pytest.importorskip("langchain_openai")
 

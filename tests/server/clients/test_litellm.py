@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from tests._server_fixtures import shared_server
+from tests.support.server_process import shared_server
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost map download
 litellm = pytest.importorskip("litellm")

@@ -19,8 +19,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests._server_fixtures import SMALL_ENGINE, ServerProcess, shared_server
-from tests._tool_fixtures import TEMPLATES
+from tests.support.server_process import SMALL_ENGINE, ServerProcess, shared_server
+from tests.support.tool_servers import TEMPLATES
 
 MARKERS = ["[TOOL_CALLS]", "<|python_tag|>", "<think>", "</think>"]
 ZONE = {
@@ -50,7 +50,7 @@ def marker_tokenizer():
 def model_dir() -> Path:
     global _folder
     if _folder is None:
-        from tests._runtime_fixtures import make_tiny_model
+        from tests.support.tiny_models import make_tiny_model
 
         tok = marker_tokenizer()
         folder = Path(tempfile.mkdtemp(prefix="sgl-markers-"))

@@ -63,7 +63,7 @@ def walk():
     takes the tokens of `text` one by one and accepts at the end."""
     from grammar import compile_regex, compile_structural_tag
     from grammar.tokens.vocab import TokenVocabulary
-    from tests._runtime_fixtures import smollm_tokenizer
+    from tests.support.tiny_models import smollm_tokenizer
 
     tok = smollm_tokenizer()
     vocab = TokenVocabulary.from_tokenizer(tok)

@@ -12,16 +12,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests._server_fixtures import (
-    SCHEMAS,
-    SMALL_ENGINE,
-    TIME,
-    USER,
-    WEATHER,
-    ServerProcess,
-    shared_server,
-    tiny_model_dir,
-)
+from tests.support.server_process import SMALL_ENGINE, ServerProcess, shared_server, tiny_model_dir
+from tests.support.tool_schemas import SCHEMAS, TIME, USER, WEATHER
 
 # LangChain-style schemas: no additionalProperties
 

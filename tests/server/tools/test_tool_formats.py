@@ -13,8 +13,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests._server_fixtures import SCHEMAS, TIME, USER, WEATHER
-from tests._tool_fixtures import template_server, tokenizer_with
+from tests.support.tool_schemas import SCHEMAS, TIME, USER, WEATHER
+from tests.support.tool_servers import template_server, tokenizer_with
 
 HISTORY = [
     {"role": "system", "content": "Be brief."},

@@ -82,7 +82,7 @@ TOOL_TEMPLATE = (
 
 class _Tok:
     def __init__(self, template):
-        from tests._grammar_fixtures import smollm2_tokenizer
+        from tests.support.tokenizers import smollm2_tokenizer
 
         self.inner = smollm2_tokenizer()
         self.chat_template = template
@@ -105,7 +105,7 @@ def test_template_with_tool_calls_gets_them_natively():
 
 
 def test_template_without_tool_calls_gets_json_and_a_user_turn():
-    from tests._grammar_fixtures import smollm2_tokenizer
+    from tests.support.tokenizers import smollm2_tokenizer
 
     tok = smollm2_tokenizer()
     assert not renders_tool_calls(tok)

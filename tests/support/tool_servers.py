@@ -8,7 +8,8 @@ import atexit
 import tempfile
 from pathlib import Path
 
-from tests._server_fixtures import REPO, SMALL_ENGINE, ServerProcess
+from tests.support.paths import REPO
+from tests.support.server_process import SMALL_ENGINE, ServerProcess
 
 TEMPLATES = REPO / "examples" / "chat_templates"
 _model: Path | None = None
@@ -18,7 +19,7 @@ _servers: dict[tuple[str, ...], ServerProcess] = {}
 def tiny_qwen_dir() -> Path:
     global _model
     if _model is None:
-        from tests._runtime_fixtures import make_tiny_model
+        from tests.support.tiny_models import make_tiny_model
 
         _model = make_tiny_model(Path(tempfile.mkdtemp(prefix="sgl-tools-qwen-")), kind="qwen2")
     return _model

@@ -1,9 +1,10 @@
 """Compile one of runtime.kernels' Triton kernels for a Hopper GPU (sm_90), in this process.
 
-Run by tests/test_kernels_compile.py in a fresh interpreter without ``TRITON_INTERPRET``, so the
-compile never meets what Triton's interpreter patches into ``triton.language`` while it runs:
+Run by tests/runtime/kernels/test_hopper_compile.py in a fresh interpreter without
+``TRITON_INTERPRET``, so the compile never meets what Triton's interpreter patches into
+``triton.language`` while it runs:
 
-    python -m tests._aot_compile '{"module": "triton_bitmask", "kernel": "_bitmask_kernel",
+    python -m tests.support.aot_compile '{"module": "triton_bitmask", "kernel": "_bitmask_kernel",
         "pointers": {...}, "constexprs": {...}}'
 
 Prints one JSON line: ``{"cubin_bytes": N}``.

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import functools
 import random
-from pathlib import Path
 from typing import Any
 
 from grammar.automata.fsm import DEAD, START, ByteDFA
+from tests.support.paths import REPO
 
-GRAMMAR_DIR = Path(__file__).resolve().parent.parent / "examples" / "grammars"
+GRAMMAR_DIR = REPO / "examples" / "grammars"
 EXAMPLES = ("arithmetic", "json", "sql_select")
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+
 STARTUP_TIMEOUT_S = 180
 SMALL_ENGINE = ("--mem-budget-gb", "0.25", "--num-threads", "1")
 
@@ -43,7 +44,7 @@ def tiny_model_dir() -> Path:
     """A random 2-layer Llama with SmolLM2's tokenizer, built once per pytest process."""
     global _tiny_model
     if _tiny_model is None:
-        from tests._runtime_fixtures import make_tiny_model
+        from tests.support.tiny_models import make_tiny_model
 
         folder = Path(tempfile.mkdtemp(prefix="sgl-server-tiny-"))
         _tiny_model = make_tiny_model(folder)
@@ -114,7 +115,7 @@ _shared_default: ServerProcess | None = None
 def shared_default_server() -> ServerProcess:
     """The default-model server (SmolLM2-135M, 0.5 GB for the KV cache) the heavy test modules
     share, started on first use; its tests only send requests (clean exit on SIGTERM:
-    test_server_lifecycle)."""
+    tests/server/test_lifecycle.py)."""
     global _shared_default
     if _shared_default is None or _shared_default.proc.poll() is not None:
         _shared_default = ServerProcess(None, "--mem-budget-gb", "0.5")
@@ -137,34 +138,3 @@ def wait_until_idle(url: str, timeout: float = 20.0) -> dict:
         if time.monotonic() > deadline:
             raise AssertionError(f"server not idle after {timeout}s: {stats}")
         time.sleep(0.1)
-
-
-# two tools the tool-calling tests share: one with a bounded string and an enum, one enum only
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 8},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-        },
-    },
-}
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
-USER = [{"role": "user", "content": "Weather in Oslo, and the time?"}]

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tests._runtime_fixtures import hf_greedy, hf_model, smollm_tokenizer
+from tests.support.tiny_models import hf_greedy, hf_model, smollm_tokenizer
 
 FAMILIES = ["qwen3", "qwen3_moe", "gemma3", "mixtral", "phi3"]
 WINDOW = 8  # shorter than every prompt of PROMPTS past the first

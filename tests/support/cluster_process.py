@@ -21,7 +21,8 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+
 STARTUP_TIMEOUT_S = 240
 SMALL_REPLICA = "--mem-budget-gb 0.25 --num-threads 1"
 ROUTER_LINE = re.compile(r"^router: (http://\S+)$")

@@ -5,7 +5,7 @@ imported (its own standard library is decorated then) and again while a kernel r
 ``TRITON_INTERPRET``). So on CPU the whole test process runs with ``TRITON_INTERPRET=1``, set by
 conftest.py before anything imports triton, and every test sees the same Triton whatever ran
 before it. The ahead-of-time compile for sm_90 needs the opposite, plus a ``triton.language``
-the interpreter has never patched, so it runs in a fresh process (``tests/_aot_compile.py``).
+the interpreter has never patched, so it runs in a fresh process (``tests/support/aot_compile.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 DEVICE = os.environ.get("SGL_KERNEL_TEST_DEVICE", "cpu")
 # kernel vs reference tolerances (elementwise atol / rtol), outputs of magnitude ~1; the reasons
-# are in tests/test_kernels_attention.py's docstring
+# are in tests/runtime/kernels/test_attention.py's docstring
 TOL = {
     torch.float32: {"atol": 1e-4, "rtol": 1e-4},
     torch.float16: {"atol": 5e-3, "rtol": 5e-3},
