@@ -12,8 +12,8 @@ Sections (`--sections`, comma-separated; all by default):
            fp32: the same comparison
   bench    decode and prefill throughput of the default model, bf16 weights, KV bf16 or
            fp8_e4m3, CUDA graphs on and off
-  fewshot  the few-shot workload of benchmarks/engine/runtime.py: the engine with the radix cache vs
-           transformers' generate() (batched, left-padded) on the same device
+  fewshot  the few-shot workload of benchmarks/engine/shared_prefix.py: the engine with the
+           radix cache vs transformers' generate() (batched, left-padded) on the same device
 
 Offline: nothing is downloaded. The tokenizer of the tiny models comes from `--tokenizer`, else
 the GGUF, else the default model's cache. Exit status 1 when a comparison fails.
@@ -166,7 +166,7 @@ def bench_rows(device: torch.device, gguf: Path, quick: bool) -> list[Row]:
 
 
 def fewshot_rows(device: torch.device, gguf: Path, quick: bool) -> list[Row]:
-    from benchmarks.engine.runtime import few_shot
+    from benchmarks.engine.shared_prefix import few_shot
 
     questions, prefix, n = (4, 200, 8) if quick else (64, 1500, 32)
     with Engine(gguf, device=str(device), dtype="bfloat16", mem_budget_gb=2.0) as engine:

@@ -77,7 +77,7 @@ _VLLM_PYTHON = next(
 
 
 def workloads(tok, quick: bool) -> dict[str, dict]:
-    from benchmarks.engine.runtime import few_shot
+    from benchmarks.engine.shared_prefix import few_shot
 
     n = 16 if quick else 64
     shots = few_shot(tok, 400 if quick else 1500, n)[0]
@@ -145,7 +145,7 @@ def batch1_bound(engine, rounds: int = 3) -> dict[str, float]:
     measured together: each round times a 64-token decode between two copy measurements and
     takes the higher bandwidth of the two (the stricter bound); the round with the median
     ratio is reported."""
-    from benchmarks.engine.runtime import decode_b1, memory_bandwidth_gbs
+    from benchmarks.engine.shared_prefix import decode_b1, memory_bandwidth_gbs
 
     weights = engine.model.weight_bytes()
     measured = []

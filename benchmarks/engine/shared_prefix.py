@@ -1,6 +1,6 @@
 """Engine throughput on shared-prefix workloads: radix cache on vs off vs transformers.
 
-Run: .venv/bin/python -m benchmarks.engine.runtime [--quick] [--threads N] [--hf-sample K]
+Run: .venv/bin/python -m benchmarks.engine.shared_prefix [--quick] [--threads N] [--hf-sample K]
 
 Workloads (greedy, SmolLM2-135M-Instruct, fp32, CPU):
   few-shot    Q questions behind one shared few-shot prefix (~1,500 tokens), 32 new tokens each
