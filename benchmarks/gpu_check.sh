@@ -95,7 +95,8 @@ status=0
 if [ "$part" != 2 ]; then
     echo "== kernel tests on CUDA (compiled Triton)"
     timeout 200 "${pytest_cmd[@]}" -q -p no:cacheprovider -o addopts="" -rs \
-        tests/test_kernels_attention.py tests/test_kernels_bitmask.py tests/test_kernels_mla.py \
+        tests/runtime/kernels/test_attention.py tests/runtime/kernels/test_bitmask.py \
+        tests/runtime/kernels/test_mla.py \
         || status=1
     echo "== kernel timings"
     timeout 60 "${bench_cmd[@]}" || status=1

@@ -28,13 +28,14 @@ from benchmarks.correctness.suites import (
     suite_dir,
     suite_files,
 )
-from tests._grammar_fixtures import deepseek_tokenizer, serialise
+from tests.support.json_text import serialise
+from tests.support.tokenizers import deepseek_tokenizer
 
 
 def run_group(group: dict, tok: Any, vocab: Any, path: str = "") -> dict:
     """Compile one group's schema and walk each of its instances."""
     import grammar
-    from tests._grammar_fixtures import walk
+    from tests.support.walks import walk
 
     schema = scored_schema(group["schema"], path)
     try:
@@ -64,7 +65,7 @@ def run_group(group: dict, tok: Any, vocab: Any, path: str = "") -> dict:
 
 
 def run_all(items: list[tuple[str, int, dict]], timeout: float) -> list[dict]:
-    from tests._grammar_fixtures import deepseek_vocab
+    from tests.support.tokenizers import deepseek_vocab
 
     tok = deepseek_tokenizer()
     vocab = deepseek_vocab()

@@ -34,7 +34,7 @@ from typing import Any
 
 from benchmarks.correctness.forked import forked_rows
 from benchmarks.correctness.soundness_checkers import CHECKERS, ecma_patterns, format_checker
-from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 
 
 @dataclass(slots=True)

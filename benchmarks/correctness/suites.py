@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests._grammar_fixtures import bench_files, fixed_slice, load_case, shared_dir
+from tests.support.paths import shared_dir
+from tests.support.schema_bench import bench_files, fixed_slice, load_case
 
 DRAFTS = ("draft2020-12", "draft7")
 

@@ -25,7 +25,7 @@ import torch
 
 from runtime import Engine
 from runtime.config import load_config
-from tests._runtime_fixtures import make_tiny_model
+from tests.support.tiny_models import make_tiny_model
 
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
              max_position_embeddings=8192)  # fmt: skip

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from runtime import Engine
-from tests._runtime_fixtures import make_tiny_model
+from tests.support.tiny_models import make_tiny_model
 
 PAIRS = [("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Kenya", "Nairobi"),
          ("Peru", "Lima"), ("Egypt", "Cairo"), ("Norway", "Oslo"),

@@ -2,7 +2,7 @@
 
 Run on a GPU machine by `bash benchmarks/gpu_check.sh` (which first runs the kernel tests
 compiled on CUDA); here, without a GPU, `python -m benchmarks.gpu.check --device cpu --quick`
-runs the same code at small sizes (what `gpu_check.sh --dry-run` and tests/test_gpu_check.py
+runs the same code at small sizes (what `gpu_check.sh --dry-run` and tests/project/test_gpu_check.py
 do), so an error in it shows before a GPU is lent.
 
 Sections (`--sections`, comma-separated; all by default):
@@ -31,7 +31,7 @@ import torch
 
 from runtime import Engine
 from runtime.device import DecodeGraphRunner
-from tests import _runtime_fixtures as fixtures
+from tests.support import tiny_models as fixtures
 
 PROMPTS = fixtures.PROMPTS[:4]
 

@@ -5,7 +5,7 @@ front end, EBNF inside) on the same grammars, sentences and tokenizer (deepseek,
                                           [--engines ours,llguidance,xgrammar]
 
 For each example grammar in examples/grammars/ we draw random sentences that lark parses
-(tests/_cfg_fixtures.py), tokenize them, and walk every engine along them:
+(tests/support/lark_sentences.py), tokenize them, and walk every engine along them:
 
   compile ms   the grammar compiled from text (tokenizer preprocessing excluded for everyone;
                ours: the vocabulary layout is built once per tokenizer before timing)
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tests._cfg_fixtures import EXAMPLES, grammar_text, valid_sentences
-from tests._grammar_fixtures import deepseek_tokenizer, deepseek_vocab
+from tests.support.lark_sentences import EXAMPLES, grammar_text, valid_sentences
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 
 
 @dataclass(slots=True)

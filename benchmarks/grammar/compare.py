@@ -38,7 +38,9 @@ from benchmarks.correctness.suites import (
     suite_files,
 )
 from benchmarks.grammar.engines import load_engine
-from tests._grammar_fixtures import NO_BENCH, bench_files, deepseek_tokenizer, serialise
+from tests.support.json_text import serialise
+from tests.support.schema_bench import NO_BENCH, bench_files
+from tests.support.tokenizers import deepseek_tokenizer
 
 OTHER_SUITES = ("structural-tags", "gbnf")  # benchmarks.grammar.structural: ours vs XGrammar
 FIXED_SCHEMAS = {

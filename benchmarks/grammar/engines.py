@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tests._grammar_fixtures import deepseek_vocab
+from tests.support.tokenizers import deepseek_vocab
 
 
 class Ours:

@@ -31,10 +31,9 @@ import numpy as np
 
 from benchmarks.grammar.engines import Ours, XGrammar
 from benchmarks.grammar.gbnf_cases import CASES
-from tests._grammar_fixtures import (
-    BenchCase as Case,
-)
-from tests._grammar_fixtures import bench_files, fixed_slice, load_case, serialise
+from tests.support.json_text import serialise
+from tests.support.schema_bench import BenchCase as Case
+from tests.support.schema_bench import bench_files, fixed_slice, load_case
 
 SIZES = (5, 50, 200)
 CALLED_TOOLS = 20  # tools whose calls are walked, per size

@@ -8,7 +8,7 @@ and `structured_outputs`, SGLang's `/generate` fields, ours), sent through the `
 (`/v1`) or httpx (`/generate`). Its output is checked against the field with `jsonschema`, `re`
 (prefix matches for outputs cut by max_tokens), the choices, the tag structure or the biased
 token. "obeyed" is the verdict; a 4xx is "refused", an output that does not obey is "IGNORED".
-The checkers are also the ones tests/test_server_structured_output.py uses.
+The checkers are also the ones tests/server/test_structured_output.py uses.
 """
 
 from __future__ import annotations
