@@ -28,8 +28,8 @@ from runtime.disaggregation.modes import (
     split_bootstrap,
 )
 from runtime.errors import HiCacheConfigError, KVTransferError, ParallelConfigError
-from runtime.kernels import cpu_fused
-from runtime.kernels.cpu_quant import QuantTensor
+from runtime.kernels.cpu import fused as cpu_fused
+from runtime.kernels.cpu.quant import QuantTensor
 from runtime.memory.budget import default_kv_budget_bytes, resident_bytes
 from runtime.memory.hicache import HiCache, parse_extra_config
 from runtime.memory.kv_pool import (

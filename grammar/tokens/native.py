@@ -10,11 +10,12 @@ the table (a lazy one is replaced as it grows) and resumes only the skipped subt
 none is left. (Building only the entries read, not whole rows, was tried: no faster, as most
 of those rows are read whole later.)
 
-The unit is compiled on first use with the system C compiler (`grammar/native_build.py`, as
-runtime's CPU kernels are: cached under $SGL_NATIVE_CACHE, keyed by the source, the flags, the
-compiler and the CPU) and called through ctypes, which releases the GIL. `trie_of(vocab)` is
-None (and the token index keeps its numpy walks) when SGL_GRAMMAR_NATIVE=0, when no compiler is
-found or the build fails, or when a token is longer than the walk's stack.
+The C source is `csrc/trie.c`, compiled on first use with the system C compiler
+(`grammar/native_build.py`, as runtime's CPU kernels are: cached under $SGL_NATIVE_CACHE, keyed
+by the source, the flags, the compiler and the CPU) and called through ctypes, which releases
+the GIL. `trie_of(vocab)` is None (and the token index keeps its numpy walks) when
+SGL_GRAMMAR_NATIVE=0, when no compiler is found or the build fails, or when a token is longer
+than the walk's stack.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import subprocess
 import threading
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -37,90 +39,14 @@ logger = logging.getLogger(__name__)
 MAX_DEPTH = 4096  # bytes of the longest token the walk's stack holds
 _PENDING = 1 << 15  # skipped (node, state) pairs one pass may return; more: the numpy path
 
-SOURCE = r"""
-#include <stdint.h>
-
-#define MAX_DEPTH 4096
-
-/* one trie node, in preorder: its subtree is nodes [i, end); row: the token row ending here
-   (-1: a prefix only); byte: the edge from its parent; depth: bytes from the root */
-typedef struct { int32_t end; int32_t row; int32_t depth; int32_t byte; } node_t;
-
-/* The trie of n distinct byte strings sorted lexicographically (string k: data[off[k] ..
-   off[k + 1]], its row rows[k]) into nodes (room for cap); returns the node count, or -1. */
-int64_t trie_build(const uint8_t *data, const int64_t *off, const int64_t *rows, int64_t n,
-                   node_t *nodes, int64_t cap) {
-    static __thread int32_t stack[MAX_DEPTH + 1];
-    int64_t count = 1, top = 0, plen = 0;
-    const uint8_t *prev = 0;
-    nodes[0].end = 0; nodes[0].row = -1; nodes[0].depth = 0; nodes[0].byte = 0;
-    stack[0] = 0;
-    for (int64_t k = 0; k < n; k++) {
-        const uint8_t *s = data + off[k];
-        int64_t len = off[k + 1] - off[k], l = 0;
-        if (len > MAX_DEPTH) return -1;
-        while (l < len && l < plen && prev[l] == s[l]) l++;
-        while (top > l) nodes[stack[top--]].end = (int32_t)count;  /* subtrees left behind */
-        for (int64_t j = l; j < len; j++) {
-            if (count >= cap) return -1;
-            node_t *x = nodes + count;
-            x->row = -1; x->depth = (int32_t)(j + 1); x->byte = s[j];
-            stack[++top] = (int32_t)count++;
-        }
-        nodes[count - 1].row = (int32_t)rows[k];
-        prev = s; plen = len;
-    }
-    while (top >= 0) nodes[stack[top--]].end = (int32_t)count;
-    return count;
-}
-
-/* Walk each task (node a, state s) through the DFA: a = 0, the root's subtree from state s;
-   else node a and its subtree, s the state before a's byte. A node reads
-   table[parent_state * n_cls + class(byte)] (class: b2c[byte], or the byte itself when b2c
-   is null); DEAD (0) prunes its subtree; a live node's token ids (row_ids[row_start[row] ..
-   row_start[row + 1]]) get their bit set in words. first_ok (when not null) says which first
-   bytes are walked at all. An entry not built (negative, or a state at or past n_rows) is
-   returned in pending as the task (node, parent state), its subtree skipped. Returns the
-   pending tasks, or -1 when more than cap. */
-int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int64_t n_cls,
-                  const int32_t *b2c, const uint8_t *first_ok, const int64_t *row_start,
-                  const int64_t *row_ids, const int64_t *tasks, int64_t n_tasks,
-                  uint32_t *words, int64_t *pending, int64_t cap) {
-    int32_t st[MAX_DEPTH + 1];
-    int64_t np = 0;
-    for (int64_t t = 0; t < n_tasks; t++) {
-        int64_t a = tasks[2 * t], i = a ? a : 1, stop = nodes[a].end;
-        st[a ? nodes[a].depth - 1 : 0] = (int32_t)tasks[2 * t + 1];
-        while (i < stop) {
-            const node_t *x = nodes + i;
-            int32_t d = x->depth, par = st[d - 1];
-            if (d == 1 && first_ok && !first_ok[x->byte]) { i = x->end; continue; }
-            int32_t nx = -1;
-            if (par < n_rows) nx = table[(int64_t)par * n_cls + (b2c ? b2c[x->byte] : x->byte)];
-            if (nx < 0) {  /* the entry is not built: this subtree waits */
-                if (np >= cap) return -1;
-                pending[2 * np] = i;
-                pending[2 * np + 1] = par;
-                np++;
-                i = x->end;
-                continue;
-            }
-            if (nx == 0) { i = x->end; continue; }
-            if (x->row >= 0)
-                for (int64_t j = row_start[x->row]; j < row_start[x->row + 1]; j++) {
-                    int64_t id = row_ids[j];
-                    words[id >> 5] |= 1u << (id & 31);
-                }
-            st[d] = nx;
-            i++;
-        }
-    }
-    return np;
-}
-"""
-
 _FLAGS = ("-O2", "-march=native", "-fPIC", "-std=gnu11")
+UNITS = [native_build.Unit("trie", Path(__file__).parent / "csrc" / "trie.c", _FLAGS)]
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+SIGNATURES: native_build.Signatures = {
+    "trie_build": (_I64, [_PTR, _PTR, _PTR, _I64, _PTR, _I64]),
+    "trie_walk": (_I64, [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR,
+                         _I64]),
+}  # fmt: skip
 _lib: ctypes.CDLL | None = None
 _failed = False
 _load_lock = threading.Lock()
@@ -139,15 +65,7 @@ def _load() -> ctypes.CDLL | None:
         if _lib is not None or _failed:
             return _lib
         try:
-            lib = native_build.load_library(
-                "grammar-trie", [native_build.Unit("trie", SOURCE, _FLAGS)]
-            )
-            lib.trie_build.argtypes = [_PTR, _PTR, _PTR, _I64, _PTR, _I64]
-            lib.trie_build.restype = _I64
-            lib.trie_walk.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64]
-            lib.trie_walk.argtypes += [_PTR, _PTR, _I64]
-            lib.trie_walk.restype = _I64
-            _lib = lib
+            _lib = native_build.load_library("grammar-trie", UNITS, signatures=SIGNATURES)
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
             _failed = True
             logger.info("grammar C walk unavailable, using numpy walks: %s", exc)
@@ -156,7 +74,7 @@ def _load() -> ctypes.CDLL | None:
 
 @dataclass(slots=True, frozen=True)
 class TokenTrie:
-    """Distinct byte strings as a preorder trie (see SOURCE's node_t): the vocabulary's
+    """Distinct byte strings as a preorder trie (see csrc/trie.c's node_t): the vocabulary's
     tokens, or the suffixes of some of them; row_start / row_ids: the token ids of each
     node's string (`row` k: row_ids[row_start[k] : row_start[k + 1]])."""
 

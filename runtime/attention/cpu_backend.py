@@ -23,8 +23,8 @@ import torch
 
 from runtime.attention.base import LayerSpec, Rotary
 from runtime.attention.torch_backend import TorchBackend
-from runtime.kernels import cpu_fused
 from runtime.kernels.cascade import CascadePlan, cascade_decode_attention, plan_cascade
+from runtime.kernels.cpu import fused as cpu_fused
 from runtime.kernels.decode_plan import DecodePlan, plan_decode, planned_decode_attention
 from runtime.kernels.prefix_extend import (
     PrefixExtendPlan,

@@ -1,5 +1,5 @@
-"""`triton`: the Triton kernels (`kernels/triton_attention.py`, `triton_mla.py`,
-`triton_bitmask.py`) for paged decode and extend, latent decode, and the logit bitmask. On a
+"""`triton`: the Triton kernels (`kernels/triton/attention.py`, `mla.py`,
+`bitmask.py`) for paged decode and extend, latent decode, and the logit bitmask. On a
 GPU they read pages in place; on CPU they run under `TRITON_INTERPRET=1` (set before triton is
 first imported), which is how the tests run a whole model through them. MLA extend uses the
 paged extend kernel with the latent as both key and value. Sliding windows and soft-capping
@@ -21,7 +21,9 @@ def load_triton() -> tuple[ModuleType, ModuleType, ModuleType]:
     """(triton_attention, triton_mla, triton_bitmask), or UnsupportedAttentionError saying
     why triton cannot run here."""
     try:
-        from runtime.kernels import triton_attention, triton_bitmask, triton_mla
+        from runtime.kernels.triton import attention as triton_attention
+        from runtime.kernels.triton import bitmask as triton_bitmask
+        from runtime.kernels.triton import mla as triton_mla
     except Exception as exc:  # no triton, or triton without a usable backend
         raise UnsupportedAttentionError(
             f"attention backend 'triton' is unavailable: {type(exc).__name__}: {exc}"

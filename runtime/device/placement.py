@@ -22,7 +22,7 @@ import torch
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.device import cuda
 from runtime.errors import DeviceUnavailableError
-from runtime.kernels import cpu_quant
+from runtime.kernels.cpu import quant as cpu_quant
 from runtime.memory.kv_pool import KVPool
 from runtime.models.model import Model
 

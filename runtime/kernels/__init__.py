@@ -6,6 +6,11 @@ Forcing ``triton`` on CPU tensors needs ``TRITON_INTERPRET=1`` set before triton
 that is how the kernel tests run without a GPU.
 
 Signatures and semantics: see ``reference.py`` and docs/INTERFACES.md.
+
+The folder holds three kinds of kernels: the torch implementations at its top (``reference``,
+the oracle and the engine's plain CPU path, and the CPU attention paths built on torch:
+``cascade``, ``short_extend``, ``prefix_extend``, ``decode_plan``), the Triton kernels in
+``triton/``, and the C kernels for CPU in ``cpu/`` (their sources in ``cpu/csrc/``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _ENV = settings.KERNELS.name
-# (triton_attention, triton_bitmask, triton_mla) once imported
+# (triton.attention, triton.bitmask, triton.mla) once imported
 _triton_modules: tuple[ModuleType, ModuleType, ModuleType] | None = None
 _triton_error: Exception | None = None
 
@@ -39,9 +44,9 @@ def _load_triton() -> tuple[ModuleType, ModuleType, ModuleType] | None:
     global _triton_modules, _triton_error
     if _triton_modules is None and _triton_error is None:
         try:
-            from runtime.kernels import triton_attention, triton_bitmask, triton_mla
+            from runtime.kernels.triton import attention, bitmask, mla
 
-            _triton_modules = (triton_attention, triton_bitmask, triton_mla)
+            _triton_modules = (attention, bitmask, mla)
         except Exception as exc:  # ImportError, or triton failing to find a backend
             _triton_error = exc
             logger.info("Triton kernels unavailable, using the torch reference: %s", exc)

@@ -27,7 +27,7 @@ import torch
 
 from runtime.config import ModelConfig, config_from_dict
 from runtime.errors import ModelNotFoundError, UnsupportedModelError
-from runtime.kernels.cpu_quant import TYPES, QuantTensor, huge_page_bytes, row_bytes, type_name
+from runtime.kernels.cpu.quant import TYPES, QuantTensor, huge_page_bytes, row_bytes, type_name
 
 logger = logging.getLogger(__name__)
 

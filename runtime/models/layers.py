@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from runtime import settings
-from runtime.kernels import cpu_fused, cpu_gemv, cpu_quant
+from runtime.kernels.cpu import fused as cpu_fused
+from runtime.kernels.cpu import gemv as cpu_gemv
+from runtime.kernels.cpu import quant as cpu_quant
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

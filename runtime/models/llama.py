@@ -17,8 +17,8 @@ from runtime.attention import AttentionBackend, LayerSpec, make_backend
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import ModelConfig
 from runtime.errors import UnsupportedModelError
-from runtime.kernels import cpu_quant
-from runtime.kernels.quant_chain import DecodeChain
+from runtime.kernels.cpu import quant as cpu_quant
+from runtime.kernels.cpu.quant_chain import DecodeChain
 from runtime.memory.kv_pool import KVPool
 from runtime.models.layers import (
     AddNorm,

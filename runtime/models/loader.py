@@ -15,7 +15,7 @@ import torch
 
 from runtime.config import ModelConfig, load_config
 from runtime.errors import ModelNotFoundError
-from runtime.kernels.cpu_quant import QUANTIZATIONS, quantize
+from runtime.kernels.cpu.quant import QUANTIZATIONS, quantize
 from runtime.models.gguf import load_gguf, load_tokenizer
 
 logger = logging.getLogger(__name__)

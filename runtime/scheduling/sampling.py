@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.kernels import cpu_fused
+from runtime.kernels.cpu import fused as cpu_fused
 from runtime.scheduling.request import Request
 
 

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from runtime.kernels.reference import check_latent_decode
-from runtime.kernels.triton_attention import (
+from runtime.kernels.triton.attention import (
     _LOG2E,
     _decode_merge_kernel,
     _default_splits,

@@ -14,12 +14,24 @@ count (a torch with another OpenMP would give it a second runtime; set SGL_FUSED
 
 `available()` is False (and callers keep the torch path) when SGL_FUSED_CPU=0, when no C
 compiler is found or compiling fails. `grammar/native_build.py` builds it (shared with the
-grammar's C walk): cached under $SGL_NATIVE_CACHE, keyed by the source, the flags, the compiler
+grammar's C walk): cached under $SGL_NATIVE_CACHE, keyed by the sources, the flags, the compiler
 and the CPU, and built with `-march=native`: one machine's build is never loaded on another CPU.
 
-Numerics (see cpu_source.py): rotary, the K/V write and the residual add give torch's bits;
-RMSNorm may differ by an ulp of its scale (float32; bf16 measured equal); attention differs by
-summation order and `expf`, at float32 rounding level.
+The C is in `csrc/`, in units compiled with different floating-point rules:
+
+- EXACT (`exact.c`, `exact_fp8.c`; no reassociation, no FMA contraction): RMSNorm with the
+  residual add, rotary with the K/V write. Each step rounds where torch's op-by-op code rounds
+  (bf16: after every op), so rotary and the residual add give torch's bits; RMSNorm differs only
+  by the order of its sum of squares: an ulp of the scale at most (bf16 outputs measured
+  bit-equal to torch's; float32 ones differ in the last bit).
+- FAST (`attention.c`, `attention_fp8.c`; -ffast-math: vectorised `expf`, reassociated sums):
+  decode attention, whose torch counterpart (SDPA) has its own summation order anyway; it
+  differs by summation order and `expf`, at float32 rounding level.
+
+Each kernel is written once, as a template header (`norm_rotary.h`, `rotary_fp8.h`,
+`decode_attention.h`, `rope_decode.h`) over the names `instance.h` defines for a storage type
+(float32, bfloat16) and KV pool type (the same, or fp8): a unit includes it once per instance,
+or is compiled once per instance with `-DSTORAGE=... -DPOOL=...` flags.
 """
 
 from __future__ import annotations
@@ -28,28 +40,17 @@ import ctypes
 import logging
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from grammar.native_build import Unit, load_library
+from grammar.native_build import Signatures, Unit, load_library
 from runtime import settings
-from runtime.kernels import cpu_gemv
-from runtime.kernels.cpu_source import (
-    EXACT,
-    EXACT_FP8,
-    EXACT_FP8_PRELUDE,
-    FAST,
-    FAST_FP8_PRELUDE,
-    FAST_PRELUDE,
-    FP8_PRELUDE,
-    ROPE_DECODE,
-    ROPE_STEP,
-    TYPES,
-    render,
-)
+from runtime.kernels.cpu import gemv as cpu_gemv
 
 logger = logging.getLogger(__name__)
 
+CSRC = Path(__file__).parent / "csrc"
 _COMMON = ("-O3", "-march=native", "-fPIC", "-std=c11")
 _FLAGS = {
     "exact": (*_COMMON, "-ffp-contract=off"),
@@ -61,24 +62,36 @@ MODEL_TYPES = tuple(_SUFFIX)  # the compute types the kernels take
 # an fp8 KV pool under a float32 / bfloat16 model: decode attention reads it, rotary writes it
 _FP8_SUFFIX = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-_SIGNATURES = {
+# the kernels of one function per model type (`<name>_f32`, `<name>_bf16`): argtypes
+_PER_TYPE = {
     "add_rms_norm": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32],
     "rotary_kv": [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR],
     "decode_attention": [_PTR, _PTR, _PTR, _PTR, _I64, _PTR] + [_I64] * 6 + [_F32, _PTR],
     "gemv": [_PTR, _PTR, _PTR, _I64, _I64, _I64],
     "rope_decode": [_PTR, _PTR, _I64, _PTR, _PTR, _F32, _PTR],
 }
-_FP8_SIGNATURES = {
-    "rotary_kv": _SIGNATURES["rotary_kv"] + [_PTR, _PTR, _F32, _F32],
-    "decode_attention": _SIGNATURES["decode_attention"],
+# ... and per (model type, fp8 pool type) (`<name>_f32_e4m3`, ...), in the fp8 library
+_PER_FP8_TYPE = {
+    "rotary_kv": _PER_TYPE["rotary_kv"] + [_PTR, _PTR, _F32, _F32],
+    "decode_attention": _PER_TYPE["decode_attention"],
 }
-_ONE_TYPE = {  # name: (argtypes, restype), one C function each (cpu_gemv.py)
-    "gemv_bf16_wide": ([_PTR, _PTR, _PTR, _I64, _I64, _I64], None),
-    "argmax_f32": ([_PTR, _I64], _I64),
-    "release_openmp_team": ([], ctypes.c_int),
-    "hold_openmp_team": ([], ctypes.c_int),
-    "set_attention_runner": ([_PTR], None),
+_ONE_TYPE = {  # name: (restype, argtypes), one C function each (gemv.c, attention.c)
+    "gemv_bf16_wide": (None, [_PTR, _PTR, _PTR, _I64, _I64, _I64]),
+    "argmax_f32": (_I64, [_PTR, _I64]),
+    "release_openmp_team": (ctypes.c_int, []),
+    "hold_openmp_team": (ctypes.c_int, []),
+    "set_attention_runner": (None, [_PTR]),
 }
+# each library's functions: name -> (restype, argtypes)
+SIGNATURES: Signatures = {
+    **{f"{name}_{suffix}": (None, argtypes) for name, argtypes in _PER_TYPE.items()
+       for suffix in _SUFFIX.values()},
+    **_ONE_TYPE,
+}  # fmt: skip
+FP8_SIGNATURES: Signatures = {
+    f"{name}_{suffix}_{kv}": (None, argtypes) for name, argtypes in _PER_FP8_TYPE.items()
+    for suffix in _SUFFIX.values() for kv in _FP8_SUFFIX.values()
+}  # fmt: skip
 
 # (kernel, dtype) -> C; dtype None: the functions of one type; (kernel, dtype, fp8 dtype):
 # the variant for an fp8 KV pool
@@ -87,30 +100,43 @@ _failed = False
 _fp8_failed = False
 
 
-def _open(openmp: bool) -> ctypes.CDLL:
-    """The three units in one library (`grammar/native_build.py` builds and caches it). With
-    `openmp`, decode attention splits its requests over OpenMP threads."""
+def units(openmp: bool) -> list[Unit]:
+    """The library's three units. With `openmp`, decode attention splits its requests over
+    OpenMP threads."""
     omp = ("-fopenmp",) if openmp else ()
-    units = [
-        Unit("exact", render(EXACT), _FLAGS["exact"]),
-        Unit("fast", render(FAST + ROPE_DECODE, FAST_PRELUDE + ROPE_STEP), _FLAGS["fast"] + omp),
+    return [
+        Unit("exact", CSRC / "exact.c", _FLAGS["exact"]),
+        Unit("fast", CSRC / "attention.c", _FLAGS["fast"] + omp),
         Unit("gemv", cpu_gemv.SOURCE, _FLAGS["gemv"] + omp),
     ]
-    return load_library("fused-omp" if openmp else "fused", units, (*omp, "-lm"))
+
+
+def fp8_units(openmp: bool) -> list[Unit]:
+    """The fp8 KV pool's library: the quantizing rotary write, and decode attention once per
+    (model type, fp8 type) in a unit each (one unit's compile stays short on a loaded
+    machine)."""
+    omp = ("-fopenmp",) if openmp else ()
+    out = [Unit("exact8", CSRC / "exact_fp8.c", _FLAGS["exact"])]
+    for fp8 in _FP8_SUFFIX.values():
+        for t in _SUFFIX.values():
+            instance = (f"-DSTORAGE=STORAGE_{t.upper()}", f"-DPOOL=POOL_{fp8.upper()}")
+            flags = (*_FLAGS["fast"], *instance, *omp)
+            out.append(Unit(f"fast_{t}_{fp8}", CSRC / "attention_fp8.c", flags))
+    return out
+
+
+def _open(openmp: bool) -> ctypes.CDLL:
+    """The dense kernels' library (`grammar/native_build.py` builds and caches it)."""
+    omp = ("-fopenmp",) if openmp else ()
+    name = "fused-omp" if openmp else "fused"
+    return load_library(name, units(openmp), (*omp, "-lm"), SIGNATURES)
 
 
 def _open_fp8(openmp: bool) -> ctypes.CDLL:
-    """The fp8 KV pool's kernels, a library of their own (built on first use of an fp8 pool):
-    the quantizing rotary write, and decode attention once per (model type, fp8 type) in a
-    unit each (one unit's compile stays short on a loaded machine)."""
+    """The fp8 KV pool's kernels, a library of their own (built on first use of an fp8 pool)."""
     omp = ("-fopenmp",) if openmp else ()
-    units = [Unit("exact8", render([(EXACT_FP8, ("fp8",))], FP8_PRELUDE + EXACT_FP8_PRELUDE),
-                  _FLAGS["exact"])]  # fmt: skip
-    for fp8 in _FP8_SUFFIX.values():
-        for t in TYPES:
-            source = render([(FAST, (fp8,))], FAST_PRELUDE + FP8_PRELUDE + FAST_FP8_PRELUDE, [t])
-            units.append(Unit(f"fast_{t[0]}_{fp8}", source, _FLAGS["fast"] + omp))
-    return load_library("fused8-omp" if openmp else "fused8", units, (*omp, "-lm"))
+    name = "fused8-omp" if openmp else "fused8"
+    return load_library(name, fp8_units(openmp), (*omp, "-lm"), FP8_SIGNATURES)
 
 
 def _open_either(opener, what: str):
@@ -130,16 +156,12 @@ def _load() -> dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None:
         return _lib
     try:
         lib = _open_either(_open, "fused CPU kernels")
-        funcs = {}
-        for name, argtypes in _SIGNATURES.items():
-            for dtype, suffix in _SUFFIX.items():
-                fn = getattr(lib, f"{name}_{suffix}")
-                fn.argtypes, fn.restype = argtypes, None
-                funcs[name, dtype] = fn
-        for name, (argtypes, restype) in _ONE_TYPE.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = argtypes, restype
-            funcs[name, None] = fn
+        funcs = {
+            (name, dtype): getattr(lib, f"{name}_{suffix}")
+            for name in _PER_TYPE
+            for dtype, suffix in _SUFFIX.items()
+        }
+        funcs.update({(name, None): getattr(lib, name) for name in _ONE_TYPE})
         _lib = funcs
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
         _failed = True
@@ -157,14 +179,12 @@ def _load_fp8() -> bool:
         return True
     try:
         lib = _open_either(_open_fp8, "fp8 KV kernels")
-        funcs = {}
-        for name, argtypes in _FP8_SIGNATURES.items():
-            for dtype, suffix in _SUFFIX.items():
-                for kv, kv_suffix in _FP8_SUFFIX.items():
-                    fn = getattr(lib, f"{name}_{suffix}_{kv_suffix}")
-                    fn.argtypes, fn.restype = argtypes, None
-                    funcs[name, dtype, kv] = fn
-        _lib.update(funcs)
+        _lib.update({
+            (name, dtype, kv): getattr(lib, f"{name}_{suffix}_{kv_suffix}")
+            for name in _PER_FP8_TYPE
+            for dtype, suffix in _SUFFIX.items()
+            for kv, kv_suffix in _FP8_SUFFIX.items()
+        })  # fmt: skip
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
         _fp8_failed = True
         logger.info("fp8 KV kernels unavailable, using torch ops: %s", exc)
@@ -329,7 +349,7 @@ class RopeDecode:
 
     def c_call(self) -> tuple[int, int]:
         """(the C function's address, its per-step arguments' address), for a caller in C
-        (cpu_quant's decode chain): `fn(args, qkv, qkv_row_stride, k_pool, v_pool, scale,
+        (quant.c's decode chain): `fn(args, qkv, qkv_row_stride, k_pool, v_pool, scale,
         out)` does what `__call__` does."""
         return ctypes.cast(self._fn, ctypes.c_void_p).value, ctypes.addressof(self.args)
 
@@ -367,7 +387,7 @@ def gemv(
 def argmax_row(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(-1)` of one contiguous float32 row [1, V], in C: torch's reduction over
     a long row opens an OpenMP region, whose spinning worker would hold the other core while
-    the next step's projections want it (cpu_pool.py)."""
+    the next step's projections want it (csrc/pool.h)."""
     assert logits.dim() == 2 and logits.shape[0] == 1 and logits.dtype == torch.float32
     if logits.shape[1] == 0:
         raise ValueError("argmax of an empty row")
@@ -404,7 +424,7 @@ def hold_openmp_team() -> int:
     region (libgomp's throttled spin count: 100 pauses against 300,000 when OMP_WAIT_POLICY
     is unset) instead of holding a core for milliseconds: what a quantized model wants, whose
     projections and decode attention run on the quantized kernels' own spinning pool
-    (cpu_pool.py) while torch's regions (prefill attention, the dense prompt products) are
+    (csrc/pool.h) while torch's regions (prefill attention, the dense prompt products) are
     few. Measured on 2 cores, default Q4_1 model: json workload 3.7 -> 2.0 s, 16x128 decode
     7.8 -> 5.7 s, batch-1 0.74 -> 0.60 s. A dense model keeps the long spin (see
     docs/quantization.md)."""

@@ -1,24 +1,24 @@
-"""C source of a small spinning thread pool for the one-row projection kernel (cpu_gemv.py).
+/* A small spinning thread pool, a static copy in each library that includes it: the one-row
+   projections' (gemv.c) and the quantized kernels' (quant.c).
 
-Why not OpenMP: libgomp gives every thread that opens a parallel region a team of its own, and
-once more threads are managed than there are CPUs (the main thread's team, from loading the
-model, plus the scheduler thread's, which runs the forward) its workers stop spinning between
-regions and sleep: each region then pays a futex wake-up. Measured on this 2-core machine, a
-region opened from a second thread costs ~35 us against ~7 us from the main thread, and a
-batch-1 bf16 step (~120 regions) took 9-10 ms instead of 6.5.
+   Why not OpenMP: libgomp gives every thread that opens a parallel region a team of its own, and
+   once more threads are managed than there are CPUs (the main thread's team, from loading the
+   model, plus the scheduler thread's, which runs the forward) its workers stop spinning between
+   regions and sleep: each region then pays a futex wake-up. Measured on this 2-core machine, a
+   region opened from a second thread costs ~35 us against ~7 us from the main thread, and a
+   batch-1 bf16 step (~120 regions) took 9-10 ms instead of 6.5.
 
-This pool's workers spin on a generation counter for up to `SPIN_NS` after each job (a decode
-step's jobs come every few tens of microseconds), then sleep on a condition variable; the
-caller does part 0 itself and spins until the workers are done. One caller at a time: another
-thread arriving meanwhile runs its job alone, so two engines in one process never wait on each
-other. A forked child starts with no workers (they are started again on first use). The
-thread count follows torch's (`omp_get_max_threads` of the calling thread, which
-`torch.set_num_threads` sets), capped at `POOL_MAX`.
-"""
+   This pool's workers spin on a generation counter for up to `SPIN_NS` after each job (a decode
+   step's jobs come every few tens of microseconds), then sleep on a condition variable; the
+   caller does part 0 itself and spins until the workers are done. One caller at a time: another
+   thread arriving meanwhile runs its job alone, so two engines in one process never wait on each
+   other. A forked child starts with no workers (they are started again on first use). The
+   thread count follows torch's (`omp_get_max_threads` of the calling thread, which
+   `torch.set_num_threads` sets), capped at `POOL_MAX`. */
 
-SPIN_NS = 2_000_000  # how long an idle worker spins before it sleeps
+#ifndef POOL_H
+#define POOL_H
 
-SOURCE = r"""
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -28,6 +28,7 @@ SOURCE = r"""
 #endif
 
 #define POOL_MAX 64
+#define SPIN_NS 2000000 /* how long an idle worker spins (ns) before it sleeps */
 
 typedef void (*pool_fn)(void *args, int part, int parts);
 
@@ -43,7 +44,8 @@ static struct {
     pool_fn fn;
     void *args;
     int parts;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+} pool = {.busy = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
+          .wake = PTHREAD_COND_INITIALIZER};
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 
 static inline void pool_relax(void) {
@@ -66,7 +68,7 @@ static void *pool_worker(void *arg) {
         int64_t since = pool_now();
         for (unsigned n = 1; (g = atomic_load(&pool.gen)) == seen; n++) {
             pool_relax();
-            if (n % 256 == 0 && pool_now() - since > SPIN_NS_) {
+            if (n % 256 == 0 && pool_now() - since > SPIN_NS) {
                 pthread_mutex_lock(&pool.mu);
                 atomic_fetch_add(&pool.sleepers, 1);
                 while (atomic_load(&pool.gen) == seen) pthread_cond_wait(&pool.wake, &pool.mu);
@@ -136,4 +138,5 @@ static void pool_run(pool_fn fn, void *args, int parts) {
     while (atomic_load(&pool.done) < pool.workers) pool_relax();
     pthread_mutex_unlock(&pool.busy);
 }
-""".replace("SPIN_NS_", str(SPIN_NS))
+
+#endif

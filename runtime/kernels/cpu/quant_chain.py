@@ -1,4 +1,4 @@
-"""A decode step's layers in one C call (quant_source.py `q_decode_chain`).
+"""A decode step's layers in one C call (csrc/quant.c's `q_decode_chain`).
 
 A batch-1 decode step of a small quantized model is a few hundred short kernel calls (SmolLM2:
 30 layers x 2 norms, 4 products and one rotary + attention call). Called from Python each costs
@@ -19,7 +19,8 @@ import ctypes
 
 import torch
 
-from runtime.kernels import cpu_fused, cpu_quant
+from runtime.kernels.cpu import fused as cpu_fused
+from runtime.kernels.cpu import quant as cpu_quant
 
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 

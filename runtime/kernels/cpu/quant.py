@@ -1,4 +1,4 @@
-"""Weights in GGUF's block formats (`QuantTensor`) and their CPU products, in C (quant_source.py).
+"""Weights in GGUF's block formats (`QuantTensor`) and their CPU products, in C (csrc/quant.c).
 
 A `QuantTensor` is a weight [out, in] kept as the file stores it: `data` is uint8
 [out, row_bytes], each row `in / block` blocks of the type's bytes. It answers the few tensor
@@ -10,7 +10,7 @@ file loads quantized and plain checkpoints with the same code. The products run 
 The library is compiled on first use with the system C compiler, -march=native (the CPU that
 runs it picks AVX2, AVX-512 VNNI or neither), by grammar/native_build.py as cpu_fused's is.
 `portable=True` builds the same source as plain C for a baseline x86-64 / any CPU: tests check
-that both give the same bits. Its thread pool is cpu_pool.py's (a copy of its own in this
+that both give the same bits. Its thread pool is csrc/pool.h's (a copy of its own in this
 library: a quantized model's projections all run here, so the dense kernels' pool stays idle).
 """
 
@@ -22,14 +22,13 @@ import mmap
 import subprocess
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from grammar.native_build import Unit, load_library
+from grammar.native_build import Signatures, Unit, load_library
 from runtime.errors import UnsupportedModelError
-from runtime.kernels import cpu_fused, cpu_pool
-from runtime.kernels.cpu_source import PRELUDE
-from runtime.kernels.quant_source import SOURCE as _QUANT_SOURCE
+from runtime.kernels.cpu import fused as cpu_fused
 
 logger = logging.getLogger(__name__)
 
@@ -48,29 +47,28 @@ TYPES: dict[int, tuple[str, int, int]] = {
     14: ("Q6_K", 256, 210),
 }
 TYPE_IDS = {name: tid for tid, (name, _, _) in TYPES.items()}
-MIN_PARALLEL = 1 << 16  # weights (elements) below which one thread does it all
 # Inputs of at least this many rows (prefill chunks) dequantize the weight (in C, one matrix at
 # a time) and multiply with torch's matmul: measured as CPU time on one thread, a 3072 x 576
 # Q4_1 matrix against 256 rows took 14.8 ms this way and 22.0 ms on the integer path (64
 # rows: 6.0 vs 6.3 ms; 16 rows: 2.1 vs 1.5 ms).
 DENSE_ROWS = 128
 
-SOURCE = cpu_pool.SOURCE + PRELUDE + _QUANT_SOURCE.replace("MIN_PAR", str(MIN_PARALLEL))
+SOURCE = Path(__file__).parent / "csrc" / "quant.c"
 _NATIVE = ("-O3", "-march=native")
 _PORTABLE = ("-O2", "-DQUANT_PORTABLE")  # the compiler's baseline target, no intrinsics
 _COMMON = ("-fPIC", "-std=gnu11", "-ffp-contract=off", "-fopenmp")
 _I64, _I32, _PTR = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-_SIGNATURES = {
-    "q_dequant": ([_I32, _I32, _PTR, _I64, _I64, _I64, _PTR], _I32),
+SIGNATURES: Signatures = {  # name: (restype, argtypes)
+    "q_dequant": (_I32, [_I32, _I32, _PTR, _I64, _I64, _I64, _PTR]),
     "q_matmul": (
-        [_I32, _I32, _PTR, _I64, _I64, _I64, _PTR, _I32, _I64, _PTR, _I64, _I32, _PTR, _I32, _I32],
         _I32,
+        [_I32, _I32, _PTR, _I64, _I64, _I64, _PTR, _I32, _I64, _PTR, _I64, _I32, _PTR, _I32, _I32],
     ),
-    "q_embedding": ([_I32, _I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _PTR], _I32),
-    "q_repack": ([_I32, _PTR, _I64, _I64, _I64, _I32, _PTR], _I32),
-    "q_uses_int": ([_I32], _I32),
-    "q_pool_run": ([_PTR, _PTR, _I32], None),
-    "q_decode_chain": ([_PTR], _I32),
+    "q_embedding": (_I32, [_I32, _I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _PTR]),
+    "q_repack": (_I32, [_I32, _PTR, _I64, _I64, _I64, _I32, _PTR]),
+    "q_uses_int": (_I32, [_I32]),
+    "q_pool_run": (None, [_PTR, _PTR, _I32]),
+    "q_decode_chain": (_I32, [_PTR]),
 }
 
 _libs: dict[bool, ctypes.CDLL | None] = {}
@@ -78,19 +76,20 @@ _lock = threading.Lock()
 _pack_lock = threading.Lock()
 
 
+def units(portable: bool = False) -> list[Unit]:
+    """The library's one unit: for this CPU, or `portable` (plain C)."""
+    return [Unit("quant", SOURCE, (*(_PORTABLE if portable else _NATIVE), *_COMMON))]
+
+
 def library(portable: bool = False) -> ctypes.CDLL | None:
     """The compiled kernels (None when no C compiler is found or the build fails)."""
     with _lock:
         if portable in _libs:
             return _libs[portable]
-        flags = (*(_PORTABLE if portable else _NATIVE), *_COMMON)
         lib = None
         try:
             name = "quant-portable" if portable else "quant"
-            lib = load_library(name, [Unit("quant", SOURCE, flags)], ("-fopenmp", "-lm"))
-            for fn_name, (argtypes, restype) in _SIGNATURES.items():
-                fn = getattr(lib, fn_name)
-                fn.argtypes, fn.restype = argtypes, restype
+            lib = load_library(name, units(portable), ("-fopenmp", "-lm"), SIGNATURES)
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
             logger.warning("quantized CPU kernels unavailable: %s", exc)
             lib = None
@@ -106,7 +105,7 @@ def _lib(portable: bool = False) -> ctypes.CDLL:
     lib = library(portable)
     if lib is None:
         raise UnsupportedModelError(
-            "quantized weights need the C kernels (runtime/kernels/cpu_quant.py), which could "
+            "quantized weights need the C kernels (runtime/kernels/cpu/quant.py), which could "
             "not be built: is a C compiler (cc / gcc, or $CC) installed?"
         )
     return lib
@@ -194,7 +193,7 @@ def packed_bytes(shape: torch.Size) -> torch.Tensor:
 class QuantTensor:
     """A weight [rows, cols] in a GGUF block format; `data` uint8 [rows, row_bytes], as the
     file stores it, or (`packed`) rearranged in groups of 8 rows for the products
-    (quant_source.py's q_repack; the same bytes, so the same size).
+    (quant.c's q_repack; the same bytes, so the same size).
 
     Invariant: `data` is contiguous and never modified in place; `pack()` replaces it once,
     under a lock (the first product packs a weight of a packable format)."""
@@ -410,7 +409,7 @@ def scratch(nbytes: int) -> int:
 def scratch_bytes(
     qtype: int, rows: int, cols: int, x_bf16: bool, out: int = 0, swiglu: bool = False
 ) -> int:
-    """quant_source.py's q_scratch_bytes, plus `out` floats a row for a bf16 output and `cols`
+    """quant.c's q_scratch_bytes, plus `out` floats a row for a bf16 output and `cols`
     floats a row for the SwiGLU input."""
     n = rows * cols
     extra = 4 * rows * out + (4 * n if swiglu else 0)

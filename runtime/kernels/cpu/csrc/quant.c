@@ -1,36 +1,37 @@
-"""C source of the quantized-weight kernels (`cpu_quant.py` compiles and calls it).
+/* The quantized-weight kernels (quant.py compiles and calls them).
 
-Weights stay in GGUF's block formats, row by row as the file stores them (a row of `cols`
-inputs is `cols / block` blocks of `type_size` bytes). Three kinds of functions:
+   Weights stay in GGUF's block formats, row by row as the file stores them (a row of `cols`
+   inputs is `cols / block` blocks of `type_size` bytes). Three kinds of functions:
 
-- `q_dequant`: rows of any supported type to float32, each value computed as the `gguf`
-  package's numpy reference computes it (same operations, same order, no FMA contraction:
-  the unit is built with -ffp-contract=off), so the two agree bit for bit.
-- Integer products for the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): each input row is
-  quantized to int16 in blocks of 32 (scale `d = max|x| / 32767`, `s = d * sum(q)`), each
-  weight block is unpacked to 32 signed int8 values (Q4_0: q - 8, Q5_0: q - 16, Q4_1 / Q5_1:
-  q as is, their minimum `m` handled as `m * s`), and a block's dot product is exact integer
-  arithmetic (int8 x int16 pairs: `vpmaddwd`, or `vpdpwssd` with VNNI). int16, not llama.cpp's
-  int8: int8 inputs moved SmolLM2's logits by ~0.1-0.2 and its greedy tokens parted from the
-  fp32 forward's on 12 of 20 prompts within 32 tokens; int16 inputs cost one more multiply
-  per block and keep the products within float rounding of the fp32 forward. The int32 sums
-  sit in 16 lanes (lane j: elements 2j and 2j + 1), each lane accumulated in float as
-  `fma(sum, d_w * d_x, acc)` (even and odd blocks in two accumulators); a row ends with a
-  fixed lane-sum tree plus the sums of the `m * s` terms. The portable code computes
-  exactly those lanes and that tree, so the SIMD and portable builds give the same bits.
-- Fused dequantization for the rest (Q4_K, Q5_K, Q6_K, F16, BF16, F32): a block is dequantized
-  into a small buffer and multiplied in float32 against the unquantized input, in 8 lanes.
+   - `q_dequant`: rows of any supported type to float32, each value computed as the `gguf`
+     package's numpy reference computes it (same operations, same order, no FMA contraction:
+     the unit is built with -ffp-contract=off), so the two agree bit for bit.
+   - Integer products for the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): each input row is
+     quantized to int16 in blocks of 32 (scale `d = max|x| / 32767`, `s = d * sum(q)`), each
+     weight block is unpacked to 32 signed int8 values (Q4_0: q - 8, Q5_0: q - 16, Q4_1 / Q5_1:
+     q as is, their minimum `m` handled as `m * s`), and a block's dot product is exact integer
+     arithmetic (int8 x int16 pairs: `vpmaddwd`, or `vpdpwssd` with VNNI). int16, not llama.cpp's
+     int8: int8 inputs moved SmolLM2's logits by ~0.1-0.2 and its greedy tokens parted from the
+     fp32 forward's on 12 of 20 prompts within 32 tokens; int16 inputs cost one more multiply
+     per block and keep the products within float rounding of the fp32 forward. The int32 sums
+     sit in 16 lanes (lane j: elements 2j and 2j + 1), each lane accumulated in float as
+     `fma(sum, d_w * d_x, acc)` (even and odd blocks in two accumulators); a row ends with a
+     fixed lane-sum tree plus the sums of the `m * s` terms. The portable code computes
+     exactly those lanes and that tree, so the SIMD and portable builds give the same bits.
+   - Fused dequantization for the rest (Q4_K, Q5_K, Q6_K, F16, BF16, F32): a block is dequantized
+     into a small buffer and multiplied in float32 against the unquantized input, in 8 lanes.
 
-SIMD: AVX-512 (one block per 512-bit `vpdpwssd` with VNNI, `vpmaddwd` without), else AVX2 +
-FMA (two 256-bit `vpmaddwd` a block); the library is compiled with -march=native on first use, so
-the CPU that runs it decides which. `QUANT_PORTABLE` builds plain C.
-Several input rows (prefill, a batch's decode) share each unpacked weight block: 4 rows at a
-time, each row's arithmetic that of one row alone (results do not depend on the batch).
-"""
+   SIMD: AVX-512 (one block per 512-bit `vpdpwssd` with VNNI, `vpmaddwd` without), else AVX2 +
+   FMA (two 256-bit `vpmaddwd` a block); the library is compiled with -march=native on first use, so
+   the CPU that runs it decides which. `QUANT_PORTABLE` builds plain C.
+   Several input rows (prefill, a batch's decode) share each unpacked weight block: 4 rows at a
+   time, each row's arithmetic that of one row alone (results do not depend on the batch). */
 
-from __future__ import annotations
+#include "pool.h"
+#include "common.h"
 
-SOURCE = r"""
+#define MIN_PARALLEL 65536 /* weights (elements) below which one thread does it all */
+
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -873,7 +874,7 @@ int q_dequant(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t ro
               float *out) {
     if (!q_block(t)) return -1;
     struct dq_job j = {t, packed, w, row_bytes, rows, cols, out};
-    int parts = rows * cols < MIN_PAR || rows < 16 ? 1 : pool_threads();
+    int parts = rows * cols < MIN_PARALLEL || rows < 16 ? 1 : pool_threads();
     pool_run(dq_part, &j, parts);
     return 0;
 }
@@ -1080,7 +1081,7 @@ int q_matmul(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t out
             xf[i] = bf16f((const uint8_t *)((const uint16_t *)x + i));
         j.xf = xf;
     }
-    int parts = threads > 0 ? threads : (out * cols < MIN_PAR ? 1 : pool_threads());
+    int parts = threads > 0 ? threads : (out * cols < MIN_PARALLEL ? 1 : pool_threads());
     if (packed && parts > out / 8) parts = out / 8 > 0 ? (int)(out / 8) : 1;
     pool_run(q_part, &j, parts);
     if (y_bf16)
@@ -1165,4 +1166,3 @@ int q_embedding(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t 
             return -1;
     return 0;
 }
-"""

@@ -1,0 +1,53 @@
+/* Template (see instance.h), included once per model type: RMSNorm with the residual add, and
+   rotary with the K/V write. Each step rounds where torch's op-by-op code rounds (bf16: after
+   every op). */
+
+/* hidden[n, h] += delta (+ bias, added to delta first, as `out + bias`); then
+   out = w * RND(x * rsqrt(mean(x^2) + eps)) with x = hidden in float. delta may be NULL. */
+void FN(add_rms_norm)(scalar_t *hidden, const scalar_t *delta, const scalar_t *bias,
+                      const scalar_t *w, scalar_t *out, int64_t n, int64_t h, float eps) {
+    for (int64_t i = 0; i < n; i++) {
+        scalar_t *x = hidden + i * h;
+        if (delta) {
+            const scalar_t *dl = delta + i * h;
+            for (int64_t j = 0; j < h; j++) {
+                float add = LD(dl[j]);
+                if (bias) add = RND(add + LD(bias[j]));
+                x[j] = ST(LD(x[j]) + add);
+            }
+        }
+        float part[16] = {0};
+        int64_t j = 0;
+        for (; j + 16 <= h; j += 16)
+            for (int k = 0; k < 16; k++) part[k] += LD(x[j + k]) * LD(x[j + k]);
+        for (; j < h; j++) part[0] += LD(x[j]) * LD(x[j]);
+        float sum = 0.0f;
+        for (int k = 0; k < 16; k++) sum += part[k];
+        float r = 1.0f / sqrtf(sum / (float)h + eps);
+        scalar_t *o = out + i * h;
+        for (j = 0; j < h; j++) o[j] = ST(LD(w[j]) * RND(LD(x[j]) * r));
+    }
+}
+
+/* qkv [n, row] holds q (hq heads), k (hkv heads), v (hkv heads) of width d per token. Rotates
+   q into q_out [n, hq, d] and k into k_flat[slot], copies v into v_flat[slot] (flat pools
+   [slots, hkv, d]); cos/sin tables [positions, d]: x * cos + rotate_half(x) * sin. */
+void FN(rotary_kv)(const scalar_t *qkv, int64_t row, const scalar_t *cos_t, const scalar_t *sin_t,
+                   const int64_t *pos, const int64_t *slots, int64_t n, int64_t hq, int64_t hkv,
+                   int64_t d, scalar_t *q_out, scalar_t *k_flat, scalar_t *v_flat) {
+    int64_t half = d / 2;
+    for (int64_t i = 0; i < n; i++) {
+        const scalar_t *src = qkv + i * row;
+        const scalar_t *c = cos_t + pos[i] * d, *s = sin_t + pos[i] * d;
+        for (int64_t hh = 0; hh < hq + hkv; hh++) {
+            const scalar_t *x = src + hh * d;
+            scalar_t *dst =
+                hh < hq ? q_out + (i * hq + hh) * d : k_flat + (slots[i] * hkv + hh - hq) * d;
+            for (int64_t j = 0; j < half; j++)
+                dst[j] = ST(RND(LD(x[j]) * LD(c[j])) + RND(-LD(x[j + half]) * LD(s[j])));
+            for (int64_t j = half; j < d; j++)
+                dst[j] = ST(RND(LD(x[j]) * LD(c[j])) + RND(LD(x[j - half]) * LD(s[j])));
+        }
+        memcpy(v_flat + slots[i] * hkv * d, src + (hq + hkv) * d, sizeof(scalar_t) * hkv * d);
+    }
+}
