@@ -4,7 +4,7 @@
     PYTHONPATH=. python benchmarks/engine/kernels.py --device cpu --threads 2
 
 Columns (milliseconds per call, median of timed repeats after warm-up):
-  triton      runtime.kernels.triton_attention (CUDA only)
+  triton      runtime.kernels.triton.attention (CUDA only)
   torch-ref   runtime.kernels.reference (the engine's CPU path)
   sdpa        F.scaled_dot_product_attention on K/V already gathered into contiguous
               [B, Hkv, L, D] tensors: a bound that ignores the cost of paging
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from runtime.kernels import reference
 
 try:
-    from runtime.kernels import triton_attention
+    from runtime.kernels.triton import attention as triton_attention
 except Exception as exc:  # triton missing or without a backend
     triton_attention = None
     TRITON_ERROR = repr(exc)
