@@ -9,10 +9,9 @@ import re
 
 import jsonschema
 import pytest
-from benchmarks.structured_output import GBNF, GBNF_AS_REGEX, LARK, TAG_SCHEMA
 
 import sgl_dsl as sgl
-from tests.support.dsl_backends import ENGINE_KWARGS, build_tiny_llama
+from benchmarks.serving.structured_output import GBNF, GBNF_AS_REGEX, LARK, TAG_SCHEMA
 from tests.support.marks import needs_ebnf, needs_tags
 from tests.support.server_process import shared_server
 
@@ -35,14 +34,6 @@ def _is_whole_tag(text: str) -> None:
 @sgl.function
 def greet(s, options):
     s += "Greeting: " + sgl.gen("out", max_tokens=24, temperature=0, **options)
-
-
-@pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
-    folder = build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-    backend = sgl.Runtime(str(folder), **ENGINE_KWARGS)
-    yield backend
-    backend.shutdown()
 
 
 @pytest.fixture(scope="module")

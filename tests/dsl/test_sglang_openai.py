@@ -8,12 +8,6 @@ import re
 import pytest
 
 import sgl_dsl as sgl
-from tests.support.server_process import shared_server
-
-
-@pytest.fixture(scope="module")
-def server():
-    return shared_server()
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import random
 
 import numpy as np
 import pytest
-from benchmarks.grammar_gbnf import CASES
 
+from benchmarks.grammar.gbnf_cases import CASES
 from grammar import CompiledGrammar, GrammarError, compile_ebnf
 from grammar.ebnf.compiler import CompiledEBNF
 from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab

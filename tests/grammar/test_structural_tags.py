@@ -239,8 +239,7 @@ def test_bad_specs_are_refused_naming_the_field(spec: dict, path: str) -> None:
 
 def test_tool_call_benchmark_accepts_no_invalid_call(capsys) -> None:
     """The structural-tags benchmark on 3 tools: every valid call walks, no invalid one does."""
-    from benchmarks.grammar_structural import structural_suite
-
+    from benchmarks.grammar.structural import structural_suite
     from tests.support.schema_bench import bench_files
 
     if not bench_files():

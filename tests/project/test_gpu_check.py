@@ -1,6 +1,6 @@
-"""benchmarks/gpu_check.sh and gpu_check.py are run for real only on a lent GPU; here their
+"""benchmarks/gpu_check.sh and gpu/check.py are run for real only on a lent GPU; here their
 non-GPU parts are: the shell scripts parse, a bad flag is refused, and one comparison of
-gpu_check.py (engine vs transformers, the padded decode path) runs on the CPU."""
+gpu/check.py (engine vs transformers, the padded decode path) runs on the CPU."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import subprocess
 import pytest
 import torch
 
-from benchmarks import gpu_check
+from benchmarks.gpu import check as gpu_check
 from tests.support.paths import REPO
 from tests.support.tiny_models import make_tiny_model
 
 
-@pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_payload.sh"])
+@pytest.mark.parametrize("script", ["gpu_check.sh", "gpu/payload.sh"])
 def test_the_scripts_parse(script):
     subprocess.run(["bash", "-n", str(REPO / "benchmarks" / script)], check=True)
 

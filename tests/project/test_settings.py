@@ -95,7 +95,8 @@ def test_native_build_finds_the_compiler_and_keys_builds_by_flags(monkeypatch, t
     monkeypatch.setenv("CC", "/opt/my-cc")
     assert native_build.compiler() == "/opt/my-cc"
     assert native_build.cache_dir() == tmp_path / "cache" and (tmp_path / "cache").is_dir()
-    unit = native_build.Unit("a", "int f(void) { return 1; }\n", ("-O2", "-fPIC"))
+    (tmp_path / "a.c").write_text("int f(void) { return 1; }\n")
+    unit = native_build.Unit("a", tmp_path / "a.c", ("-O2", "-fPIC"))
     other = native_build.Unit("a", unit.source, ("-O3", "-fPIC"))
     one = native_build.library_path("t", [unit], (), "cc")
     assert one.parent == tmp_path / "cache" and one.name.startswith("t-")
@@ -109,7 +110,8 @@ def test_native_build_without_a_compiler_raises_a_typed_error(monkeypatch, tmp_p
     monkeypatch.setenv("SGL_NATIVE_CACHE", str(tmp_path))
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(native_build.shutil, "which", lambda name: None)
-    unit = native_build.Unit("a", "int f(void) { return 1; }\n", ("-fPIC",))
+    (tmp_path / "a.c").write_text("int f(void) { return 1; }\n")
+    unit = native_build.Unit("a", tmp_path / "a.c", ("-fPIC",))
     with pytest.raises(native_build.NativeBuildError, match="no C compiler"):
         native_build.load_library("t", [unit])
 
@@ -118,11 +120,13 @@ def test_native_build_compiles_links_and_loads_once(monkeypatch, tmp_path):
     if native_build.compiler() is None:
         pytest.skip("no C compiler on this machine")
     monkeypatch.setenv("SGL_NATIVE_CACHE", str(tmp_path))
+    (src := tmp_path / "csrc").mkdir()
+    (src / "a.c").write_text("int twice(int x);\nint f(int x) { return twice(x) + 1; }\n")
+    (src / "b.c").write_text("int twice(int x) { return 2 * x; }\n")
     units = [
-        native_build.Unit("a", "int twice(int x);\nint f(int x) { return twice(x) + 1; }\n",
-                          ("-O1", "-fPIC")),
-        native_build.Unit("b", "int twice(int x) { return 2 * x; }\n", ("-O1", "-fPIC")),
-    ]  # fmt: skip
+        native_build.Unit("a", src / "a.c", ("-O1", "-fPIC")),
+        native_build.Unit("b", src / "b.c", ("-O1", "-fPIC")),
+    ]
     lib = native_build.load_library("t", units)
     assert lib.f(20) == 41
     built = list(tmp_path.glob("t-*.so"))

@@ -37,20 +37,6 @@ def _triton_or_skip() -> None:
         pytest.skip(str(exc))
 
 
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    from tests.support.tiny_models import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("attn") / "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def deepseek_dir(tmp_path_factory):
-    from tests.support.tiny_models import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("attn") / "tiny-ds", "deepseek_v2")
-
-
 @functools.cache
 def _run(model_dir, backend: str, constrained: bool = True) -> dict:
     """The same workload through one backend (cached: the reference run serves every test)."""
@@ -82,8 +68,8 @@ def test_auto_is_the_cpu_backend_on_a_cpu():
         resolve_backend("flash")
 
 
-def test_llama_cpu_backend_gives_the_reference_tokens(llama_dir):
-    ref, cpu = _run(llama_dir, "torch"), _run(llama_dir, "cpu")
+def test_llama_cpu_backend_gives_the_reference_tokens(model_dir):
+    ref, cpu = _run(model_dir, "torch"), _run(model_dir, "cpu")
     assert (ref["backend"], cpu["backend"]) == ("torch", "cpu")
     assert ref["cached"] > 0  # the extend-with-cached-prefix path ran
     assert cpu["tokens"] == ref["tokens"]
@@ -91,9 +77,9 @@ def test_llama_cpu_backend_gives_the_reference_tokens(llama_dir):
     assert cpu["scores"] == pytest.approx(ref["scores"], abs=1e-4)
 
 
-def test_llama_triton_backend_gives_the_reference_tokens(llama_dir):
+def test_llama_triton_backend_gives_the_reference_tokens(model_dir):
     _triton_or_skip()
-    ref, tri = _run(llama_dir, "torch"), _run(llama_dir, "triton")
+    ref, tri = _run(model_dir, "torch"), _run(model_dir, "triton")
     assert tri["backend"] == "triton"
     assert tri["tokens"] == ref["tokens"]
     assert tri["constrained"] == ref["constrained"]

@@ -7,7 +7,6 @@ import re
 
 import pytest
 import torch
-from runtime.kernels.cpu_quant import QuantTensor
 
 from runtime import Engine
 from runtime.default_model import (
@@ -16,6 +15,7 @@ from runtime.default_model import (
     default_model_dir,
     ensure_default_model,
 )
+from runtime.kernels.cpu.quant import QuantTensor
 
 pytestmark = pytest.mark.heavy
 

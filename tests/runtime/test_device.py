@@ -19,14 +19,9 @@ from runtime.device.graph_runner import LENGTH, PAGES, graph_blocker
 from runtime.errors import DeviceUnavailableError
 from runtime.workers.layout import Layout
 from tests.support.server_process import ServerProcess
-from tests.support.tiny_models import PROMPTS, make_tiny_model
+from tests.support.tiny_models import PROMPTS
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama-device"))
 
 
 @pytest.mark.parametrize(
@@ -220,7 +215,7 @@ def test_server_on_cuda_without_cuda_exits_with_the_reason(model_dir, caplog):
 
 def test_block_quantized_weights_are_dequantized_for_another_device():
     from runtime.device import place_state
-    from runtime.kernels import cpu_quant
+    from runtime.kernels.cpu import quant as cpu_quant
     from runtime.models.loader import quantize_state
 
     w = torch.randn(64, 64)

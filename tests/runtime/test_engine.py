@@ -9,14 +9,9 @@ import torch
 
 from runtime import Engine, GenerateResult, StreamChunk
 from runtime.errors import PromptTooLongError
-from tests.support.tiny_models import PROMPTS, hf_greedy, hf_model, make_tiny_model
+from tests.support.tiny_models import PROMPTS, hf_greedy, hf_model
 
 N = 12
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")

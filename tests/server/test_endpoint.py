@@ -8,14 +8,9 @@ from transformers import AutoTokenizer
 
 import sgl_dsl as sgl
 from sgl_dsl.backend.endpoint import RuntimeEndpoint
-from tests.support.server_process import shared_server, tiny_model_dir
+from tests.support.server_process import tiny_model_dir
 
 NOISE = {"temperature": 0, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def server():
-    return shared_server()
 
 
 @pytest.fixture(scope="module")

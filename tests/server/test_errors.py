@@ -5,15 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.server_process import shared_server
-
 USER = [{"role": "user", "content": "hi"}]
 LONG_PROMPT = "hello " * 5000  # > the tiny model's 4096-token context
-
-
-@pytest.fixture(scope="module")
-def server():
-    return shared_server()
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,9 @@ import time
 import httpx
 import pytest
 
-from tests.support.server_process import engine_stats, shared_server, wait_until_idle
+from tests.support.server_process import engine_stats, wait_until_idle
 
 NOISE = {"temperature": 0, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def server():
-    return shared_server()
 
 
 def _generate(server, **body):

@@ -10,10 +10,9 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
-from tests.support.server_process import constrained_decoding_available, shared_server
+from tests.support.server_process import constrained_decoding_available
 
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 needs_constraints = pytest.mark.xfail(
@@ -59,21 +58,6 @@ TIME_TOOL = {
         },
     },
 }
-
-
-@pytest.fixture(scope="module")
-def server():
-    return shared_server()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
 
 
 def _chat(client, model, content="Tell me a story.", **kw):

@@ -8,15 +8,14 @@ import jsonschema
 import openai
 import pytest
 
-from tests.support.server_process import constrained_decoding_available, shared_default_server
+from tests.support.server_process import constrained_decoding_available
 
 pytestmark = pytest.mark.heavy
 
 
 @pytest.fixture(scope="module")
-def client():
-    server = shared_default_server()
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+def client(default_server):
+    return openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="x", max_retries=0)
 
 
 def test_default_model_answers_a_question(client):

@@ -15,18 +15,12 @@ import pytest
 
 from examples.sglang_programs import PROGRAMS
 from tests.support.dsl_backends import DEFAULT_MODEL_BUDGET, ON_THE_DEFAULT_MODEL
-from tests.support.server_process import shared_default_server, shared_server
 
 sgl = pytest.importorskip("sglang", reason="SGLang's frontend is not installed")
 
 # SGLang's frontend runs `num_api_spec_tokens` programs only on API backends: on any
 # RuntimeEndpoint (SGLang's own server too) it fails in the client, before any request
 SGLANG_CLIENT_ONLY = {"completion_speculative": "RuntimeEndpoint has no is_chat_model"}
-
-
-@pytest.fixture(scope="module")
-def server():
-    return shared_server()
 
 
 @pytest.fixture
@@ -186,8 +180,8 @@ def test_concate_and_append_request_accepts_unknown_rids(server):
 
 
 @pytest.mark.heavy
-def test_sglang_programs_on_the_default_model(capsys):
-    sgl.set_default_backend(sgl.RuntimeEndpoint(shared_default_server().url))
+def test_sglang_programs_on_the_default_model(default_server, capsys):
+    sgl.set_default_backend(sgl.RuntimeEndpoint(default_server.url))
     answers = {}
     try:
         for name in ON_THE_DEFAULT_MODEL:

@@ -1,17 +1,20 @@
-"""A one-minute soak of one server (the tiny model) under the mixed load of `benchmarks.soak`,
-with compile workers killed while it runs: nothing hangs, nothing fails with a 5xx, every answer
-keeps its contract, and after `/flush_cache` the pool is empty and its accounting consistent."""
+"""A one-minute soak of one server (the tiny model) under the mixed load of
+`benchmarks.reliability.soak`, with compile workers killed while it runs: nothing hangs, nothing
+fails with a 5xx, every answer keeps its contract, and after `/flush_cache` the pool is empty and
+its accounting consistent."""
 
 from __future__ import annotations
 
 import argparse
 
-from benchmarks.soak import soak
+import pytest
 
-from benchmarks import soak_topologies
+from benchmarks.reliability import topologies as soak_topologies
+from benchmarks.reliability.soak import soak
 from tests.support.server_process import tiny_model_dir
 
 
+@pytest.mark.slow
 def test_a_minute_of_mixed_load_with_faults_on_one_server():
     server = soak_topologies.start(
         "server", str(tiny_model_dir()), ["--grammar-compile-timeout", "6"]

@@ -11,9 +11,9 @@ import json
 from typing import Any
 
 import httpx
-import openai
 import pytest
-from benchmarks.structured_output import (
+
+from benchmarks.serving.structured_output import (
     BIASED_TOKEN,
     GBNF,
     NATIVE,
@@ -23,25 +23,8 @@ from benchmarks.structured_output import (
     matches,
     obeys_schema,
 )
-
 from tests.support.marks import needs_ebnf, needs_tags
-from tests.support.server_process import shared_server
 from tests.support.tiny_models import smollm_tokenizer
-
-
-@pytest.fixture(scope="module")
-def server():
-    return shared_server()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
 
 
 # ---- the request shapes of /v1 -------------------------------------------------------------

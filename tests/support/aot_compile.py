@@ -4,7 +4,7 @@ Run by tests/runtime/kernels/test_hopper_compile.py in a fresh interpreter witho
 ``TRITON_INTERPRET``, so the compile never meets what Triton's interpreter patches into
 ``triton.language`` while it runs:
 
-    python -m tests.support.aot_compile '{"module": "triton_bitmask", "kernel": "_bitmask_kernel",
+    python -m tests.support.aot_compile '{"module": "triton.bitmask", "kernel": "_bitmask_kernel",
         "pointers": {...}, "constexprs": {...}}'
 
 Prints one JSON line: ``{"cubin_bytes": N}``.

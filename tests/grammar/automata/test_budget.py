@@ -190,6 +190,7 @@ def test_a_bench_schema_that_exceeded_the_budget_compiles() -> None:
 _ALONE = "SGL_TEST_IN_OWN_PROCESS"
 
 
+@pytest.mark.slow
 def test_random_regexes_with_counted_repetitions_in_a_fresh_process() -> None:
     """The property below runs in a process of its own. In the whole suite's process (after
     some earlier test, not yet found) it drew regexes whose automata grew without bound and

@@ -92,7 +92,7 @@ def test_tokens_splitting_a_multibyte_character_walk_byte_by_byte() -> None:
         pytest.param(r"a(?=b)", "lookahead", id="lookahead"),
         pytest.param(r"a(?!b)", "lookahead", id="negative-lookahead"),
         pytest.param(r"(?<=a)b", "lookbehind", id="lookbehind"),
-        pytest.param(r"(?i)abc", "flag", id="inline-flag"),
+        pytest.param(r"(?x)a b", "Flag x", id="verbose-flag"),
         pytest.param(r"a(b", "syntax", id="unbalanced"),
         pytest.param(r"\p{L}", "unicode properties", id="unicode-property"),
     ],

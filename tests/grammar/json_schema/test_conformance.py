@@ -1,16 +1,16 @@
 """The official JSON-Schema-Test-Suite (shared data): no invalid instance accepted on the format
-groups and the keyword files this engine compiles, scored as `python -m benchmarks.conformance`
-scores them; plus targeted cases for each conformance fix (formats, integers spelled 1.0,
-object values in any member order, `$id` / `$anchor` references, `contains` counts,
-`unevaluated*`)."""
+groups and the keyword files this engine compiles, scored as
+`python -m benchmarks.correctness.conformance` scores them; plus targeted cases for each
+conformance fix (formats, integers spelled 1.0, object values in any member order, `$id` /
+`$anchor` references, `contains` counts, `unevaluated*`)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from benchmarks.conformance import groups, scored_schema, suite_dir, suite_files
 
+from benchmarks.correctness.suites import groups, scored_schema, suite_dir, suite_files
 from grammar import UnsupportedSchemaError
 from grammar.automata.fsm import node_to_lazy_dfa
 from grammar.json_schema.schema import json_schema_to_node, json_schema_to_regex
@@ -240,7 +240,7 @@ def test_dynamic_refs_with_one_anchor_are_plain_refs() -> None:
 def test_scorer_lists_the_peers() -> None:
     if not suite_files():
         pytest.skip(NO_SUITE)
-    from benchmarks.conformance import peer_rows
+    from benchmarks.correctness.conformance import peer_rows
 
     rows = peer_rows()
     assert any("llguidance" in r for r in rows) and not any("this project" in r for r in rows)

@@ -1,6 +1,6 @@
 """A fixed slice of the JSONSchemaBench sample, walked token by token with the deepseek
 tokenizer: no invalid instance accepted among compiled schemas, most schemas fully correct.
-(The whole suite runs in `python -m benchmarks.grammar`.)"""
+(The whole suite runs in `python -m benchmarks.grammar.compare`.)"""
 
 from __future__ import annotations
 

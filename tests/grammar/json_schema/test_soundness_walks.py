@@ -1,6 +1,6 @@
-"""Soundness by generation on a fixed slice (benchmarks/soundness.py): seeded random walks
-through compiled constraints, each emitted text parsed and validated with `jsonschema` (formats
-asserted, patterns read as ECMA-262). The slice covers the exact machinery of
+"""Soundness by generation on a fixed slice (benchmarks/correctness/soundness.py): seeded random
+walks through compiled constraints, each emitted text parsed and validated with `jsonschema`
+(formats asserted, patterns read as ECMA-262). The slice covers the exact machinery of
 grammar/json_schema/exact/ (escaped name complements, overlapping oneOf, finite uniqueItems,
 unevaluated* beside applicators, prefixItems merges), $dynamicRef, the formats of
 grammar/json_schema/formats/ and the ECMA-262 escapes (`\\p{..}`, `\\s`) of patterns."""
@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 
 import pytest
-from benchmarks.soundness import InstanceCheck, WalkSettings, WalkTokens, walk_schema
-from benchmarks.soundness_checkers import ecma_to_regex, is_date_time, is_uri_template
 
+from benchmarks.correctness.soundness import InstanceCheck, WalkSettings, WalkTokens, walk_schema
+from benchmarks.correctness.soundness_checkers import ecma_to_regex, is_date_time, is_uri_template
 from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 
 D2020 = "https://json-schema.org/draft/2020-12/schema"

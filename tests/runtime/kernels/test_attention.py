@@ -25,7 +25,7 @@ from runtime.kernels import kernel_backend, reference
 from tests.support.triton_kernels import DEVICE, DTYPES, TOL, triton_kernels
 
 # interpreted on CPU (TRITON_INTERPRET=1 for the whole session: tests/conftest.py)
-triton_attention, TRITON_ERROR = triton_kernels("triton_attention")
+triton_attention, TRITON_ERROR = triton_kernels("triton.attention")
 needs_triton = pytest.mark.skipif(triton_attention is None, reason=TRITON_ERROR or "")
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("SGL_KERNEL_TEST_DEVICE=cuda but CUDA is not available", allow_module_level=True)

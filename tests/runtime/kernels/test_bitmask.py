@@ -15,7 +15,7 @@ from runtime.kernels import reference
 from tests.support.triton_kernels import DEVICE, triton_kernels
 
 # interpreted on CPU (TRITON_INTERPRET=1 for the whole session: tests/conftest.py)
-triton_bitmask, TRITON_ERROR = triton_kernels("triton_bitmask")
+triton_bitmask, TRITON_ERROR = triton_kernels("triton.bitmask")
 
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("SGL_KERNEL_TEST_DEVICE=cuda but CUDA is not available", allow_module_level=True)

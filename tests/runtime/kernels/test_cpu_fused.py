@@ -1,4 +1,4 @@
-"""The fused CPU kernels (runtime/kernels/cpu_fused.py) against the torch ops they replace, and
+"""The fused CPU kernels (runtime/kernels/cpu/fused.py) against the torch ops they replace, and
 the Llama forward with them against the forward without them: same greedy tokens, logits
 within float tolerance."""
 
@@ -9,7 +9,8 @@ import torch
 
 from runtime.attention import make_backend
 from runtime.attention.cpu_backend import CPUBackend
-from runtime.kernels import cpu_fused, reference
+from runtime.kernels import reference
+from runtime.kernels.cpu import fused as cpu_fused
 from runtime.models.layers import rms_norm
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
@@ -62,7 +63,7 @@ def test_decode_attention_over_the_quantized_kernels_pool_gives_the_same_bits():
     # with the quantized kernels loaded, several requests split over their pool, not OpenMP
     import ctypes
 
-    from runtime.kernels import cpu_quant
+    from runtime.kernels.cpu import quant as cpu_quant
 
     lib = cpu_quant.library()
     if lib is None:
@@ -95,7 +96,7 @@ def test_one_requests_kv_heads_split_over_the_pool_give_the_same_bits(dtype):
     # kernels' pool (3 kv heads on 2 threads: 2 + 1); each head as on one thread
     import ctypes
 
-    from runtime.kernels import cpu_quant
+    from runtime.kernels.cpu import quant as cpu_quant
 
     lib = cpu_quant.library()
     if lib is None:

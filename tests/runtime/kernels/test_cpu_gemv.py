@@ -1,4 +1,4 @@
-"""The few-row CPU projection kernel (runtime/kernels/cpu_gemv.py): its products against float64
+"""The few-row CPU projection kernel (runtime/kernels/cpu/gemv.py): its products against float64
 and torch's, the same bits on one thread or two and from its portable build, where `Packed`
 uses it, and a model's batch-1 decode with it against the same model without it."""
 
@@ -11,7 +11,8 @@ import subprocess
 import pytest
 import torch
 
-from runtime.kernels import cpu_fused, cpu_gemv
+from runtime.kernels.cpu import fused as cpu_fused
+from runtime.kernels.cpu import gemv as cpu_gemv
 from runtime.models.layers import GEMV_ROWS, Packed, gemv_enabled
 from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
@@ -83,8 +84,7 @@ def test_the_portable_bfloat16_build_gives_the_vector_build_bits(tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
-    src, lib = tmp_path / "gemv.c", tmp_path / "gemv.so"
-    src.write_text(cpu_gemv.SOURCE)
+    src, lib = cpu_gemv.SOURCE, tmp_path / "gemv.so"
     subprocess.run([cc, "-O2", "-march=native", "-mno-avx512bf16", "-fPIC", "-shared",
                     str(src), "-o", str(lib)], check=True, capture_output=True)  # fmt: skip
     portable = ctypes.CDLL(str(lib)).gemv_bf16
@@ -274,7 +274,7 @@ def test_argmax_of_one_row_is_torchs(row):
 # a child process on torch's 2 threads with the fused kernels built; `n()` counts its threads
 _OPENMP_CHILD = (
     "import os, time, torch\n"
-    "from runtime.kernels import cpu_fused\n"
+    "from runtime.kernels.cpu import fused as cpu_fused\n"
     "torch.set_num_threads(2)\n"
     "assert cpu_fused.available(torch.float32)\n"
     "n = lambda: len(os.listdir('/proc/self/task'))\n"

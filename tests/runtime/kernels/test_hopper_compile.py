@@ -56,7 +56,7 @@ def test_decode_kernels_compile_for_sm90(dtype):
     )
     precision = "ieee" if dtype == "fp32" else "tf32"
     compiled = compile_for_hopper(
-        "triton_attention",
+        "triton.attention",
         "_decode_split_kernel",
         pointers,
         dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_H=16, BLOCK_D=128, BLOCK_N=32,
@@ -64,7 +64,7 @@ def test_decode_kernels_compile_for_sm90(dtype):
     )  # fmt: skip
     assert compiled > 0
     merge = compile_for_hopper(
-        "triton_attention",
+        "triton.attention",
         "_decode_merge_kernel",
         {"PartOut": "fp32", "PartLse": "fp32", "Out": dtype},
         dict(HEAD_DIM=128, BLOCK_S=8, BLOCK_D=128),
@@ -79,7 +79,7 @@ def test_extend_kernel_compiles_for_sm90(dtype):
     )
     block = 32 if dtype == "fp32" else 64
     compiled = compile_for_hopper(
-        "triton_attention",
+        "triton.attention",
         "_extend_kernel",
         pointers,
         dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_M=block, BLOCK_D=128, BLOCK_N=block,
@@ -91,7 +91,7 @@ def test_extend_kernel_compiles_for_sm90(dtype):
 @pytest.mark.parametrize("has_rows", [True, False], ids=["row-indices", "all-rows"])
 def test_bitmask_kernel_compiles_for_sm90(has_rows):
     compiled = compile_for_hopper(
-        "triton_bitmask",
+        "triton.bitmask",
         "_bitmask_kernel",
         {"Logits": "bf16", "Bitmask": "i32", "RowIndices": "i32"},
         dict(HAS_ROWS=has_rows, BLOCK=1024),
@@ -106,7 +106,7 @@ def test_latent_decode_kernels_compile_for_sm90(dtype):
         dtype, ["Q", "Latent", "PageTable", "SeqLens", "PartOut", "PartLse"], ("PartOut", "PartLse")
     )
     compiled = compile_for_hopper(
-        "triton_mla",
+        "triton.mla",
         "_mla_decode_split_kernel",
         pointers,
         dict(HEADS=128, RANK=512, ROPE_DIM=64, PAGE_SIZE=16, BLOCK_H=16, BLOCK_R=512,
@@ -115,7 +115,7 @@ def test_latent_decode_kernels_compile_for_sm90(dtype):
     )  # fmt: skip
     assert compiled > 0
     merge = compile_for_hopper(
-        "triton_attention",
+        "triton.attention",
         "_decode_merge_kernel",
         {"PartOut": "fp32", "PartLse": "fp32", "Out": dtype},
         dict(HEAD_DIM=512, BLOCK_S=8, BLOCK_D=512),

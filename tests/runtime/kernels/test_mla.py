@@ -21,7 +21,7 @@ from runtime.kernels import reference
 from tests.support.triton_kernels import DEVICE, DTYPES, TOL, triton_kernels
 
 # interpreted on CPU (TRITON_INTERPRET=1 for the whole session: tests/conftest.py)
-triton_mla, TRITON_ERROR = triton_kernels("triton_mla")
+triton_mla, TRITON_ERROR = triton_kernels("triton.mla")
 needs_triton = pytest.mark.skipif(triton_mla is None, reason=TRITON_ERROR or "")
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("SGL_KERNEL_TEST_DEVICE=cuda but CUDA is not available", allow_module_level=True)

@@ -1,4 +1,4 @@
-"""The quantized-weight kernels (runtime/kernels/cpu_quant.py): dequantization bit-equal to the
+"""The quantized-weight kernels (runtime/kernels/cpu/quant.py): dequantization bit-equal to the
 `gguf` package's reference, products against float64, the portable build against the SIMD one."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
-from runtime.kernels.cpu_quant import QuantTensor
 
 from runtime.errors import UnsupportedModelError
-from runtime.kernels import cpu_quant
+from runtime.kernels.cpu import quant as cpu_quant
+from runtime.kernels.cpu.quant import QuantTensor
 
 pytestmark = pytest.mark.skipif(cpu_quant.library() is None, reason="no C compiler")
 

@@ -35,11 +35,6 @@ def tier(folder: Path, **kw) -> dict:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama-hicache"))
-
-
-@pytest.fixture(scope="module")
 def want(model_dir) -> list[list[int]]:
     """Greedy tokens of two rounds over the sessions, radix cache only."""
     with Engine(model_dir, **TIGHT) as e:

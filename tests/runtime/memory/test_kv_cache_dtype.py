@@ -33,20 +33,6 @@ PROMPTS = [
 REGEX = r"(yes|no), [a-z]{2,5}\."
 
 
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    from tests.support.tiny_models import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("kvq") / "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def deepseek_dir(tmp_path_factory):
-    from tests.support.tiny_models import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("kvq") / "tiny-ds", "deepseek_v2")
-
-
 @functools.cache
 def _run(
     model_dir, backend: str, kv: str, constrained: bool = True, calibration: str = "smooth"
@@ -88,15 +74,15 @@ def test_kv_dtype_names_resolve_and_bad_names_are_refused():
         resolve_kv_dtype("int4", torch.float32)
 
 
-def test_fp8_pool_is_one_byte_per_value_and_holds_twice_the_tokens_of_bf16(llama_dir):
+def test_fp8_pool_is_one_byte_per_value_and_holds_twice_the_tokens_of_bf16(model_dir):
     from runtime import Engine
     from runtime.config import load_config
 
-    config = load_config(llama_dir)
+    config = load_config(model_dir)
     formula = 2 * config.num_layers * config.num_kv_heads * config.head_dim
     sizes = {}
     for kv in ("bf16", "fp8_e4m3", "fp8_e5m2"):
-        with Engine(str(llama_dir), dtype="bfloat16", kv_cache_dtype=kv, page_size=4,
+        with Engine(str(model_dir), dtype="bfloat16", kv_cache_dtype=kv, page_size=4,
                     mem_budget_gb=0.001) as engine:  # fmt: skip
             s = engine.stats()
             assert s["kv_cache_dtype"] == kv
@@ -111,11 +97,11 @@ def test_fp8_pool_is_one_byte_per_value_and_holds_twice_the_tokens_of_bf16(llama
     assert fp8_pages in (2 * bf16_pages, 2 * bf16_pages + 1)
 
 
-def test_kv_size_cli_agrees_with_the_pool(llama_dir, capsys):
+def test_kv_size_cli_agrees_with_the_pool(model_dir, capsys):
     from runtime.config import load_config
 
-    config = load_config(llama_dir)
-    kv_size_main([str(llama_dir), "--kv-dtype", "fp8_e4m3"])
+    config = load_config(model_dir)
+    kv_size_main([str(model_dir), "--kv-dtype", "fp8_e4m3"])
     out = capsys.readouterr().out
     per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim
     assert f"= {per_token} (" in out
@@ -125,8 +111,8 @@ def test_kv_size_cli_agrees_with_the_pool(llama_dir, capsys):
 
 # ---- the backends agree on fp8 -----------------------------------------------------------------
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
-def test_llama_cpu_backend_on_fp8_gives_the_torch_backends_tokens(llama_dir, kv):
-    ref, cpu = _run(llama_dir, "torch", kv), _run(llama_dir, "cpu", kv)
+def test_llama_cpu_backend_on_fp8_gives_the_torch_backends_tokens(model_dir, kv):
+    ref, cpu = _run(model_dir, "torch", kv), _run(model_dir, "cpu", kv)
     assert ref["stats"]["cache_hit_tokens"] > 0  # extend after a cached prefix ran
     assert cpu["tokens"] == ref["tokens"]
     assert cpu["constrained"] == ref["constrained"]
@@ -134,14 +120,14 @@ def test_llama_cpu_backend_on_fp8_gives_the_torch_backends_tokens(llama_dir, kv)
 
 @pytest.mark.parametrize("calibration, least", [("none", 0.75), ("smooth", 0.5)])
 def test_llama_fp8_e4m3_mostly_agrees_with_the_full_precision_cache(
-    llama_dir, calibration, least
+    model_dir, calibration, least
 ):
     """Free-running greedy tokens, position by position. On a random tiny model one early
     difference in a 6-token answer costs a sixth of it: measured 18/24 with unit scales and
     12/24 with the calibrated offsets (whose gain shows on the default model's perplexity,
-    benchmarks/kv_quant.py), so the bounds guard against a broken store, not a fine loss."""
-    full = _run(llama_dir, "cpu", "auto")
-    fp8 = _run(llama_dir, "cpu", "fp8_e4m3", calibration=calibration)
+    benchmarks/engine/kv_quant.py), so the bounds guard against a broken store, not a fine loss."""
+    full = _run(model_dir, "cpu", "auto")
+    fp8 = _run(model_dir, "cpu", "fp8_e4m3", calibration=calibration)
     same = sum(a == b for x, y in zip(full["tokens"], fp8["tokens"], strict=True)
                for a, b in zip(x, y, strict=True))  # fmt: skip
     total = sum(len(x) for x in full["tokens"])
@@ -149,9 +135,9 @@ def test_llama_fp8_e4m3_mostly_agrees_with_the_full_precision_cache(
     assert fp8["stats"]["kv_bytes_per_token"] * 4 == full["stats"]["kv_bytes_per_token"]
 
 
-def test_llama_triton_backend_on_fp8_gives_the_torch_backends_tokens(llama_dir):
+def test_llama_triton_backend_on_fp8_gives_the_torch_backends_tokens(model_dir):
     _triton_or_skip()
-    ref, tri = _run(llama_dir, "torch", "fp8_e4m3"), _run(llama_dir, "triton", "fp8_e4m3")
+    ref, tri = _run(model_dir, "torch", "fp8_e4m3"), _run(model_dir, "triton", "fp8_e4m3")
     assert tri["stats"]["attention_backend"] == "triton"
     assert tri["tokens"] == ref["tokens"]
     assert tri["constrained"] == ref["constrained"]
@@ -167,7 +153,7 @@ def test_deepseek_fp8_latents_agree_across_backends(deepseek_dir, backend):
     assert other["tokens"] == ref["tokens"]
 
 
-def test_fp8_cache_survives_preemption(llama_dir):
+def test_fp8_cache_survives_preemption(model_dir):
     """A pool too small for the whole batch: requests are preempted and requeued; the tokens
     equal those of a roomy fp8 pool."""
     from runtime import Engine
@@ -175,7 +161,7 @@ def test_fp8_cache_survives_preemption(llama_dir):
     prompts = [f"Story number {i}: once upon a time" for i in range(4)]
     outs = []
     for total in (2048, 48):
-        with Engine(str(llama_dir), page_size=4, max_total_tokens=total,
+        with Engine(str(model_dir), page_size=4, max_total_tokens=total,
                     kv_cache_dtype="fp8_e4m3", attention_backend="cpu") as engine:  # fmt: skip
             res = engine.generate(prompts, max_new_tokens=10, temperature=0.0)
             outs.append([r.token_ids for r in res])

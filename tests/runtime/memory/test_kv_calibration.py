@@ -17,18 +17,12 @@ import torch
 from runtime.attention import LayerSpec, make_backend
 from runtime.attention.kv_calibration import CALIBRATION_TEXT, calibrate, kv_calibration_kind
 from runtime.errors import UnsupportedAttentionError
-from runtime.kernels import cpu_fused, reference
+from runtime.kernels import reference
+from runtime.kernels.cpu import fused as cpu_fused
 from runtime.memory.kv_pool import KVPool
 from tests.support.forward_batches import mixed_batch
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    from tests.support.tiny_models import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("kvcal") / "tiny-llama")
 
 
 @functools.cache
@@ -49,9 +43,9 @@ def _calibrate(model_dir, backend: str, smooth: bool = True):
                      torch.float8_e4m3fn, smooth=smooth)  # fmt: skip
 
 
-def test_calibration_is_deterministic_and_independent_of_the_serving_backend(llama_dir):
-    a, b = _calibrate(llama_dir, "cpu"), _calibrate(llama_dir, "torch")
-    config = _loaded(llama_dir).config
+def test_calibration_is_deterministic_and_independent_of_the_serving_backend(model_dir):
+    a, b = _calibrate(model_dir, "cpu"), _calibrate(model_dir, "torch")
+    config = _loaded(model_dir).config
     assert set(a.scales) == {"k", "v"}
     for name in ("k", "v"):
         assert a.scales[name] == b.scales[name]
@@ -61,7 +55,7 @@ def test_calibration_is_deterministic_and_independent_of_the_serving_backend(lla
         for x, y in zip(a.offsets[name], b.offsets[name], strict=True):
             assert x.shape == (config.num_kv_heads, config.head_dim)
             assert torch.equal(x, y)
-    plain = _calibrate(llama_dir, "cpu", smooth=False)
+    plain = _calibrate(model_dir, "cpu", smooth=False)
     assert all(o is None for o in plain.offsets["k"] + plain.offsets["v"])
     assert "Q: How many legs" in CALIBRATION_TEXT  # shipped, nothing downloaded
 
@@ -214,7 +208,7 @@ def test_fused_fp8_decode_equals_the_reference(fp8, dtype, d):
 
 
 # ---- in the engine -----------------------------------------------------------------------------
-def test_fp8_jump_forward_agrees_across_backends_and_keeps_the_pool_whole(llama_dir):
+def test_fp8_jump_forward_agrees_across_backends_and_keeps_the_pool_whole(model_dir):
     """Jump-forward extends forced text and rolls back retokenized positions: with a
     calibrated fp8 pool the cpu backend (fused C write and decode) gives the torch backend's
     output, valid, and the pages stay accounted for."""
@@ -225,7 +219,7 @@ def test_fp8_jump_forward_agrees_across_backends_and_keeps_the_pool_whole(llama_
               "additionalProperties": False}  # fmt: skip
     texts = {}
     for backend in ("torch", "cpu"):
-        with Engine(str(llama_dir), page_size=4, max_total_tokens=1024, kv_cache_dtype="fp8_e4m3",
+        with Engine(str(model_dir), page_size=4, max_total_tokens=1024, kv_cache_dtype="fp8_e4m3",
                     attention_backend=backend) as engine:  # fmt: skip
             assert engine.stats()["kv_calibration"] == "smooth"
             out = engine.generate(["A person:", "Another:"], json_schema=schema,
@@ -239,7 +233,7 @@ def test_fp8_jump_forward_agrees_across_backends_and_keeps_the_pool_whole(llama_
 
 
 @pytest.mark.timeout(300)
-def test_fp8_tensor_parallel_equals_the_single_process_engine(llama_dir):
+def test_fp8_tensor_parallel_equals_the_single_process_engine(model_dir):
     """The driver calibrates on the whole model and each rank keeps its layers' and heads'
     scales and offsets: TP=2 gives the single-process fp8 engine's tokens, preemption and
     the radix cache in play."""
@@ -249,10 +243,10 @@ def test_fp8_tensor_parallel_equals_the_single_process_engine(llama_dir):
     kw = dict(page_size=4, chunked_prefill_tokens=16, max_total_tokens=96,
               kv_cache_dtype="fp8_e4m3")  # fmt: skip
     greedy = dict(max_new_tokens=10, min_new_tokens=10, temperature=0.0)
-    with Engine(str(llama_dir), **kw) as e:
+    with Engine(str(model_dir), **kw) as e:
         expected = [r.token_ids for r in e.generate(PROMPTS * 2, **greedy)]
         digest = e.pool.calibration_digest()
-    with Engine(str(llama_dir), tp_size=2, **kw) as e:
+    with Engine(str(model_dir), tp_size=2, **kw) as e:
         got = [r.token_ids for r in e.generate(PROMPTS * 2, **greedy)]
         stats = e.stats()
         assert e.pool.calibration_digest() == digest  # the driver's allocator pool

@@ -1,7 +1,7 @@
 """GGUF files run as they are (runtime/models/gguf.py): config, tokenizer and chat template from
 the metadata, weights kept in their block formats, greedy tokens against the same model's
 dequantized fp32 forward. Tiny random Llamas are written with `gguf`'s writer
-(benchmarks/gguf_models.py); the default model's own file runs in the heavy tests."""
+(benchmarks/peers/gguf_models.py); the default model's own file runs in the heavy tests."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from benchmarks.gguf_models import write_gguf
-from runtime.kernels.cpu_quant import QuantStack, QuantTensor
 
+from benchmarks.peers.gguf_models import write_gguf
 from runtime import Engine
 from runtime.errors import UnsupportedModelError
-from runtime.kernels import cpu_quant
+from runtime.kernels.cpu import quant as cpu_quant
+from runtime.kernels.cpu.quant import QuantStack, QuantTensor
 from runtime.models.gguf import load_gguf
 from tests.support.tiny_models import PROMPTS, smollm_tokenizer, tiny_config
 
@@ -111,7 +111,7 @@ def test_only_a_quantized_model_keeps_the_loading_threads_openmp_team(written, m
     """Quantized products run on the quantized kernels' own pool: the engine keeps an OpenMP
     team on its loading thread so that libgomp's workers spin only briefly beside it; a dense
     model's matmuls are OpenMP regions, whose workers keep spinning (the team is freed)."""
-    from runtime.kernels import cpu_fused
+    from runtime.kernels.cpu import fused as cpu_fused
 
     if not cpu_fused.available(torch.float32):
         pytest.skip("no C compiler: the fused kernels are not built")
@@ -179,9 +179,8 @@ def chain_file(tmp_path_factory):
 def test_the_decode_chain_gives_the_layer_by_layer_forwards_bits(chain_file, dtype):
     """A decode-only step's layers in one C call (quant_chain.py) against the Python loop over
     the same kernels: the same logits, bit for bit, for one request and for three."""
-    from runtime.kernels.quant_chain import DecodeChain
-
     from runtime.attention import make_backend
+    from runtime.kernels.cpu.quant_chain import DecodeChain
     from runtime.models.llama import LlamaModel
     from tests.support.forward_batches import decode_run
 

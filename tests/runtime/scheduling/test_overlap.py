@@ -13,15 +13,10 @@ import torch
 
 from runtime import Engine
 from runtime.scheduling.sampling import greedy_tokens
-from tests.support.tiny_models import PROMPTS, hf_greedy, hf_model, make_tiny_model
+from tests.support.tiny_models import PROMPTS, hf_greedy, hf_model
 
 N = 12
 GREEDY = dict(max_new_tokens=N, temperature=0.0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama-overlap"))
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,6 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.support.server_process import shared_default_server
-
 pytestmark = pytest.mark.heavy
 pytest.importorskip("langchain_openai")
 
@@ -36,16 +34,15 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server():
-    return shared_default_server()
-
-
-@pytest.fixture(scope="module")
-def chat(server):
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+def chat(default_server):
+    client = openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="unused", max_retries=0)
     name = client.models.list().data[0].id
     return ChatOpenAI(
-        model=name, base_url=f"{server.url}/v1", api_key="unused", temperature=0, max_tokens=60
+        model=name,
+        base_url=f"{default_server.url}/v1",
+        api_key="unused",
+        temperature=0,
+        max_tokens=60,
     )
 
 
@@ -62,11 +59,11 @@ def test_langchain_tool_round_trip_reaches_an_answer(chat):
     assert isinstance(answer.content, str) and answer.content.strip()
 
 
-def test_langchain_structured_output_and_openai_parse(chat, server):
+def test_langchain_structured_output_and_openai_parse(chat, default_server):
     prompt = "Alice is a 34 year old engineer. Extract the person."
     out = chat.with_structured_output(Person).invoke(prompt)
     assert isinstance(out, Person)
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="unused", max_retries=0)
     parsed = client.chat.completions.parse(
         model=client.models.list().data[0].id,
         messages=[{"role": "user", "content": prompt}],
@@ -77,8 +74,8 @@ def test_langchain_structured_output_and_openai_parse(chat, server):
     assert isinstance(parsed.choices[0].message.parsed, Person)
 
 
-def test_strict_calls_carry_only_declared_arguments(server):
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+def test_strict_calls_carry_only_declared_arguments(default_server):
+    client = openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="unused", max_retries=0)
     name = client.models.list().data[0].id
     tool = convert_to_openai_tool(get_weather)
     params = tool["function"]["parameters"]

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
 from tests.support.server_process import SMALL_ENGINE, ServerProcess, shared_server
@@ -154,11 +153,6 @@ def server():
                         "--reasoning-parser", "qwen3")  # fmt: skip
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
 def _model(client) -> str:

@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.support.server_process import SMALL_ENGINE, ServerProcess, shared_server, tiny_model_dir
+from tests.support.server_process import SMALL_ENGINE, ServerProcess, tiny_model_dir
 from tests.support.tool_schemas import SCHEMAS, TIME, USER, WEATHER
 
 # LangChain-style schemas: no additionalProperties
@@ -21,21 +21,6 @@ from tests.support.tool_schemas import SCHEMAS, TIME, USER, WEATHER
 class City(BaseModel):
     name: str = Field(max_length=10)
     population: int = Field(ge=0, le=10**8)
-
-
-@pytest.fixture(scope="module")
-def server():
-    return shared_server()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
 
 
 def _check_calls(calls, names=None):
