@@ -92,10 +92,11 @@ def library_path(
     units: Sequence[Unit],
     link_flags: Sequence[str],
     cc: str,
-    files: Sequence[Mapping[str, str]],
+    files: Sequence[Mapping[str, str]] | None = None,
 ) -> Path:
-    """The cache file for these units (`files`: each one's texts, `Unit.files`) linked with
-    `link_flags` by `cc` on this CPU."""
+    """The cache file for these units (`files`: each one's texts, `Unit.files`, read when not
+    given) linked with `link_flags` by `cc` on this CPU."""
+    files = [unit.files() for unit in units] if files is None else files
     parts = [part for unit, f in zip(units, files, strict=True) for part in _key_parts(unit, f)]
     key = hashlib.sha256("\n".join([*parts, repr(list(link_flags)), cpu_id(), cc]).encode())
     return cache_dir() / f"{prefix}-{key.hexdigest()[:16]}.so"

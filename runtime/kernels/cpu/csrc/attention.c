@@ -6,7 +6,7 @@
 
 void set_attention_runner(par_runner runner) { attention_runner = runner; }
 
-/* what stays the same for every layer of a decode-only step (rope_decode; cpu_fused.RopeStep) */
+/* what stays the same for every layer of a decode-only step (rope_decode; fused.RopeDecode) */
 struct rope_decode_step {
     const void *cos, *sin;
     const int64_t *pos, *slots;

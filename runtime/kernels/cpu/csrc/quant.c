@@ -1013,7 +1013,7 @@ static void swiglu_rows(const void *x, int x_bf16, int64_t rows, int64_t cols, f
     }
 }
 
-/* the pool for other libraries' kernels (cpu_fused's decode attention): fn(args, part, parts)
+/* the pool for other libraries' kernels (fused.py's decode attention): fn(args, part, parts)
    over the threads that run the quantized products */
 void q_pool_run(pool_fn fn, void *args, int parts) { pool_run(fn, args, parts); }
 
@@ -1092,7 +1092,7 @@ int q_matmul(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t out
 
 /* ---- a decode step's layers in one call ---------------------------------------------------- */
 
-/* the other library's kernels the chain calls (cpu_fused: add_rms_norm and rope_decode of the
+/* the other library's kernels the chain calls (fused.py's: add_rms_norm and rope_decode of the
    model's dtype), by address */
 typedef void (*chain_norm_fn)(void *hidden, const void *delta, const void *bias, const void *w,
                               void *out, int64_t n, int64_t h, float eps);
