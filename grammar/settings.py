@@ -1,5 +1,6 @@
 """Every environment variable the grammar package reads, declared once: name, type, default and
-what it does. No other grammar module reads the environment (tests/test_layout.py checks it).
+what it does. No other grammar module reads the environment (tests/project/test_layout.py
+checks it).
 
 `Setting` and its kinds are also what `runtime.settings` and `sgl_dsl.settings` declare theirs
 with: grammar is the bottom package, which both may import. A setting is read from the

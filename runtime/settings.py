@@ -1,6 +1,6 @@
 """Every environment variable the runtime package reads, declared once: name, type, default and
 what it does (the kinds are `grammar.settings`'). No other runtime module reads or writes the
-environment (tests/test_layout.py checks it); docs/configuration.md lists them.
+environment (tests/project/test_layout.py checks it); docs/configuration.md lists them.
 
 Each is read when `get()` is called: the switches of a hot path on every call (a test or an
 operator may flip one in a running process), those of model loading once per load. The

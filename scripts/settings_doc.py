@@ -4,7 +4,7 @@
     python scripts/settings_doc.py --check   # exit 1 if the page differs from the settings
 
 Each table sits between `<!-- settings: PACKAGE -->` and `<!-- end settings -->`; the prose
-around them is the page's own. tests/test_settings.py runs the check.
+around them is the page's own. tests/project/test_settings.py runs the check.
 """
 
 from __future__ import annotations

@@ -161,10 +161,10 @@ def ecma_space() -> frozenset[str]:
     """ECMA-262's `\\s`: WhiteSpace (tab, VT, FF, space, NBSP, ZWNBSP, every Zs) and
     LineTerminator (LF, CR, LS, PS); Python's `\\s` in interegular is ASCII only. Zs is read
     from the BMP alone (a fifteenth of the full table's time; no Zs lies beyond it, which
-    tests/test_grammar_pattern_escapes.py checks against the full table), and only among the
-    characters Python's `\\s` matches (every Zs is one), found by one C-level search over the
-    plane's text (surrogates left out: they are Cs), not by a category lookup per code point
-    (~8 ms, paid by each schema with a `\\s`)."""
+    tests/grammar/json_schema/test_pattern_escapes.py checks against the full table), and only
+    among the characters Python's `\\s` matches (every Zs is one), found by one C-level search
+    over the plane's text (surrogates left out: they are Cs), not by a category lookup per code
+    point (~8 ms, paid by each schema with a `\\s`)."""
     codes = np.concatenate([np.arange(0xD800), np.arange(0xE000, 0x10000)]).astype("<u4")
     spaces = re.findall(r"\s", codes.tobytes().decode("utf-32-le"))
     zs = (c for c in spaces if unicodedata.category(c) == "Zs")

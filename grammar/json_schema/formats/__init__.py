@@ -6,7 +6,7 @@ Where a format's exact language needs counting or tables (leap seconds at every 
 name lengths, punycode labels) the regex is a sound subset: every string it matches is valid,
 some valid ones are left out (each place says which). Characters are taken in their literal
 spelling, and those JSON must escape in their escape forms (pointers.py). Checked against the
-official suite's `optional/format` files by tests/test_grammar_conformance.py.
+official suite's `optional/format` files by tests/grammar/json_schema/test_conformance.py.
 
 `dates` (date, time, date-time, duration), `hosts` (hostname, ipv4, ipv6, email), `uris` (uri,
 uri-reference, iri, iri-reference, uri-template: regex nodes), `pointers` (json-pointer,

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from grammar import TokenVocabulary
+from grammar import GrammarError, TokenVocabulary
 from grammar.cfg.compiler import compile_lark
 from tests.support.lark_sentences import (
     EXAMPLES,
@@ -192,3 +192,26 @@ def test_eager_walks_give_the_lazy_masks(name: str, monkeypatch: pytest.MonkeyPa
             for m in matchers:
                 m.advance(t)
         assert all(m.is_accepting() for m in matchers)
+
+
+# ---- the byte matcher ends with the sentence --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "grammar, sentence, longer",
+    [
+        ('start: "a" "b"', b"ab", b"abab"),
+        ('start: "a"?', b"a", b"aa"),
+        ("%import common.DIGIT\nstart: DIGIT", b"1", b"10"),
+    ],
+)
+def test_byte_matcher_refuses_text_after_a_complete_sentence(grammar, sentence, longer):
+    tokens = [bytes([c]) for c in b"ab0123456789"] + [None]
+    compiled = compile_lark(grammar, TokenVocabulary(tokens, eos_token_ids=[len(tokens) - 1]))
+    m = compiled.matcher()
+    m.advance_bytes(sentence)
+    assert m.is_accepting() and m.is_dead()
+    m = compiled.matcher()
+    with pytest.raises(GrammarError):
+        m.advance_bytes(longer)
+    assert lark_accepts(grammar, sentence.decode()) and not lark_accepts(grammar, longer.decode())

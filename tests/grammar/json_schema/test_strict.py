@@ -190,3 +190,45 @@ def smollm_vocab():
     from tests.support.tokenizers import smollm2_tokenizer
 
     return TokenVocabulary.from_tokenizer(smollm2_tokenizer())
+
+
+# ---- object values spelled out by const / enum; integers generated plain ----------------------
+
+
+def _strict_accepts(schema, text: str) -> bool:
+    return re.fullmatch(json_schema_to_regex(apply_mode(schema, "strict")), text) is not None
+
+
+@pytest.mark.parametrize(
+    "schema, text",
+    [
+        ({"type": "object", "const": {"key": "x"}}, '{"key":"x"}'),
+        ({"type": "object", "enum": [{"key": "x"}, {"k": 1}]}, '{"k":1}'),
+        (
+            {"type": "object", "properties": {"o": {"type": "object", "const": {"a": [1]}}}},
+            '{"o":{"a":[1]}}',
+        ),
+    ],
+)
+def test_strict_keeps_the_keys_of_object_constants(schema, text):
+    assert _strict_accepts(schema, text)
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_strict_still_closes_an_object_beside_a_constant_member():
+    schema = {"type": "object", "properties": {"k": {"const": 1}}}
+    assert _strict_accepts(schema, '{"k":1}')
+    assert not _strict_accepts(schema, '{"k":1,"z":2}')
+
+
+@pytest.mark.parametrize(
+    "schema", [{"type": "integer"}, {"type": "integer", "minimum": 0, "maximum": 10}]
+)
+def test_strict_integers_are_plain_and_exact_ones_keep_the_zero_fraction(schema):
+    for text in ("1.0", "1.0000000000000000000000000000000000000000"):
+        assert not _strict_accepts(schema, text)
+        assert _accepts(schema, text)  # the schema's own language (draft 2020-12)
+    assert _strict_accepts(schema, "7")
+    nested = {"type": "object", "properties": {"population": schema}, "required": ["population"]}
+    assert not _strict_accepts(nested, '{"population":1.00}')
+    assert _strict_accepts(nested, '{"population":1}')
