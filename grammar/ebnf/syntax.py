@@ -8,6 +8,16 @@
     x* x+ x? x{m} x{m,} x{m,n}   # repetition ({,n} too)
     a | b                        # alternation (a `|` may start a continuation line)
 
+XGrammar's additions: white space before a repetition (`rule {2, 3}`); its builtins
+`Regex("...", flags=..., json_string=...)`, `Substring("chunk", ...)` and
+`TagDispatch(("trigger", rule), ..., loop_after_dispatch=..., excludes=(...))`; a lookahead
+assertion `(= ...)` ending a rule's body, which XGrammar uses to prune token masks and which does
+not change the strings its parser accepts (so neither does ours: it is parsed and checked, and
+the rule's language is its body's); and rule options `name[...] ::=`, of which `capture`
+(recording spans, no effect on the language) is taken and the ones that steer or bound output
+(`max_tokens`, `max_chars`, `lazy`, `temperature`, ...) are refused by name, as are the
+token-level builtins (`Token`, `ExcludeToken`, `TokenTagDispatch`).
+
 A rule's body runs until the next `name ::=` (newlines are white space inside it), so a
 continuation line may start with `|` or with any element. `#` starts a comment outside literals
 and classes. Errors are `GrammarError`s naming the line (and the rule where there is one).
@@ -18,6 +28,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from grammar.automata.dfa_ops import DFANode, product
+from grammar.automata.fsm import node_to_dfa
+from grammar.automata.nfa import parse_regex
+from grammar.ebnf.free_text import free_text_dfa
+from grammar.ebnf.substring import substring_dfa
 from grammar.errors import GrammarError
 
 
@@ -80,7 +95,7 @@ class Grammar:
 
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-.]*")
-_RULE_START = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_\-.]*)[ \t]*::=")
+_RULE_START = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_\-.]*)(\[[^\]\n]*\])?[ \t]*::=")
 MAX_NESTING = 200  # parenthesis depth
 _SIMPLE_ESCAPES = {
     "n": "\n",
@@ -122,6 +137,7 @@ class _Reader:
         self.text = text
         self.pos = 0
         self.rule = ""
+        self.lookaheads: list[object] = []  # parsed `(= ...)` bodies (their references checked)
 
     def line(self, pos: int | None = None) -> int:
         return self.text.count("\n", 0, self.pos if pos is None else pos) + 1
@@ -246,7 +262,12 @@ def _braces(r: _Reader) -> tuple[int, int | None]:
 
 def _postfix(r: _Reader, item: object) -> object:
     while True:
+        before = r.pos
+        r.skip_space()  # XGrammar and llama.cpp read `x {2, 3}` and `x *` as repetitions
         c = r.peek()
+        if c not in ("*", "+", "?", "{") or not c:
+            r.pos = before
+            return item
         if c == "*":
             r.pos += 1
             item = Rep(item, 0, None)
@@ -279,10 +300,11 @@ def _sequence(r: _Reader, nested: int) -> object:
         elif c == ".":
             r.pos += 1
             item = ANY_CHAR
+        elif r.text.startswith("(=", r.pos):
+            _lookahead(r, nested)
+            break
         elif c == "(":
             open_at = r.pos
-            if r.text.startswith("(=", r.pos):
-                raise r.error("lookahead assertions `(= ...)` are not supported")
             if nested >= MAX_NESTING:
                 raise r.error(f"parentheses nest deeper than {MAX_NESTING}")
             r.pos += 1
@@ -294,10 +316,220 @@ def _sequence(r: _Reader, nested: int) -> object:
             m = _NAME.match(r.text, r.pos)
             if m is None:
                 raise r.error(f"unexpected character {c!r}")
-            item = Ref(m.group(0), r.line())
             r.pos = m.end()
+            if m.group(0) in _MACROS and r.peek() == "(":
+                item = _macro(r, m.group(0))
+            elif m.group(0) in _TOKEN_MACROS and r.peek() == "(":
+                raise r.error(
+                    f"the token-level builtin {m.group(0)}(...) is not supported (it matches "
+                    "token ids, and this grammar is matched over text)"
+                )
+            else:
+                item = Ref(m.group(0), r.line(m.start()))
         items.append(_postfix(r, item))
     return items[0] if len(items) == 1 else Seq(tuple(items))
+
+
+_MACROS = ("Regex", "Substring", "TagDispatch")
+_TOKEN_MACROS = ("Token", "ExcludeToken", "TokenTagDispatch")
+
+
+@dataclass(slots=True, frozen=True)
+class _Name:
+    """A bare name among a builtin's arguments (a rule, or `true` / `false`)."""
+
+    name: str
+    line: int
+
+
+def _macro_value(r: _Reader) -> object:
+    """One argument value: a string, an integer, true / false, a rule name or a tuple."""
+    r.skip_space()
+    c = r.peek()
+    if c == '"':
+        return _literal(r).text
+    if c == "(":
+        r.pos += 1
+        items: list[object] = []
+        while True:
+            r.skip_space()
+            if r.peek() == ")":
+                r.pos += 1
+                return tuple(items)
+            items.append(_macro_value(r))
+            r.skip_space()
+            if r.peek() == ",":
+                r.pos += 1
+            elif r.peek() != ")":
+                raise r.error("expected ',' or ')' in a tuple")
+    m = re.compile(r"-?\d+").match(r.text, r.pos)
+    if m is not None:
+        r.pos = m.end()
+        return int(m.group(0))
+    m = _NAME.match(r.text, r.pos)
+    if m is None:
+        raise r.error(f"unexpected {c!r} in a builtin's arguments")
+    r.pos = m.end()
+    if m.group(0) in ("true", "false"):
+        return m.group(0) == "true"
+    return _Name(m.group(0), r.line(m.start()))
+
+
+def _macro_arguments(r: _Reader, name: str) -> tuple[list[object], dict[str, object]]:
+    r.pos += 1  # (
+    args: list[object] = []
+    named: dict[str, object] = {}
+    while True:
+        r.skip_space()
+        if r.peek() == ")" and not args and not named:
+            r.pos += 1
+            return args, named
+        m = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*=(?!=)").match(r.text, r.pos)
+        if m is not None:
+            if m.group(1) in named:
+                raise r.error(f"{name}(): argument {m.group(1)!r} is given twice")
+            r.pos = m.end()
+            named[m.group(1)] = _macro_value(r)
+        elif named:
+            raise r.error(f"{name}(): a positional argument follows a named one")
+        else:
+            args.append(_macro_value(r))
+        r.skip_space()
+        if r.peek() == ",":
+            r.pos += 1
+        elif r.peek() == ")":
+            r.pos += 1
+            return args, named
+        else:
+            raise r.error(f"{name}(): expected ',' or ')'")
+
+
+def _macro(r: _Reader, name: str) -> object:
+    """A builtin call (the name read, `(` next) as an expression."""
+    at = r.pos
+    args, named = _macro_arguments(r, name)
+
+    def fail(msg: str) -> GrammarError:
+        return r.error(f"{name}(): {msg}", at)
+
+    def option(key: str, kind: type, default: object) -> object:
+        value = named.get(key, default)
+        if not isinstance(value, kind):
+            raise fail(f"{key} must be {'a boolean' if kind is bool else 'a ' + kind.__name__}")
+        return value
+
+    if name == "Regex":
+        unknown = set(named) - {"flags", "json_string"}
+        if unknown or len(args) != 1 or not isinstance(args[0], str):
+            raise fail("takes one pattern string and the named flags= / json_string=")
+        return _regex_leaf(
+            args[0],
+            option("flags", str, None) if "flags" in named else None,
+            bool(option("json_string", bool, False)),
+            fail,
+        )
+    if name == "Substring":
+        if named or not all(isinstance(a, str) for a in args):
+            raise fail("takes strings only")
+        chunks = tuple(args)
+        return Regular(DFANode(substring_dfa(chunks), "Substring", name), ("substring", chunks))
+    unknown = set(named) - {"loop_after_dispatch", "excludes"}
+    if unknown:
+        raise fail(f"unknown argument {sorted(unknown)[0]!r}")
+    pairs: list[tuple[str, object]] = []
+    for a in args:
+        if not (isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str) and a[0]):
+            raise fail('each trigger is a pair ("non-empty trigger", rule)')
+        if not isinstance(a[1], _Name) or isinstance(a[1], bool):
+            raise fail(f"the rule of trigger {a[0]!r} must be a rule name")
+        pairs.append((a[0], Ref(a[1].name, a[1].line)))
+    excludes = option("excludes", tuple, ())
+    if not all(isinstance(e, str) and e for e in excludes):  # type: ignore[union-attr]
+        raise fail("excludes must be a tuple of non-empty strings")
+    for e in excludes:  # type: ignore[union-attr]
+        for t, _ in pairs:
+            if t.startswith(e):
+                raise fail(f"the excluded {e!r} is a prefix of the trigger {t!r}")
+    loop = bool(option("loop_after_dispatch", bool, True))
+    return dispatch(pairs, loop, list(excludes), f"line {r.line(at)}: TagDispatch")  # type: ignore[arg-type]
+
+
+_REGEX_FLAGS = frozenset("isu")
+_JSON_SAFE = '[^"\\\\\x00-\x1f]*'  # characters a JSON string holds unescaped
+
+
+def _regex_leaf(pattern: str, flags: str | None, json_string: bool, fail) -> Regular:
+    """`Regex(pattern)`: without `flags` the pattern as written, `.` matching every character;
+    with them, `.` stops at a line break unless `s` is given."""
+    if flags is not None and not set(flags) <= _REGEX_FLAGS:
+        raise fail(
+            f"unsupported flags {''.join(sorted(set(flags) - _REGEX_FLAGS))!r} (supported: i, s, u)"
+        )
+    prefix = "(?s)" if flags is None else (f"(?{flags})" if flags else "")
+    try:
+        node = parse_regex(prefix + pattern)
+    except GrammarError as e:
+        raise fail(str(e)) from None
+    key = ("Regex", pattern, flags, json_string)
+    if not json_string:
+        return Regular(node, key)
+    safe = node_to_dfa(parse_regex(_JSON_SAFE))
+    return Regular(DFANode(product(node_to_dfa(node), safe, True), "Regex", "json_string"), key)
+
+
+def _lookahead(r: _Reader, nested: int) -> None:
+    """`(= ...)` at the end of a rule's body: parsed (its rules must exist like any other), and
+    dropped from the language, as XGrammar's parser does (see the module doc)."""
+    if nested:
+        raise r.error("a lookahead assertion `(= ...)` may only end a rule's body")
+    open_at = r.pos
+    r.pos += 2
+    body = _alternation(r, 1)
+    if r.peek() != ")":
+        raise r.error("unclosed lookahead assertion", open_at)
+    r.pos += 1
+    r.skip_space()
+    if r.pos < len(r.text) and not r.at_rule_start():
+        raise r.error("a lookahead assertion `(= ...)` may only end a rule's body")
+    r.lookaheads.append(body)
+
+
+_TAKEN_OPTIONS = {"capture"}  # spans recorded by XGrammar's matcher: no effect on the language
+
+
+def _rule_options(r: _Reader, text: str) -> None:
+    for option in (o.strip() for o in text.split(",")):
+        key = option.split("=", 1)[0].strip()
+        if key in _TAKEN_OPTIONS:
+            continue
+        raise r.error(
+            f"rule option {key!r} is not supported (it bounds or steers the rule's output; "
+            f"taken: {', '.join(sorted(_TAKEN_OPTIONS))})"
+        )
+
+
+def free_text(excluded: list[str] | tuple[str, ...], where: str) -> Regular:
+    """A leaf for free text that contains none of `excluded`; `where` names its place."""
+    if not all(isinstance(w, str) for w in excluded):
+        raise GrammarError(f"{where}: excluded strings must be strings")
+    key = tuple(sorted(set(excluded)))
+    return Regular(DFANode(free_text_dfa(key), "any_text", where, None), ("free", key))
+
+
+def dispatch(
+    pairs: list[tuple[str, object]], loop: bool, excluded: list[str], where: str
+) -> object:
+    """XGrammar's TagDispatch: free text holding no trigger (nor an excluded string), then a
+    trigger and its expression, then (with `loop`) free text again, and so on; it may end
+    wherever the free text may."""
+    free = free_text([t for t, _ in pairs] + list(excluded), where)
+    if not pairs:
+        return free
+    options = tuple(Seq((Lit(t), e)) for t, e in pairs)
+    one = options[0] if len(options) == 1 else Alt(options)
+    if loop:
+        return Seq((free, Rep(Seq((one, free)), 0, None)))
+    return Seq((free, Rep(one, 0, 1)))
 
 
 def _alternation(r: _Reader, nested: int) -> object:
@@ -327,12 +559,19 @@ def parse_gbnf(text: str) -> Grammar:
             raise r.error(f"rule {name!r} is defined twice (first on line {g.lines[name]})")
         g.lines[name] = r.line()
         r.rule = name
+        if m.group(2):
+            _rule_options(r, m.group(2)[1:-1])
         r.pos = m.end()
         body = _alternation(r, 0)
         r.skip_space()
         if r.peek() == ")":
             raise r.error("unbalanced ')'")
         g.rules[name] = body
+        for i, assertion in enumerate(r.lookaheads):
+            # kept as an unreachable rule, so that its references are checked like the others
+            g.rules[f"{name}(={i})"] = assertion
+            g.lines[f"{name}(={i})"] = g.lines[name]
+        r.lookaheads.clear()
         r.rule = ""
     if not g.rules:
         raise GrammarError("GBNF grammar error: the grammar defines no rule")

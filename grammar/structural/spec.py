@@ -27,13 +27,27 @@ import json
 import threading
 from typing import Any
 
+from grammar.automata.dfa_ops import DFANode, product
+from grammar.automata.fsm import node_to_dfa
 from grammar.automata.nfa import parse_regex
 from grammar.ebnf.lower import Lowering
-from grammar.ebnf.syntax import Alt, Grammar, Lit, Ref, Regular, Rep, Seq, parse_gbnf
+from grammar.ebnf.syntax import (
+    MAX_REPEAT,
+    Alt,
+    Grammar,
+    Lit,
+    Ref,
+    Regular,
+    Rep,
+    Seq,
+    dispatch,
+    free_text,
+    parse_gbnf,
+)
 from grammar.errors import EmptyLanguageError, GrammarError
 from grammar.json_schema.schema import json_schema_to_node, load_schema
 from grammar.json_schema.strict import apply_mode, check_mode
-from grammar.structural.text import free_text
+from grammar.structural.xml_args import REFUSED_STYLES, STYLES, XMLArguments
 
 _NOTHING = Alt(())  # matches no text (an empty `or`, a schema with no instance)
 _SCHEMA_NODES: dict[tuple, object] = {}
@@ -72,6 +86,21 @@ def clear_schema_leaves() -> None:
 @functools.lru_cache(maxsize=512)
 def _regex_node(pattern: str) -> object:
     return parse_regex(pattern)
+
+
+MAX_CHARS_LIMIT = 4096  # any_text.max_chars: the counter is unrolled into the automaton
+
+
+def bounded_text(free: Regular, limit: int, where: str) -> Regular:
+    """Free text (a DFA leaf) of at most `limit` characters: its automaton times a counter."""
+    if limit > MAX_CHARS_LIMIT:
+        raise GrammarError(f"{where}: {limit} is over the limit of {MAX_CHARS_LIMIT} characters")
+    counter = node_to_dfa(parse_regex(f"(?s).{{0,{limit}}}"))
+    try:
+        dfa = product(free.node.dfa, counter, True, max_states=200_000)  # type: ignore[attr-defined]
+    except GrammarError as e:
+        raise GrammarError(f"{where}: {e}") from None
+    return Regular(DFANode(dfa, "max_chars", where), ("bounded", free.key, limit))
 
 
 class SpecReader:
@@ -142,11 +171,35 @@ class SpecReader:
         return Lit(_field(f, "value", str, where))
 
     def _schema(self, f: dict, where: str, ends: tuple) -> object:
-        _refuse_unless(f, where, style="json", any_order=False, max_whitespace_cnt=None)
-        _refuse_unless(f, where, excludes=[])
+        _refuse_unless(f, where, any_order=False, excludes=[])
         if "json_schema" not in f:
             raise GrammarError(f"structural tag {where}.json_schema: missing")
-        return schema_leaf(f["json_schema"], self.mode, self.whitespace, f"{where}.json_schema")
+        style = f.get("style", "json")
+        cap = f.get("max_whitespace_cnt")
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
+            raise GrammarError(
+                f"structural tag {where}.max_whitespace_cnt: a non-negative integer or null"
+            )
+        # a cap asks for XGrammar's flexible JSON white space, at most `cap` characters a run
+        whitespace = self.whitespace if cap is None else f"[ \\n\\t]{{0,{cap}}}"
+        if style == "json":
+            return schema_leaf(f["json_schema"], self.mode, whitespace, f"{where}.json_schema")
+        if style in REFUSED_STYLES or style not in STYLES:
+            raise GrammarError(
+                f"structural tag {where}.style: {style!r} is not supported "
+                f"(supported: json, {', '.join(STYLES)})"
+            )
+
+        def json_leaf(schema: Any, at: str) -> object:
+            return schema_leaf(schema, self.mode, whitespace, at)
+
+        xml = XMLArguments(style, json_leaf, cap, where)
+        xml.strict = self.mode == "strict"
+        return xml.root(f["json_schema"])
+
+    def _qwen_xml(self, f: dict, where: str, ends: tuple) -> object:
+        """The deprecated `qwen_xml_parameter`: json_schema with style qwen_xml."""
+        return self._schema({**f, "type": "json_schema", "style": "qwen_xml"}, where, ends)
 
     def _regex(self, f: dict, where: str, ends: tuple) -> object:
         pattern = _field(f, "pattern", str, where)
@@ -173,9 +226,65 @@ class SpecReader:
         return Ref(prefix + "root")
 
     def _any_text(self, f: dict, where: str, ends: tuple) -> object:
-        _refuse_unless(f, where, max_tokens=None, max_chars=None)
+        _refuse_unless(f, where, max_tokens=None)
         excludes = _field(f, "excludes", list, where, [])
-        return free_text(list(excludes) + list(ends), where)
+        free = free_text(list(excludes) + list(ends), f"structural tag {where}")
+        limit = f.get("max_chars")
+        if limit is None:
+            return free
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise GrammarError(f"structural tag {where}.max_chars: a non-negative integer")
+        return bounded_text(free, limit, f"structural tag {where}.max_chars")
+
+    def _repeat(self, f: dict, where: str, ends: tuple) -> object:
+        lo = _field(f, "min", int, where)
+        hi = _field(f, "max", int, where)
+        if isinstance(lo, bool) or isinstance(hi, bool) or lo < 0 or (hi != -1 and hi < lo):
+            raise GrammarError(
+                f"structural tag {where}: min must be >= 0 and max >= min (or -1: unbounded)"
+            )
+        if max(lo, hi) > MAX_REPEAT:
+            raise GrammarError(f"structural tag {where}: a bound over {MAX_REPEAT}")
+        return self._counted(f, where, ends, lo, None if hi == -1 else hi)
+
+    def _counted(self, f: dict, where: str, ends: tuple, lo: int, hi: int | None) -> object:
+        if "content" not in f:
+            raise GrammarError(f"structural tag {where}.content: missing")
+        return Rep(self.format(f["content"], f"{where}.content", ends), lo, hi)
+
+    def _optional(self, f: dict, where: str, ends: tuple) -> object:
+        return self._counted(f, where, ends, 0, 1)
+
+    def _plus(self, f: dict, where: str, ends: tuple) -> object:
+        return self._counted(f, where, ends, 1, None)
+
+    def _star(self, f: dict, where: str, ends: tuple) -> object:
+        return self._counted(f, where, ends, 0, None)
+
+    def _dispatch(self, f: dict, where: str, ends: tuple) -> object:
+        """XGrammar's `dispatch` (its TagDispatch): free text until a pattern, then that
+        pattern's format, and again while `loop`."""
+        rules = _field(f, "rules", list, where)
+        if not rules:
+            raise GrammarError(f"structural tag {where}.rules: must not be empty")
+        pairs = []
+        for i, rule in enumerate(rules):
+            at = f"{where}.rules[{i}]"
+            if not (isinstance(rule, list) and len(rule) == 2 and isinstance(rule[0], str)):
+                raise GrammarError(f"structural tag {at}: a [pattern string, format] pair")
+            pairs.append((rule[0], self.format(rule[1], f"{at}[1]")))
+        excludes = _field(f, "excludes", list, where, [])
+        if not all(isinstance(e, str) and e for e in excludes):
+            raise GrammarError(f"structural tag {where}.excludes: non-empty strings required")
+        loop = _field(f, "loop", bool, where, True)
+        self.triggers.extend(p for p, _ in pairs)
+        return dispatch(pairs, loop, excludes, f"structural tag {where}")
+
+    def _token_level(self, f: dict, where: str, ends: tuple) -> object:
+        raise GrammarError(
+            f"structural tag {where}.type: the token-level format {f.get('type')!r} is not "
+            "supported (it matches token ids; these constraints are matched over text)"
+        )
 
     def _sequence(self, f: dict, where: str, ends: tuple) -> object:
         elements = _field(f, "elements", list, where)
@@ -196,7 +305,10 @@ class SpecReader:
     def _tag(self, f: dict, where: str, ends: tuple) -> object:
         begin = f.get("begin")
         if not isinstance(begin, str):
-            raise GrammarError(f"structural tag {where}.begin: only a string begin is supported")
+            raise GrammarError(
+                f"structural tag {where}.begin: only a string begin is supported (a token "
+                "begin matches a token id; these constraints are matched over text)"
+            )
         end = f.get("end")
         end_list = [end] if isinstance(end, str) else end
         if (
@@ -232,7 +344,7 @@ class SpecReader:
                     f"structural tag {where}.tags[{i}].begin: {t['begin']!r} starts with no trigger"
                 )
         excludes = _field(f, "excludes", list, where, [])
-        free = free_text(list(triggers) + list(excludes) + list(ends), where)
+        free = free_text(list(triggers) + list(excludes) + list(ends), f"structural tag {where}")
         if not tags:
             return free
         one = tags[0] if len(tags) == 1 else Alt(tuple(tags))
@@ -267,6 +379,17 @@ _READERS = {
     "tag": SpecReader._tag,
     "triggered_tags": SpecReader._triggered,
     "tags_with_separator": SpecReader._separated,
+    "optional": SpecReader._optional,
+    "plus": SpecReader._plus,
+    "star": SpecReader._star,
+    "repeat": SpecReader._repeat,
+    "dispatch": SpecReader._dispatch,
+    "qwen_xml_parameter": SpecReader._qwen_xml,
+    "token": SpecReader._token_level,
+    "exclude_token": SpecReader._token_level,
+    "any_tokens": SpecReader._token_level,
+    "token_triggered_tags": SpecReader._token_level,
+    "token_dispatch": SpecReader._token_level,
 }
 
 _MISSING = object()

@@ -1,17 +1,15 @@
-"""Free text that never contains given strings (a structural tag's triggers, a tag's end string,
-`excludes`), as a byte DFA: an Aho-Corasick automaton over the strings' bytes times a UTF-8
-validator. Every state where the text is whole characters accepts; a byte that completes one of
-the strings leads to the dead state. Wrapped as a regex-tree leaf (`DFANode`) so that it
-composes with the rest of a structural tag."""
+"""Free text that never contains given strings (TagDispatch's and a structural tag's triggers, a
+tag's end string, `excludes`), as a byte DFA: an Aho-Corasick automaton over the strings' bytes
+times a UTF-8 validator. Every state where the text is whole characters accepts; a byte that
+completes one of the strings leads to the dead state. `free_text` wraps it as a grammar leaf
+(a `DFANode` inside a `Regular`) so that it composes with the rest of a grammar."""
 
 from __future__ import annotations
 
 import functools
 from collections import deque
 
-from grammar.automata.dfa_ops import DFANode, from_rows
-from grammar.ebnf.syntax import Regular
-from grammar.errors import GrammarError
+from grammar.automata.dfa_ops import from_rows
 
 _DEAD = -1
 # UTF-8 validator: state -> {byte range: next state}; state 0 is "between characters"
@@ -117,11 +115,3 @@ def free_text_dfa(excluded: tuple[str, ...]):
         accepting.append(u == 0)
         i += 1
     return from_rows(rows, accepting)
-
-
-def free_text(excluded: list[str] | tuple[str, ...], where: str) -> Regular:
-    """A grammar leaf for free text avoiding `excluded`; `where` names the spec field."""
-    if not all(isinstance(w, str) for w in excluded):
-        raise GrammarError(f"structural tag {where}: excluded strings must be strings")
-    key = tuple(sorted(set(excluded)))
-    return Regular(DFANode(free_text_dfa(key), "any_text", where, None), ("free", key))
