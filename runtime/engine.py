@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import logging
@@ -50,7 +51,7 @@ from runtime.scheduling.constrained import ConstraintHooks
 from runtime.scheduling.detokenize import Detokenizer
 from runtime.scheduling.request import GenerateResult, Request, SamplingParams
 from runtime.scheduling.scheduler import Scheduler
-from runtime.scheduling.stream import StreamIterator
+from runtime.scheduling.stream import AsyncStreamIterator, LoopOutbox, StreamIterator
 from runtime.workers.driver import ParallelModel
 from runtime.workers.layout import Layout
 
@@ -499,6 +500,20 @@ class Engine:
         own (`add_special_tokens=False`) and appended, so every continuation shares the prompt's
         KV (computed once, through the radix cache).
         """
+        reqs = self._score_requests(prompt, continuations)
+        for req in reqs:
+            self.scheduler.submit(req)
+        out: list = []
+        for req in reqs:
+            result: GenerateResult = req.outbox.get()
+            if req.error is not None:
+                raise req.error
+            lps = result.prompt_logprobs or []
+            out.append(lps if return_token_logprobs else float(sum(lps)))
+        return out
+
+    def _score_requests(self, prompt: Prompt, continuations: Sequence[Prompt]) -> list[Request]:
+        """One prefill-only request per continuation, scoring it after `prompt` (unsubmitted)."""
         prompt_ids = self.encode(prompt)
         if not prompt_ids:
             raise ValueError("score needs a non-empty prompt")
@@ -510,16 +525,61 @@ class Engine:
                 else self.encode(cont)
             )
             params = SamplingParams(max_new_tokens=0)
-            req = Request(prompt_ids + cont_ids, params, logprob_start=len(prompt_ids))
-            self.scheduler.submit(req)
-            reqs.append(req)
-        out: list = []
+            reqs.append(Request(prompt_ids + cont_ids, params, logprob_start=len(prompt_ids)))
+        return reqs
+
+    # ---- asyncio ---------------------------------------------------------------------------
+    async def async_generate(
+        self, prompt: Prompt, *, stream: bool = False, **sampling: Any
+    ) -> GenerateResult | AsyncStreamIterator:
+        """`generate` for one prompt, awaited on the running loop without a thread of its own:
+        the scheduler thread hands the result (or each chunk, with `stream=True`: an
+        `AsyncStreamIterator`) straight to the loop. Same keywords; no bootstrap room. An
+        invalid request raises here; a cancelled await aborts the request."""
+        sampling = dict(sampling)
+        if any(key in sampling for key in BOOTSTRAP_KEYS):
+            if self._role is not None:
+                raise ValueError("async_generate takes no bootstrap_room here; use generate")
+            for key in BOOTSTRAP_KEYS:  # a plain server serves such a request as any other
+                sampling.pop(key, None)
+        req = self._make_request(prompt, sampling, stream=stream)
+        outbox = req.outbox = LoopOutbox(asyncio.get_running_loop())
+        self.scheduler.submit(req)
+        if stream:
+            return AsyncStreamIterator(req, outbox, self.scheduler.abort)
+        try:
+            result: GenerateResult = await outbox.queue.get()
+        except asyncio.CancelledError:
+            self.scheduler.abort(req)
+            raise
+        if req.error is not None and result.finish_reason == "abort":
+            raise req.error
+        return result
+
+    async def async_score(
+        self,
+        prompt: Prompt,
+        continuations: Sequence[Prompt],
+        return_token_logprobs: bool = False,
+    ) -> list[float] | list[list[float]]:
+        """`score`, awaited on the running loop without a thread of its own."""
+        loop = asyncio.get_running_loop()
+        reqs = self._score_requests(prompt, continuations)
         for req in reqs:
-            result: GenerateResult = req.outbox.get()
-            if req.error is not None:
-                raise req.error
-            lps = result.prompt_logprobs or []
-            out.append(lps if return_token_logprobs else float(sum(lps)))
+            req.outbox = LoopOutbox(loop)
+            self.scheduler.submit(req)
+        out: list = []
+        try:
+            for req in reqs:
+                result: GenerateResult = await req.outbox.queue.get()
+                if req.error is not None:
+                    raise req.error
+                lps = result.prompt_logprobs or []
+                out.append(lps if return_token_logprobs else float(sum(lps)))
+        except asyncio.CancelledError:
+            for req in reqs:
+                self.scheduler.abort(req)
+            raise
         return out
 
     # ---- maintenance -----------------------------------------------------------------------
