@@ -1,7 +1,9 @@
-"""`@function` and running programs: `run`, `run_batch`, `trace`."""
+"""`@function` and running programs: `run`, `run_batch`, `run_async`, `run_batch_async`,
+`trace`."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -13,6 +15,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from . import async_program
 from .backend import resolve_backend
 from .backend.base import Backend
 from .compiler import prefix_text
@@ -20,7 +23,7 @@ from .errors import ProgramError
 from .ir import Program
 from .primitives import SAMPLING_KEYWORDS
 from .state import ProgramState
-from .tracer import TracerState, trace
+from .tracer import TracerState, holds_placeholders, trace
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +217,164 @@ class SglFunction:
                 future.result()
                 yield state
 
+    # ---- asyncio ---------------------------------------------------------------------------
+
+    async def run_async(
+        self,
+        *args: Any,
+        max_new_tokens: int | None = None,
+        n: int | None = None,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        stop_regex: str | list[str] | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        frequency_penalty: float | None = None,
+        presence_penalty: float | None = None,
+        ignore_eos: bool | None = None,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
+        stream: bool = False,
+        backend: Backend | None = None,
+        **kwargs: Any,
+    ) -> ProgramState:
+        """`run` on the running event loop: `state = await f.run_async(...)` (re-raises the
+        program's error). With `stream=True` it returns at once while the program runs; read it
+        with `async for piece in state` or `state.text_async_iter(name)`, and
+        `await state.wait()` for the end.
+
+        The program is traced with its arguments bound and the trace runs on the loop: every
+        gen / select awaits the backend, no thread is started. A program that uses a generated
+        value as a Python value (`if s["x"] == ...`), which no trace can hold, runs as `run`
+        does, on one of `PROGRAM_THREADS` worker threads shared by every async run.
+        """
+        defaults = _defaults(locals())
+        backend = resolve_backend(backend)
+        kwargs = {**self.bind_arguments, **kwargs}
+        state = await self._start_async(backend, defaults, args, kwargs, stream)
+        if not stream:
+            await state.wait()
+        return state
+
+    async def run_batch_async(
+        self,
+        batch_kwargs: Sequence[dict[str, Any] | Sequence[Any]],
+        *,
+        max_new_tokens: int | None = None,
+        n: int | None = None,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        stop_regex: str | list[str] | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        frequency_penalty: float | None = None,
+        presence_penalty: float | None = None,
+        ignore_eos: bool | None = None,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
+        backend: Backend | None = None,
+        max_concurrency: int | None = None,
+        progress_bar: bool = False,
+    ) -> list[ProgramState]:
+        """`run_batch` on the running event loop: every program at once (at most
+        `max_concurrency` at a time when given), states in input order, a failing program's
+        error on its state. The argument-independent prefix is prefilled once first."""
+        backend = resolve_backend(backend)
+        defaults = _defaults(locals())
+        batch = [self._batch_kwargs(item) for item in batch_kwargs]
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ProgramError(f"{self.name}.run_batch_async(): max_concurrency must be >= 1")
+        if not batch:
+            return []
+        await backend.achat_template()
+        if len(batch) > 1 and backend.has_prefix_cache:
+            shared = self.prefix(backend)  # the template is cached now: no blocking call
+            if shared:
+                await backend.acommit_prefix(shared)
+        limit = asyncio.Semaphore(max_concurrency or len(batch))
+        # tqdm starts a monitor thread even when disabled: make one only when asked for
+        bar = tqdm(total=len(batch), desc=self.name) if progress_bar else None
+
+        async def one(kwargs: dict[str, Any]) -> ProgramState:
+            async with limit:
+                state = await self._start_async(backend, defaults, (), kwargs, False)
+                await state._until(lambda: state._finished)
+            if bar is not None:
+                bar.update(1)
+            return state
+
+        try:
+            return list(await asyncio.gather(*(one(kwargs) for kwargs in batch)))
+        finally:
+            if bar is not None:
+                bar.close()
+
+    async def _start_async(
+        self,
+        backend: Backend,
+        defaults: dict[str, Any],
+        args: tuple,
+        kwargs: dict[str, Any],
+        stream: bool,
+    ) -> ProgramState:
+        """A state whose program now runs on this loop (traced) or on a program thread."""
+        await backend.achat_template()  # a server's template is fetched once, off the loop
+        state = ProgramState(backend, defaults, stream=stream)
+        state._loop_thread = threading.get_ident()
+        state._runner = 0  # running in the background: readers wait (or, on the loop, await)
+        program = self._trace_bound(args, kwargs)
+        if program is not None:
+            state._task = asyncio.ensure_future(self._execute_traced(state, program))
+        else:
+            loop = asyncio.get_running_loop()
+            state._task = loop.run_in_executor(
+                _program_pool(), self._execute_on_thread, state, args, kwargs
+            )
+        return state
+
+    def _trace_bound(self, args: tuple, kwargs: dict[str, Any]) -> Program | None:
+        """The program traced with every argument bound; None when no trace can stand for it
+        (it reads a generated value or the text as a Python value, takes *args / **kwargs, or
+        fails while tracing: the run on a thread then reports what happens for real)."""
+        signature = inspect.signature(self.func)
+        kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        if any(p.kind in kinds for p in signature.parameters.values()):
+            return None
+        try:
+            bound = signature.bind(None, *args, **kwargs)
+        except TypeError:
+            return None
+        bound.apply_defaults()
+        values = dict(list(bound.arguments.items())[1:])
+        try:
+            program = trace(self.func, self.name, self.arg_names, values)
+        except Exception:
+            return None
+        return None if holds_placeholders(program) else program
+
+    async def _execute_traced(self, state: ProgramState, program: Program) -> None:
+        error = None
+        try:
+            await async_program.execute(program, state)
+        except BaseException as exc:  # reported on the state, never lost
+            error = exc
+            if not isinstance(exc, Exception):
+                state._finish(error)
+                raise
+        state._finish(error)
+
+    def _execute_on_thread(self, state: ProgramState, args: tuple, kwargs: dict) -> None:
+        state._runner = threading.get_ident()  # the program's own reads do not wait
+        self._execute(state, args, kwargs)
+
     def _execute(self, state: ProgramState, args: tuple, kwargs: dict[str, Any]) -> None:
         error = None
         try:
@@ -223,6 +384,19 @@ class SglFunction:
             logger.debug("program %s failed: %r", self.name, exc)
             error = exc
         state._finish(error)
+
+
+PROGRAM_THREADS = 16  # threads for async runs of programs that cannot be traced
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _program_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(PROGRAM_THREADS, thread_name_prefix="sgl-async-program")
+        return _pool
 
 
 def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:

@@ -4,15 +4,18 @@ The program's own Python code is the control flow: each `s += expr` arrives here
 runs, so a program can read `s[name]` and branch on it. Text and role markers change only
 the state; `gen` makes one generate call with the whole text as the prompt (the prefix
 cache makes the repeated part free); `select` scores every choice in one `score` call.
+`append_async` is the same on an event loop (the backend's `agenerate` / `ascore`); both share
+every step but the call itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from .backend.base import Backend, GenOutput
+from .backend.base import Backend, GenChunk, GenOutput
 from .chat_template import ChatTemplate
 from .errors import ProgramError
 from .ir import ArgRef, Expr, Gen, RoleBegin, RoleEnd, Select, Text, VarRef, flatten
@@ -60,6 +63,18 @@ def append(state: ProgramState, expr: Expr) -> None:
                 raise ProgramError(f"cannot execute {leaf!r}")
 
 
+async def append_async(state: ProgramState, expr: Expr) -> None:
+    """`append` on the event loop: a gen or select awaits the backend's async calls."""
+    for leaf in flatten(expr):
+        match leaf:
+            case Gen():
+                await run_gen_async(state, leaf)
+            case Select():
+                await run_select_async(state, leaf)
+            case _:
+                append(state, leaf)
+
+
 def begin_role(state: ProgramState, role: str) -> None:
     if state._open_role is not None:
         raise ProgramError(
@@ -87,27 +102,86 @@ def end_role(state: ProgramState, role: str) -> None:
 
 
 def run_gen(state: ProgramState, gen: Gen) -> None:
-    params: dict[str, Any] = {**state.defaults, **gen.params}
-    n = params.pop("n", 1)
-    patterns = [re.compile(p) for p in params.pop("stop_regex", None) or ()]
-    prompt = state._text
+    prompt, params, n, patterns = _gen_call(state, gen)
     if n > 1:
         # SGLang's n: n samples, the variable is their list and the first is appended
         with ThreadPoolExecutor(min(n, 16), thread_name_prefix="sgl-n") as pool:
             outputs = list(pool.map(lambda _: _generate(state, prompt, params, patterns), range(n)))
-        state._emit(outputs[0].text, gen.name)
-        if gen.name is not None:
-            state.set_var(gen.name, [o.text for o in outputs], [o.meta() for o in outputs])
-            state._close_var(gen.name)
+        _store_samples(state, gen, outputs)
         return
     if state.stream or patterns:
-        text, output = _stream_gen(state, prompt, params, patterns, gen.name)
+        stream = _StreamedGen(state, patterns, gen.name)
+        chunks = state.backend.generate_stream(prompt, params)
+        try:
+            for chunk in chunks:
+                if stream.feed(chunk):
+                    break
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        text, output = stream.result()
     else:
         output = state.backend.generate(prompt, params)
         text = output.text
         state._emit(text, gen.name)
+    _store(state, gen, text, output)
+
+
+async def run_gen_async(state: ProgramState, gen: Gen) -> None:
+    """`run_gen` on the event loop: the backend's async calls, n samples gathered."""
+    prompt, params, n, patterns = _gen_call(state, gen)
+    if n > 1:
+        calls = [_generate_async(state, prompt, params, patterns) for _ in range(n)]
+        _store_samples(state, gen, list(await asyncio.gather(*calls)))
+        return
+    if state.stream or patterns:
+        stream = _StreamedGen(state, patterns, gen.name)
+        chunks = state.backend.agenerate_stream(prompt, params)
+        try:
+            async for chunk in chunks:
+                if stream.feed(chunk):
+                    break
+        finally:
+            await chunks.aclose()
+        text, output = stream.result()
+    else:
+        output = await state.backend.agenerate(prompt, params)
+        text = output.text
+        state._emit(text, gen.name)
+    _store(state, gen, text, output)
+
+
+def _gen_call(
+    state: ProgramState, gen: Gen
+) -> tuple[str, dict[str, Any], int, list[re.Pattern[str]]]:
+    """The prompt, the backend's params, `n` and the `stop_regex` patterns of one gen."""
+    params: dict[str, Any] = {**state.defaults, **gen.params}
+    n = params.pop("n", 1)
+    patterns = [re.compile(p) for p in params.pop("stop_regex", None) or ()]
+    return state._text, params, n, patterns
+
+
+def _value(gen: Gen, text: str, output: GenOutput | None) -> Any:
+    """The variable's value: the text, or with `gen(type=T)` the T it parses to."""
+    if gen.result is None:
+        return text
+    reason = output.finish_reason if output is not None else None
+    return gen.result.parse(text, gen.name, reason)
+
+
+def _store(state: ProgramState, gen: Gen, text: str, output: GenOutput | None) -> None:
     if gen.name is not None:
-        state.set_var(gen.name, text, output.meta() if output is not None else None)
+        value = _value(gen, text, output)
+        state.set_var(gen.name, value, output.meta() if output is not None else None)
+        state._close_var(gen.name)
+
+
+def _store_samples(state: ProgramState, gen: Gen, outputs: list[GenOutput]) -> None:
+    state._emit(outputs[0].text, gen.name)
+    if gen.name is not None:
+        values = [_value(gen, o.text, o) for o in outputs]
+        state.set_var(gen.name, values, [o.meta() for o in outputs])
         state._close_var(gen.name)
 
 
@@ -116,48 +190,77 @@ def _generate(
 ) -> GenOutput:
     if not patterns:
         return state.backend.generate(prompt, params)
-    text, output = _stream_gen(state, prompt, params, patterns, None, emit=False)
-    return output
-
-
-def _stream_gen(
-    state: ProgramState,
-    prompt: str,
-    params: dict[str, Any],
-    patterns: list[re.Pattern[str]],
-    name: str | None,
-    emit: bool = True,
-) -> tuple[str, GenOutput]:
-    """Generate streamed; with `stop_regex` patterns, end where one first matches (the text
-    is cut before the match, finish_reason "stop", `matched` the matched text, as SGLang
-    does) and close the stream, which aborts the rest of the generation."""
-    text, emitted, output = "", 0, None
+    stream = _StreamedGen(state, patterns, None, emit=False)
     chunks = state.backend.generate_stream(prompt, params)
     try:
         for chunk in chunks:
-            text += chunk.text_delta
-            output = chunk.output or output
-            match = _first_match(patterns, text) if patterns else None
-            if match is not None:
-                cut = max(match.start(), emitted)  # what was already appended stays
-                if emit:
-                    state._emit(text[emitted:cut], name)
-                text = text[:cut]
-                done = output or GenOutput(text, "stop")
-                done.text, done.finish_reason, done.matched_stop = text, "stop", match.group(0)
-                return text, done
-            if emit and state.stream:
-                state._emit(text[emitted:], name)
-                emitted = len(text)
+            if stream.feed(chunk):
+                break
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
-    if emit:
-        state._emit(text[emitted:], name)
-    if output is None:
-        output = GenOutput(text, "stop")
-    return text, output
+    return stream.result()[1]
+
+
+async def _generate_async(
+    state: ProgramState, prompt: str, params: dict[str, Any], patterns: list[re.Pattern[str]]
+) -> GenOutput:
+    if not patterns:
+        return await state.backend.agenerate(prompt, params)
+    stream = _StreamedGen(state, patterns, None, emit=False)
+    chunks = state.backend.agenerate_stream(prompt, params)
+    try:
+        async for chunk in chunks:
+            if stream.feed(chunk):
+                break
+    finally:
+        await chunks.aclose()
+    return stream.result()[1]
+
+
+class _StreamedGen:
+    """A generation read as a stream: appended to the state piece by piece when it streams,
+    and, with `stop_regex` patterns, ended where one first matches (the text is cut before
+    the match, finish_reason "stop", `matched` the matched text, as SGLang does); the caller
+    then closes the stream, which aborts the rest of the generation."""
+
+    def __init__(
+        self,
+        state: ProgramState,
+        patterns: list[re.Pattern[str]],
+        name: str | None,
+        emit: bool = True,
+    ) -> None:
+        self.state, self.patterns, self.name, self.emit = state, patterns, name, emit
+        self.text, self.emitted, self.output = "", 0, None
+        self.matched = False
+
+    def feed(self, chunk: GenChunk) -> bool:
+        """Take one chunk; True when a stop regex matched (read no more)."""
+        self.text += chunk.text_delta
+        self.output = chunk.output or self.output
+        match = _first_match(self.patterns, self.text) if self.patterns else None
+        if match is not None:
+            cut = max(match.start(), self.emitted)  # what was already appended stays
+            if self.emit:
+                self.state._emit(self.text[self.emitted : cut], self.name)
+            self.text = self.text[:cut]
+            done = self.output or GenOutput(self.text, "stop")
+            done.text, done.finish_reason, done.matched_stop = self.text, "stop", match.group(0)
+            self.output, self.matched = done, True
+            return True
+        if self.emit and self.state.stream:
+            self.state._emit(self.text[self.emitted :], self.name)
+            self.emitted = len(self.text)
+        return False
+
+    def result(self) -> tuple[str, GenOutput]:
+        """The text and output once the stream ended (or matched)."""
+        if not self.matched and self.emit:
+            self.state._emit(self.text[self.emitted :], self.name)
+        output = self.output if self.output is not None else GenOutput(self.text, "stop")
+        return self.text, output
 
 
 def _first_match(patterns: list[re.Pattern[str]], text: str) -> re.Match[str] | None:
@@ -166,6 +269,25 @@ def _first_match(patterns: list[re.Pattern[str]], text: str) -> re.Match[str] | 
 
 
 def run_select(state: ProgramState, sel: Select) -> None:
+    prompt, continuations, neutral = _select_call(state, sel)
+    token_logprobs = state.backend.score(prompt, continuations)
+    unconditional = None if neutral is None else state.backend.score(neutral, sel.choices)
+    _choose(state, sel, token_logprobs, unconditional)
+
+
+async def run_select_async(state: ProgramState, sel: Select) -> None:
+    """`run_select` on the event loop (both scoring calls at once when two are needed)."""
+    prompt, continuations, neutral = _select_call(state, sel)
+    calls = [state.backend.ascore(prompt, continuations)]
+    if neutral is not None:
+        calls.append(state.backend.ascore(neutral, sel.choices))
+    scored = await asyncio.gather(*calls)
+    _choose(state, sel, scored[0], scored[1] if neutral is not None else None)
+
+
+def _select_call(state: ProgramState, sel: Select) -> tuple[str, list[str], str | None]:
+    """The prompt and continuations to score, and the neutral prompt when the method needs
+    the choices' unconditional scores too."""
     backend = state.backend
     # Trailing spaces of the text move into the choices: "Label:" + " True" tokenizes as
     # the model saw in training, "Label: " + "True" does not (and scores far lower).
@@ -173,13 +295,20 @@ def run_select(state: ProgramState, sel: Select) -> None:
     spaces = state._text[len(prompt) :]
     # a backend cannot score after nothing: an empty state scores after the neutral prompt
     prompt = prompt or backend.unconditional_prompt()
-    token_logprobs = backend.score(prompt, [spaces + c for c in sel.choices])
-    unconditional = None
+    neutral = None
     if sel.method.needs_unconditional:
         # "no context" inside a role block still means: right after that role's begin marker
         role = state._open_role[0] if state._open_role else None
         neutral = state.template.begin(role) if role else backend.unconditional_prompt()
-        unconditional = backend.score(neutral, sel.choices)
+    return prompt, [spaces + c for c in sel.choices], neutral
+
+
+def _choose(
+    state: ProgramState,
+    sel: Select,
+    token_logprobs: list[list[float]],
+    unconditional: list[list[float]] | None,
+) -> None:
     scores = ChoiceScores(sel.choices, token_logprobs, unconditional)
     normalized = [sum(lp) / max(len(lp), 1) for lp in token_logprobs]
     index = sel.method(scores)

@@ -75,10 +75,12 @@ class RoleBlock(Expr):
 
 @dataclass(slots=True)
 class Gen(Expr):
-    """Generate text into variable `name`; `params` are the sampling and constraint options."""
+    """Generate text into variable `name`; `params` are the sampling and constraint options;
+    `result` (a `typed.ResultType`, from `gen(type=T)`) parses the text into the variable."""
 
     name: str | None
     params: dict[str, Any] = field(default_factory=dict)
+    result: Any = None
 
 
 @dataclass(slots=True)
@@ -187,9 +189,11 @@ def format_expr(expr: Expr) -> str:
             return f"role_begin {role}"
         case RoleEnd(role):
             return f"role_end {role}"
-        case Gen(name, params):
-            shown = ", ".join(f"{k}={_short(v)}" for k, v in params.items() if v is not None)
-            return f"gen {name}({shown})"
+        case Gen(name, params, result):
+            shown = [f"{k}={_short(v)}" for k, v in params.items() if v is not None]
+            if result is not None:
+                shown.append(f"type={result.name}")
+            return f"gen {name}({', '.join(shown)})"
         case Select(name, choices, method):
             return f"select {name}({choices!r}, method={_method_name(method)})"
         case _:

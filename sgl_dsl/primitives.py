@@ -41,30 +41,39 @@ def gen(
     json_schema_mode: str | None = None,  # "strict" (the backend's default) or "exact"
     ebnf: str | None = None,
     structural_tag: Any = None,
+    type: Any = None,  # the public keyword gen(name, type=T); shadows the builtin here only
 ) -> Gen | Select:
     """Generate text into variable `name`. Unset options take the run's defaults.
 
     The positional order is SGLang's (`gen(name, max_tokens, min_tokens, n, stop, ...)`);
     `seed`, `grammar` and `json_schema_mode` are ours, after SGLang's keywords.
     At most one constraint (`regex`, `json_schema`, `choices`, `dtype`, `grammar`, `ebnf`,
-    `structural_tag`) may be given. `json_schema` is a dict, JSON text or a pydantic model
+    `structural_tag`, `type`) may be given. `json_schema` is a dict, JSON text or a pydantic model
     class; `dtype` is int, float, bool or str; `grammar` is the text of a lark (LALR) grammar;
     `ebnf` a GBNF grammar (llama.cpp's and XGrammar's dialect, as SGLang's `ebnf`);
     `structural_tag` a dict or its JSON text, in XGrammar's shape (`{"type": "structural_tag",
     "format": ...}`) or SGLang's (`{"structures": [...], "triggers": [...]}`). The variable
-    holds the generated text as a `str` (with `n` > 1: the list of the n texts, and the first is
-    appended, as SGLang does). `stop_regex` ends the generation where a Python regex matches
-    the text (cut before the match). `choices` as in SGLang: with temperature unset or 0 (or a
-    `choices_method`) it is `select(name, choices, 0, choices_method)`, scoring every
-    choice; with temperature > 0 (which SGLang refuses) the output is sampled constrained to
-    the choices.
+    holds the generated text as a `str`; with `type=T` (ours) the output is constrained to T's
+    JSON form and the variable holds the parsed value (an int, an Enum member, a pydantic model
+    instance: see `sgl_dsl.typed`), the raw text staying in `state.text()` (with `n` > 1: the
+    list of the n texts or values, and the first is appended, as SGLang does). `stop_regex`
+    ends the generation where a Python regex matches the text (cut before the match).
+    `choices` as in SGLang: with temperature unset or 0 (or a `choices_method`) it is
+    `select(name, choices, 0, choices_method)`, scoring every choice; with temperature > 0
+    (which SGLang refuses) the output is sampled constrained to the choices.
     """
-    given = (regex, json_schema, choices, dtype, grammar, ebnf, structural_tag)
+    given = (regex, json_schema, choices, dtype, grammar, ebnf, structural_tag, type)
     if sum(c is not None for c in given) > 1:
         raise ProgramError(
             f"gen({name!r}): give at most one of regex, json_schema, choices, dtype, grammar, "
-            "ebnf, structural_tag"
+            "ebnf, structural_tag, type"
         )
+    result = None
+    if type is not None:
+        from .typed import result_type
+
+        result = result_type(type, f"gen({name!r})")  # TypeError here, at the program's line
+        json_schema = result.schema
     if choices is not None and (choices_method is not None or not temperature):
         return select(name, choices, 0.0 if temperature is None else temperature, choices_method)
     if choices_method is not None:
@@ -99,7 +108,7 @@ def gen(
         "structural_tag": None if structural_tag is None else _tag_text(name, structural_tag),
         "json_schema_mode": json_schema_mode,
     }
-    return Gen(name, {k: v for k, v in params.items() if v is not None})
+    return Gen(name, {k: v for k, v in params.items() if v is not None}, result)
 
 
 def gen_int(name: str | None = None, max_tokens: int | None = None, *args: Any, **kw: Any) -> Gen:

@@ -4,12 +4,15 @@ A state holds the program's text, its variables with their meta info, the chat m
 closed so far, and a log of text pieces that `text_iter` reads while the program runs.
 The root state executes each `+=` in the caller's thread; a fork executes its `+=` in order
 on its own worker thread, so the forks of one `fork(n)` decode at the same time, and any
-read (`s[name]`, `text()`, `join`) first waits for the queued work.
+read (`s[name]`, `text()`, `join`) first waits for the queued work. Under `run_async` the
+event loop runs the program instead (`async_program`); `await state.wait()` and `async for`
+wait for it there without a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,8 +56,13 @@ class ProgramState(RoleBlocks):
         self._changed = threading.Condition()
         self._worker: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
-        # the thread running the program when it runs in the background (stream=True)
+        # the thread running the program when it runs in the background (stream=True; 0 when
+        # an event loop runs it, run_async), and that loop's thread
         self._runner: int | None = None
+        self._loop_thread: int | None = None
+        self._task: Any = None  # the asyncio task (or future) running it, under run_async
+        # (loop, future) of each `await` on this state, woken whenever it changes
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
 
     # ---- what a program writes ---------------------------------------------------------
 
@@ -88,7 +96,7 @@ class ProgramState(RoleBlocks):
             self._meta[name] = meta
             if name not in self._new_vars:
                 self._new_vars.append(name)
-            self._changed.notify_all()
+            self._notify()
 
     def get_meta_info(self, name: str) -> Any:
         """Per gen: finish_reason, prompt/cached/completion tokens; per select: the scores."""
@@ -158,11 +166,45 @@ class ProgramState(RoleBlocks):
         self, var_name: str | None = None, return_meta_data: bool = False
     ) -> AsyncIterator[Any]:
         """`text_iter` for asyncio code (SGLang's); with `return_meta_data`, pairs of (piece,
-        the variable's meta info so far: None until its gen has finished here)."""
+        the variable's meta info so far: None until its gen has finished here). It waits on
+        the loop, without a thread, whether the program runs there (`run_async`) or on one."""
+        name, seen = var_name, 0
+        while True:
+            await self._until(lambda n=seen: n < len(self._pieces) or self._iter_done(name))
+            with self._changed:
+                pieces, seen = self._pieces[seen:], len(self._pieces)
+                done = self._iter_done(name)
+            for var, piece in pieces:
+                if piece and (name is None or var == name):
+                    yield (piece, self._meta.get(name)) if return_meta_data else piece
+            if done and seen == len(self._pieces):
+                break
+        if self.error is not None and (name is None or name not in self._vars):
+            raise self.error
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        """`async for piece in state`: the whole text as it is produced."""
+        return self.text_async_iter()
+
+    async def wait(self) -> ProgramState:
+        """Wait, on the event loop, until the program has finished; raise its error if it
+        failed. Returns the state (`state = await (await f.run_async(..., stream=True)).wait()`).
+        """
+        await self._until(lambda: self._finished or self._runner is None)
+        if self.error is not None:
+            raise self.error
+        return self
+
+    async def _until(self, ready: Any) -> None:
+        """Await until `ready()` (checked under the lock each time the state changes)."""
         loop = asyncio.get_running_loop()
-        pieces, end = self.text_iter(var_name), object()
-        while (piece := await loop.run_in_executor(None, next, pieces, end)) is not end:
-            yield (piece, self._meta.get(var_name)) if return_meta_data else piece
+        while True:
+            with self._changed:
+                if ready():
+                    return
+                waiter = loop.create_future()
+                self._async_waiters.append((loop, waiter))
+            await waiter
 
     def sync(self) -> None:
         """Wait for queued work (a fork's, or a background program); re-raise a fork's error."""
@@ -171,8 +213,14 @@ class ProgramState(RoleBlocks):
 
     def _wait_background(self, ready: Any) -> None:
         """From outside a background program's thread: wait until `ready()` or the end."""
-        if self._runner is None or threading.get_ident() == self._runner:
+        me = threading.get_ident()
+        if self._runner is None or me == self._runner or self._finished:
             return
+        if me == self._loop_thread:
+            raise ProgramError(
+                "this program is still running on this event loop; `await state.wait()` (or "
+                "`async for` over it) before reading it"
+            )
         with self._changed:
             while not (ready() or self._finished):
                 self._changed.wait()
@@ -189,22 +237,30 @@ class ProgramState(RoleBlocks):
 
     # ---- used by the interpreter and the runner ----------------------------------------
 
+    def _notify(self) -> None:
+        """Wake every reader; call with `_changed` held."""
+        self._changed.notify_all()
+        waiters, self._async_waiters = self._async_waiters, []
+        for loop, waiter in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(_wake, waiter)
+
     def _emit(self, text: str, var: str | None = None) -> None:
         with self._changed:
             self._text += text
             self._pieces.append((var, text))
-            self._changed.notify_all()
+            self._notify()
 
     def _close_var(self, name: str) -> None:
         with self._changed:
             self._closed_vars.add(name)
-            self._changed.notify_all()
+            self._notify()
 
     def _finish(self, error: BaseException | None = None) -> None:
         with self._changed:
             self.error = self.error or error
             self._finished = True
-            self._changed.notify_all()
+            self._notify()
 
     def _iter_done(self, name: str | None) -> bool:
         return self._finished or (name is not None and name in self._closed_vars)
@@ -223,7 +279,9 @@ class ProgramState(RoleBlocks):
         except BaseException as exc:
             self.error = exc
 
-    def _copy_for_fork(self) -> ProgramState:
+    def _copy_for_fork(self, worker: bool = True) -> ProgramState:
+        """A fork of this state; with `worker` its `+=` run in order on a thread of its own
+        (the async runner orders them on the event loop instead)."""
         child = ProgramState(self.backend, self.defaults, self.stream, self.template)
         child._text = self._text
         child._vars = dict(self._vars)
@@ -232,7 +290,8 @@ class ProgramState(RoleBlocks):
         child._open_role = self._open_role
         child._scopes = dict(self._scopes)
         child._fork_start = len(self._text)
-        child._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-fork")
+        if worker:
+            child._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-fork")
         return child
 
 
@@ -258,15 +317,25 @@ class ForkGroup(ForkSequence[ProgramState]):
         finally:
             for fork in self.forks:
                 fork._worker.shutdown(wait=False)
-        if mode == "concate_and_append":
-            text = "".join(fork._text[fork._fork_start :] for fork in self.forks)
-            self.parent._submit(lambda: self.parent._emit(text))
-            self.parent.sync()
-            return
-        names: list[str] = []
-        for fork in self.forks:
-            names += [n for n in fork._new_vars if n not in names]
-        for name in names:
-            values = [fork._vars.get(name) for fork in self.forks]
-            metas = [fork._meta.get(name) for fork in self.forks]
-            self.parent._submit(lambda n=name, v=values, m=metas: self.parent.set_var(n, v, m))
+        join_into(self.parent, self.forks, mode)
+
+
+def join_into(parent: ProgramState, forks: list[ProgramState], mode: str) -> None:
+    """Put finished forks' results into `parent` (see `ForkGroup.join`)."""
+    if mode == "concate_and_append":
+        text = "".join(fork._text[fork._fork_start :] for fork in forks)
+        parent._submit(lambda: parent._emit(text))
+        parent.sync()
+        return
+    names: list[str] = []
+    for fork in forks:
+        names += [n for n in fork._new_vars if n not in names]
+    for name in names:
+        values = [fork._vars.get(name) for fork in forks]
+        metas = [fork._meta.get(name) for fork in forks]
+        parent._submit(lambda n=name, v=values, m=metas: parent.set_var(n, v, m))
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

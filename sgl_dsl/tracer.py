@@ -218,3 +218,17 @@ def trace(
         if not partial:
             raise
     return Program(name, [n for n in arg_names if n not in bound], recorder.statements)
+
+
+def holds_placeholders(program: Program) -> bool:
+    """Whether a gen's or select's options hold a traced value (`gen(max_tokens=s["n"])`):
+    such a program has no trace that can run without it."""
+    for st in program.statements:
+        expr = getattr(st, "expr", None)
+        options = getattr(expr, "params", None) or {}
+        values = [*options.values(), *(getattr(expr, "choices", None) or [])]
+        for value in values:
+            items = value if isinstance(value, list | tuple) else [value]
+            if any(isinstance(item, _Placeholder) for item in items):
+                return True
+    return False

@@ -11,14 +11,22 @@ text, `structural_tag` as JSON text, SGLang's
 backend's defaults. `n` and `stop_regex` never arrive: the interpreter runs them on top (n
 calls; a stream closed where the regex matches). Every method must be safe to call from many
 threads at once.
+
+The async methods (`agenerate`, `agenerate_stream`, `ascore`, `acommit_prefix`,
+`achat_template`) serve `run_async` / `run_batch_async`: the built-in backends await the engine
+or the server directly, so one event loop drives any number of programs without a thread each.
+A backend that has only the blocking methods still works there: its calls then run on one small
+thread pool shared by every program (`ASYNC_FALLBACK_THREADS` threads).
 """
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..chat_template import ChatTemplate
 
@@ -121,6 +129,37 @@ class Backend(ABC):
         """The context for scoring "with no context" (a BOS token where there is one)."""
         return ""
 
+    # ---- asyncio: override to await natively; these run the blocking method on the pool ------
+    async def agenerate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
+        """`generate`, awaited."""
+        return await in_fallback_pool(self.generate, prompt, params)
+
+    async def agenerate_stream(
+        self, prompt: str, params: dict[str, Any]
+    ) -> AsyncIterator[GenChunk]:
+        """`generate_stream`, as an async generator; `aclose()` aborts."""
+        chunks = self.generate_stream(prompt, params)
+        end = object()
+        try:
+            while (chunk := await in_fallback_pool(next, chunks, end)) is not end:
+                yield chunk
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                await in_fallback_pool(close)
+
+    async def ascore(self, prompt: str, continuations: list[str]) -> list[list[float]]:
+        """`score`, awaited."""
+        return await in_fallback_pool(self.score, prompt, continuations)
+
+    async def acommit_prefix(self, prefix: str) -> None:
+        """`commit_prefix`, awaited."""
+        await in_fallback_pool(self.commit_prefix, prefix)
+
+    async def achat_template(self) -> ChatTemplate:
+        """`chat_template`, awaited; a backend that must ask a server for it overrides this."""
+        return self.chat_template()
+
     def stats(self) -> dict[str, Any]:
         return {}
 
@@ -135,3 +174,16 @@ class Backend(ABC):
     def shutdown(self) -> None:
         """Free what the backend holds; it is not used afterwards."""
         return None
+
+
+ASYNC_FALLBACK_THREADS = 8
+_fallback_pool: ThreadPoolExecutor | None = None
+T = TypeVar("T")
+
+
+async def in_fallback_pool(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on the one small pool the async path keeps for blocking work."""
+    global _fallback_pool
+    if _fallback_pool is None:
+        _fallback_pool = ThreadPoolExecutor(ASYNC_FALLBACK_THREADS, thread_name_prefix="sgl-async")
+    return await asyncio.get_running_loop().run_in_executor(_fallback_pool, fn, *args)

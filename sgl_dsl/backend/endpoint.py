@@ -2,7 +2,9 @@
 
 Generation goes to the server's native `/generate` (streamed as server-sent events when asked),
 `select` to `/score` (all choices in one request), fork prefixes to `/generate` with
-`max_new_tokens: 0`.
+`max_new_tokens: 0`. The async methods send the same requests through one
+`httpx.AsyncClient` per event loop, so `run_batch_async` keeps hundreds of requests in flight
+without a thread each.
 
 The same code works through the SGLang Model Gateway (`runtime.cluster`), which routes only
 `/generate`, `/v1/completions` and `/v1/chat/completions` and re-parses `/generate` bodies with
@@ -20,16 +22,19 @@ that path is not routed (a gateway in front of the server answers 404) the templ
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 
 from ..chat_template import ChatTemplate
 from ..errors import BackendError
-from .base import Backend, GenChunk, GenOutput
+from .base import Backend, GenChunk, GenOutput, in_fallback_pool
 
 # gen() keyword -> /generate sampling_params key, where they differ
 _SERVER_NAMES = {
@@ -93,13 +98,15 @@ class RuntimeEndpoint(Backend):
             )
         self.url = self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(
+        client_options = dict(
             base_url=self.url,
             headers=headers,
             verify=True if verify is None else verify,
             timeout=httpx.Timeout(timeout, connect=10.0),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
         )
+        self._client = httpx.Client(**client_options)
+        self._async_clients = AsyncClients(client_options)
         self.model_info: dict[str, Any] = self._request("GET", "/get_model_info")
         self.has_prefix_cache = bool(self.model_info.get("radix_cache", True))
         self._template: ChatTemplate | None = None
@@ -114,11 +121,14 @@ class RuntimeEndpoint(Backend):
             response = self._client.request(method, path, json=body)
         except httpx.HTTPError as exc:
             raise BackendError(f"{method} {self.url}{path} failed: {exc}") from exc
-        if response.status_code >= 400:
-            raise _StatusError(
-                response.status_code, _error_text(path, response.status_code, response.text)
-            )
-        return response.json()
+        return _answer(path, response)
+
+    async def _arequest(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            response = await self._async_clients.get().request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{method} {self.url}{path} failed: {exc}") from exc
+        return _answer(path, response)
 
     # ---- Backend ------------------------------------------------------------------------------
     def chat_template(self) -> ChatTemplate:
@@ -129,6 +139,11 @@ class RuntimeEndpoint(Backend):
                 else:
                     self._template = ChatTemplate.derive(self._render)
             return self._template
+
+    async def achat_template(self) -> ChatTemplate:
+        if self._template is not None:
+            return self._template
+        return await in_fallback_pool(self.chat_template)  # once: it asks the server
 
     def _render(self, messages: list[dict[str, str]]) -> str:
         if not self._render_remotely:
@@ -204,20 +219,37 @@ class RuntimeEndpoint(Backend):
                 # leaving this block early (the caller closed the iterator) closes the
                 # connection, which makes the server abort the request and free its pages
                 for line in response.iter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    payload = line[len("data: ") :]
-                    if payload == "[DONE]":
+                    chunk = _stream_event(line, params)
+                    if chunk is _DONE:
                         return
-                    event = json.loads(payload)
-                    if "error" in event:
-                        raise BackendError(f"/generate stream failed: {event['error']['message']}")
-                    meta = event.get("meta_info") or {}
-                    done = None
-                    if meta.get("finish_reason"):
-                        _check_constraint_reached(params, meta)
-                        done = _to_output(event)
-                    yield GenChunk(event.get("delta", ""), done)
+                    if chunk is not None:
+                        yield chunk
+        except httpx.HTTPError as exc:
+            raise BackendError(f"POST {self.url}/generate (stream) failed: {exc}") from exc
+
+    async def agenerate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
+        answer = await self._arequest("POST", "/generate", self._body(prompt, params, False))
+        _check_constraint_reached(params, answer["meta_info"])
+        return _to_output(answer)
+
+    async def agenerate_stream(
+        self, prompt: str, params: dict[str, Any]
+    ) -> AsyncIterator[GenChunk]:
+        body = self._body(prompt, params, True)
+        client = self._async_clients.get()
+        try:
+            async with client.stream("POST", "/generate", json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise BackendError(
+                        _error_text("/generate", response.status_code, response.text)
+                    )
+                async for line in response.aiter_lines():  # leaving early aborts, as above
+                    chunk = _stream_event(line, params)
+                    if chunk is _DONE:
+                        return
+                    if chunk is not None:
+                        yield chunk
         except httpx.HTTPError as exc:
             raise BackendError(f"POST {self.url}/generate (stream) failed: {exc}") from exc
 
@@ -234,8 +266,26 @@ class RuntimeEndpoint(Backend):
         return self._score_by_completions(prompt, continuations)
 
     def _score_by_completions(self, prompt: str, continuations: list[str]) -> list[list[float]]:
-        model = self.model_info.get("served_model_name")
-        return score_by_completions(self._request, "/v1/completions", model, prompt, continuations)
+        return score_by_completions(
+            self._request, "/v1/completions", self._model_name(), prompt, continuations
+        )
+
+    async def ascore(self, prompt: str, continuations: list[str]) -> list[list[float]]:
+        prompt = prompt or self.unconditional_prompt()
+        if not self._score_routed:
+            body = {"prompt": prompt, "continuations": continuations}
+            try:
+                return (await self._arequest("POST", "/score", body))["token_logprobs"]
+            except _StatusError as exc:
+                if exc.status not in (404, 405):
+                    raise
+                self._score_routed = True
+        body = completions_score_body(self._model_name(), prompt, continuations)
+        reply = await self._arequest("POST", "/v1/completions", body)
+        return completions_scores("/v1/completions", reply, continuations)
+
+    def _model_name(self) -> Any:
+        return self.model_info.get("served_model_name")
 
     def commit_prefix(self, prefix: str) -> None:
         if not prefix or not self.has_prefix_cache:
@@ -243,6 +293,12 @@ class RuntimeEndpoint(Backend):
         self._request(
             "POST", "/generate", {"text": prefix, "sampling_params": {"max_new_tokens": 0}}
         )
+
+    async def acommit_prefix(self, prefix: str) -> None:
+        if not prefix or not self.has_prefix_cache:
+            return
+        body = {"text": prefix, "sampling_params": {"max_new_tokens": 0}}
+        await self._arequest("POST", "/generate", body)
 
     def unconditional_prompt(self) -> str:
         info = self.model_info
@@ -262,6 +318,35 @@ class RuntimeEndpoint(Backend):
 
     def shutdown(self) -> None:
         self._client.close()
+        self._async_clients.close()
+
+
+class AsyncClients:
+    """One `httpx.AsyncClient` per event loop (a client's connections belong to the loop that
+    opened them), made on first use from the same options as the blocking client."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self._options = options
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
+        self._clients = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def get(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._clients.get(loop)
+            if client is None or client.is_closed:
+                client = self._clients[loop] = httpx.AsyncClient(**self._options)
+            return client
+
+    def close(self) -> None:
+        """Forget the clients; a loop still running closes its own (others are gone)."""
+        with self._lock:
+            clients, self._clients = dict(self._clients), weakref.WeakKeyDictionary()
+        for loop, client in clients.items():
+            if not loop.is_closed() and loop.is_running():
+                with contextlib.suppress(RuntimeError):
+                    asyncio.run_coroutine_threadsafe(client.aclose(), loop)
 
 
 class _StatusError(BackendError):
@@ -298,6 +383,36 @@ def _check_constraint_reached(params: dict[str, Any], meta: dict[str, Any]) -> N
         )
 
 
+def _answer(path: str, response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        raise _StatusError(
+            response.status_code, _error_text(path, response.status_code, response.text)
+        )
+    return response.json()
+
+
+_DONE = GenChunk("")  # the end of a /generate event stream ("data: [DONE]")
+
+
+def _stream_event(line: str, params: dict[str, Any]) -> GenChunk | None:
+    """One line of `/generate`'s event stream as a chunk; None for a line that carries none,
+    `_DONE` at the end."""
+    if not line.startswith("data: "):
+        return None
+    payload = line[len("data: ") :]
+    if payload == "[DONE]":
+        return _DONE
+    event = json.loads(payload)
+    if "error" in event:
+        raise BackendError(f"/generate stream failed: {event['error']['message']}")
+    meta = event.get("meta_info") or {}
+    done = None
+    if meta.get("finish_reason"):
+        _check_constraint_reached(params, meta)
+        done = _to_output(event)
+    return GenChunk(event.get("delta", ""), done)
+
+
 def _to_output(body: dict[str, Any]) -> GenOutput:
     meta = body["meta_info"]
     reason = meta["finish_reason"]
@@ -320,27 +435,30 @@ def _to_output(body: dict[str, Any]) -> GenOutput:
     )
 
 
-def score_by_completions(
-    request: Any, path: str, model: Any, prompt: str, continuations: list[str]
-) -> list[list[float]]:
-    """Per-token log-probs of each continuation from one `/v1/completions` call.
+def completions_score_body(model: Any, prompt: str, continuations: list[str]) -> dict[str, Any]:
+    """The `/v1/completions` request that scores each continuation after `prompt` in one call.
 
     The batch is the prompt alone, then prompt + each continuation, echoed with their
-    tokens' log-probs and nothing generated. A continuation's log-probs are those after the
-    prompt's own tokens, which is what `/score` computes whenever the prompt's tokens begin
-    the joint text's tokens and the rest are the continuation's tokens on its own (the
-    usual case, e.g. a continuation that starts a new word). Where the joint text's tokens
-    cross the boundary, the scored tokens start at the first one that differs from the
-    prompt's (that token spans the end of the prompt and the start of the continuation).
-    """
-    body = {
+    tokens' log-probs and nothing generated (read back by `completions_scores`)."""
+    return {
         "model": model,
         "prompt": [prompt] + [prompt + c for c in continuations],
         "echo": True,
         "logprobs": 0,
         "max_tokens": 0,
     }
-    reply = request("POST", path, body)
+
+
+def completions_scores(path: str, reply: Any, continuations: list[str]) -> list[list[float]]:
+    """Per-token log-probs of each continuation from the reply to `completions_score_body`.
+
+    A continuation's log-probs are those after the prompt's own tokens, which is what
+    `/score` computes whenever the prompt's tokens begin the joint text's tokens and the rest
+    are the continuation's tokens on its own (the usual case, e.g. a continuation that starts
+    a new word). Where the joint text's tokens cross the boundary, the scored tokens start at
+    the first one that differs from the prompt's (that token spans the end of the prompt and
+    the start of the continuation).
+    """
     choices = sorted(reply["choices"], key=lambda c: c["index"])
     if len(choices) != len(continuations) + 1 or any(c["logprobs"] is None for c in choices):
         raise BackendError(f"{path} did not echo the prompts' log-probs")
@@ -355,3 +473,11 @@ def score_by_completions(
             raise BackendError("cannot score an empty continuation")
         out.append([float(lp) for lp in choice["logprobs"]["token_logprobs"][max(start, 1) :]])
     return out
+
+
+def score_by_completions(
+    request: Any, path: str, model: Any, prompt: str, continuations: list[str]
+) -> list[list[float]]:
+    """Score through `/v1/completions` with a blocking `request(method, path, body)`."""
+    reply = request("POST", path, completions_score_body(model, prompt, continuations))
+    return completions_scores(path, reply, continuations)

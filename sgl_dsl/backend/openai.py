@@ -20,7 +20,7 @@ models have no way to score a given text, and SGLang refuses it there too).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,13 @@ import httpx
 from ..chat_template import ChatTemplate
 from ..errors import BackendError
 from .base import Backend, GenChunk, GenOutput
-from .endpoint import as_regex, score_by_completions
+from .endpoint import (
+    AsyncClients,
+    as_regex,
+    completions_score_body,
+    completions_scores,
+    score_by_completions,
+)
 
 INSTRUCT_MODEL_NAMES = ("gpt-3.5-turbo-instruct",)  # SGLang's list of completion-only models
 _ROLES = ("system", "user", "assistant")
@@ -88,9 +94,11 @@ class OpenAI(Backend):
         self.base_url = (base_url or settings.OPENAI_BASE_URL.get()).rstrip("/")
         key = api_key or settings.OPENAI_API_KEY.get()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._client = httpx.Client(
+        client_options = dict(
             base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)
         )
+        self._client = httpx.Client(**client_options)
+        self._async_clients = AsyncClients(client_options)
         if is_chat_model is None:
             is_chat_model = model not in INSTRUCT_MODEL_NAMES
         self.is_chat_model = is_chat_model
@@ -115,6 +123,15 @@ class OpenAI(Backend):
 
     def _request(self, method: str, path: str, body: Any = None) -> Any:
         return self._post(path, body)
+
+    async def _apost(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            response = await self._async_clients.get().post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"POST {self.base_url}{path} failed: {exc}") from exc
+        if response.status_code >= 400:
+            raise BackendError(_refusal(path, response.status_code, response.text, body))
+        return response.json()
 
     def _body(self, prompt: str, params: dict[str, Any], stream: bool) -> tuple[str, dict]:
         refused = [k for k in _REFUSED if params.get(k) is not None]
@@ -183,7 +200,13 @@ class OpenAI(Backend):
 
     def generate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
         path, body = self._body(prompt, params, stream=False)
-        reply = self._post(path, body)
+        return self._reply_output(self._post(path, body))
+
+    async def agenerate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
+        path, body = self._body(prompt, params, stream=False)
+        return self._reply_output(await self._apost(path, body))
+
+    def _reply_output(self, reply: dict[str, Any]) -> GenOutput:
         self._count(reply.get("usage"))
         choice = reply["choices"][0]
         text = choice["message"]["content"] if self.is_chat_model else choice["text"]
@@ -192,47 +215,102 @@ class OpenAI(Backend):
     def generate_stream(self, prompt: str, params: dict[str, Any]) -> Iterator[GenChunk]:
         path, body = self._body(prompt, params, stream=True)
         body["stream_options"] = {"include_usage": True}
-        text, finish, usage = "", None, {}
+        reader = _StreamReader(self.is_chat_model)
         try:
             with self._client.stream("POST", path, json=body) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise BackendError(_refusal(path, response.status_code, response.text, body))
                 for line in response.iter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[len("data: ") :])
-                    usage = event.get("usage") or usage
-                    for choice in event.get("choices") or []:
-                        delta = _delta(choice, self.is_chat_model)
-                        finish = choice.get("finish_reason") or finish
-                        if delta:
-                            text += delta
-                            yield GenChunk(delta)
+                    yield from reader.chunks(line)
         except httpx.HTTPError as exc:
             raise BackendError(f"POST {self.base_url}{path} (stream) failed: {exc}") from exc
-        self._count(usage)
-        yield GenChunk("", _output(text, {"finish_reason": finish}, usage, self.is_chat_model))
+        self._count(reader.usage)
+        yield reader.last()
+
+    async def agenerate_stream(
+        self, prompt: str, params: dict[str, Any]
+    ) -> AsyncIterator[GenChunk]:
+        path, body = self._body(prompt, params, stream=True)
+        body["stream_options"] = {"include_usage": True}
+        reader = _StreamReader(self.is_chat_model)
+        try:
+            async with self._async_clients.get().stream("POST", path, json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise BackendError(_refusal(path, response.status_code, response.text, body))
+                async for line in response.aiter_lines():
+                    for chunk in reader.chunks(line):
+                        yield chunk
+        except httpx.HTTPError as exc:
+            raise BackendError(f"POST {self.base_url}{path} (stream) failed: {exc}") from exc
+        self._count(reader.usage)
+        yield reader.last()
 
     def score(self, prompt: str, continuations: list[str]) -> list[list[float]]:
+        self._check_scorable()
+        return score_by_completions(
+            self._request, "/completions", self.model, prompt, continuations
+        )
+
+    async def ascore(self, prompt: str, continuations: list[str]) -> list[list[float]]:
+        self._check_scorable()
+        body = completions_score_body(self.model, prompt, continuations)
+        return completions_scores(
+            "/completions", await self._apost("/completions", body), continuations
+        )
+
+    def _check_scorable(self) -> None:
         if self.is_chat_model:
             raise BackendError(
                 "OpenAI backend: select / gen(choices=...) needs a completion model "
                 "(is_chat_model=False) on a server whose /completions echoes log-probs; chat "
                 "models cannot score given text"
             )
-        return score_by_completions(
-            self._request, "/completions", self.model, prompt, continuations
-        )
 
     def commit_prefix(self, prefix: str) -> None:
         return None  # no prefix cache to fill through the OpenAI API
+
+    async def acommit_prefix(self, prefix: str) -> None:
+        return None
+
+    async def achat_template(self) -> ChatTemplate:
+        return self._template
 
     def get_server_info(self) -> dict[str, Any]:
         return {"base_url": self.base_url, "model": self.model, "is_chat_model": self.is_chat_model}
 
     def shutdown(self) -> None:
         self._client.close()
+        self._async_clients.close()
+
+
+class _StreamReader:
+    """Reads an OpenAI event stream line by line: text deltas, then the finish reason and the
+    usage for the last chunk."""
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.text, self.finish, self.usage = "", None, {}
+
+    def chunks(self, line: str) -> list[GenChunk]:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            return []
+        event = json.loads(line[len("data: ") :])
+        self.usage = event.get("usage") or self.usage
+        out = []
+        for choice in event.get("choices") or []:
+            delta = _delta(choice, self.chat)
+            self.finish = choice.get("finish_reason") or self.finish
+            if delta:
+                self.text += delta
+                out.append(GenChunk(delta))
+        return out
+
+    def last(self) -> GenChunk:
+        return GenChunk(
+            "", _output(self.text, {"finish_reason": self.finish}, self.usage, self.chat)
+        )
 
 
 def _delta(choice: dict[str, Any], chat: bool) -> str | None:

@@ -1,9 +1,12 @@
-"""`Runtime`: the in-process `runtime.Engine` as a backend."""
+"""`Runtime`: the in-process `runtime.Engine` as a backend.
+
+The async methods await `Engine.async_generate` / `Engine.async_score`: the scheduler thread
+hands each result straight to the event loop, so no thread waits per request."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from ..chat_template import ChatTemplate
@@ -61,11 +64,36 @@ class Runtime(Backend):
         except Exception as exc:
             raise BackendError(f"engine.generate failed: {exc}") from exc
         out = _to_output(result)
-        self._add_logprobs(out, result, params)
+        split = _prompt_logprob_split(result, params)
+        prompt_lps = None if split is None else self.score_ids(*split)
+        self._add_logprobs(out, result, params, prompt_lps)
         return out
 
-    def _add_logprobs(self, out: GenOutput, result: Any, params: dict[str, Any]) -> None:
-        """SGLang's logprob triples, and the prompt's from `logprob_start_len`."""
+    async def agenerate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
+        if not hasattr(self.engine, "async_generate"):  # an engine with blocking calls only
+            return await super().agenerate(prompt, params)
+        prompt = prompt or self.unconditional_prompt()
+        try:
+            result = await self.engine.async_generate(prompt, **_engine_kwargs(params))
+        except Exception as exc:
+            raise BackendError(f"engine.async_generate failed: {exc}") from exc
+        out = _to_output(result)
+        split = _prompt_logprob_split(result, params)
+        prompt_lps = None
+        if split is not None:
+            try:
+                scored = await self.engine.async_score(split[0], [split[1]], True)
+            except Exception as exc:
+                raise BackendError(f"engine.async_score failed: {exc}") from exc
+            prompt_lps = scored[0]
+        self._add_logprobs(out, result, params, prompt_lps)
+        return out
+
+    def _add_logprobs(
+        self, out: GenOutput, result: Any, params: dict[str, Any], prompt_lps: list | None
+    ) -> None:
+        """SGLang's logprob triples, and the prompt's from `logprob_start_len` (`prompt_lps`:
+        the log-probs of the prompt tokens after `_prompt_logprob_split`'s split)."""
         decode = self.engine.tokenizer.decode if params.get("return_text_in_logprobs") else None
         if result.logprobs is not None:
             out.output_token_logprobs = logprob_triples(result.logprobs, result.token_ids, decode)
@@ -79,10 +107,7 @@ class Runtime(Backend):
         if not params.get("return_logprob") or start is None or start < 0:
             return
         ids = list(result.prompt_token_ids)
-        lps: list[float | None] = []
-        split = max(start, 1)
-        if split < len(ids):
-            lps = list(self.score_ids(ids[:split], ids[split:]))
+        lps: list[float | None] = list(prompt_lps or [])
         if start == 0:
             lps = [None, *lps]
         out.input_token_logprobs = logprob_triples(lps, ids[start:], decode)
@@ -113,6 +138,37 @@ class Runtime(Backend):
             return self.engine.score(prompt, continuations, return_token_logprobs=True)
         except Exception as exc:
             raise BackendError(f"engine.score failed: {exc}") from exc
+
+    async def agenerate_stream(
+        self, prompt: str, params: dict[str, Any]
+    ) -> AsyncIterator[GenChunk]:
+        if not hasattr(self.engine, "async_generate"):
+            async for chunk in super().agenerate_stream(prompt, params):
+                yield chunk
+            return
+        prompt = prompt or self.unconditional_prompt()
+        try:
+            chunks = await self.engine.async_generate(prompt, stream=True, **_engine_kwargs(params))
+        except Exception as exc:
+            raise BackendError(f"engine.async_generate(stream=True) failed: {exc}") from exc
+        try:
+            async for chunk in chunks:
+                done = _to_output(chunk.result) if chunk.finished else None
+                yield GenChunk(chunk.text_delta, done)
+        finally:
+            chunks.close()  # aborts the request when the caller stopped early
+
+    async def ascore(self, prompt: str, continuations: list[str]) -> list[list[float]]:
+        if not hasattr(self.engine, "async_score"):
+            return await super().ascore(prompt, continuations)
+        try:
+            return await self.engine.async_score(prompt, continuations, True)
+        except Exception as exc:
+            raise BackendError(f"engine.async_score failed: {exc}") from exc
+
+    async def acommit_prefix(self, prefix: str) -> None:
+        if prefix and self.has_prefix_cache:
+            await self.agenerate(prefix, {"max_tokens": 0})
 
     def commit_prefix(self, prefix: str) -> None:
         if not prefix or not self.has_prefix_cache:
@@ -157,6 +213,17 @@ def _engine_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     if params.get("top_logprobs_num"):
         kwargs.update(logprobs=True, top_logprobs=int(params["top_logprobs_num"]))
     return kwargs
+
+
+def _prompt_logprob_split(result: Any, params: dict[str, Any]) -> tuple[list, list] | None:
+    """(prefix ids, rest ids) whose scores are the prompt's log-probs SGLang's
+    `logprob_start_len` asks for; None when none are asked for (or none can be scored)."""
+    start = params.get("logprob_start_len")
+    if not params.get("return_logprob") or start is None or start < 0:
+        return None
+    ids = list(result.prompt_token_ids)
+    split = max(start, 1)
+    return (ids[:split], ids[split:]) if split < len(ids) else None
 
 
 def _to_output(result: Any) -> GenOutput:
