@@ -6,6 +6,7 @@ deepseek tokenizer (129,280 ids), compact separators, schema-ordered keys.
     python -m benchmarks.grammar.compare --limit 60 --peer-limit 30 --engines ours,xgrammar
     python -m benchmarks.grammar.compare --suite structural-tags  # tool-call tags, vs XGrammar
     python -m benchmarks.grammar.compare --suite gbnf             # GBNF grammars, vs XGrammar
+    python -m benchmarks.grammar.compare --suite dialects  # XGrammar's dialect features, vs it
     python -m benchmarks.grammar.compare --engines ours --clock cpu  # CPU time: A/B, busy machine
 
 Each schema (a suite's group) runs in a forked worker killed after --timeout seconds (counted
@@ -42,7 +43,8 @@ from tests.support.json_text import serialise
 from tests.support.schema_bench import NO_BENCH, bench_files
 from tests.support.tokenizers import deepseek_tokenizer
 
-OTHER_SUITES = ("structural-tags", "gbnf")  # benchmarks.grammar.structural: ours vs XGrammar
+# benchmarks.grammar.structural / dialects: ours vs XGrammar
+OTHER_SUITES = ("structural-tags", "gbnf", "dialects")
 FIXED_SCHEMAS = {
     "flat": {
         "type": "object",
@@ -282,6 +284,10 @@ def main(argv: list[str] | None = None) -> None:
         keys = [k for k in args.engines.split(",") if k in ("ours", "xgrammar")]
         if args.suite == "gbnf":
             structural.gbnf_suite(tok, keys)
+        elif args.suite == "dialects":
+            from benchmarks.grammar.dialects import dialects_suite
+
+            dialects_suite(tok, keys)
         elif bench_files():
             structural.structural_suite(tok, keys)
         else:

@@ -196,7 +196,11 @@ def test_forced_text_and_rollback() -> None:
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ('root ::= "a" (= "b")\n', ["lookahead", "line 1"]),
+        ('root ::= "a" (= "b") "c"\n', ["lookahead", "line 1"]),
+        ('root ::= Token(5) "a"\n', ["Token(...)", "line 1"]),
+        ('root[max_tokens=4] ::= "a"\n', ["max_tokens", "line 1"]),
+        ('root ::= Regex("a", flags="x")\n', ["flags", "line 1"]),
+        ('root ::= TagDispatch(("<a", r), excludes=("<",))\nr ::= "x"\n', ["prefix"]),
         ("root ::= " + "(" * 300 + '"a"' + ")" * 300 + "\n", ["nest deeper"]),
         ('root ::= "a"{20000}\n', ["limit"]),
     ],
