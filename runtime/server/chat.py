@@ -22,7 +22,12 @@ from pydantic import Field, PrivateAttr
 from runtime.server.errors import APIError
 from runtime.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from runtime.server.structured import check_schema, constraint_field, openai_constraint
-from runtime.server.tools.json_calls import JsonCallsParser, auto_tool_regex, tool_call_schema
+from runtime.server.tools.json_calls import (
+    JsonCallsParser,
+    auto_tool_regex,
+    tool_call_lark,
+    tool_call_schema,
+)
 from runtime.server.tools.parser import ToolParser
 from runtime.server.tools.plan import AnswerPlan, AnswerSpec, ReasoningSpec, tool_answer_spec
 from runtime.server.tools.prompt import calls_text, tools_system_text
@@ -34,6 +39,7 @@ from runtime.server.tools.request import (
     parse_tool_choice,
     parse_tools,
 )
+from runtime.server.tools.schemas import is_recursive
 
 JsonSchemaMode = Literal["strict", "exact"]
 
@@ -307,10 +313,17 @@ def chat_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
     if forced is not None:
         # a named function is one call, as OpenAI answers it; "required" may be several
         several = request.parallel and not isinstance(request.tool_choice, dict)
+        lark = _recursive_calls(forced, several, mode, auto=False)
+        if lark is not None:
+            return {"grammar": lark}
         return {"json_schema": tool_call_schema(forced, several), "json_schema_mode": mode}
     fmt = response_format_constraint(request, mode)
     if not request.tool_mode:
         return fmt
+    if not fmt:
+        lark = _recursive_calls(request.tools, request.parallel, mode, auto=True)
+        if lark is not None:
+            return {"grammar": lark}
     other = fmt.get("regex")
     if "choices" in fmt:
         other = choices_to_regex(fmt["choices"])
@@ -326,8 +339,16 @@ def chat_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
             other = json_schema_to_regex(apply_mode(load_schema(fmt["json_schema"]), mode))
         except GrammarError:
             return fmt  # a format the regex path cannot say (recursive): the format alone
-    regex = auto_tool_regex(request.tools, request.parallel, mode, other)
-    return {"regex": regex} if regex else fmt
+    return {"regex": auto_tool_regex(request.tools, request.parallel, mode, other)}
+
+
+def _recursive_calls(tools: list[Any], parallel: bool, mode: str, auto: bool) -> str | None:
+    """Calls to tools whose parameters are recursive (a tree of nodes), as a lark grammar:
+    the context-free path says them with no depth limit. None for other tools, and where the
+    lark path cannot say a keyword (the regex path unrolls the recursion to its depth)."""
+    if not any(is_recursive(t.function.parameters) for t in tools):
+        return None
+    return tool_call_lark(tools, parallel, mode, auto)
 
 
 @dataclass(slots=True)

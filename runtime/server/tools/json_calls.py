@@ -21,15 +21,18 @@ default: an object emits only the properties its schema declares).
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
 import re
 from typing import Any
 
+from runtime.server.errors import APIError
 from runtime.server.protocol import Tool
 from runtime.server.tools.parser import ToolParser, json_string
 from runtime.server.tools.scan import Scan, scan_json_call, ws
+from runtime.server.tools.schemas import embedded, local_pointers
 
 logger = logging.getLogger(__name__)
 
@@ -86,11 +89,13 @@ class JsonCallsParser(ToolParser):
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:
+    f = tool.function
     return {
         "type": "object",
         "properties": {
-            "name": {"const": tool.function.name},
-            "arguments": tool.function.parameters,
+            "name": {"const": f.name},
+            # its own base URI, so `#/$defs/...` inside the parameters still resolves there
+            "arguments": embedded(f.parameters, f.name),
         },
         "required": ["name", "arguments"],
         "additionalProperties": False,
@@ -100,23 +105,29 @@ def _call_schema(tool: Tool) -> dict[str, Any]:
 def tool_call_schema(tools: list[Tool], parallel: bool = False) -> dict[str, Any]:
     """The JSON schema of one call to one of `tools`, or (parallel) also of a list of calls."""
     one = _call_schema(tools[0]) if len(tools) == 1 else {"anyOf": [_call_schema(t) for t in tools]}
-    if not parallel:
-        return one
-    return {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+    if parallel:  # (a copy: strict mode rewrites each place of a schema in place)
+        many = {"type": "array", "items": copy.deepcopy(one), "minItems": 1}
+        one = {"anyOf": [one, many]}
+    return local_pointers(one)
 
 
-def auto_tool_regex(
-    tools: list[Tool], parallel: bool, mode: str, other: str | None = None
-) -> str | None:
+def _free_text(parallel: bool) -> str:
+    """Text that does not open a call: its first character is not "{" (nor "[" with
+    parallel calls)."""
+    return r"[^{\[][\s\S]*" if parallel else r"[^{][\s\S]*"
+
+
+def auto_tool_regex(tools: list[Tool], parallel: bool, mode: str, other: str | None = None) -> str:
     """Valid calls to `tools`, or `other` (a regex), or text that starts with neither "{"
-    nor "[" (nor "{" alone without parallel calls); None when the grammar cannot say it.
-    Cached by the tools' JSON (an agent sends the same tools with every turn)."""
-    key = json.dumps([t.model_dump(mode="json") for t in tools], sort_keys=True)
+    nor "[" (nor "{" alone without parallel calls). A 400 naming the tool and the keyword
+    when the grammar cannot say the calls (never free text in their place). Cached by the
+    tools' JSON (an agent sends the same tools with every turn)."""
+    key = json.dumps([t.model_dump(mode="json") for t in tools])  # (declared order kept)
     return _auto_tool_regex(key, parallel, mode, other)
 
 
 @functools.lru_cache(maxsize=64)
-def _auto_tool_regex(key: str, parallel: bool, mode: str, other: str | None) -> str | None:
+def _auto_tool_regex(key: str, parallel: bool, mode: str, other: str | None) -> str:
     from grammar import GrammarError, json_schema_to_regex
     from grammar.json_schema.strict import apply_mode
 
@@ -124,7 +135,39 @@ def _auto_tool_regex(key: str, parallel: bool, mode: str, other: str | None) -> 
     try:
         calls = json_schema_to_regex(apply_mode(tool_call_schema(tools, parallel), mode))
     except GrammarError as exc:
-        logger.info("tool_choice auto without a constraint: %s", exc)
+        raise call_schema_refusal(exc, tools) from exc
+    return f"({calls})|({other if other is not None else _free_text(parallel)})"
+
+
+def tool_call_lark(tools: list[Tool], parallel: bool, mode: str, auto: bool) -> str | None:
+    """The calls to `tools` as a lark grammar (the context-free path: recursive parameters
+    exact, with no depth limit); with `auto`, free text that opens no call is the other
+    alternative. None when the lark path cannot say a keyword (the regex path then unrolls
+    the recursion to its depth)."""
+    from grammar import GrammarError, json_schema_to_lark
+
+    try:
+        text = json_schema_to_lark(tool_call_schema(tools, parallel), json_schema_mode=mode)
+    except GrammarError as exc:
+        logger.debug("tool calls through the regex path: %s", exc)
         return None
-    text = r"[^{\[][\s\S]*" if parallel else r"[^{][\s\S]*"
-    return f"({calls})|({other if other is not None else text})"
+    if not auto:
+        return text
+    head, _, rest = text.partition("\n")  # "start: <rule>"
+    free = _free_text(parallel).replace("/", "\\/")
+    return f"{head} | FREE_TEXT\nFREE_TEXT: /{free}/\n{rest}"
+
+
+def call_schema_refusal(exc: Exception, tools: list[Tool]) -> APIError:
+    """The 400 for calls the grammar cannot say: the tool named (from the JSON pointer of
+    the refused keyword, `#/anyOf/<i>/properties/arguments/...`), and the keyword."""
+    message = str(exc)
+    name, param = None, "tools"
+    at = re.search(r"(?:anyOf/(\d+)/)?properties/arguments", message)
+    if at is not None:
+        index = int(at.group(1)) if at.group(1) and len(tools) > 1 else 0
+        if index < len(tools):
+            name, param = tools[index].function.name, f"tools.{index}.function.parameters"
+    where = f"tool {name!r}" if name else "the tools"
+    msg = f"{where}: its parameters cannot be constrained as a call: {message}"
+    return APIError(400, msg, param=param, code="unsupported_schema_keyword")

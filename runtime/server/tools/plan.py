@@ -38,6 +38,7 @@ from runtime.server.tools.parser import ToolParser
 from runtime.server.tools.phases import Phase
 from runtime.server.tools.pythonic import PythonicParser
 from runtime.server.tools.reasoning import ReasoningParser
+from runtime.server.tools.schemas import property_schema
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +87,10 @@ def _any_object() -> str:
     return json_schema_to_regex({"type": "object"}, ARGS_WHITESPACE, any_depth=2)
 
 
-def _kwargs_regex(params: dict[str, Any], mode: str, param: str) -> str:
+def _kwargs_regex(params: dict[str, Any], mode: str, param: str, name: str) -> str:
     """Python keyword arguments whose values are JSON literals of each property's schema
-    (declared order; required ones always present)."""
+    (declared order; required ones always present; a property's `$ref`s resolve in the
+    parameters, `schemas.property_schema`)."""
     from grammar.json_schema.schema import load_schema
     from grammar.json_schema.strict import apply_mode
 
@@ -97,10 +99,12 @@ def _kwargs_regex(params: dict[str, Any], mode: str, param: str) -> str:
     if not isinstance(props, dict) or not props:
         return ""
     required = set(schema.get("required", []))
-    items = [
-        (re.escape(k) + "=" + _schema_regex(v, mode, f"{param}.properties.{k}"), k in required)
-        for k, v in props.items()
-    ]
+
+    def keyword(k: str) -> str:
+        value = _schema_regex(property_schema(params, k, name), mode, f"{param}.properties.{k}")
+        return re.escape(k) + "=" + value
+
+    items = [(keyword(k), k in required) for k in props]
 
     def after_first(i: int) -> str:  # the items after one was written
         return "".join(f", {r}" if req else f"(?:, {r})?" for r, req in items[i:])
@@ -120,7 +124,7 @@ def args_regex(parser: ToolParser, tool: Tool, index: int, mode: str) -> str:
     if isinstance(parser, PythonicParser):
         if tool.function.strict is False:
             return r"(?:[A-Za-z_]\w*=[^,()]+(?:, [A-Za-z_]\w*=[^,()]+)*)?"
-        return _kwargs_regex(tool.function.parameters, mode, param)
+        return _kwargs_regex(tool.function.parameters, mode, param, tool.function.name)
     if tool.function.strict is False:
         return _any_object()
     return _schema_regex(tool.function.parameters, mode, param)
@@ -149,7 +153,7 @@ def tool_answer_spec(
 ) -> AnswerSpec:
     """The constraint of a tool-mode answer in `parser`'s format; `other`: the regex of the
     request's response_format (auto only)."""
-    key = json.dumps([t.model_dump(mode="json") for t in tools], sort_keys=True)
+    key = json.dumps([t.model_dump(mode="json") for t in tools])  # (declared order kept)
     named = choice["name"] if isinstance(choice, dict) else None
     return _spec(parser.name, key, named, choice == "required", parallel, mode, other)
 

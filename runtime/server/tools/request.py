@@ -83,6 +83,12 @@ def forced_tools(tools: list[Tool] | None, choice: str | dict | None) -> list[To
 
 
 def check_tool_schemas(tools: list[Tool], mode: str, check: Any) -> None:
-    """`check(schema, param, mode)` (chat.check_schema) on each tool's parameters."""
+    """`check(schema, param, mode)` (structured.check_schema) on each tool's parameters; the
+    400 names the tool and the keyword."""
     for i, tool in enumerate(tools):
-        check(tool.function.parameters, f"tools.{i}.function.parameters", mode)
+        try:
+            check(tool.function.parameters, f"tools.{i}.function.parameters", mode)
+        except APIError as exc:
+            exc.message = f"tool {tool.function.name!r}: {exc.message}"
+            exc.args = (exc.message,)
+            raise

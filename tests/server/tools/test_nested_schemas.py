@@ -1,0 +1,218 @@
+"""Tool parameters as pydantic writes them: `$defs` / `definitions` and local `$ref`s, two tools
+whose definitions share a name but differ, recursive refs (a tree). The constraint of every
+tool-call format under every `tool_choice` and `parallel_tool_calls` accepts the valid calls
+and refuses the invalid ones (walked token by token over SmolLM2's vocabulary), a tree deeper
+than the regex path's unrolling goes through the context-free path, and a schema the grammar
+cannot say is a 400 naming the tool and the keyword under `auto` too. Through a server, the
+calls parse and validate with `jsonschema`."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+
+from runtime.server.chat import ChatRequest, answer_spec
+from runtime.server.errors import APIError
+from runtime.server.tools.registry import get_parser
+from runtime.server.tools.schemas import is_recursive
+
+PEOPLE = {
+    "type": "object",
+    "properties": {"people": {"type": "array", "items": {"$ref": "#/$defs/Person"}}},
+    "required": ["people"],
+    "$defs": {
+        "Person": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+        }
+    },
+}
+# the same definition name, another shape, draft 7's `definitions`
+BADGE = {
+    "type": "object",
+    "properties": {"person": {"$ref": "#/definitions/Person"}},
+    "required": ["person"],
+    "definitions": {
+        "Person": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+    },
+}
+TREE = {
+    "type": "object",
+    "properties": {"root": {"$ref": "#/$defs/Node"}},
+    "required": ["root"],
+    "$defs": {
+        "Node": {
+            "type": "object",
+            "properties": {
+                "value": {"type": "integer"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
+            },
+            "required": ["value", "children"],
+        }
+    },
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "save_people", "parameters": PEOPLE}},
+    {"type": "function", "function": {"name": "badge", "parameters": BADGE}},
+]
+SCHEMAS = {"save_people": PEOPLE, "badge": BADGE, "tree": TREE}
+GOOD = [
+    ("save_people", {"people": [{"name": "Ann", "age": 30}, {"name": "Bo", "age": 2}]}),
+    ("badge", {"person": {"id": 7}}),
+]
+BAD = [
+    [("badge", {"person": {"name": "Ann", "age": 30}})],  # the other tool's Person
+    [("save_people", {"people": [{"id": 7}]})],
+    [("save_people", {"people": [{"name": "Ann", "age": 30, "x": 1}]})],  # strict: no extras
+]
+FORMATS = ["json", "hermes", "llama3", "mistral", "deepseekv3", "pythonic"]
+CHOICES = ["auto", "required", {"type": "function", "function": {"name": "badge"}}]
+
+
+def _tree(depth: int) -> dict:
+    node = {"value": depth, "children": []}
+    for d in range(depth - 1, 0, -1):
+        node = {"value": d, "children": [node, {"value": 0, "children": []}]}
+    return {"root": node}
+
+
+@pytest.fixture(scope="module")
+def walk():
+    """`walk(constraint, text)`: whether the engine constraint (any kind the tool path
+    builds), compiled over SmolLM2's vocabulary, takes `text` token by token and accepts."""
+    from grammar import compile_json_schema, compile_lark, compile_regex, compile_structural_tag
+    from grammar.tokens.vocab import TokenVocabulary
+    from tests.support.tiny_models import smollm_tokenizer
+
+    tok = smollm_tokenizer()
+    vocab = TokenVocabulary.from_tokenizer(tok)
+
+    def compiled(c: dict):
+        if "regex" in c:
+            return compile_regex(c["regex"], vocab)
+        if "structural_tag" in c:
+            return compile_structural_tag(c["structural_tag"], vocab)
+        if "grammar" in c:
+            return compile_lark(c["grammar"], vocab)
+        return compile_json_schema(c["json_schema"], vocab, json_schema_mode="strict")
+
+    def run(constraint: dict, text: str) -> bool:
+        m = compiled(constraint).matcher()
+        for t in tok(text, add_special_tokens=False).input_ids:
+            if not m.is_allowed(t):
+                return False
+            m.advance(t)
+        return m.is_accepting()
+
+    return run
+
+
+def _constraint(fmt: str, tools: list, choice, parallel: bool) -> dict:
+    body = {"messages": [{"role": "user", "content": "u"}], "tools": tools}
+    request = ChatRequest(**body, tool_choice=choice, parallel_tool_calls=parallel)
+    request.prepare()
+    return answer_spec(request, "strict", get_parser(fmt)).constraint
+
+
+def _text(fmt: str, calls) -> str:
+    if fmt == "json":  # the compact spelling its JSON-schema constraint generates
+        objs = [{"name": n, "arguments": a} for n, a in calls]
+        one = objs[0] if len(objs) == 1 else objs
+        return json.dumps(one, separators=(",", ":"))
+    return get_parser(fmt).render(calls)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("choice", CHOICES, ids=["auto", "required", "named"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_nested_refs_constrain_every_format_and_choice(walk, fmt, choice, parallel):
+    constraint = _constraint(fmt, TOOLS, choice, parallel)
+    named = isinstance(choice, dict)
+    good = [c for c in GOOD if not named or c[0] == "badge"]
+    for call in good:
+        assert walk(constraint, _text(fmt, [call])), _text(fmt, [call])
+    for bad in BAD:
+        assert not walk(constraint, _text(fmt, bad)), _text(fmt, bad)
+    if parallel and not named and fmt != "json":  # (json's lists are spelled ", " apart)
+        assert walk(constraint, _text(fmt, GOOD))
+
+
+def test_recursion_is_found():
+    assert is_recursive(TREE)
+    assert is_recursive({"type": "object", "properties": {"next": {"$ref": "#"}}})
+    assert not is_recursive(PEOPLE) and not is_recursive(BADGE)
+
+
+@pytest.mark.parametrize(
+    "choice", ["auto", "required", {"type": "function", "function": {"name": "tree"}}]
+)
+def test_a_tree_deeper_than_the_unrolling_goes_through_the_context_free_path(walk, choice):
+    tools = [{"type": "function", "function": {"name": "tree", "parameters": TREE}}]
+    constraint = _constraint("json", tools, choice, False)
+    assert "grammar" in constraint  # lark: no depth limit
+    deep = _text("json", [("tree", _tree(6))])
+    assert walk(constraint, deep)
+    assert not walk(constraint, deep.replace('"children":[]', '"children":[{"value":1}]', 1))
+    if choice == "auto":
+        assert walk(constraint, "No call needed.")
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "pythonic"])
+def test_a_tree_in_other_formats_is_unrolled_and_valid(walk, fmt):
+    tools = [{"type": "function", "function": {"name": "tree", "parameters": TREE}}]
+    constraint = _constraint(fmt, tools, "required", False)
+    assert walk(constraint, _text(fmt, [("tree", _tree(2))]))
+    assert not walk(constraint, _text(fmt, [("tree", {"root": {"value": 1}})]))
+
+
+EXTERNAL = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_schema_the_grammar_cannot_say_is_400_naming_tool_and_keyword(choice):
+    tools = [TOOLS[0], {"type": "function", "function": {"name": "fetch", "parameters": EXTERNAL}}]
+    with pytest.raises(APIError) as err:
+        _constraint("json", tools, choice, True)
+    assert err.value.status == 400
+    assert err.value.param == "tools.1.function.parameters"
+    assert "'fetch'" in err.value.message and "$ref" in err.value.message
+
+
+def _validate(calls) -> None:
+    assert calls
+    for c in calls:
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("choice", CHOICES[1:], ids=["required", "named"])
+def test_server_calls_with_nested_parameters_validate(client, model, choice, parallel):
+    out = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Save Ann, 30."}],
+        tools=TOOLS,
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        max_tokens=150,
+        seed=1,
+    )
+    message = out.choices[0].message
+    if out.choices[0].finish_reason == "tool_calls":
+        _validate(message.tool_calls)
+        if isinstance(choice, dict):
+            assert [c.function.name for c in message.tool_calls] == ["badge"]
+    else:
+        assert out.choices[0].finish_reason == "length"
+
+
+def test_server_refuses_an_unsayable_schema_under_auto(server):
+    tools = [{"type": "function", "function": {"name": "fetch", "parameters": EXTERNAL}}]
+    body = {"messages": [{"role": "user", "content": "u"}], "tools": tools, "max_tokens": 4}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "tools.0.function.parameters" and "'fetch'" in err["message"]
