@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from examples import (
+    async_typed_extraction,
     few_shot_qa,
     json_extraction,
     quickstart,
@@ -45,3 +48,15 @@ def test_example_prefixes_are_hoistable():
     backend = FakeBackend()
     assert few_shot_qa.few_shot_qa.prefix(backend).endswith("A: Rome\n\nQ: ")
     assert "Extract the person" in json_extraction.extract_person.prefix(backend)
+
+
+def test_async_typed_extraction_gives_person_instances():
+    example = async_typed_extraction
+    answer = '{"name":"Ann","age":3,"city":"Oslo","job":"nurse"}'
+    backend = FakeBackend({"<|im_start|>assistant\n": answer})
+    docs = example.documents(8)
+    batch = [{"document": d} for d in docs]
+    states = asyncio.run(example.extract.run_batch_async(batch, backend=backend))
+    assert all(s["person"] == example.Person(name="Ann", age=3, city="Oslo", job="nurse")
+               for s in states)  # fmt: skip
+    assert len(set(docs)) == len(docs)
