@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from runtime.scheduling import compile_pool
-from runtime.server import native_api, openai_api, tool_routes
+from runtime.server import native_api, openai_api, responses_api, tool_routes
 from runtime.server.bridge import EngineBridge
 from runtime.server.errors import APIError, install_error_handlers
 from runtime.server.state import ServerState, get_state
@@ -31,6 +31,7 @@ KNOWN_PATHS = frozenset(
         "/v1/models",
         "/v1/completions",
         "/v1/chat/completions",
+        "/v1/responses",
         "/generate",
         "/score",
         "/get_model_info",
@@ -171,6 +172,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.server = state
     install_error_handlers(app)
     app.include_router(openai_api.router)
+    app.include_router(responses_api.router)
     app.include_router(native_api.router)
     app.include_router(tool_routes.router)
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from runtime.server.state import ServerState
 
 
-class _Choice:
+class ChoiceText:
     """One streamed choice: its text so far and the readers of it."""
 
     def __init__(self, answer: ChatAnswer) -> None:
@@ -55,7 +55,7 @@ class ChatAnswer:
         reasoning, answer = spec.parser.split(text, spec.open_at_start)
         return (reasoning.strip() if reasoning is not None else None), answer
 
-    def _message(self, result: GenerateResult) -> tuple[dict[str, Any], str]:
+    def message(self, result: GenerateResult) -> tuple[dict[str, Any], str]:
         reason = R.finish_reason(result)
         reasoning, answer = self._split(result.text)
         message: dict[str, Any] = {"role": "assistant", "content": answer}
@@ -73,7 +73,7 @@ class ChatAnswer:
         self.state.record_usage(results, self.body.n)
         choices = []
         for i, result in enumerate(results):
-            message, reason = self._message(result)
+            message, reason = self.message(result)
             lp = R.chat_logprobs(self.state.tokenizer, result, self.body.top_logprobs)
             choices.append(
                 {"index": i, "message": message, "logprobs": lp, "finish_reason": reason}
@@ -87,7 +87,7 @@ class ChatAnswer:
             "usage": R.usage_of(results, self.body.n),
         }
 
-    def _deltas(self, st: _Choice, final: bool) -> list[dict[str, Any]]:
+    def deltas(self, st: ChoiceText, final: bool) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         answer = st.text
         if st.reasoning is not None:
@@ -103,12 +103,12 @@ class ChatAnswer:
             st.sent = len(answer)
         return out
 
-    def _last(self, st: _Choice, result: GenerateResult) -> tuple[list[dict[str, Any]], str]:
+    def last(self, st: ChoiceText, result: GenerateResult) -> tuple[list[dict[str, Any]], str]:
         """The deltas left at a choice's end, and its finish_reason."""
         if result.text.startswith(st.text):
             st.text = result.text
-        out = self._deltas(st, final=True)
-        message, reason = self._message(result)
+        out = self.deltas(st, final=True)
+        message, reason = self.message(result)
         if self.setup.buffer:
             if message.get("tool_calls"):
                 calls = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
@@ -121,7 +121,7 @@ class ChatAnswer:
         model, rid, created = self.state.model_name, self.rid, self.created
         n = self.body.n
         results: list[GenerateResult | None] = [None] * n
-        states = [_Choice(self) for _ in range(n)]
+        states = [ChoiceText(self) for _ in range(n)]
         started = time.perf_counter()
         try:
             for i in range(n):
@@ -131,11 +131,11 @@ class ChatAnswer:
                 st = states[index]
                 if not chunk.finished:
                     st.text += chunk.text_delta
-                    for delta in self._deltas(st, final=False):
+                    for delta in self.deltas(st, final=False):
                         yield sse(R.chat_chunk(rid, model, created, index, delta))
                     continue
                 result = results[index] = chunk.result
-                deltas, reason = self._last(st, result)
+                deltas, reason = self.last(st, result)
                 for delta in deltas:
                     yield sse(R.chat_chunk(rid, model, created, index, delta))
                 lp = R.chat_logprobs(self.state.tokenizer, result, self.body.top_logprobs)

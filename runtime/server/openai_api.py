@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from runtime.scheduling.request import GenerateResult
 from runtime.server import responses as R
 from runtime.server.bridge import Admission
-from runtime.server.chat import ChatRequest, CompletionsRequest, prepare_chat
+from runtime.server.chat import ChatRequest, ChatSetup, CompletionsRequest, prepare_chat
 from runtime.server.chat_answer import ChatAnswer
 from runtime.server.errors import APIError
 from runtime.server.generation import ChoiceStreams, Job, SSEResponse, collect, sse, sse_error
@@ -83,7 +83,7 @@ def with_room(jobs: list[Job], body: BootstrapFields) -> list[Job]:
     return jobs
 
 
-def _closer(streams: ChoiceStreams, admission: Admission) -> Callable[[], None]:
+def closer(streams: ChoiceStreams, admission: Admission) -> Callable[[], None]:
     def close() -> None:
         streams.close()
         admission.release()
@@ -97,10 +97,8 @@ def json_schema_mode(state: ServerState, requested: str | None) -> str:
     return requested or getattr(state.engine, "json_schema_mode", None) or "strict"
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(body: ChatRequest, request: Request) -> Any:
-    state = get_state(request)
-    state.check_model(body.requested_model())
+async def chat_jobs(state: ServerState, body: ChatRequest) -> tuple[ChatSetup, list[Job]]:
+    """A chat request's prompt, constraint and engine jobs (the Responses API's too)."""
     body.prepare()
     mode = json_schema_mode(state, body.json_schema_mode)
     bridge = state.bridge
@@ -122,25 +120,43 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     if body.logprobs or body.top_logprobs:
         kwargs.update(logprobs=True, top_logprobs=body.top_logprobs)
     field = "tools" if forced or (body.tool_mode and setup.plan) else constraint_field(body)
-    jobs = with_room(_jobs(prompt_ids, kwargs, body, field, setup.plan), body)
-    chat = ChatAnswer(state, body, setup)
-    admission = bridge.acquire(len(jobs))
-    if body.stream:
-        try:
-            streams = ChoiceStreams(bridge, jobs, param="messages")
-            await streams.start()
-            state.metrics.record_ttft(streams.ttft_s)
-        except BaseException:
-            admission.release()
-            raise
-        return SSEResponse(
-            chat.events(streams, admission.release), on_close=_closer(streams, admission)
-        )
+    return setup, with_room(_jobs(prompt_ids, kwargs, body, field, setup.plan), body)
+
+
+async def open_streams(state: ServerState, jobs: list[Job], admission: Admission) -> ChoiceStreams:
+    """The jobs' streams, started (a refused request fails here, before any byte is sent)."""
     try:
-        results = await collect(bridge, jobs, request, "messages", state.metrics_abort)
+        streams = ChoiceStreams(state.bridge, jobs, param="messages")
+        await streams.start()
+        state.metrics.record_ttft(streams.ttft_s)
+    except BaseException:
+        admission.release()
+        raise
+    return streams
+
+
+async def run_jobs(
+    state: ServerState, jobs: list[Job], request: Request, admission: Admission
+) -> list[GenerateResult]:
+    try:
+        return await collect(state.bridge, jobs, request, "messages", state.metrics_abort)
     finally:
         admission.release()
-    return chat.response(results)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatRequest, request: Request) -> Any:
+    state = get_state(request)
+    state.check_model(body.requested_model())
+    setup, jobs = await chat_jobs(state, body)
+    chat = ChatAnswer(state, body, setup)
+    admission = state.bridge.acquire(len(jobs))
+    if body.stream:
+        streams = await open_streams(state, jobs, admission)
+        return SSEResponse(
+            chat.events(streams, admission.release), on_close=closer(streams, admission)
+        )
+    return chat.response(await run_jobs(state, jobs, request, admission))
 
 
 # ---- completions ---------------------------------------------------------------------------
@@ -232,7 +248,7 @@ async def completions(body: CompletionsRequest, request: Request) -> Any:
                 admission.release()
                 state.metrics.record_stream_end(time.perf_counter() - started)
 
-        return SSEResponse(events(), on_close=_closer(streams, admission))
+        return SSEResponse(events(), on_close=closer(streams, admission))
     echoed: list[dict[str, Any]] = []
     try:
         if body.echo and body.logprobs is not None:

@@ -10,6 +10,7 @@ from fastapi import Request
 from runtime.server.bridge import EngineBridge
 from runtime.server.errors import APIError
 from runtime.server.metrics import ServerMetrics
+from runtime.server.response_store import ResponseStore
 
 # the SGLang Model Gateway (runtime.cluster) fills a request's missing "model" with this
 GATEWAY_NO_MODEL = "unknown"
@@ -21,6 +22,8 @@ class ServerState:
     model_name: str
     api_key: str | None = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    # the Responses API's stored responses (`store`, `previous_response_id`)
+    responses: ResponseStore = field(default_factory=ResponseStore)
     tool_parser: str | None = None  # --tool-call-parser (None: chosen from the chat template)
     reasoning_parser: str | None = None  # --reasoning-parser
 
