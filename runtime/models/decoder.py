@@ -14,6 +14,11 @@ final logits soft-capped.
 Gemma's RMSNorm scales by `(1 + w)` in float32 before casting back; its weights are stored as
 `1 + w` at load time, so one norm function serves both styles (`Family.norm_offset` picks the
 cast order). Norms and routers stay in float32 where transformers computes them so.
+
+Weights in a GGUF block format (a `.gguf` file read as it is) stay in it: the projections, the
+LM head and the embedding go through the shared layers of layers.py (`Packed.linear` /
+`Packed.swiglu` multiply a quantized weight with the quantized kernels, `embedding` dequantizes
+the rows it gathers), as they do for `llama.py`; experts through moe.py.
 """
 
 from __future__ import annotations
@@ -30,7 +35,14 @@ from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import FULL, SLIDING, ModelConfig
 from runtime.errors import UnsupportedModelError
 from runtime.memory.kv_pool import KVPool
-from runtime.models.layers import Packed, gemv_enabled, packing_enabled, rms_norm
+from runtime.models.layers import (
+    Packed,
+    embedding,
+    gemv_enabled,
+    nbytes,
+    packing_enabled,
+    rms_norm,
+)
 from runtime.models.moe import MoEWeights, load_moe, moe_forward
 from runtime.models.rope import RotaryEmbedding, apply_rotary, longrope_frequencies
 from runtime.parallel.comm import LOCAL, Comm
@@ -131,7 +143,8 @@ class DecoderModel:
             if t is not None
         ]  # fmt: skip
         device = self.embed.device
-        self.mm = Packed(big, packing_enabled(dtype, device), gemv_enabled(dtype, device)).linear
+        packed = Packed(big, packing_enabled(dtype, device), gemv_enabled(dtype, device))
+        self.mm, self.swiglu_mm = packed.linear, packed.swiglu
         moe_layers = sum(layer.moe is not None for layer in self.layers)
         experts = config.moe.n_routed_experts if config.moe else 0
         self.expert_load = torch.zeros(moe_layers, experts, dtype=torch.int64)
@@ -239,7 +252,7 @@ class DecoderModel:
             tensors.append(self.lm_head)
         for layer in self.layers:
             tensors += layer.tensors()
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(nbytes(t) for t in tensors)
 
     # ---- the forward pass ----------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -301,7 +314,10 @@ class DecoderModel:
         if layer.moe is not None:
             # each rank runs its experts; the sum over the stage's ranks is the layer's output
             return self.comm.all_reduce(moe_forward(x, layer.moe, self.config.moe, load))
-        gate, up = self.mm(x, layer.gate_up).chunk(2, dim=-1)
+        gate_up = self.mm(x, layer.gate_up)
+        if self.config.hidden_act == "silu":  # a quantized down: SiLU in its input stage
+            return self._tp_sum(self.swiglu_mm(gate_up, layer.down))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self._tp_sum(self.mm(self._activation(gate) * up, layer.down))
 
     def _tp_sum(self, partial: torch.Tensor) -> torch.Tensor:
@@ -338,11 +354,11 @@ class DecoderModel:
         if not self.shard.first_stage:
             return self.comm.recv_prev((ids.shape[0], self.config.hidden_size), self.dtype)
         if self.shard.tp_size == 1:
-            hidden = F.embedding(ids, self.embed)
+            hidden = embedding(ids, self.embed, self.dtype)
         else:
             local = ids - self.vocab_start
             mine = (local >= 0) & (local < self.vocab_rows)
-            hidden = F.embedding(local.clamp(0, self.vocab_rows - 1), self.embed)
+            hidden = embedding(local.clamp(0, self.vocab_rows - 1), self.embed, self.dtype)
             hidden = self.comm.all_reduce(hidden * mine[:, None].to(hidden.dtype))
         return hidden if self.embed_scale is None else hidden * self.embed_scale
 

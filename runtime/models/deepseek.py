@@ -8,6 +8,11 @@ when `q_lora_rank` is set; `kv_a_proj_with_mqa` gives the latent `c` (RMSNorm'd)
 rope key; RoPE (with YaRN where configured) rotates only the rope parts; the pool stores
 `[c, k_rope]` per token. The softmax scale is `qk_head_dim ** -0.5`, times YaRN's mscale squared
 where `mscale_all_dim` is set.
+
+Weights in a GGUF block format stay in it: the projections and the LM head multiply through
+layers.py's shared `Packed` layer (the quantized kernels; dense weights as `F.linear`), the
+embedding dequantizes the rows it gathers, experts run as moe.py runs them; `kv_b_proj`, which
+MLA multiplies densely per head, is dequantized.
 """
 
 from __future__ import annotations
@@ -15,14 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from runtime.attention import AttentionBackend, LayerSpec, make_backend
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import ModelConfig
 from runtime.errors import UnsupportedModelError
 from runtime.memory.kv_pool import KVPool
-from runtime.models.layers import rms_norm
+from runtime.models.layers import Packed, dense_weight, embedding, nbytes, rms_norm
 from runtime.models.mla import absorbed_attention, decompressed_attention
 from runtime.models.moe import MoEWeights, load_moe, moe_forward
 from runtime.models.rope import (
@@ -106,7 +110,8 @@ class DeepseekModel:
         for i in shard.layers(config.num_layers):
             p = f"model.layers.{i}."
             att, mlp = p + "self_attn.", p + "mlp."
-            kv_b = take(att + "kv_b_proj.weight").view(heads, nope + vdim, mla.kv_lora_rank)
+            kv_b = dense_weight(take(att + "kv_b_proj.weight"), dtype)
+            kv_b = kv_b.view(heads, nope + vdim, mla.kv_lora_rank)
             dense = moe is None or i < moe.first_k_dense_replace
             lora = mla.q_lora_rank is not None
             self.layers.append(
@@ -137,6 +142,9 @@ class DeepseekModel:
                 )  # fmt: skip
             )
         self.rotary = RotaryEmbedding(config, dtype)
+        # quantized weights through the quantized kernels; dense ones as F.linear (not reordered)
+        packed = Packed([], enabled=False)
+        self.mm, self.swiglu_mm = packed.linear, packed.swiglu
         moe_layers = sum(layer.moe is not None for layer in self.layers)
         n_experts = moe.n_routed_experts if moe else 0
         # routed (token, expert) pairs per MoE layer and expert: the last step's and in total
@@ -145,11 +153,7 @@ class DeepseekModel:
 
     def expert_bytes(self) -> int:
         """Bytes of the routed experts this rank holds."""
-        return sum(
-            layer.moe.gate_up.numel() * layer.moe.gate_up.element_size()
-            + layer.moe.down.numel() * layer.moe.down.element_size()
-            for layer in self.layers if layer.moe is not None
-        )  # fmt: skip
+        return sum(layer.moe.expert_bytes() for layer in self.layers if layer.moe is not None)
 
     def weight_bytes(self) -> int:
         """Bytes of weights a forward pass may read (every expert counted)."""
@@ -163,18 +167,18 @@ class DeepseekModel:
                     tensors += value.tensors()
                 elif value is not None:
                     tensors.append(value)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(nbytes(t) for t in tensors)
 
     def _attention(self, li: int, layer: MLALayer, x: torch.Tensor, cos, sin) -> torch.Tensor:
         mla, cfg, t = self.config.mla, self.config, x.shape[0]
         if layer.q is not None:
-            q = F.linear(x, layer.q)
+            q = self.mm(x, layer.q)
         else:
-            q_a = rms_norm(F.linear(x, layer.q_a, layer.q_a_bias), layer.q_a_norm, cfg.rms_norm_eps)
-            q = F.linear(q_a, layer.q_b)
+            q_a = rms_norm(self.mm(x, layer.q_a, layer.q_a_bias), layer.q_a_norm, cfg.rms_norm_eps)
+            q = self.mm(q_a, layer.q_b)
         q = q.view(t, cfg.num_heads, mla.qk_head_dim)
         q_nope, q_rope = q[..., : mla.qk_nope_head_dim], q[..., mla.qk_nope_head_dim :]
-        kv = F.linear(x, layer.kv_a, layer.kv_a_bias)
+        kv = self.mm(x, layer.kv_a, layer.kv_a_bias)
         c = rms_norm(kv[:, : mla.kv_lora_rank], layer.kv_a_norm, cfg.rms_norm_eps)
         k_rope = self._rotate(kv[:, None, mla.kv_lora_rank :], cos, sin)
         q_rope = self._rotate(q_rope, cos, sin)
@@ -182,7 +186,7 @@ class DeepseekModel:
         self.attention.store_latent(li, torch.cat((c, k_rope[:, 0]), dim=-1))
         attend = absorbed_attention if self.absorb else decompressed_attention
         out = attend(q_nope, q_rope, layer.w_uk, layer.w_uv, self.attention, li, self.spec)
-        return F.linear(out.reshape(t, -1), layer.o, layer.o_bias)
+        return self.mm(out.reshape(t, -1), layer.o, layer.o_bias)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
@@ -190,7 +194,7 @@ class DeepseekModel:
         cfg = self.config
         self.attention.plan(batch, pool)
         if self.shard.first_stage:
-            hidden = F.embedding(batch.input_ids, self.embed)
+            hidden = embedding(batch.input_ids, self.embed, self.dtype)
         else:
             hidden = self.comm.recv_prev((batch.num_tokens, cfg.hidden_size), self.dtype)
         cos, sin = self.rotary.cos_sin(batch.positions)
@@ -206,12 +210,11 @@ class DeepseekModel:
                 hidden = hidden + self.comm.all_reduce(moe_forward(x, layer.moe, cfg.moe, load))
                 moe_index += 1
             else:
-                gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-                hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+                hidden = hidden + self.swiglu_mm(self.mm(x, layer.gate_up), layer.down)
         self.expert_load_total += self.expert_load
         if not self.shard.last_stage:
             self.comm.send_next(hidden)
             return None
         hidden = hidden[batch.logit_rows]
         hidden = rms_norm(hidden, self.final_norm, cfg.rms_norm_eps)
-        return F.linear(hidden, self.lm_head).float()
+        return self.mm(hidden, self.lm_head, float_out=True)

@@ -28,31 +28,15 @@ import torch
 from runtime.config import ModelConfig, config_from_dict
 from runtime.errors import ModelNotFoundError, UnsupportedModelError
 from runtime.kernels.cpu.quant import TYPES, QuantTensor, huge_page_bytes, row_bytes, type_name
+from runtime.models.chat_templates import family_turns
+from runtime.models.gguf_arch import EXPERT_PARTS, Architecture, architecture, config_dict
 
 logger = logging.getLogger(__name__)
 
 # GGUF value types -> struct format (8: string, 9: array)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
             12: "d"}  # fmt: skip
-_ARCHES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF architecture -> transformers model_type
 _FLOAT_TYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
-
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_TOP_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
 
 
 class _Reader:
@@ -111,50 +95,10 @@ def read_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, tuple[int, 
     return meta, tensors, start
 
 
-def config_of(meta: dict[str, Any], vocab_size: int) -> ModelConfig:
-    """The model config a GGUF's metadata describes (llama / qwen2 architectures)."""
-    arch = meta.get("general.architecture")
-    if arch not in _ARCHES:
-        raise UnsupportedModelError(
-            f"GGUF architecture {arch!r} is not supported; supported: {sorted(_ARCHES)}"
-        )
-
-    def key(name: str, default: Any = None) -> Any:
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
-            raise UnsupportedModelError(f"GGUF metadata {arch}.{name} is missing")
-        return value
-
-    heads = int(key("attention.head_count"))
-    hidden = int(key("embedding_length"))
-    cfg: dict[str, Any] = {
-        "model_type": _ARCHES[arch],
-        "vocab_size": int(meta.get(f"{arch}.vocab_size", vocab_size)),
-        "hidden_size": hidden,
-        "intermediate_size": int(key("feed_forward_length")),
-        "num_hidden_layers": int(key("block_count")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
-        "head_dim": int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
-        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-        "max_position_embeddings": int(key("context_length", 2048)),
-        "rope_theta": float(key("rope.freq_base", 10000.0)),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-    }
-    scaling = meta.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        factor = float(key("rope.scaling.factor"))
-        cfg["rope_scaling"] = {"rope_type": scaling, "factor": factor}
-    return config_from_dict(cfg)
-
-
-def _hf_name(name: str) -> str | None:
-    parts = name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
-    if len(parts) == 2 and parts[0] in _TOP_NAMES:
-        return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
-    return None
+def config_of(meta: dict[str, Any], vocab_size: int, names: set[str] | None = None) -> ModelConfig:
+    """The model config a GGUF's metadata (and, where the metadata leaves it open, its tensor
+    names) describes: gguf_arch.py, per architecture."""
+    return config_from_dict(config_dict(meta, names or set(), vocab_size))
 
 
 def _unpermute(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -166,6 +110,8 @@ def _unpermute(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 # a layer's tensors that the model files stack by rows (one matrix product instead of several)
 _STACKED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+
+Entry = tuple[str, tuple[int, ...], int, int]  # name, shape in torch order, ggml type, offset
 
 
 def _check(name: str, shape: tuple[int, ...], ggml_type: int) -> None:
@@ -188,8 +134,9 @@ def _read_into(f: BinaryIO, at: int, name: str, out: torch.Tensor) -> None:
 
 
 def _read_tensor(f: BinaryIO, at: int, name: str, shape: tuple[int, ...], ggml_type: int):
-    """One tensor: a plain tensor for F32 / F16 / BF16 vectors, else a QuantTensor [rows, cols]
-    (a float matrix too: the fused kernels read it as stored)."""
+    """One tensor: a plain tensor for F32 tensors and F16 / BF16 vectors, else a QuantTensor
+    [rows, cols] (rows: every leading dimension; a float matrix too: the fused kernels read it
+    as stored)."""
     _check(name, shape, ggml_type)
     cols = shape[-1]
     rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
@@ -202,7 +149,7 @@ def _read_tensor(f: BinaryIO, at: int, name: str, shape: tuple[int, ...], ggml_t
     return QuantTensor(buf, ggml_type, cols)
 
 
-def _stacks(tensors: list[tuple[str, tuple[int, ...], int, int]]) -> list[list[int]]:
+def _stacks(tensors: list[Entry]) -> list[list[int]]:
     """Indices into `tensors` of each layer's _STACKED group whose members are all there, are
     matrices of one block format (not F32: those load as plain tensors) and one width."""
     index = {t[0]: i for i, t in enumerate(tensors)}
@@ -224,9 +171,7 @@ def _stacks(tensors: list[tuple[str, tuple[int, ...], int, int]]) -> list[list[i
     return groups
 
 
-def _read_stack(
-    f: BinaryIO, start: int, members: list[tuple[str, tuple[int, ...], int, int]], heads: dict
-) -> list[QuantTensor]:
+def _read_stack(f: BinaryIO, start: int, members: list[Entry], heads: dict) -> list[QuantTensor]:
     """Matrices of one format and width read one after another into one buffer: a QuantTensor
     over each one's rows (rows permuted back where `heads` names a head count)."""
     for name, shape, ggml_type, _ in members:
@@ -248,25 +193,121 @@ def _read_stack(
     return out
 
 
+def _per_expert(t, experts: int) -> list:
+    """A [E * rows, cols] QuantTensor (or a plain [E, rows, cols] tensor) as E weights: views of
+    its rows, no copy."""
+    if isinstance(t, QuantTensor):
+        rows = t.shape[0] // experts
+        return [QuantTensor(t.data[e * rows : (e + 1) * rows], t.qtype, t.cols)
+                for e in range(experts)]  # fmt: skip
+    return list(t.unbind(0))
+
+
+def _read_experts(f: BinaryIO, start: int, gate: Entry, up: Entry) -> list[tuple]:
+    """A layer's routed gate and up projections [E, I, hidden], per expert (gate_e, up_e). Of
+    one block format they are read interleaved into one buffer, expert by expert, so that each
+    expert's gate | up stack is a view (one product), not a copy."""
+    (gname, gshape, gtype, goff), (uname, ushape, utype, uoff) = gate, up
+    experts, rows, cols = gshape
+    if gtype != utype or gshape != ushape or gtype == 0:
+        g = _per_expert(_read_tensor(f, start + goff, gname, gshape, gtype), experts)
+        u = _per_expert(_read_tensor(f, start + uoff, uname, ushape, utype), experts)
+        return list(zip(g, u, strict=True))
+    _check(gname, gshape, gtype)
+    width = row_bytes(gtype, cols)
+    buf = huge_page_bytes(torch.Size((experts * 2 * rows, width)))
+    out = []
+    for e in range(experts):
+        at = e * 2 * rows
+        _read_into(f, start + goff + e * rows * width, gname, buf[at : at + rows])
+        _read_into(f, start + uoff + e * rows * width, uname, buf[at + rows : at + 2 * rows])
+        out.append((QuantTensor(buf[at : at + rows], gtype, cols),
+                    QuantTensor(buf[at + rows : at + 2 * rows], gtype, cols)))  # fmt: skip
+    return out
+
+
+def _load_experts(f: BinaryIO, start: int, tensors: list[Entry], state: dict) -> set[str]:
+    """Every layer's routed experts into `state` under per-expert names
+    (`model.layers.N.mlp.experts.E.gate_proj.weight`); the names of the tensors read."""
+    by_name = {t[0]: t for t in tensors}
+    done: set[str] = set()
+    for name in by_name:
+        parts = name.split(".")
+        if parts[0] != "blk" or len(parts) != 4 or parts[2] != "ffn_gate_exps":
+            continue
+        layer = parts[1]
+        names = [f"blk.{layer}.{p}.weight" for p in EXPERT_PARTS]
+        if not all(n in by_name for n in names):
+            raise UnsupportedModelError(f"layer {layer}: routed experts without {names}")
+        prefix = f"model.layers.{layer}.mlp.experts."
+        pairs = _read_experts(f, start, by_name[names[0]], by_name[names[1]])
+        _, shape, ggml_type, offset = by_name[names[2]]
+        downs = _per_expert(_read_tensor(f, start + offset, names[2], shape, ggml_type), shape[0])
+        for e, ((g, u), d) in enumerate(zip(pairs, downs, strict=True)):
+            state[f"{prefix}{e}.gate_proj.weight"] = g
+            state[f"{prefix}{e}.up_proj.weight"] = u
+            state[f"{prefix}{e}.down_proj.weight"] = d
+        done.update(names)
+    return done
+
+
+def _dense(t) -> torch.Tensor:
+    return t.dequantize() if isinstance(t, QuantTensor) else t.float()
+
+
+def _split_kv_b(state: dict, raw: dict, config: ModelConfig) -> None:
+    """DeepSeek files with only `attn_k_b` [H, R, nope] and `attn_v_b` [H, v, R]: the
+    checkpoint's `kv_b_proj` [H * (nope + v), R], in float32 (MLA multiplies it densely)."""
+    mla = config.mla
+    for name in [n for n in raw if n.endswith(".attn_k_b.weight")]:
+        layer = name.split(".")[1]
+        kv = f"model.layers.{layer}.self_attn.kv_b_proj.weight"
+        if kv in state:
+            continue
+        heads, rank = config.num_heads, mla.kv_lora_rank
+        k_b = _dense(raw[name]).reshape(heads, rank, mla.qk_nope_head_dim).transpose(1, 2)
+        v_b = _dense(raw[f"blk.{layer}.attn_v_b.weight"]).reshape(heads, mla.v_head_dim, rank)
+        state[kv] = torch.cat((k_b, v_b), dim=1).reshape(-1, rank).contiguous()
+
+
+def _fix(t, hf: str, desc: Architecture, config: ModelConfig):
+    """llama.cpp's storage conventions undone: Llama's q / k rows, Gemma's `1 + w` norms."""
+    if desc.permuted_qk and hf.endswith(("q_proj.weight", "k_proj.weight")):
+        heads = config.num_heads if "q_proj" in hf else config.num_kv_heads
+        if isinstance(t, QuantTensor):
+            return QuantTensor(_unpermute(t.data, heads).contiguous(), t.qtype, t.cols)
+        return _unpermute(t, heads).contiguous()
+    if desc.norm_offset and hf.endswith("norm.weight"):
+        return t.float() - 1.0
+    return t
+
+
 def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, Any]]:
     """Config and state dict (checkpoint names; quantized weights as QuantTensor)."""
     meta, tensors, start = read_header(path)
     vocab = len(meta.get("tokenizer.ggml.tokens", [])) or 0
-    config = config_of(meta, vocab)
+    config = config_of(meta, vocab, {t[0] for t in tensors})
+    _, desc = architecture(meta)
     state: dict[str, Any] = {}
-    permute = config.model_type == "llama"
+    raw: dict[str, Any] = {}  # tensors read under their own names (DeepSeek's k_b / v_b)
     with open(path, "rb") as f:
         for members in _stacks(tensors):
             group = [tensors[i] for i in members]
             heads = {}  # llama's q and k rows are permuted back
-            for name, *_ in group if permute else []:
+            for name, *_ in group if desc.permuted_qk else []:
                 if ".attn_q." in name or ".attn_k." in name:
                     heads[name] = config.num_heads if ".attn_q." in name else config.num_kv_heads
             for (name, *_), t in zip(group, _read_stack(f, start, group, heads), strict=True):
-                state[_hf_name(name)] = t
+                state[desc.checkpoint_name(name)] = t
+        done = _load_experts(f, start, tensors, state)
         for name, shape, ggml_type, offset in tensors:
-            hf = _hf_name(name)
-            if hf in state:
+            hf = desc.checkpoint_name(name)
+            if hf in state or name in done:
+                continue
+            if name.endswith((".attn_k_b.weight", ".attn_v_b.weight")) or name.startswith(
+                "rope_factors_"
+            ):
+                raw[name] = _read_tensor(f, start + offset, name, shape, ggml_type)
                 continue
             if hf is None:
                 if name.startswith("rope_freqs"):
@@ -274,13 +315,12 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, Any]]:
                 logger.info("GGUF tensor %s not used", name)
                 continue
             t = _read_tensor(f, start + offset, name, shape, ggml_type)
-            if permute and hf.endswith(("q_proj.weight", "k_proj.weight")):
-                heads = config.num_heads if "q_proj" in hf else config.num_kv_heads
-                if isinstance(t, QuantTensor):
-                    t = QuantTensor(_unpermute(t.data, heads).contiguous(), t.qtype, t.cols)
-                else:
-                    t = _unpermute(t, heads).contiguous()
-            state[hf] = t
+            state[hf] = _fix(t, hf, desc, config)
+    if config.mla is not None:
+        _split_kv_b(state, raw, config)
+    if config.rope_type == "longrope":  # Phi-3's factors are tensors
+        for kind in ("long", "short"):
+            config.rope_scaling[f"{kind}_factor"] = raw[f"rope_factors_{kind}.weight"].tolist()
     if "lm_head.weight" not in state:
         config.tie_word_embeddings = True
     return config, state
@@ -288,8 +328,9 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, Any]]:
 
 def load_tokenizer(path: Path) -> Any:
     """The tokenizer (with its chat template) the file's metadata describes, built by
-    transformers' GGUF tokenizer converters; `AutoTokenizer(gguf_file=)` where those helpers
-    are missing (it reads the file more slowly)."""
+    transformers' GGUF tokenizer converters (`AutoTokenizer(gguf_file=)` where those helpers
+    are missing: it reads the file more slowly). A file without a chat template gets its
+    family's turn format (chat_templates.py) where the vocabulary has its markers."""
     try:
         from transformers import PreTrainedTokenizerFast
         from transformers.integrations.gguf.gguf_tokenizer_mapping import (
@@ -299,7 +340,14 @@ def load_tokenizer(path: Path) -> Any:
     except ImportError:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    arch, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
-    backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        arch = read_header(path)[0].get("general.architecture", "")
+    else:
+        arch, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
+        backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra)
+    if not getattr(tokenizer, "chat_template", None):
+        template = family_turns(str(arch), tokenizer.get_vocab())
+        if template is not None:
+            tokenizer.chat_template = template
+    return tokenizer

@@ -145,6 +145,14 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, dtype: torch.dtype) -> tor
     return F.embedding(ids, table)
 
 
+def dense_weight(t, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A weight as a plain tensor in `dtype` (a quantized one dequantized: for the few weights a
+    model multiplies densely, such as a router or MLA's up-projections)."""
+    if cpu_quant.is_quantized(t):
+        return t.dequantize().to(dtype)
+    return t.to(dtype)
+
+
 def nbytes(t: torch.Tensor) -> int:
     """Bytes a weight takes as held (a quantized one: as stored)."""
     if cpu_quant.is_quantized(t):

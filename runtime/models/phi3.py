@@ -31,8 +31,9 @@ class Phi3Model(DecoderModel):
                 out[base + "v_proj.weight"] = tensor[q + kv :]
             elif name.endswith(".mlp.gate_up_proj.weight"):
                 base = name[: -len("gate_up_proj.weight")]
-                gate, up = tensor.chunk(2, dim=0)
-                out[base + "gate_proj.weight"], out[base + "up_proj.weight"] = gate, up
+                half = tensor.shape[0] // 2  # row slices: a quantized (GGUF) weight too
+                out[base + "gate_proj.weight"] = tensor[:half]
+                out[base + "up_proj.weight"] = tensor[half:]
             else:
                 out[name] = tensor
         return out

