@@ -1,6 +1,7 @@
-"""Few-shot program over a batch: prefix hoisting + radix cache vs cache off vs transformers.
+"""Programs over a batch: prefix hoisting + radix cache vs cache off vs transformers; and async.
 
-Run: .venv/bin/python -m benchmarks.engine.dsl [--n 64] [--shots 24] [--max-new-tokens 12]
+Run: .venv/bin/python -m benchmarks.engine.dsl [--suite all|few-shot|async] [--n 64] [--shots 24]
+     [--max-new-tokens 12] [--programs 256]
 
 The same few-shot program (a long shared header of examples, then the input's question, then
 one greedy gen that stops at a newline) runs three ways:
@@ -12,12 +13,34 @@ one greedy gen that stops at a newline) runs three ways:
                   one request at a time, stopping at the newline), as people write it by hand
 
 "prefill tokens" counts prompt tokens whose K/V were computed (prompt minus cached tokens).
+
+The async suite runs `--programs` typed extractions (`gen("person", type=Person)`: a pydantic
+model with a bounded int and an Enum) greedy, four ways: the threaded `run_batch` (64 threads)
+and `run_batch_async` (one event loop), each on the in-process engine and on a
+`python -m runtime.server` through `sgl.RuntimeEndpoint`. Rows: programs per second, the peak
+number of threads of this process while the batch ran (a sampler polls every 5 ms; the sampler
+itself is not counted; the engine's own threads are, in-process), how many values are `Person`
+instances with no error, and how many equal the threaded run's. The prefix cache is flushed
+before every timed run; a few programs warm each backend first.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import enum
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
 import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+from pydantic import BaseModel, Field
 
 import sgl_dsl as sgl
 
@@ -157,14 +180,148 @@ def run_transformers(header: str, questions: list[str], max_new: int) -> dict:
     return {"wall": time.perf_counter() - start, "prefill": prefill, "outputs": outputs}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=64)
-    parser.add_argument("--shots", type=int, default=24)
-    parser.add_argument("--max-new-tokens", type=int, default=12)
-    parser.add_argument("--skip-transformers", action="store_true")
-    args = parser.parse_args()
+# ---- async: typed extractions through run_batch_async vs the threaded run_batch --------------
 
+
+class Job(enum.Enum):
+    BAKER = "baker"
+    PILOT = "pilot"
+    TEACHER = "teacher"
+    NURSE = "nurse"
+    OTHER = "other"
+
+
+class Person(BaseModel):
+    name: str
+    age: Annotated[int, Field(ge=0, le=120)]
+    city: str
+    job: Job
+
+
+NAMES = ["Maria Lopez", "John Carter", "Aiko Tanaka", "Samuel Okoye", "Lena Berg", "Pedro Alves"]
+WORK = ["opened a bakery", "flies planes as a pilot", "teaches at a school", "is a nurse"]
+
+
+def typed_documents(n: int) -> list[str]:
+    return [
+        f"{NAMES[i % len(NAMES)]}, aged {20 + i % 60}, lives in "
+        f"{COUNTRIES[i % len(COUNTRIES)][1]} and {WORK[i % len(WORK)]}."
+        for i in range(n)
+    ]
+
+
+@sgl.function
+def extract_person(s, document):
+    s += sgl.system("Extract the person described in the text as JSON.")
+    s += sgl.user(document)
+    s += sgl.assistant(sgl.gen("person", type=Person, max_tokens=80))
+
+
+class ThreadPeak:
+    """The most threads this process had while the block ran (the sampler not counted)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, threading.active_count() - 1)
+            self._stop.wait(0.005)
+
+    def __enter__(self) -> ThreadPeak:
+        self._sampler.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._sampler.join()
+
+
+def run_typed(backend: Any, docs: list[str], mode: str) -> dict:
+    batch = [{"document": d} for d in docs]
+    backend.flush_cache()
+    start = time.perf_counter()
+    with ThreadPeak() as threads:
+        if mode == "async":
+            states = asyncio.run(
+                extract_person.run_batch_async(batch, backend=backend, temperature=0)
+            )
+        else:
+            states = extract_person.run_batch(batch, backend=backend, temperature=0, num_threads=64)
+    wall = time.perf_counter() - start
+    values = [s["person"] if s.error is None else None for s in states]
+    return {
+        "wall": wall,
+        "threads": threads.peak,
+        "valid": sum(isinstance(v, Person) for v in values),
+        "values": values,
+    }
+
+
+def start_server(num_threads: int | None) -> tuple[subprocess.Popen, str]:
+    """`python -m runtime.server` on the default model, on a free port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "runtime.server", "--port", str(port), "--log-level", "warning"]
+    if num_threads:
+        cmd += ["--num-threads", str(num_threads)]
+    log = tempfile.NamedTemporaryFile(prefix="bench-dsl-", suffix=".log", delete=False)
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"server exited: {Path(log.name).read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    sys.exit("server did not start")
+
+
+def async_suite(programs: int, num_threads: int | None) -> None:
+    docs = typed_documents(programs)
+    print(f"\ntyped extraction (gen(type=Person)), {programs} programs, greedy, max 80 tokens")
+    print(
+        f"| {'backend':11s} | {'mode':24s} | {'wall s':>7s} | {'programs/s':>10s} | "
+        f"{'peak threads':>12s} | {'typed+valid':>11s} | {'= threaded':>10s} |"
+    )
+    print(f"|{'-' * 13}|{'-' * 26}|{'-' * 9}|{'-' * 12}|{'-' * 14}|{'-' * 13}|{'-' * 12}|")
+    engine_kwargs = {"num_threads": num_threads} if num_threads else {}
+    runtime = sgl.Runtime(**engine_kwargs)
+    server, url = start_server(num_threads)
+    try:
+        backends = [("in-process", runtime), ("server", sgl.RuntimeEndpoint(url))]
+        for label, backend in backends:
+            # warm: the model's code paths and the schema's compile, outside the timing
+            extract_person.run_batch([{"document": d} for d in docs[:4]], backend=backend)
+            asyncio.run(extract_person.run_batch_async([{"document": docs[0]}], backend=backend))
+            base = None
+            for mode, name in (("threads", "run_batch (64 threads)"), ("async", "run_batch_async")):
+                row = run_typed(backend, docs, mode)
+                base = base or row
+                same = sum(a == b for a, b in zip(row["values"], base["values"], strict=True))
+                print(
+                    f"| {label:11s} | {name:24s} | {row['wall']:7.2f} | "
+                    f"{programs / row['wall']:10.2f} | {row['threads']:12d} | "
+                    f"{row['valid']:>5d}/{programs:<5d} | {same:>4d}/{programs:<5d} |",
+                    flush=True,
+                )
+    finally:
+        runtime.shutdown()
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def few_shot_suite(args: argparse.Namespace) -> None:
     header = few_shot_header(args.shots)
     questions = make_inputs(args.n)
     print(
@@ -199,6 +356,22 @@ def main() -> None:
             f"{row['wall'] / base['wall']:7.2f}x | {same:>5d}/{len(questions):<6d} |",
             flush=True,
         )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=["all", "few-shot", "async"], default="all")
+    parser.add_argument("--n", type=int, default=64)
+    parser.add_argument("--shots", type=int, default=24)
+    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--programs", type=int, default=256, help="async suite: batch size")
+    parser.add_argument("--num-threads", type=int, default=None, help="engine threads")
+    args = parser.parse_args()
+    if args.suite in ("all", "few-shot"):
+        few_shot_suite(args)
+    if args.suite in ("all", "async"):
+        async_suite(args.programs, args.num_threads)
 
 
 if __name__ == "__main__":
