@@ -73,7 +73,9 @@ def _agent(url, model_name, kind, **kw) -> Agent:
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "streamed"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_output_type_parses_into_the_nested_model(url, model_name, kind, streamed):
-    agent = _agent(url, model_name, kind, output_type=Team, model_settings=ModelSettings(**SETTINGS))
+    agent = _agent(
+        url, model_name, kind, output_type=Team, model_settings=ModelSettings(**SETTINGS)
+    )
     assert isinstance(_run(agent, streamed).final_output, Team)
 
 

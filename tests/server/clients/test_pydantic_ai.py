@@ -14,8 +14,13 @@ from tests.support.extraction import AGE_TOOL_SCHEMA, PROMPT, Person, Team, age_
 
 pytest.importorskip("pydantic_ai")
 
-from pydantic_ai import Agent, NativeOutput, PromptedOutput, ToolOutput  # noqa: E402
-from pydantic_ai import capture_run_messages  # noqa: E402
+from pydantic_ai import (  # noqa: E402
+    Agent,
+    NativeOutput,
+    PromptedOutput,
+    ToolOutput,
+    capture_run_messages,  # noqa: E402
+)
 from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
 from pydantic_ai.exceptions import UnexpectedModelBehavior  # noqa: E402
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart  # noqa: E402
@@ -48,7 +53,9 @@ def test_structured_output_parses_into_the_nested_model(chat_model, output_type)
 def test_prompted_output_gets_a_json_object(chat_model):
     """Prompted mode puts the schema in the prompt and asks only for `json_object`, so the
     server promises an object, not the schema (docs/compatibility.md: use native or tool)."""
-    agent = Agent(chat_model, output_type=PromptedOutput(Person), model_settings=SETTINGS, retries=0)
+    agent = Agent(
+        chat_model, output_type=PromptedOutput(Person), model_settings=SETTINGS, retries=0
+    )
     with capture_run_messages() as messages:
         try:
             out = agent.run_sync(PROMPT).output
@@ -104,7 +111,9 @@ def test_agent_calls_a_tool_then_answers(chat_model):
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("output_type", [ToolOutput(Team), NativeOutput(Team)], ids=["tool", "native"])
+@pytest.mark.parametrize(
+    "output_type", [ToolOutput(Team), NativeOutput(Team)], ids=["tool", "native"]
+)
 def test_streamed_output_ends_in_the_nested_model(chat_model, output_type):
     agent = Agent(chat_model, output_type=output_type, model_settings=SETTINGS, retries=0)
 
