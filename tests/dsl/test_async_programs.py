@@ -269,3 +269,39 @@ def test_streaming_from_the_engine_on_the_loop(runtime):
 
     pieces = asyncio.run(main())
     assert "".join(pieces) == expected["ans"]
+
+
+@sgl.function
+def sglang_options(s):
+    s += "Once upon a time" + sgl.gen(
+        "x",
+        max_tokens=3,
+        temperature=0,
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=2,
+        return_text_in_logprobs=True,
+    )
+    s += "\nCount:" + sgl.gen("many", 4, None, 3, temperature=0)
+    s += "\nMore:" + sgl.gen("cut", max_tokens=24, stop_regex=r"[aeiou]", temperature=0)
+
+
+@pytest.mark.parametrize("kind", ["runtime", "endpoint"])
+def test_logprobs_n_and_stop_regex_are_the_same_awaited(kind, runtime, server):
+    backend = runtime if kind == "runtime" else sgl.RuntimeEndpoint(server.url)
+    expected = sglang_options.run(backend=backend)
+    got = asyncio.run(sglang_options.run_async(backend=backend))
+    assert got.text() == expected.text()
+    assert got["many"] == expected["many"] and got["cut"] == expected["cut"]
+    a, b = got.get_meta_info("x"), expected.get_meta_info("x")
+    assert [t[1:] for t in a["output_token_logprobs"]] == [
+        t[1:] for t in b["output_token_logprobs"]
+    ]
+    assert [t[1:] for t in a["input_token_logprobs"]] == [t[1:] for t in b["input_token_logprobs"]]
+    assert a["input_token_logprobs"][0][0] is None
+    assert [t[0] for t in a["input_token_logprobs"][1:]] == pytest.approx(
+        [t[0] for t in b["input_token_logprobs"][1:]], abs=1e-4
+    )
+    assert (
+        got.get_meta_info("cut")["finish_reason"] == expected.get_meta_info("cut")["finish_reason"]
+    )
