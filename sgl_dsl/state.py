@@ -325,7 +325,7 @@ def join_into(parent: ProgramState, forks: list[ProgramState], mode: str) -> Non
     if mode == "concate_and_append":
         text = "".join(fork._text[fork._fork_start :] for fork in forks)
         parent._submit(lambda: parent._emit(text))
-        parent.sync()
+        parent._drain()  # the parent's queued work (a fork's), not a wait for its own program
         return
     names: list[str] = []
     for fork in forks:

@@ -68,6 +68,21 @@ def forked(s, q):
 
 
 @sgl.function
+def concatenated(s, q):
+    s += "Q: " + q
+    forks = s.fork(2)
+    forks += lambda i: "\npart " + str(i) + ":" + sgl.gen("p", max_tokens=2)
+    forks.join("concate_and_append")
+    inner = s.fork(2)
+    for f in inner:
+        nested = f.fork(2)
+        nested += "\nn:" + sgl.gen("deep", max_tokens=2)
+        nested.join()
+    inner.join()
+    s += "\nend"
+
+
+@sgl.function
 def branching(s, q):
     s += "Q: " + q + "\nA:" + sgl.gen("ans")
     if s["ans"] == " one":  # a generated value as a Python value: no trace holds this
@@ -88,6 +103,7 @@ def fake() -> AsyncFake:
     [
         pytest.param(qa, {"q": "a"}, id="gen-select-typed"),
         pytest.param(forked, {"q": "b"}, id="fork-join"),
+        pytest.param(concatenated, {"q": "a"}, id="concatenate-and-nested-forks"),
         pytest.param(branching, {"q": "a"}, id="branching-on-a-value"),
     ],
 )
@@ -305,3 +321,15 @@ def test_logprobs_n_and_stop_regex_are_the_same_awaited(kind, runtime, server):
     assert (
         got.get_meta_info("cut")["finish_reason"] == expected.get_meta_info("cut")["finish_reason"]
     )
+
+
+@pytest.mark.parametrize(
+    "program, traced",
+    [
+        pytest.param(qa, True, id="straight-line"),
+        pytest.param(concatenated, True, id="forks"),
+        pytest.param(branching, False, id="branches-on-a-value"),
+    ],
+)
+def test_which_programs_run_traced_on_the_loop(program, traced):
+    assert (program._trace_bound((), {"q": "a"}) is not None) is traced
