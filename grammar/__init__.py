@@ -9,11 +9,18 @@ g = compile_structural_tag(SPEC, vocab)     # XGrammar's / SGLang's structural t
 """
 
 from grammar import api as _api
-from grammar.api import choices_to_regex, compile_choices, compile_json_schema, compile_regex
+from grammar.api import (
+    choices_to_regex,
+    compile_choices,
+    compile_json_schema,
+    compile_lark,
+    compile_regex,
+)
 from grammar.automata import intersect as _intersect  # noqa: F401  no compile pays a module import
 from grammar.automata.fsm import ByteDFA, regex_to_dfa
-from grammar.cfg.compiler import CompiledCFG, clear_cfg_caches, compile_lark
+from grammar.cfg.compiler import CompiledCFG, clear_cfg_caches
 from grammar.ebnf.compiler import CompiledEBNF, clear_ebnf_caches, compile_ebnf
+from grammar.ebnf.lark_lower import clear_llguidance_lark_cache
 from grammar.errors import EmptyLanguageError, GrammarError, UnsupportedSchemaError
 from grammar.json_schema import numbers as _decimal_numbers  # noqa: F401  loaded with the package:
 from grammar.json_schema.lark import compile_json_schema_cfg, json_schema_to_lark
@@ -48,6 +55,7 @@ def clear_caches() -> None:
     _api.clear_caches()
     clear_cfg_caches()
     clear_ebnf_caches()
+    clear_llguidance_lark_cache()
     clear_structural_caches()
 
 

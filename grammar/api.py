@@ -12,6 +12,8 @@ import numpy as np
 from grammar.automata.fsm import DEFAULT_MAX_STATES, ByteDFA, no_gc, node_to_lazy_dfa
 from grammar.automata.lazy_dfa import LazyDFA
 from grammar.automata.regex_ast import regex_escape
+from grammar.cfg.compiler import compile_lark as compile_lalr_lark
+from grammar.ebnf.lark_lower import compile_llguidance_lark, uses_llguidance_syntax
 from grammar.errors import EmptyLanguageError
 from grammar.json_schema.schema import ANY_DEPTH, json_schema_to_node, load_schema
 from grammar.json_schema.strict import apply_mode
@@ -106,6 +108,18 @@ def compile_json_schema(
         return CompiledGrammar(dfa, vocab, key[1])
 
     return _GRAMMAR_CACHE.get_or_build(key, build)
+
+
+def compile_lark(grammar_text: str, vocab: TokenVocabulary, start: str = "start") -> Any:
+    """A constraint from a lark grammar. Plain lark compiles through `grammar.cfg` (LALR(1),
+    a contextual lexer: lark's own meaning); a grammar in llguidance's dialect (`%json`,
+    `%regex`, `%llguidance`, special tokens, `&` / `~`, `{M,N}`, rule attributes, `//`
+    comments, `-` in names) through `grammar.ebnf.lark_lower` (Earley, so it need not be
+    LALR(1)). Both give the matcher interface of every compiled constraint; GrammarError names
+    what is refused and where."""
+    if uses_llguidance_syntax(grammar_text):
+        return compile_llguidance_lark(grammar_text, vocab, start)
+    return compile_lalr_lark(grammar_text, vocab, start)
 
 
 def choices_to_regex(choices: Sequence[str]) -> str:

@@ -58,6 +58,10 @@ class OursST(Ours):
         self.g.clear_caches()
         return self.g.compile_ebnf(text, self.vocab)
 
+    def lark(self, text: str) -> Any:
+        self.g.clear_caches()
+        return self.g.compile_lark(text, self.vocab)
+
     def advance(self, m: Any, t: int) -> bool:
         try:
             m.advance(t)

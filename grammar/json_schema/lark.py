@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaError
+from grammar.json_schema.guidance import FLEXIBLE_WHITESPACE, read_x_guidance
 from grammar.json_schema.number_text import FLOAT64_NUMBER
 from grammar.json_schema.refs.local import local_refs, pointer_target
 from grammar.json_schema.strict import apply_mode, check_mode
@@ -351,7 +352,13 @@ def json_schema_to_lark(
     (`{}`) too."""
     from grammar.json_schema.schema import load_schema
 
-    root = local_refs(load_schema(schema))
+    loaded, ws = read_x_guidance(load_schema(schema), FLEXIBLE_WHITESPACE if whitespace else "")
+    if ws not in ("", FLEXIBLE_WHITESPACE):
+        raise UnsupportedSchemaError(
+            "x-guidance", "#/x-guidance/whitespace_pattern", "not supported on the CFG path"
+        )
+    whitespace = bool(ws)
+    root = local_refs(loaded)
     b = _Builder(root, check_mode(json_schema_mode))
     top = b.rule(root, "#")
     lines = [f"start: {top}", *b.lines]

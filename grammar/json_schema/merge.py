@@ -132,7 +132,9 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
             out[key] = min(av, bv)
         elif key == "required":
             out[key] = list(dict.fromkeys([*av, *bv]))
-        elif key in ("_alts", "_refs", "_not_values"):
+        elif key == "pattern":  # both hold: the string automaton intersects them
+            out["_patterns"] = [*out.get("_patterns", []), bv]
+        elif key in ("_alts", "_refs", "_not_values", "_patterns"):
             out[key] = [*av, *bv]
         elif key in ("properties", "additionalProperties", "patternProperties"):
             continue  # handled together below (patterns: beside the same patterns)

@@ -58,7 +58,9 @@ def string_value(b: Builder, s: dict, ptr: str) -> Node:
     """A JSON string: a function of four keywords only, so built once per schema for
     each spelling of them (a pattern and its automata recur in every copy of an object:
     unrolled recursion, oneOf cases); the narrowings it records are replayed."""
-    key = tuple(repr(s.get(k)) for k in ("minLength", "maxLength", "format", "pattern"))
+    key = tuple(
+        repr(s.get(k)) for k in ("minLength", "maxLength", "format", "pattern", "_patterns")
+    )
     hit = b.string_memo.get(key)
     if hit is not None:
         for _ in range(hit[1]):
@@ -82,6 +84,9 @@ def _string_value(b: Builder, s: dict, ptr: str) -> Node:
     if fmt in FORMAT_REGEXES:
         fmt_node, hi = format_node(fmt, hi)
     content: Node
+    if pattern is not None and s.get("_patterns"):
+        fmt_part = fmt_node if fmt in FORMAT_REGEXES else None
+        return _several_patterns(b, [pattern, *s["_patterns"]], fmt_part, lo, hi, ptr)
     if pattern is not None:
         try:
             if fmt in FORMAT_REGEXES:  # both: the product of the two automata
@@ -113,6 +118,25 @@ def _string_value(b: Builder, s: dict, ptr: str) -> Node:
         return b.any_string
     else:
         content = ra.repeat(b.string_char, lo, hi)
+    return ra.seq(ra.char('"'), content, ra.char('"'))
+
+
+def _several_patterns(
+    b: Builder, patterns: list[str], fmt_node: Node, lo: int, hi: int | None, ptr: str
+) -> Node:
+    """A string matching every pattern (`allOf` branches with different ones) and the format
+    when there is one: the product of their automata."""
+    try:
+        dfa = b.dfa(pattern_to_content(patterns[0], b.string_char))
+        for p in patterns[1:]:
+            dfa = dfa_ops.product(dfa, b.dfa(pattern_to_content(p, b.string_char)), True)
+        if fmt_node is not None:
+            dfa = dfa_ops.product(dfa, b.dfa(fmt_node), True)
+    except GrammarError as e:
+        raise UnsupportedSchemaError("allOf", ptr, f"patterns {patterns!r}: {e}") from None
+    content: Node = dfa_ops.DFANode(dfa, "pattern", f"{ptr}/pattern")
+    if lo or hi is not None:
+        content = length_bounded(b, content, lo, hi, ptr)
     return ra.seq(ra.char('"'), content, ra.char('"'))
 
 

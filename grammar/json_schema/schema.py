@@ -35,6 +35,7 @@ from grammar.json_schema import oneof as json_oneof
 from grammar.json_schema.exact.evaluated import split_refusal
 from grammar.json_schema.exact.exclusive import oneof_by_negation
 from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
+from grammar.json_schema.guidance import read_x_guidance
 from grammar.json_schema.literals import TRIE_MIN_VALUES, literals_node, single_spelling
 from grammar.json_schema.merge import canonical, merge
 from grammar.json_schema.number_text import FLOAT64_MARK
@@ -90,7 +91,8 @@ def json_schema_to_node(
     """Like json_schema_to_regex, as a shared regex syntax tree (what compile uses).
     Unconstrained values nest `ANY_DEPTH` (5) levels here, as automata; the regex text of
     json_schema_to_regex keeps 3 (that text grows 4-fold with each level)."""
-    root = local_refs(load_schema(schema))
+    loaded, whitespace = read_x_guidance(load_schema(schema), whitespace)
+    root = local_refs(loaded)
     builder = SchemaBuilder(root, whitespace or "", max_recursion_depth, any_depth)
     try:
         out = builder.value(root, "#")
@@ -302,6 +304,8 @@ class SchemaBuilder:
         if schema.get("_fractional") and kind_of(value) == "integer":
             return False  # the `not` of integer that _fractional stands for
         clean = {k: v for k, v in schema.items() if not k.startswith("_")}
+        if schema.get("_patterns"):  # merged allOf patterns: each must match
+            clean["allOf"] = [{"pattern": p} for p in schema["_patterns"]]
         if set(clean) <= _TYPE_ONLY and isinstance(value, str | bool | None):
             # nothing to check but a type (enum values of strings, the common case: a
             # validator per value would be most of such a schema's compile time)

@@ -1,0 +1,82 @@
+"""llguidance's `x-guidance` schema options (grammar.json_schema.guidance) honoured or refused
+by name, `allOf` with two patterns on one string, and `multipleOf: 1024`, with `re` /
+`jsonschema` as oracles."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from grammar import UnsupportedSchemaError, compile_json_schema
+from grammar.errors import GrammarError
+from tests.support.tokenizers import deepseek_vocab
+
+
+def _accepts(schema, text: str, **kw) -> bool:
+    m = compile_json_schema(schema, deepseek_vocab(), **kw).matcher()
+    try:
+        m.advance_bytes(text.encode())
+    except GrammarError:
+        return False
+    return m.is_accepting()
+
+
+ARRAY = {"type": "array", "items": {"type": "integer"}}
+
+
+@pytest.mark.parametrize(
+    ("options", "text", "accepted"),
+    [
+        pytest.param({"whitespace_flexible": True}, "[ 1 ,\n2 ]", True, id="flexible"),
+        pytest.param({"whitespace_flexible": False}, "[1, 2]", False, id="compact-refuses"),
+        pytest.param({"whitespace_flexible": False}, "[1,2]", True, id="compact"),
+        pytest.param({"whitespace_pattern": "[ ]{1,2}"}, "[  1,2]", True, id="pattern"),
+        pytest.param({"whitespace_pattern": "[ ]{1,2}"}, "[   1,2]", False, id="pattern-bound"),
+        pytest.param({"item_separator": ",", "key_separator": ":"}, "[1,2]", True, id="seps"),
+        pytest.param({"lenient": False, "coerce_one_of": False}, "[1]", True, id="defaults"),
+    ],
+)
+def test_x_guidance_options_are_honoured(options: dict, text: str, accepted: bool) -> None:
+    assert _accepts({"x-guidance": options, **ARRAY}, text) == accepted
+
+
+def test_coerce_one_of_reads_one_of_as_any_of():
+    one_of = {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}
+    assert not _accepts(one_of, "1")  # both branches hold: oneOf refuses
+    assert _accepts({"x-guidance": {"coerce_one_of": True}, **one_of}, "1")
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        pytest.param({"item_separator": ", "}, "item_separator", id="item-separator"),
+        pytest.param({"key_separator": ": "}, "key_separator", id="key-separator"),
+        pytest.param({"lenient": True}, "lenient", id="lenient"),
+        pytest.param({"json_allowed_escapes": "nrt"}, "json_allowed_escapes", id="escapes"),
+        pytest.param({"json_allow_general_unicode_escapes": False}, "unicode", id="unicode"),
+        pytest.param({"whitespace_pattern": "("}, "whitespace_pattern", id="bad-pattern"),
+        pytest.param({"colour": 1}, "colour", id="unknown"),
+    ],
+)
+def test_x_guidance_options_refused_by_name(options: dict, named: str) -> None:
+    with pytest.raises(UnsupportedSchemaError, match=re.escape(named)) as e:
+        compile_json_schema({"x-guidance": options, **ARRAY}, deepseek_vocab())
+    assert e.value.keyword == "x-guidance"
+
+
+def test_two_patterns_in_all_of_intersect():
+    schema = {"type": "string", "allOf": [{"pattern": "^a"}, {"pattern": "[0-9]$"}]}
+    validator = jsonschema.Draft202012Validator(schema)
+    for s in ["a1", "ab9", "a", "b1", "1", "a12", "ba1", ""]:
+        text = json.dumps(s)
+        assert _accepts(schema, text) == validator.is_valid(s), s
+
+
+def test_multiple_of_1024_compiles_exactly():
+    schema = {"type": "integer", "multipleOf": 1024}
+    validator = jsonschema.Draft202012Validator(schema)
+    for n in [0, 1024, -2048, 1023, 1025, 1048576, 3 * 1024 + 1, 10**12 * 1024]:
+        assert _accepts(schema, str(n)) == validator.is_valid(n), n
