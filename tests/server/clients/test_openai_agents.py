@@ -28,13 +28,6 @@ set_tracing_disabled(True)
 
 MODELS = {"responses": OpenAIResponsesModel, "chat_completions": OpenAIChatCompletionsModel}
 SETTINGS = {"max_tokens": 160, "temperature": 0}
-KINDS = [
-    pytest.param(
-        "responses",
-        marks=pytest.mark.xfail(strict=True, reason="server: no POST /v1/responses yet (404)"),
-    ),
-    "chat_completions",
-]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +64,7 @@ def _agent(url, model_name, kind, **kw) -> Agent:
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "streamed"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", list(MODELS))
 def test_output_type_parses_into_the_nested_model(url, model_name, kind, streamed):
     agent = _agent(
         url, model_name, kind, output_type=Team, model_settings=ModelSettings(**SETTINGS)
@@ -80,7 +73,7 @@ def test_output_type_parses_into_the_nested_model(url, model_name, kind, streame
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "streamed"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", list(MODELS))
 def test_function_tool_is_called_then_the_output_parses(url, model_name, kind, streamed):
     calls = []
 

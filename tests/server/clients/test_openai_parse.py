@@ -12,7 +12,6 @@ from tests.support.extraction import PROMPT, Team
 
 MESSAGES = [{"role": "user", "content": PROMPT}]
 TOOL = openai.pydantic_function_tool(Team, name="record_team")
-NO_RESPONSES = pytest.mark.xfail(strict=True, reason="server: no POST /v1/responses yet (404)")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +58,6 @@ def test_chat_stream_helper_with_a_response_format(client, model):
     assert isinstance(final.choices[0].message.parsed, Team)
 
 
-@NO_RESPONSES
 def test_responses_parse_with_a_text_format(client, model):
     out = client.responses.parse(
         model=model, input=PROMPT, text_format=Team, max_output_tokens=160, temperature=0
@@ -67,7 +65,6 @@ def test_responses_parse_with_a_text_format(client, model):
     assert isinstance(out.output_parsed, Team)
 
 
-@NO_RESPONSES
 def test_responses_parse_with_a_nested_function_tool(client, model):
     tool = {"type": "function", **TOOL["function"]}
     out = client.responses.parse(
