@@ -34,6 +34,7 @@ from runtime.attention import AttentionBackend, LayerSpec, make_backend
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import FULL, SLIDING, ModelConfig
 from runtime.errors import UnsupportedModelError
+from runtime.kernels.cpu import quant as cpu_quant
 from runtime.memory.kv_pool import KVPool
 from runtime.models.layers import (
     Packed,
@@ -82,7 +83,7 @@ class DecoderLayer:
             value = getattr(self, name)
             if isinstance(value, MoEWeights):
                 out += value.tensors()
-            elif isinstance(value, torch.Tensor):
+            elif isinstance(value, torch.Tensor) or cpu_quant.is_quantized(value):
                 out.append(value)
         return out
 

@@ -93,7 +93,8 @@ def test_weights_stay_in_their_block_formats(family_file):
     assert stored < dense / 3  # as stored: ~1 byte per weight or less, not four
     with Engine(str(written.path), mem_budget_gb=0.05) as engine:
         assert engine.config.architecture == loaded_config.architecture
-        assert engine.stats()["weight_bytes"] < dense / 2
+        # every quantized weight counted as stored (DeepSeek's kv_b: dequantized for MLA)
+        assert stored * 0.9 <= engine.stats()["weight_bytes"] < dense / 2
 
 
 def test_greedy_tokens_equal_transformers_on_the_dequantized_file(family_file):
