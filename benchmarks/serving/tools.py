@@ -2,7 +2,7 @@
 call format.
 
 Run: .venv/bin/python -m benchmarks.serving.tools [--model PATH] [--formats hermes,llama3,...]
-     [--questions 4] [--concurrency 4] [--max-tokens 160]
+     [--questions 4] [--concurrency 4] [--max-tokens 160] [--rows formats,nested,responses]
 
 For each tool-call format (`json`: the model's own template with our tools text; `hermes`,
 `llama3`, `mistral`, `deepseekv3`, `pythonic`: a server started with that family's template
@@ -18,6 +18,14 @@ time, and the share of prompts whose token count equals the template's own rende
 messages with the tools. A reasoning row: a `<think>`-opening template served with
 `--reasoning-parser deepseek-r1`, `response_format` json_schema, without and with a reasoning
 budget: the share of answers whose content validates after the reasoning.
+Nested rows (`--rows nested`): two tools whose parameters pydantic wrote with `$defs` / `$ref`
+(a team of people, a room booked for a person), strict, per format and tool_choice, judged as
+above. Responses rows (`--rows responses`, on the `json` server, the default model with no
+flag): the same streamed requests through `/v1/chat/completions` and `/v1/responses`
+(`tool_choice` required, nested tools), one at a time with the two APIs alternating: median
+time to the first generated delta (chat: the first chunk with a call or content; Responses: the
+first `response.output_item.added` / `response.output_text.delta`) and the share of calls that
+validate.
 Greedy decoding with `--repetition-penalty` (1.05 by default, every row alike): a 135M model at
 temperature 0 can repeat a phrase inside a string argument until max_tokens.
 """
@@ -37,6 +45,7 @@ from pathlib import Path
 
 import httpx
 import jsonschema
+from pydantic import BaseModel, Field
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "examples" / "chat_templates"
@@ -126,8 +135,33 @@ QUESTIONS = [
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
-def judge(message: dict, fmt: str) -> tuple[bool, bool, bool, int]:
+class _Person(BaseModel):
+    name: str = Field(max_length=20)
+    age: int = Field(ge=0, le=150)
+
+
+class _Team(BaseModel):
+    team: str = Field(max_length=20)
+    members: list[_Person] = Field(min_length=1, max_length=4)
+
+
+class _Room(BaseModel):
+    guest: _Person
+    nights: int = Field(ge=1, le=30)
+
+
+# parameters as pydantic writes a model that holds another: `$defs` and `$ref`
+NESTED_TOOLS = [
+    {"type": "function", "function": {"name": "save_team", "description": "Save a team.",
+                                      "parameters": _Team.model_json_schema()}},
+    {"type": "function", "function": {"name": "book_room", "description": "Book a room.",
+                                      "parameters": _Room.model_json_schema()}},
+]  # fmt: skip
+
+
+def judge(message: dict, fmt: str, schemas: dict | None = None) -> tuple[bool, bool, bool, int]:
     """(a call was opened, every call is valid, a call has undeclared arguments, calls)."""
+    schemas = SCHEMAS if schemas is None else schemas
     calls = message.get("tool_calls") or []
     content = (message.get("content") or "").lstrip()
     if not calls:
@@ -136,7 +170,7 @@ def judge(message: dict, fmt: str) -> tuple[bool, bool, bool, int]:
         return opened, False, False, 0
     valid, extra = True, False
     for c in calls:
-        schema = SCHEMAS.get(c["function"]["name"])
+        schema = schemas.get(c["function"]["name"])
         try:
             args = json.loads(c["function"]["arguments"])
             jsonschema.validate(args, schema)
@@ -151,10 +185,10 @@ def _tools(strict: bool) -> list[dict]:
     return [{**t, "function": {**t["function"], "strict": strict}} for t in TOOLS]
 
 
-def _choice(kind: str, question_index: int) -> str | dict:
+def _choice(kind: str, question_index: int, tools: list[dict] = TOOLS) -> str | dict:
     if kind != "named":
         return kind
-    name = TOOLS[question_index * len(TOOLS) // len(QUESTIONS)]["function"]["name"]
+    name = tools[question_index * len(tools) // len(QUESTIONS)]["function"]["name"]
     return {"type": "function", "function": {"name": name}}
 
 
@@ -164,10 +198,14 @@ def _questions(n: int) -> list[tuple[int, str]]:
     return [(i, QUESTIONS[i]) for i in range(0, len(QUESTIONS), step)][:n]
 
 
-async def run_row(srv: dict, fmt: str, kind: str, strict: bool, args) -> dict:
+async def run_row(
+    srv: dict, fmt: str, kind: str, strict: bool, args, tools: list[dict] | None = None
+) -> dict:
     sem = asyncio.Semaphore(args.concurrency)
     rows: list[tuple[bool, bool, bool, int, int, bool, bool]] = []
-    tools = _tools(strict)
+    nested = tools is not None
+    tools = _tools(strict) if tools is None else tools
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
 
     async def one(http: httpx.AsyncClient, i: int, question: str) -> None:
         messages = [{"role": "user", "content": question}]
@@ -175,7 +213,7 @@ async def run_row(srv: dict, fmt: str, kind: str, strict: bool, args) -> dict:
             "model": srv["model"],
             "messages": messages,
             "tools": tools,
-            "tool_choice": _choice(kind, i),
+            "tool_choice": _choice(kind, i, tools),
             "max_tokens": args.max_tokens,
             "temperature": 0,
             "repetition_penalty": args.repetition_penalty,
@@ -184,7 +222,7 @@ async def run_row(srv: dict, fmt: str, kind: str, strict: bool, args) -> dict:
             r = await http.post(f"{srv['url']}/v1/chat/completions", json=body)
         r.raise_for_status()
         out = r.json()
-        opened, valid, extra, n = judge(out["choices"][0]["message"], fmt)
+        opened, valid, extra, n = judge(out["choices"][0]["message"], fmt, schemas)
         same = out["usage"]["prompt_tokens"] == srv["prompt_tokens"](messages, tools)
         cut = opened and not valid and out["choices"][0]["finish_reason"] == "length"
         rows.append((opened, valid, extra, n, out["usage"]["completion_tokens"], same, cut))
@@ -197,7 +235,7 @@ async def run_row(srv: dict, fmt: str, kind: str, strict: bool, args) -> dict:
     opened = [r for r in rows if r[0] and not r[6]]
     calls = sum(r[3] for r in rows)
     return {
-        "format": fmt,
+        "format": f"{fmt} (nested $defs)" if nested else fmt,
         "tool_choice": kind,
         "strict": "on" if strict else "off",
         "answers": len(rows),
@@ -252,6 +290,87 @@ async def run_reasoning(srv: dict, budget: int | None, args) -> dict:
         "apart": sum(r[1] for r in rows) / len(rows),
         "wall": time.perf_counter() - started,
     }
+
+
+async def _first_event_chat(http: httpx.AsyncClient, srv: dict, body: dict) -> tuple[float, list]:
+    """Streamed chat completion: (seconds to the first generated delta, the calls)."""
+    started, ttft, calls = time.perf_counter(), None, {}
+    async with http.stream("POST", f"{srv['url']}/v1/chat/completions",
+                           json={**body, "stream": True}) as r:  # fmt: skip
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                delta = choice["delta"]
+                if ttft is None and (delta.get("tool_calls") or delta.get("content")):
+                    ttft = time.perf_counter() - started
+                for c in delta.get("tool_calls") or []:
+                    call = calls.setdefault(c["index"], {"name": "", "arguments": ""})
+                    call["name"] += c.get("function", {}).get("name") or ""
+                    call["arguments"] += c.get("function", {}).get("arguments") or ""
+    return ttft if ttft is not None else float("nan"), list(calls.values())
+
+
+async def _first_event_responses(
+    http: httpx.AsyncClient, srv: dict, body: dict
+) -> tuple[float, list]:
+    """Streamed Responses request: (seconds to the first generated item event, the calls)."""
+    started, ttft, calls = time.perf_counter(), None, []
+    firsts = ("response.output_item.added", "response.output_text.delta")
+    async with http.stream("POST", f"{srv['url']}/v1/responses",
+                           json={**body, "stream": True}) as r:  # fmt: skip
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            if ttft is None and event["type"] in firsts:
+                ttft = time.perf_counter() - started
+            if event["type"] in ("response.completed", "response.incomplete"):
+                calls = [o for o in event["response"]["output"] if o["type"] == "function_call"]
+    return ttft if ttft is not None else float("nan"), calls
+
+
+async def run_apis(srv: dict, args) -> list[dict]:
+    """Chat completions and the Responses API on the same streamed requests (nested tools,
+    `tool_choice` required), one request at a time, the two APIs alternating which goes
+    first: time to first token and the share of calls that validate."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in NESTED_TOOLS}
+    flat = [{"type": "function", **t["function"]} for t in NESTED_TOOLS]
+    out = {api: {"ttft": [], "calls": 0, "valid": 0} for api in ("chat", "responses")}
+    async with httpx.AsyncClient(timeout=900) as http:
+        for i, question in _questions(args.questions):
+            common = {"model": srv["model"], "temperature": 0, "tool_choice": "required",
+                      "repetition_penalty": args.repetition_penalty}  # fmt: skip
+            bodies = {
+                "chat": {**common, "messages": [{"role": "user", "content": question}],
+                         "tools": NESTED_TOOLS, "max_tokens": args.max_tokens},
+                "responses": {**common, "input": question, "tools": flat,
+                              "max_output_tokens": args.max_tokens},
+            }  # fmt: skip
+            send = {"chat": _first_event_chat, "responses": _first_event_responses}
+            for api in ("chat", "responses") if i % 2 == 0 else ("responses", "chat"):
+                ttft, calls = await send[api](http, srv, bodies[api])
+                out[api]["ttft"].append(ttft)
+                for c in calls:
+                    out[api]["calls"] += 1
+                    try:
+                        jsonschema.validate(json.loads(c["arguments"]), schemas[c["name"]])
+                        out[api]["valid"] += 1
+                    except (KeyError, ValueError, jsonschema.ValidationError):
+                        pass
+    rows = []
+    for api, r in out.items():
+        ttfts = sorted(t for t in r["ttft"] if t == t)
+        median = ttfts[len(ttfts) // 2] if ttfts else float("nan")
+        rows.append({"api": api, "answers": len(r["ttft"]), "calls": r["calls"],
+                     "valid": r["valid"] / r["calls"] if r["calls"] else float("nan"),
+                     "ttft_median": median})  # fmt: skip
+    chat = rows[0]["ttft_median"]
+    for row in rows:
+        row["ttft_ratio"] = row["ttft_median"] / chat if chat else float("nan")
+    return rows
 
 
 def start(model: str, flags: list[str], args) -> tuple[subprocess.Popen, str]:
@@ -370,6 +489,13 @@ def main() -> None:
     p.add_argument("--strict", default="on,off", help="strict rows to run: on, off or both")
     p.add_argument("--choices", default="auto,required,named", help="tool_choice rows to run")
     p.add_argument(
+        "--rows",
+        default="formats,nested,responses",
+        help="which rows: formats (the 4 flat tools per format), nested (pydantic tools with "
+        "$defs, strict, per format), responses (the Responses API beside chat completions, "
+        "json format)",
+    )
+    p.add_argument(
         "--off-formats",
         default=None,
         help="formats that also get the strict-off rows (default: every format)",
@@ -378,16 +504,15 @@ def main() -> None:
     from runtime.default_model import ensure_default_model
 
     model = args.model or str(ensure_default_model())
-    results, reasoning = [], []
+    results, reasoning, apis = [], [], []
+    rows = set(args.rows.split(","))
     for fmt in filter(None, args.formats.split(",")):
         proc, srv = serve(model, fmt, args)
         try:
-            history = asyncio.run(history_prompt_same(srv, fmt))
-            for kind in args.choices.split(","):
-                for strict in _strict_rows(fmt, args):
-                    results.append(asyncio.run(run_row(srv, fmt, kind, strict, args)))
-                    results[-1]["history_same"] = history
-                    print(results[-1], flush=True)
+            results += _format_rows(srv, fmt, rows, args)
+            if "responses" in rows and fmt == "json":
+                apis = asyncio.run(run_apis(srv, args))
+                print(apis, flush=True)
         finally:
             proc.terminate()
             proc.wait(60)
@@ -400,6 +525,36 @@ def main() -> None:
             proc.terminate()
             proc.wait(60)
     report(results, reasoning, args)
+    report_apis(apis, args)
+
+
+def _format_rows(srv: dict, fmt: str, rows: set[str], args) -> list[dict]:
+    """One format's rows: the flat tools per tool_choice and strict setting, then the nested
+    tools (strict) per tool_choice."""
+    out = []
+    history = asyncio.run(history_prompt_same(srv, fmt)) if "formats" in rows else None
+    for kind in args.choices.split(","):
+        if "formats" in rows:
+            for strict in _strict_rows(fmt, args):
+                out.append(asyncio.run(run_row(srv, fmt, kind, strict, args)))
+                out[-1]["history_same"] = history
+                print(out[-1], flush=True)
+        if "nested" in rows:
+            out.append(asyncio.run(run_row(srv, fmt, kind, True, args, NESTED_TOOLS)))
+            print(out[-1], flush=True)
+    return out
+
+
+def report_apis(apis: list[dict], args) -> None:
+    if not apis:
+        return
+    print(f"\nstreamed, tool_choice required, nested tools, {args.questions} requests each, "
+          "one at a time, the APIs alternating\n")  # fmt: skip
+    print("| API | answers | calls | calls valid | median time to first token s | vs chat |")
+    print("|---|---|---|---|---|---|")
+    for r in apis:
+        print(f"| {r['api']} | {r['answers']} | {r['calls']} | {_pct(r['valid'])} "
+              f"| {r['ttft_median']:.3f} | {r['ttft_ratio']:.2f}x |")  # fmt: skip
 
 
 def _strict_rows(fmt: str, args) -> list[bool]:

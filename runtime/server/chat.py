@@ -342,11 +342,16 @@ def chat_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
     return {"regex": auto_tool_regex(request.tools, request.parallel, mode, other)}
 
 
+@functools.lru_cache(maxsize=256)
+def _recursive(params: str) -> bool:
+    return is_recursive(json.loads(params))
+
+
 def _recursive_calls(tools: list[Any], parallel: bool, mode: str, auto: bool) -> str | None:
     """Calls to tools whose parameters are recursive (a tree of nodes), as a lark grammar:
     the context-free path says them with no depth limit. None for other tools, and where the
     lark path cannot say a keyword (the regex path unrolls the recursion to its depth)."""
-    if not any(is_recursive(t.function.parameters) for t in tools):
+    if not any(_recursive(json.dumps(t.function.parameters)) for t in tools):
         return None
     return tool_call_lark(tools, parallel, mode, auto)
 

@@ -143,9 +143,16 @@ def tool_call_lark(tools: list[Tool], parallel: bool, mode: str, auto: bool) -> 
     """The calls to `tools` as a lark grammar (the context-free path: recursive parameters
     exact, with no depth limit); with `auto`, free text that opens no call is the other
     alternative. None when the lark path cannot say a keyword (the regex path then unrolls
-    the recursion to its depth)."""
+    the recursion to its depth). Cached by the tools' JSON, as `auto_tool_regex`."""
+    key = json.dumps([t.model_dump(mode="json") for t in tools])
+    return _tool_call_lark(key, parallel, mode, auto)
+
+
+@functools.lru_cache(maxsize=64)
+def _tool_call_lark(key: str, parallel: bool, mode: str, auto: bool) -> str | None:
     from grammar import GrammarError, json_schema_to_lark
 
+    tools = [Tool.model_validate(t) for t in json.loads(key)]
     try:
         text = json_schema_to_lark(tool_call_schema(tools, parallel), json_schema_mode=mode)
     except GrammarError as exc:

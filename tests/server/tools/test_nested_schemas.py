@@ -172,11 +172,12 @@ def test_a_tree_in_other_formats_is_unrolled_and_valid(walk, fmt):
 EXTERNAL = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
 
 
+@pytest.mark.parametrize("fmt", ["json", "hermes", "pythonic"])
 @pytest.mark.parametrize("choice", ["auto", "required"])
-def test_a_schema_the_grammar_cannot_say_is_400_naming_tool_and_keyword(choice):
+def test_a_schema_the_grammar_cannot_say_is_400_naming_tool_and_keyword(fmt, choice):
     tools = [TOOLS[0], {"type": "function", "function": {"name": "fetch", "parameters": EXTERNAL}}]
     with pytest.raises(APIError) as err:
-        _constraint("json", tools, choice, True)
+        _constraint(fmt, tools, choice, True)
     assert err.value.status == 400
     assert err.value.param == "tools.1.function.parameters"
     assert "'fetch'" in err.value.message and "$ref" in err.value.message
