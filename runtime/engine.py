@@ -52,6 +52,8 @@ from runtime.scheduling.detokenize import Detokenizer
 from runtime.scheduling.request import GenerateResult, Request, SamplingParams
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.stream import AsyncStreamIterator, LoopOutbox, StreamIterator
+from runtime.speculative.config import SpeculativeConfig, speculative_config
+from runtime.speculative.speculator import Speculator
 from runtime.workers.driver import ParallelModel
 from runtime.workers.layout import Layout
 
@@ -115,6 +117,24 @@ def _num_pages(
     return pool_pages(
         config, page_size, dtype_bytes, chunk_tokens, budget_bytes=int(budget),
         max_total_tokens=max_total_tokens, separate_windows=separate_windows,
+    )  # fmt: skip
+
+
+def _speculative(
+    algorithm: str | None,
+    num_draft_tokens: int | None,
+    num_steps: int | None,
+    min_window: int | None,
+    max_window: int | None,
+    draft_model_path: str | None,
+    disable_by_batch_size: int | None,
+    vllm_config: str | Mapping[str, Any] | None,
+) -> SpeculativeConfig | None:
+    return speculative_config(
+        algorithm, num_draft_tokens=num_draft_tokens, num_steps=num_steps,
+        ngram_min_match_window_size=min_window, ngram_max_match_window_size=max_window,
+        draft_model_path=draft_model_path, disable_by_batch_size=disable_by_batch_size,
+        vllm_config=dict(vllm_config) if isinstance(vllm_config, Mapping) else vllm_config,
     )  # fmt: skip
 
 
@@ -226,8 +246,23 @@ class Engine:
         disable_cuda_graph: bool = False,
         cuda_graph_bs: Sequence[int] | None = None,
         kv_calibration: str = "smooth",
+        speculative_algorithm: str | None = None,
+        speculative_num_draft_tokens: int | None = None,
+        speculative_num_steps: int | None = None,
+        speculative_ngram_min_match_window_size: int | None = None,
+        speculative_ngram_max_match_window_size: int | None = None,
+        speculative_draft_model_path: str | None = None,
+        speculative_disable_by_batch_size: int | None = None,
+        speculative_config: str | Mapping[str, Any] | None = None,
     ) -> None:
         self.device = resolve_device(device)  # DeviceUnavailableError before any loading
+        # speculative decoding (runtime/speculative): SGLang's keywords or vLLM's dict; None:
+        # off. Checked before any loading (SpeculativeConfigError names the option).
+        self.speculative: SpeculativeConfig | None = _speculative(
+            speculative_algorithm, speculative_num_draft_tokens, speculative_num_steps,
+            speculative_ngram_min_match_window_size, speculative_ngram_max_match_window_size,
+            speculative_draft_model_path, speculative_disable_by_batch_size, speculative_config,
+        )  # fmt: skip
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
         # a constraint's compile budget (time, address space; None: compile_pool's defaults)
         self.grammar_compile_timeout_s, self.grammar_compile_memory_mb = (
@@ -341,6 +376,7 @@ class Engine:
             hooks=self._make_constraint_hooks(),
             overlap=overlap and not self.parallel,
             tier=self.hicache,
+            speculation=Speculator(self.speculative) if self.speculative is not None else None,
         )
 
     def _kv_calibration(self, requested: str, loaded: Any) -> KVCalibration:
@@ -657,6 +693,20 @@ class Engine:
             **self.disaggregation.counters(),
             "hierarchical_cache": self.hicache is not None,
             **(self.hicache.stats() if self.hicache is not None else {}),
+            **self._spec_stats(c),
+        }
+
+    def _spec_stats(self, c: dict[str, int]) -> dict[str, Any]:
+        """Speculative decoding: verify forwards, drafts proposed and accepted, the tokens a
+        verify forward produced on average (accept length) and the share of drafts kept."""
+        steps, drafts = c["spec_verify_steps"], c["spec_draft_tokens"]
+        return {
+            "speculative_algorithm": self.speculative.algorithm if self.speculative else None,
+            "spec_verify_steps": steps,
+            "spec_draft_tokens": drafts,
+            "spec_accepted_tokens": c["spec_accepted_tokens"],
+            "spec_accept_length": c["spec_verify_tokens"] / steps if steps else 0.0,
+            "spec_accept_rate": c["spec_accepted_tokens"] / drafts if drafts else 0.0,
         }
 
     def _expert_stats(self) -> dict[str, Any]:

@@ -123,6 +123,10 @@ class Usage:
     completion_tokens: int = 0
     decode_steps: int = 0
     compile_time_s: float = 0.0  # grammar compilation, when the request has a constraint
+    # speculative decoding (SGLang's meta_info names): verify forwards, and the tokens each
+    # produced on average (accepted drafts plus the one the target chose); 0 without it
+    spec_verify_ct: int = 0
+    spec_accept_length: float = 0.0
 
 
 @dataclass(slots=True)
@@ -146,6 +150,18 @@ class StreamChunk:
     token_ids: list[int]  # the tokens added since the previous chunk
     finished: bool
     result: GenerateResult | None = None  # set on the last chunk
+
+
+@dataclass(slots=True)
+class SpecState:
+    """A request's speculative decoding state (runtime/speculative writes it)."""
+
+    draft_len: int = 0  # drafts to ask for next (0: the configured number)
+    skip: int = 0  # decode steps left without drafts (back-off after a miss)
+    misses: int = 0  # the current back-off length
+    verify_ct: int = 0  # verify forwards
+    accepted: int = 0  # drafts accepted
+    verify_tokens: int = 0  # tokens the verify forwards appended (accepted + chosen)
 
 
 class Status(enum.Enum):
@@ -205,6 +221,7 @@ class Request:
         # this request's KV goes to; on a decode server, the KV it arrived with
         self.handoff: Handoff | None = None
         self.imported: ImportedKV | None = None
+        self.spec = SpecState()
 
     @property
     def seq(self) -> list[int]:
@@ -229,6 +246,10 @@ class Request:
                 completion_tokens=len(self.output_ids),
                 decode_steps=self.decode_steps,
                 compile_time_s=self.constraint.compile_time_s if self.constraint else 0.0,
+                spec_verify_ct=self.spec.verify_ct,
+                spec_accept_length=(
+                    self.spec.verify_tokens / self.spec.verify_ct if self.spec.verify_ct else 0.0
+                ),
             ),
             logprobs=self.logprobs,
             top_logprobs=self.top_logprobs,

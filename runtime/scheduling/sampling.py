@@ -116,14 +116,9 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return tokens
 
 
-def sample(
-    logits: torch.Tensor,
-    reqs: Sequence[Request],
-    eos_ids: Sequence[int],
-    global_generator: torch.Generator,
-) -> SampleOutput:
-    """Next token for each row of `logits` [N, V] (float32, modified in place)."""
-    n = len(reqs)
+def adjust_logits(logits: torch.Tensor, reqs: Sequence[Request], eos_ids: Sequence[int]) -> None:
+    """The logit bias, the penalties and the min_new_tokens ban on end tokens, in place on
+    `logits` [N, V] (row i is reqs[i]): the logits whose log-softmax is reported."""
     _apply_logit_bias(logits, reqs)
     forbid: dict[frozenset[int], list[int]] = {}  # rows before min_new_tokens, by stop ids
     for i, req in enumerate(reqs):
@@ -133,6 +128,24 @@ def sample(
             forbid.setdefault(req.params.stop_token_ids, []).append(i)
     for stop_ids, rows in forbid.items():  # one masked write per group, not one per row
         _forbid_end(logits, rows, stop_ids, eos_ids)
+
+
+def sampling_probs(logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
+    """The distribution a non-greedy request samples from, on the host: `logits` (adjusted)
+    scaled by temperature, cut by top-k / top-p / min-p, softmaxed."""
+    temps = torch.tensor([r.params.temperature for r in reqs], device=logits.device)
+    return torch.softmax(_truncate(logits / temps[:, None], reqs), dim=-1).cpu()
+
+
+def sample(
+    logits: torch.Tensor,
+    reqs: Sequence[Request],
+    eos_ids: Sequence[int],
+    global_generator: torch.Generator,
+) -> SampleOutput:
+    """Next token for each row of `logits` [N, V] (float32, modified in place)."""
+    n = len(reqs)
+    adjust_logits(logits, reqs, eos_ids)
     want_lp = [i for i, r in enumerate(reqs) if r.params.logprobs or r.params.top_logprobs]
     logprob_rows = torch.log_softmax(logits[want_lp], dim=-1) if want_lp else None
 
@@ -145,11 +158,9 @@ def sample(
     sampled = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
     if sampled:
         sub_reqs = [reqs[i] for i in sampled]
-        temps = torch.tensor([r.params.temperature for r in sub_reqs], device=logits.device)
-        scaled = _truncate(logits[sampled] / temps[:, None], sub_reqs)
         # the draws take the host's generators (the engine's, or a request's seeded one), so
         # a seed means one sequence of draws on any device: a GPU's probabilities come over
-        probs = torch.softmax(scaled, dim=-1).cpu()
+        probs = sampling_probs(logits[sampled], sub_reqs)
         unseeded = [j for j, r in enumerate(sub_reqs) if r.generator is None]
         if unseeded:
             picks = torch.multinomial(probs[unseeded], 1, generator=global_generator)[:, 0]

@@ -34,8 +34,14 @@ from runtime.scheduling.detokenize import Detokenizer
 from runtime.scheduling.handoff import install_imported
 from runtime.scheduling.overlap import OverlapRunner
 from runtime.scheduling.request import Request, Status
-from runtime.scheduling.step_plan import ExtendItem, StepPlan, build_batch
-from runtime.scheduling.step_results import OutputContext, StepResult, book_step, sample_step
+from runtime.scheduling.step_plan import ExtendItem, StepPlan, VerifyItem, build_batch
+from runtime.scheduling.step_results import (
+    OutputContext,
+    Speculation,
+    StepResult,
+    book_step,
+    sample_step,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,7 @@ class Scheduler:
         hooks: ConstraintHooks | None = None,
         overlap: bool = False,
         tier: HiCache | None = None,
+        speculation: Speculation | None = None,
     ) -> None:
         self.model = model
         self.pool = pool
@@ -79,16 +86,19 @@ class Scheduler:
         self.counters = dict.fromkeys(
             ("prefill_computed", "prefill_cached", "prefill_cached_storage", "decode_tokens",
              "generated_tokens", "forward_steps", "preemptions", "requests_finished",
-             "rank_restarts"),
+             "rank_restarts", "spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens",
+             "spec_verify_tokens"),
             0,
         )  # fmt: skip
         self.busy_s = 0.0  # wall time of steps that ran a forward pass
         self.forward_s = 0.0  # of which the model's forward (the rest: scheduling, sampling)
         self._admit_clock = 0
+        # speculative decoding (runtime/speculative), None when off; overlap is off beside it
+        self.speculation = speculation
         self._outputs = OutputContext(pool, self.book, detokenizer, hooks, self.generator,
-                                      model.config.vocab_size)  # fmt: skip
+                                      model.config.vocab_size, speculation)  # fmt: skip
         # overlap.py: plan step N+1 while step N's forward runs on a model thread
-        self.overlap = OverlapRunner(self) if overlap else None
+        self.overlap = OverlapRunner(self) if overlap and speculation is None else None
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="sgl-scheduler", daemon=True)
         self._thread.start()
@@ -322,6 +332,8 @@ class Scheduler:
                 plan.extends.append(ExtendItem(req, req.computed, length))
                 budget -= length
         budget = self._admit(plan, budget)
+        if self.speculation is not None:
+            self._speculate(plan, self.speculation)
         if not plan:
             if self.running:  # everyone is stuck waiting for pages: free some
                 self.preempt(max(self.running, key=lambda r: r.admit_order))
@@ -347,6 +359,37 @@ class Scheduler:
                     break
             else:
                 plan.decodes.append(req)
+
+    def _speculate(self, plan: StepPlan, spec: Speculation) -> None:
+        """Decodes (and extends that end a jumped request's forced text) whose request gets
+        drafts become verifies: the same tokens, then the drafts, in one extend. Not when more
+        than `spec.max_batch` requests decode this step (verifying would cost more than it
+        saves)."""
+        jumped = [i for i in plan.extends if i.req.output_ids and i.end == i.req.seq_len
+                  and i.req.logprob_start is None and i.req.handoff is None]  # fmt: skip
+        if len(plan.decodes) + len(jumped) > spec.max_batch:
+            return
+        for req in list(plan.decodes):
+            item = self._verify_item(req, spec)
+            if item is not None:
+                plan.decodes.remove(req)
+                plan.verifies.append(item)
+        for ext in jumped:
+            item = self._verify_item(ext.req, spec)
+            if item is not None:
+                plan.extends.remove(ext)
+                plan.verifies.append(item)
+
+    def _verify_item(self, req: Request, spec: Speculation) -> VerifyItem | None:
+        """`req`'s drafts and the pages they are computed in; None when it gets none."""
+        room = min(req.params.max_new_tokens - len(req.output_ids) - 1,
+                   self.model.config.max_position_embeddings - req.seq_len - 1)  # fmt: skip
+        if room <= 0:
+            return None
+        drafts = spec.drafts(req, room)
+        if not drafts or not self.book.reserve(req, req.seq_len + len(drafts)):
+            return None
+        return VerifyItem(req, req.computed, drafts)
 
     def _admit(self, plan: StepPlan, budget: int) -> int:
         if not self.waiting or budget <= 0 or len(self.running) >= self.max_running:

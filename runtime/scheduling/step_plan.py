@@ -22,18 +22,31 @@ class ExtendItem:
 
 
 @dataclass(slots=True)
+class VerifyItem:
+    """Speculative decoding: the request's uncomputed tokens (`seq[start:]`, its last sampled
+    token and any jump-forward text) and then `drafts`, computed in one extend; the logits of
+    the last real token and of every draft (len(drafts) + 1 rows) decide which drafts hold."""
+
+    req: Request
+    start: int  # == req.computed before the step
+    drafts: list[int]
+
+
+@dataclass(slots=True)
 class StepPlan:
     decodes: list[Request] = field(default_factory=list)
     extends: list[ExtendItem] = field(default_factory=list)
+    verifies: list[VerifyItem] = field(default_factory=list)
     # filled by build_batch: per request, the logits rows it owns in the model output
     sample_rows: list[tuple[Request, int]] = field(default_factory=list)
     score_rows: list[tuple[Request, int, int]] = field(default_factory=list)  # req, row0, count
+    verify_rows: list[tuple[VerifyItem, int]] = field(default_factory=list)  # item, row0
     # built ahead of the previous step's sampling (overlap.py): input rows whose token is not
     # sampled yet, with their request; the token goes in once it is
     pending_inputs: list[tuple[int, Request]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.decodes or self.extends)
+        return bool(self.decodes or self.extends or self.verifies)
 
 
 def _page_table(reqs: list[Request], width: int) -> torch.Tensor:
@@ -52,6 +65,7 @@ def build_batch(plan: StepPlan, page_size: int, ahead: bool = False) -> ForwardB
     logit_rows: list[int] = []
     plan.sample_rows.clear()
     plan.score_rows.clear()
+    plan.verify_rows.clear()
     plan.pending_inputs.clear()
     for req in plan.decodes:
         pos = req.computed
@@ -83,8 +97,21 @@ def build_batch(plan: StepPlan, page_size: int, ahead: bool = False) -> ForwardB
         if item.end == req.seq_len and len(req.output_ids) < req.params.max_new_tokens:
             plan.sample_rows.append((req, len(logit_rows)))
             logit_rows.append(len(ids) - 1)
-    width = max([len(r.pages) for r in plan.decodes] + [len(i.req.pages) for i in plan.extends])
-    ext_reqs = [i.req for i in plan.extends]
+    spans = [(i.req, i.start, i.length) for i in plan.extends]
+    for item in plan.verifies:  # extends too: the real tokens, then the drafts
+        req = item.req
+        ids.extend(req.seq[item.start :] + item.drafts)
+        end = req.seq_len + len(item.drafts)
+        pos = torch.arange(item.start, end)
+        pages = torch.tensor(req.pages, dtype=torch.long)
+        positions.extend(range(item.start, end))
+        slots.extend((pages[pos // page_size] * page_size + pos % page_size).tolist())
+        plan.verify_rows.append((item, len(logit_rows)))
+        last = len(ids) - 1
+        logit_rows.extend(range(last - len(item.drafts), last + 1))
+        spans.append((req, item.start, end - item.start))
+    width = max([len(r.pages) for r in plan.decodes] + [len(s[0].pages) for s in spans])
+    ext_reqs = [s[0] for s in spans]
     return ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.long),
         positions=torch.tensor(positions, dtype=torch.long),
@@ -93,7 +120,7 @@ def build_batch(plan: StepPlan, page_size: int, ahead: bool = False) -> ForwardB
         decode_page_table=_page_table(plan.decodes, width),
         decode_seq_lens=torch.tensor([r.computed + 1 for r in plan.decodes], dtype=torch.int32),
         extend_page_table=_page_table(ext_reqs, width),
-        extend_prefix_lens=torch.tensor([i.start for i in plan.extends], dtype=torch.int32),
-        extend_lens=torch.tensor([i.length for i in plan.extends], dtype=torch.int32),
+        extend_prefix_lens=torch.tensor([s[1] for s in spans], dtype=torch.int32),
+        extend_lens=torch.tensor([s[2] for s in spans], dtype=torch.int32),
         logit_rows=torch.tensor(logit_rows, dtype=torch.long),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -19,7 +20,24 @@ from runtime.scheduling.constrained import ConstraintHooks
 from runtime.scheduling.detokenize import Detokenizer
 from runtime.scheduling.request import Request, Status
 from runtime.scheduling.sampling import sample
-from runtime.scheduling.step_plan import StepPlan
+from runtime.scheduling.step_plan import StepPlan, VerifyItem
+
+
+class Speculation(Protocol):
+    """Speculative decoding as the scheduler sees it (runtime/speculative's `Speculator`)."""
+
+    max_batch: int  # more decoding requests than this in a step: no drafts at all
+
+    def drafts(self, req: Request, limit: int) -> list[int]:
+        """At most `limit` draft tokens to follow `req.seq` (the grammar allows them all)."""
+        ...
+
+    def accept(
+        self, ctx: OutputContext, item: VerifyItem, logits: torch.Tensor, result: StepResult
+    ) -> None:
+        """Take the tokens the target model's `logits` (a row per draft, plus one) confirm:
+        appended to the request as decoding them one by one would have."""
+        ...
 
 
 @dataclass(slots=True)
@@ -32,6 +50,7 @@ class OutputContext:
     hooks: ConstraintHooks | None
     generator: torch.Generator
     vocab_size: int
+    speculation: Speculation | None = None
 
 
 @dataclass(slots=True)
@@ -65,7 +84,13 @@ def book_step(ctx: OutputContext, plan: StepPlan, logits: torch.Tensor | None) -
     for req in plan.decodes:
         req.computed += 1
         req.decode_steps += 1
-    result.counts["decode_tokens"] += len(plan.decodes)
+    result.counts["decode_tokens"] += len(plan.decodes) + len(plan.verifies)
+    for v in plan.verifies:  # the real tokens are computed; the drafts wait for `accept`
+        req = v.req
+        req.decode_steps += 1
+        result.counts["prefill_computed"] += req.seq_len - v.start - 1
+        req.computed = req.seq_len
+        req.prefill_done = True
     for item in plan.extends:
         req = item.req
         if req.output_ids:
@@ -109,6 +134,10 @@ def sample_step(ctx: OutputContext, plan: StepPlan, logits: torch.Tensor) -> Ste
                 hand_off(ctx, req, result)
             else:
                 after_new_token(ctx, req, result)
+    for v, row0 in plan.verify_rows:
+        if result.finishing(v.req):
+            continue
+        ctx.speculation.accept(ctx, v, logits[row0 : row0 + len(v.drafts) + 1], result)
     for item in plan.extends:  # prefill-only requests (max_new_tokens=0, score)
         req = item.req
         if req.prefill_done and req.status is Status.RUNNING and not result.finishing(req):
