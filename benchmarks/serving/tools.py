@@ -339,8 +339,9 @@ async def run_apis(srv: dict, args) -> list[dict]:
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in NESTED_TOOLS}
     flat = [{"type": "function", **t["function"]} for t in NESTED_TOOLS]
     out = {api: {"ttft": [], "calls": 0, "valid": 0} for api in ("chat", "responses")}
+    questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.api_requests)]
     async with httpx.AsyncClient(timeout=900) as http:
-        for i, question in _questions(args.questions):
+        for i, question in enumerate([questions[0], *questions]):  # the first pair warms up
             common = {"model": srv["model"], "temperature": 0, "tool_choice": "required",
                       "repetition_penalty": args.repetition_penalty}  # fmt: skip
             bodies = {
@@ -352,6 +353,8 @@ async def run_apis(srv: dict, args) -> list[dict]:
             send = {"chat": _first_event_chat, "responses": _first_event_responses}
             for api in ("chat", "responses") if i % 2 == 0 else ("responses", "chat"):
                 ttft, calls = await send[api](http, srv, bodies[api])
+                if i == 0:
+                    continue
                 out[api]["ttft"].append(ttft)
                 for c in calls:
                     out[api]["calls"] += 1
@@ -482,6 +485,7 @@ def main() -> None:
     p.add_argument("--formats", default=",".join(FORMATS))
     p.add_argument("--questions", type=int, default=4, help="requests per row")
     p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--api-requests", type=int, default=16, help="per API, responses rows")
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--repetition-penalty", type=float, default=1.05)
@@ -548,8 +552,8 @@ def _format_rows(srv: dict, fmt: str, rows: set[str], args) -> list[dict]:
 def report_apis(apis: list[dict], args) -> None:
     if not apis:
         return
-    print(f"\nstreamed, tool_choice required, nested tools, {args.questions} requests each, "
-          "one at a time, the APIs alternating\n")  # fmt: skip
+    print(f"\nstreamed, tool_choice required, nested tools, {args.api_requests} requests each "
+          "(after one warm-up pair), one at a time, the APIs alternating\n")  # fmt: skip
     print("| API | answers | calls | calls valid | median time to first token s | vs chat |")
     print("|---|---|---|---|---|---|")
     for r in apis:
@@ -573,7 +577,8 @@ def _num(x: float) -> str:
 
 
 def report(results: list[dict], reasoning: list[dict], args) -> None:
-    print(f"\n{args.questions} requests per row, {len(TOOLS)} tools, greedy, repetition_penalty "
+    print(f"\n{args.questions} requests per row, {len(TOOLS)} tools ({len(NESTED_TOOLS)} in the "
+          f"nested rows), greedy, repetition_penalty "
           f"{args.repetition_penalty}, max_tokens {args.max_tokens}\n")  # fmt: skip
     print("| format | tool_choice | strict | answers that opened a call | cut by max_tokens "
           "| finished calls valid | with undeclared args | completion tokens per call | wall s "

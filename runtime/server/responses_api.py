@@ -30,6 +30,8 @@ from runtime.server.responses_output import ResponseItems, new_id, usage
 from runtime.server.state import ServerState, get_state
 
 router = APIRouter()
+# the id prefix of an input item of each type (OpenAI's)
+_ID_PREFIX = {"function_call": "fc", "function_call_output": "fc_output", "reasoning": "rs"}
 
 
 def _event(event: dict[str, Any]) -> str:
@@ -97,7 +99,10 @@ class _Turn:
         self.state = state
         self.body = body
         self.answer = answer
-        self.inputs = [*history, *input_items(body)]
+        # (each input item gets an id, as OpenAI lists them under input_items)
+        own = [i if "id" in i else {"id": new_id(_ID_PREFIX.get(i.get("type"), "msg")), **i}
+               for i in input_items(body)]  # fmt: skip
+        self.inputs = [*history, *own]
         self.items = ResponseItems(_response_object(state, body, chat))
 
     def finish(self, result: GenerateResult, reason: str) -> list[dict[str, Any]]:
@@ -196,6 +201,6 @@ async def response_input_items(response_id: str, request: Request) -> Any:
     """The input items of a stored response (its chain's history and its own input), newest
     first as OpenAI lists them."""
     stored = _stored(get_state(request), response_id)
-    data = [{"id": i.get("id") or new_id("msg"), **i} for i in reversed(stored.input_items)]
+    data = list(reversed(stored.input_items))
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": False}  # fmt: skip
