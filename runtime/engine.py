@@ -120,22 +120,15 @@ def _num_pages(
     )  # fmt: skip
 
 
-def _speculative(
-    algorithm: str | None,
-    num_draft_tokens: int | None,
-    num_steps: int | None,
-    min_window: int | None,
-    max_window: int | None,
-    draft_model_path: str | None,
-    disable_by_batch_size: int | None,
-    vllm_config: str | Mapping[str, Any] | None,
-) -> SpeculativeConfig | None:
+def _speculative(given: dict[str, Any]) -> SpeculativeConfig | None:
+    """The Engine's `speculative_*` keywords, by name, in one record (None: speculation off)."""
+    kw = {k.removeprefix("speculative_"): v for k, v in given.items()}
+    vllm = kw.pop("config")
     return speculative_config(
-        algorithm, num_draft_tokens=num_draft_tokens, num_steps=num_steps,
-        ngram_min_match_window_size=min_window, ngram_max_match_window_size=max_window,
-        draft_model_path=draft_model_path, disable_by_batch_size=disable_by_batch_size,
-        vllm_config=dict(vllm_config) if isinstance(vllm_config, Mapping) else vllm_config,
-    )  # fmt: skip
+        kw.pop("algorithm"),
+        **kw,
+        vllm_config=dict(vllm) if isinstance(vllm, Mapping) else vllm,
+    )
 
 
 def _rank_config(config: Any, tp_size: int, pp_size: int, ep_size: int) -> Any:
@@ -256,13 +249,9 @@ class Engine:
         speculative_config: str | Mapping[str, Any] | None = None,
     ) -> None:
         self.device = resolve_device(device)  # DeviceUnavailableError before any loading
-        # speculative decoding (runtime/speculative): SGLang's keywords or vLLM's dict; None:
-        # off. Checked before any loading (SpeculativeConfigError names the option).
-        self.speculative: SpeculativeConfig | None = _speculative(
-            speculative_algorithm, speculative_num_draft_tokens, speculative_num_steps,
-            speculative_ngram_min_match_window_size, speculative_ngram_max_match_window_size,
-            speculative_draft_model_path, speculative_disable_by_batch_size, speculative_config,
-        )  # fmt: skip
+        # speculative decoding (runtime/speculative): the speculative_* keywords (SGLang's, and
+        # vLLM's dict); None: off. Checked before any loading (the error names the option).
+        self.speculative = _speculative({k: v for k, v in locals().items() if "speculative_" in k})
         self.json_schema_mode = json_schema_mode  # default of requests with a json_schema
         # a constraint's compile budget (time, address space; None: compile_pool's defaults)
         self.grammar_compile_timeout_s, self.grammar_compile_memory_mb = (
@@ -329,13 +318,17 @@ class Engine:
             bootstrap_port=disaggregation_bootstrap_port,
             transfer_backend=disaggregation_transfer_backend,
             mooncake_protocol=disaggregation_mooncake_protocol)  # fmt: skip
+        self._start(path, max_running_requests, chunked_prefill_tokens, overlap_schedule, quantized)
+
+    def _start(
+        self, path: Path, max_running: int, chunk_tokens: int, overlap: bool | None, quantized: bool
+    ) -> None:
+        """The parts after the model and the pool: outputs, the scheduler thread."""
         self.eos_token_ids = _eos_ids(path, self.config.eos_token_ids, self.tokenizer)
         # the prefill or decode role, consulted only for requests that carry a room
         self._role = self.disaggregation if self.disaggregation.mode != "null" else None
         self.detokenizer = Detokenizer(self.tokenizer, self.eos_token_ids)
-        self.scheduler = self._make_scheduler(
-            max_running_requests, chunked_prefill_tokens, overlap_wanted(overlap_schedule)
-        )
+        self.scheduler = self._make_scheduler(max_running, chunk_tokens, overlap_wanted(overlap))
         self._free_loading_threads(quantized)
         self._closed = False
         _LIVE_ENGINES.add(self)  # shut down at exit if the program never closes it

@@ -1,0 +1,226 @@
+"""Speculative decoding: tokens/s with and without n-gram speculation, same engine settings.
+
+Run: .venv/bin/python -m benchmarks.engine.speculative [--model PATH] [--quick] [--rounds N]
+
+Workloads (greedy, the default model's GGUF unless --model, CPU):
+  extraction  batch 1: a ~1,000-token record, a JSON Schema whose values are spans of it
+  code-edit   batch 1: a ~60-line function rewritten with one change
+  free-chat   batch 1: an open question (little to copy)
+  decode-16   the 16 short prompts of benchmarks.peers (128 new tokens each, ignore_eos)
+
+Rows: no speculation, n-gram (`speculative_algorithm="NGRAM"`). Each row: tokens/s (completion
+tokens over wall time, the faster of `--rounds` runs, the prompts' KV cached by a one-token run
+just before; the rows of a workload alternate on one machine), forward steps per token, the
+accept length (tokens per verify forward), and whether the output equals the no-speculation
+row token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+from benchmarks.peers.compare import CITIES, PEOPLE
+from runtime import Engine
+
+FIELDS = ("customer", "email", "company", "street", "city", "order_id", "product", "note")
+SCHEMA = {
+    "type": "object",
+    "properties": {k: {"type": "string", "maxLength": 80} for k in FIELDS},
+    "required": list(FIELDS),
+    "additionalProperties": False,
+}
+
+
+def record(seed: int = 0) -> str:
+    """A support-ticket record of about 1,000 tokens: filler lines around the fields' values."""
+    rng = random.Random(seed)
+    words = (
+        "shipment delayed warehouse invoice refund priority courier tracking customer "
+        "support replacement battery charger screen warranty account billing"
+    ).split()
+    values = {
+        "customer": "Margaret Okonkwo-Hale", "email": "m.okonkwo-hale@riverbend-analytics.com",
+        "company": "Riverbend Analytics Ltd", "street": "4417 Old Quarry Road, Suite 210",
+        "city": "Bellingham, Washington", "order_id": "RB-2024-118-77342-QX",
+        "product": "Halcyon X2 portable espresso grinder (matte graphite)",
+        "note": "replacement burr assembly requested after the second failed calibration",
+    }  # fmt: skip
+    lines = []
+    for i, (k, v) in enumerate(values.items()):
+        for _ in range(4):
+            lines.append(" ".join(rng.choice(words) for _ in range(12)) + ".")
+        lines.append(f"Ticket field {i + 1} ({k.replace('_', ' ')}): {v}.")
+    return "\n".join(lines)
+
+
+CODE = '''def summarize_orders(orders, currency="USD", include_refunds=False):
+    """Totals per customer, the largest order and the refund share."""
+    totals = {}
+    largest = None
+    refunds = 0.0
+    count = 0
+    for order in orders:
+        if order is None:
+            continue
+        customer = order.get("customer")
+        amount = float(order.get("amount", 0.0))
+        if order.get("currency", currency) != currency:
+            rate = order.get("rate", 1.0)
+            amount = amount * rate
+        if order.get("refunded"):
+            refunds += amount
+            if not include_refunds:
+                continue
+        totals[customer] = totals.get(customer, 0.0) + amount
+        count += 1
+        if largest is None or amount > largest["amount"]:
+            largest = {"customer": customer, "amount": amount}
+    grand_total = sum(totals.values())
+    share = refunds / grand_total if grand_total else 0.0
+    ranked = sorted(totals.items(), key=lambda kv: kv[1], reverse=True)
+    top = ranked[:5]
+    lines = []
+    for customer, total in top:
+        lines.append(f"{customer}: {total:.2f} {currency}")
+    report = {
+        "count": count,
+        "grand_total": round(grand_total, 2),
+        "largest": largest,
+        "refund_share": round(share, 4),
+        "top": lines,
+    }
+    if count == 0:
+        report["warning"] = "no orders"
+    elif share > 0.25:
+        report["warning"] = "many refunds"
+    else:
+        report["warning"] = None
+    average = grand_total / count if count else 0.0
+    report["average"] = round(average, 2)
+    median_source = sorted(totals.values())
+    if median_source:
+        middle = len(median_source) // 2
+        if len(median_source) % 2:
+            median = median_source[middle]
+        else:
+            median = (median_source[middle - 1] + median_source[middle]) / 2
+    else:
+        median = 0.0
+    report["median"] = round(median, 2)
+    report["currency"] = currency
+    report["customers"] = len(totals)
+    report["refunds"] = round(refunds, 2)
+    return report
+'''
+
+
+def chat(tok, user: str) -> list[int]:
+    ids = tok.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def workloads(tok, quick: bool) -> dict[str, dict]:
+    short = [f"Write a long story about {p} in {CITIES[i % 8]}." for i, p in enumerate(PEOPLE)]
+    return {
+        "extraction": {
+            "prompts": [
+                chat(
+                    tok,
+                    "Copy these fields of the ticket below into JSON, each value "
+                    "exactly as written.\n\n" + record(),
+                )
+            ],  # fmt: skip
+            "kw": {"max_new_tokens": 200, "json_schema": json.dumps(SCHEMA)},
+        },
+        "code-edit": {
+            "prompts": [
+                chat(
+                    tok,
+                    "Rewrite this function with one change: rename the parameter "
+                    "`orders` to `records`. Return the whole function.\n\n" + CODE,
+                )
+            ],  # fmt: skip
+            "kw": {"max_new_tokens": 160 if quick else 600},
+        },
+        "free-chat": {
+            "prompts": [
+                chat(tok, "What makes a good morning routine? Answer in a few paragraphs.")
+            ],  # fmt: skip
+            "kw": {"max_new_tokens": 64 if quick else 200},
+        },
+        "decode-16": {
+            "prompts": short,
+            "kw": {"max_new_tokens": 32 if quick else 128, "ignore_eos": True},
+        },
+    }
+
+
+def run(engine: Engine, w: dict) -> tuple[float, list[list[int]], dict]:
+    prompts = w["prompts"] if len(w["prompts"]) > 1 else w["prompts"][0]
+    # the prompts' KV first (and the grammar compiled): the timed run is the decoding
+    engine.generate(prompts, temperature=0.0, **{**w["kw"], "max_new_tokens": 1})
+    before = engine.stats()
+    start = time.perf_counter()
+    outs = engine.generate(prompts, temperature=0.0, **w["kw"])
+    seconds = time.perf_counter() - start
+    outs = outs if isinstance(outs, list) else [outs]
+    after = engine.stats()
+    keys = ("forward_steps", "spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")
+    delta = {k: after[k] - before[k] for k in keys}
+    return seconds, [o.token_ids for o in outs], delta
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="default: the default model's GGUF")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--draft-tokens", type=int, default=8)
+    parser.add_argument("--only", default=None, help="comma-separated workload names")
+    args = parser.parse_args(argv)
+    common = {"max_total_tokens": 16384, "chunked_prefill_tokens": 512}
+    engines = {
+        "none": Engine(args.model, **common),
+        "ngram": Engine(
+            args.model,
+            **common,
+            speculative_algorithm="NGRAM",
+            speculative_num_draft_tokens=args.draft_tokens,
+        ),  # fmt: skip
+    }
+    work = workloads(engines["none"].tokenizer, args.quick)
+    if args.only:
+        work = {k: v for k, v in work.items() if k in args.only.split(",")}
+    for engine in engines.values():  # warm up
+        engine.generate("Hello", max_new_tokens=4, temperature=0.0)
+    print(f"{'workload':<11} {'row':<6} {'tokens':>6} {'tok/s':>8} {'x':>5} {'steps/tok':>9} "
+          f"{'accept len':>10} {'identical':>9}")  # fmt: skip
+    for name, w in work.items():
+        best: dict[str, tuple] = {}
+        for _ in range(args.rounds):
+            for row, engine in engines.items():
+                engine.flush_cache()
+                seconds, ids, delta = run(engine, w)
+                if row not in best or seconds < best[row][0]:
+                    best[row] = (seconds, ids, delta)
+        base_rate = None
+        for row, (seconds, ids, delta) in best.items():
+            tokens = sum(len(t) for t in ids)
+            rate = tokens / seconds
+            base_rate = base_rate or rate
+            steps = delta["spec_verify_steps"]
+            accept = ((delta["spec_accepted_tokens"] + steps) / steps) if steps else 1.0
+            same = ids == best["none"][1]
+            print(f"{name:<11} {row:<6} {tokens:>6} {rate:>8.1f} {rate / base_rate:>5.2f} "
+                  f"{delta['forward_steps'] / max(tokens, 1):>9.2f} {accept:>10.2f} "
+                  f"{'yes' if same else 'NO':>9}")  # fmt: skip
+    for engine in engines.values():
+        engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
