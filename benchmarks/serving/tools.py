@@ -344,10 +344,15 @@ async def run_apis(srv: dict, args) -> list[dict]:
         for i, question in enumerate([questions[0], *questions]):  # the first pair warms up
             common = {"model": srv["model"], "temperature": 0, "tool_choice": "required",
                       "repetition_penalty": args.repetition_penalty}  # fmt: skip
+            # a request number in each question: no request finds the other API's prompt in
+            # the radix cache (both prefill their question; the tools' text stays cached)
+            asked = {
+                api: f"({2 * i + k}) {question}" for k, api in enumerate(("chat", "responses"))
+            }
             bodies = {
-                "chat": {**common, "messages": [{"role": "user", "content": question}],
+                "chat": {**common, "messages": [{"role": "user", "content": asked["chat"]}],
                          "tools": NESTED_TOOLS, "max_tokens": args.max_tokens},
-                "responses": {**common, "input": question, "tools": flat,
+                "responses": {**common, "input": asked["responses"], "tools": flat,
                               "max_output_tokens": args.max_tokens},
             }  # fmt: skip
             send = {"chat": _first_event_chat, "responses": _first_event_responses}
