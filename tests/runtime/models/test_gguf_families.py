@@ -71,14 +71,23 @@ def _oracle(case: str, config, model, written, root):
     return oracle
 
 
+_built: dict[str, tuple] = {}
+
+
+def _build(case: str, tmp_path_factory) -> tuple:
+    """(case, config, what was written, the oracle) for a case, built once per session."""
+    if case not in _built:
+        config = CASES[case][0]()
+        model = _random_model(config)
+        root = tmp_path_factory.mktemp(case)
+        written = write_family_gguf(root / f"tiny-{case}.gguf", config, model.state_dict())
+        _built[case] = (case, config, written, _oracle(case, config, model, written, root))
+    return _built[case]
+
+
 @pytest.fixture(scope="module", params=list(CASES))
 def family_file(request, tmp_path_factory):
-    case = request.param
-    config = CASES[case][0]()
-    model = _random_model(config)
-    root = tmp_path_factory.mktemp(case)
-    written = write_family_gguf(root / f"tiny-{case}.gguf", config, model.state_dict())
-    return case, config, written, _oracle(case, config, model, written, root)
+    return _build(request.param, tmp_path_factory)
 
 
 def test_weights_stay_in_their_block_formats(family_file):
@@ -139,10 +148,8 @@ def test_gate_and_up_of_one_format_stack_as_one_view_per_expert(tmp_path):
     assert isinstance(mixed, QuantStack)  # k Q8_0, v Q5_0: two products
 
 
-def test_gemma_norms_and_windows_from_the_file(family_file):
-    case, config, written, _ = family_file
-    if case != "gemma3":
-        pytest.skip("Gemma's conventions")
+def test_gemma_norms_and_windows_from_the_file(tmp_path_factory):
+    _, _, written, _ = _build("gemma3", tmp_path_factory)
     loaded, state = load_gguf(written.path)
     # the file stores 1 + w; the checkpoint convention (w) comes back
     norm = state["model.layers.0.self_attn.q_norm.weight"]
@@ -150,3 +157,35 @@ def test_gemma_norms_and_windows_from_the_file(family_file):
     assert loaded.layer_types[-1] == "full_attention" and loaded.window_layers == 5
     assert loaded.sliding_window == WINDOW and loaded.query_pre_attn_scalar == 256
     assert loaded.local_rope == {"rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize(("arch", "turns"), [("qwen3", "chatml"), ("gemma3", None)])
+def test_a_file_without_a_chat_template_gets_its_familys_turns(tmp_path, arch, turns):
+    """SmolLM2's vocabulary has ChatML's markers but not Gemma's: a qwen3 file gets ChatML
+    turns, a gemma3 file none (never a format whose markers would be split into pieces)."""
+    import gguf
+
+    from runtime.default_model import default_gguf_path
+    from runtime.models.chat_templates import CHATML_TURNS
+    from runtime.models.gguf import load_tokenizer, read_header
+
+    meta = read_header(default_gguf_path())[0]
+    path = tmp_path / f"{arch}.gguf"
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    writer.add_token_list(meta["tokenizer.ggml.tokens"])
+    writer.add_token_types(meta["tokenizer.ggml.token_type"])
+    writer.add_token_merges(meta["tokenizer.ggml.merges"])
+    writer.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    writer.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tokenizer = load_tokenizer(path)
+    assert (tokenizer.chat_template or None) == (CHATML_TURNS if turns else None)
+    if turns:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                             add_generation_prompt=True)  # fmt: skip
+        assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        assert tokenizer.convert_tokens_to_ids("<|im_start|>") in tokenizer(text)["input_ids"]
