@@ -21,6 +21,9 @@ from runtime.memory.kv_pool import KV_DTYPE_CHOICES
 from runtime.server.app import build_state, create_app
 
 logger = logging.getLogger("runtime.server")
+SPECULATIVE_FLAGS = ("algorithm", "num_draft_tokens", "num_steps", "ngram_min_match_window_size",
+                     "ngram_max_match_window_size", "draft_model_path", "disable_by_batch_size",
+                     "config")  # fmt: skip
 # how long a start waits for the grammar prebuild and the compile workers before it serves
 CONSTRAINTS_READY_S = 120
 
@@ -59,6 +62,45 @@ def _device_flags(engine: argparse._ArgumentGroup) -> None:
         default=None,
         help="decode batch sizes captured as CUDA graphs (default 1 2 4 8, then every 8 up to "
         "--max-running-requests)",
+    )
+
+
+def _speculative_flags(p: argparse.ArgumentParser) -> None:
+    """SGLang's speculative decoding flags, and vLLM's --speculative-config JSON in the same
+    terms (runtime/speculative/config.py; off unless an algorithm or the JSON is given)."""
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument(
+        "--speculative-algorithm",
+        default=None,
+        type=str.upper,
+        choices=("NGRAM", "STANDALONE"),
+        help="NGRAM: drafts looked up in the request's own tokens",
+    )
+    spec.add_argument(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=None,
+        help="drafts verified per request and step (default 8)",
+    )
+    spec.add_argument(
+        "--speculative-num-steps",
+        type=int,
+        default=None,
+        help="depth of a draft chain (the drafts per step when the flag above is unset)",
+    )
+    spec.add_argument("--speculative-ngram-min-match-window-size", type=int, default=None)
+    spec.add_argument("--speculative-ngram-max-match-window-size", type=int, default=None)
+    spec.add_argument("--speculative-draft-model-path", default=None)
+    spec.add_argument(
+        "--speculative-disable-by-batch-size",
+        type=int,
+        default=None,
+        help="no drafts in a step with more decoding requests than this (default 4)",
+    )
+    spec.add_argument(
+        "--speculative-config",
+        default=None,
+        help='vLLM\'s JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 8}\'',
     )
 
 
@@ -142,6 +184,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "per value, per-layer scales; half the bytes of bf16), bf16, fp16, fp32",
     )
     _chat_flags(p)
+    _speculative_flags(p)
     _compile_flags(engine)
     _hicache_flags(p)
     _pd_flags(p)
@@ -294,6 +337,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "hicache_storage_budget_gb": args.hicache_storage_budget_gb,
         "hicache_load_policy": args.hicache_load_policy,
         "hicache_storage_backend_extra_config": args.hicache_storage_backend_extra_config,
+        **{f"speculative_{k}": getattr(args, f"speculative_{k}") for k in SPECULATIVE_FLAGS},
     }
 
 

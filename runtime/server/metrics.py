@@ -120,6 +120,8 @@ class ServerMetrics:
             metric(name, "gauge", help_, [("", float(engine_stats.get(key, 0)))])
         if engine_stats.get("hierarchical_cache"):
             self._hicache(metric, engine_stats)
+        if engine_stats.get("speculative_algorithm"):
+            self._speculative(metric, engine_stats)
         waiting = max(0, in_flight - int(engine_stats.get("running", 0)))
         metric(
             "in_flight_requests",
@@ -129,6 +131,18 @@ class ServerMetrics:
         )
         metric("queue_length", "gauge", "Admitted requests not yet running.", [("", waiting)])
         return "\n".join(out) + "\n"
+
+    @staticmethod
+    def _speculative(metric: Any, stats: dict[str, Any]) -> None:
+        """Speculative decoding's figures (an engine with `speculative_algorithm`)."""
+        for name, key, kind, help_ in (
+            ("spec_verify_steps_total", "spec_verify_steps", "counter", "Verify forwards."),
+            ("spec_draft_tokens_total", "spec_draft_tokens", "counter", "Drafts proposed."),
+            ("spec_accepted_tokens_total", "spec_accepted_tokens", "counter", "Drafts kept."),
+            ("spec_accept_length", "spec_accept_length", "gauge", "Tokens per verify forward."),
+            ("spec_accept_rate", "spec_accept_rate", "gauge", "Share of drafts kept."),
+        ):
+            metric(name, kind, help_, [("", float(stats.get(key, 0)))])
 
     @staticmethod
     def _hicache(metric: Any, stats: dict[str, Any]) -> None:

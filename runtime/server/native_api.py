@@ -102,6 +102,9 @@ def _meta(
         "decode_steps": result.usage.decode_steps,
         "finish_reason": reason,
     }
+    if result.usage.spec_verify_ct:  # speculative decoding, SGLang's names
+        meta["spec_verify_ct"] = result.usage.spec_verify_ct
+        meta["spec_accept_length"] = result.usage.spec_accept_length
     if opts.get("constraint"):  # the field whose constraint the output obeys (ours)
         meta["constraint"] = opts["constraint"]
     top_n, sglang_shape, with_text = opts["top_n"], opts["sglang_shape"], opts["with_text"]
