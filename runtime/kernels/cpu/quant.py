@@ -382,7 +382,8 @@ def _one_view(parts: list[QuantTensor]) -> QuantTensor | None:
     return QuantTensor(view, parts[0].qtype, parts[0].cols)
 
 
-INT_TYPES = frozenset({2, 3, 6, 7, 8})  # the 32-element formats: the integer path (q_uses_int)
+INT_TYPES = frozenset({2, 3, 6, 7, 8})  # the 32-element formats: the integer path
+K_TYPES = frozenset({12, 13, 14})  # Q4_K, Q5_K, Q6_K: the integer path too (q_uses_int)
 PACKED_TYPES = frozenset({2, 3, 8})  # Q4_0, Q4_1, Q8_0: products on packed groups of 8 rows
 
 
@@ -413,7 +414,7 @@ def scratch_bytes(
     floats a row for the SwiGLU input."""
     n = rows * cols
     extra = 4 * rows * out + (4 * n if swiglu else 0)
-    if qtype in INT_TYPES:  # int16 q, h and l bytes; d, s and the integer sums a block
+    if qtype in INT_TYPES or qtype in K_TYPES:  # int16 q, h, l bytes; d, s, integer sums a block
         return 4 * n + 12 * (n // 32) + extra
     return (4 * n if x_bf16 else 0) + extra
 

@@ -15,8 +15,9 @@ from runtime.kernels.cpu.quant import QuantTensor
 pytestmark = pytest.mark.skipif(cpu_quant.library() is None, reason="no C compiler")
 
 FORMATS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16"]
-INT_FORMATS = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}  # products on int16-quantized inputs
 K_FORMATS = {"Q4_K", "Q5_K", "Q6_K"}  # gguf has no numpy quantizer for these
+# products on int16-quantized inputs: the 32-element formats and the K-quants
+INT_FORMATS = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"} | K_FORMATS
 
 
 def random_weight(name: str, rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, QuantTensor]:
@@ -70,7 +71,7 @@ def test_product_matches_a_float64_product(name, rows):
     torch.manual_seed(rows)
     x = torch.randn(rows, 512)
     y = cpu_quant.linear(x, w).double()
-    # the 32-element formats multiply the inputs as quantized (int16 blocks); the others as given
+    # the block formats multiply the inputs as quantized (int16 blocks); F16 / BF16 as given
     xs = int16_inputs(x) if name in INT_FORMATS else x.double()
     exact = xs @ w.dequantize().double().T
     scale = xs.abs() @ w.dequantize().double().abs().T  # the sum's magnitude, per output
@@ -133,7 +134,7 @@ def test_packed_weights_follow_each_other_from_a_huge_page_boundary(monkeypatch)
         assert torch.equal(cpu_quant.linear(x, w), cpu_quant.linear(x, twin))
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_each_row_is_the_same_whatever_the_batch_and_threads(name):
     # 21 rows: the packed kernels share each unpacked block among 16 rows, then 5
     _, w = random_weight(name, 96, 768, seed=3)
@@ -142,6 +143,22 @@ def test_each_row_is_the_same_whatever_the_batch_and_threads(name):
     alone = torch.cat([cpu_quant.linear(x[i : i + 1], w, threads=1) for i in range(21)])
     assert torch.equal(together, alone)
     assert torch.equal(cpu_quant.linear(x[:7], w), together[:7])
+
+
+@pytest.mark.parametrize("name", sorted(K_FORMATS))
+def test_k_quant_rows_longer_than_the_stack_buffer_multiply_alike(name):
+    # 16640 columns: past the 16384 a weight row unpacks into on the stack (then the heap);
+    # against float64 and, in the portable build, bit for bit
+    _, w = random_weight(name, 8, 16640, seed=13)
+    torch.manual_seed(13)
+    x = torch.randn(5, 16640)
+    y = cpu_quant.linear(x, w)
+    xs = int16_inputs(x)
+    exact = xs @ w.dequantize().double().T
+    scale = xs.abs() @ w.dequantize().double().abs().T
+    assert torch.all((y.double() - exact).abs() <= 1e-5 * scale + 1e-6), name
+    if cpu_quant.library(portable=True) is not None:
+        assert torch.equal(y, cpu_quant.linear(x, w, portable=True, threads=1))
 
 
 def test_bf16_inputs_bias_and_output_dtype():

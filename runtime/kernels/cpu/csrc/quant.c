@@ -18,8 +18,11 @@
      `fma(sum, d_w * d_x, acc)` (even and odd blocks in two accumulators); a row ends with a
      fixed lane-sum tree plus the sums of the `m * s` terms. The portable code computes
      exactly those lanes and that tree, so the SIMD and portable builds give the same bits.
-   - Fused dequantization for the rest (Q4_K, Q5_K, Q6_K, F16, BF16, F32): a block is dequantized
-     into a small buffer and multiplied in float32 against the unquantized input, in 8 lanes.
+   - The K-quants (Q4_K, Q5_K, Q6_K) on the same int16 inputs: each weight row is unpacked once
+     for every input row into int16 values with the sub-block scales folded in (k_unpack), and
+     each 32-element block then takes the arithmetic above (k_rows).
+   - Fused dequantization for the rest (F16, BF16, F32): a block is dequantized into a small
+     buffer and multiplied in float32 against the unquantized input, in 8 lanes.
 
    SIMD: AVX-512 (one block per 512-bit `vpdpwssd` with VNNI, `vpmaddwd` without), else AVX2 +
    FMA (two 256-bit `vpmaddwd` a block); the library is compiled with -march=native on first use, so
@@ -540,6 +543,10 @@ Q_INLINE void int_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int6
     }
 }
 
+static void k_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols, const int16_t *xq,
+                   const float *xd, const float *xs, int64_t rows, float *y, int64_t ldy,
+                   int64_t r0, int64_t r1); /* the K-quants (below) */
+
 /* int_rows_of with the type a constant in each copy (the unpacking's switch folds away) */
 static void int_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
                      const int16_t *xq, const float *xd, const float *xs, int64_t rows,
@@ -550,7 +557,186 @@ static void int_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
     case T_Q5_0: int_rows_of(T_Q5_0, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1); break;
     case T_Q5_1: int_rows_of(T_Q5_1, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1); break;
     case T_Q8_0: int_rows_of(T_Q8_0, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1); break;
+    case T_Q4_K: case T_Q5_K: case T_Q6_K:
+        k_rows(t, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1);
+        break;
     }
+}
+
+/* ---- the integer path for the K-quants: Q4_K, Q5_K, Q6_K ------------------------------------ */
+
+/* A weight row is unpacked once, for every input row, into int16 values with each sub-block's
+   scale folded in (Q4_K / Q5_K: sc * q, Q6_K: sc * (q - 32): exact, |w| <= 4096), and per
+   32-element block its float scale (the super-block's d) and minimum term (Q4_K / Q5_K:
+   -dmin * m, exact in float; Q6_K: 0). Against the int16 input blocks this is the 32-element
+   formats' arithmetic: a block's lanes are exact int32 sums w[2j] x[2j] + w[2j+1] x[2j+1]
+   (the pair sum stays under 2^29), fused-multiply-added as `fma(sum, d * d_x, acc)` in 16
+   lanes, even and odd blocks apart, the minimum terms as `mins += m * s_x`. So the SIMD and
+   portable builds give the same bits, and a row's result does not depend on the batch. */
+
+/* the K-quant super-block at b (256 values) -> w16 [256], wd [8], wm [8] */
+static void k_unpack(const int t, const uint8_t *b, int16_t *w16, float *wd, float *wm) {
+    if (t == T_Q6_K) {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float d = h2f(b + 208);
+        for (int j = 0; j < 8; j++) { /* block j: elements 32 j .. 32 j + 31 */
+            int c = j / 4, p = j % 4; /* half c of the super-block, quarter p of it */
+            const uint8_t *lo = ql + c * 64 + (p % 2) * 32, *hi = qh + c * 32;
+            wd[j] = d;
+            wm[j] = 0.0f;
+#ifdef Q_AVX2
+            const __m256i low4 = _mm256_set1_epi8(15), low2 = _mm256_set1_epi8(3);
+            __m256i l = _mm256_and_si256(
+                _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)lo),
+                                 _mm_cvtsi32_si128(4 * (p / 2))), low4);
+            __m256i h = _mm256_and_si256(
+                _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)hi),
+                                 _mm_cvtsi32_si128(2 * p)), low2);
+            __m256i v = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(h, 4)),
+                                        _mm256_set1_epi8(32));
+            __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+                                            _mm256_set1_epi16(sc[2 * j]));
+            __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
+                                            _mm256_set1_epi16(sc[2 * j + 1]));
+            _mm256_storeu_si256((__m256i *)(w16 + 32 * j), w0);
+            _mm256_storeu_si256((__m256i *)(w16 + 32 * j + 16), w1);
+#else
+            for (int e = 0; e < 32; e++) {
+                int q = ((lo[e] >> (4 * (p / 2))) & 15) | (((hi[e] >> (2 * p)) & 3) << 4);
+                w16[32 * j + e] = (int16_t)(sc[2 * j + e / 16] * (q - 32));
+            }
+#endif
+        }
+        return;
+    }
+    float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *sc6 = b + 4, *qh = b + 16, *qs = b + (t == T_Q4_K ? 16 : 48);
+    for (int i = 0; i < 8; i++) { /* sub-block i: the low (even i) or high nibbles of 32 bytes */
+        int sc, m;
+        k_scale_min(sc6, i, &sc, &m);
+        const uint8_t *q = qs + (i / 2) * 32;
+        wd[i] = d;
+        wm[i] = -(dmin * (float)m);
+#ifdef Q_AVX2
+        const __m256i low4 = _mm256_set1_epi8(15);
+        __m256i v = _mm256_and_si256(
+            _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)q),
+                             _mm_cvtsi32_si128(4 * (i & 1))), low4);
+        if (t == T_Q5_K) { /* bit i of qh[l] -> 16 */
+            __m256i h = _mm256_and_si256(
+                _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), _mm_cvtsi32_si128(i)),
+                _mm256_set1_epi8(1));
+            v = _mm256_or_si256(v, _mm256_slli_epi16(h, 4));
+        }
+        __m256i s = _mm256_set1_epi16((int16_t)sc);
+        __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), s);
+        __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)), s);
+        _mm256_storeu_si256((__m256i *)(w16 + 32 * i), w0);
+        _mm256_storeu_si256((__m256i *)(w16 + 32 * i + 16), w1);
+#else
+        for (int l = 0; l < 32; l++) {
+            int v = (i & 1) ? (q[l] >> 4) : (q[l] & 15);
+            if (t == T_Q5_K) v |= ((qh[l] >> i) & 1) << 4;
+            w16[32 * i + l] = (int16_t)(sc * v);
+        }
+#endif
+    }
+}
+
+/* acc_block for int16 weights (32 at w) */
+#if defined(Q_AVX512)
+Q_INLINE qacc acc_block16(qacc acc, const int16_t *w, const int16_t *xp, float sc) {
+    __m512i w16 = _mm512_loadu_si512(w), x16 = _mm512_loadu_si512(xp);
+#ifdef __AVX512VNNI__
+    __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w16, x16);
+#else
+    __m512i p = _mm512_madd_epi16(w16, x16);
+#endif
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(sc), acc);
+}
+#elif defined(Q_AVX2)
+Q_INLINE qacc acc_block16(qacc acc, const int16_t *w, const int16_t *xp, float sc) {
+    __m256i p0 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)w),
+                                   _mm256_loadu_si256((const __m256i *)xp));
+    __m256i p1 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(w + 16)),
+                                   _mm256_loadu_si256((const __m256i *)(xp + 16)));
+    __m256 s = _mm256_set1_ps(sc);
+    acc.lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), s, acc.lo);
+    acc.hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), s, acc.hi);
+    return acc;
+}
+#else
+Q_INLINE qacc acc_block16(qacc acc, const int16_t *w, const int16_t *x, float sc) {
+    for (int j = 0; j < 16; j++) {
+        int32_t p = w[2 * j] * x[2 * j] + w[2 * j + 1] * x[2 * j + 1];
+        acc.v[j] = fmaf((float)p, sc, acc.v[j]);
+    }
+    return acc;
+}
+#endif
+
+/* y[m * ldy + r] for input rows m0 .. m0 + MT against one unpacked weight row (int_tile's
+   arithmetic on k_unpack's values) */
+Q_INLINE void k_tile(const int MT, const int has_min, const int16_t *w16, const float *wd,
+                     const float *wm, int64_t nb, const int16_t *xq, const float *xd,
+                     const float *xs, int64_t m0, float *y, int64_t ldy, int64_t r) {
+    float mins[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    qacc a[2][4];
+    for (int i = 0; i < MT; i++) a[0][i] = a[1][i] = acc_zero();
+    for (int64_t k = 0; k < nb; k += 2) {
+        int two = k + 1 < nb ? 2 : 1;
+        for (int h = 0; h < two; h++) {
+            for (int i = 0; i < MT; i++) {
+                int64_t at = (m0 + i) * nb + k + h;
+                a[h][i] = acc_block16(a[h][i], w16 + (k + h) * 32, xq + at * 32,
+                                      wd[k + h] * xd[at]);
+                if (has_min) mins[h][i] += wm[k + h] * xs[at];
+            }
+        }
+    }
+    for (int i = 0; i < MT; i++)
+        y[(m0 + i) * ldy + r] = acc_sum(a[0][i], a[1][i]) + (mins[0][i] + mins[1][i]);
+}
+
+/* weight rows [r0, r1) against every input row: each weight row unpacked once (into a
+   buffer of cols int16 and cols / 16 floats), then 4 input rows per pass over it */
+Q_INLINE void k_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
+                        const int16_t *xq, const float *xd, const float *xs, int64_t rows,
+                        float *y, int64_t ldy, int64_t r0, int64_t r1, int16_t *w16) {
+    const int has_min = t != T_Q6_K, bytes = q_bytes(t);
+    int64_t nb = cols / 32;
+    float *wd = (float *)(w16 + cols), *wm = wd + nb;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * row_bytes;
+        for (int64_t s = 0; s < cols / 256; s++)
+            k_unpack(t, wr + s * bytes, w16 + 256 * s, wd + 8 * s, wm + 8 * s);
+        int64_t m0 = 0;
+        for (; m0 + 4 <= rows; m0 += 4)
+            k_tile(4, has_min, w16, wd, wm, nb, xq, xd, xs, m0, y, ldy, r);
+        for (; m0 < rows; m0++) k_tile(1, has_min, w16, wd, wm, nb, xq, xd, xs, m0, y, ldy, r);
+    }
+}
+
+#define K_STACK_COLS 16384 /* rows this long unpack on the stack; longer ones in the heap */
+
+static void k_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols, const int16_t *xq,
+                   const float *xd, const float *xs, int64_t rows, float *y, int64_t ldy,
+                   int64_t r0, int64_t r1) {
+    _Alignas(64) int16_t local[K_STACK_COLS * 2]; /* cols int16 + cols / 16 floats */
+    int16_t *w16 = local;
+    if (cols > K_STACK_COLS) {
+        w16 = malloc((size_t)cols * 4);
+        if (!w16) { /* no memory for the unpacked row: NaN out, never a wrong number */
+            for (int64_t m = 0; m < rows; m++)
+                for (int64_t r = r0; r < r1; r++) y[m * ldy + r] = NAN;
+            return;
+        }
+    }
+    if (t == T_Q4_K) k_rows_of(T_Q4_K, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1, w16);
+    if (t == T_Q5_K) k_rows_of(T_Q5_K, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1, w16);
+    if (t == T_Q6_K) k_rows_of(T_Q6_K, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1, w16);
+    if (w16 != local) free(w16);
 }
 
 /* ---- packed weights: Q4_0, Q4_1, Q8_0 in groups of 8 rows ------------------------------- */
@@ -1019,7 +1205,8 @@ void q_pool_run(pool_fn fn, void *args, int parts) { pool_run(fn, args, parts); 
 
 /* whether type t takes the integer path */
 int q_uses_int(int t) {
-    return t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1 || t == T_Q8_0;
+    return t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1 || t == T_Q8_0 ||
+           t == T_Q4_K || t == T_Q5_K || t == T_Q6_K;
 }
 
 /* scratch bytes q_matmul needs for its inputs (plus rows * out floats for a bf16 output) */
