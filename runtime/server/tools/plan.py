@@ -34,6 +34,8 @@ from typing import Any
 from runtime.scheduling.request import GenerateResult
 from runtime.server.errors import APIError
 from runtime.server.protocol import Tool
+from runtime.server.tools.call_format import FormatParser
+from runtime.server.tools.call_tags import format_structural_tag
 from runtime.server.tools.parser import ToolParser
 from runtime.server.tools.phases import Phase
 from runtime.server.tools.pythonic import PythonicParser
@@ -166,6 +168,17 @@ def _spec(name: str, key: str, named: str | None, required: bool, parallel: bool
     parser = get_parser(name)
     tools = [Tool.model_validate(t) for t in json.loads(key)]
     many = parallel and named is None
+    if isinstance(parser, FormatParser):  # described formats: the tag from the description
+        first = required or named is not None or other is not None
+
+        def content(tool: Tool, index: int) -> dict[str, Any]:
+            return _content(tool, index, mode)
+
+        tag = format_structural_tag(parser.fmt, tools, named, first, many, json_content=content)
+        if other is not None and not (named or required):  # calls, or the response_format
+            fmt = {"type": "or", "elements": [tag["format"], {"type": "regex", "pattern": other}]}
+            tag = {"type": "structural_tag", "format": fmt}
+        return AnswerSpec({"structural_tag": tag})
     if parser.trigger is not None and other is None:
         tag = structural_tag(parser, tools, mode, named, required or named is not None, many)
         return AnswerSpec({"structural_tag": tag})

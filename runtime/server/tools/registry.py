@@ -1,7 +1,8 @@
-"""The `--tool-call-parser` names: each format's module, its aliases, and the format a chat
+"""The `--tool-call-parser` names: each format's parser, its aliases, and the format a chat
 template asks for.
 
-A new format is one module beside the others (a `ToolParser` subclass) and one entry in
+A new format is a `CallFormat` description in `formats.py` (its parser and structural tag come
+from it) or, for a format the description cannot say, a `ToolParser` module; then one entry in
 `PARSERS` (its SGLang / vLLM names in `ALIASES`, its template's markers in
 `parser_for_template`).
 """
@@ -9,6 +10,13 @@ A new format is one module beside the others (a `ToolParser` subclass) and one e
 from __future__ import annotations
 
 from runtime.server.tools.deepseekv3 import DeepSeekV3Parser
+from runtime.server.tools.formats import (
+    DeepSeekV31Parser,
+    Glm45Parser,
+    GptOssParser,
+    KimiK2Parser,
+    Qwen3CoderParser,
+)
 from runtime.server.tools.hermes import HermesParser
 from runtime.server.tools.json_calls import JsonCallsParser
 from runtime.server.tools.llama3 import PYTHON_TAG, Llama3Parser
@@ -28,6 +36,11 @@ PARSERS: dict[str, type[ToolParser]] = {
     "deepseekv3": DeepSeekV3Parser,
     "pythonic": PythonicParser,
     "json": JsonCallsParser,
+    "qwen3_coder": Qwen3CoderParser,
+    "glm45": Glm45Parser,
+    "kimi_k2": KimiK2Parser,
+    "deepseekv31": DeepSeekV31Parser,
+    "gpt-oss": GptOssParser,
 }
 ALIASES = {
     "qwen25": "hermes",
@@ -37,6 +50,12 @@ ALIASES = {
     "llama32": "llama3",
     "llama4": "pythonic",
     "deepseek_v3": "deepseekv3",
+    "qwen3_xml": "qwen3_coder",  # vLLM's second name for it
+    "glm": "glm45",  # SGLang's newer name
+    "glm4_moe": "glm45",
+    "deepseek_v31": "deepseekv31",  # vLLM's
+    "openai": "gpt-oss",  # vLLM's name of the Harmony format
+    "gpt_oss": "gpt-oss",
 }
 
 
@@ -53,6 +72,17 @@ def parser_for_template(template: str | None) -> str:
     this order); `json` (our system text) when the template shows no known format."""
     if not template:
         return "json"
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_coder"
+    if "<arg_key>" in template:
+        return "glm45"
+    if "<|tool_calls_section_begin|>" in template:
+        return "kimi_k2"
+    if "<|channel|>" in template and "to=functions." in template:
+        return "gpt-oss"
+    if "tool▁call▁begin" in template and "tool▁calls▁begin" in template:
+        if "```json" not in template:  # V3.1 writes the arguments bare after the name
+            return "deepseekv31"
     if "<tool_call>" in template:
         return "hermes"
     if "tool▁calls▁begin" in template:

@@ -1,0 +1,339 @@
+r"""A tool-call format described once, and the streaming parser that comes from the description.
+
+A `CallFormat` says how one model family writes calls:
+
+    block_begin  call  separator  call  ...  block_end        (a block holding every call)
+    call  separator  call  ...                                (each call opening itself)
+    call = call_begin (with the name, and a call counter where the family numbers calls)
+           + arguments (a JSON object, or XML elements in one of the grammar's styles)
+           + call_end
+
+`FormatParser` reads that text back (`scan`: a finished or partial answer into content and
+calls; `render`: calls into text) and `call_tags.format_structural_tag` builds the strict
+structural tag from the same fields, so what the grammar lets a model write is what the parser
+reads. XML arguments are converted to JSON values by the tool's parameter schema once the
+tools are bound (`bind`): a string property keeps its raw text, any other value is read as
+JSON (raw text when it is not JSON). Without the schema a value is JSON when it parses as a
+number, boolean, null, array or object.
+
+Invariant: every string of the description that is not `{name}` / `{index}` is written
+literally, in the tag and in `render`, and looked for literally by `scan`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.server.tools.parser import ToolParser, dumps, json_string
+from runtime.server.tools.scan import CallPiece, Scan, held_back, value_end, ws
+
+_NAME = re.compile(r"[^\s<>\"']+")
+_INDEX = re.compile(r"[0-9]+")
+INDEX_PATTERN = "[0-9]+"
+
+
+@dataclass(frozen=True, slots=True)
+class CallFormat:
+    """One family's way of writing calls (see the module's docstring)."""
+
+    name: str
+    call_begin: str  # "{name}" where the function's name goes, "{index}" a call counter
+    call_end: str
+    args: str = "json"  # "json", or an XML style of `grammar.structural.xml_args.STYLES`
+    block_begin: str = ""  # the opening of the block holding every call ("": none)
+    block_end: str = ""
+    separator: str = ""  # between two calls
+    trigger_text: str = ""  # the text that opens calls, when shorter than the fixed opening
+    reasoning: tuple[str, str] = ("<think>", "</think>")  # the thinking's opening and closing
+    markup: tuple[str, ...] = ()  # channel markup around content (Harmony), not content
+    markers: tuple[str, ...] = ()  # the texts that are special tokens in the family's vocab
+
+    @property
+    def head(self) -> str:
+        """A call's fixed opening (before the name)."""
+        return self.call_begin.split("{name}", 1)[0]
+
+    @property
+    def after_name(self) -> tuple[str, str | None]:
+        """The text after the name up to the counter (or the arguments), and after the counter
+        (None: the family does not number calls)."""
+        post = self.call_begin.split("{name}", 1)[1]
+        if "{index}" not in post:
+            return post, None
+        a, _, b = post.partition("{index}")
+        return a, b
+
+    @property
+    def trigger(self) -> str:
+        return self.block_begin or self.trigger_text or self.head
+
+    def call_opening(self, name: str, index: int | None = None) -> str:
+        """The opening of a call to `name` (the counter written when given)."""
+        a, b = self.after_name
+        text = self.head + name + a
+        if b is not None and index is not None:
+            text += str(index) + b
+        return text
+
+    def render_call(self, name: str, arguments: Any, index: int) -> str:
+        return self.call_opening(name, index) + self.render_args(arguments) + self.call_end
+
+    def render_args(self, arguments: Any) -> str:
+        if self.args == "json":
+            return dumps(arguments)
+        style = xml_style(self.args)
+        gap = "\n" if style.value_prefix else ""  # GLM's line break between key and value
+        parts = []
+        for key, value in (arguments or {}).items():
+            text = value if isinstance(value, str) else dumps(value)
+            element = style.key_prefix + key + style.key_suffix + gap + style.value_prefix
+            parts.append(element + text + style.closing + "\n")
+        lead = "" if self.call_begin.endswith("\n") else "\n"
+        return lead + "".join(parts)
+
+    def render(self, calls: list[tuple[str, Any]]) -> str:
+        body = self.separator.join(self.render_call(n, a, i) for i, (n, a) in enumerate(calls))
+        return self.block_begin + body + self.block_end
+
+
+def xml_style(name: str) -> Any:
+    from grammar.structural.xml_args import STYLES
+
+    return STYLES[name]
+
+
+class FormatParser(ToolParser):
+    """The streaming parser of a `CallFormat`."""
+
+    fmt: CallFormat
+
+    def __init__(self, fmt: CallFormat | None = None) -> None:
+        if fmt is not None:
+            self.fmt = fmt
+        self.name = self.fmt.name
+        self.trigger = self.fmt.trigger
+        self.one_block = bool(self.fmt.block_begin)
+        self.markers = self.fmt.markers
+        self._schemas: dict[str, dict[str, Any]] = {}
+        # tails held back from content while they may still open a call or be markup
+        held = (self.trigger, self.fmt.separator, *self.fmt.markup)
+        if self.fmt.markup:
+            held += (self.fmt.reasoning[0],)
+        self._held = tuple(t for t in held if t)
+
+    def bind(self, tools: list[Any] | None) -> None:
+        """The declared tools' parameter schemas, for typing XML argument values."""
+        for t in tools or []:
+            props = (t.function.parameters or {}).get("properties")
+            self._schemas[t.function.name] = props if isinstance(props, dict) else {}
+
+    def parse(self, text: str, tools: list[Any]) -> tuple[str | None, list[dict[str, Any]]]:
+        self.bind(tools)
+        content, calls = super().parse(text, tools)
+        if not calls and self.fmt.markup:  # a channelled answer without calls: its final text
+            content = self._clean(text).strip() or None
+        return content, calls
+
+    def render(self, calls: list[tuple[str, Any]]) -> str:
+        return self.fmt.render(calls)
+
+    # ---- reading ----
+    def scan(self, text: str, final: bool = False) -> Scan:
+        fmt, out, i = self.fmt, Scan(""), 0
+        while True:
+            at = text.find(fmt.trigger, i)
+            if at == -1:
+                rest = text[i:]
+                keep = 0 if final else held_back(rest, self._held)
+                out.content += rest[: len(rest) - keep]
+                break
+            out.content += text[i:at]
+            if fmt.block_begin:
+                j = self._block(text, at + len(fmt.block_begin), out)
+                if j is not None:
+                    out.content += text[j:]  # (a one-block format: nothing should follow)
+                break
+            j = self._call(text, at, out)
+            if j is None:
+                break
+            i = ws(text, j)  # a separator (or the white space templates put) before the next
+            if fmt.separator and text.startswith(fmt.separator, i):
+                i += len(fmt.separator)
+        out.content = self._clean(out.content)
+        return out
+
+    def _clean(self, content: str) -> str:
+        """Content without the channel markup; in a channelled format (Harmony) the thinking
+        channel is not content either (the whole of it, closed or still open)."""
+        if not self.fmt.markup:
+            return content
+        start, end = self.fmt.reasoning
+        kept, i = [], 0
+        while (at := content.find(start, i)) != -1:
+            kept.append(content[i:at])
+            close = content.find(end, at + len(start))
+            i = len(content) if close == -1 else close + len(end)
+        kept.append(content[i:])
+        text = "".join(kept)
+        for m in self.fmt.markup:
+            text = text.replace(m, "")
+        return text
+
+    def _block(self, text: str, j: int, out: Scan) -> int | None:
+        """Calls from text[j] to the block's end; the index after it, None while unfinished."""
+        fmt = self.fmt
+        while True:
+            j = ws(text, j)
+            if fmt.separator and out.calls and text.startswith(fmt.separator, j):
+                j = ws(text, j + len(fmt.separator))
+            if text.startswith(fmt.block_end, j):
+                return j + len(fmt.block_end)
+            rest = text[j:]
+            if not text.startswith(fmt.head, j):
+                pending = (fmt.head, fmt.block_end, fmt.separator)
+                if not any(p.startswith(rest) for p in pending if p):
+                    out.ok = False
+                return None
+            j = self._call(text, j, out)
+            if j is None:
+                return None
+
+    def _call(self, text: str, at: int, out: Scan) -> int | None:
+        """The call opening at text[at]: appended to `out.calls`; the index after its end,
+        None while it is unfinished (or malformed: `out.ok` False)."""
+        fmt = self.fmt
+        head = fmt.head
+        piece = CallPiece(None)
+        out.calls.append(piece)
+        if not text.startswith(head, at):
+            if not head.startswith(text[at:]):
+                out.ok = False
+            return None
+        j = at + len(head)
+        post, counted = fmt.after_name
+        k = text.find(post, j) if post else -1
+        if k == -1:
+            if _NAME.match(text, j) is None and j < len(text):
+                out.ok = False
+            return None
+        name = text[j:k]
+        if not _NAME.fullmatch(name):
+            out.ok = False
+            return None
+        j = k + len(post)
+        if counted is not None:
+            m = _INDEX.match(text, j)
+            if m is None or m.end() >= len(text):
+                if j < len(text) and m is None:
+                    out.ok = False
+                return None
+            j = m.end()
+            if not text.startswith(counted, j):
+                if not counted.startswith(text[j:]):
+                    out.ok = False
+                return None
+            j += len(counted)
+        piece.name = name
+        if fmt.args == "json":
+            stop = self._json_args(text, j, piece)
+        else:
+            stop = self._xml_args(text, j, piece, out)
+        if stop is None:
+            return None
+        stop = ws(text, stop) if not text.startswith(fmt.call_end, stop) else stop
+        if text.startswith(fmt.call_end, stop):
+            piece.done = True
+            return stop + len(fmt.call_end)
+        if not fmt.call_end.startswith(text[stop:]):
+            out.ok = False
+        return None
+
+    def _json_args(self, text: str, j: int, piece: CallPiece) -> int | None:
+        start = ws(text, j)
+        stop = value_end(text, start)
+        piece.arguments = text[start : stop if stop is not None else len(text)]
+        return stop
+
+    def _xml_args(self, text: str, j: int, piece: CallPiece, out: Scan) -> int | None:
+        """XML elements up to the call's end: the arguments' JSON text grows one finished
+        element at a time (a prefix of the final text at every step)."""
+        style = xml_style(self.fmt.args)
+        types = self._schemas.get(piece.name or "", {})
+        parts: list[str] = []
+        piece.arguments = "{"
+        while True:
+            j = ws(text, j)
+            if text.startswith(self.fmt.call_end, j):
+                piece.arguments = "{" + ", ".join(parts) + "}"
+                return j
+            if not text.startswith(style.key_prefix, j):
+                rest = text[j:]
+                if not (style.key_prefix.startswith(rest) or self.fmt.call_end.startswith(rest)):
+                    out.ok = False
+                return None
+            k = text.find(style.key_suffix, j + len(style.key_prefix))
+            if k == -1:
+                return None
+            key = text[j + len(style.key_prefix) : k]
+            v = k + len(style.key_suffix)
+            if style.value_prefix:
+                v = ws(text, v)
+                if not text.startswith(style.value_prefix, v):
+                    if not style.value_prefix.startswith(text[v:]):
+                        out.ok = False
+                    return None
+                v += len(style.value_prefix)
+            close = text.find(style.closing, v)
+            if close == -1:
+                return None
+            value = xml_value(text[v:close], types.get(key))
+            parts.append(f"{json_string(key)}: {dumps(value)}")
+            piece.arguments = "{" + ", ".join(parts)
+            j = close + len(style.closing)
+
+    # ---- the constraint pieces `plan.py` reads for JSON arguments ----
+    def tag_parts(self, name: str) -> tuple[str, str]:
+        return self.fmt.call_opening(name, 0), self.fmt.call_end
+
+    def call_regex(self, name: str, args: str) -> str:
+        a, counted = self.fmt.after_name
+        opening = re.escape(self.fmt.head + name + a)
+        if counted is not None:
+            opening += INDEX_PATTERN + re.escape(counted)
+        return opening + args + re.escape(self.fmt.call_end)
+
+    def block_regex(self, calls: list[str], parallel: bool) -> str:
+        one = "(?:" + "|".join(calls) + ")"
+        many = f"{one}(?:{re.escape(self.fmt.separator)}{one})*" if parallel else one
+        return re.escape(self.fmt.block_begin) + many + re.escape(self.fmt.block_end)
+
+    @property
+    def block_parts(self) -> tuple[str, str, str]:  # type: ignore[override]
+        return self.fmt.block_begin, self.fmt.separator, self.fmt.block_end
+
+
+def xml_value(raw: str, schema: Any) -> Any:
+    """An XML argument's value: the templates' newline on each side dropped; raw text for a
+    string property, else JSON where it parses."""
+    if raw.startswith("\n"):
+        raw = raw[1:]
+    if raw.endswith("\n"):
+        raw = raw[:-1]
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind == "string" or (isinstance(schema, dict) and _all_strings(schema)):
+        return raw
+    try:
+        value = json.loads(raw.strip())
+    except ValueError:
+        return raw
+    if isinstance(value, str) and kind is None:
+        return raw  # a quoted text where any value goes: kept as written
+    return value
+
+
+def _all_strings(schema: dict[str, Any]) -> bool:
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    return isinstance(values, list) and bool(values) and all(isinstance(v, str) for v in values)

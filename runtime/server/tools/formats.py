@@ -1,0 +1,100 @@
+r"""The call formats described as data (`CallFormat`): each family once, its parser and its
+strict structural tag derived from the description.
+
+    qwen3_coder   <tool_call>\n<function=f>\n<parameter=k>v</parameter>\n</function>\n</tool_call>
+    glm45         <tool_call>f\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n</tool_call>
+    kimi_k2       <|tool_calls_section_begin|><|tool_call_begin|>functions.f:0
+                  <|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|>
+    deepseekv31   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
+                  <｜tool▁calls▁end｜>
+    gpt-oss       <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
+                  (Harmony: calls after `<|start|>assistant`, the answer in the `final` channel,
+                  the thinking in `analysis`)
+
+Qwen3-Coder's and GLM-4.5's XML values are written raw for strings and as JSON otherwise (the
+grammar's `qwen_xml` / `glm_xml` styles); Kimi K2 numbers its calls (`functions.f:N`, N any
+digits in the grammar). The `FormatParser` subclasses are the `--tool-call-parser` entries
+(`registry.py`).
+"""
+
+from __future__ import annotations
+
+from runtime.server.tools.call_format import CallFormat, FormatParser
+
+QWEN3_CODER = CallFormat(
+    name="qwen3_coder",
+    call_begin="<tool_call>\n<function={name}>",
+    call_end="</function>\n</tool_call>",
+    args="qwen_xml",
+    separator="\n",
+    trigger_text="<tool_call>",
+    markers=("<tool_call>", "</tool_call>"),
+)
+GLM45 = CallFormat(
+    name="glm45",
+    call_begin="<tool_call>{name}\n",
+    call_end="</tool_call>",
+    args="glm_xml",
+    separator="\n",
+    trigger_text="<tool_call>",
+    markers=(
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+    ),
+)
+KIMI_K2 = CallFormat(
+    name="kimi_k2",
+    call_begin="<|tool_call_begin|>functions.{name}:{index}<|tool_call_argument_begin|>",
+    call_end="<|tool_call_end|>",
+    block_begin="<|tool_calls_section_begin|>",
+    block_end="<|tool_calls_section_end|>",
+    markers=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+             "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
+)  # fmt: skip
+DEEPSEEK_V31 = CallFormat(
+    name="deepseekv31",
+    call_begin="<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>",
+    call_end="<｜tool▁call▁end｜>",
+    block_begin="<｜tool▁calls▁begin｜>",
+    block_end="<｜tool▁calls▁end｜>",
+    markers=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+             "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"),
+)  # fmt: skip
+HARMONY_MARKUP = ("<|start|>assistant", "<|channel|>final<|message|>", "<|return|>", "<|end|>")
+GPT_OSS = CallFormat(
+    name="gpt-oss",
+    call_begin="<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
+    call_end="<|call|>",
+    separator="<|start|>assistant",
+    trigger_text="<|channel|>commentary to=",
+    reasoning=("<|channel|>analysis<|message|>", "<|end|>"),
+    markup=HARMONY_MARKUP,
+    markers=("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|call|>",
+             "<|end|>", "<|return|>"),
+)  # fmt: skip
+
+FORMATS = {f.name: f for f in (QWEN3_CODER, GLM45, KIMI_K2, DEEPSEEK_V31, GPT_OSS)}
+
+
+class Qwen3CoderParser(FormatParser):
+    fmt = QWEN3_CODER
+
+
+class Glm45Parser(FormatParser):
+    fmt = GLM45
+
+
+class KimiK2Parser(FormatParser):
+    fmt = KIMI_K2
+
+
+class DeepSeekV31Parser(FormatParser):
+    fmt = DEEPSEEK_V31
+
+
+class GptOssParser(FormatParser):
+    fmt = GPT_OSS
