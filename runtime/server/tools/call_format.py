@@ -243,11 +243,13 @@ class FormatParser(ToolParser):
             stop = self._xml_args(text, j, piece, out)
         if stop is None:
             return None
-        stop = ws(text, stop) if not text.startswith(fmt.call_end, stop) else stop
-        if text.startswith(fmt.call_end, stop):
+        # the closing, its leading white space as the model spaced it
+        end = fmt.call_end if text.startswith(fmt.call_end, stop) else fmt.call_end.lstrip()
+        stop = stop if end is fmt.call_end else ws(text, stop)
+        if text.startswith(end, stop):
             piece.done = True
-            return stop + len(fmt.call_end)
-        if not fmt.call_end.startswith(text[stop:]):
+            return stop + len(end)
+        if not (end.startswith(text[stop:]) or fmt.call_end.startswith(text[stop:])):
             out.ok = False
         return None
 

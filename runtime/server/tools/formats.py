@@ -7,6 +7,8 @@ strict structural tag derived from the description.
                   <|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|>
     deepseekv31   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
                   <｜tool▁calls▁end｜>
+    deepseekv3    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{...}
+                  \n```<｜tool▁call▁end｜> (calls on their own lines) <｜tool▁calls▁end｜>
     gpt-oss       <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
                   (Harmony: calls after `<|start|>assistant`, the answer in the `final` channel,
                   the thinking in `analysis`)
@@ -77,7 +79,17 @@ GPT_OSS = CallFormat(
              "<|end|>", "<|return|>"),
 )  # fmt: skip
 
-FORMATS = {f.name: f for f in (QWEN3_CODER, GLM45, KIMI_K2, DEEPSEEK_V31, GPT_OSS)}
+DEEPSEEK_V3 = CallFormat(
+    name="deepseekv3",
+    call_begin="<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n",
+    call_end="\n```<｜tool▁call▁end｜>",
+    block_begin="<｜tool▁calls▁begin｜>",
+    block_end="<｜tool▁calls▁end｜>",
+    separator="\n",
+    markers=DEEPSEEK_V31.markers,
+)
+
+FORMATS = {f.name: f for f in (QWEN3_CODER, GLM45, KIMI_K2, DEEPSEEK_V31, GPT_OSS, DEEPSEEK_V3)}
 
 
 class Qwen3CoderParser(FormatParser):
@@ -98,3 +110,7 @@ class DeepSeekV31Parser(FormatParser):
 
 class GptOssParser(FormatParser):
     fmt = GPT_OSS
+
+
+class DeepSeekV3Parser(FormatParser):
+    fmt = DEEPSEEK_V3

@@ -9,8 +9,8 @@ from it) or, for a format the description cannot say, a `ToolParser` module; the
 
 from __future__ import annotations
 
-from runtime.server.tools.deepseekv3 import DeepSeekV3Parser
 from runtime.server.tools.formats import (
+    DeepSeekV3Parser,
     DeepSeekV31Parser,
     Glm45Parser,
     GptOssParser,

@@ -53,7 +53,7 @@ BAD = [
     [("get_weather", {"city": "Oslo", "days": "x"})],  # not an integer
     [("launch", {"zone": "UTC"})],  # an undeclared tool
 ]
-FORMATS = ["qwen3_coder", "glm45", "kimi_k2", "deepseekv31", "gpt-oss"]
+FORMATS = ["qwen3_coder", "glm45", "kimi_k2", "deepseekv31", "gpt-oss", "deepseekv3"]
 
 
 @pytest.fixture(scope="module")
