@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.server.tools.parser import ToolParser, dumps, json_string
-from runtime.server.tools.scan import CallPiece, Scan, held_back, value_end, ws
+from runtime.server.tools.scan import CallPiece, Scan, held_back, scan_json_call, value_end, ws
 
 _NAME = re.compile(r"[^\s<>\"']+")
 _INDEX = re.compile(r"[0-9]+")
@@ -42,7 +42,10 @@ class CallFormat:
     name: str
     call_begin: str  # "{name}" where the function's name goes, "{index}" a call counter
     call_end: str
-    args: str = "json"  # "json", or an XML style of `grammar.structural.xml_args.STYLES`
+    # "json"; "json_call": the call is a JSON object with the name and the arguments (call_begin
+    # opens it: `{"name": "{name}", "arguments": `, call_end closes it with "}"); or an XML
+    # style of `grammar.structural.xml_args.STYLES`
+    args: str = "json"
     block_begin: str = ""  # the opening of the block holding every call ("": none)
     block_end: str = ""
     separator: str = ""  # between two calls
@@ -70,9 +73,17 @@ class CallFormat:
     def trigger(self) -> str:
         return self.block_begin or self.trigger_text or self.head
 
+    @property
+    def object_parts(self) -> tuple[str, str]:
+        """A `json_call` format's text before its call object and after its "}"."""
+        head, end = self.head, self.call_end
+        return head[: head.index("{")].rstrip(), end[end.index("}") + 1 :]
+
     def call_opening(self, name: str, index: int | None = None) -> str:
         """The opening of a call to `name` (the counter written when given)."""
         a, b = self.after_name
+        if self.args == "json_call":  # the name is a JSON string's body there
+            name = json_string(name)[1:-1]
         text = self.head + name + a
         if b is not None and index is not None:
             text += str(index) + b
@@ -82,7 +93,7 @@ class CallFormat:
         return self.call_opening(name, index) + self.render_args(arguments) + self.call_end
 
     def render_args(self, arguments: Any) -> str:
-        if self.args == "json":
+        if self.args in ("json", "json_call"):
             return dumps(arguments)
         style = xml_style(self.args)
         gap = "\n" if style.value_prefix else ""  # GLM's line break between key and value
@@ -118,6 +129,7 @@ class FormatParser(ToolParser):
         self.one_block = bool(self.fmt.block_begin)
         self.markers = self.fmt.markers
         self._schemas: dict[str, dict[str, Any]] = {}
+        self._final = False  # the answer being scanned is finished
         # tails held back from content while they may still open a call or be markup
         held = (self.trigger, self.fmt.separator, *self.fmt.markup)
         if self.fmt.markup:
@@ -143,6 +155,7 @@ class FormatParser(ToolParser):
     # ---- reading ----
     def scan(self, text: str, final: bool = False) -> Scan:
         fmt, out, i = self.fmt, Scan(""), 0
+        self._final = final
         while True:
             at = text.find(fmt.trigger, i)
             if at == -1:
@@ -192,8 +205,9 @@ class FormatParser(ToolParser):
             if text.startswith(fmt.block_end, j):
                 return j + len(fmt.block_end)
             rest = text[j:]
-            if not text.startswith(fmt.head, j):
-                pending = (fmt.head, fmt.block_end, fmt.separator)
+            head = fmt.object_parts[0] if fmt.args == "json_call" else fmt.head
+            if not text.startswith(head, j):
+                pending = (head, fmt.block_end, fmt.separator)
                 if not any(p.startswith(rest) for p in pending if p):
                     out.ok = False
                 return None
@@ -205,15 +219,28 @@ class FormatParser(ToolParser):
         """The call opening at text[at]: appended to `out.calls`; the index after its end,
         None while it is unfinished (or malformed: `out.ok` False)."""
         fmt = self.fmt
-        head = fmt.head
+        if fmt.args == "json_call":
+            return self._object_call(text, at, out)
         piece = CallPiece(None)
         out.calls.append(piece)
+        j = self._head(text, at, piece, out)
+        if j is None:
+            return None
+        if fmt.args == "json":
+            stop = self._json_args(text, j, piece)
+        else:
+            stop = self._xml_args(text, j, piece, out)
+        return None if stop is None else self._closing(text, stop, fmt.call_end, piece, out)
+
+    def _head(self, text: str, at: int, piece: CallPiece, out: Scan) -> int | None:
+        """A call's opening with its name (and counter): the index of its arguments."""
+        head = self.fmt.head
         if not text.startswith(head, at):
             if not head.startswith(text[at:]):
                 out.ok = False
             return None
         j = at + len(head)
-        post, counted = fmt.after_name
+        post, counted = self.fmt.after_name
         k = text.find(post, j) if post else -1
         if k == -1:
             if _NAME.match(text, j) is None and j < len(text):
@@ -237,19 +264,41 @@ class FormatParser(ToolParser):
                 return None
             j += len(counted)
         piece.name = name
-        if fmt.args == "json":
-            stop = self._json_args(text, j, piece)
-        else:
-            stop = self._xml_args(text, j, piece, out)
+        return j
+
+    def _object_call(self, text: str, at: int, out: Scan) -> int | None:
+        """A `json_call` call: the opening before the call object, the object read in any
+        spacing and key order (its arguments under "arguments" or "parameters"), the closing
+        after its "}"."""
+        opening, closing = self.fmt.object_parts
+        if not text.startswith(opening, at):
+            out.calls.append(CallPiece(None))
+            if not opening.startswith(text[at:]):
+                out.ok = False
+            return None
+        j = ws(text, at + len(opening))
+        if j >= len(text) or text[j] != "{":
+            out.calls.append(CallPiece(None))
+            out.ok = out.ok and j >= len(text)
+            return None
+        piece, stop = scan_json_call(text, j + 1, ("arguments", "parameters"))
+        out.calls.append(piece)
         if stop is None:
             return None
-        # the closing, its leading white space as the model spaced it
-        end = fmt.call_end if text.startswith(fmt.call_end, stop) else fmt.call_end.lstrip()
-        stop = stop if end is fmt.call_end else ws(text, stop)
-        if text.startswith(end, stop):
+        piece.done = False  # (until its closing is read)
+        return self._closing(text, stop, closing, piece, out)
+
+    def _closing(self, text: str, stop: int, end: str, piece: CallPiece, out: Scan) -> int | None:
+        """The call's closing at text[stop], its leading white space as the model spaced it;
+        a finished answer whose last call lacks (the rest of) it still has that call."""
+        tail = end if text.startswith(end, stop) else end.lstrip()
+        at = stop if tail is end else ws(text, stop)
+        if text.startswith(tail, at):
             piece.done = True
-            return stop + len(end)
-        if not (end.startswith(text[stop:]) or fmt.call_end.startswith(text[stop:])):
+            return at + len(tail)
+        if tail.startswith(text[at:]) or end.startswith(text[stop:]):
+            piece.done = self._final
+        else:
             out.ok = False
         return None
 
@@ -301,8 +350,8 @@ class FormatParser(ToolParser):
         return self.fmt.call_opening(name, 0), self.fmt.call_end
 
     def call_regex(self, name: str, args: str) -> str:
-        a, counted = self.fmt.after_name
-        opening = re.escape(self.fmt.head + name + a)
+        counted = self.fmt.after_name[1]
+        opening = re.escape(self.fmt.call_opening(name))
         if counted is not None:
             opening += INDEX_PATTERN + re.escape(counted)
         return opening + args + re.escape(self.fmt.call_end)

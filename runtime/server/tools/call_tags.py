@@ -41,17 +41,17 @@ def schema_content(tool: Tool, index: int) -> dict[str, Any]:
 
 
 def call_tag(fmt: CallFormat, tool: Tool, content: dict[str, Any]) -> dict[str, Any]:
-    a, counted = fmt.after_name
+    counted = fmt.after_name[1]
     if counted is not None:
         index = [{"type": "regex", "pattern": INDEX_PATTERN},
                  {"type": "const_string", "value": counted}]  # fmt: skip
         content = {"type": "sequence", "elements": [*index, content]}
-    begin = fmt.head + tool.function.name + a
+    begin = fmt.call_opening(tool.function.name)  # (the counter, if any, opens the content)
     return {"type": "tag", "begin": begin, "content": content, "end": fmt.call_end}
 
 
 def args_content(fmt: CallFormat, tool: Tool, index: int, json_content: Content) -> dict:
-    if fmt.args == "json":
+    if fmt.args in ("json", "json_call"):
         return json_content(tool, index)
     params: Any = tool.function.parameters if tool.function.strict is not False else True
     return {"type": "json_schema", "json_schema": params, "style": fmt.args}

@@ -9,6 +9,8 @@ strict structural tag derived from the description.
                   <｜tool▁calls▁end｜>
     deepseekv3    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{...}
                   \n```<｜tool▁call▁end｜> (calls on their own lines) <｜tool▁calls▁end｜>
+    hermes        <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call> per call, the call
+                  object read in any spacing and key order ("parameters" too)
     gpt-oss       <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
                   (Harmony: calls after `<|start|>assistant`, the answer in the `final` channel,
                   the thinking in `analysis`)
@@ -89,7 +91,19 @@ DEEPSEEK_V3 = CallFormat(
     markers=DEEPSEEK_V31.markers,
 )
 
-FORMATS = {f.name: f for f in (QWEN3_CODER, GLM45, KIMI_K2, DEEPSEEK_V31, GPT_OSS, DEEPSEEK_V3)}
+HERMES = CallFormat(
+    name="hermes",
+    call_begin='<tool_call>\n{"name": "{name}", "arguments": ',
+    call_end="}\n</tool_call>",
+    args="json_call",
+    separator="\n",
+    trigger_text="<tool_call>",
+    markers=("<tool_call>", "</tool_call>"),
+)
+
+FORMATS = {
+    f.name: f for f in (QWEN3_CODER, GLM45, KIMI_K2, DEEPSEEK_V31, GPT_OSS, DEEPSEEK_V3, HERMES)
+}
 
 
 class Qwen3CoderParser(FormatParser):
@@ -114,3 +128,7 @@ class GptOssParser(FormatParser):
 
 class DeepSeekV3Parser(FormatParser):
     fmt = DEEPSEEK_V3
+
+
+class HermesParser(FormatParser):
+    fmt = HERMES

@@ -168,7 +168,10 @@ def _spec(name: str, key: str, named: str | None, required: bool, parallel: bool
     parser = get_parser(name)
     tools = [Tool.model_validate(t) for t in json.loads(key)]
     many = parallel and named is None
-    if isinstance(parser, FormatParser):  # described formats: the tag from the description
+    xml = isinstance(parser, FormatParser) and parser.fmt.args not in ("json", "json_call")
+    if isinstance(parser, FormatParser) and (other is None or xml):
+        # described formats: the tag from the description (XML arguments have no regex of
+        # theirs beside a response_format: the tag's `or` holds both)
         first = required or named is not None or other is not None
 
         def content(tool: Tool, index: int) -> dict[str, Any]:

@@ -14,10 +14,10 @@ from runtime.server.tools.formats import (
     DeepSeekV31Parser,
     Glm45Parser,
     GptOssParser,
+    HermesParser,
     KimiK2Parser,
     Qwen3CoderParser,
 )
-from runtime.server.tools.hermes import HermesParser
 from runtime.server.tools.json_calls import JsonCallsParser
 from runtime.server.tools.llama3 import PYTHON_TAG, Llama3Parser
 from runtime.server.tools.mistral import MistralParser

@@ -53,7 +53,7 @@ BAD = [
     [("get_weather", {"city": "Oslo", "days": "x"})],  # not an integer
     [("launch", {"zone": "UTC"})],  # an undeclared tool
 ]
-FORMATS = ["qwen3_coder", "glm45", "kimi_k2", "deepseekv31", "gpt-oss", "deepseekv3"]
+FORMATS = ["qwen3_coder", "glm45", "kimi_k2", "deepseekv31", "gpt-oss", "deepseekv3", "hermes"]
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +144,16 @@ def test_auto_keeps_text_free_until_the_call_opens(walk, name):
     assert walk(constraint, "Let me look. " + parser.render(GOOD[1:]))
     assert not walk(constraint, "Let me look. " + parser.render(BAD[2]))
     assert not walk(constraint, "Let me look. " + parser.trigger + "nonsense")
+
+
+@pytest.mark.parametrize("name", ["qwen3_coder", "glm45"])
+def test_xml_calls_beside_a_response_format_are_a_call_or_the_format(walk, name):
+    parser = get_parser(name)
+    spec = tool_answer_spec(parser, TOOLS, "auto", True, "strict", r"\{\}").constraint
+    assert walk(spec, "{}")
+    assert walk(spec, parser.render(GOOD[1:]))
+    assert not walk(spec, "free text")
+    assert not walk(spec, parser.render(BAD[2]))
 
 
 @pytest.mark.parametrize("name", FORMATS)
