@@ -522,7 +522,12 @@ Q_INLINE void int_pair(const int t, const uint8_t *wr, int64_t row_bytes, int64_
 }
 #endif
 
-/* weight rows [r0, r1) against every input row, 4 input rows per pass over a weight row */
+static void k_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols, const int16_t *xq,
+                   const float *xd, const float *xs, int64_t rows, float *y, int64_t ldy,
+                   int64_t r0, int64_t r1); /* unpack-once products (below) */
+
+/* weight rows [r0, r1) against every input row: one row in pairs of weight rows (AVX2), several
+   through k_rows */
 Q_INLINE void int_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
                           const int16_t *xq, const float *xd, const float *xs, int64_t rows,
                           float *y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -535,6 +540,10 @@ Q_INLINE void int_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int6
         return;
     }
 #endif
+    if (rows > 1) { /* each weight row unpacked once for every input row: the same bits */
+        k_rows(t, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1);
+        return;
+    }
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = w + r * row_bytes;
         int64_t m0 = 0;
@@ -542,10 +551,6 @@ Q_INLINE void int_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int6
         for (; m0 < rows; m0++) int_tile(t, 1, wr, nb, xq, xd, xs, m0, y, ldy, r);
     }
 }
-
-static void k_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols, const int16_t *xq,
-                   const float *xd, const float *xs, int64_t rows, float *y, int64_t ldy,
-                   int64_t r0, int64_t r1); /* the K-quants (below) */
 
 /* int_rows_of with the type a constant in each copy (the unpacking's switch folds away) */
 static void int_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
@@ -676,6 +681,32 @@ Q_INLINE qacc acc_block16(qacc acc, const int16_t *w, const int16_t *x, float sc
 }
 #endif
 
+/* weight row wr (cols values of type t) -> w16 [cols], wd [cols / 32], wm [cols / 32]: the
+   K-quants by k_unpack, the 32-element formats as unpack_v / unpack_p leave each block (the
+   int8 values widened, d and the minimum m as int_tile takes them) */
+Q_INLINE void row_unpack(const int t, const uint8_t *wr, int64_t cols, int16_t *w16, float *wd,
+                         float *wm) {
+    const int bytes = q_bytes(t);
+    if (t == T_Q4_K || t == T_Q5_K || t == T_Q6_K) {
+        for (int64_t s = 0; s < cols / 256; s++)
+            k_unpack(t, wr + s * bytes, w16 + 256 * s, wd + 8 * s, wm + 8 * s);
+        return;
+    }
+    for (int64_t k = 0; k < cols / 32; k++) {
+#ifdef Q_AVX2
+        __m256i v = unpack_v(t, wr + k * bytes, wd + k, wm + k);
+        _mm256_storeu_si256((__m256i *)(w16 + 32 * k),
+                            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
+        _mm256_storeu_si256((__m256i *)(w16 + 32 * k + 16),
+                            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)));
+#else
+        int8_t v[32];
+        unpack_p(t, wr + k * bytes, v, wd + k, wm + k);
+        for (int j = 0; j < 32; j++) w16[32 * k + j] = v[j];
+#endif
+    }
+}
+
 /* y[m * ldy + r] for input rows m0 .. m0 + MT against one unpacked weight row (int_tile's
    arithmetic on k_unpack's values) */
 Q_INLINE void k_tile(const int MT, const int has_min, const int16_t *w16, const float *wd,
@@ -704,13 +735,11 @@ Q_INLINE void k_tile(const int MT, const int has_min, const int16_t *w16, const 
 Q_INLINE void k_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64_t cols,
                         const int16_t *xq, const float *xd, const float *xs, int64_t rows,
                         float *y, int64_t ldy, int64_t r0, int64_t r1, int16_t *w16) {
-    const int has_min = t != T_Q6_K, bytes = q_bytes(t);
+    const int has_min = t == T_Q4_K || t == T_Q5_K || t == T_Q4_1 || t == T_Q5_1;
     int64_t nb = cols / 32;
     float *wd = (float *)(w16 + cols), *wm = wd + nb;
     for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *wr = w + r * row_bytes;
-        for (int64_t s = 0; s < cols / 256; s++)
-            k_unpack(t, wr + s * bytes, w16 + 256 * s, wd + 8 * s, wm + 8 * s);
+        row_unpack(t, w + r * row_bytes, cols, w16, wd, wm);
         int64_t m0 = 0;
         for (; m0 + 4 <= rows; m0 += 4)
             k_tile(4, has_min, w16, wd, wm, nb, xq, xd, xs, m0, y, ldy, r);
@@ -733,9 +762,18 @@ static void k_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols, con
             return;
         }
     }
-    if (t == T_Q4_K) k_rows_of(T_Q4_K, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1, w16);
-    if (t == T_Q5_K) k_rows_of(T_Q5_K, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1, w16);
-    if (t == T_Q6_K) k_rows_of(T_Q6_K, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1, w16);
+#define K_ROWS_OF(T) k_rows_of(T, w, row_bytes, cols, xq, xd, xs, rows, y, ldy, r0, r1, w16)
+    switch (t) {
+    case T_Q4_0: K_ROWS_OF(T_Q4_0); break;
+    case T_Q4_1: K_ROWS_OF(T_Q4_1); break;
+    case T_Q5_0: K_ROWS_OF(T_Q5_0); break;
+    case T_Q5_1: K_ROWS_OF(T_Q5_1); break;
+    case T_Q8_0: K_ROWS_OF(T_Q8_0); break;
+    case T_Q4_K: K_ROWS_OF(T_Q4_K); break;
+    case T_Q5_K: K_ROWS_OF(T_Q5_K); break;
+    case T_Q6_K: K_ROWS_OF(T_Q6_K); break;
+    }
+#undef K_ROWS_OF
     if (w16 != local) free(w16);
 }
 
