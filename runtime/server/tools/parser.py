@@ -1,7 +1,8 @@
 r"""The interface every tool-call format implements, and the stream deltas of any of them.
 
-A format (`ToolParser`) is one model family's way of writing calls (one module per family
-beside this one, named in `registry.py`). It says:
+A format (`ToolParser`) is one model family's way of writing calls (a `CallFormat` description
+in `formats.py`, whose `FormatParser` derives all of this, or a module of its own; each named in
+`registry.py`). It says:
 
 - how calls are found in text: `scan(text)` reads a finished or partial answer into its
   content and its calls so far (a call may have no name yet, or arguments that are still
