@@ -157,6 +157,8 @@ def tool_answer_spec(
     request's response_format (auto only)."""
     key = json.dumps([t.model_dump(mode="json") for t in tools])  # (declared order kept)
     named = choice["name"] if isinstance(choice, dict) else None
+    if isinstance(parser, FormatParser):
+        parser.bind(tools)  # the request's parser types XML values by these schemas, streamed too
     return _spec(parser.name, key, named, choice == "required", parallel, mode, other)
 
 
@@ -178,6 +180,8 @@ def _spec(name: str, key: str, named: str | None, required: bool, parallel: bool
             return _content(tool, index, mode)
 
         tag = format_structural_tag(parser.fmt, tools, named, first, many, json_content=content)
+        if xml:
+            _check_xml_arguments(parser.fmt.args, tools, mode)
         if other is not None and not (named or required):  # calls, or the response_format
             fmt = {"type": "or", "elements": [tag["format"], {"type": "regex", "pattern": other}]}
             tag = {"type": "structural_tag", "format": fmt}
@@ -200,6 +204,24 @@ def _spec(name: str, key: str, named: str | None, required: bool, parallel: bool
     if named or required:
         return AnswerSpec({"regex": block})
     return AnswerSpec({"regex": f"(?:{block})|(?:{other})"})
+
+
+def _check_xml_arguments(style: str, tools: list[Tool], mode: str) -> None:
+    """A 400 naming the tool and the keyword when its parameters cannot be written in the
+    format's XML argument style (a value that may be a string or something else, ...)."""
+    from grammar import GrammarError
+    from grammar.structural.spec import SpecReader
+
+    for i, t in enumerate(tools):
+        if t.function.strict is False:
+            continue
+        param = f"tools.{i}.function.parameters"
+        content = {"type": "json_schema", "json_schema": t.function.parameters, "style": style}
+        try:
+            SpecReader(mode, None).format(content, param)
+        except GrammarError as exc:
+            msg = f"tool {t.function.name!r}: its parameters cannot be written as {style}: {exc}"
+            raise APIError(400, msg, param=param, code="unsupported_schema_keyword") from exc
 
 
 def _content(tool: Tool, index: int, mode: str) -> dict[str, Any]:

@@ -245,3 +245,22 @@ def test_builtin_tag_names_what_it_refuses():
         builtin_structural_tag("kimi_k2", [WEATHER], {"name": "nowhere"})
     with pytest.raises(BuiltinTagError, match="unknown tool-call parser"):
         builtin_structural_tag("no_such_family", [WEATHER])
+
+
+def test_xml_parameters_the_style_cannot_write_are_a_400_naming_the_tool():
+    from runtime.server.errors import APIError
+
+    either = Tool.model_validate(
+        {
+            "function": {
+                "name": "note",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"text": {"type": ["string", "integer"]}},
+                },
+            }
+        }
+    )
+    with pytest.raises(APIError) as err:
+        tool_answer_spec(get_parser("qwen3_coder"), [WEATHER, either], "auto", True, "strict", None)
+    assert err.value.param == "tools.1.function.parameters" and "note" in err.value.message
