@@ -145,9 +145,9 @@ def test_each_row_is_the_same_whatever_the_batch_and_threads(name):
     assert torch.equal(cpu_quant.linear(x[:7], w), together[:7])
 
 
-@pytest.mark.parametrize("name", sorted(K_FORMATS))
-def test_k_quant_rows_longer_than_the_stack_buffer_multiply_alike(name):
-    # 16640 columns: past the 16384 a weight row unpacks into on the stack (then the heap);
+@pytest.mark.parametrize("name", [*sorted(K_FORMATS), "Q5_0"])
+def test_rows_longer_than_the_unpacking_stack_buffer_multiply_alike(name):
+    # 16640 columns: past the 8192 a weight row unpacks into on the stack (then the heap);
     # against float64 and, in the portable build, bit for bit
     _, w = random_weight(name, 8, 16640, seed=13)
     torch.manual_seed(13)

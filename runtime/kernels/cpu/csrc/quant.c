@@ -747,7 +747,7 @@ Q_INLINE void k_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64_
     }
 }
 
-#define K_STACK_COLS 16384 /* rows this long unpack on the stack; longer ones in the heap */
+#define K_STACK_COLS 8192 /* rows this long unpack on the stack (32 KB); longer ones in the heap */
 
 static void k_rows(int t, const uint8_t *w, int64_t row_bytes, int64_t cols, const int16_t *xq,
                    const float *xd, const float *xs, int64_t rows, float *y, int64_t ldy,
