@@ -113,8 +113,9 @@ def markdown_table(settings: Iterable[Setting]) -> str:
 GRAMMAR_NATIVE = Flag(
     "SGL_GRAMMAR_NATIVE",
     True,
-    "First-visit token masks through the C trie walk (`tokens/native.py`); 0 keeps the numpy "
-    "walks. Read on each compile.",
+    "The grammar's native code: first-visit token masks through the C trie walk "
+    "(`tokens/native.py`) and the lazy DFA's subset construction in C (`automata/native_dfa.py`); "
+    "0 keeps the numpy walks and the Python construction. Read on each compile.",
 )
 NATIVE_CACHE = Folder(
     "SGL_NATIVE_CACHE",

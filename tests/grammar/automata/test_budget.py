@@ -25,6 +25,9 @@ from tests.support.schema_bench import BENCH_DIR, NO_BENCH
 from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 from tests.support.walks import walk
 
+# every test here runs on both subset constructions (C and Python)
+pytestmark = pytest.mark.usefixtures("subset_construction")
+
 ALPHABET = 'ab\u00e9\u65e5\U0001f600"\\'  # 1-, 2-, 3- and 4-byte characters, JSON specials
 
 

@@ -81,6 +81,7 @@ ONE_EDGE = [
 def test_a_row_of_one_state_with_one_edge_is_the_general_construction_s(
     pattern: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("SGL_GRAMMAR_NATIVE", "0")  # (a shortcut of the Python construction)
     fast = _lazy_dfa(parse_regex(pattern))
     fast.expand(np.arange(fast.num_states))
     while fast.num_states > int((np.asarray(fast._live) >= 0).sum()):

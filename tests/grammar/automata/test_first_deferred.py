@@ -24,6 +24,9 @@ from tests.support.regex_cases import NOTHING
 from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 from tests.support.walks import walk
 
+# every test here runs on both subset constructions (C and Python)
+pytestmark = pytest.mark.usefixtures("subset_construction")
+
 NAME_LISTS = [
     pytest.param(["apiVersion", "kind", "metadata"], id="kubernetes"),
     pytest.param(["kind", "kinds", "kin"], id="prefixes"),

@@ -19,6 +19,9 @@ from grammar.json_schema.schema import json_schema_to_node
 from tests.support.regex_cases import NOTHING, random_regexes
 from tests.support.tokenizers import deepseek_vocab
 
+# every test here runs on both subset constructions (C and Python)
+pytestmark = pytest.mark.usefixtures("subset_construction")
+
 
 def _expand_all(dfa: LazyDFA) -> None:
     """Read every reachable row (breadth first from START)."""

@@ -20,6 +20,9 @@ from tests.support.regex_cases import NOTHING
 from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 from tests.support.walks import walk
 
+# every test here runs on both subset constructions (C and Python)
+pytestmark = pytest.mark.usefixtures("subset_construction")
+
 REGEXES = [
     r"(ab|cd)*e",
     r"(a|b){2,5}c?",
