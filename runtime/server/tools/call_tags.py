@@ -54,7 +54,10 @@ def args_content(fmt: CallFormat, tool: Tool, index: int, json_content: Content)
     if fmt.args in ("json", "json_call"):
         return json_content(tool, index)
     params: Any = tool.function.parameters if tool.function.strict is not False else True
-    return {"type": "json_schema", "json_schema": params, "style": fmt.args}
+    # white space runs of one character, as the templates write them (`\n` around elements and
+    # values): unbounded runs would let a model pad an answer until max_tokens
+    return {"type": "json_schema", "json_schema": params, "style": fmt.args,
+            "max_whitespace_cnt": 1}  # fmt: skip
 
 
 def calls_format(fmt: CallFormat, tags: list[dict], first: bool, many: bool) -> dict[str, Any]:
