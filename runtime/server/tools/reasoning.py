@@ -8,6 +8,9 @@
   reasoning. A prompt that already closed it (`enable_thinking: false` templates) has none.
 - `qwen3`: reasoning only when the answer opens `<think>` or the prompt ends with it (Qwen3's
   templates); `chat_template_kwargs={"enable_thinking": false}` turns it off.
+- `gpt-oss` (`openai_gptoss`): Harmony's `<|channel|>analysis<|message|>` ... `<|end|>` (the
+  markers of the `gpt-oss` call format's description); the answer after it is read by the
+  `gpt-oss` tool-call parser, which drops the channel markup.
 
 `split(text)` separates a finished answer; `ReasoningStream` does it for a growing one (the
 reasoning's deltas, holding back a tail that may be the start of `</think>`, then the
@@ -73,11 +76,24 @@ class ReasoningParser:
         return body[:at], answer.lstrip(), True
 
 
+def _harmony() -> ReasoningParser:
+    """gpt-oss: the `analysis` channel, as the `gpt-oss` call format describes it."""
+    from runtime.server.tools.formats import GPT_OSS
+
+    start, end = GPT_OSS.reasoning
+    return ReasoningParser("gpt-oss", forced=False, start=start, end=end)
+
+
 REASONING_PARSERS = {
     "deepseek-r1": lambda: ReasoningParser("deepseek-r1", forced=True),
     "qwen3": lambda: ReasoningParser("qwen3", forced=False),
+    "gpt-oss": _harmony,
 }
-REASONING_ALIASES = {"deepseek_r1": "deepseek-r1", "qwen3-thinking": "deepseek-r1"}
+REASONING_ALIASES = {
+    "deepseek_r1": "deepseek-r1",
+    "qwen3-thinking": "deepseek-r1",
+    "openai_gptoss": "gpt-oss",  # vLLM's name
+}
 
 
 def get_reasoning_parser(name: str) -> ReasoningParser:

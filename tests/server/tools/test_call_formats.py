@@ -264,3 +264,16 @@ def test_xml_parameters_the_style_cannot_write_are_a_400_naming_the_tool():
     with pytest.raises(APIError) as err:
         tool_answer_spec(get_parser("qwen3_coder"), [WEATHER, either], "auto", True, "strict", None)
     assert err.value.param == "tools.1.function.parameters" and "note" in err.value.message
+
+
+def test_harmony_reasoning_parser_takes_the_analysis_channel():
+    from runtime.server.tools.reasoning import get_reasoning_parser
+
+    rp = get_reasoning_parser("gpt-oss")
+    text = "<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant" + get_parser(
+        "gpt-oss"
+    ).render(GOOD[1:])
+    reasoning, answer = rp.split(text, open_at_start=False)
+    assert reasoning == "Need the time."
+    content, calls = get_parser("gpt-oss").parse(answer, TOOLS)
+    assert content is None and _calls(calls) == GOOD[1:]
