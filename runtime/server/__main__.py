@@ -19,6 +19,8 @@ import uvicorn
 from runtime.attention.registry import CHOICES as ATTENTION_CHOICES
 from runtime.memory.kv_pool import KV_DTYPE_CHOICES
 from runtime.server.app import build_state, create_app
+from runtime.server.tools.reasoning import reasoning_parser_names
+from runtime.server.tools.registry import ALIASES, PARSERS
 
 logger = logging.getLogger("runtime.server")
 SPECULATIVE_FLAGS = ("algorithm", "num_draft_tokens", "num_steps", "ngram_min_match_window_size",
@@ -116,14 +118,15 @@ def _chat_flags(p: argparse.ArgumentParser) -> None:
         "--tool-call-parser",
         default=None,
         metavar="NAME",
-        help="the model's tool-call format: hermes (qwen25), llama3, mistral, deepseekv3, "
-        "pythonic, json (default: chosen from the chat template)",
+        help=f"the model's tool-call format: {', '.join(sorted(PARSERS))}; also "
+        f"{', '.join(f'{a} ({t})' for a, t in sorted(ALIASES.items()))} "
+        "(default: chosen from the chat template)",
     )
     chat.add_argument(
         "--reasoning-parser",
         default=None,
         metavar="NAME",
-        help="separate a thinking model's <think> reasoning: deepseek-r1, qwen3",
+        help=f"separate a thinking model's reasoning: {', '.join(reasoning_parser_names())}",
     )
 
 
