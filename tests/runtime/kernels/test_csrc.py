@@ -1,6 +1,7 @@
-"""The C sources of the native libraries (grammar/tokens/csrc/, runtime/kernels/cpu/csrc/): every
-unit each library builds compiles cleanly with warnings as errors, a build's cache key covers
-every header beside its source, and no C is kept in a Python string."""
+"""The C sources of the native libraries (grammar/tokens/csrc/, grammar/automata/csrc/,
+runtime/kernels/cpu/csrc/): every unit each library builds compiles cleanly with warnings as
+errors, a build's cache key covers every header beside its source, and no C is kept in a Python
+string."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from grammar import native_build
+from grammar.automata import native_dfa
 from grammar.tokens import native
 from runtime.kernels.cpu import fused, quant
 
@@ -26,6 +28,7 @@ def _retarget(unit: native_build.Unit, old: str, *new: str) -> native_build.Unit
 # every unit a library builds, as "<library>/<unit>"; then the SIMD branches another CPU takes
 UNITS = {
     **{f"grammar-trie/{u.name}": u for u in native.UNITS},
+    **{f"grammar-subset/{u.name}": u for u in native_dfa.UNITS},
     **{f"fused{'-omp' if omp else ''}/{u.name}": u for omp in (True, False)
        for u in fused.units(omp)},
     **{f"fused8{'-omp' if omp else ''}/{u.name}": u for omp in (True, False)
