@@ -99,7 +99,7 @@ class LazyDFA:
     def __init__(self, nfa: NFA, start: int, max_states: int) -> None:
         self.byte_to_class = np.arange(256, dtype=np.int32)
         self.classes = list(range(256))
-        self.max_states = max_states
+        self._max_states = max_states
         self._nfa = nfa
         self._lock = threading.RLock()
         # NFA state sets as sorted tuples (not frozensets): the cyclic GC untracks tuples of
@@ -169,6 +169,17 @@ class LazyDFA:
     def num_states(self) -> int:
         """States numbered so far (expanded or not); grows as walks explore."""
         return len(self._live)
+
+    @property
+    def max_states(self) -> int:
+        """The state budget: a walk that would number more states raises the budget error."""
+        return self._max_states
+
+    @max_states.setter
+    def max_states(self, value: int) -> None:
+        self._max_states = value
+        if getattr(self, "_core", None) is not None:
+            self._core.set_budget(value)
 
     @property
     def native(self) -> bool:

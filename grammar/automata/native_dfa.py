@@ -48,6 +48,7 @@ SIGNATURES: native_build.Signatures = {
     "subset_intern_set": (_I64, [_PTR, _PTR, _I64]),
     "subset_states": (_I64, [_PTR, _I64, _PTR, _I64]),
     "subset_num_states": (_I64, [_PTR]),
+    "subset_set_budget": (None, [_PTR, _I64]),
     "subset_expand": (_I64, [_PTR, _I64, _PTR, _PTR, _PTR, _I64]),
 }
 _lib: ctypes.CDLL | None = None
@@ -105,6 +106,10 @@ class SubsetCore:
     @property
     def num_states(self) -> int:
         return int(self._lib.subset_num_states(self._ptr))
+
+    def set_budget(self, max_states: int) -> None:
+        """States past `max_states` are refused from now on (as at construction)."""
+        self._lib.subset_set_budget(self._ptr, max_states)
 
     def start(self, s: int, accepting: np.ndarray) -> int:
         """Number the closure of NFA state s (START, or DEAD when it is empty; its `accepting`

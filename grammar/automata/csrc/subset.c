@@ -308,6 +308,9 @@ int64_t subset_states(const core_t *c, int64_t j, int64_t *out, int64_t cap) {
 
 int64_t subset_num_states(const core_t *c) { return c->n_states; }
 
+/* a new state budget (the owner's budget changed after the core was made) */
+void subset_set_budget(core_t *c, int64_t max_states) { c->max_states = max_states; }
+
 /* Expand DFA state i: its row in table (int32 [rows, 256]) gets each byte's target state, new
    states' rows are set UNEXPANDED and their `accepting` entries written; the caller makes room
    for 256 new states. Returns, when done, new + (live << 10) + ((only + 1) << 20): the states

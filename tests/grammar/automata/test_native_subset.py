@@ -126,6 +126,15 @@ def test_a_walk_past_the_state_budget_raises_naming_it(monkeypatch: pytest.Monke
     assert dfa.matches(b"abc")  # the states inside the budget still work
 
 
+@pytest.mark.usefixtures("subset_construction")
+def test_a_budget_lowered_after_construction_holds_on_both_constructions() -> None:
+    dfa = LazyDFA(*_nfa_start(r"[a-z]{0,400}"), DEFAULT_MAX_STATES)
+    assert dfa.matches(b"abc")
+    dfa.max_states = dfa.num_states + 3  # what a serving process may do to a rebuilt DFA
+    with pytest.raises(GrammarError, match="state budget"):
+        dfa.walk(START, b"a" * 50)
+
+
 def _nfa_start(pattern: str) -> tuple[NFA, int]:
     nfa = NFA(max_states=nfa_budget(DEFAULT_MAX_STATES))
     return nfa, nfa.add_node(parse_regex(pattern), lazy=True)
