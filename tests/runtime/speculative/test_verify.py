@@ -132,6 +132,8 @@ def test_large_batches_step_aside(model_dir):
     with Engine(str(model_dir), max_total_tokens=4096, speculative_algorithm="NGRAM",
                 speculative_disable_by_batch_size=2) as spec:  # fmt: skip
         spec.generate([PROMPTS[1]] * 4, max_new_tokens=12, temperature=0.0, ignore_eos=True)
-        assert spec.stats()["spec_verify_steps"] == 0
+        # the same batch verifies 16 times without stepping aside; here at most the tail, where
+        # requests admitted a step apart leave two or fewer decoding (as CI once saw)
+        assert spec.stats()["spec_verify_steps"] <= 2
         spec.generate(PROMPTS[1], max_new_tokens=12, temperature=0.0, ignore_eos=True)
         assert spec.stats()["spec_verify_steps"] > 0
