@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from grammar import settings
+
+logger = logging.getLogger(__name__)
 
 BUILD_TIMEOUT_S = 120
 WARNING_FLAGS = ("-Wall", "-Wextra", "-Werror")
@@ -151,6 +155,36 @@ def load_library(
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, list(argtypes)
     return lib
+
+
+class OptionalLibrary:
+    """A library a Python path can do without: built and loaded on the first `get()`, once; a
+    build or load that fails is logged (`fallback` says what runs instead) and not tried again
+    until `reset()`. Thread-safe."""
+
+    def __init__(
+        self, prefix: str, units: Sequence[Unit], signatures: Signatures, fallback: str
+    ) -> None:
+        self.prefix, self.units, self.signatures = prefix, units, signatures
+        self.fallback = fallback
+        self._lib: ctypes.CDLL | None = None
+        self._failed = False
+        self._lock = threading.Lock()
+
+    def get(self) -> ctypes.CDLL | None:
+        with self._lock:
+            if self._lib is None and not self._failed:
+                try:
+                    self._lib = load_library(self.prefix, self.units, signatures=self.signatures)
+                except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
+                    self._failed = True
+                    logger.info("%s unavailable, %s: %s", self.prefix, self.fallback, exc)
+            return self._lib
+
+    def reset(self) -> None:
+        """Forget the loaded library or the failure (tests that change the compiler)."""
+        with self._lock:
+            self._lib, self._failed = None, False
 
 
 def compile_warnings(units: Sequence[Unit], extra: Sequence[str] = WARNING_FLAGS) -> dict[str, str]:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import array
 import ctypes
 import logging
-import subprocess
-import threading
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -51,9 +49,9 @@ SIGNATURES: native_build.Signatures = {
     "subset_set_budget": (None, [_PTR, _I64]),
     "subset_expand": (_I64, [_PTR, _I64, _PTR, _PTR, _PTR, _I64]),
 }
-_lib: ctypes.CDLL | None = None
-_failed = False
-_load_lock = threading.Lock()
+LIBRARY = native_build.OptionalLibrary(
+    "grammar-subset", UNITS, SIGNATURES, "using the Python subset construction"
+)
 
 
 def enabled() -> bool:
@@ -62,16 +60,7 @@ def enabled() -> bool:
 
 
 def _load() -> ctypes.CDLL | None:
-    global _lib, _failed
-    with _load_lock:
-        if _lib is not None or _failed:
-            return _lib
-        try:
-            _lib = native_build.load_library("grammar-subset", UNITS, signatures=SIGNATURES)
-        except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
-            _failed = True
-            logger.info("grammar C subset construction unavailable, using Python: %s", exc)
-        return _lib
+    return LIBRARY.get()
 
 
 def new_core(nfa: NFA, max_states: int) -> SubsetCore | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import subprocess
 import threading
 import weakref
 from dataclasses import dataclass
@@ -47,9 +46,10 @@ SIGNATURES: native_build.Signatures = {
     "trie_walk": (_I64, [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR,
                          _I64]),
 }  # fmt: skip
-_lib: ctypes.CDLL | None = None
-_failed = False
-_load_lock = threading.Lock()
+LIBRARY = native_build.OptionalLibrary(
+    "grammar-trie", UNITS, SIGNATURES, "using numpy walks"
+)
+_load_lock = threading.Lock()  # guards _tries
 _tries: weakref.WeakKeyDictionary[TokenVocabulary, TokenTrie | None] = weakref.WeakKeyDictionary()
 NODE = np.dtype([("end", "<i4"), ("row", "<i4"), ("depth", "<i4"), ("byte", "<i4")])
 
@@ -60,16 +60,7 @@ def enabled() -> bool:
 
 
 def _load() -> ctypes.CDLL | None:
-    global _lib, _failed
-    with _load_lock:
-        if _lib is not None or _failed:
-            return _lib
-        try:
-            _lib = native_build.load_library("grammar-trie", UNITS, signatures=SIGNATURES)
-        except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
-            _failed = True
-            logger.info("grammar C walk unavailable, using numpy walks: %s", exc)
-        return _lib
+    return LIBRARY.get()
 
 
 @dataclass(slots=True, frozen=True)
