@@ -6,7 +6,7 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +74,11 @@ class TokenVocabulary:
         token_bytes: Sequence[bytes | None],
         eos_token_ids: Iterable[int],
         special_token_ids: Iterable[int] = (),
+        token_names: Mapping[str, int] | None = None,
     ) -> None:
         self._bytes: list[bytes | None] = list(token_bytes)
+        # added / special tokens by their text, for grammars that name a token (`<|im_end|>`)
+        self.token_names: dict[str, int] = dict(token_names or {})
         self.eos_token_ids: tuple[int, ...] = tuple(sorted(set(eos_token_ids)))
         specials = set(special_token_ids) | set(self.eos_token_ids)
         for i in specials:
@@ -88,6 +91,8 @@ class TokenVocabulary:
         h.update(json.dumps(self.eos_token_ids).encode())
         for b in self._bytes:
             h.update(b"\xff\x00" if b is None else len(b).to_bytes(2, "little") + b)
+        if self.token_names:
+            h.update(json.dumps(sorted(self.token_names.items())).encode())
         self.hash: str = h.hexdigest()
         self._prepared: PreparedTokens | None = None
         self._single_ids: tuple[np.ndarray, np.ndarray] | None = None  # see ids_of_rows
@@ -125,7 +130,12 @@ class TokenVocabulary:
                 out.append(_sentencepiece_bytes(piece))
         eos = tokenizer.eos_token_id
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        return cls(out, eos_ids, specials)
+        names = {str(t.content): i for i, t in added.items() if i < size}
+        for text in getattr(tokenizer, "all_special_tokens", []) or []:
+            i = tokenizer.convert_tokens_to_ids(text)
+            if isinstance(i, int) and 0 <= i < size:
+                names.setdefault(text, i)
+        return cls(out, eos_ids, specials, names)
 
     def prepared(self) -> PreparedTokens:
         """The token layout used by every mask computation (built once, thread-safe)."""
