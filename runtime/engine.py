@@ -52,7 +52,12 @@ from runtime.scheduling.detokenize import Detokenizer
 from runtime.scheduling.request import GenerateResult, Request, SamplingParams
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.stream import AsyncStreamIterator, LoopOutbox, StreamIterator
-from runtime.speculative.config import SpeculativeConfig, speculative_config
+from runtime.speculative.config import (
+    SpeculativeConfig,
+    SpeculativeConfigError,
+    speculative_config,
+)
+from runtime.speculative.draft_model import DraftModel
 from runtime.speculative.speculator import Speculator
 from runtime.workers.driver import ParallelModel
 from runtime.workers.layout import Layout
@@ -369,8 +374,28 @@ class Engine:
             hooks=self._make_constraint_hooks(),
             overlap=overlap and not self.parallel,
             tier=self.hicache,
-            speculation=Speculator(self.speculative) if self.speculative is not None else None,
+            speculation=self._speculator(),
         )
+
+    def _speculator(self) -> Speculator | None:
+        """Speculative decoding's hook (None: off); STANDALONE loads its draft model here, with
+        a KV pool of as many pages as the target's (reserved, resident as used)."""
+        if self.speculative is None:
+            return None
+        draft = None
+        if self.speculative.algorithm == "STANDALONE":
+            if self.parallel:
+                raise SpeculativeConfigError(
+                    "speculative_algorithm 'STANDALONE' runs in a one-process engine only "
+                    "(tp_size, pp_size and ep_size 1)"
+                )
+            draft = DraftModel.load(
+                self.speculative.draft_model_path, target_tokenizer=self.tokenizer,
+                target_vocab=self.config.vocab_size, dtype=self.dtype, device=self.device,
+                attention_backend=self.attention_backend, num_pages=self.pool.num_pages,
+                page_size=self.pool.page_size,
+            )  # fmt: skip
+        return Speculator(self.speculative, draft)
 
     def _kv_calibration(self, requested: str, loaded: Any) -> KVCalibration:
         """The pool's scales and offsets; sets `kv_calibration` (what they are). "smooth" /

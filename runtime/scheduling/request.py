@@ -162,6 +162,8 @@ class SpecState:
     verify_ct: int = 0  # verify forwards
     accepted: int = 0  # drafts accepted
     verify_tokens: int = 0  # tokens the verify forwards appended (accepted + chosen)
+    accept_w: float = 0.0  # drafts kept, decayed per verify (runtime/speculative/policy.py)
+    reject_w: float = 0.0  # verifies that rejected a draft, decayed the same way
 
 
 class Status(enum.Enum):

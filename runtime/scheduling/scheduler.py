@@ -272,6 +272,7 @@ class Scheduler:
         """Plan, run and process one forward pass; False when there was nothing to do."""
         if self.overlap is not None:
             return self.overlap.step()
+        planned = time.perf_counter()
         plan = self.plan_step()
         if plan is None:
             return False
@@ -279,6 +280,8 @@ class Scheduler:
         start = time.perf_counter()
         logits = self.run_model(batch)
         self.complete_step(plan, logits, time.perf_counter() - start, booked=False)
+        if self.speculation is not None:  # what decode and verify steps cost, as measured
+            self.speculation.observe(plan, time.perf_counter() - planned)
         return True
 
     # ---- the phases' results, applied here (overlap.StepHost) ----------------------------------
@@ -367,29 +370,23 @@ class Scheduler:
         saves)."""
         jumped = [i for i in plan.extends if i.req.output_ids and i.end == i.req.seq_len
                   and i.req.logprob_start is None and i.req.handoff is None]  # fmt: skip
-        if len(plan.decodes) + len(jumped) > spec.max_batch:
+        batch = len(plan.decodes) + len(jumped)
+        if batch > spec.max_batch:
             return
-        for req in list(plan.decodes):
-            item = self._verify_item(req, spec)
-            if item is not None:
-                plan.decodes.remove(req)
-                plan.verifies.append(item)
-        for ext in jumped:
-            item = self._verify_item(ext.req, spec)
-            if item is not None:
-                plan.extends.remove(ext)
-                plan.verifies.append(item)
-
-    def _verify_item(self, req: Request, spec: Speculation) -> VerifyItem | None:
-        """`req`'s drafts and the pages they are computed in; None when it gets none."""
-        room = min(req.params.max_new_tokens - len(req.output_ids) - 1,
-                   self.model.config.max_position_embeddings - req.seq_len - 1)  # fmt: skip
-        if room <= 0:
-            return None
-        drafts = spec.drafts(req, room)
-        if not drafts or not self.book.reserve(req, req.seq_len + len(drafts)):
-            return None
-        return VerifyItem(req, req.computed, drafts)
+        items = []  # (request, most drafts it has room for), its decode or extend item
+        for req, entry in [(r, r) for r in plan.decodes] + [(e.req, e) for e in jumped]:
+            room = min(req.params.max_new_tokens - len(req.output_ids) - 1,
+                       self.model.config.max_position_embeddings - req.seq_len - 1)  # fmt: skip
+            if room > 0:
+                items.append(((req, room), entry))
+        if not items:
+            return
+        proposed = spec.propose([i for i, _ in items], batch)
+        for ((req, _), entry), drafts in zip(items, proposed, strict=True):
+            if not drafts or not self.book.reserve(req, req.seq_len + len(drafts)):
+                continue
+            (plan.decodes if entry is req else plan.extends).remove(entry)
+            plan.verifies.append(VerifyItem(req, req.computed, drafts))
 
     def _admit(self, plan: StepPlan, budget: int) -> int:
         if not self.waiting or budget <= 0 or len(self.running) >= self.max_running:
@@ -518,6 +515,8 @@ class Scheduler:
     def preempt(self, req: Request) -> None:
         """Give back a running request's pages (keeping them in the tree) and requeue it."""
         self.book.release(req)
+        if self.speculation is not None:
+            self.speculation.release(req)
         self.running.remove(req)
         req.status = Status.WAITING
         req.prefill_done = False
@@ -525,6 +524,8 @@ class Scheduler:
         self.counters["preemptions"] += 1
 
     def finish(self, req: Request, reason: str) -> None:
+        if self.speculation is not None:
+            self.speculation.release(req)
         if req in self.running:
             self.running.remove(req)
             if req.handoff is not None and req.handoff.keeps_pages:

@@ -28,8 +28,17 @@ class Speculation(Protocol):
 
     max_batch: int  # more decoding requests than this in a step: no drafts at all
 
-    def drafts(self, req: Request, limit: int) -> list[int]:
-        """At most `limit` draft tokens to follow `req.seq` (the grammar allows them all)."""
+    def propose(self, items: list[tuple[Request, int]], batch: int) -> list[list[int]]:
+        """Per (request, limit): at most `limit` draft tokens to follow `req.seq` (the grammar
+        allows them all); `batch`: the requests decoding this step."""
+        ...
+
+    def observe(self, plan: StepPlan, seconds: float) -> None:
+        """The step of `plan` took `seconds` (its cost, for deciding when drafting pays)."""
+        ...
+
+    def release(self, req: Request) -> None:
+        """`req` finished or was preempted (its drafting state can go)."""
         ...
 
     def accept(

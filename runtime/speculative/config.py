@@ -28,7 +28,8 @@ class SpeculativeConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
-    """`algorithm`: "NGRAM" (drafts looked up in the request's own tokens). `num_draft_tokens`:
+    """`algorithm`: "NGRAM" (drafts looked up in the request's own tokens) or "STANDALONE" (a
+    draft model at `draft_model_path`, sharing the target's vocabulary). `num_draft_tokens`:
     the longest chain of drafts verified per request and step. `ngram_min_match_window_size` /
     `ngram_max_match_window_size`: the shortest and longest suffix of the request's tokens
     looked up earlier in them. `disable_by_batch_size`: with more decoding requests than this
@@ -46,10 +47,15 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(
                 f"speculative_algorithm must be one of {list(ALGORITHMS)}, got {self.algorithm!r}"
             )
-        if self.algorithm == "STANDALONE":
+        if self.algorithm == "STANDALONE" and not self.draft_model_path:
             raise SpeculativeConfigError(
-                "speculative_algorithm 'STANDALONE' (speculative_draft_model_path) is not "
-                "available in this engine yet; use 'NGRAM'"
+                "speculative_algorithm 'STANDALONE' needs speculative_draft_model_path (a model "
+                "sharing the target's tokenizer)"
+            )
+        if self.algorithm != "STANDALONE" and self.draft_model_path:
+            raise SpeculativeConfigError(
+                f"speculative_draft_model_path is for speculative_algorithm 'STANDALONE', not "
+                f"{self.algorithm!r}"
             )
         if self.num_draft_tokens < 1:
             raise SpeculativeConfigError(

@@ -9,41 +9,124 @@ import logging
 import torch
 
 from runtime.scheduling.request import Request
-from runtime.scheduling.step_plan import VerifyItem
+from runtime.scheduling.step_plan import StepPlan, VerifyItem
 from runtime.scheduling.step_results import OutputContext, StepResult
 from runtime.speculative.config import SpeculativeConfig
+from runtime.speculative.draft_model import DraftModel
 from runtime.speculative.ngram import NgramProposer
+from runtime.speculative.policy import StepCosts, acceptance
 from runtime.speculative.verify import accept_chain
 
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF = 16  # decode steps without drafts, at most, after a verify that kept none
+ACCEPT_DECAY = 0.8  # weight of a request's earlier verifies in its measured acceptance
 
 
 class Speculator:
     """One per engine (scheduler thread only). Per request it keeps, on the request's
     `SpecState`: the draft length (grows by 2 after a verify that kept every draft, falls to
-    one more than were kept otherwise) and a back-off (after a verify that kept nothing, the
-    next 1, 2, 4, ... 16 decode steps draft nothing: text with little to copy decodes as
-    without speculation)."""
+    one more than were kept otherwise), a back-off (after a verify that kept nothing, the
+    next 1, 2, 4, ... 16 decode steps draft nothing) and its measured per-draft acceptance.
+    Per step, `policy.StepCosts` caps the drafts where verifying them is expected to pay for
+    itself (`cost_aware`; off: every proposal is verified).
 
-    def __init__(self, config: SpeculativeConfig) -> None:
+    `draft`: the STANDALONE draft model (None: n-gram lookup, `proposer`)."""
+
+    def __init__(self, config: SpeculativeConfig, draft: DraftModel | None = None) -> None:
         self.config = config
         self.max_batch = config.disable_by_batch_size
         self.proposer = NgramProposer(
             config.ngram_min_match_window_size, config.ngram_max_match_window_size
         )
+        self.draft = draft
+        self.costs = StepCosts()
+        self.cost_aware = True
+        self._draft_s = 0.0  # this step's drafting seconds (not the step's own cost)
 
-    def drafts(self, req: Request, limit: int) -> list[int]:
+    # ---- the scheduler's calls -------------------------------------------------------------
+    def propose(self, items: list[tuple[Request, int]], batch: int) -> list[list[int]]:
+        """Drafts for each (request, most drafts it has room for); `batch`: the requests
+        decoding this step."""
+        self._draft_s = 0.0
+        wanted = [self._wanted(req, limit) for req, limit in items]
+        if self.draft is None:
+            out = [self._ngram(req, k) if k else [] for (req, _), k in zip(items, wanted,
+                                                                          strict=True)]  # fmt: skip
+            cap = self._cap(items, batch, [len(d) for d in out], model=False)
+            return [d[:cap] for d in out]
+        cap = self._cap(items, batch, wanted, model=True)
+        asks = [(id(req), req.seq, min(k, cap)) for (req, _), k in zip(items, wanted, strict=True)]
+        asks = [a for a in asks if a[2] > 0]
+        if not asks:
+            return [[] for _ in items]
+        before = self.draft.forwards
+        drafted, self._draft_s = self.draft.propose(asks)
+        self.costs.observe_draft(len(asks), self.draft.forwards - before, self._draft_s)
+        by_req = {key: d for (key, _, _), d in zip(asks, drafted, strict=True)}
+        out = []
+        for req, _ in items:
+            d = by_req.get(id(req), [])
+            if d and req.constraint is not None:
+                d = grammar_prefix(req.constraint, d)
+            out.append(d)
+        return out
+
+    def observe(self, plan: StepPlan, seconds: float) -> None:
+        """A step ran in `seconds` (planning included): what decode and verify steps cost."""
+        if plan.extends or not (plan.decodes or plan.verifies):
+            return
+        seconds = max(seconds - self._draft_s, 1e-6)
+        self._draft_s = 0.0
+        if not plan.verifies:
+            self.costs.observe_decode(len(plan.decodes), seconds)
+            return
+        rows = len(plan.decodes) + sum(
+            v.req.seq_len - v.start + len(v.drafts) for v in plan.verifies
+        )  # fmt: skip
+        self.costs.observe_verify(rows, seconds)
+
+    def release(self, req: Request) -> None:
+        """`req` finished or was preempted: its draft model state goes."""
+        if self.draft is not None:
+            self.draft.release(id(req))
+
+    # ---- drafting --------------------------------------------------------------------------
+    def _wanted(self, req: Request, limit: int) -> int:
+        """How many drafts `req` asks for this step (0 while it backs off)."""
         st = req.spec
         if st.skip > 0:
             st.skip -= 1
-            return []
-        k = min(limit, st.draft_len or self.config.num_draft_tokens)
+            return 0
+        return max(0, min(limit, st.draft_len or self.config.num_draft_tokens))
+
+    def _ngram(self, req: Request, k: int) -> list[int]:
         drafts = self.proposer.propose(req.seq, k)
         if drafts and req.constraint is not None:
             drafts = grammar_prefix(req.constraint, drafts)
         return drafts
+
+    def _cap(self, items: list[tuple[Request, int]], batch: int, longest: list[int],
+             model: bool) -> int:  # fmt: skip
+        top = max(longest, default=0)
+        if not self.cost_aware or top == 0:
+            return top
+        pairs = [(req, n) for (req, _), n in zip(items, longest, strict=True) if n > 0]
+        accepts = [acceptance(r.spec.accept_w, r.spec.reject_w) for r, _ in pairs]
+        return self.costs.choose_cap(batch, accepts, [n for _, n in pairs], model)
+
+    def drafts(self, req: Request, limit: int) -> list[int]:
+        """One request's drafts, without the cost policy (tests, tools)."""
+        k = self._wanted(req, limit)
+        if not k:
+            return []
+        if self.draft is None:
+            return self._ngram(req, k)
+        return self._draft_one(req, k)
+
+    def _draft_one(self, req: Request, k: int) -> list[int]:
+        (d,), self._draft_s = self.draft.propose([(id(req), req.seq, k)])
+        return grammar_prefix(req.constraint, d) if d and req.constraint is not None else d
 
     def accept(
         self, ctx: OutputContext, item: VerifyItem, logits: torch.Tensor, result: StepResult
@@ -54,6 +137,8 @@ class Speculator:
         st.accepted += accepted
         st.verify_tokens += appended
         proposed = len(item.drafts)
+        st.accept_w = ACCEPT_DECAY * st.accept_w + accepted
+        st.reject_w = ACCEPT_DECAY * st.reject_w + (accepted < proposed)
         cap = self.config.num_draft_tokens
         if accepted == proposed:
             st.draft_len = min(cap, (st.draft_len or cap) + 2)

@@ -36,6 +36,8 @@ def engines(model_dir):
     base = Engine(str(model_dir), max_total_tokens=4096)
     spec = Engine(str(model_dir), max_total_tokens=4096, speculative_algorithm="NGRAM",
                   speculative_num_draft_tokens=6)  # fmt: skip
+    # every proposal verified: these tests check verification, not when drafting pays
+    spec.scheduler.call(lambda: setattr(spec.scheduler.speculation, "cost_aware", False))
     yield base, spec
     base.shutdown()
     spec.shutdown()

@@ -63,7 +63,8 @@ def test_vllm_speculative_config_in_the_same_terms():
     "kwargs, named",
     [
         ({"algorithm": "EAGLE"}, "speculative_algorithm"),
-        ({"algorithm": "STANDALONE", "draft_model_path": "x"}, "STANDALONE"),
+        ({"algorithm": "STANDALONE"}, "speculative_draft_model_path"),
+        ({"algorithm": "NGRAM", "draft_model_path": "x"}, "speculative_draft_model_path"),
         ({"algorithm": "NGRAM", "num_draft_tokens": 0}, "speculative_num_draft_tokens"),
         (
             {

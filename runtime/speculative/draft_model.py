@@ -1,0 +1,232 @@
+"""A draft model (SGLang's STANDALONE): a smaller or quantized model with the target's
+vocabulary proposes each request's next tokens greedily.
+
+The draft keeps its KV in a pool of its own (same page size as the target's), per request a
+list of pages and the tokens whose KV they hold. A round of drafting for a batch of requests is
+one extend (each request's tokens that the draft has not computed yet: after a verify, the
+accepted drafts' successor and whatever the draft got wrong; at first, the prompt) giving the
+first draft, then one batched decode per further draft. Positions the target rejects are
+dropped from the request's draft tokens before the next round (their KV is overwritten; pages
+past the kept tokens go back to the draft's free list), so nothing rejected is reused. The
+draft's KV never reaches the target's pool or its radix cache; a request's draft pages are
+freed when it finishes or is preempted (`release`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime.attention.forward_batch import ForwardBatch
+from runtime.memory.kv_pool import KVPool
+from runtime.speculative.config import SpeculativeConfigError
+
+logger = logging.getLogger(__name__)
+
+MAX_CATCH_UP = 1024  # tokens of one request the draft computes in one round, at most
+
+
+@dataclass(slots=True)
+class DraftSeq:
+    """One request's draft KV: `tokens[i]`'s K/V is at position i in `pages`."""
+
+    pages: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of `a` and `b`."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def check_vocabulary(draft_tok: Any, draft_vocab: int, target_tok: Any, target_vocab: int,
+                     path: str) -> None:  # fmt: skip
+    """A SpeculativeConfigError naming speculative_draft_model_path unless the draft's
+    vocabulary (size and token strings) is the target's."""
+    problem = None
+    if draft_vocab != target_vocab:
+        problem = f"{draft_vocab} logits against the target's {target_vocab}"
+    else:
+        get_d, get_t = getattr(draft_tok, "get_vocab", None), getattr(target_tok, "get_vocab", None)
+        if get_d is not None and get_t is not None and get_d() != get_t():
+            problem = "its tokenizer's vocabulary differs from the target's"
+    if problem is not None:
+        raise SpeculativeConfigError(
+            f"speculative_draft_model_path {path!r}: the draft model must share the target's "
+            f"vocabulary ({problem})"
+        )
+
+
+class DraftModel:
+    """The draft model, its own KV pool and every request's draft state (scheduler thread
+    only). `propose` drafts for a batch of requests at once."""
+
+    def __init__(self, model: Any, pool: KVPool, device: torch.device | None = None) -> None:
+        self.model = model
+        self.pool = pool
+        self.page_size = pool.page_size
+        self.device = device or torch.device("cpu")
+        self.seqs: dict[int, DraftSeq] = {}  # id(request) -> its draft KV
+        self.forwards = 0  # draft forward passes run (stats, tests)
+
+    @classmethod
+    def load(cls, path: str | Path, *, target_tokenizer: Any, target_vocab: int,
+             dtype: torch.dtype, device: torch.device, attention_backend: str, num_pages: int,
+             page_size: int) -> DraftModel:  # fmt: skip
+        """The model at `path` (a folder or a GGUF file, as the engine loads its own) on
+        `device`, with a pool of `num_pages` pages."""
+        from runtime.attention import make_backend
+        from runtime.device import building_on, place_state
+        from runtime.models.loader import load_model_files
+        from runtime.models.registry import model_class
+
+        try:
+            loaded = load_model_files(path)
+        except Exception as exc:  # the path or its files: a config error naming the option
+            raise SpeculativeConfigError(
+                f"speculative_draft_model_path {str(path)!r}: {exc}"
+            ) from exc
+        check_vocabulary(loaded.tokenizer, loaded.config.vocab_size, target_tokenizer,
+                         target_vocab, str(path))  # fmt: skip
+        state = place_state(loaded.state_dict, device)
+        with building_on(device):
+            model = model_class(loaded.config)(
+                loaded.config, state, dtype, attention=make_backend(attention_backend)
+            )
+        pool = KVPool(loaded.config, num_pages, page_size, dtype, device=device)
+        logger.info("draft model %s: %.1f MiB of weights, %d KV pages", path,
+                    model.weight_bytes() / 2**20, num_pages)  # fmt: skip
+        return cls(model, pool, device)
+
+    # ---- per request -----------------------------------------------------------------------
+    def release(self, key: int) -> None:
+        """The request `key` (its id) ended or left the batch: its draft pages are freed."""
+        st = self.seqs.pop(key, None)
+        if st is not None and st.pages:
+            self.pool.free(st.pages)
+
+    def _fit(self, st: DraftSeq, upto: int) -> bool:
+        """Pages for positions < `upto` (allocated, or freed past it); False: pool full."""
+        need = -(-upto // self.page_size)
+        if need > len(st.pages):
+            got = self.pool.alloc(need - len(st.pages))
+            if got is None:
+                return False
+            st.pages.extend(got)
+        elif need < len(st.pages):
+            self.pool.free(st.pages[need:])
+            del st.pages[need:]
+        return True
+
+    # ---- a round of drafting -----------------------------------------------------------------
+    def propose(self, items: list[tuple[int, list[int], int]]) -> tuple[list[list[int]], float]:
+        """`items`: (request id, its tokens, drafts wanted). Returns each one's greedy drafts
+        (fewer, or none, when its draft pool is full or its catch-up is longer than
+        MAX_CATCH_UP tokens) and the seconds the draft forwards took."""
+        start = time.perf_counter()
+        out: list[list[int]] = [[] for _ in items]
+        spans = []  # (index, st, first position, tokens to compute, drafts wanted)
+        for i, (key, seq, k) in enumerate(items):
+            st = self.seqs.setdefault(key, DraftSeq())
+            keep = min(common_prefix(st.tokens, seq), len(seq) - 1)  # the last one's logits
+            del st.tokens[keep:]
+            todo = seq[keep:]
+            if len(todo) > MAX_CATCH_UP:  # a long prompt: computed over several rounds
+                todo, k = todo[:MAX_CATCH_UP], 0
+            if not self._fit(st, keep + len(todo) + max(k - 1, 0)):
+                self._fit(st, keep)
+                continue
+            spans.append((i, st, keep, todo, k))
+        if not spans:
+            return out, time.perf_counter() - start
+        logits = self._forward_extend(spans)
+        first = logits.argmax(dim=-1).tolist()
+        live = []  # (index, st, position of its last draft, drafts wanted)
+        for (i, st, keep, todo, k), tok in zip(spans, first, strict=True):
+            st.tokens.extend(todo)
+            if k > 0:
+                out[i].append(tok)
+                if k > 1:
+                    live.append((i, st, k))
+        step = 1
+        while live:
+            logits = self._forward_decode([(st, out[i][-1]) for i, st, _ in live])
+            toks = logits.argmax(dim=-1).tolist()
+            for (i, st, _), tok in zip(live, toks, strict=True):
+                st.tokens.append(out[i][-1])
+                out[i].append(tok)
+            step += 1
+            live = [entry for entry in live if entry[2] > step]
+        return out, time.perf_counter() - start
+
+    def _page_table(self, seqs: list[DraftSeq]) -> torch.Tensor:
+        width = max(len(s.pages) for s in seqs)
+        rows = [s.pages + [0] * (width - len(s.pages)) for s in seqs]
+        return torch.tensor(rows, dtype=torch.int32).reshape(len(seqs), width)
+
+    def _slots(self, st: DraftSeq, lo: int, hi: int) -> list[int]:
+        ps = self.page_size
+        return [st.pages[p // ps] * ps + p % ps for p in range(lo, hi)]
+
+    def _run(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.device.type != "cpu":
+            batch = batch.to(self.device)
+        self.forwards += 1
+        with torch.inference_mode():
+            return self.model.forward(batch, self.pool).float().cpu()
+
+    def _forward_extend(self, spans: list) -> torch.Tensor:
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        rows: list[int] = []
+        for _, st, keep, todo, _ in spans:
+            ids.extend(todo)
+            positions.extend(range(keep, keep + len(todo)))
+            slots.extend(self._slots(st, keep, keep + len(todo)))
+            rows.append(len(ids) - 1)
+        seqs = [s[1] for s in spans]
+        return self._run(ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            out_slots=torch.tensor(slots, dtype=torch.long),
+            num_decode=0,
+            decode_page_table=torch.zeros((0, 1), dtype=torch.int32),
+            decode_seq_lens=torch.zeros(0, dtype=torch.int32),
+            extend_page_table=self._page_table(seqs),
+            extend_prefix_lens=torch.tensor([s[2] for s in spans], dtype=torch.int32),
+            extend_lens=torch.tensor([len(s[3]) for s in spans], dtype=torch.int32),
+            logit_rows=torch.tensor(rows, dtype=torch.long),
+        ))  # fmt: skip
+
+    def _forward_decode(self, entries: list[tuple[DraftSeq, int]]) -> torch.Tensor:
+        seqs = [st for st, _ in entries]
+        pos = [len(st.tokens) for st in seqs]
+        slots = [self._slots(st, p, p + 1)[0] for st, p in zip(seqs, pos, strict=True)]
+        return self._run(ForwardBatch(
+            input_ids=torch.tensor([tok for _, tok in entries], dtype=torch.long),
+            positions=torch.tensor(pos, dtype=torch.long),
+            out_slots=torch.tensor(slots, dtype=torch.long),
+            num_decode=len(entries),
+            decode_page_table=self._page_table(seqs),
+            decode_seq_lens=torch.tensor([p + 1 for p in pos], dtype=torch.int32),
+            extend_page_table=torch.zeros((0, 1), dtype=torch.int32),
+            extend_prefix_lens=torch.zeros(0, dtype=torch.int32),
+            extend_lens=torch.zeros(0, dtype=torch.int32),
+            logit_rows=torch.arange(len(entries), dtype=torch.long),
+        ))  # fmt: skip
