@@ -1027,6 +1027,8 @@ Q_INLINE void pk_group_rows(const int t, const uint8_t *gp, int64_t nb, const st
 }
 #endif
 
+#include "pk_q8_vnni.h" /* Q8_0 groups against several input rows with AVX-512 VNNI */
+
 /* weight rows [r0, r1) (r0 a multiple of 8) of a packed matrix against every input row */
 Q_INLINE void pk_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64_t rows,
                          int64_t cols, const struct pk_x *x, int64_t m_rows, float *y,
@@ -1037,6 +1039,12 @@ Q_INLINE void pk_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64
     for (; r + 8 <= r1 && r + 8 <= rows / 8 * 8; r += 8) {
         if (m_rows > 1) { /* the group's blocks unpacked once for up to PK_MROWS rows */
             for (int64_t m0 = 0; m0 < m_rows; m0 += PK_MROWS)
+#ifdef PK_Q8_VNNI
+                if (t == T_Q8_0)
+                    pk_q8_rows_vnni(w + r * row_bytes, nb, x, cols, m0,
+                                    m_rows - m0 < PK_MROWS ? m_rows - m0 : PK_MROWS, y, ldy, r);
+                else
+#endif
                 pk_group_rows(t, w + r * row_bytes, nb, x, cols, m0,
                               m_rows - m0 < PK_MROWS ? m_rows - m0 : PK_MROWS, y, ldy, r);
             continue;
