@@ -1,0 +1,69 @@
+"""The cost-aware policy on given step costs: drafting where the expected tokens per second
+beat decoding, not where they do not; measuring first; exploring now and then."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.speculative.policy import (
+    EXPLORE,
+    EXPLORE_CAP,
+    StepCosts,
+    acceptance,
+    expected_tokens,
+)
+
+
+def test_expected_tokens():
+    assert expected_tokens(0.0, 8) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def _costs(decode: float, per_row: float, fixed: float) -> StepCosts:
+    """Batch-1 decode in `decode` s; a verify of r rows in fixed + per_row * r s."""
+    costs = StepCosts()
+    costs.observe_decode(1, decode)
+    for rows in (2, 5, 9):
+        costs.observe_verify(rows, fixed + per_row * rows)
+    return costs
+
+
+def test_measures_before_deciding():
+    costs = StepCosts()
+    assert costs.choose_cap(1, [0.9], [8], model_forwards=False) == 0  # no decode measured
+    costs.observe_decode(1, 0.01)
+    assert costs.choose_cap(1, [0.9], [8], model_forwards=False) == 8  # no verify measured
+
+
+def test_verify_time_interpolates():
+    costs = _costs(0.01, 0.004, 0.01)
+    assert costs.verify_time(5) == pytest.approx(0.03)
+    assert costs.verify_time(7) == pytest.approx(0.01 + 0.004 * 7)
+
+
+def test_high_acceptance_drafts_low_does_not():
+    costs = _costs(0.01, 0.004, 0.01)  # a verify of 9 rows costs 4.6 decodes
+    assert costs.choose_cap(1, [0.95], [8], model_forwards=False) >= 4
+    assert costs.choose_cap(1, [0.3], [8], model_forwards=False) == 0
+    cheap = _costs(0.01, 0.0002, 0.0098)  # rows nearly free: even low acceptance pays
+    assert cheap.choose_cap(1, [0.3], [8], model_forwards=False) > 0
+
+
+def test_draft_model_forwards_count():
+    costs = _costs(0.01, 0.001, 0.009)
+    assert costs.choose_cap(1, [0.8], [8], model_forwards=True) > 0
+    costs.observe_draft(1, 4, 4 * 0.02)  # a draft forward dearer than a target decode
+    assert costs.choose_cap(1, [0.8], [8], model_forwards=True) == 0
+
+
+def test_explores_after_a_run_of_no_drafts():
+    costs = _costs(0.01, 0.004, 0.01)
+    caps = [costs.choose_cap(1, [0.1], [8], model_forwards=False) for _ in range(2 * EXPLORE)]
+    assert caps.count(EXPLORE_CAP) == 2 and caps.count(0) == 2 * EXPLORE - 2
+
+
+def test_acceptance_prior_and_measurement():
+    assert acceptance(0.0, 0.0) == pytest.approx(0.5)
+    assert acceptance(40.0, 1.0) > 0.9
+    assert acceptance(0.0, 10.0) < 0.1
