@@ -24,6 +24,12 @@ class DialectCase:
     notes: dict = field(default_factory=dict)
 
 
+# DeepSeek's tool-call tokens: added tokens (ids 128806, 128807, 128808, 128809) the tests'
+# tokenizer encodes from their text
+BEGIN, END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CALL, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
+
+
 def _st(fmt: dict) -> dict:
     return {"type": "structural_tag", "format": fmt}
 
@@ -135,8 +141,23 @@ EBNF_CASES = [
     DialectCase(
         "ebnf: Token builtin",
         "ebnf",
-        'root ::= Token(1) "a"',
-        unsupported="Token(...)",
+        "root ::= Token(128806) [a-z]+ Token(128807, 128809)",
+        (f"{BEGIN}abc{END}", f"{BEGIN}x{CALL_END}"),
+        ("abc", f"{BEGIN}abc", f"{BEGIN}{END}", f"{BEGIN}abc{BEGIN}"),
+    ),
+    DialectCase(
+        "ebnf: ExcludeToken builtin",
+        "ebnf",
+        "root ::= ExcludeToken(128807)+ Token(128807)",
+        (f"hello world{END}", f"{BEGIN}{END}"),
+        (END, f"hi{END}x", "hi"),
+    ),
+    DialectCase(
+        "ebnf: TokenTagDispatch",
+        "ebnf",
+        'root ::= TokenTagDispatch((128806, call), excludes=(128807,))\ncall ::= "{" [a-z]* "}"',
+        ("free text", f"text{BEGIN}{{ab}} more{BEGIN}{{}}"),
+        (f"{BEGIN}xy", f"a{END}", f"a{BEGIN}{{ab"),
     ),
     DialectCase(
         "ebnf: rule option max_tokens",

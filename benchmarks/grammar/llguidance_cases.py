@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from benchmarks.grammar.dialect_cases import DialectCase
 
+# DeepSeek's tool-call tokens (ids 128806, 128807, 128808; added tokens: the tests' tokenizer
+# encodes their text as the one token)
+BEGIN, END, OTHER = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>"
 _CITY = '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}'
 
 
@@ -47,9 +50,15 @@ LLGUIDANCE_CASES = [
           'start: "A" "!"', ["A!", "A  !"], ["A          !"]),
     _lark("ignore not initial", '%llguidance {}\n%ignore " "\nstart: "a" "b"', ["ab", "a b"],
           [" ab"]),
-    _lark("special token by name", "start: <|im_end|>", unsupported="special token"),
-    _lark("special token by id", 'start: "a" <[128010]>', unsupported="special token"),
-    _lark("special token ranges", 'start: "a" <[^1,5-9]>', unsupported="special token"),
+    _lark("special token by name", f"start: {BEGIN} /[a-z]+/ {END}",
+          [f"{BEGIN}abc{END}"], ["abc", f"{BEGIN}abc", f"{BEGIN}abc{END}x"]),
+    _lark("special token by id", 'start: "a" <[128806]>', [f"a{BEGIN}"], ["a", f"a{END}"]),
+    _lark("special token ranges", 'start: "a" <[128806-128807,128810]>',
+          [f"a{BEGIN}", f"a{END}"], [f"a{OTHER}", "a"]),
+    _lark("special token negated", 'start: "a" <[^128806]>', [f"a{END}", "a,"],
+          [f"a{BEGIN}", "a"]),
+    _lark("special token wildcard", f"start: {BEGIN} <[*]>{{2}}",
+          [f"{BEGIN}{END}{OTHER}", f"{BEGIN}{END}{END}"], [f"{BEGIN}{END}"]),
     _lark("& and ~ in terminals", "start: ASCII_LINES\n"
           "ASCII_LINES: /[a-zA-Z \\n]*/ & ~/(?s:.*)\\n\\n(?s:.*)/", ["ab\ncd", "x"],
           ["ab\n\ncd"]),

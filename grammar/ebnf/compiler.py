@@ -13,7 +13,8 @@ the tokens that stay inside, and the (token row, byte offset) pairs where it may
 mask of a set ORs the first part of each of its (terminal, state) pairs; for the second it
 completes the terminal in a hypothetical set and walks the remainders from the terminals read
 there (decomposed once per remainder group and terminal, cached), recursively. EOS is allowed
-exactly where the text so far is a sentence.
+exactly where the text so far is a sentence. A token terminal (one token by id,
+`grammar.ebnf.token_terminals`) adds its ids whole where the set can take it.
 """
 
 from __future__ import annotations
@@ -143,10 +144,10 @@ class CompiledEBNF:
         self.source = source
         self.vocab = vocab
         self.eos_token_ids = frozenset(vocab.eos_token_ids)
-        self.network = NetworkBuilder(low).build()
-        self.parser = EarleyParser(self.network)
         self.layout = vocab_layout(vocab)
         self.num_words = self.layout.num_words
+        self.network = NetworkBuilder(low, vocab, self.num_words).build()
+        self.parser = EarleyParser(self.network)
         self._top: dict[tuple[int, int], Decomposition] = {}
         self._lock = threading.Lock()
         self.start = self.parser.initial()
@@ -186,7 +187,12 @@ class CompiledEBNF:
         if e.words is not None:
             return e.words
         parts: list[np.ndarray] = []
+        token_terms = self.parser.token_terms
+        terminals = self.network.terminals
         for key in e.scan:
+            if key[0] in token_terms:  # one whole token by id (only at a token's start)
+                parts.append(terminals[key[0]].words)
+                continue
             d = self._top_decomposition(*key)
             if d.words is not None:
                 parts.append(d.words)
@@ -204,8 +210,11 @@ class CompiledEBNF:
     def _remainders(self, d: Decomposition, e: ESet, parts: list[np.ndarray]) -> None:
         """The masks of the tokens of `d`'s cut groups that go on from hypothetical set e."""
         terminals = self.network.terminals
+        token_terms = self.parser.token_terms
         for key in e.scan:
             t = key[0]
+            if t in token_terms:  # a token terminal starts at a token's start, not inside one
+                continue
             child = d.children.get(t)
             if child is None:
                 child = decompose(self.layout, terminals[t], START, d.cut_rows, d.cut_pos)
@@ -248,6 +257,13 @@ class EBNFMatcher(PackedMaskViews):
         g = self.grammar
         if self._ended:
             raise GrammarError("the constraint already ended (EOS was consumed)")
+        if g.parser.token_terms and 0 <= token_id < len(g.vocab):
+            # a token the grammar names by id (an EOS id too, where it names it)
+            nxt = g.parser.advance_token(self._set, token_id, g.vocab.token_bytes(token_id))
+            if nxt is not None:
+                self._history.append((self._set, self._ended))
+                self._set = nxt
+                return
         if token_id in g.eos_token_ids:
             if not self._set.accept:
                 raise GrammarError(f"EOS token {token_id} not allowed: the sentence is incomplete")

@@ -11,6 +11,9 @@ Items are (rule, rule-DFA state, origin set). The items that are reading a termi
 completes. Prediction, completion and nullable rules follow the usual Earley closure (a rule
 completed empty in the current set also completes the callers that arrive later), so left
 recursion and ambiguity are handled.
+
+Token terminals (`grammar.ebnf.token_terminals`) read no byte: `advance_token` moves past them
+when a token's id is in their set; forced text stops where one may be read.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 
 from grammar.automata.fsm import DEAD, START
 from grammar.ebnf.network import Network
+from grammar.ebnf.token_terminals import TokenTerminal
 
 _MAX_HYPOTHETICAL = 4096
 Cont = tuple  # (rule id, rule-DFA state, origin ESet or None for the root's caller)
@@ -57,6 +61,10 @@ class EarleyParser:
         self._acc = [t.accepting.tolist() for t in terms]
         self._live = [t.live.tolist() for t in terms]
         self._hypothetical: dict[int, tuple[list, ESet]] = {}  # see complete
+        # token terminals (grammar.ebnf.token_terminals): which ids each one takes
+        self.token_terms: dict[int, np.ndarray] = {
+            i: t.member for i, t in enumerate(terms) if isinstance(t, TokenTerminal)
+        }
 
     def initial(self) -> ESet:
         e = ESet()
@@ -112,10 +120,11 @@ class EarleyParser:
                     predicted.add(a)
                     work.append((a, 0, e))
 
-    def step(self, e: ESet, byte: int) -> ESet | None:
-        """The set after one more byte, or None if no item can read it."""
+    def step(self, e: ESet, byte: int, extra: list[Cont] | None = None) -> ESet | None:
+        """The set after one more byte, or None if no item can read it; `extra`: items that
+        completed a token terminal ending at the same place (see advance_token)."""
         rows, acc, live = self._rows, self._acc, self._live
-        items: list[Cont] = []
+        items: list[Cont] = list(extra) if extra else []
         scan: dict[tuple[int, int], list[Cont]] = {}
         for (t, q), conts in e.scan.items():
             q2 = rows[t][q][byte]
@@ -145,6 +154,36 @@ class EarleyParser:
             if cur is None:
                 return None
         return cur
+
+    def token_items(self, e: ESet, token_id: int) -> list[Cont]:
+        """The continuations of the token terminals at `e` that take `token_id`."""
+        items: list[Cont] = []
+        terms = self.token_terms
+        for (t, _), conts in e.scan.items():
+            member = terms.get(t)
+            if member is not None and member[token_id]:
+                items.extend(conts)
+        return items
+
+    def advance_token(self, e: ESet, token_id: int, data: bytes | None) -> ESet | None:
+        """The set after one token: through the token terminals that take its id, and (for a
+        text token) through its bytes as well; None if neither can."""
+        items = self.token_items(e, token_id) if self.token_terms else []
+        if not items:
+            return self.walk(e, data) if data else None
+        if data:
+            before = self.walk(e, data[:-1]) if len(data) > 1 else e
+            if before is not None:
+                nxt = self.step(before, data[-1], items)
+                if nxt is not None:
+                    return nxt
+        nxt = ESet()
+        self._close(nxt, items)
+        return nxt if nxt.alive else None
+
+    def has_token_terminal(self, e: ESet) -> bool:
+        terms = self.token_terms
+        return bool(terms) and any(t in terms for t, _ in e.scan)
 
     def complete(self, e: ESet, key: tuple[int, int]) -> ESet:
         """The hypothetical set right after the terminal being read at `e.scan[key]` completes
@@ -181,7 +220,7 @@ class EarleyParser:
             return e.forced
         out = bytearray()
         cur = e
-        while len(out) < limit and not cur.accept:
+        while len(out) < limit and not cur.accept and not self.has_token_terminal(cur):
             only = self.allowed_bytes(cur)
             if len(only) != 1:
                 break

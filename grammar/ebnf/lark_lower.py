@@ -34,9 +34,13 @@ Meaning of each construct, as llguidance's docs/syntax.md states it:
   `allow_invalid_utf8` are taken when false and refused when true; others are refused by name.
 - Priorities (`.N`), `?` / `!` / `_` rule prefixes and `->` aliases shape lark's parse tree or
   lexer choice, not the language: read and dropped.
-- Special tokens (`<|x|>`, `<[id]>`, ...) are matched by token id in llguidance; our matchers
-  read text, so they are refused by name (as are nested `%lark`, `@grammar` references,
-  templates, parametric rules, `%declare`, `%override`).
+- Special tokens are matched by token id (`grammar.ebnf.token_terminals`), as llguidance does:
+  `<|x|>` / `<x>` name a token by its text (the tokenizer's added and special tokens, or the one
+  token with those bytes; a name the vocabulary lacks is a GrammarError naming it), `<[12]>`,
+  `<[1-5,9]>` list ids (ranges inclusive), `<[^3]>` is any token but those, `<[*]>` any token
+  (a negated set or the wildcard never holds EOS: EOS ends the constraint as usual). Only in
+  rules, not inside terminals. Refused by name: nested `%lark`, `@grammar` references,
+  templates, parametric rules, `%declare`, `%override`.
 
 Difference kept on purpose: llguidance's lexer is greedy (a lexeme that can go on is not ended
 early), so `start: A "a"` with `A: /a+/` matches nothing there; here the grammar's language is
@@ -56,7 +60,7 @@ from grammar.ebnf import lark_syntax as ls
 from grammar.ebnf.compiler import compile_rules
 from grammar.ebnf.lower import chars_node
 from grammar.ebnf.substring import substring_dfa
-from grammar.ebnf.syntax import Alt, Chars, Grammar, Lit, Ref, Regular, Rep, Seq
+from grammar.ebnf.syntax import Alt, Chars, Grammar, Lit, Ref, Regular, Rep, Seq, TokenSet
 from grammar.errors import EmptyLanguageError, GrammarError
 from grammar.tokens.cache import CompileCache
 from grammar.tokens.vocab import TokenVocabulary
@@ -101,6 +105,33 @@ _REFUSED_ATTRIBUTES = {
 _OPTIONS = {"ignore_once", "allow_initial_skip", "no_forcing", "allow_invalid_utf8"}
 _REGEX_FLAGS = set("imsu")
 _FLEXIBLE_WS = r"[ \t\n\r]*"
+
+
+_ID_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+
+
+def special_token_set(e: ls.SpecialToken, where: str) -> TokenSet:
+    """`<|name|>` / `<name>` (a token by its text), `<[12]>`, `<[1-5,9]>`, `<[^3]>`, `<[*]>`
+    (token ids, ranges inclusive, `^` negating the list, `*` any token) as a token terminal."""
+    at = f"lark grammar error at line {e.line}, {where}: special token {e.text}"
+    body = e.text[1:-1]
+    if not (body.startswith("[") and body.endswith("]")):
+        return TokenSet((e.text,), False, at)
+    inner = body[1:-1].strip()
+    if inner == "*":
+        return TokenSet((), True, at)
+    negated = inner.startswith("^")
+    items: list[tuple[int, int]] = []
+    for part in (inner[1:] if negated else inner).split(","):
+        m = _ID_RANGE.fullmatch(part)
+        if m is None:
+            raise GrammarError(f"{at}: expected token ids or ranges like 1-5, got {part!r}")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        if hi < lo:
+            raise GrammarError(f"{at}: the range {lo}-{hi} is reversed")
+        items.append((lo, hi))
+    return TokenSet(tuple(items), negated, at)
 
 
 def uses_llguidance_syntax(text: str) -> bool:
@@ -360,10 +391,7 @@ class LarkLowering:
         if isinstance(e, ls.Repeat):
             return Rep(self.expr(e.item, rule), e.lo, e.hi)
         if isinstance(e, ls.SpecialToken):
-            raise GrammarError(
-                f"lark grammar error at line {e.line}, {where}: special token {e.text} is not "
-                "supported (llguidance matches it by token id; this constraint reads text)"
-            )
+            return special_token_set(e, where)
         if isinstance(e, ls.InlineJson):
             return self.lexeme(self._json_schema(e, where))
         node = self.term(e, "user", where)

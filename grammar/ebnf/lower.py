@@ -9,7 +9,9 @@ and compiled to a byte DFA) or a *call* of another non-regular rule. The Earley 
 (`grammar.ebnf.earley`) runs over these DFAs; tokens inside one terminal cost a DFA walk.
 
 Checks: an undefined rule or a missing root is a GrammarError naming the rule and the line; a
-root that matches no text is one too. Left recursion is handled (Earley).
+root that matches no text is one too. Left recursion is handled (Earley). A token terminal
+(`TokenSet`: one token by id, `grammar.ebnf.token_terminals`) is never regular: a rule holding one,
+and every rule reaching it, goes to the network.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from grammar.automata import regex_ast as rx
 from grammar.automata.fsm import DEAD, START, ByteDFA, node_to_dfa
 from grammar.automata.utf8 import MAX_CODE_POINT
-from grammar.ebnf.syntax import Alt, Chars, Grammar, Lit, Ref, Regular, Rep, Seq
+from grammar.ebnf.syntax import Alt, Chars, Grammar, Lit, Ref, Regular, Rep, Seq, TokenSet
 from grammar.errors import GrammarError
 
 _LARGE_CLASS = 600_000  # a class with more characters than this is written as a complement
@@ -86,15 +88,18 @@ class Lowering:
                 f"(rules: {', '.join(list(g.rules)[:12])})"
             )
         self.refs: dict[str, set[str]] = {}
+        self.token_rules: set[str] = set()  # rules with a token terminal in their own body
         for name, body in g.rules.items():
             out: set[str] = set()
-            self._collect(name, body, out)
+            if self._collect(name, body, out):
+                self.token_rules.add(name)
             self.refs[name] = out
         self.reachable = self._reach(root)
         self.nonregular = self._nonregular()
         self._nodes: dict[str, object | None] = {}
 
-    def _collect(self, rule: str, e: object, out: set[str]) -> None:
+    def _collect(self, rule: str, e: object, out: set[str]) -> bool:
+        """Add the rules `e` references to `out`; whether it holds a token terminal."""
         if isinstance(e, Ref):
             if e.name not in self.g.rules:
                 raise GrammarError(
@@ -103,13 +108,12 @@ class Lowering:
                 )
             out.add(e.name)
         elif isinstance(e, Seq):
-            for i in e.items:
-                self._collect(rule, i, out)
+            return any([self._collect(rule, i, out) for i in e.items])
         elif isinstance(e, Alt):
-            for i in e.options:
-                self._collect(rule, i, out)
+            return any([self._collect(rule, i, out) for i in e.options])
         elif isinstance(e, Rep):
-            self._collect(rule, e.item, out)
+            return self._collect(rule, e.item, out)
+        return isinstance(e, TokenSet)
 
     def _reach(self, root: str) -> list[str]:
         seen, order, stack = {root}, [root], [root]
@@ -166,8 +170,9 @@ class Lowering:
         for v in self.reachable:
             if v not in index:
                 strong(v)
-        # reaching a cyclic rule makes a rule non-regular too
-        out = {v for v in self.reachable if v in cyclic}
+        # reaching a cyclic rule makes a rule non-regular too, and so does a token terminal (it
+        # matches a token id, which no byte automaton reads)
+        out = {v for v in self.reachable if v in cyclic or v in self.token_rules}
         changed = True
         while changed:
             changed = False
@@ -186,7 +191,7 @@ class Lowering:
             return all(self.is_regular(i) for i in e.options)
         if isinstance(e, Rep):
             return self.is_regular(e.item)
-        return True
+        return not isinstance(e, TokenSet)
 
     def node(self, e: object) -> object | None:
         """The regex tree of a regular expression (None: it matches nothing)."""

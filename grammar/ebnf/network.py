@@ -1,6 +1,7 @@
 """The non-regular rules as DFAs over symbols (terminals and calls): `NetworkBuilder` turns each
 rule's body into a Thompson NFA over symbols, determinises it and prunes what cannot complete.
-See `grammar.ebnf.lower` for what becomes a terminal."""
+See `grammar.ebnf.lower` for what becomes a terminal; a `TokenSet` becomes a token terminal
+(`grammar.ebnf.token_terminals`), resolved in the vocabulary given."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from dataclasses import dataclass, field
 from grammar.automata import regex_ast as rx
 from grammar.automata.fsm import node_to_dfa
 from grammar.ebnf.lower import Lowering, Terminal, shared_terminal
-from grammar.ebnf.syntax import Alt, Ref, Regular, Rep, Seq
+from grammar.ebnf.syntax import Alt, Ref, Regular, Rep, Seq, TokenSet
+from grammar.ebnf.token_terminals import TokenTerminal, token_terminal
 from grammar.errors import GrammarError
+from grammar.tokens.vocab import TokenVocabulary
 
 
 @dataclass(slots=True)
@@ -27,7 +30,7 @@ class RuleDFA:
 @dataclass(slots=True)
 class Network:
     rules: list[RuleDFA]
-    terminals: list[Terminal]
+    terminals: list[Terminal | TokenTerminal]
     root: int
 
 
@@ -45,11 +48,25 @@ class _NFA:
 
 
 class NetworkBuilder:
-    def __init__(self, low: Lowering) -> None:
+    def __init__(
+        self, low: Lowering, vocab: TokenVocabulary | None = None, num_words: int = 0
+    ) -> None:
         self.low = low
+        self.vocab = vocab  # token terminals are resolved in it
+        self.num_words = num_words
         self.rule_ids = {name: i for i, name in enumerate(sorted(low.nonregular))}
-        self.terminals: list[Terminal] = []
+        self.terminals: list[Terminal | TokenTerminal] = []
         self._term_ids: dict[object, int] = {}
+
+    def token_terminal(self, e: TokenSet) -> int:
+        if self.vocab is None:
+            raise GrammarError(f"{e.where or 'a token'}: matching tokens by id needs a vocabulary")
+        t = token_terminal(e, self.vocab, self.num_words)
+        tid = self._term_ids.get(t.key)
+        if tid is None:
+            tid = self._term_ids[t.key] = len(self.terminals)
+            self.terminals.append(t)
+        return tid
 
     def terminal(self, e: object) -> int | None:
         """The id of the terminal for regular expression e (None: it matches nothing; -1: it
@@ -85,6 +102,8 @@ class NetworkBuilder:
             return
         if isinstance(e, Ref):
             nfa.edges[a].append((("r", self.rule_ids[e.name]), b))
+        elif isinstance(e, TokenSet):
+            nfa.edges[a].append((("t", self.token_terminal(e)), b))
         elif isinstance(e, Seq):
             runs: list[object] = []
             pending: list[object] = []

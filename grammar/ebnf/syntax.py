@@ -15,8 +15,10 @@ assertion `(= ...)` ending a rule's body, which XGrammar uses to prune token mas
 not change the strings its parser accepts (so neither does ours: it is parsed and checked, and
 the rule's language is its body's); and rule options `name[...] ::=`, of which `capture`
 (recording spans, no effect on the language) is taken and the ones that steer or bound output
-(`max_tokens`, `max_chars`, `lazy`, `temperature`, ...) are refused by name, as are the
-token-level builtins (`Token`, `ExcludeToken`, `TokenTagDispatch`).
+(`max_tokens`, `max_chars`, `lazy`, `temperature`, ...) are refused by name. The token-level
+builtins `Token(ids)`, `ExcludeToken(ids)` and `TokenTagDispatch((id, rule)..., ...)` become
+`TokenSet` nodes: one token matched by id (see `grammar.ebnf.token_terminals`), so a grammar that
+uses one always compiles to the Earley form.
 
 A rule's body runs until the next `name ::=` (newlines are white space inside it), so a
 continuation line may start with `|` or with any element. `#` starts a comment outside literals
@@ -80,6 +82,20 @@ class Regular:
 
     node: object
     key: object
+
+
+@dataclass(slots=True, frozen=True)
+class TokenSet:
+    """One token matched by its id, never by its text (XGrammar's `Token(...)` /
+    `ExcludeToken(...)`, llguidance's `<|name|>` / `<[ids]>`). `items`: token names (str:
+    looked up in the vocabulary's `token_names`, else the one token whose bytes are the name)
+    and inclusive id ranges (lo, hi); `negated`: any token but those (EOS ids never: EOS ends a
+    constraint where its text is a sentence). `where` names it in errors. Resolved against the
+    vocabulary when the grammar compiles (`grammar.ebnf.token_terminals`)."""
+
+    items: tuple
+    negated: bool = False
+    where: str = ""
 
 
 ANY_CHAR = Chars((), True)
@@ -319,19 +335,13 @@ def _sequence(r: _Reader, nested: int) -> object:
             r.pos = m.end()
             if m.group(0) in _MACROS and r.peek() == "(":
                 item = _macro(r, m.group(0))
-            elif m.group(0) in _TOKEN_MACROS and r.peek() == "(":
-                raise r.error(
-                    f"the token-level builtin {m.group(0)}(...) is not supported (it matches "
-                    "token ids, and this grammar is matched over text)"
-                )
             else:
                 item = Ref(m.group(0), r.line(m.start()))
         items.append(_postfix(r, item))
     return items[0] if len(items) == 1 else Seq(tuple(items))
 
 
-_MACROS = ("Regex", "Substring", "TagDispatch")
-_TOKEN_MACROS = ("Token", "ExcludeToken", "TokenTagDispatch")
+_MACROS = ("Regex", "Substring", "TagDispatch", "Token", "ExcludeToken", "TokenTagDispatch")
 
 
 @dataclass(slots=True, frozen=True)
@@ -433,9 +443,19 @@ def _macro(r: _Reader, name: str) -> object:
             raise fail("takes strings only")
         chunks = tuple(args)
         return Regular(DFANode(substring_dfa(chunks), "Substring", name), ("substring", chunks))
+    where = f"line {r.line(at)}: {name}"
+    if name in ("Token", "ExcludeToken"):
+        if named:
+            raise fail(f"takes no named arguments (got {sorted(named)[0]!r})")
+        if not args or not all(_is_token_id(a) for a in args):
+            raise fail("takes one or more token ids (non-negative integers)")
+        ids = tuple((a, a) for a in sorted(set(args)))  # type: ignore[misc]
+        return TokenSet(ids, name == "ExcludeToken", f"{where}(...)")
     unknown = set(named) - {"loop_after_dispatch", "excludes"}
     if unknown:
         raise fail(f"unknown argument {sorted(unknown)[0]!r}")
+    if name == "TokenTagDispatch":
+        return _token_tag_dispatch(args, named, option, fail, where)
     pairs: list[tuple[str, object]] = []
     for a in args:
         if not (isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str) and a[0]):
@@ -452,6 +472,53 @@ def _macro(r: _Reader, name: str) -> object:
                 raise fail(f"the excluded {e!r} is a prefix of the trigger {t!r}")
     loop = bool(option("loop_after_dispatch", bool, True))
     return dispatch(pairs, loop, list(excludes), f"line {r.line(at)}: TagDispatch")  # type: ignore[arg-type]
+
+
+def _is_token_id(a: object) -> bool:
+    return isinstance(a, int) and not isinstance(a, bool) and a >= 0
+
+
+def _token_tag_dispatch(args: list, named: dict, option, fail, where: str) -> object:
+    """`TokenTagDispatch((id, rule)..., loop_after_dispatch=, excludes=(ids))`: any token but
+    the triggers and the excluded, until a trigger token; then its rule; then (with the loop)
+    free tokens again."""
+    pairs: list[tuple[int, object]] = []
+    for a in args:
+        if not (isinstance(a, tuple) and len(a) == 2 and _is_token_id(a[0])):
+            raise fail("each trigger is a pair (token id, rule)")
+        if not isinstance(a[1], _Name):
+            raise fail(f"the rule of trigger token {a[0]} must be a rule name")
+        pairs.append((a[0], Ref(a[1].name, a[1].line)))
+    excludes = option("excludes", tuple, ())
+    if not all(_is_token_id(e) for e in excludes):
+        raise fail("excludes must be a tuple of token ids")
+    overlap = set(excludes) & {t for t, _ in pairs}
+    if overlap:
+        raise fail(f"the trigger token {min(overlap)} is also excluded")
+    loop = bool(option("loop_after_dispatch", bool, True))
+    return token_dispatch(pairs, loop, list(excludes), where)
+
+
+def token_dispatch(
+    pairs: list[tuple[object, object]], loop: bool, excluded: list[object], where: str
+) -> object:
+    """The token-level dispatch (XGrammar's TokenTagDispatch / `token_dispatch`): free tokens
+    (any token but the triggers and `excluded`), then a trigger token and its expression, then
+    (with `loop`) free tokens again; it may end wherever the free tokens may. Triggers and
+    excluded tokens are ids or names."""
+
+    def item(t: object) -> object:
+        return (t, t) if isinstance(t, int) else t
+
+    stop = tuple(item(t) for t, _ in pairs) + tuple(item(e) for e in excluded)
+    free = Rep(TokenSet(stop, True, f"{where} (free tokens)"), 0, None)
+    if not pairs:
+        return free
+    options = tuple(Seq((TokenSet((item(t),), False, f"{where} trigger"), e)) for t, e in pairs)
+    one = options[0] if len(options) == 1 else Alt(options)
+    if loop:
+        return Seq((free, Rep(Seq((one, free)), 0, None)))
+    return Seq((free, Rep(one, 0, 1)))
 
 
 _REGEX_FLAGS = frozenset("isu")

@@ -197,7 +197,7 @@ def test_forced_text_and_rollback() -> None:
     ("text", "words"),
     [
         ('root ::= "a" (= "b") "c"\n', ["lookahead", "line 1"]),
-        ('root ::= Token(5) "a"\n', ["Token(...)", "line 1"]),
+        ('root ::= Token(999999) "a"\n', ["Token(...)", "999999", "line 1"]),
         ('root[max_tokens=4] ::= "a"\n', ["max_tokens", "line 1"]),
         ('root ::= Regex("a", flags="x")\n', ["flags", "line 1"]),
         ('root ::= TagDispatch(("<a", r), excludes=("<",))\nr ::= "x"\n', ["prefix"]),
