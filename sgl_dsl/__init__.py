@@ -49,6 +49,7 @@ from .select_methods import (
     unconditional_likelihood_normalized,
 )
 from .state import ForkGroup, ProgramState
+from .tools import ToolCall, tool_loop
 
 
 def __getattr__(name: str) -> object:
@@ -82,6 +83,7 @@ __all__ = [
     "SelectMethod",
     "SglError",
     "SglFunction",
+    "ToolCall",
     "TraceError",
     "assistant",
     "assistant_begin",
@@ -102,6 +104,7 @@ __all__ = [
     "system_begin",
     "system_end",
     "token_length_normalized",
+    "tool_loop",
     "unconditional_likelihood_normalized",
     "user",
     "user_begin",

@@ -15,10 +15,11 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+from . import tools
 from .backend.base import Backend, GenChunk, GenOutput
 from .chat_template import ChatTemplate
 from .errors import ProgramError
-from .ir import ArgRef, Expr, Gen, RoleBegin, RoleEnd, Select, Text, VarRef, flatten
+from .ir import ArgRef, Expr, Gen, RoleBegin, RoleEnd, Select, Text, ToolLoop, VarRef, flatten
 from .select_methods import ChoiceScores
 
 
@@ -55,6 +56,8 @@ def append(state: ProgramState, expr: Expr) -> None:
                 run_gen(state, leaf)
             case Select():
                 run_select(state, leaf)
+            case ToolLoop():
+                tools.run_loop(state, leaf)
             case VarRef(name):
                 state._emit(str(state._vars[name]))
             case ArgRef(name):
@@ -71,6 +74,8 @@ async def append_async(state: ProgramState, expr: Expr) -> None:
                 await run_gen_async(state, leaf)
             case Select():
                 await run_select_async(state, leaf)
+            case ToolLoop():
+                await tools.run_loop_async(state, leaf)
             case _:
                 append(state, leaf)
 
@@ -97,11 +102,16 @@ def end_role(state: ProgramState, role: str) -> None:
         raise ProgramError(f"end of {role} block while {open_role} block is open")
     content = state._text[state._open_role[1] :]
     state._open_role = None
-    state._messages.append({"role": role, "content": content})
+    message = tools.assistant_message(state, content) if role == "assistant" else None
+    state._messages.append(message or {"role": role, "content": content})
     state._emit(state.template.end(role))
 
 
 def run_gen(state: ProgramState, gen: Gen) -> None:
+    if "tools" in gen.params:  # the conversation goes to the backend's tool machinery
+        messages, params = _tool_call(state, gen)
+        tools.store_tool_answer(state, gen, state.backend.chat(messages, params))
+        return
     prompt, params, n, patterns = _gen_call(state, gen)
     if n > 1:
         # SGLang's n: n samples, the variable is their list and the first is appended
@@ -130,6 +140,10 @@ def run_gen(state: ProgramState, gen: Gen) -> None:
 
 async def run_gen_async(state: ProgramState, gen: Gen) -> None:
     """`run_gen` on the event loop: the backend's async calls, n samples gathered."""
+    if "tools" in gen.params:
+        messages, params = _tool_call(state, gen)
+        tools.store_tool_answer(state, gen, await state.backend.achat(messages, params))
+        return
     prompt, params, n, patterns = _gen_call(state, gen)
     if n > 1:
         calls = [_generate_async(state, prompt, params, patterns) for _ in range(n)]
@@ -160,6 +174,16 @@ def _gen_call(
     n = params.pop("n", 1)
     patterns = [re.compile(p) for p in params.pop("stop_regex", None) or ()]
     return state._text, params, n, patterns
+
+
+def _tool_call(state: ProgramState, gen: Gen) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The conversation and the params of a gen with tools (run options apply; n and
+    stop_regex do not: refused when the gen sets them)."""
+    messages = tools.conversation(state, f"gen({gen.name!r})")
+    params = {**state.defaults, **gen.params}
+    for key in ("n", "stop_regex", "token_healing"):  # text-prompt options
+        params.pop(key, None)
+    return messages, params
 
 
 def _value(gen: Gen, text: str, output: GenOutput | None) -> Any:
@@ -269,6 +293,9 @@ def _first_match(patterns: list[re.Pattern[str]], text: str) -> re.Match[str] | 
 
 
 def run_select(state: ProgramState, sel: Select) -> None:
+    if not state.backend.scores_text:  # no prompt log-probs: a constrained choice instead
+        _store_choice(state, sel, state.backend.generate(*_choice_call(state, sel)))
+        return
     prompt, continuations, neutral = _select_call(state, sel)
     token_logprobs = state.backend.score(prompt, continuations)
     unconditional = None if neutral is None else state.backend.score(neutral, sel.choices)
@@ -277,12 +304,46 @@ def run_select(state: ProgramState, sel: Select) -> None:
 
 async def run_select_async(state: ProgramState, sel: Select) -> None:
     """`run_select` on the event loop (both scoring calls at once when two are needed)."""
+    if not state.backend.scores_text:
+        _store_choice(state, sel, await state.backend.agenerate(*_choice_call(state, sel)))
+        return
     prompt, continuations, neutral = _select_call(state, sel)
     calls = [state.backend.ascore(prompt, continuations)]
     if neutral is not None:
         calls.append(state.backend.ascore(neutral, sel.choices))
     scored = await asyncio.gather(*calls)
     _choose(state, sel, scored[0], scored[1] if neutral is not None else None)
+
+
+# the select methods a constrained choice answers (it picks greedily, as "greedy" does and
+# as the mean log-likelihood nearly always agrees); the others need the choices' scores
+_CHOICE_METHODS = ("token_length_normalized", "greedy")
+
+
+def _choice_call(state: ProgramState, sel: Select) -> tuple[str, dict[str, Any]]:
+    """`select` on a backend that cannot score text: `gen(choices=..., temperature=0)`."""
+    method = getattr(sel.method, "name", sel.method)
+    if method not in _CHOICE_METHODS:
+        raise ProgramError(
+            f"select({sel.name!r}): {type(state.backend).__name__} cannot score choices (no "
+            f"prompt log-probs), and method {method!r} needs their scores; use the default "
+            "method (answered by a constrained choice there)"
+        )
+    return state._text, {"choices": list(sel.choices), "temperature": 0.0}
+
+
+def _store_choice(state: ProgramState, sel: Select, output: GenOutput) -> None:
+    if output.text not in sel.choices:
+        raise ProgramError(
+            f"select({sel.name!r}): the constrained choice answered {output.text!r}, not one of "
+            f"the choices (finish_reason {output.finish_reason!r})"
+        )
+    state._emit(output.text, sel.name)
+    if sel.name is not None:
+        meta = {"choices": sel.choices, "index": sel.choices.index(output.text),
+                "method": "constrained_choice", **output.meta()}  # fmt: skip
+        state.set_var(sel.name, output.text, meta)
+        state._close_var(sel.name)
 
 
 def _select_call(state: ProgramState, sel: Select) -> tuple[str, list[str], str | None]:

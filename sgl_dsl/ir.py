@@ -93,6 +93,18 @@ class Select(Expr):
 
 
 @dataclass(slots=True)
+class ToolLoop(Expr):
+    """`tool_loop(tools, max_turns)`: assistant turns with tools, the calls run and their results
+    fed back, until a text answer (`sgl_dsl.tools`); `gens`: the first, later and last turn's."""
+
+    name: str
+    calls: str
+    max_turns: int
+    on_max_turns: str
+    gens: tuple[Any, Any, Any]
+
+
+@dataclass(slots=True)
 class Concat(Expr):
     parts: list[Expr]
 
@@ -191,11 +203,15 @@ def format_expr(expr: Expr) -> str:
             return f"role_end {role}"
         case Gen(name, params, result):
             shown = [f"{k}={_short(v)}" for k, v in params.items() if v is not None]
-            if result is not None:
+            if "tools" in params:  # the tools by name (`result` is their ToolSet)
+                shown = [s for s in shown if not s.startswith("tools=")] + [result.name]
+            elif result is not None:
                 shown.append(f"type={result.name}")
             return f"gen {name}({', '.join(shown)})"
         case Select(name, choices, method):
             return f"select {name}({choices!r}, method={_method_name(method)})"
+        case ToolLoop(name, _, max_turns, _, gens):
+            return f"tool_loop {name}({gens[0].result.name}, max_turns={max_turns})"
         case _:
             return " + ".join(format_expr(e) for e in flatten(expr))
 

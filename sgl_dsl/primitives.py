@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from typing import Any
@@ -42,6 +43,8 @@ def gen(
     ebnf: str | None = None,
     structural_tag: Any = None,
     type: Any = None,  # the public keyword gen(name, type=T); shadows the builtin here only
+    tools: Any = None,
+    tool_choice: Any = None,
 ) -> Gen | Select:
     """Generate text into variable `name`. Unset options take the run's defaults.
 
@@ -53,7 +56,10 @@ def gen(
     `ebnf` a GBNF grammar (llama.cpp's and XGrammar's dialect, as SGLang's `ebnf`);
     `structural_tag` a dict or its JSON text, in XGrammar's shape (`{"type": "structural_tag",
     "format": ...}`) or SGLang's (`{"structures": [...], "triggers": [...]}`). The variable
-    holds the generated text as a `str`; with `type=T` (ours) the output is constrained to T's
+    holds the generated text as a `str`; with `tools=[functions or pydantic models]` (ours,
+    `tool_choice` "auto" | "required" | "none" | one of the tools) the model writes calls in its
+    own format, strictly, and the variable holds the `ToolCall`s or the text answer (see
+    `sgl_dsl.tools`); with `type=T` (ours) the output is constrained to T's
     JSON form and the variable holds the parsed value (an int, an Enum member, a pydantic model
     instance: see `sgl_dsl.typed`), the raw text staying in `state.text()` (with `n` > 1: the
     list of the n texts or values, and the first is appended, as SGLang does). `stop_regex`
@@ -69,6 +75,8 @@ def gen(
             "ebnf, structural_tag, type"
         )
     result = None
+    if tools is not None or tool_choice is not None:
+        return _tool_gen(name, tools, tool_choice, locals())
     if type is not None:
         from .typed import result_type
 
@@ -109,6 +117,25 @@ def gen(
         "json_schema_mode": json_schema_mode,
     }
     return Gen(name, {k: v for k, v in params.items() if v is not None}, result)
+
+
+def _tool_gen(name: Any, tools: Any, tool_choice: Any, given: dict[str, Any]) -> Gen:
+    """`gen(name, tools=..., tool_choice=...)`: the other keywords as for a plain gen."""
+    from .tools import check_tool_gen, tool_params
+
+    if tools is None:
+        raise ProgramError(f"gen({name!r}): tool_choice needs tools")
+    if given.get("type") is not None:
+        raise ProgramError(f"gen({name!r}): tools cannot be combined with type")
+    own = ("name", "tools", "tool_choice", "type")
+    keep = {k: given[k] for k in inspect.signature(gen).parameters if k not in own}
+    if given.get("choices") is not None:
+        raise ProgramError(f"gen({name!r}): tools cannot be combined with choices")
+    plain = gen(name, **keep)
+    assert isinstance(plain, Gen)
+    check_tool_gen(name, tools, plain.params)
+    extra, toolset = tool_params(name, tools, tool_choice)
+    return Gen(name, {**plain.params, **extra}, toolset)
 
 
 def gen_int(name: str | None = None, max_tokens: int | None = None, *args: Any, **kw: Any) -> Gen:

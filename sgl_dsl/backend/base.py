@@ -62,6 +62,12 @@ class GenOutput:
     output_top_logprobs: list[list[list[Any]]] | None = None
     input_token_logprobs: list[list[Any]] | None = None
     id: str | None = None
+    # a gen with tools (`Backend.chat`): the answer's text part and its calls, OpenAI-shaped
+    # ({"id", "type", "function": {"name", "arguments": JSON text}}); `text` is what the model
+    # wrote (the calls in its own format), or the calls as JSON where the server returns them
+    # parsed only
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     def meta(self) -> dict[str, Any]:
         """What `state.get_meta_info(name)` returns for a gen: SGLang's fields (`id`,
@@ -101,6 +107,9 @@ class GenChunk:
 class Backend(ABC):
     # False when the backend keeps no prefix cache: committing a prefix would be wasted work
     has_prefix_cache: bool = True
+    # False when the backend cannot score a given text (no prompt log-probs): `select` is then
+    # answered by a constrained choice (`gen(choices=..., temperature=0)`)
+    scores_text: bool = True
 
     @abstractmethod
     def chat_template(self) -> ChatTemplate:
@@ -124,6 +133,19 @@ class Backend(ABC):
 
         Must accept the empty string (then it does nothing useful, but must not fail).
         """
+
+    def chat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> GenOutput:
+        """A gen with tools (`params["tools"]`, OpenAI function entries, and `tool_choice`):
+        the assistant's next turn after the OpenAI-shaped `messages`, with the calls in the
+        model's own format, strict, read back into `GenOutput.tool_calls`. A backend that
+        cannot do tools raises `BackendError` naming itself."""
+        from ..errors import BackendError
+
+        raise BackendError(f"{type(self).__name__} backend cannot run a gen with tools")
+
+    async def achat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> GenOutput:
+        """`chat`, awaited."""
+        return await in_fallback_pool(self.chat, messages, params)
 
     def unconditional_prompt(self) -> str:
         """The context for scoring "with no context" (a BOS token where there is one)."""

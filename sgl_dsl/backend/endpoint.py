@@ -35,6 +35,7 @@ import httpx
 from ..chat_template import ChatTemplate
 from ..errors import BackendError
 from .base import Backend, GenChunk, GenOutput, in_fallback_pool
+from .chat_calls import chat_tools_body, chat_tools_output
 
 # gen() keyword -> /generate sampling_params key, where they differ
 _SERVER_NAMES = {
@@ -88,6 +89,8 @@ class RuntimeEndpoint(Backend):
         *,
         timeout: float | None = 600.0,
         max_connections: int = 256,
+        server: str = "runtime",
+        transport: Any = None,
     ) -> None:
         # SGLang's signature; `verify` is the TLS CA bundle (or False), and roles always come
         # from the served model's own chat template, so `chat_template_name` must stay unset
@@ -96,6 +99,11 @@ class RuntimeEndpoint(Backend):
                 "RuntimeEndpoint(chat_template_name=...): roles come from the served model's "
                 "own chat template here; leave it unset"
             )
+        if server not in ENDPOINT_SERVERS:
+            raise BackendError(
+                f"RuntimeEndpoint(server={server!r}): the server is one of {ENDPOINT_SERVERS}"
+            )
+        self.server = server
         self.url = self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         client_options = dict(
@@ -105,6 +113,8 @@ class RuntimeEndpoint(Backend):
             timeout=httpx.Timeout(timeout, connect=10.0),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
         )
+        if transport is not None:  # e.g. httpx.MockTransport
+            client_options["transport"] = transport
         self._client = httpx.Client(**client_options)
         self._async_clients = AsyncClients(client_options)
         self.model_info: dict[str, Any] = self._request("GET", "/get_model_info")
@@ -179,6 +189,8 @@ class RuntimeEndpoint(Backend):
         )
 
     def _body(self, prompt: str, params: dict[str, Any], stream: bool) -> dict[str, Any]:
+        if self.server == "sglang":
+            _check_sglang(params)
         sampling = {
             _SERVER_NAMES.get(k, k): v
             for k, v in params.items()
@@ -187,6 +199,8 @@ class RuntimeEndpoint(Backend):
         as_regex(sampling)
         if "seed" in sampling:
             sampling["sampling_seed"] = sampling["seed"]
+            if self.server == "sglang":  # SGLang's name only (its SamplingParams has no seed)
+                del sampling["seed"]
         body = {
             # the server rejects an empty prompt; generating "after nothing" means after BOS
             "text": prompt or self.unconditional_prompt(),
@@ -204,8 +218,12 @@ class RuntimeEndpoint(Backend):
 
     def generate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
         answer = self._request("POST", "/generate", self._body(prompt, params, False))
-        _check_constraint_reached(params, answer["meta_info"])
+        self._check_reached(params, answer["meta_info"])
         return _to_output(answer)
+
+    def _check_reached(self, params: dict[str, Any], meta: dict[str, Any]) -> None:
+        if self.server == "runtime":  # SGLang does not name the constraint it applied
+            _check_constraint_reached(params, meta)
 
     def generate_stream(self, prompt: str, params: dict[str, Any]) -> Iterator[GenChunk]:
         body = self._body(prompt, params, True)
@@ -219,7 +237,7 @@ class RuntimeEndpoint(Backend):
                 # leaving this block early (the caller closed the iterator) closes the
                 # connection, which makes the server abort the request and free its pages
                 for line in response.iter_lines():
-                    chunk = _stream_event(line, params)
+                    chunk = _stream_event(line, params, self.server)
                     if chunk is _DONE:
                         return
                     if chunk is not None:
@@ -229,7 +247,7 @@ class RuntimeEndpoint(Backend):
 
     async def agenerate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
         answer = await self._arequest("POST", "/generate", self._body(prompt, params, False))
-        _check_constraint_reached(params, answer["meta_info"])
+        self._check_reached(params, answer["meta_info"])
         return _to_output(answer)
 
     async def agenerate_stream(
@@ -245,13 +263,31 @@ class RuntimeEndpoint(Backend):
                         _error_text("/generate", response.status_code, response.text)
                     )
                 async for line in response.aiter_lines():  # leaving early aborts, as above
-                    chunk = _stream_event(line, params)
+                    chunk = _stream_event(line, params, self.server)
                     if chunk is _DONE:
                         return
                     if chunk is not None:
                         yield chunk
         except httpx.HTTPError as exc:
             raise BackendError(f"POST {self.url}/generate (stream) failed: {exc}") from exc
+
+    def chat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> GenOutput:
+        """A gen with tools: `/v1/chat/completions` with `tools` (see `chat_calls`). Not
+        `/generate` with a structural tag: the prompt must be the conversation rendered WITH the
+        tools by the server's template, and the calls read back by the server's parser (its
+        `--tool-call-parser`); the chat endpoint does both, as it does for any client."""
+        body = self._chat_body(messages, params)
+        return chat_tools_output(self._request("POST", "/v1/chat/completions", body))
+
+    async def achat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> GenOutput:
+        body = self._chat_body(messages, params)
+        return chat_tools_output(await self._arequest("POST", "/v1/chat/completions", body))
+
+    def _chat_body(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict:
+        return chat_tools_body(
+            self._model_name(), messages, params, extras=True,
+            backend=f"RuntimeEndpoint(server={self.server!r})", ours=self.server == "runtime",
+        )  # fmt: skip
 
     def score(self, prompt: str, continuations: list[str]) -> list[list[float]]:
         prompt = prompt or self.unconditional_prompt()
@@ -365,6 +401,24 @@ def _error_text(path: str, status: int, text: str) -> str:
     return f"{path} answered {status}: {message}"
 
 
+# the servers whose /generate this backend speaks: this project's, and SGLang's own
+ENDPOINT_SERVERS = ("runtime", "sglang")
+
+
+def _check_sglang(params: dict[str, Any]) -> None:
+    """What SGLang's /generate cannot take, refused by name (rather than dropped there)."""
+    if params.get("grammar") is not None:
+        raise BackendError(
+            "RuntimeEndpoint(server='sglang'): SGLang's /generate has no lark grammar "
+            "(gen(grammar=...)); write it in GBNF as gen(ebnf=...)"
+        )
+    if params.get("json_schema_mode") is not None:
+        raise BackendError(
+            "RuntimeEndpoint(server='sglang'): json_schema_mode is this project's server's "
+            "field; SGLang has no such option"
+        )
+
+
 # gen() constraint keywords (`choices` / `dtype` travel as `regex`)
 _CONSTRAINTS = ("regex", "json_schema", "choices", "dtype", "grammar", "ebnf", "structural_tag")
 
@@ -394,7 +448,7 @@ def _answer(path: str, response: httpx.Response) -> Any:
 _DONE = GenChunk("")  # the end of a /generate event stream ("data: [DONE]")
 
 
-def _stream_event(line: str, params: dict[str, Any]) -> GenChunk | None:
+def _stream_event(line: str, params: dict[str, Any], server: str) -> GenChunk | None:
     """One line of `/generate`'s event stream as a chunk; None for a line that carries none,
     `_DONE` at the end."""
     if not line.startswith("data: "):
@@ -408,7 +462,8 @@ def _stream_event(line: str, params: dict[str, Any]) -> GenChunk | None:
     meta = event.get("meta_info") or {}
     done = None
     if meta.get("finish_reason"):
-        _check_constraint_reached(params, meta)
+        if server == "runtime":
+            _check_constraint_reached(params, meta)
         done = _to_output(event)
     return GenChunk(event.get("delta", ""), done)
 

@@ -29,6 +29,7 @@ import httpx
 from ..chat_template import ChatTemplate
 from ..errors import BackendError
 from .base import Backend, GenChunk, GenOutput
+from .chat_calls import chat_tools_body, chat_tools_output
 from .endpoint import (
     AsyncClients,
     as_regex,
@@ -37,27 +38,20 @@ from .endpoint import (
     score_by_completions,
 )
 
+_CONSTRAINTS = ("regex", "json_schema", "choices", "dtype", "grammar", "ebnf", "structural_tag")
 INSTRUCT_MODEL_NAMES = ("gpt-3.5-turbo-instruct",)  # SGLang's list of completion-only models
 _ROLES = ("system", "user", "assistant")
 _BEGIN = {r: f"\x1e<{r}>\x1f" for r in _ROLES}
 _END = {r: f"\x1e</{r}>\x1f" for r in _ROLES}
-# gen() keyword -> OpenAI field; the extras are the OpenAI-compatible servers' own fields
-_FIELDS = {
-    "max_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "stop": "stop",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "seed": "seed",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "min_tokens": "min_tokens",
-    "stop_token_ids": "stop_token_ids",
-    "ignore_eos": "ignore_eos",
-    "regex": "regex",
-}
-_REFUSED = ("grammar", "logprob_start_len")
+# gen() keyword -> OpenAI field: OpenAI's own, then the engines' extras (vLLM's, SGLang's)
+_FIELDS = ("max_tokens", "temperature", "top_p", "stop", "frequency_penalty", "presence_penalty",
+           "seed")  # fmt: skip
+_EXTRAS = ("top_k", "min_p", "min_tokens", "stop_token_ids", "ignore_eos")
+_REFUSED = ("logprob_start_len",)
+# the servers (`server=`) whose fields this backend speaks; see `_constraint_fields`
+SERVERS = ("openai", "vllm", "vllm-guided", "sglang", "runtime")
+# the field `select` is answered by on a chat model, read back by `_unwrap_choice`
+_CHOICE_KEY = "choice"
 
 
 @dataclass(slots=True)
@@ -87,16 +81,25 @@ class OpenAI(Backend):
         is_chat_model: bool | None = None,
         *,
         timeout: float | None = 600.0,
+        server: str | None = None,
+        transport: Any = None,
     ) -> None:
         from sgl_dsl import settings  # here: reading it imports grammar's settings kinds
 
         self.model = self.model_name = model
         self.base_url = (base_url or settings.OPENAI_BASE_URL.get()).rstrip("/")
+        if server is None:  # OpenAI's own API, else what SGLang's and this project's take
+            server = "openai" if "api.openai.com" in self.base_url else "sglang"
+        if server not in SERVERS:
+            raise BackendError(f"OpenAI(server={server!r}): the server is one of {SERVERS}")
+        self.server = server
         key = api_key or settings.OPENAI_API_KEY.get()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         client_options = dict(
             base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)
         )
+        if transport is not None:  # e.g. httpx.MockTransport
+            client_options["transport"] = transport
         self._client = httpx.Client(**client_options)
         self._async_clients = AsyncClients(client_options)
         if is_chat_model is None:
@@ -133,41 +136,103 @@ class OpenAI(Backend):
             raise BackendError(_refusal(path, response.status_code, response.text, body))
         return response.json()
 
+    @property
+    def scores_text(self) -> bool:  # type: ignore[override]
+        """Completion models score choices (`/completions` echoes the prompt's log-probs);
+        chat models cannot, so `select` is a constrained choice there."""
+        return not self.is_chat_model
+
+    def _where(self) -> str:
+        return f"OpenAI(server={self.server!r})"
+
     def _body(self, prompt: str, params: dict[str, Any], stream: bool) -> tuple[str, dict]:
         refused = [k for k in _REFUSED if params.get(k) is not None]
         if refused:
-            raise BackendError(f"OpenAI backend: {refused} not supported by the OpenAI API")
+            raise BackendError(f"{self._where()}: {refused} not supported by the OpenAI API")
         body: dict[str, Any] = {"model": self.model, "stream": stream}
-        params = as_regex(dict(params))
-        for key, field in _FIELDS.items():
+        for key in _FIELDS:
             if params.get(key) is not None:
-                body[field] = params[key]
+                body[key] = params[key]
+        for key in _EXTRAS:
+            if params.get(key) is not None:
+                if self.server == "openai":
+                    raise BackendError(f"{self._where()}: OpenAI's API has no {key}")
+                body[key] = params[key]
         if params.get("return_logprob") or params.get("top_logprobs_num"):
             top = int(params.get("top_logprobs_num") or 0)
             if self.is_chat_model:
                 body.update(logprobs=True, top_logprobs=top)
             else:
                 body["logprobs"] = top
-        if params.get("ebnf") is not None:
-            body["structured_outputs"] = {"grammar": params["ebnf"]}
-        if params.get("structural_tag") is not None:
-            body["response_format"] = {
-                "type": "structural_tag",
-                **json.loads(params["structural_tag"]),
-            }
-        schema = params.get("json_schema")
+        body.update(self._constraint_fields(params, stream))
         if self.is_chat_model:
             body["messages"] = self._messages(prompt)
-            if schema is not None:
-                body["response_format"] = {
-                    "type": "json_schema",
-                    "json_schema": {"name": "output", "schema": json.loads(schema)},
-                }
             return "/chat/completions", body
         body["prompt"] = prompt
-        if schema is not None:
-            body["json_schema"] = schema
         return "/completions", body
+
+    def _constraint_fields(self, params: dict[str, Any], stream: bool) -> dict[str, Any]:
+        """The request fields of the gen's constraint in the server's own dialect; one it
+        cannot take is a `BackendError` naming the constraint and the server (never dropped).
+
+        openai: `response_format` json_schema (strict; chat models), choices as a strict
+        schema `{"choice": <enum>}` read back to the choice; vllm: `structured_outputs`
+        {json, regex, choice, grammar (GBNF), structural_tag}; vllm-guided: `guided_json` /
+        `guided_regex` / `guided_choice` / `guided_grammar` (vLLM before 0.12); sglang and
+        runtime: `response_format` (chat) or `json_schema` (completions), `regex`, `ebnf`,
+        `response_format` structural_tag (chat), choices and dtype as their regex; runtime also
+        `json_schema_mode` (this project's server)."""
+        server, chat = self.server, self.is_chat_model
+        where = self._where()
+        if params.get("json_schema_mode") is not None and server != "runtime":
+            raise BackendError(f"{where}: json_schema_mode is this project's server's field "
+                               "(use server='runtime' against it)")  # fmt: skip
+        given = [k for k in _CONSTRAINTS if params.get(k) is not None]
+        if not given:
+            return {}
+        key = given[0]
+        value = params[key]
+        if key == "grammar":
+            raise BackendError(f"{where}: lark grammars (gen(grammar=...)) are not sent to "
+                               "OpenAI-compatible servers; write the grammar in GBNF as "
+                               "gen(ebnf=...)")  # fmt: skip
+        if key == "dtype" or (key == "choices" and server in ("sglang", "runtime")):
+            key, value = "regex", as_regex({key: value})["regex"]
+        out: dict[str, Any] = {}
+        if params.get("json_schema_mode") is not None:
+            out["json_schema_mode"] = params["json_schema_mode"]
+        if server == "vllm":
+            field = {"json_schema": "json", "regex": "regex", "choices": "choice",
+                     "ebnf": "grammar", "structural_tag": "structural_tag"}[key]  # fmt: skip
+            loaded = json.loads(value) if key == "json_schema" else value
+            return {**out, "structured_outputs": {field: loaded}}
+        if server == "vllm-guided" and key != "structural_tag":
+            field = {"json_schema": "guided_json", "regex": "guided_regex",
+                     "choices": "guided_choice", "ebnf": "guided_grammar"}[key]  # fmt: skip
+            return {**out, field: json.loads(value) if key == "json_schema" else value}
+        if key == "json_schema" and chat:
+            fmt = {"name": "output", "schema": json.loads(value)}
+            if server == "openai":
+                fmt["strict"] = True
+            return {**out, "response_format": {"type": "json_schema", "json_schema": fmt}}
+        if key == "structural_tag" and chat and server != "openai":
+            return {**out, "response_format": {"type": "structural_tag", **json.loads(value)}}
+        if server == "openai":
+            if key == "choices" and chat:
+                schema = {"type": "object", "additionalProperties": False,
+                          "properties": {_CHOICE_KEY: {"type": "string", "enum": value}},
+                          "required": [_CHOICE_KEY]}  # fmt: skip
+                fmt = {"name": _CHOICE_KEY, "schema": schema, "strict": True}
+                if stream:
+                    raise BackendError(f"{where}: a choice cannot be streamed from OpenAI's API")
+                return {"response_format": {"type": "json_schema", "json_schema": fmt}}
+            raise BackendError(f"{where}: OpenAI's API cannot constrain to {key}"
+                               f"{'' if chat else ' on a completion model'}")  # fmt: skip
+        if key in ("regex", "ebnf"):
+            return {**out, key: value}
+        if key == "json_schema":  # completions: SGLang's and this project's own field
+            return {**out, "json_schema": value}
+        raise BackendError(f"{where}: {key} cannot be sent to /completions here")
 
     def _messages(self, prompt: str) -> list[dict[str, str]]:
         """The chat messages a prompt of sentinel-marked role blocks stands for."""
@@ -200,11 +265,42 @@ class OpenAI(Backend):
 
     def generate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
         path, body = self._body(prompt, params, stream=False)
-        return self._reply_output(self._post(path, body))
+        return self._unwrap_choice(body, self._reply_output(self._post(path, body)))
 
     async def agenerate(self, prompt: str, params: dict[str, Any]) -> GenOutput:
         path, body = self._body(prompt, params, stream=False)
-        return self._reply_output(await self._apost(path, body))
+        return self._unwrap_choice(body, self._reply_output(await self._apost(path, body)))
+
+    def _unwrap_choice(self, body: dict[str, Any], out: GenOutput) -> GenOutput:
+        """A choice asked of OpenAI's API as `{"choice": ...}`: the output is the choice."""
+        fmt = (body.get("response_format") or {}).get("json_schema") or {}
+        if fmt.get("name") != _CHOICE_KEY or self.server != "openai":
+            return out
+        try:
+            out.text = json.loads(out.text)[_CHOICE_KEY]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BackendError(f"{self._where()}: the choice came back as {out.text!r}") from exc
+        return out
+
+    def chat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> GenOutput:
+        """A gen with tools: the native `tools` field of `/chat/completions` (`chat_calls`)."""
+        reply = self._post("/chat/completions", self._chat_body(messages, params))
+        self._count(reply.get("usage"))
+        return chat_tools_output(reply)
+
+    async def achat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> GenOutput:
+        reply = await self._apost("/chat/completions", self._chat_body(messages, params))
+        self._count(reply.get("usage"))
+        return chat_tools_output(reply)
+
+    def _chat_body(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict:
+        if not self.is_chat_model:
+            raise BackendError(f"{self._where()}: a gen with tools needs a chat model")
+        body = chat_tools_body(
+            self.model, messages, params, extras=self.server != "openai",
+            backend=self._where(), ours=self.server == "runtime",
+        )  # fmt: skip
+        return body
 
     def _reply_output(self, reply: dict[str, Any]) -> GenOutput:
         self._count(reply.get("usage"))

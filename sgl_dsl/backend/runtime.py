@@ -112,6 +112,49 @@ class Runtime(Backend):
             lps = [None, *lps]
         out.input_token_logprobs = logprob_triples(lps, ids[start:], decode)
 
+    def chat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> GenOutput:
+        """A gen with tools, by the server's tool machinery run in this process: the prompt
+        rendered with the tools by the chat template, the answer constrained to the template's
+        call format (`prepare_chat`) and its calls read back by that format's parser."""
+        setup, request, kwargs = self._chat_setup(messages, params)
+        try:
+            result = self.engine.generate(setup.prompt, **kwargs)
+        except Exception as exc:
+            raise BackendError(f"engine.generate failed: {exc}") from exc
+        return _chat_output(result, setup, request)
+
+    async def achat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> GenOutput:
+        if not hasattr(self.engine, "async_generate"):
+            return await super().achat(messages, params)
+        setup, request, kwargs = self._chat_setup(messages, params)
+        try:
+            result = await self.engine.async_generate(setup.prompt, **kwargs)
+        except Exception as exc:
+            raise BackendError(f"engine.async_generate failed: {exc}") from exc
+        return _chat_output(result, setup, request)
+
+    def _chat_setup(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> tuple:
+        from runtime.server.chat import ChatRequest, prepare_chat
+        from runtime.server.errors import APIError
+
+        sampling = {k: v for k, v in params.items() if k not in _CHAT_KEYS}
+        mode = params.get("json_schema_mode") or (
+            getattr(self.engine, "json_schema_mode", None) or "strict"
+        )
+        try:
+            request = ChatRequest(
+                messages=messages, tools=params["tools"], tool_choice=params.get("tool_choice")
+            )
+            request.prepare()
+            setup = prepare_chat(self.engine.tokenizer, request, mode, None, None)
+        except APIError as exc:  # a tool the call format cannot write, a malformed message
+            raise BackendError(f"gen with tools: {exc.message}") from exc
+        kwargs = _engine_kwargs(sampling)
+        kwargs.update(setup.constraint)
+        if setup.markers:
+            kwargs["keep_markers"] = setup.markers
+        return setup, request, kwargs
+
     def score_ids(self, prefix: list[int], rest: list[int]) -> list[float]:
         try:
             return self.engine.score(prefix, [rest], return_token_logprobs=True)[0]
@@ -213,6 +256,21 @@ def _engine_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     if params.get("top_logprobs_num"):
         kwargs.update(logprobs=True, top_logprobs=int(params["top_logprobs_num"]))
     return kwargs
+
+
+# a tool gen's params that are not the engine's sampling keywords
+_CHAT_KEYS = ("tools", "tool_choice", "json_schema_mode", *_LOGPROB_OPTIONS)
+
+
+def _chat_output(result: Any, setup: Any, request: Any) -> GenOutput:
+    """The engine's answer to a tool gen, its calls parsed by the template's format."""
+    out = _to_output(result)
+    content, calls = result.text, []
+    if request.tool_mode:
+        content, calls = setup.parser.parse(result.text, request.tools or [])
+    out.content = content if calls else result.text
+    out.tool_calls = calls
+    return out
 
 
 def _prompt_logprob_split(result: Any, params: dict[str, Any]) -> tuple[list, list] | None:
