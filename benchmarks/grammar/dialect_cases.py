@@ -351,8 +351,93 @@ STRUCTURAL_CASES = [
     DialectCase(
         "st: token format",
         "structural",
-        _st({"type": "sequence", "elements": [{"type": "token", "token": 1}, _const("a")]}),
-        unsupported="token-level",
+        _st({"type": "sequence", "elements": [{"type": "token", "token": 128806}, _const("a")]}),
+        (f"{BEGIN}a",),
+        ("a", f"{END}a"),
+    ),
+    DialectCase(
+        "st: token by its text",
+        "structural",
+        _st({"type": "sequence", "elements": [_const("a"), {"type": "token", "token": END}]}),
+        (f"a{END}",),
+        ("a", f"a{BEGIN}"),
+    ),
+    DialectCase(
+        "st: exclude_token",
+        "structural",
+        _st(
+            {
+                "type": "sequence",
+                "elements": [
+                    {"type": "exclude_token", "exclude_tokens": [128807]},
+                    {"type": "token", "token": 128807},
+                ],
+            }
+        ),
+        (f"x{END}", f"{BEGIN}{END}"),
+        (f"{END}{END}", "x"),
+    ),
+    DialectCase(
+        "st: token tag with any_tokens",
+        "structural",
+        _st(
+            {
+                "type": "tag",
+                "begin": {"type": "token", "token": BEGIN},
+                "content": {"type": "any_tokens"},
+                "end": {"type": "token", "token": END},
+            }
+        ),
+        (f"{BEGIN}free text{END}", f"{BEGIN}{END}", f"{BEGIN}{CALL}{END}"),
+        (f"{BEGIN}a{END}b", f"a{END}", f"{BEGIN}a"),
+    ),
+    DialectCase(
+        "st: any_tokens max_tokens",
+        "structural",
+        _st(
+            {
+                "type": "tag",
+                "begin": {"type": "token", "token": BEGIN},
+                "content": {"type": "any_tokens", "max_tokens": 2},
+                "end": {"type": "token", "token": END},
+            }
+        ),
+        (f"{BEGIN}{CALL}{CALL}{END}", f"{BEGIN}{END}"),
+        (f"{BEGIN}{CALL}{CALL}{CALL}{END}",),
+    ),
+    DialectCase(
+        "st: token_triggered_tags",
+        "structural",
+        _st(
+            {
+                "type": "token_triggered_tags",
+                "trigger_tokens": [BEGIN],
+                "tags": [
+                    {
+                        "type": "tag",
+                        "begin": {"type": "token", "token": BEGIN},
+                        "content": {"type": "json_schema", "json_schema": ARGS},
+                        "end": {"type": "token", "token": END},
+                    }
+                ],
+                "exclude_tokens": [CALL_END],
+            }
+        ),
+        ("no call", f'hi {BEGIN}{{"city":"Paris"}}{END} bye'),
+        (f"{BEGIN}{{}}{END}", f"a{CALL_END}", f'{BEGIN}{{"city":"Paris"}}'),
+    ),
+    DialectCase(
+        "st: token_dispatch",
+        "structural",
+        _st(
+            {
+                "type": "token_dispatch",
+                "rules": [[BEGIN, _const("x")], [128808, _const("y")]],
+                "exclude_tokens": [128809],
+            }
+        ),
+        ("text", f"hi{BEGIN}x more{CALL}y"),
+        (f"{BEGIN}y", f"a{CALL_END}"),
     ),
     DialectCase(
         "st: any_text max_tokens",

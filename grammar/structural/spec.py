@@ -4,7 +4,11 @@ Two shapes are read:
 
 - XGrammar's `{"type": "structural_tag", "format": {...}}` (or a bare format) with the format
   types const_string, json_schema, regex, grammar (EBNF), any_text, sequence, or, tag,
-  triggered_tags and tags_with_separator, nested freely;
+  triggered_tags and tags_with_separator, nested freely, and the token-level ones (`token`,
+  `exclude_token`, `any_tokens` with `max_tokens`, `token_triggered_tags`, `token_dispatch`, a
+  tag's `begin` / `end` as a `token` format): tokens matched by id, ids or token texts resolved
+  in the vocabulary when the rules compile (`grammar.ebnf.token_terminals`); a tag's end token is
+  excluded from the token-level formats inside it, as XGrammar does;
 - SGLang's older `{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`, which is
   `triggered_tags` with one json_schema tag per structure.
 
@@ -12,9 +16,8 @@ Semantics follow XGrammar's: `triggered_tags` is free text that contains no trig
 (whose `begin` starts with a trigger), free text again, ...; with `at_least_one` the text starts
 with a tag; with `stop_after_first` it ends after the first tag. `any_text` inside a tag stops at
 the tag's end string (it cannot contain it). JSON-Schema content is compiled with our semantics
-(strict mode by default: only declared properties). A field we cannot honour (a non-JSON
-`style`, `max_tokens`, a token-id `begin`, ...) is a GrammarError naming its path, never
-ignored.
+(strict mode by default: only declared properties). A field we cannot honour (`cohere_xml`,
+`any_text.max_tokens`, ...) is a GrammarError naming its path, never ignored.
 
 Each JSON Schema's regex tree is built once and cached (by its text and mode), so many tools
 share their compiled pieces and a tag list costs one alternation over cached trees.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from grammar.automata.dfa_ops import DFANode, product
@@ -40,9 +44,11 @@ from grammar.ebnf.syntax import (
     Regular,
     Rep,
     Seq,
+    TokenSet,
     dispatch,
     free_text,
     parse_gbnf,
+    token_dispatch,
 )
 from grammar.errors import EmptyLanguageError, GrammarError
 from grammar.json_schema.schema import json_schema_to_node, load_schema
@@ -228,7 +234,8 @@ class SpecReader:
     def _any_text(self, f: dict, where: str, ends: tuple) -> object:
         _refuse_unless(f, where, max_tokens=None)
         excludes = _field(f, "excludes", list, where, [])
-        free = free_text(list(excludes) + list(ends), f"structural tag {where}")
+        text_ends = [e for e in ends if isinstance(e, str)]  # a token end is no text
+        free = free_text(list(excludes) + text_ends, f"structural tag {where}")
         limit = f.get("max_chars")
         if limit is None:
             return free
@@ -280,11 +287,62 @@ class SpecReader:
         self.triggers.extend(p for p, _ in pairs)
         return dispatch(pairs, loop, excludes, f"structural tag {where}")
 
-    def _token_level(self, f: dict, where: str, ends: tuple) -> object:
-        raise GrammarError(
-            f"structural tag {where}.type: the token-level format {f.get('type')!r} is not "
-            "supported (it matches token ids; these constraints are matched over text)"
-        )
+    # ----- token-level formats: tokens matched by id (grammar.ebnf.token_terminals) -----
+    def _token(self, f: dict, where: str, ends: tuple) -> object:
+        return TokenSet((_token_item(f.get("token"), f"{where}.token"),), False, _at(where))
+
+    def _excluded(self, f: dict, where: str, ends: tuple) -> TokenSet:
+        """Any one token but `exclude_tokens` and the enclosing tag's end tokens."""
+        items = _token_list(f, "exclude_tokens", where)
+        items += [e.item for e in ends if isinstance(e, TokenEnd)]
+        return TokenSet(tuple(items), True, _at(where))
+
+    def _exclude_token(self, f: dict, where: str, ends: tuple) -> object:
+        return self._excluded(f, where, ends)
+
+    def _any_tokens(self, f: dict, where: str, ends: tuple) -> object:
+        limit = f.get("max_tokens")
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
+            raise GrammarError(f"structural tag {where}.max_tokens: an integer or null")
+        if limit is not None and limit > MAX_REPEAT:
+            raise GrammarError(
+                f"structural tag {where}.max_tokens: {limit} is over the limit of {MAX_REPEAT}"
+            )
+        hi = None if limit is None or limit < 0 else limit
+        return Rep(self._excluded(f, where, ends), 0, hi)
+
+    def _token_triggered(self, f: dict, where: str, ends: tuple) -> object:
+        """`triggered_tags` over tokens: any token but the triggers (and the excluded, and the
+        enclosing tag's end tokens) until a trigger token begins a tag."""
+        items = _token_list(f, "trigger_tokens", where, required=True)
+        if not items:
+            raise GrammarError(f"structural tag {where}.trigger_tokens: must not be empty")
+        for i, t in enumerate(_field(f, "tags", list, where)):
+            begin = t.get("begin") if isinstance(t, dict) else None
+            if not (isinstance(begin, dict) and begin.get("type") == "token"):
+                raise GrammarError(
+                    f"structural tag {where}.tags[{i}].begin: a token format is required"
+                )
+        tags = self._tags(f, where)
+        stop = items + _token_list(f, "exclude_tokens", where)
+        stop += [e.item for e in ends if isinstance(e, TokenEnd)]
+        free = Rep(TokenSet(tuple(stop), True, _at(where)), 0, None)
+        return self._tag_loop(f, tags, free)
+
+    def _token_dispatch(self, f: dict, where: str, ends: tuple) -> object:
+        rules = _field(f, "rules", list, where)
+        if not rules:
+            raise GrammarError(f"structural tag {where}.rules: must not be empty")
+        pairs = []
+        for i, rule in enumerate(rules):
+            at = f"{where}.rules[{i}]"
+            if not (isinstance(rule, list) and len(rule) == 2):
+                raise GrammarError(f"structural tag {at}: a [token, format] pair")
+            pairs.append((_token_item(rule[0], f"{at}[0]"), self.format(rule[1], f"{at}[1]")))
+        excluded = _token_list(f, "exclude_tokens", where)
+        excluded += [e.item for e in ends if isinstance(e, TokenEnd)]
+        loop = _field(f, "loop", bool, where, True)
+        return token_dispatch(pairs, loop, excluded, _at(where))
 
     def _sequence(self, f: dict, where: str, ends: tuple) -> object:
         elements = _field(f, "elements", list, where)
@@ -304,24 +362,38 @@ class SpecReader:
 
     def _tag(self, f: dict, where: str, ends: tuple) -> object:
         begin = f.get("begin")
-        if not isinstance(begin, str):
+        if isinstance(begin, dict) and begin.get("type") == "token":
+            begin_expr: object = self._token(begin, f"{where}.begin", ())
+        elif isinstance(begin, str):
+            begin_expr = Lit(begin)
+        else:
             raise GrammarError(
-                f"structural tag {where}.begin: only a string begin is supported (a token "
-                "begin matches a token id; these constraints are matched over text)"
+                f"structural tag {where}.begin: a string or a token format is required"
             )
         end = f.get("end")
-        end_list = [end] if isinstance(end, str) else end
-        if (
-            not isinstance(end_list, list)
-            or not end_list
-            or not all(isinstance(e, str) for e in end_list)
-        ):
-            raise GrammarError(f"structural tag {where}.end: a string or a list of strings")
+        if isinstance(end, dict) and end.get("type") == "token":
+            # a token end: token-level contents exclude it (XGrammar's automatic exclusion)
+            item = _token_item(end.get("token"), f"{where}.end.token")
+            inner: tuple = (TokenEnd(item),)
+            end_expr: object = TokenSet((item,), False, _at(f"{where}.end"))
+        else:
+            end_list = [end] if isinstance(end, str) else end
+            if (
+                not isinstance(end_list, list)
+                or not end_list
+                or not all(isinstance(e, str) for e in end_list)
+            ):
+                raise GrammarError(
+                    f"structural tag {where}.end: a string, a list of strings or a token format"
+                )
+            inner = tuple(e for e in end_list if e)
+            end_expr = (
+                Lit(end_list[0]) if len(end_list) == 1 else Alt(tuple(Lit(e) for e in end_list))
+            )
         if "content" not in f:
             raise GrammarError(f"structural tag {where}.content: missing")
-        content = self.format(f["content"], f"{where}.content", tuple(e for e in end_list if e))
-        end_expr = Lit(end_list[0]) if len(end_list) == 1 else Alt(tuple(Lit(e) for e in end_list))
-        return Seq((Lit(begin), content, end_expr))
+        content = self.format(f["content"], f"{where}.content", inner)
+        return Seq((begin_expr, content, end_expr))
 
     def _tags(self, f: dict, where: str) -> list[object]:
         tags = _field(f, "tags", list, where)
@@ -339,12 +411,23 @@ class SpecReader:
         self.triggers.extend(triggers)
         tags = self._tags(f, where)
         for i, t in enumerate(f["tags"]):
+            if not isinstance(t["begin"], str):
+                raise GrammarError(
+                    f"structural tag {where}.tags[{i}].begin: a string is required here (a "
+                    "token begin goes in token_triggered_tags)"
+                )
             if not any(t["begin"].startswith(tr) for tr in triggers):
                 raise GrammarError(
                     f"structural tag {where}.tags[{i}].begin: {t['begin']!r} starts with no trigger"
                 )
         excludes = _field(f, "excludes", list, where, [])
-        free = free_text(list(triggers) + list(excludes) + list(ends), f"structural tag {where}")
+        text_ends = [e for e in ends if isinstance(e, str)]
+        free = free_text(list(triggers) + list(excludes) + text_ends, f"structural tag {where}")
+        return self._tag_loop(f, tags, free)
+
+    @staticmethod
+    def _tag_loop(f: dict, tags: list[object], free: object) -> object:
+        """Free text (or tokens) and tags, as `at_least_one` / `stop_after_first` say."""
         if not tags:
             return free
         one = tags[0] if len(tags) == 1 else Alt(tuple(tags))
@@ -385,14 +468,42 @@ _READERS = {
     "repeat": SpecReader._repeat,
     "dispatch": SpecReader._dispatch,
     "qwen_xml_parameter": SpecReader._qwen_xml,
-    "token": SpecReader._token_level,
-    "exclude_token": SpecReader._token_level,
-    "any_tokens": SpecReader._token_level,
-    "token_triggered_tags": SpecReader._token_level,
-    "token_dispatch": SpecReader._token_level,
+    "token": SpecReader._token,
+    "exclude_token": SpecReader._exclude_token,
+    "any_tokens": SpecReader._any_tokens,
+    "token_triggered_tags": SpecReader._token_triggered,
+    "token_dispatch": SpecReader._token_dispatch,
 }
 
 _MISSING = object()
+
+
+@dataclass(slots=True, frozen=True)
+class TokenEnd:
+    """In `ends`: an enclosing tag's end token (a `TokenSet` item), which token-level
+    contents exclude; text contents pass it by."""
+
+    item: object
+
+
+def _token_item(value: Any, where: str) -> object:
+    """A token-level field's value (a token id or a token's text) as a `TokenSet` item."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return (value, value)
+    if isinstance(value, str) and value:
+        return value
+    raise GrammarError(
+        f"structural tag {where}: a token id (a non-negative integer) or a token's text"
+    )
+
+
+def _token_list(f: dict, name: str, where: str, required: bool = False) -> list[object]:
+    values = _field(f, name, list, where) if required else _field(f, name, list, where, [])
+    return [_token_item(v, f"{where}.{name}[{i}]") for i, v in enumerate(values)]
+
+
+def _at(where: str) -> str:
+    return f"structural tag {where}"
 
 
 def _field(f: dict, name: str, kind: type, where: str, default: Any = _MISSING) -> Any:

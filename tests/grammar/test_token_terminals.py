@@ -145,3 +145,56 @@ def test_bad_token_references_are_refused_by_name(smol, kind: str, text: str, wo
         (compile_lark if kind == "lark" else compile_ebnf)(text, smol)
     for w in words:
         assert w in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "words"),
+    [
+        ({"type": "token", "token": -1}, ["format.token"]),
+        ({"type": "token", "token": "<|nope|>"}, ["format", "'<|nope|>'"]),
+        ({"type": "exclude_token", "exclude_tokens": [True]}, ["format.exclude_tokens[0]"]),
+        ({"type": "any_tokens", "max_tokens": 20_000}, ["format.max_tokens", "limit"]),
+        (
+            {"type": "token_triggered_tags", "trigger_tokens": [1], "tags": [
+                {"type": "tag", "begin": "<a>", "content": {"type": "any_tokens"}, "end": "</a>"}
+            ]},
+            ["format.tags[0].begin"],
+        ),
+        (
+            {"type": "triggered_tags", "triggers": ["<"], "tags": [
+                {"type": "tag", "begin": {"type": "token", "token": 1},
+                 "content": {"type": "any_text"}, "end": ">"}
+            ]},
+            ["format.tags[0].begin"],
+        ),
+        ({"type": "token_dispatch", "rules": [[1.5, {"type": "any_tokens"}]]}, ["rules[0][0]"]),
+        ({"type": "any_text", "max_tokens": 5}, ["format.max_tokens"]),
+    ],
+)  # fmt: skip
+def test_bad_token_level_formats_are_refused_naming_the_field(smol, fmt: dict, words) -> None:
+    from grammar import compile_structural_tag
+
+    with pytest.raises(GrammarError) as err:
+        compile_structural_tag({"type": "structural_tag", "format": fmt}, smol)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_a_token_end_is_excluded_from_the_tokens_inside_its_tag(smol) -> None:
+    from grammar import compile_structural_tag
+
+    spec = {
+        "type": "tag",
+        "begin": {"type": "token", "token": "<|im_start|>"},
+        "content": {"type": "any_tokens", "exclude_tokens": [0]},
+        "end": {"type": "token", "token": "<|im_end|>"},
+    }
+    m = compile_structural_tag(spec, smol).matcher()
+    assert _allowed(m, len(smol)) == {IM_START}
+    m.advance(IM_START)
+    inside = _allowed(m, len(smol))
+    assert IM_END in inside and 0 not in inside and len(inside) == len(smol) - 1
+    for t in _ids("some text"):
+        m.advance(t)
+    m.advance(IM_END)  # the tag's end (never another token of the content)
+    assert m.is_accepting() and _allowed(m, len(smol)) == {IM_END}
