@@ -5,7 +5,12 @@ run, the DeepSeek tokenizer (129,280 ids), single threaded.
     python -m benchmarks.grammar.compare --suite gbnf                 # the eight GBNF grammars
 
 structural-tags: tool calling as `triggered_tags` over free text (trigger "<function=", one tag
-per tool, each tool's arguments a JSON Schema from the JSONSchemaBench Glaiveai2K / BFCL files).
+per tool, each tool's arguments a JSON Schema from the JSONSchemaBench Glaiveai2K / BFCL files);
+then, at each size, the built-in structural tags of Qwen3-Coder (XML parameters) and gpt-oss
+(Harmony channels), `runtime.server.tools.builtin_structural_tag(family, tools)` with tool_choice
+auto, walked with calls written by the family's own renderer (Qwen3-Coder: only the schemas its
+XML style can write; a size over their number reuses them under other tool names, and the label
+says how many distinct schemas there are).
 For each size: compile time (cold: every cache dropped), first mask, the mask times along walks
 of valid outputs (free text, then a call with a schema-valid instance, then free text; each
 mask timed the first time the walks reach it, and again on a second pass: "warm"; "CPU": the
@@ -219,10 +224,67 @@ def _engines(tok: Any, keys: list[str]) -> list[Any]:
     return out
 
 
+# the 2026 tool-call formats, as their built-in structural tags (`tool_choice` "auto")
+FAMILIES = ("qwen3_coder", "gpt-oss")
+
+
+def _tool(i: int, schema: Any) -> dict:
+    return {"type": "function", "function": {"name": f"tool_{i}", "parameters": schema}}
+
+
+def writable(family: str, cases: list) -> list:
+    """The cases whose schemas the family's argument style can write (Qwen3-Coder's XML
+    parameters refuse, by name, schemas such as a root `anyOf`)."""
+    from grammar import GrammarError, TokenVocabulary, compile_structural_tag
+    from runtime.server.tools.call_tags import builtin_structural_tag
+
+    # the language alone: one token per byte, and an EOS
+    vocab = TokenVocabulary([bytes([b]) for b in range(256)] + [None], [256])
+    out = []
+    for c in cases:
+        try:
+            compile_structural_tag(builtin_structural_tag(family, [_tool(0, c.schema)]), vocab)
+        except GrammarError:
+            continue
+        out.append(c)
+    return out
+
+
+def family_spec(family: str, cases: list) -> dict:
+    from runtime.server.tools.call_tags import builtin_structural_tag
+
+    return builtin_structural_tag(family, [_tool(i, c.schema) for i, c in enumerate(cases)])
+
+
+def family_walks(family: str, cases: list) -> tuple[list[str], list[str]]:
+    """(valid outputs, invalid outputs) in the family's own call format, as `tool_walks`."""
+    from runtime.server.tools.formats import FORMATS
+
+    fmt = FORMATS[family]
+    valid, invalid = [], []
+    step = max(1, len(cases) // CALLED_TOOLS)
+    for i in range(0, len(cases), step)[:CALLED_TOOLS]:
+        c = cases[i]
+        good = [x for x, ok in c.tests if ok and isinstance(x, dict)][:PER_TOOL]
+        bad = [x for x, ok in c.tests if not ok and isinstance(x, dict)][:PER_TOOL]
+        for x in good:
+            valid.append(f"Let me look that up. {fmt.render([(f'tool_{i}', x)])} Here it is.")
+        for x in bad:
+            invalid.append(fmt.render([(f"tool_{i}", x)]))
+        if good:
+            call = fmt.render([(f"tool_{i}", good[0])])
+            invalid.append(call.replace(f"tool_{i}", f"tool_x{i}", 1))  # undeclared tool
+            invalid.append("ok " + call[: len(call) - len(fmt.call_end + fmt.block_end)])
+    return valid, invalid
+
+
 def structural_suite(tok: Any, keys: list[str], sizes: tuple[int, ...] = SIZES) -> None:
     files = [f for f in bench_files() if "Glaiveai2K" in f or "BFCL" in f]
     engines = _engines(tok, keys)
-    print("\nsuite: structural-tags (triggered_tags, one JSON-Schema tag per tool)\n")
+    pool = [load_case(f) for f in files]
+    can_write = {fam: writable(fam, pool) for fam in FAMILIES}
+    print("\nsuite: structural-tags (triggered_tags, one JSON-Schema tag per tool; then the "
+          "built-in tags of qwen3_coder and gpt-oss, tool_choice auto)\n")  # fmt: skip
     print(
         "| tools | engine | compile (ms) | first mask (ms) | mask p50 / p99 (us) "
         "| masks over 1 ms | mask p99 CPU (us) | warm mask p99 (us) | valid refused "
@@ -238,6 +300,20 @@ def structural_suite(tok: Any, keys: list[str], sizes: tuple[int, ...] = SIZES) 
         for e in engines:
             r = _run(e, lambda e=e, s=spec: e.structural(s), valid, invalid)
             _row(f"{len(cases)}", e.name, r, len(valid), len(invalid))
+        for fam in FAMILIES:
+            usable = can_write[fam]
+            # n tools: the first n schemas the style can write, spread evenly (cycled, under
+            # other names, when fewer are writable)
+            chosen = [usable[(k * max(1, len(usable) // n)) % len(usable)] for k in range(n)]
+            valid_text, invalid_text = family_walks(fam, chosen)
+            valid = [tok.encode(t, add_special_tokens=False) for t in valid_text]
+            invalid = [tok.encode(t, add_special_tokens=False) for t in invalid_text]
+            spec = family_spec(fam, chosen)
+            distinct = len({id(c) for c in chosen})
+            for e in engines:
+                r = _run(e, lambda e=e, s=spec: e.structural(s), valid, invalid)
+                label = f"{n} {fam} ({distinct} schemas)" if distinct < n else f"{n} {fam}"
+                _row(label, e.name, r, len(valid), len(invalid))
 
 
 def gbnf_suite(tok: Any, keys: list[str]) -> None:
