@@ -190,7 +190,7 @@ class OpenAI(Backend):
         given = [k for k in _CONSTRAINTS if params.get(k) is not None]
         if not given:
             return {}
-        key = given[0]
+        key = named = given[0]  # `named`: the gen's own keyword, for the errors
         value = params[key]
         if key == "grammar":
             raise BackendError(f"{where}: lark grammars (gen(grammar=...)) are not sent to "
@@ -226,13 +226,13 @@ class OpenAI(Backend):
                 if stream:
                     raise BackendError(f"{where}: a choice cannot be streamed from OpenAI's API")
                 return {"response_format": {"type": "json_schema", "json_schema": fmt}}
-            raise BackendError(f"{where}: OpenAI's API cannot constrain to {key}"
+            raise BackendError(f"{where}: OpenAI's API cannot constrain to {named}"
                                f"{'' if chat else ' on a completion model'}")  # fmt: skip
         if key in ("regex", "ebnf"):
             return {**out, key: value}
         if key == "json_schema":  # completions: SGLang's and this project's own field
             return {**out, "json_schema": value}
-        raise BackendError(f"{where}: {key} cannot be sent to /completions here")
+        raise BackendError(f"{where}: {named} cannot be sent to /completions here")
 
     def _messages(self, prompt: str) -> list[dict[str, str]]:
         """The chat messages a prompt of sentinel-marked role blocks stands for."""

@@ -20,12 +20,14 @@ from sgl_dsl.backend.base import GenOutput
 from sgl_dsl.tools import ToolCall, tool_spec
 from tests.support.dsl_backends import FakeBackend
 
-# ---- tools ---------------------------------------------------------------------------------
+# ---- tools ----
 
 seen: list[dict[str, Any]] = []
 
 
-def get_weather(city: Annotated[str, Field(max_length=12)], unit: Literal["C", "F"] = "C") -> dict[str, Any]:
+def get_weather(
+    city: Annotated[str, Field(max_length=12)], unit: Literal["C", "F"] = "C"
+) -> dict[str, Any]:
     """The current temperature in a city."""
     seen.append({"city": city, "unit": unit})
     return {"city": city, "temperature": 21, "unit": unit}
@@ -44,7 +46,7 @@ class FinalAnswer(BaseModel):
     confident: bool
 
 
-# ---- schemas from signatures and models --------------------------------------------------------
+# ---- schemas from signatures and models ----
 
 
 def test_function_schema_comes_from_signature_and_docstring():
@@ -129,7 +131,7 @@ def test_trace_prints_the_tools():
     assert "tool_loop answer(tools[add], max_turns=3)" in shown
 
 
-# ---- the in-process engine ---------------------------------------------------------------------
+# ---- the in-process engine ----
 
 
 @sgl.function
@@ -239,7 +241,7 @@ def test_model_tool_ends_the_loop_with_its_instance(runtime):
     assert [c.name for c in state["tool_calls"]] == ["FinalAnswer"]
 
 
-# ---- control flow on a scripted backend ----------------------------------------------------------
+# ---- control flow on a scripted backend ----
 
 
 class ScriptedTools(FakeBackend):
@@ -298,7 +300,7 @@ def test_a_backend_without_tools_is_named():
         prog.run(backend=FakeBackend({}))
 
 
-# ---- HTTP backends: the request they send ---------------------------------------------------------
+# ---- HTTP backends: the request they send ----
 
 MODEL_INFO = {"model_path": "m", "served_model_name": "m", "has_chat_template": False}
 
@@ -358,7 +360,7 @@ def test_an_invalid_call_from_a_server_names_tool_and_variable():
         ask_add.run(question="q", choice="auto", backend=backend)
 
 
-# ---- through our server --------------------------------------------------------------------------
+# ---- through our server ----
 
 
 @pytest.fixture(scope="module")
