@@ -47,8 +47,9 @@ from runtime.models.registry import model_class
 from runtime.models.threads import ThreadChooser, chooser_wanted
 from runtime.named_models import resolve_model
 from runtime.parallel.shard import local_config, validate
+from runtime.scheduling import healing
 from runtime.scheduling.constrained import ConstraintHooks
-from runtime.scheduling.detokenize import Detokenizer
+from runtime.scheduling.detokenize import Detokenizer, special_ids
 from runtime.scheduling.request import GenerateResult, Request, SamplingParams
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.stream import AsyncStreamIterator, LoopOutbox, StreamIterator
@@ -439,6 +440,9 @@ class Engine:
     def _make_request(self, prompt: Prompt, kw: dict[str, Any], stream: bool) -> Request:
         options = (*CONSTRAINT_KEYS, "jump_forward", "json_schema_mode", "whitespace_pattern")
         constraint_kw = {k: kw.pop(k) for k in options if k in kw}
+        heal = kw.pop("token_healing", False)
+        if not isinstance(heal, bool):
+            raise ValueError(f"token_healing must be true or false, got {heal!r}")
         stop = kw.pop("stop", None)
         kw["stop"] = (stop,) if isinstance(stop, str) else tuple(stop or ())
         kw["stop_token_ids"] = frozenset(kw.pop("stop_token_ids", None) or ())
@@ -449,12 +453,28 @@ class Engine:
         ids = self.encode(prompt)
         if not ids:
             raise ValueError("empty prompt")
+        healed = None
+        if heal and params.max_new_tokens > 0:
+            ids, healed = healing.back_off(ids, self._healing_table())
+        if healed is not None:  # the backed-off tokens are generated again: count them extra
+            params.max_new_tokens += healed.backed_off
+            if params.min_new_tokens:
+                params.min_new_tokens += healed.backed_off
         req = Request(ids, params, stream=stream)
         if any(constraint_kw.get(k) is not None for k in CONSTRAINT_KEYS):
             self.scheduler.hooks.attach(
                 req, **constraint_kw, wake=lambda: self.scheduler.inbox.put(("wake", None))
             )
+        if healed is not None:
+            healing.attach(req, healed, self.scheduler.hooks.vocab())
         return req
+
+    def _healing_table(self) -> healing.HealingTable:
+        """Token healing's index of the constraint vocabulary (built on first use); the
+        tokenizer's special tokens, call and reasoning markers included, never heal."""
+        return healing.HealingTable.for_vocab(
+            self.scheduler.hooks.vocab(), special_ids(self.tokenizer)
+        )
 
     def _logit_bias(self, raw: dict[Any, float]) -> dict[int, float]:
         """OpenAI's `logit_bias` with integer ids checked against the vocabulary."""
@@ -479,7 +499,10 @@ class Engine:
         (lark text), `ebnf` (GBNF text) or `structural_tag` (XGrammar's or SGLang's shape);
         `jump_forward`, `json_schema_mode` ("strict", the default: objects emit only their
         declared properties; "exact"), `whitespace_pattern` (a regex between JSON tokens; none:
-        compact), and on a prefill or
+        compact), `token_healing` (default False: when the prompt ends inside what the
+        tokenizer would merge with what follows, its last tokens are backed off and the output's
+        first tokens made to spell them, left out of the text; see
+        `runtime.scheduling.healing`), and on a prefill or
         decode server `bootstrap_host` / `bootstrap_port` / `bootstrap_room` (one prompt; see
         `runtime.disaggregation`). One prompt whose request is invalid raises; in a list, that
         entry comes back with finish_reason "abort" and `.error` set while the others go on.
@@ -497,6 +520,9 @@ class Engine:
                 boot = split_bootstrap(sampling)
         if boot is not None and not single:
             raise ValueError("bootstrap_room takes one prompt")
+        if boot is not None and sampling.get("token_healing"):
+            raise ValueError("token_healing: not with bootstrap_room (the prefill server would "
+                             "sample the healing token unmasked)")  # fmt: skip
         if stream:
             if not single:
                 raise ValueError("stream=True takes one prompt")

@@ -73,12 +73,21 @@ class TokenMatcher(Protocol):
     def is_accepting(self) -> bool: ...
 
 
-class ConstraintState:
-    """A request's constraint: its compile job, then its matcher."""
+class Healing(Protocol):
+    """Token healing of the prompt's end (healing.Healing): wraps the request's matcher."""
 
-    def __init__(self, future: Future, jump_forward: bool) -> None:
+    def matcher(self, inner: TokenMatcher | None) -> TokenMatcher: ...
+
+
+class ConstraintState:
+    """A request's constraint: its compile job, then its matcher. With `healing` the matcher
+    first spells the healed prefix (runtime/scheduling/healing.py); a compile result of None
+    (a request that only heals) has no grammar of its own."""
+
+    def __init__(self, future: Future, jump_forward: bool, healing: Healing | None = None) -> None:
         self.future = future
         self.jump_forward = jump_forward
+        self.healing = healing
         self.matcher: TokenMatcher | None = None
         self.vocab: TokenVocabulary | None = None
         self.compile_time_s = 0.0
@@ -95,7 +104,10 @@ class ConstraintState:
         if not self.future.done():
             return False
         grammar, vocab, seconds = self.future.result()  # raises the compile error, if any
-        self.matcher, self.vocab, self.compile_time_s = grammar.matcher(), vocab, seconds
+        matcher = grammar.matcher() if grammar is not None else None
+        if self.healing is not None:
+            matcher = self.healing.matcher(matcher)
+        self.matcher, self.vocab, self.compile_time_s = matcher, vocab, seconds
         return True
 
 
@@ -316,6 +328,9 @@ class ConstraintHooks:
             return
         tok = req.output_ids[-1]
         st.matcher.advance(tok)
+        if getattr(st.matcher, "unconstrained", False):
+            req.constraint = None  # healed, and nothing else constrains it: decode freely
+            return
         if tok in self.eos_ids:
             return  # the output processor finishes it ("stop")
         if st.matcher.is_dead():  # complete, and nothing may follow

@@ -88,7 +88,7 @@ class Detokenizer:
                 del out[out.index(tok, len(out) - new_tokens) + 1 :]
                 break
         if req.finish_reason is None and (p.stop or req.stream):
-            req.text = self.decode(out, self.kept(req))
+            req.text = self.text(req)
             if p.stop:
                 self._check_stop_strings(req)
         if req.finish_reason is None and len(out) >= p.max_new_tokens:
@@ -108,9 +108,15 @@ class Detokenizer:
             req.text = text[: best[0]]
             req.finish_reason, req.matched_stop = "stop", best[1]
 
+    def text(self, req: Request) -> str:
+        """The text of `req`'s output tokens; with token healing, without the prefix they spell
+        again (the tokens were chosen to start with it, so the decoded text does too)."""
+        text = self.decode(req.output_ids, self.kept(req))
+        return text[len(req.heal_text) :] if req.heal_text else text
+
     def finalize_text(self, req: Request) -> None:
         if req.matched_stop is None or isinstance(req.matched_stop, int):
-            req.text = self.decode(req.output_ids, self.kept(req))
+            req.text = self.text(req)
 
     def stream_chunk(self, req: Request, finished: bool) -> StreamChunk | None:
         """The text and tokens produced since the last chunk, holding back what may still change:

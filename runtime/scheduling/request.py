@@ -211,6 +211,9 @@ class Request:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.text = ""
+        # token healing (healing.py): the prompt text the first output tokens spell again, left
+        # out of `text` (the caller's prompt has it)
+        self.heal_text = ""
         self.streamed_text_len = 0
         self.streamed_token_len = 0
         self.aborted = False

@@ -60,6 +60,7 @@ SAMPLING_KEYS = frozenset(
         "logit_bias",  # token id -> bias in [-100, 100], as OpenAI's
         "jump_forward",
         "json_schema_mode",  # "strict" (objects emit only declared properties) or "exact"
+        "token_healing",  # ours: heal the prompt's end (runtime/scheduling/healing.py)
         # SGLang's SamplingParams, honoured by the server on top of the engine
         "n",  # n engine requests per prompt
         "stop_regex",  # watched in the decoded text (generation.RegexStopStream)
@@ -204,6 +205,8 @@ def _sampling(
             raise APIError(400, "seed and sampling_seed differ", param="sampling_params")
     if "stop" in params and not params["stop"]:
         del params["stop"]  # SGLang's frontend sends [] for "no stop strings"
+    if not isinstance(params.get("token_healing", False), bool):
+        raise APIError(400, "token_healing must be true or false", param="token_healing")
     if params.get("json_schema_mode", "strict") not in ("strict", "exact"):
         raise APIError(
             400, "json_schema_mode must be 'strict' or 'exact'", param="json_schema_mode"
@@ -455,6 +458,7 @@ async def model_info(request: Request) -> dict[str, Any]:
         "eos_token": tok.eos_token,
         "has_chat_template": bool(template),
         "radix_cache": getattr(state.engine, "tree", None) is not None,
+        "token_healing": True,  # sampling_params.token_healing is honoured (RuntimeEndpoint)
         "chat_template": template if isinstance(template, str) else None,
     }
 
