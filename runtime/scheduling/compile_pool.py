@@ -415,7 +415,7 @@ class CompilePool:
                 data = [v.token_bytes(i) for i in range(len(v))]
                 specials = set(v.special_token_ids) - set(v.eos_token_ids)
                 self._vocab_bytes = pickle.dumps((data, v.eos_token_ids, sorted(specials),
-                                                  self.prebuild))  # fmt: skip
+                                                  self.prebuild, v.token_names))  # fmt: skip
             return self._vocab_bytes
 
     def _keep_spare(self) -> None:

@@ -180,8 +180,8 @@ def serve(conn: Any, budget_bytes: int) -> None:
     """The worker's loop: the vocabulary, then (job id, kind, value, mode) jobs until EOF."""
     import grammar
 
-    token_bytes, eos, specials, prebuild = pickle.loads(conn.recv_bytes())
-    vocab = grammar.TokenVocabulary(token_bytes, eos, specials)
+    token_bytes, eos, specials, prebuild, names = pickle.loads(conn.recv_bytes())
+    vocab = grammar.TokenVocabulary(token_bytes, eos, specials, names)
     if prebuild:
         try:
             grammar.prebuild(vocab)

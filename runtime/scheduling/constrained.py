@@ -143,7 +143,8 @@ def constraint_vocabulary(tokenizer: Tokenizer) -> TokenVocabulary:
     for i, text in markers.items():
         if i < len(data):
             data[i] = text.encode("utf-8")
-    return TokenVocabulary(data, vocab.eos_token_ids, vocab.special_token_ids - set(markers))
+    specials = vocab.special_token_ids - set(markers)
+    return TokenVocabulary(data, vocab.eos_token_ids, specials, vocab.token_names)
 
 
 class ConstraintHooks:
