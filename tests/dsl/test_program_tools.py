@@ -390,3 +390,15 @@ def test_openai_backend_tools_through_the_server(endpoint, server):
         assert backend.token_usage.completion_tokens > 0
     finally:
         backend.shutdown()
+
+
+def test_tool_loop_agent_example_program(runtime):
+    from examples import tool_loop_agent
+
+    state = tool_loop_agent.agent.run(question="What is 17 times 23?", backend=runtime)
+    calls = state["tool_calls"]
+    assert calls and all(c.ran for c in calls)
+    for c in calls:
+        fn = {f.__name__: f for f in tool_loop_agent.TOOLS}[c.name]
+        assert c.result == fn(**c.arguments)
+    assert isinstance(state["answer"], str)
