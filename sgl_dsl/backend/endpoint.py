@@ -14,6 +14,10 @@ constrained one); `seed` is sent also as SGLang's `sampling_seed` (the gateway d
 and when `/score` answers 404, scoring goes to `/v1/completions` instead (all choices as one
 batch, `echo` + `logprobs` + `max_tokens: 0`), remembered for later calls.
 
+`server="sglang"` speaks SGLang's own server instead of this project's: no lark grammar (refused
+by name), `seed` only as `sampling_seed`, and no check of `meta_info.constraint` (SGLang does
+not report it). A gen with tools goes to `/v1/chat/completions` with `tools` (`chat`).
+
 The chat template's role markers are derived exactly as for the
 in-process backend, by rendering sentinel messages, here through `/apply_chat_template`; where
 that path is not routed (a gateway in front of the server answers 404) the template text from

@@ -7,14 +7,16 @@ markers are private sentinels, and each generate call turns the text back into m
 half-written answer). Completion models (`is_chat_model=False`, or a model SGLang knows as one)
 get the text with plain `Role: ` lines.
 
-Constraints: `json_schema` goes as `response_format` (chat) or `json_schema` (completions, our
-server's extra field); `regex` as the `regex` extra field; `choices` and `dtype` as the regex they
-mean; `ebnf` as vLLM's `structured_outputs.grammar`; `structural_tag` as a `response_format` of
-type `structural_tag` (vLLM's and SGLang's, both shapes). Engine extras (`top_k`, `min_p`,
-`min_tokens`, `stop_token_ids`, `ignore_eos`) are sent only when set. A server that refuses
-one answers 400, raised as `BackendError` naming the field.
-`select` scores through `/completions` with `echo` + `logprobs` (completion models only: chat
-models have no way to score a given text, and SGLang refuses it there too).
+Constraints go in the fields of the server's own dialect, `server=` (default: "openai" for
+api.openai.com, else "sglang"): "openai" (`response_format` json_schema, strict), "vllm"
+(`structured_outputs`), "vllm-guided" (`guided_*`, vLLM before 0.12), "sglang" (`regex`, `ebnf`,
+`response_format`, `json_schema` on completions) and "runtime" (SGLang's plus this project's
+`json_schema_mode`); see `_constraint_fields`. A constraint or option the server cannot take is a
+`BackendError` naming it and the server before anything is sent (never dropped); a server that
+refuses a field answers 400, raised as `BackendError` naming the field.
+`select` scores through `/completions` with `echo` + `logprobs` on completion models; chat models
+cannot score given text, so there it is a constrained choice (`interpreter._choice_call`).
+A gen with tools sends the native `tools` field (`chat_calls`).
 """
 
 from __future__ import annotations
