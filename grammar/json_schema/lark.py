@@ -3,7 +3,9 @@ depth limit, through the CFG path: `compile_json_schema_cfg(schema, vocab)`.
 
 The grammar generates the same compact text as `json_schema_to_regex` (properties in schema
 order, `json.dumps(..., separators=(",", ":"), ensure_ascii=False)` spelling; `whitespace=True`
-adds `%ignore` of JSON whitespace between tokens). Objects, arrays, `$ref`, `anyOf` / `oneOf`
+adds `%ignore` of JSON whitespace between tokens; a whitespace regex puts it where the regex
+path does). `json_schema_rules` gives the same language as rules inside a larger grammar (a
+structural tag's `json_schema` content, a tool call's recursive arguments). Objects, arrays, `$ref`, `anyOf` / `oneOf`
 become rules; scalar schemas (string / number / integer / boolean / null / enum / const, with
 their bounds, patterns and formats) become one terminal each, whose regex comes from
 `json_schema_to_regex` on that sub-schema.
@@ -38,9 +40,9 @@ STRING_CHAR = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
 
 _ANY_VALUE = r"""
 json_any: json_obj | json_arr | JSON_STRING | JSON_NUMBER | "true" | "false" | "null"
-json_obj: "{" [JSON_STRING ":" json_any ("," JSON_STRING ":" json_any)*] "}"
-json_arr: "[" [json_any ("," json_any)*] "]"
-JSON_STRING: /"([^"\\\x00-\x1f]|\\["\\\/bfnrt]|\\u[0-9a-fA-F]{4})*"/
+json_obj: {lb} [JSON_STRING {colon} json_any ({comma} JSON_STRING {colon} json_any)*] {rb}
+json_arr: {ls} [json_any ({comma} json_any)*] {rs}
+JSON_STRING: /"([^"\\\x00-\x1f]|\\["\\\/bfnrt]|\\u[0-9a-fA-F]{{4}})*"/
 """
 _ANY_NUMBER = r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"
 
@@ -87,9 +89,10 @@ def _types_of(schema: Any) -> set[str] | None:
 
 
 class _Builder:
-    def __init__(self, root: Any, mode: str = "exact") -> None:
+    def __init__(self, root: Any, mode: str = "exact", ws: str = "") -> None:
         self.root = root
         self.mode = mode  # "strict": closed objects, bounded numbers (json_schema_to_lark)
+        self.ws = ws  # a regex of the white space around punctuation ("": compact)
         self.lines: list[str] = []
         self.by_ref: dict[str, str] = {}
         self.n_rules = 0
@@ -111,6 +114,23 @@ class _Builder:
 
     def literal(self, text: str) -> str:
         return json.dumps(text)
+
+    def punct(self, c: str) -> str:
+        """A JSON punctuation character, with the white space the regex path puts around it
+        (inside brackets, on both sides of `,` and `:`)."""
+        if not self.ws:
+            return json.dumps(c)
+        ws = f"(?:{self.ws})"
+        if c in "{[":
+            return self.terminal("\\" + c + ws)
+        if c in "}]":
+            return self.terminal(ws + "\\" + c)
+        return self.terminal(ws + c + ws)
+
+    def any_value(self) -> str:
+        """The rules of any JSON value (`json_any`), punctuated as the schema's values."""
+        names = {"lb": "{", "rb": "}", "ls": "[", "rs": "]", "comma": ",", "colon": ":"}
+        return _ANY_VALUE.format(**{k: self.punct(c) for k, c in names.items()})
 
     # ----- dispatch -----
     def rule(self, schema: Any, ptr: str) -> str:
@@ -260,19 +280,19 @@ class _Builder:
                 raise UnsupportedSchemaError("properties", ptr, f"name {name!r} needs escapes")
             value = self.rule(sub, f"{ptr}/properties/{name}")
             key = self.literal(json.dumps(name, ensure_ascii=False))
-            members.append((f'{key} ":" {value}', name in required))
+            members.append((f"{key} {self.punct(':')} {value}", name in required))
         extra_member = None
         if extra is not False:
             key = self.terminal(_string_except(list(props)))
             value = self.rule(extra, f"{ptr}/additionalProperties")
-            extra_member = f'{key} ":" {value}'
+            extra_member = f"{key} {self.punct(':')} {value}"
         # first[i]: members from i on, none written yet; after[i]: at least one written
-        n = len(members)
+        n, comma = len(members), self.punct(",")
         first = [self.new_rule() for _ in range(n + 1)]
         after = [self.new_rule() for _ in range(n + 1)]
         for i, (member, req) in enumerate(members):
             f_alts = [f"{member} {after[i + 1]}"]
-            a_alts = [f'"," {member} {after[i + 1]}']
+            a_alts = [f"{comma} {member} {after[i + 1]}"]
             if not req:
                 f_alts.append(first[i + 1])
                 a_alts.append(after[i + 1])
@@ -282,10 +302,10 @@ class _Builder:
             self.lines.append(f"{first[n]}: ")
             self.lines.append(f"{after[n]}: ")
         else:
-            self.lines.append(f'{after[n]}: ("," {extra_member})*')
+            self.lines.append(f"{after[n]}: ({comma} {extra_member})*")
             self.lines.append(f"{first[n]}: [{extra_member} {after[n]}]")
         name = self.new_rule()
-        self.lines.append(f'{name}: "{{" {first[0]} "}}"')
+        self.lines.append(f"{name}: {self.punct('{')} {first[0]} {self.punct('}')}")
         return name
 
     # ----- arrays -----
@@ -302,8 +322,8 @@ class _Builder:
                     "prefixItems", f"{ptr}/prefixItems", "only with items: false"
                 )
             elems = [self.rule(p, f"{ptr}/prefixItems/{i}") for i, p in enumerate(prefix)]
-            body = ' "," '.join(elems)
-            self.lines.append(f'{name}: "[" {body} "]"')
+            body = f" {self.punct(',')} ".join(elems)
+            self.lines.append(f"{name}: {self.punct('[')} {body} {self.punct(']')}")
             return name
         item = self.rule(schema.get("items", True), f"{ptr}/items")
         if hi is not None and int(hi) < lo:
@@ -312,17 +332,18 @@ class _Builder:
             hi = None if lo == 0 else hi
             if hi is not None:
                 raise UnsupportedSchemaError("maxItems", f"{ptr}/maxItems", "too large")
+        comma = self.punct(",")
         if hi is None:
-            tail = f'("," {item})*'
+            tail = f"({comma} {item})*"
         else:
             tail = ""
             for _ in range(int(hi) - max(lo, 1)):
-                tail = f'("," {item} {tail})?'
-        head = " ".join([item] + [f'"," {item}'] * (max(lo, 1) - 1))
+                tail = f"({comma} {item} {tail})?"
+        head = " ".join([item] + [f"{comma} {item}"] * (max(lo, 1) - 1))
         body = f"{head} {tail}".strip()
         if lo == 0:
             body = f"[{body}]" if hi != 0 else ""
-        self.lines.append(f'{name}: "[" {body} "]"')
+        self.lines.append(f"{name}: {self.punct('[')} {body} {self.punct(']')}")
         return name
 
 
@@ -342,33 +363,61 @@ def _string_except(names: list[str]) -> str:
 
 
 def json_schema_to_lark(
-    schema: Any, *, whitespace: bool = False, json_schema_mode: str = "exact"
+    schema: Any, *, whitespace: bool | str = False, json_schema_mode: str = "exact"
 ) -> str:
     """A lark grammar (start rule `start`) of the compact serialisations of a schema's
     instances; `$ref` cycles become recursive rules. `json_schema_mode` as in
     `compile_json_schema`: "strict" closes each object that leaves `additionalProperties` unset
     to its declared properties, keeps integers without bounds within I-JSON's range and bounds
     a number's digits to a float64's (`number_text.FLOAT64_NUMBER`), in values of any type
-    (`{}`) too."""
+    (`{}`) too. `whitespace`: True, JSON white space between any two tokens (`%ignore`); a
+    regex, that white space where the regex path puts it (inside brackets, around `,` and
+    `:`: `json_schema_to_regex(schema, whitespace)`'s language, a structural tag's
+    `max_whitespace_cnt`)."""
     from grammar.json_schema.schema import load_schema
 
-    loaded, ws = read_x_guidance(load_schema(schema), FLEXIBLE_WHITESPACE if whitespace else "")
-    if ws not in ("", FLEXIBLE_WHITESPACE):
-        raise UnsupportedSchemaError(
-            "x-guidance", "#/x-guidance/whitespace_pattern", "not supported on the CFG path"
-        )
-    whitespace = bool(ws)
+    default = whitespace if isinstance(whitespace, str) else ""
+    if whitespace is True:
+        default = FLEXIBLE_WHITESPACE
+    loaded, ws = read_x_guidance(load_schema(schema), default)
+    ignore = ws == FLEXIBLE_WHITESPACE and not isinstance(whitespace, str)
     root = local_refs(loaded)
-    b = _Builder(root, check_mode(json_schema_mode))
+    b = _Builder(root, check_mode(json_schema_mode), "" if ignore else ws or "")
     top = b.rule(root, "#")
     lines = [f"start: {top}", *b.lines]
     if b.uses_any:
         strict = json_schema_mode == "strict"
         number = _lark_regex(FLOAT64_NUMBER) if strict else _ANY_NUMBER
-        lines.append(_ANY_VALUE + f"JSON_NUMBER: {number}\n")
-    if whitespace:
+        lines.append(b.any_value() + f"JSON_NUMBER: {number}\n")
+    if ignore:
         lines.append(r"%ignore /[ \t\n\r]+/")
     return "\n".join(lines) + "\n"
+
+
+def json_schema_rules(
+    schema: Any, prefix: str, *, whitespace: str | None = None, json_schema_mode: str = "exact"
+) -> tuple[Any, str] | None:
+    """A recursive schema's language as grammar rules (`grammar.ebnf.syntax`, each name
+    starting with `prefix`) and the name of its start rule, for a larger grammar (a
+    structural tag's `json_schema` content): exact, with no depth limit. None when the schema
+    is not recursive (its regex is exact) or when the context-free path cannot say one of its
+    keywords (the regex path, which unrolls recursion to its depth, then says it)."""
+    from grammar.ebnf import lark_syntax
+    from grammar.ebnf.lark_lower import LarkLowering
+    from grammar.json_schema.guidance import schema_is_recursive
+    from grammar.json_schema.schema import load_schema
+
+    try:
+        if not schema_is_recursive(load_schema(schema)):
+            return None
+        text = json_schema_to_lark(
+            schema, whitespace=whitespace or "", json_schema_mode=json_schema_mode
+        )
+    except (GrammarError, LookupError, ValueError, TypeError):
+        return None
+    low = LarkLowering(lark_syntax.parse_lark(text), text, prefix)
+    low.lower_rules()
+    return low.g, prefix + "start"
 
 
 def compile_json_schema_cfg(

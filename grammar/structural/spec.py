@@ -189,7 +189,7 @@ class SpecReader:
         # a cap asks for XGrammar's flexible JSON white space, at most `cap` characters a run
         whitespace = self.whitespace if cap is None else f"[ \\n\\t]{{0,{cap}}}"
         if style == "json":
-            return schema_leaf(f["json_schema"], self.mode, whitespace, f"{where}.json_schema")
+            return self.schema_value(f["json_schema"], whitespace, f"{where}.json_schema")
         if style in REFUSED_STYLES or style not in STYLES:
             raise GrammarError(
                 f"structural tag {where}.style: {style!r} is not supported "
@@ -197,11 +197,27 @@ class SpecReader:
             )
 
         def json_leaf(schema: Any, at: str) -> object:
-            return schema_leaf(schema, self.mode, whitespace, at)
+            return self.schema_value(schema, whitespace, at)
 
         xml = XMLArguments(style, json_leaf, cap, where)
         xml.strict = self.mode == "strict"
         return xml.root(f["json_schema"])
+
+    def schema_value(self, schema: Any, whitespace: str | None, where: str) -> object:
+        """A JSON value of `schema`: a recursive schema (a tree of nodes) as rules of the
+        context-free path, exact at any depth (`json_schema_rules`); any other as its regex."""
+        from grammar.json_schema.lark import json_schema_rules
+
+        rules = json_schema_rules(
+            schema, f"j{len(self.grammar.rules)}::", whitespace=whitespace,
+            json_schema_mode=self.mode,
+        )  # fmt: skip
+        if rules is None:
+            return schema_leaf(schema, self.mode, whitespace, where)
+        g, start = rules
+        self.grammar.rules.update(g.rules)
+        self.grammar.lines.update(g.lines)
+        return Ref(start)
 
     def _qwen_xml(self, f: dict, where: str, ends: tuple) -> object:
         """The deprecated `qwen_xml_parameter`: json_schema with style qwen_xml."""

@@ -22,6 +22,8 @@ is the one the value is written with (`string`, `number` for integers too, `bool
 `array`, `object`); a schema that does not fix one allows each. Kimi escapes `&` and `"` in
 keys as `&amp;` / `&quot;`.
 
+A recursive value (a tree of nodes through `$defs`, or `"$ref": "#"`: the arguments object
+itself as a JSON value) is exact at any depth where `json_leaf` gives the context-free path.
 A root of `{}` / `true` takes any number of elements with keys `[a-zA-Z_][a-zA-Z0-9_]*`. What
 this does not build is refused by name (`GrammarError` with the field's path): `cohere_xml`
 (Cohere's nested value tags), extra properties beside declared ones (`additionalProperties`
@@ -88,6 +90,7 @@ class XMLArguments:
         ws = "[ \\n\\t]*" if max_whitespace is None else f"[ \\n\\t]{{0,{max_whitespace}}}"
         self.ws = Regular(parse_regex(ws), ("regex", ws))
         self.defs: dict[str, Any] = {}
+        self.whole: Any = {}
 
     def refuse(self, what: str, at: str = "") -> GrammarError:
         return GrammarError(
@@ -110,6 +113,7 @@ class XMLArguments:
         if loaded.get("type", "object") != "object":
             raise self.refuse(f"a root of type {loaded['type']!r} (the arguments are an object)")
         self.defs = {k: loaded[k] for k in ("$defs", "definitions") if k in loaded}
+        self.whole = loaded  # what `"$ref": "#"` names
         extra = loaded.get("additionalProperties", None)
         if extra not in (None, False):
             raise self.refuse("additionalProperties", "/additionalProperties")
@@ -186,6 +190,8 @@ class XMLArguments:
     def _resolved(self, sub: Any, at: str) -> Any:
         if isinstance(sub, dict) and "$ref" in sub:
             ref = sub["$ref"]
+            if ref == "#" and len(sub) == 1:  # the arguments themselves, as a JSON value
+                return self.whole
             for base in ("$defs", "definitions"):
                 prefix = f"#/{base}/"
                 if isinstance(ref, str) and ref.startswith(prefix):

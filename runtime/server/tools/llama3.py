@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from runtime.server.tools.json_calls import JsonCallsParser
-from runtime.server.tools.parser import dumps, json_string
+from runtime.server.tools.parser import const, dumps, json_string
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -33,3 +33,14 @@ class Llama3Parser(JsonCallsParser):
         one = "(?:" + "|".join(calls) + ")"
         block = f"{one}(?:; {one})*" if parallel else one
         return f"(?:{re.escape(PYTHON_TAG)})?{block}"  # the tag its templates may open with
+
+    def call_format(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        head = const('{"name": ' + json_string(name) + ', "parameters": ')
+        return {"type": "sequence", "elements": [head, args, const("}")]}
+
+    def block_format(self, one: dict[str, Any], parallel: bool) -> dict[str, Any]:
+        items = [{"type": "optional", "content": const(PYTHON_TAG)}, one]
+        if parallel:
+            more = {"type": "sequence", "elements": [const("; "), one]}
+            items.append({"type": "star", "content": more})
+        return {"type": "sequence", "elements": items}

@@ -35,6 +35,11 @@ def json_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def const(text: str) -> dict[str, Any]:
+    """A structural tag's `const_string` format."""
+    return {"type": "const_string", "value": text}
+
+
 class ToolParser:
     """A call format. Subclasses read it (`scan`) and say how it is constrained."""
 
@@ -92,6 +97,15 @@ class ToolParser:
         """A regex of the call block made of calls each matching one of `calls`."""
         one = "(?:" + "|".join(calls) + ")"
         return one
+
+    def call_format(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """`call_regex` as a structural-tag format, the arguments a format too (whole-answer
+        formats: their calls as a tag when a regex cannot say the arguments)."""
+        raise NotImplementedError
+
+    def block_format(self, one: dict[str, Any], parallel: bool) -> dict[str, Any]:
+        """`block_regex` as a structural-tag format, `one` the format of one call."""
+        raise NotImplementedError
 
     def tag_parts(self, name: str) -> tuple[str, str]:
         """A call's text before and after its JSON arguments (structural tags' begin / end)."""

@@ -16,6 +16,11 @@ The constraint of a chat answer, from the tool-call parser's format and the tool
   the whole answer (`llama3`, `pythonic`, `json`) are one regex: the calls, or text that does
   not open them.
 - With `response_format` and "auto": the answer is a call block or the format.
+- Recursive parameters (a tree of nodes: a `$defs` cycle, `"$ref": "#"`) would be unrolled to
+  a depth by a regex: their arguments are a tag's `json_schema` content instead, which the
+  structural-tag compiler says through the context-free path, exact at any depth, in every
+  format (the whole-answer formats then become a tag too, `whole_answer_tag`; pythonic's
+  recursive keyword values likewise). White space there: runs of at most one character.
 - A reasoning parser puts a phase first: thinking is free (its own `<think>` opened when the
   template expects the model to write it) until `</think>` or until the reasoning budget is
   spent (half of max_tokens when a constrained answer follows and no budget is given), when
@@ -40,7 +45,7 @@ from runtime.server.tools.parser import ToolParser
 from runtime.server.tools.phases import Phase
 from runtime.server.tools.pythonic import PythonicParser
 from runtime.server.tools.reasoning import ReasoningParser
-from runtime.server.tools.schemas import property_schema
+from runtime.server.tools.schemas import property_schema, recursive_params
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +176,11 @@ def _spec(name: str, key: str, named: str | None, required: bool, parallel: bool
     tools = [Tool.model_validate(t) for t in json.loads(key)]
     many = parallel and named is None
     xml = isinstance(parser, FormatParser) and parser.fmt.args not in ("json", "json_call")
-    if isinstance(parser, FormatParser) and (other is None or xml):
+    # recursive parameters (a tree of nodes) are said exactly by a tag's json_schema content
+    # (the context-free path); a regex unrolls them to a depth
+    tree = any(t.function.strict is not False and recursive_params(t.function.parameters)
+               for t in tools)  # fmt: skip
+    if isinstance(parser, FormatParser) and (other is None or xml or tree):
         # described formats: the tag from the description (XML arguments have no regex of
         # theirs beside a response_format: the tag's `or` holds both)
         first = required or named is not None or other is not None
@@ -182,13 +191,16 @@ def _spec(name: str, key: str, named: str | None, required: bool, parallel: bool
         tag = format_structural_tag(parser.fmt, tools, named, first, many, json_content=content)
         if xml:
             _check_xml_arguments(parser.fmt.args, tools, mode)
-        if other is not None and not (named or required):  # calls, or the response_format
-            fmt = {"type": "or", "elements": [tag["format"], {"type": "regex", "pattern": other}]}
-            tag = {"type": "structural_tag", "format": fmt}
-        return AnswerSpec({"structural_tag": tag})
-    if parser.trigger is not None and other is None:
-        tag = structural_tag(parser, tools, mode, named, required or named is not None, many)
-        return AnswerSpec({"structural_tag": tag})
+        return AnswerSpec({"structural_tag": _or_format(tag, other, named or required)})
+    if parser.trigger is not None and (other is None or tree):
+        first = required or named is not None or other is not None
+        tag = structural_tag(parser, tools, mode, named, first, many)
+        return AnswerSpec({"structural_tag": _or_format(tag, other, named or required)})
+    if tree:  # a whole-answer format (llama3, pythonic) as a tag
+        tag = whole_answer_tag(parser, tools, mode, named, many)
+        if not (named or required):
+            other = other if other is not None else not_prefixed(parser.openers)
+        return AnswerSpec({"structural_tag": _or_format(tag, other, named or required)})
     calls = _call_alternatives(parser, tools, mode, named)
     if parser.trigger is None:  # the calls are the whole answer
         block = parser.block_regex(calls, many)
@@ -204,6 +216,80 @@ def _spec(name: str, key: str, named: str | None, required: bool, parallel: bool
     if named or required:
         return AnswerSpec({"regex": block})
     return AnswerSpec({"regex": f"(?:{block})|(?:{other})"})
+
+
+def _or_format(tag: dict[str, Any], other: str | None, forced: Any) -> dict[str, Any]:
+    """The calls' tag, or (auto with a response_format, or a whole-answer format's text) the
+    regex `other`."""
+    if other is None or forced:
+        return tag
+    fmt = {"type": "or", "elements": [tag["format"], {"type": "regex", "pattern": other}]}
+    return {"type": "structural_tag", "format": fmt}
+
+
+def whole_answer_tag(
+    parser: ToolParser, tools: list[Tool], mode: str, named: str | None, many: bool
+) -> dict[str, Any]:
+    """The calls of a format whose calls are the whole answer (`llama3`, `pythonic`) as a
+    structural tag: its regex's language, the arguments as `json_schema` contents where the
+    parameters are recursive (exact at any depth)."""
+    calls = []
+    for i, t in enumerate(tools):
+        if named is None or t.function.name == named:
+            if isinstance(parser, PythonicParser):
+                args = _kwargs_format(t, i, mode)
+            else:
+                args = _content(t, i, mode)
+            calls.append(parser.call_format(t.function.name, args))
+    one = calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
+    return {"type": "structural_tag", "format": parser.block_format(one, many)}
+
+
+def _kwargs_format(tool: Tool, index: int, mode: str) -> dict[str, Any]:
+    """`_kwargs_regex` as a structural-tag format: a recursive property's value is the
+    property's schema as `json_schema` content (its `$ref`s resolving in the parameters)."""
+    from grammar.json_schema.schema import load_schema
+    from grammar.json_schema.strict import apply_mode
+
+    params, name = tool.function.parameters, tool.function.name
+    param = f"tools.{index}.function.parameters"
+    if tool.function.strict is False:
+        return {"type": "regex", "pattern": args_regex(PythonicParser(), tool, index, mode)}
+    schema = apply_mode(load_schema(params), mode)
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict) or not props:
+        return {"type": "const_string", "value": ""}
+    required = set(schema.get("required", []))
+
+    def keyword(k: str) -> dict[str, Any]:
+        sub = property_schema(params, k, name)
+        value = _schema_regex(sub, mode, f"{param}.properties.{k}")  # (a 400 when unsayable)
+        content: dict[str, Any] = {"type": "regex", "pattern": value}
+        if isinstance(sub, dict) and recursive_params(sub):
+            content = {"type": "json_schema", "json_schema": sub, "max_whitespace_cnt": 1}
+        return _seq({"type": "const_string", "value": k + "="}, content)
+
+    items = [(keyword(k), k in required) for k in props]
+
+    def after_first(i: int) -> list[dict[str, Any]]:
+        out = []
+        for item, req in items[i:]:
+            more = _seq({"type": "const_string", "value": ", "}, item)
+            out.append(more if req else {"type": "optional", "content": more})
+        return out
+
+    def from_(i: int) -> dict[str, Any]:
+        if i == len(items):
+            return {"type": "const_string", "value": ""}
+        item, req = items[i]
+        first = _seq(item, *after_first(i + 1))
+        return first if req else {"type": "or", "elements": [first, from_(i + 1)]}
+
+    return from_(0)
+
+
+def _seq(*elements: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "sequence", "elements": list(elements)}
 
 
 def _check_xml_arguments(style: str, tools: list[Tool], mode: str) -> None:
@@ -230,7 +316,11 @@ def _content(tool: Tool, index: int, mode: str) -> dict[str, Any]:
     if tool.function.strict is False:  # any object
         return {"type": "regex", "pattern": _any_object()}
     param = f"tools.{index}.function.parameters"
-    return {"type": "regex", "pattern": _schema_regex(tool.function.parameters, mode, param)}
+    pattern = _schema_regex(tool.function.parameters, mode, param)  # (a 400 when unsayable)
+    if recursive_params(tool.function.parameters):  # a tree: the context-free path, exact
+        return {"type": "json_schema", "json_schema": tool.function.parameters,
+                "max_whitespace_cnt": 1}  # fmt: skip
+    return {"type": "regex", "pattern": pattern}
 
 
 def structural_tag(

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from runtime.server.tools.parser import ToolParser, dumps, json_string
+from runtime.server.tools.parser import ToolParser, const, dumps, json_string
 from runtime.server.tools.scan import CallPiece, Scan, python_literal, value_end, ws
 
 _IDENT = re.compile(r"[A-Za-z_][\w.\-]*")
@@ -95,3 +95,13 @@ class PythonicParser(ToolParser):
         one = "(?:" + "|".join(calls) + ")"
         many = f"{one}(?:, {one})*" if parallel else one
         return f"\\[{many}\\]"
+
+    def call_format(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "sequence", "elements": [const(name + "("), args, const(")")]}
+
+    def block_format(self, one: dict[str, Any], parallel: bool) -> dict[str, Any]:
+        items = [const("["), one]
+        if parallel:
+            more = {"type": "sequence", "elements": [const(", "), one]}
+            items.append({"type": "star", "content": more})
+        return {"type": "sequence", "elements": [*items, const("]")]}

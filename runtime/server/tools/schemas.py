@@ -16,6 +16,8 @@ path (`json_schema_to_lark`) says it exactly.
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 # the base URI each tool's parameters get inside a call schema (the tool's name appended:
@@ -86,6 +88,19 @@ def is_recursive(params: dict[str, Any]) -> bool:
         if ref in reach.of(target):
             return True
     return False
+
+
+def recursive_params(params: Any) -> bool:
+    """`is_recursive`, cached by the schema's JSON text (an agent sends the same tools with
+    every turn)."""
+    if not _has_ref(params):
+        return False
+    return _recursive_text(json.dumps(params, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _recursive_text(text: str) -> bool:
+    return is_recursive(json.loads(text))
 
 
 def _has_ref(schema: Any) -> bool:

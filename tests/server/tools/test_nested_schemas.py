@@ -2,9 +2,9 @@
 whose definitions share a name but differ, recursive refs (a tree). The constraint of every
 tool-call format under every `tool_choice` and `parallel_tool_calls` accepts the valid calls
 and refuses the invalid ones (walked token by token over SmolLM2's vocabulary), a tree deeper
-than the regex path's unrolling goes through the context-free path, and a schema the grammar
-cannot say is a 400 naming the tool and the keyword under `auto` too. Through a server, the
-calls parse and validate with `jsonschema`."""
+than the regex path's unrolling goes through the context-free path in every format, and a
+schema the grammar cannot say is a 400 naming the tool and the keyword under `auto` too.
+Through a server, the calls parse and validate with `jsonschema`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from runtime.server.chat import ChatRequest, answer_spec
 from runtime.server.errors import APIError
+from runtime.server.protocol import Tool
 from runtime.server.tools.registry import get_parser
 from runtime.server.tools.schemas import is_recursive
 
@@ -161,12 +162,60 @@ def test_a_tree_deeper_than_the_unrolling_goes_through_the_context_free_path(wal
         assert walk(constraint, "No call needed.")
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "pythonic"])
-def test_a_tree_in_other_formats_is_unrolled_and_valid(walk, fmt):
-    tools = [{"type": "function", "function": {"name": "tree", "parameters": TREE}}]
+DESCRIBED = ["qwen3_coder", "glm45", "kimi_k2", "deepseekv31", "gpt-oss"]
+TREE_TOOLS = [
+    {"type": "function", "function": {"name": "tree", "parameters": TREE}},
+    {"type": "function", "function": {"name": "badge", "parameters": BADGE}},
+]
+# the root itself recursive (`"$ref": "#"`), as a linked list
+CHAIN = {
+    "type": "object",
+    "properties": {"value": {"type": "integer"}, "next": {"$ref": "#"}},
+    "required": ["value"],
+}
+
+
+def _chain(depth: int) -> dict:
+    node: dict = {"value": depth}
+    for d in range(depth - 1, 0, -1):
+        node = {"value": d, "next": node}
+    return node
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("choice", CHOICES, ids=["auto", "required", "named"])
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "json"] + DESCRIBED)
+def test_a_deep_tree_is_exact_in_every_format(walk, fmt, choice, parallel):
+    """A depth-6 tree (deeper than the regex path's unrolling, 3) is accepted token by token
+    and validates; a node without its required children is refused (the context-free path,
+    under every tool_choice and parallel_tool_calls)."""
+    if isinstance(choice, dict):
+        choice = {"type": "function", "function": {"name": "tree"}}
+    constraint = _constraint(fmt, TREE_TOOLS, choice, parallel)
+    assert "structural_tag" in constraint
+    parser = get_parser(fmt)
+    deep = _text(fmt, [("tree", _tree(6))])
+    assert walk(constraint, deep), deep
+    _, calls = parser.parse(deep, [Tool.model_validate(t) for t in TREE_TOOLS])
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), TREE)
+    bad = _tree(6)
+    bad["root"]["children"][0]["children"][0]["children"][1] = {"value": 1}
+    assert not walk(constraint, _text(fmt, [("tree", bad)]))
+    if choice == "auto":
+        assert walk(constraint, _text(fmt, [("badge", {"person": {"id": 7}})]))
+        assert walk(constraint, "No call needed.")
+    if parallel and choice != "auto" and not isinstance(choice, dict):
+        two = [("tree", _tree(4)), ("badge", {"person": {"id": 7}})]
+        assert walk(constraint, _text(fmt, two)), _text(fmt, two)
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "mistral", "llama3", "pythonic", "qwen3_coder"])
+def test_a_self_referencing_root_is_exact(walk, fmt):
+    """`"$ref": "#"` (the parameters refer to themselves): a chain of 6 links."""
+    tools = [{"type": "function", "function": {"name": "chain", "parameters": CHAIN}}]
     constraint = _constraint(fmt, tools, "required", False)
-    assert walk(constraint, _text(fmt, [("tree", _tree(2))]))
-    assert not walk(constraint, _text(fmt, [("tree", {"root": {"value": 1}})]))
+    assert walk(constraint, _text(fmt, [("chain", _chain(6))]))
+    assert not walk(constraint, _text(fmt, [("chain", {"value": 1, "next": {"next": {}}})]))
 
 
 EXTERNAL = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
@@ -217,3 +266,37 @@ def test_server_refuses_an_unsayable_schema_under_auto(server):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == "tools.0.function.parameters" and "'fetch'" in err["message"]
+
+
+@pytest.fixture(scope="module", params=["pythonic", "qwen3_coder"])
+def tree_client(request):
+    """A server on the tiny random Qwen2 model with `--tool-call-parser` set to a
+    whole-answer format and to an XML format: its calls are what the constraint lets it
+    write."""
+    import openai
+
+    from tests.support.tool_servers import template_server
+
+    srv = template_server("hermes", "--tool-call-parser", request.param)
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_served_tree_calls_validate_at_any_depth(tree_client):
+    """A random model writing a tree through the exact constraint: every finished call
+    validates, whole and streamed (its depth is whatever the model chose)."""
+    model = tree_client.models.list().data[0].id
+    body = {"model": model, "messages": [{"role": "user", "content": "A tree."}],
+            "tools": TREE_TOOLS[:1], "tool_choice": "required", "max_tokens": 400}  # fmt: skip
+    outs = [tree_client.chat.completions.create(**body, seed=seed) for seed in range(4)]
+    finished = [o.choices[0].message for o in outs if o.choices[0].finish_reason == "tool_calls"]
+    assert finished
+    for message in finished:
+        for c in message.tool_calls:
+            jsonschema.validate(json.loads(c.function.arguments), TREE)
+    arguments = ""
+    for chunk in tree_client.chat.completions.create(**body, seed=0, stream=True):
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            arguments += d.function.arguments or ""
+    if outs[0].choices[0].finish_reason == "tool_calls":
+        whole = outs[0].choices[0].message.tool_calls[0].function.arguments
+        assert json.loads(arguments) == json.loads(whole)
