@@ -402,3 +402,10 @@ def test_tool_loop_agent_example_program(runtime):
         fn = {f.__name__: f for f in tool_loop_agent.TOOLS}[c.name]
         assert c.result == fn(**c.arguments)
     assert isinstance(state["answer"], str)
+
+
+def test_endpoint_tool_loop_async(endpoint):
+    seen.clear()
+    state = asyncio.run(agent.run_async(question="What is 2 + 3?", backend=endpoint))
+    _check_calls(state["tool_calls"])
+    assert len(seen) == len(state["tool_calls"])
