@@ -18,7 +18,8 @@ the rule's language is its body's); and rule options `name[...] ::=`, of which `
 (`max_tokens`, `max_chars`, `lazy`, `temperature`, ...) are refused by name. The token-level
 builtins `Token(ids)`, `ExcludeToken(ids)` and `TokenTagDispatch((id, rule)..., ...)` become
 `TokenSet` nodes: one token matched by id (see `grammar.ebnf.token_terminals`), so a grammar that
-uses one always compiles to the Earley form.
+uses one always compiles to the Earley form; so do llama.cpp's token references `<[1000]>` (an id),
+`<think>` (the token of that text) and `!<...>` (any one token but that one).
 
 A rule's body runs until the next `name ::=` (newlines are white space inside it), so a
 continuation line may start with `|` or with any element. `#` starts a comment outside literals
@@ -316,6 +317,8 @@ def _sequence(r: _Reader, nested: int) -> object:
         elif c == ".":
             r.pos += 1
             item = ANY_CHAR
+        elif c == "<" or (c == "!" and r.text.startswith("<", r.pos + 1)):
+            item = _token_ref(r)
         elif r.text.startswith("(=", r.pos):
             _lookahead(r, nested)
             break
@@ -472,6 +475,29 @@ def _macro(r: _Reader, name: str) -> object:
                 raise fail(f"the excluded {e!r} is a prefix of the trigger {t!r}")
     loop = bool(option("loop_after_dispatch", bool, True))
     return dispatch(pairs, loop, list(excludes), f"line {r.line(at)}: TagDispatch")  # type: ignore[arg-type]
+
+
+_TOKEN_REF = re.compile(r"<([^<>\s]+)>")
+
+
+def _token_ref(r: _Reader) -> TokenSet:
+    """llama.cpp's token syntax: `<[1000]>` (a token id), `<think>` (the token of that text),
+    `!<...>` (any one token but that one)."""
+    at = r.pos
+    negated = r.peek() == "!"
+    m = _TOKEN_REF.match(r.text, r.pos + int(negated))
+    if m is None:
+        raise r.error("expected a token <[id]> or <text>", at)
+    r.pos = m.end()
+    where = f"line {r.line(at)}: token {r.text[at : m.end()]}"
+    body = m.group(1)
+    if body.startswith("[") and body.endswith("]"):
+        if not body[1:-1].isdigit():
+            raise r.error(f"token {m.group(0)}: an id is a non-negative integer", at)
+        item: object = (int(body[1:-1]), int(body[1:-1]))
+    else:
+        item = m.group(0)
+    return TokenSet((item,), negated, where)
 
 
 def _is_token_id(a: object) -> bool:

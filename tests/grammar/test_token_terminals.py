@@ -218,3 +218,21 @@ def test_token_names_travel_to_the_compile_workers() -> None:
         assert m.is_accepting()
     finally:
         pool.shutdown()
+
+
+def test_llama_cpp_token_references_in_gbnf(smol) -> None:
+    """llama.cpp's GBNF tokens: `<[id]>`, `<text>` (the token of that text), `!<...>`."""
+    n = len(smol)
+    g = compile_ebnf("root ::= <|im_start|> body <[2]>\nbody ::= !<[0]>*", smol)
+    m = g.matcher()
+    assert _allowed(m, n) == {IM_START}
+    m.advance(IM_START)
+    assert _allowed(m, n) == set(range(1, n))  # any token but 0 (and EOS: the end token)
+    for t in _ids("thinking"):
+        m.advance(t)
+    m.advance(IM_END)
+    assert m.is_accepting()
+    with pytest.raises(GrammarError, match="<\\[x\\]>"):
+        compile_ebnf("root ::= <[x]>", smol)
+    with pytest.raises(GrammarError, match="<nope>"):
+        compile_ebnf('root ::= "a" <nope>', smol)
