@@ -48,11 +48,11 @@ class TokenTerminal:
     def __init__(self, key: object, ids: np.ndarray, num_tokens: int, num_words: int) -> None:
         self.key = key
         self.ids = ids
-        self.member = np.zeros(num_tokens, dtype=bool)
-        self.member[ids] = True
-        words = np.zeros(num_words, dtype=np.uint32)
-        np.bitwise_or.at(words, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
-        self.words = words.view(np.int32)
+        member = np.zeros(num_words * 32, dtype=bool)
+        member[ids] = True
+        self.member = member[:num_tokens]
+        # bit i of word i >> 5 is token i: little-endian bytes of little-endian bit order
+        self.words = np.packbits(member, bitorder="little").view("<i4").astype(np.int32)
         self.table = np.full((2, 256), DEAD, dtype=np.int32)
         self.accepting = np.zeros(2, dtype=bool)
         self.live = np.zeros(2, dtype=bool)
