@@ -6,10 +6,13 @@ where it is built for the pool's dtype, else the reference gathers planned once 
 (`kernels/decode_plan.py`). Extend: groups of requests sharing prefix pages go through the
 split-prefix path (`kernels/prefix_extend.py`); else many short chunks share one padded call
 (`kernels/short_extend.py`); else the split-prefix path per request; else the reference.
-`rope_store` rotates q / k and writes K / V in one fused C pass when it can.
+`rope_store` rotates q / k and writes K / V in one fused C pass when it can. A sliding-window
+layer whose window no sequence of the step outgrows (every query sees all its keys) is full
+causal attention and takes the planned paths too (`_as_plain`; a layer kept in the window pages:
+the fused decode kernel on the mapped page tables, its extend the general path).
 
 Every path gives the reference's numbers up to float rounding (greedy tokens unchanged). MLA
-latents, sliding windows and soft-capping take the torch backend's paths (reference kernels,
+latents, sliding windows a sequence outgrows and soft-capping take the torch backend's paths (reference kernels,
 `torch_backend.general_attention`): correct, not planned. docs/engine.md says why: the planned
 kernels take equal-width K / V pools, read from position 0 through the global page table, and
 have no tanh cap.
@@ -86,6 +89,8 @@ class CPUBackend(TorchBackend):
                 )  # fmt: skip
         self._extend_planned = False  # at the first layer's extend: it needs q's head count
         self._rope_decode = None  # at the first layer's rope_attend: it needs the rotary
+        self._reach: int | None = None  # the step's longest sequence, at the first window layer
+        self._window_rows: cpu_fused.DecodeRows | None = None  # decode rows in window pages
 
     def _plan_extend(self, group: int) -> None:
         """The extend paths for every layer of this step; `group`: query heads per KV head."""
@@ -141,9 +146,10 @@ class CPUBackend(TorchBackend):
         """A decode-only step through the fused decode kernel: rotary, the K/V write and
         attention in one C call (cpu_fused.RopeDecode); else rope_store, then attend."""
         fused = self.decode_rope(rotary, num_heads, qkv.dtype)
-        if fused is None or not spec.plain or self.pool.window_layer[layer] or qkv.stride(1) != 1:
+        plain = self._as_plain(spec) if fused is not None and not spec.plain else spec
+        if fused is None or not plain.plain or self.pool.window_layer[layer] or qkv.stride(1) != 1:
             return super().rope_attend(layer, qkv, rotary, num_heads, spec)
-        return fused(qkv, self.pool.k[layer], self.pool.v[layer], spec.scale)
+        return fused(qkv, self.pool.k[layer], self.pool.v[layer], plain.scale)
 
     def decode_rope(
         self, rotary: Rotary, num_heads: int, dtype: torch.dtype
@@ -172,7 +178,41 @@ class CPUBackend(TorchBackend):
         return cpu_fused.RopeDecode(cos, sin, b.positions, b.out_slots, self.fused_decode,
                                     num_heads, k_pool, dtype)  # fmt: skip
 
+    def _as_plain(self, spec: LayerSpec) -> LayerSpec:
+        """`spec` as full causal attention where that is what it computes this step: a sliding
+        window no sequence of the step outgrows (each at most `window` long, its new tokens
+        included: every query sees all its keys), uncapped. Else `spec` itself."""
+        if spec.window is None or spec.soft_cap is not None:
+            return spec
+        if self._reach is None:
+            b = self.batch
+            lens = [b.decode_seq_lens, b.extend_prefix_lens + b.extend_lens]
+            self._reach = max((int(t.max()) for t in lens if t.numel()), default=0)
+        return LayerSpec(spec.scale) if self._reach <= spec.window else spec
+
+    def _window_decode(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor | None:
+        """Full causal decode attention of a layer kept in the window pages, through the fused
+        kernel on the step's page tables mapped to window slots (all of a sequence's pages are
+        there while it is no longer than the window); None where the kernel does not take it."""
+        k, v = self.pool.k[layer], self.pool.v[layer]
+        if not self._fused or q.dtype not in cpu_fused.MODEL_TYPES:
+            return None
+        if not (k.dtype == q.dtype or self.pool.quantized):
+            return None
+        if self._window_rows is None:
+            table = self.tables(layer).decode_page_table
+            self._window_rows = cpu_fused.DecodeRows.of(table, self.batch.decode_seq_lens)
+        return cpu_fused.decode_attention(q, k, v, self._window_rows, scale)
+
     def decode(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
+        if not spec.plain:
+            plain = self._as_plain(spec)
+            if plain.plain and self.pool.window_layer[layer]:
+                out = self._window_decode(layer, q, plain.scale)
+                if out is not None:
+                    return out
+            elif plain.plain:
+                spec = plain
         if not spec.plain:
             return super().decode(layer, q, spec)
         b, k, v = self.batch, self.pool.k[layer], self.pool.v[layer]
@@ -191,6 +231,8 @@ class CPUBackend(TorchBackend):
         return planned_decode_attention(q, k, v, self.decode_plan, spec.scale)
 
     def extend(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
+        if not spec.plain and not self.pool.window_layer[layer]:  # (window pages: general)
+            spec = self._as_plain(spec)
         if not spec.plain:
             return super().extend(layer, q, spec)
         k, v = self.pool.k[layer], self.pool.v[layer]

@@ -1,0 +1,61 @@
+"""A sliding-window layer whose window no sequence of the step outgrows is full causal attention:
+the cpu backend decodes it with the fused kernel (on the window pages' mapped tables, where the
+layer keeps its KV there), not through the torch backend's general path; past the window it
+falls back to that path. Tokens equal transformers' either way."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime import Engine
+from runtime.attention import torch_backend
+from runtime.attention.cpu_backend import CPUBackend
+from tests.support.family_models import expected_tokens, make_family_model
+from tests.support.tiny_models import PROMPTS
+
+NEW = 6
+GREEDY = dict(max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """A tiny Gemma 3 whose window (64) holds every prompt and its new tokens."""
+    folder = make_family_model(tmp_path_factory.mktemp("gemma3") / "m", "gemma3",
+                               sliding_window=64)  # fmt: skip
+    return folder, expected_tokens(folder, PROMPTS[:3], NEW)
+
+
+def _count_general(monkeypatch) -> list[int]:
+    """How many decode calls reach the torch backend's general (window) path."""
+    calls = [0]
+    decode = torch_backend.TorchBackend.decode
+
+    def counted(self, layer, q, spec):
+        calls[0] += not spec.plain
+        return decode(self, layer, q, spec)
+
+    monkeypatch.setattr(torch_backend.TorchBackend, "decode", counted)
+    return calls
+
+
+def test_a_window_no_sequence_outgrows_takes_the_planned_paths(gemma, monkeypatch):
+    folder, expected = gemma
+    calls = _count_general(monkeypatch)
+    with Engine(str(folder), page_size=4, attention_backend="cpu") as e:
+        assert isinstance(e.model.attention, CPUBackend)
+        assert any(e.pool.window_layer)  # the window layers keep their KV in pages of their own
+        for p in PROMPTS[:3]:
+            assert e.generate(p, **GREEDY).token_ids == expected[p]
+        batch = [r.token_ids for r in e.generate(PROMPTS[:3], **GREEDY)]
+        assert batch == [expected[p] for p in PROMPTS[:3]]
+    assert calls[0] == 0
+
+
+def test_a_sequence_past_the_window_takes_the_general_path(gemma, monkeypatch):
+    folder, _ = gemma
+    calls = _count_general(monkeypatch)
+    with Engine(str(folder), page_size=4, attention_backend="cpu") as e:
+        long_prompt = " ".join(PROMPTS)  # longer than the window of 64
+        assert len(e.encode(long_prompt)) > 64
+        e.generate(long_prompt, **GREEDY)
+    assert calls[0] > 0
