@@ -409,3 +409,36 @@ def test_endpoint_tool_loop_async(endpoint):
     state = asyncio.run(agent.run_async(question="What is 2 + 3?", backend=endpoint))
     _check_calls(state["tool_calls"])
     assert len(seen) == len(state["tool_calls"])
+
+
+# ---- each model family's own call format (the chat template picks it) ----------------------------
+
+# template (examples/chat_templates/) -> text its call format writes
+FORMATS = {
+    "hermes": "<tool_call>",
+    "mistral": "[TOOL_CALLS]",
+    "pythonic": "[add(",
+    "llama3_json": '"name"',
+    "deepseekv3": "tool▁call",
+}
+
+
+@pytest.mark.parametrize("template", sorted(FORMATS))
+def test_calls_come_in_the_templates_own_format(runtime, template):
+    from sgl_dsl.backend.runtime import Runtime
+    from tests.support.tool_servers import template_text
+
+    engine = runtime.engine
+    saved = engine.tokenizer.chat_template
+    engine.tokenizer.chat_template = template_text(template)
+    try:
+        backend = Runtime.from_engine(engine)  # its role markers from this template
+        state = ask_add.run(
+            question="What is 2 + 3?", choice=add, backend=backend, temperature=0,
+            max_new_tokens=160,
+        )  # fmt: skip
+    finally:
+        engine.tokenizer.chat_template = saved
+    [call] = state["calls"]
+    assert call.name == "add" and set(call.arguments) == {"a", "b"}
+    assert FORMATS[template] in state.text().split("What is 2 + 3?")[-1]  # the model's answer
