@@ -348,14 +348,18 @@ class ConstraintHooks:
         forced = st.matcher.forced_bytes()
         if not forced:
             return
+        # re-tokenised from after the last token that has no text (a special token a grammar
+        # named by id): its text could not spell it again
         out = req.output_ids
-        old = b"".join(st.vocab.token_bytes(t) or b"" for t in out)
+        base = next((len(out) - k for k, t in enumerate(reversed(out))
+                     if st.vocab.token_bytes(t) is None), 0)  # fmt: skip
+        old = b"".join(st.vocab.token_bytes(t) or b"" for t in out[base:])
         text = complete_utf8_prefix(old + forced)
         data = text.encode("utf-8")
         if len(data) <= len(old):
             return
-        new_ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if b"".join(st.vocab.token_bytes(t) or b"" for t in new_ids) != data:
+        new_ids = out[:base] + self.tokenizer.encode(text, add_special_tokens=False)
+        if b"".join(st.vocab.token_bytes(t) or b"" for t in new_ids[base:]) != data:
             return  # the tokenizer does not round-trip this text: decode normally instead
         # the unchanged head of the output keeps its KV; the rest is recomputed
         same = 0
