@@ -164,6 +164,8 @@ class SpecState:
     verify_tokens: int = 0  # tokens the verify forwards appended (accepted + chosen)
     accept_w: float = 0.0  # drafts kept, decayed per verify (runtime/speculative/policy.py)
     reject_w: float = 0.0  # verifies that rejected a draft, decayed the same way
+    shadow: list[int] = field(default_factory=list)  # n-gram drafts not verified, and
+    shadow_at: int = 0  # the position of the first: checked against the output later
 
 
 class Status(enum.Enum):

@@ -49,6 +49,13 @@ class StepPlan:
         return bool(self.decodes or self.extends or self.verifies)
 
 
+VERIFY_DECODE_ROWS = 32  # verifies of at most this many tokens run as decode rows
+
+
+def _verify_rows(item: VerifyItem) -> int:
+    return item.req.seq_len - item.start + len(item.drafts)
+
+
 def _page_table(reqs: list[Request], width: int) -> torch.Tensor:
     rows = [r.pages + [0] * (width - len(r.pages)) for r in reqs]
     return torch.tensor(rows, dtype=torch.int32).reshape(len(reqs), width)
@@ -79,6 +86,26 @@ def build_batch(plan: StepPlan, page_size: int, ahead: bool = False) -> ForwardB
         slots.append(req.pages[pos // page_size] * page_size + pos % page_size)
         plan.sample_rows.append((req, len(logit_rows)))
         logit_rows.append(len(ids) - 1)
+    # short verifies (the usual case) as decode rows, one per token: row i attends to the
+    # request's pages up to its own position, which the rows before it write in this same
+    # forward, so it computes what decoding that token would (and a decode-only step keeps
+    # the model's decode path)
+    row_decodes = [v for v in plan.verifies if _verify_rows(v) <= VERIFY_DECODE_ROWS]
+    decode_reqs = list(plan.decodes)
+    seq_lens = [r.computed + 1 for r in plan.decodes]
+    for item in row_decodes:
+        req, base = item.req, len(ids)
+        end = req.seq_len + len(item.drafts)
+        ids.extend(req.seq[item.start :] + item.drafts)
+        plan.verify_rows.append((item, len(logit_rows)))
+        for pos in range(item.start, end):
+            positions.append(pos)
+            slots.append(req.pages[pos // page_size] * page_size + pos % page_size)
+            decode_reqs.append(req)
+            seq_lens.append(pos + 1)
+        # the logits of the last real token and of every draft
+        logit_rows.extend(range(base + req.seq_len - 1 - item.start, len(ids)))
+    num_decode = len(ids)
     for item in plan.extends:
         req, base = item.req, len(ids)
         seq = req.seq
@@ -99,6 +126,8 @@ def build_batch(plan: StepPlan, page_size: int, ahead: bool = False) -> ForwardB
             logit_rows.append(len(ids) - 1)
     spans = [(i.req, i.start, i.length) for i in plan.extends]
     for item in plan.verifies:  # extends too: the real tokens, then the drafts
+        if item in row_decodes:
+            continue
         req = item.req
         ids.extend(req.seq[item.start :] + item.drafts)
         end = req.seq_len + len(item.drafts)
@@ -110,15 +139,15 @@ def build_batch(plan: StepPlan, page_size: int, ahead: bool = False) -> ForwardB
         last = len(ids) - 1
         logit_rows.extend(range(last - len(item.drafts), last + 1))
         spans.append((req, item.start, end - item.start))
-    width = max([len(r.pages) for r in plan.decodes] + [len(s[0].pages) for s in spans])
+    width = max([len(r.pages) for r in decode_reqs] + [len(s[0].pages) for s in spans])
     ext_reqs = [s[0] for s in spans]
     return ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.long),
         positions=torch.tensor(positions, dtype=torch.long),
         out_slots=torch.tensor(slots, dtype=torch.long),
-        num_decode=len(plan.decodes),
-        decode_page_table=_page_table(plan.decodes, width),
-        decode_seq_lens=torch.tensor([r.computed + 1 for r in plan.decodes], dtype=torch.int32),
+        num_decode=num_decode,
+        decode_page_table=_page_table(decode_reqs, width),
+        decode_seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         extend_page_table=_page_table(ext_reqs, width),
         extend_prefix_lens=torch.tensor([s[1] for s in spans], dtype=torch.int32),
         extend_lens=torch.tensor([s[2] for s in spans], dtype=torch.int32),

@@ -15,7 +15,12 @@ again when the text changes.
 
 from __future__ import annotations
 
-DECAY = 0.7  # weight of the previous estimate in a running mean
+import statistics
+from collections import deque
+
+WINDOW = 7  # the last observations of a cost kept; their median is the estimate
+MAX_ROWS = 32  # verify steps of more rows than the batch plus this are not measured
+OUTLIER = 12.0  # nor those dearer than this many decode steps
 MARGIN = 0.03  # a cap must beat plain decoding by this fraction of its tokens/s
 EXPLORE = 32  # steps not drafting between two exploring ones
 EXPLORE_CAP = 2
@@ -23,8 +28,18 @@ PRIOR_ACCEPT = 0.5  # a request's per-draft acceptance before it was measured, w
 PRIOR_WEIGHT = 2.0
 
 
-def _mix(old: float | None, new: float) -> float:
-    return new if old is None else DECAY * old + (1 - DECAY) * new
+class _Cost:
+    """The median of the last WINDOW observations (one loaded step is no outlier's victim)."""
+
+    def __init__(self) -> None:
+        self.seen: deque[float] = deque(maxlen=WINDOW)
+
+    def add(self, seconds: float) -> None:
+        self.seen.append(seconds)
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.seen)
 
 
 def expected_tokens(p: float, k: int) -> float:
@@ -34,51 +49,58 @@ def expected_tokens(p: float, k: int) -> float:
 
 class StepCosts:
     def __init__(self) -> None:
-        self.decode: dict[int, float] = {}  # batch size -> seconds
-        self.verify: dict[int, float] = {}  # rows -> seconds
-        self.draft: dict[int, float] = {}  # batch size -> seconds per draft forward
+        self.decode: dict[int, _Cost] = {}  # batch size -> seconds of a decode step
+        self.verify: dict[int, _Cost] = {}  # rows -> seconds of a verify step
+        self.draft: dict[int, _Cost] = {}  # batch size -> seconds per draft forward
         self.since_explore = 0
+        self._line: tuple[float, float] | None = None  # verify seconds = fixed + slope * rows
 
     def observe_decode(self, batch: int, seconds: float) -> None:
-        self.decode[batch] = _mix(self.decode.get(batch), seconds)
+        self.decode.setdefault(batch, _Cost()).add(seconds)
 
-    def observe_verify(self, rows: int, seconds: float) -> None:
-        self.verify[rows] = _mix(self.verify.get(rows), seconds)
+    def observe_verify(self, batch: int, rows: int, seconds: float) -> None:
+        """A verify step of `batch` requests computing `rows` tokens. Not kept: one longer than
+        MAX_ROWS past the batch (forced text verified with its drafts, no guide to drafting)
+        or dearer than OUTLIER decode steps (a first call compiling or loading something)."""
+        base = self.decode_time(batch)
+        if rows > batch + MAX_ROWS or (base is not None and seconds > OUTLIER * base):
+            return
+        self.verify.setdefault(rows, _Cost()).add(seconds)
+        self._line = None
 
     def observe_draft(self, batch: int, forwards: int, seconds: float) -> None:
         if forwards > 0:
-            self.draft[batch] = _mix(self.draft.get(batch), seconds / forwards)
+            self.draft.setdefault(batch, _Cost()).add(seconds / forwards)
 
     def decode_time(self, batch: int) -> float | None:
-        return self.decode.get(batch)
+        cost = self.decode.get(batch)
+        return None if cost is None else cost.value
 
     def verify_time(self, rows: int) -> float | None:
-        """Measured at `rows`, else the least-squares line through the measured row counts
-        (with one, proportional to the rows)."""
-        if rows in self.verify:
-            return self.verify[rows]
+        """The line through the measured (rows, seconds) that outliers do not move (Theil-Sen:
+        the median of the pairwise slopes, the median intercept; the slope never negative);
+        with one row count measured, proportional to the rows."""
         if not self.verify:
             return None
-        pts = list(self.verify.items())
-        if len(pts) == 1:
-            r, t = pts[0]
-            return t * rows / r
-        n = len(pts)
-        mx = sum(r for r, _ in pts) / n
-        my = sum(t for _, t in pts) / n
-        sxx = sum((r - mx) ** 2 for r, _ in pts)
-        slope = max(0.0, sum((r - mx) * (t - my) for r, t in pts) / sxx)
-        return max(my + slope * (rows - mx), 1e-6)
+        if self._line is None:
+            pts = [(r, c.value) for r, c in self.verify.items()]
+            if len(pts) == 1:
+                self._line = (0.0, pts[0][1] / pts[0][0])
+            else:
+                slopes = [(t2 - t1) / (r2 - r1) for i, (r1, t1) in enumerate(pts)
+                          for r2, t2 in pts[i + 1 :]]  # fmt: skip
+                slope = max(0.0, statistics.median(slopes))
+                self._line = (statistics.median(t - slope * r for r, t in pts), slope)
+        fixed, slope = self._line
+        return max(fixed + slope * rows, 1e-6)
 
     def draft_time(self, batch: int, forwards: int) -> float:
         """Seconds of `forwards` draft forwards for `batch` requests (0 for a proposer without
         a model; the nearest measured batch size when this one was not measured)."""
         if forwards <= 0 or not self.draft:
             return 0.0
-        per = self.draft.get(batch)
-        if per is None:
-            per = self.draft[min(self.draft, key=lambda b: abs(b - batch))]
-        return per * forwards
+        near = batch if batch in self.draft else min(self.draft, key=lambda b: abs(b - batch))
+        return self.draft[near].value * forwards
 
     def choose_cap(self, batch: int, accepts: list[float], longest: list[int],
                    model_forwards: bool) -> int:  # fmt: skip
@@ -115,7 +137,7 @@ class StepCosts:
         return best_cap
 
 
-def acceptance(accepted: float, rejected: float) -> float:
-    """A request's per-draft acceptance from its (decayed) counts of kept drafts and of
-    verifies that rejected one, with the prior."""
-    return (accepted + PRIOR_ACCEPT * PRIOR_WEIGHT) / (accepted + rejected + PRIOR_WEIGHT)
+def acceptance(accepted: float, rejected: float, prior: float = PRIOR_ACCEPT) -> float:
+    """A per-draft acceptance from (decayed) counts of kept drafts and of chains that ended
+    in a rejected one, with `prior` weighing PRIOR_WEIGHT chains."""
+    return (accepted + prior * PRIOR_WEIGHT) / (accepted + rejected + PRIOR_WEIGHT)

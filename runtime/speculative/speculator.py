@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from runtime.scheduling.request import Request
+from runtime.scheduling.request import Request, SpecState
 from runtime.scheduling.step_plan import StepPlan, VerifyItem
 from runtime.scheduling.step_results import OutputContext, StepResult
 from runtime.speculative.config import SpeculativeConfig
@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 MAX_BACKOFF = 16  # decode steps without drafts, at most, after a verify that kept none
 ACCEPT_DECAY = 0.8  # weight of a request's earlier verifies in its measured acceptance
+ENGINE_DECAY = 0.95  # the same over every request's (the prior of a new request's)
 
 
 class Speculator:
@@ -43,6 +44,8 @@ class Speculator:
         self.costs = StepCosts()
         self.cost_aware = True
         self._draft_s = 0.0  # this step's drafting seconds (not the step's own cost)
+        # every request's resolved chains, decayed: the prior of a request's acceptance
+        self.accept_all = self.reject_all = 0.0
 
     # ---- the scheduler's calls -------------------------------------------------------------
     def propose(self, items: list[tuple[Request, int]], batch: int) -> list[list[int]]:
@@ -51,9 +54,16 @@ class Speculator:
         self._draft_s = 0.0
         wanted = [self._wanted(req, limit) for req, limit in items]
         if self.draft is None:
-            out = [self._ngram(req, k) if k else [] for (req, _), k in zip(items, wanted,
-                                                                          strict=True)]  # fmt: skip
+            out = []
+            for (req, _), k in zip(items, wanted, strict=True):
+                if self.cost_aware:
+                    self._shadow_check(req)
+                out.append(self._ngram(req, k) if k else [])
             cap = self._cap(items, batch, [len(d) for d in out], model=False)
+            if self.cost_aware and cap == 0:  # checked against the output as it comes
+                for (req, _), d in zip(items, out, strict=True):
+                    if d and not req.spec.shadow:
+                        req.spec.shadow, req.spec.shadow_at = d, req.seq_len
             return [d[:cap] for d in out]
         cap = self._cap(items, batch, wanted, model=True)
         asks = [(id(req), req.seq, min(k, cap)) for (req, _), k in zip(items, wanted, strict=True)]
@@ -72,6 +82,33 @@ class Speculator:
             out.append(d)
         return out
 
+    def _shadow_check(self, req: Request) -> None:
+        """N-gram drafts proposed but not verified, compared with the tokens decoded since:
+        the request's acceptance measured for free (once they differ or all came true)."""
+        st = req.spec
+        if not st.shadow:
+            return
+        seq = req.seq
+        came = seq[st.shadow_at : st.shadow_at + len(st.shadow)]
+        if not came:
+            return
+        kept = 0
+        for a, b in zip(came, st.shadow, strict=False):
+            if a != b:
+                break
+            kept += 1
+        if kept == len(came) and kept < len(st.shadow):
+            return  # all true so far: wait for more
+        self._count(st, kept, kept < len(st.shadow))
+        st.shadow = []
+
+    def _count(self, st: SpecState, kept: int, rejected: bool) -> None:
+        """A chain of drafts resolved: `kept` held, then one was `rejected` (or none)."""
+        st.accept_w = ACCEPT_DECAY * st.accept_w + kept
+        st.reject_w = ACCEPT_DECAY * st.reject_w + rejected
+        self.accept_all = ENGINE_DECAY * self.accept_all + kept
+        self.reject_all = ENGINE_DECAY * self.reject_all + rejected
+
     def observe(self, plan: StepPlan, seconds: float) -> None:
         """A step ran in `seconds` (planning included): what decode and verify steps cost."""
         if plan.extends or not (plan.decodes or plan.verifies):
@@ -84,7 +121,7 @@ class Speculator:
         rows = len(plan.decodes) + sum(
             v.req.seq_len - v.start + len(v.drafts) for v in plan.verifies
         )  # fmt: skip
-        self.costs.observe_verify(rows, seconds)
+        self.costs.observe_verify(len(plan.decodes) + len(plan.verifies), rows, seconds)
 
     def release(self, req: Request) -> None:
         """`req` finished or was preempted: its draft model state goes."""
@@ -95,9 +132,11 @@ class Speculator:
     def _wanted(self, req: Request, limit: int) -> int:
         """How many drafts `req` asks for this step (0 while it backs off)."""
         st = req.spec
-        if st.skip > 0:
+        if st.skip > 0 and not self.cost_aware:
             st.skip -= 1
             return 0
+        if self.cost_aware:  # the policy caps the chain from the measured acceptance
+            return max(0, min(limit, self.config.num_draft_tokens))
         return max(0, min(limit, st.draft_len or self.config.num_draft_tokens))
 
     def _ngram(self, req: Request, k: int) -> list[int]:
@@ -112,7 +151,8 @@ class Speculator:
         if not self.cost_aware or top == 0:
             return top
         pairs = [(req, n) for (req, _), n in zip(items, longest, strict=True) if n > 0]
-        accepts = [acceptance(r.spec.accept_w, r.spec.reject_w) for r, _ in pairs]
+        prior = acceptance(self.accept_all, self.reject_all)
+        accepts = [acceptance(r.spec.accept_w, r.spec.reject_w, prior) for r, _ in pairs]
         return self.costs.choose_cap(batch, accepts, [n for _, n in pairs], model)
 
     def drafts(self, req: Request, limit: int) -> list[int]:
@@ -137,8 +177,7 @@ class Speculator:
         st.accepted += accepted
         st.verify_tokens += appended
         proposed = len(item.drafts)
-        st.accept_w = ACCEPT_DECAY * st.accept_w + accepted
-        st.reject_w = ACCEPT_DECAY * st.reject_w + (accepted < proposed)
+        self._count(st, accepted, accepted < proposed)
         cap = self.config.num_draft_tokens
         if accepted == proposed:
             st.draft_len = min(cap, (st.draft_len or cap) + 2)

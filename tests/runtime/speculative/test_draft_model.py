@@ -115,3 +115,18 @@ def test_another_vocabulary_is_refused(model_dir, tmp_path):
     with pytest.raises(SpeculativeConfigError, match="speculative_draft_model_path"):
         Engine(str(model_dir), max_total_tokens=1024, speculative_algorithm="STANDALONE",
                speculative_draft_model_path=str(tmp_path / "missing"))  # fmt: skip
+
+
+def test_quantized_target_verifies_through_its_decode_path(model_dir):
+    """A q8_0 target (its decode-only steps run as one C call per step): verify rows go through
+    that path as decode rows, and the output is still the target's own."""
+    kw = {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}
+    with Engine(str(model_dir), max_total_tokens=2048, quantization="q8_0") as base:
+        want = [o.token_ids for o in base.generate(PROMPTS[:3], **kw)]
+    with Engine(str(model_dir), max_total_tokens=2048, quantization="q8_0",
+                speculative_algorithm="STANDALONE",
+                speculative_draft_model_path=str(model_dir)) as engine:  # fmt: skip
+        engine.scheduler.call(lambda: setattr(engine.scheduler.speculation, "cost_aware", False))
+        assert [o.token_ids for o in engine.generate(PROMPTS[:3], **kw)] == want
+        stats = engine.stats()
+        assert stats["spec_verify_steps"] > 0 and stats["spec_accept_rate"] > 0.5

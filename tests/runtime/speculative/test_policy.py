@@ -25,7 +25,7 @@ def _costs(decode: float, per_row: float, fixed: float) -> StepCosts:
     costs = StepCosts()
     costs.observe_decode(1, decode)
     for rows in (2, 5, 9):
-        costs.observe_verify(rows, fixed + per_row * rows)
+        costs.observe_verify(1, rows, fixed + per_row * rows)
     return costs
 
 
@@ -36,10 +36,15 @@ def test_measures_before_deciding():
     assert costs.choose_cap(1, [0.9], [8], model_forwards=False) == 8  # no verify measured
 
 
-def test_verify_time_interpolates():
+def test_verify_time_is_a_line_outliers_do_not_move():
     costs = _costs(0.01, 0.004, 0.01)
     assert costs.verify_time(5) == pytest.approx(0.03)
     assert costs.verify_time(7) == pytest.approx(0.01 + 0.004 * 7)
+    costs.observe_verify(1, 4, 0.2)  # a loaded step: 7x what its row count costs
+    costs.observe_verify(1, 12, 0.01 + 0.004 * 12)
+    assert costs.verify_time(7) == pytest.approx(0.01 + 0.004 * 7)
+    costs.observe_verify(1, 60, 1.0)  # more rows than MAX_ROWS past the batch: not kept
+    assert 60 not in costs.verify
 
 
 def test_high_acceptance_drafts_low_does_not():
