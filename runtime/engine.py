@@ -456,10 +456,6 @@ class Engine:
         healed = None
         if heal and params.max_new_tokens > 0:
             ids, healed = healing.back_off(ids, self._healing_table())
-        if healed is not None:  # the backed-off tokens are generated again: count them extra
-            params.max_new_tokens += healed.backed_off
-            if params.min_new_tokens:
-                params.min_new_tokens += healed.backed_off
         req = Request(ids, params, stream=stream)
         if any(constraint_kw.get(k) is not None for k in CONSTRAINT_KEYS):
             self.scheduler.hooks.attach(
@@ -501,7 +497,7 @@ class Engine:
         declared properties; "exact"), `whitespace_pattern` (a regex between JSON tokens; none:
         compact), `token_healing` (default False: when the prompt ends inside what the
         tokenizer would merge with what follows, its last tokens are backed off and the output's
-        first tokens made to spell them, left out of the text; see
+        first tokens made to spell them (counted in max_new_tokens), left out of the text; see
         `runtime.scheduling.healing`), and on a prefill or
         decode server `bootstrap_host` / `bootstrap_port` / `bootstrap_room` (one prompt; see
         `runtime.disaggregation`). One prompt whose request is invalid raises; in a list, that

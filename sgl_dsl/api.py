@@ -108,6 +108,7 @@ class SglFunction:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None,
+        token_healing: bool | None = None,
         stream: bool = False,
         backend: Backend | None = None,
         use_thread: bool = True,
@@ -157,6 +158,7 @@ class SglFunction:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None,
+        token_healing: bool | None = None,
         backend: Backend | None = None,
         num_threads: int | str = "auto",
         progress_bar: bool = False,
@@ -238,6 +240,7 @@ class SglFunction:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None,
+        token_healing: bool | None = None,
         stream: bool = False,
         backend: Backend | None = None,
         **kwargs: Any,
@@ -280,6 +283,7 @@ class SglFunction:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None,
+        token_healing: bool | None = None,
         backend: Backend | None = None,
         max_concurrency: int | None = None,
         progress_bar: bool = False,
@@ -410,7 +414,7 @@ def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | 
 
 # run() keyword -> gen() keyword, where they differ
 _RUN_NAMES = {"max_new_tokens": "max_tokens"}
-_SAMPLING = ("max_new_tokens", *SAMPLING_KEYWORDS)
+_SAMPLING = ("max_new_tokens", *SAMPLING_KEYWORDS, "token_healing")
 
 
 def _defaults(given: dict[str, Any]) -> dict[str, Any]:

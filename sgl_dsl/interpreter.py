@@ -173,7 +173,34 @@ def _gen_call(
     params: dict[str, Any] = {**state.defaults, **gen.params}
     n = params.pop("n", 1)
     patterns = [re.compile(p) for p in params.pop("stop_regex", None) or ()]
+    _healing(state, params)
     return state._text, params, n, patterns
+
+
+def _healing(state: ProgramState, params: dict[str, Any]) -> None:
+    """Token healing (docs/programs.md): asked of the backend for a gen after text the program
+    wrote, unless the gen or the run says `token_healing=False`; not at the start of the text
+    nor right after a role's begin or end marker (the template's own boundaries), unless the
+    gen asks for it. Only a backend that heals (`heals_tokens`: the in-process engine, our
+    server) is sent the option; the others generate after the text as it is."""
+    wanted = params.pop("token_healing", None)
+    if wanted is None:
+        wanted = _after_written_text(state)
+    if wanted and getattr(state.backend, "heals_tokens", False):
+        params["token_healing"] = True
+
+
+def _after_written_text(state: ProgramState) -> bool:
+    text = state._text
+    if not text:
+        return False
+    role = state._open_role
+    if role is not None:
+        return role[1] < len(text)  # something was written after the role's begin marker
+    if state._messages:
+        end = state.template.end(state._messages[-1]["role"])
+        return not (end and text.endswith(end))
+    return True
 
 
 def _tool_call(state: ProgramState, gen: Gen) -> tuple[list[dict[str, Any]], dict[str, Any]]:

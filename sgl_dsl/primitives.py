@@ -45,6 +45,7 @@ def gen(
     type: Any = None,  # the public keyword gen(name, type=T); shadows the builtin here only
     tools: Any = None,
     tool_choice: Any = None,
+    token_healing: bool | None = None,
 ) -> Gen | Select:
     """Generate text into variable `name`. Unset options take the run's defaults.
 
@@ -64,6 +65,9 @@ def gen(
     instance: see `sgl_dsl.typed`), the raw text staying in `state.text()` (with `n` > 1: the
     list of the n texts or values, and the first is appended, as SGLang does). `stop_regex`
     ends the generation where a Python regex matches the text (cut before the match).
+    `token_healing` (ours; default: on for a gen after text the program wrote, off right
+    after a role marker) lets the first generated tokens merge with the end of the text before
+    the gen, as the tokenizer would have written them unsplit (docs/programs.md).
     `choices` as in SGLang: with temperature unset or 0 (or a `choices_method`) it is
     `select(name, choices, 0, choices_method)`, scoring every choice; with temperature > 0
     (which SGLang refuses) the output is sampled constrained to the choices.
@@ -115,8 +119,15 @@ def gen(
         "ebnf": ebnf,
         "structural_tag": None if structural_tag is None else _tag_text(name, structural_tag),
         "json_schema_mode": json_schema_mode,
+        "token_healing": _checked_healing(name, token_healing),
     }
     return Gen(name, {k: v for k, v in params.items() if v is not None}, result)
+
+
+def _checked_healing(name: Any, token_healing: Any) -> bool | None:
+    if token_healing is not None and not isinstance(token_healing, bool):
+        raise ProgramError(f"gen({name!r}): token_healing must be True or False")
+    return token_healing
 
 
 def _tool_gen(name: Any, tools: Any, tool_choice: Any, given: dict[str, Any]) -> Gen:

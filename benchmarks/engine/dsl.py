@@ -1,7 +1,7 @@
 """Programs over a batch: prefix hoisting + radix cache vs cache off vs transformers; and async.
 
-Run: .venv/bin/python -m benchmarks.engine.dsl [--suite all|few-shot|async] [--n 64] [--shots 24]
-     [--max-new-tokens 12] [--programs 256]
+Run: .venv/bin/python -m benchmarks.engine.dsl [--suite all|few-shot|async|healing] [--n 64]
+     [--shots 24] [--max-new-tokens 12] [--programs 256]
 
 The same few-shot program (a long shared header of examples, then the input's question, then
 one greedy gen that stops at a newline) runs three ways:
@@ -22,6 +22,9 @@ number of threads of this process while the batch ran (a sampler polls every 5 m
 itself is not counted; the engine's own threads are, in-process), how many values are `Person`
 instances with no error, and how many equal the threaded run's. The prefix cache is flushed
 before every timed run; a few programs warm each backend first.
+
+The healing suite (benchmarks/engine/healing.py) cuts prompts mid-token and counts the greedy
+outputs equal to the unsplit prompt's, with token healing and without.
 """
 
 from __future__ import annotations
@@ -360,7 +363,7 @@ def few_shot_suite(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=["all", "few-shot", "async"], default="all")
+    parser.add_argument("--suite", choices=["all", "few-shot", "async", "healing"], default="all")
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--shots", type=int, default=24)
     parser.add_argument("--max-new-tokens", type=int, default=12)
@@ -372,6 +375,10 @@ def main() -> None:
         few_shot_suite(args)
     if args.suite in ("all", "async"):
         async_suite(args.programs, args.num_threads)
+    if args.suite in ("all", "healing"):
+        from benchmarks.engine.healing import healing_suite
+
+        healing_suite(max_new=args.max_new_tokens)
 
 
 if __name__ == "__main__":

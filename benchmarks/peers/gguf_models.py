@@ -23,6 +23,8 @@ _LAYER = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",  # Qwen3's per-head query / key norms
+    "self_attn.k_norm": "attn_k_norm",
 }
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
@@ -68,33 +70,45 @@ def write_gguf(
     tokenizer_from: Path | None = None,
     overrides: dict[str, str] | None = None,
 ) -> Path:
-    """Write a Llama (`config`: a transformers LlamaConfig, `state`: its state dict) as a GGUF
-    whose matrices are `qtype` ("Q8_0", "Q4_0", "F16", ...; `overrides` maps a checkpoint name
-    to another type) and whose vectors are F32. The tokenizer comes from `tokenizer_from`
-    (default: the default model's GGUF; its vocabulary must have `config.vocab_size` tokens)."""
+    """Write a Llama or a Qwen3 (`config`: a transformers LlamaConfig / Qwen3Config, `state`:
+    its state dict) as a GGUF whose matrices are `qtype` ("Q8_0", "Q4_0", "F16", ...;
+    `overrides` maps a checkpoint name to another type) and whose vectors are F32. The
+    tokenizer comes from `tokenizer_from` (default: the default model's GGUF; its vocabulary
+    must have `config.vocab_size` tokens). A Qwen3 (config.model_type "qwen3") is written as
+    llama.cpp's converter writes one: architecture `qwen3`, q / k rows as they are, the head
+    size as key / value length."""
     import gguf
     from gguf import GGMLQuantizationType, quants
 
     from runtime.default_model import default_gguf_path
 
-    writer = gguf.GGUFWriter(str(path), "llama")
+    arch = "qwen3" if getattr(config, "model_type", "llama") == "qwen3" else "llama"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(float(getattr(config, "rope_theta", 10000.0)))
+    theta = getattr(config, "rope_theta", None)  # transformers 5: in rope_parameters
+    theta = theta or (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    writer.add_rope_freq_base(float(theta))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
-    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    writer.add_rope_dimension_count(head_dim)
+    if arch == "qwen3":
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     _copy_tokenizer(writer, tokenizer_from or default_gguf_path())
     overrides = overrides or {}
     for name, tensor in state.items():
         if config.tie_word_embeddings and name == "lm_head.weight":
             continue
         w = tensor.detach().to(torch.float32).numpy()
-        if name.endswith("q_proj.weight"):
+        if arch != "llama":
+            pass  # llama.cpp permutes q / k rows for its llama rotary layout only
+        elif name.endswith("q_proj.weight"):
             w = permute_rows(w, config.num_attention_heads)
         elif name.endswith("k_proj.weight"):
             w = permute_rows(w, config.num_key_value_heads)
@@ -127,27 +141,50 @@ BIG_LLAMA = {
 }
 
 
+# Qwen3-0.6B's shape (28 layers, 16 query / 8 KV heads of 128, hidden 1024, MLP 3072) with the
+# default model's vocabulary instead of Qwen's 151,936 tokens: ~0.48B parameters.
+QWEN3_06B = {
+    "vocab_size": 49152,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+}
+
+
 class RandomLlamaState:
-    """A Llama's state dict with random weights (normal, std 0.02; norms 1), each tensor made
-    when `items()` reaches it, so writing a 1B model never holds its fp32 weights at once."""
+    """A Llama's (or a Qwen3's: q / k norms too) state dict with random weights (normal, std
+    0.02; norms 1), each tensor made when `items()` reaches it, so writing a 1B model never
+    holds its fp32 weights at once."""
 
     def __init__(self, config: Any, seed: int = 0) -> None:
         self.config, self.seed = config, seed
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         c = self.config
-        h, i, d = c.hidden_size, c.intermediate_size, c.hidden_size // c.num_attention_heads
-        kv = c.num_key_value_heads * d
+        h, i = c.hidden_size, c.intermediate_size
+        d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
+        qk_norm = getattr(c, "model_type", "llama") == "qwen3"
         out = {"model.embed_tokens.weight": (c.vocab_size, h)}
         for n in range(c.num_hidden_layers):
             p = f"model.layers.{n}."
+            if qk_norm:
+                out[p + "self_attn.q_norm.weight"] = (d,)
+                out[p + "self_attn.k_norm.weight"] = (d,)
             out.update({
                 p + "input_layernorm.weight": (h,),
                 p + "post_attention_layernorm.weight": (h,),
-                p + "self_attn.q_proj.weight": (h, h),
+                p + "self_attn.q_proj.weight": (q, h),
                 p + "self_attn.k_proj.weight": (kv, h),
                 p + "self_attn.v_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, h),
+                p + "self_attn.o_proj.weight": (h, q),
                 p + "mlp.gate_proj.weight": (i, h),
                 p + "mlp.up_proj.weight": (i, h),
                 p + "mlp.down_proj.weight": (h, i),
@@ -176,6 +213,21 @@ def random_llama_gguf(folder: Path, qtype: str, seed: int = 0) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         config = LlamaConfig(**BIG_LLAMA)
+        write_gguf(partial, config, RandomLlamaState(config, seed), qtype)
+        partial.rename(path)
+    return path
+
+
+def random_qwen3_gguf(folder: Path, qtype: str, seed: int = 0) -> Path:
+    """`folder`/random-qwen3-0.6b.`qtype`.gguf (QWEN3_06B's shape, random weights), written
+    once and reused."""
+    from transformers import Qwen3Config
+
+    path = Path(folder) / f"random-qwen3-0.6b.{qtype}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        config = Qwen3Config(**QWEN3_06B)
         write_gguf(partial, config, RandomLlamaState(config, seed), qtype)
         partial.rename(path)
     return path

@@ -17,8 +17,9 @@ the unsplit text:
        bytes after it. EOS and special tokens are not allowed then. Once spelled, the request's
        constraint alone decides (a request without one drops the wrapper: `unconstrained`).
     3. The request's text leaves the prefix out (the caller's prompt has it: `Request.heal_text`);
-       its token ids include the tokens that spelled it, its prompt ids are the backed-off ones,
-       and `max_new_tokens` (and a non-zero `min_new_tokens`) count k more tokens.
+       its token ids include the tokens that spelled it (`max_new_tokens` counts them, as
+       SGLang's programs expect: `max_tokens` bounds the tokens generated), its prompt ids are
+       the backed-off ones.
 
 The constraint therefore applies to the text after the healed prefix, whatever its kind: the
 wrapper asks the inner matcher only `advance_bytes` on a copy (every matcher has both).

@@ -337,8 +337,9 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         results = await collect(bridge, [j for _, j in jobs], request, param, state.metrics_abort)
         inputs = await asyncio.gather(
             *(
-                _input_logprobs(state, ids, start, o["with_text"])
-                for (ids, _), o, start in zip(jobs, opts, input_starts, strict=True)
+                # the prompt the engine ran: token healing backs its end off
+                _input_logprobs(state, list(r.prompt_token_ids) or ids, start, o["with_text"])
+                for r, (ids, _), o, start in zip(results, jobs, opts, input_starts, strict=True)
             )
         )  # one engine score request each, batched by the scheduler
         outputs = [

@@ -28,6 +28,8 @@ class Runtime(Backend):
     An engine already built can be wrapped with `Runtime.from_engine(engine)`.
     """
 
+    heals_tokens = True  # the engine's `token_healing` (see interpreter._healing)
+
     def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
         from runtime import Engine  # the engine is heavy; import it only when asked for
 
