@@ -29,6 +29,7 @@ from runtime.speculative.config import SpeculativeConfigError
 logger = logging.getLogger(__name__)
 
 MAX_CATCH_UP = 1024  # tokens of one request the draft computes in one round, at most
+DECODE_ROWS = 32  # a round's catch-up of at most this many tokens runs as decode rows
 
 
 @dataclass(slots=True)
@@ -191,6 +192,8 @@ class DraftModel:
             return self.model.forward(batch, self.pool).float().cpu()
 
     def _forward_extend(self, spans: list) -> torch.Tensor:
+        if sum(len(s[3]) for s in spans) <= DECODE_ROWS:
+            return self._forward_rows(spans)
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -211,6 +214,32 @@ class DraftModel:
             extend_page_table=self._page_table(seqs),
             extend_prefix_lens=torch.tensor([s[2] for s in spans], dtype=torch.int32),
             extend_lens=torch.tensor([len(s[3]) for s in spans], dtype=torch.int32),
+            logit_rows=torch.tensor(rows, dtype=torch.long),
+        ))  # fmt: skip
+
+    def _forward_rows(self, spans: list) -> torch.Tensor:
+        """A short catch-up as decode rows, one per token (each attends up to its own position,
+        which the rows before it write in this forward): the model's decode path."""
+        ids: list[int] = []
+        positions: list[int] = []
+        seqs: list[DraftSeq] = []
+        rows: list[int] = []
+        for _, st, keep, todo, _ in spans:
+            ids.extend(todo)
+            positions.extend(range(keep, keep + len(todo)))
+            seqs.extend([st] * len(todo))
+            rows.append(len(ids) - 1)
+        slots = [self._slots(st, p, p + 1)[0] for st, p in zip(seqs, positions, strict=True)]
+        return self._run(ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            out_slots=torch.tensor(slots, dtype=torch.long),
+            num_decode=len(ids),
+            decode_page_table=self._page_table(seqs),
+            decode_seq_lens=torch.tensor([p + 1 for p in positions], dtype=torch.int32),
+            extend_page_table=torch.zeros((0, 1), dtype=torch.int32),
+            extend_prefix_lens=torch.zeros(0, dtype=torch.int32),
+            extend_lens=torch.zeros(0, dtype=torch.int32),
             logit_rows=torch.tensor(rows, dtype=torch.long),
         ))  # fmt: skip
 
