@@ -8,7 +8,9 @@ Workloads (greedy, the default model's GGUF unless --model, CPU):
   free-chat   batch 1: an open question (little to copy)
   decode-16   the 16 short prompts of benchmarks.peers (128 new tokens each, ignore_eos)
 
-Rows: no speculation, n-gram (`speculative_algorithm="NGRAM"`). Each row: tokens/s (completion
+Rows (`--rows`): no speculation, n-gram (`speculative_algorithm="NGRAM"`), draft model
+(`speculative_algorithm="STANDALONE"`, the default model's Q4_1 GGUF drafting for its dense
+fp32 folder, which is then every row's target). Each row: tokens/s (completion
 tokens over wall time, the faster of `--rounds` runs, the prompts' KV cached by a one-token run
 just before; the rows of a workload alternate on one machine), forward steps per token, the
 accept length (tokens per verify forward), and whether the output equals the no-speculation
@@ -24,6 +26,7 @@ import time
 
 from benchmarks.peers.compare import CITIES, PEOPLE
 from runtime import Engine
+from runtime.default_model import default_gguf_path, ensure_default_model
 
 FIELDS = ("customer", "email", "company", "street", "city", "order_id", "product", "note")
 SCHEMA = {
@@ -175,22 +178,38 @@ def run(engine: Engine, w: dict) -> tuple[float, list[list[int]], dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=None, help="default: the default model's GGUF")
+    parser.add_argument("--model", default=None, help="the target (default: the default "
+                        "model's GGUF; with the draft row, its dense fp32 folder)")
+    parser.add_argument("--draft-model", default=None,
+                        help="the draft row's model (default: the default model's GGUF)")
+    parser.add_argument("--rows", default="none,ngram,draft",
+                        help="comma-separated rows: none, ngram, draft")
+    parser.add_argument("--no-cost-policy", action="store_true",
+                        help="verify every proposal (the cost-aware policy off)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--draft-tokens", type=int, default=8)
     parser.add_argument("--only", default=None, help="comma-separated workload names")
     args = parser.parse_args(argv)
+    rows = args.rows.split(",")
+    target = args.model
+    if target is None and "draft" in rows:
+        target = str(ensure_default_model())  # the GGUF dequantized: the draft's own weights
+    draft = args.draft_model or str(default_gguf_path())
     common = {"max_total_tokens": 16384, "chunked_prefill_tokens": 512}
-    engines = {
-        "none": Engine(args.model, **common),
-        "ngram": Engine(
-            args.model,
-            **common,
-            speculative_algorithm="NGRAM",
-            speculative_num_draft_tokens=args.draft_tokens,
-        ),  # fmt: skip
-    }
+    spec = {"speculative_num_draft_tokens": args.draft_tokens}
+    kinds = {
+        "none": {},
+        "ngram": {"speculative_algorithm": "NGRAM", **spec},
+        "draft": {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": draft,
+                  **spec},
+    }  # fmt: skip
+    engines = {row: Engine(target, **common, **kinds[row]) for row in rows}
+    if args.no_cost_policy:
+        for engine in engines.values():
+            if engine.scheduler.speculation is not None:
+                engine.scheduler.speculation.cost_aware = False
+    print(f"target {target or default_gguf_path()}; draft row: {draft}")
     work = workloads(engines["none"].tokenizer, args.quick)
     if args.only:
         work = {k: v for k, v in work.items() if k in args.only.split(",")}
@@ -213,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             base_rate = base_rate or rate
             steps = delta["spec_verify_steps"]
             accept = ((delta["spec_accepted_tokens"] + steps) / steps) if steps else 1.0
-            same = ids == best["none"][1]
+            same = ids == best[rows[0]][1]
             print(f"{name:<11} {row:<6} {tokens:>6} {rate:>8.1f} {rate / base_rate:>5.2f} "
                   f"{delta['forward_steps'] / max(tokens, 1):>9.2f} {accept:>10.2f} "
                   f"{'yes' if same else 'NO':>9}")  # fmt: skip
