@@ -20,7 +20,8 @@ messages with the tools. A reasoning row: a `<think>`-opening template served wi
 budget: the share of answers whose content validates after the reasoning.
 Nested rows (`--rows nested`): two tools whose parameters pydantic wrote with `$defs` / `$ref`
 (a team of people, a room booked for a person), strict, per format and tool_choice, judged as
-above. Responses rows (`--rows responses`, on the `json` server, the default model with no
+above; then one recursive tool (an outline of topics holding topics: a `$ref` cycle, exact at
+any depth). Responses rows (`--rows responses`, on the `json` server, the default model with no
 flag): the same streamed requests through `/v1/chat/completions` and `/v1/responses`
 (`tool_choice` required, nested tools), one at a time with the two APIs alternating: median
 time to the first generated delta (chat: the first chunk with a call or content; Responses: the
@@ -150,12 +151,22 @@ class _Room(BaseModel):
     nights: int = Field(ge=1, le=30)
 
 
+class Topic(BaseModel):
+    title: str = Field(max_length=20)
+    subtopics: list[Topic] = Field(max_length=3)
+
+
 # parameters as pydantic writes a model that holds another: `$defs` and `$ref`
 NESTED_TOOLS = [
     {"type": "function", "function": {"name": "save_team", "description": "Save a team.",
                                       "parameters": _Team.model_json_schema()}},
     {"type": "function", "function": {"name": "book_room", "description": "Book a room.",
                                       "parameters": _Room.model_json_schema()}},
+]  # fmt: skip
+# a recursive model (a tree of topics): `$defs` with a `$ref` cycle, exact at any depth
+TREE_TOOLS = [
+    {"type": "function", "function": {"name": "save_outline", "description": "Save an outline.",
+                                      "parameters": Topic.model_json_schema()}},
 ]  # fmt: skip
 
 
@@ -199,8 +210,9 @@ def _questions(n: int) -> list[tuple[int, str]]:
 
 
 async def run_row(
-    srv: dict, fmt: str, kind: str, strict: bool, args, tools: list[dict] | None = None
-) -> dict:
+    srv: dict, fmt: str, kind: str, strict: bool, args, tools: list[dict] | None = None,
+    label: str = "nested $defs",
+) -> dict:  # fmt: skip
     sem = asyncio.Semaphore(args.concurrency)
     rows: list[tuple[bool, bool, bool, int, int, bool, bool]] = []
     nested = tools is not None
@@ -235,7 +247,7 @@ async def run_row(
     opened = [r for r in rows if r[0] and not r[6]]
     calls = sum(r[3] for r in rows)
     return {
-        "format": f"{fmt} (nested $defs)" if nested else fmt,
+        "format": f"{fmt} ({label})" if nested else fmt,
         "tool_choice": kind,
         "strict": "on" if strict else "off",
         "answers": len(rows),
@@ -551,6 +563,9 @@ def _format_rows(srv: dict, fmt: str, rows: set[str], args) -> list[dict]:
         if "nested" in rows:
             out.append(asyncio.run(run_row(srv, fmt, kind, True, args, NESTED_TOOLS)))
             print(out[-1], flush=True)
+            tree = asyncio.run(run_row(srv, fmt, kind, True, args, TREE_TOOLS, "recursive $defs"))
+            out.append(tree)
+            print(tree, flush=True)
     return out
 
 

@@ -103,6 +103,7 @@ class XMLArguments:
             loaded = load_schema(schema)
         except GrammarError as e:
             raise GrammarError(f"structural tag {self.where}.json_schema: {e}") from None
+        loaded = root_object(loaded)
         if loaded is True or loaded == {}:
             return self._any_object()
         if loaded is False:
@@ -235,6 +236,25 @@ class XMLArguments:
         if lo or hi is not None:
             return Seq((self.ws, Rep(ANY_CHAR, int(lo), None if hi is None else int(hi)), self.ws))
         return self._raw_text()
+
+
+def root_object(schema: Any) -> Any:
+    """A root that is only a `$ref` into its own `$defs` / `definitions` (pydantic's way of
+    writing a recursive model) as the definition it names, the definitions kept beside it
+    (the same language: the definition's `#/$defs/...` refs resolve as before, and `#` now
+    names the definition, which the root was)."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("$ref"), str):
+        return schema
+    defs = {k: schema[k] for k in ("$defs", "definitions") if isinstance(schema.get(k), dict)}
+    rest = set(schema) - set(defs) - {"$ref", "$schema", "$id"} - _ANNOTATIONS
+    ref = schema["$ref"]
+    for base, table in defs.items():
+        prefix = f"#/{base}/"
+        target = table.get(ref[len(prefix) :]) if ref.startswith(prefix) else None
+        if isinstance(target, dict) and not rest and "$ref" not in target:
+            keep = {k: schema[k] for k in ("$schema", "$id") if k in schema}
+            return {**keep, **target, **defs}
+    return schema
 
 
 def _listed_values(sub: Any) -> list[Any] | None:

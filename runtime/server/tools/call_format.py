@@ -138,8 +138,10 @@ class FormatParser(ToolParser):
 
     def bind(self, tools: list[Any] | None) -> None:
         """The declared tools' parameter schemas, for typing XML argument values."""
+        from grammar.structural.xml_args import root_object
+
         for t in tools or []:
-            props = (t.function.parameters or {}).get("properties")
+            props = root_object(t.function.parameters or {}).get("properties")
             self._schemas[t.function.name] = props if isinstance(props, dict) else {}
 
     def parse(self, text: str, tools: list[Any]) -> tuple[str | None, list[dict[str, Any]]]:

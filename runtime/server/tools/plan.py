@@ -100,7 +100,9 @@ def _kwargs_regex(params: dict[str, Any], mode: str, param: str, name: str) -> s
     parameters, `schemas.property_schema`)."""
     from grammar.json_schema.schema import load_schema
     from grammar.json_schema.strict import apply_mode
+    from grammar.structural.xml_args import root_object
 
+    params = root_object(params)  # (pydantic's recursive model: a root `$ref`)
     schema = apply_mode(load_schema(params), mode)
     props = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(props, dict) or not props:
@@ -250,8 +252,9 @@ def _kwargs_format(tool: Tool, index: int, mode: str) -> dict[str, Any]:
     property's schema as `json_schema` content (its `$ref`s resolving in the parameters)."""
     from grammar.json_schema.schema import load_schema
     from grammar.json_schema.strict import apply_mode
+    from grammar.structural.xml_args import root_object
 
-    params, name = tool.function.parameters, tool.function.name
+    params, name = root_object(tool.function.parameters), tool.function.name
     param = f"tools.{index}.function.parameters"
     if tool.function.strict is False:
         return {"type": "regex", "pattern": args_regex(PythonicParser(), tool, index, mode)}

@@ -209,13 +209,49 @@ def test_a_deep_tree_is_exact_in_every_format(walk, fmt, choice, parallel):
         assert walk(constraint, _text(fmt, two)), _text(fmt, two)
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "mistral", "llama3", "pythonic", "qwen3_coder"])
-def test_a_self_referencing_root_is_exact(walk, fmt):
-    """`"$ref": "#"` (the parameters refer to themselves): a chain of 6 links."""
-    tools = [{"type": "function", "function": {"name": "chain", "parameters": CHAIN}}]
+# pydantic's recursive model: the root a `$ref` into `$defs`
+OUTLINE = {
+    "$defs": {
+        "Topic": {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string", "maxLength": 12},
+                "subtopics": {"type": "array", "items": {"$ref": "#/$defs/Topic"}, "maxItems": 3},
+            },
+            "required": ["title", "subtopics"],
+        }
+    },
+    "$ref": "#/$defs/Topic",
+}
+
+
+def _outline(depth: int) -> dict:
+    node: dict = {"title": f"t{depth}", "subtopics": []}
+    for d in range(depth - 1, 0, -1):
+        node = {"title": f"t{d}", "subtopics": [{"title": "leaf", "subtopics": []}, node]}
+    return node
+
+
+@pytest.mark.parametrize(
+    "schema, deep, bad",
+    [
+        (CHAIN, _chain(6), {"value": 1, "next": {"next": {}}}),
+        (OUTLINE, _outline(5), {"title": "a", "subtopics": [{"title": "b"}]}),
+    ],
+    ids=["ref-to-root", "root-ref"],
+)
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "json"] + DESCRIBED)
+def test_a_self_referencing_root_is_exact(walk, fmt, schema, deep, bad):
+    """`"$ref": "#"` (the parameters refer to themselves: a chain of 6 links), and a root that
+    is a `$ref` into its `$defs` (pydantic's recursive model: an outline 5 deep)."""
+    tools = [{"type": "function", "function": {"name": "deep", "parameters": schema}}]
     constraint = _constraint(fmt, tools, "required", False)
-    assert walk(constraint, _text(fmt, [("chain", _chain(6))]))
-    assert not walk(constraint, _text(fmt, [("chain", {"value": 1, "next": {"next": {}}})]))
+    text = _text(fmt, [("deep", deep)])
+    assert walk(constraint, text), text
+    parser = get_parser(fmt)
+    _, calls = parser.parse(text, [Tool.model_validate(t) for t in tools])
+    assert json.loads(calls[0]["function"]["arguments"]) == deep
+    assert not walk(constraint, _text(fmt, [("deep", bad)]))
 
 
 EXTERNAL = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
