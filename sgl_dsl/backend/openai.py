@@ -182,7 +182,7 @@ class OpenAI(Backend):
         {json, regex, choice, grammar (GBNF), structural_tag}; vllm-guided: `guided_json` /
         `guided_regex` / `guided_choice` / `guided_grammar` (vLLM before 0.12); sglang and
         runtime: `response_format` (chat) or `json_schema` (completions), `regex`, `ebnf`,
-        `response_format` structural_tag (chat), choices and dtype as their regex; runtime also
+        `response_format` structural_tag, choices and dtype as their regex; runtime also
         `json_schema_mode` (this project's server)."""
         server, chat = self.server, self.is_chat_model
         where = self._where()
@@ -217,7 +217,7 @@ class OpenAI(Backend):
             if server == "openai":
                 fmt["strict"] = True
             return {**out, "response_format": {"type": "json_schema", "json_schema": fmt}}
-        if key == "structural_tag" and chat and server != "openai":
+        if key == "structural_tag" and server != "openai":  # chat and completions alike
             return {**out, "response_format": {"type": "structural_tag", **json.loads(value)}}
         if server == "openai":
             if key == "choices" and chat:

@@ -162,6 +162,7 @@ def test_completion_models_fields():
         "structured_outputs": {"json": SCHEMA}
     }
     assert _sent("vllm-guided", {"regex": "a+"}, chat=False) == {"guided_regex": "a+"}
+    assert _sent("sglang", {"structural_tag": TAG}, chat=False) == {"response_format": TAG}
 
 
 def test_runtime_dialect_sends_json_schema_mode():
@@ -181,7 +182,6 @@ def test_runtime_dialect_sends_json_schema_mode():
         ("sglang", {"grammar": 'start: "a"'}, True, "lark grammars"),
         ("vllm", {"grammar": 'start: "a"'}, True, "lark grammars"),
         ("vllm", {"json_schema": SCHEMA, "json_schema_mode": "exact"}, True, "json_schema_mode"),
-        ("sglang", {"structural_tag": TAG}, False, "structural_tag cannot be sent to /completions"),
     ],
 )
 def test_what_a_server_cannot_take_is_refused_by_name(server, kw, chat, match):
