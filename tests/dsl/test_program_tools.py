@@ -442,3 +442,45 @@ def test_calls_come_in_the_templates_own_format(runtime, template):
     [call] = state["calls"]
     assert call.name == "add" and set(call.arguments) == {"a", "b"}
     assert FORMATS[template] in state.text().split("What is 2 + 3?")[-1]  # the model's answer
+
+
+async def async_add(a: int, b: int) -> int:
+    """Add, awaiting."""
+    await asyncio.sleep(0)
+    return a + b
+
+
+def broken_add(a: int, b: int) -> int:
+    """Always fails."""
+    raise RuntimeError("adder offline")
+
+
+def _one_loop(tool: Any) -> Any:
+    @sgl.function
+    def loop(s):
+        s += sgl.user("go")
+        s += sgl.tool_loop([tool], max_turns=2, on_max_turns="answer")
+
+    return loop
+
+
+class ScriptedAnyTool(ScriptedTools):
+    """ScriptedTools calling whichever tool the gen declares."""
+
+    def chat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> GenOutput:
+        out = super().chat(messages, params)
+        for c in out.tool_calls or []:
+            c["function"]["name"] = params["tools"][0]["function"]["name"]
+        return out
+
+
+def test_async_tools_are_awaited_in_both_runs():
+    state = _one_loop(async_add).run(backend=ScriptedAnyTool())
+    assert [c.result for c in state["tool_calls"]] == [3]
+    state = asyncio.run(_one_loop(async_add).run_async(backend=ScriptedAnyTool()))
+    assert [c.result for c in state["tool_calls"]] == [3]
+
+
+def test_a_tool_that_raises_is_named():
+    with pytest.raises(sgl.ProgramError, match="tool broken_add raised.*adder offline"):
+        _one_loop(broken_add).run(backend=ScriptedAnyTool())
