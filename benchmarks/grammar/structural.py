@@ -278,9 +278,24 @@ def family_walks(family: str, cases: list) -> tuple[list[str], list[str]]:
     return valid, invalid
 
 
+def warm_up_family(engine: Any, tok: Any, family: str) -> None:
+    """`warm_up` in a family's format: its JSON white space (one character a run) and XML
+    arguments build per-vocabulary tables of their own, which a server using the family has."""
+    case = Case("warm_up", WARM_UP_SCHEMA, [({"q": "a b", "n": 12, "x": 1.5}, True)])
+    spec = family_spec(family, [case])
+    text = family_walks(family, [case])[0][0].replace("tool_0", "warm_up")
+    spec_text = json.dumps(spec).replace("tool_0", "warm_up")
+    ids = tok.encode(text, add_special_tokens=False)
+    if not _walk(engine, engine.structural(json.loads(spec_text)), ids, None):
+        raise RuntimeError(f"{engine.name}: the {family} warm-up call was refused")
+
+
 def structural_suite(tok: Any, keys: list[str], sizes: tuple[int, ...] = SIZES) -> None:
     files = [f for f in bench_files() if "Glaiveai2K" in f or "BFCL" in f]
     engines = _engines(tok, keys)
+    for e in engines:
+        for fam in FAMILIES:
+            warm_up_family(e, tok, fam)
     pool = [load_case(f) for f in files]
     can_write = {fam: writable(fam, pool) for fam in FAMILIES}
     print("\nsuite: structural-tags (triggered_tags, one JSON-Schema tag per tool; then the "
