@@ -31,7 +31,12 @@ def tool_base(name: str) -> str:
 
 def embedded(params: dict[str, Any], name: str) -> dict[str, Any]:
     """`params` as a subschema of another document, its local `$ref`s resolving inside it
-    (parameters that name their own `$id` keep it)."""
+    (parameters that name their own `$id` keep it; a root that is only a `$ref` into its
+    `$defs`, pydantic's recursive model, is read as the definition it names: an `$id` beside
+    a `$ref` is refused in drafts before 2019-09)."""
+    from grammar.structural.xml_args import root_object
+
+    params = root_object(params)
     if "$id" in params or not _has_ref(params):
         return params
     return {"$id": tool_base(name), **params}

@@ -240,7 +240,7 @@ def _outline(depth: int) -> dict:
     ],
     ids=["ref-to-root", "root-ref"],
 )
-@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "json"] + DESCRIBED)
+@pytest.mark.parametrize("fmt", FORMATS + DESCRIBED)
 def test_a_self_referencing_root_is_exact(walk, fmt, schema, deep, bad):
     """`"$ref": "#"` (the parameters refer to themselves: a chain of 6 links), and a root that
     is a `$ref` into its `$defs` (pydantic's recursive model: an outline 5 deep)."""
