@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from . import tools
-from .backend.base import Backend, GenChunk, GenOutput
+from .backend.base import Backend, GenChunk, GenOutput, NoPromptLogprobs
 from .chat_template import ChatTemplate
 from .errors import ProgramError
 from .ir import ArgRef, Expr, Gen, RoleBegin, RoleEnd, Select, Text, ToolLoop, VarRef, flatten
@@ -324,7 +324,11 @@ def run_select(state: ProgramState, sel: Select) -> None:
         _store_choice(state, sel, state.backend.generate(*_choice_call(state, sel)))
         return
     prompt, continuations, neutral = _select_call(state, sel)
-    token_logprobs = state.backend.score(prompt, continuations)
+    try:
+        token_logprobs = state.backend.score(prompt, continuations)
+    except NoPromptLogprobs:  # the server returned none: a constrained choice instead
+        _store_choice(state, sel, state.backend.generate(*_choice_call(state, sel)))
+        return
     unconditional = None if neutral is None else state.backend.score(neutral, sel.choices)
     _choose(state, sel, token_logprobs, unconditional)
 
@@ -338,7 +342,11 @@ async def run_select_async(state: ProgramState, sel: Select) -> None:
     calls = [state.backend.ascore(prompt, continuations)]
     if neutral is not None:
         calls.append(state.backend.ascore(neutral, sel.choices))
-    scored = await asyncio.gather(*calls)
+    try:
+        scored = await asyncio.gather(*calls)
+    except NoPromptLogprobs:
+        _store_choice(state, sel, await state.backend.agenerate(*_choice_call(state, sel)))
+        return
     _choose(state, sel, scored[0], scored[1] if neutral is not None else None)
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..chat_template import ChatTemplate
+from ..errors import BackendError
 
 
 class FinishReason(dict):
@@ -46,6 +47,11 @@ class FinishReason(dict):
         return not self.__eq__(other)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+class NoPromptLogprobs(BackendError):
+    """The server returned no log-probs of the given text (it cannot score it): `select` is
+    then a constrained choice, and the backend says `scores_text = False` from then on."""
 
 
 @dataclass(slots=True)
@@ -139,8 +145,6 @@ class Backend(ABC):
         the assistant's next turn after the OpenAI-shaped `messages`, with the calls in the
         model's own format, strict, read back into `GenOutput.tool_calls`. A backend that
         cannot do tools raises `BackendError` naming itself."""
-        from ..errors import BackendError
-
         raise BackendError(f"{type(self).__name__} backend cannot run a gen with tools")
 
     async def achat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> GenOutput:

@@ -38,7 +38,7 @@ import httpx
 
 from ..chat_template import ChatTemplate
 from ..errors import BackendError
-from .base import Backend, GenChunk, GenOutput, in_fallback_pool
+from .base import Backend, GenChunk, GenOutput, NoPromptLogprobs, in_fallback_pool
 from .chat_calls import chat_tools_body, chat_tools_output
 
 # gen() keyword -> /generate sampling_params key, where they differ
@@ -123,8 +123,6 @@ class RuntimeEndpoint(Backend):
         self._async_clients = AsyncClients(client_options)
         self.model_info: dict[str, Any] = self._request("GET", "/get_model_info")
         self.has_prefix_cache = bool(self.model_info.get("radix_cache", True))
-        # our server heals prompt ends (`token_healing` in sampling_params); SGLang's does not
-        self.heals_tokens = bool(self.model_info.get("token_healing", False))
         self._template: ChatTemplate | None = None
         self._template_lock = threading.Lock()
         self._render_remotely = True
@@ -308,9 +306,13 @@ class RuntimeEndpoint(Backend):
         return self._score_by_completions(prompt, continuations)
 
     def _score_by_completions(self, prompt: str, continuations: list[str]) -> list[list[float]]:
-        return score_by_completions(
-            self._request, "/v1/completions", self._model_name(), prompt, continuations
-        )
+        try:
+            return score_by_completions(
+                self._request, "/v1/completions", self._model_name(), prompt, continuations
+            )
+        except NoPromptLogprobs:
+            self.scores_text = False  # select answers by a constrained choice from now on
+            raise
 
     async def ascore(self, prompt: str, continuations: list[str]) -> list[list[float]]:
         prompt = prompt or self.unconditional_prompt()
@@ -324,7 +326,11 @@ class RuntimeEndpoint(Backend):
                 self._score_routed = True
         body = completions_score_body(self._model_name(), prompt, continuations)
         reply = await self._arequest("POST", "/v1/completions", body)
-        return completions_scores("/v1/completions", reply, continuations)
+        try:
+            return completions_scores("/v1/completions", reply, continuations)
+        except NoPromptLogprobs:
+            self.scores_text = False
+            raise
 
     def _model_name(self) -> Any:
         return self.model_info.get("served_model_name")
@@ -522,7 +528,7 @@ def completions_scores(path: str, reply: Any, continuations: list[str]) -> list[
     """
     choices = sorted(reply["choices"], key=lambda c: c["index"])
     if len(choices) != len(continuations) + 1 or any(c["logprobs"] is None for c in choices):
-        raise BackendError(f"{path} did not echo the prompts' log-probs")
+        raise NoPromptLogprobs(f"{path} did not echo the prompts' log-probs")
     base = choices[0]["logprobs"]["tokens"]
     out = []
     for choice in choices[1:]:

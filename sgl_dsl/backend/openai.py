@@ -30,7 +30,7 @@ import httpx
 
 from ..chat_template import ChatTemplate
 from ..errors import BackendError
-from .base import Backend, GenChunk, GenOutput
+from .base import Backend, GenChunk, GenOutput, NoPromptLogprobs
 from .chat_calls import chat_tools_body, chat_tools_output
 from .endpoint import (
     AsyncClients,
@@ -108,6 +108,7 @@ class OpenAI(Backend):
             is_chat_model = model not in INSTRUCT_MODEL_NAMES
         self.is_chat_model = is_chat_model
         self.token_usage = TokenUsage()
+        self._echoes = True  # False once /completions returned no prompt log-probs
         if is_chat_model:
             self._template = ChatTemplate(dict(_BEGIN), dict(_END), source="openai-chat")
         else:
@@ -141,8 +142,8 @@ class OpenAI(Backend):
     @property
     def scores_text(self) -> bool:  # type: ignore[override]
         """Completion models score choices (`/completions` echoes the prompt's log-probs);
-        chat models cannot, so `select` is a constrained choice there."""
-        return not self.is_chat_model
+        chat models cannot, nor a server that echoes none: `select` is a constrained choice."""
+        return not self.is_chat_model and self._echoes
 
     def _where(self) -> str:
         return f"OpenAI(server={self.server!r})"
@@ -347,16 +348,24 @@ class OpenAI(Backend):
 
     def score(self, prompt: str, continuations: list[str]) -> list[list[float]]:
         self._check_scorable()
-        return score_by_completions(
-            self._request, "/completions", self.model, prompt, continuations
-        )
+        try:
+            return score_by_completions(
+                self._request, "/completions", self.model, prompt, continuations
+            )
+        except NoPromptLogprobs:
+            self._echoes = False
+            raise
 
     async def ascore(self, prompt: str, continuations: list[str]) -> list[list[float]]:
         self._check_scorable()
         body = completions_score_body(self.model, prompt, continuations)
-        return completions_scores(
-            "/completions", await self._apost("/completions", body), continuations
-        )
+        try:
+            return completions_scores(
+                "/completions", await self._apost("/completions", body), continuations
+            )
+        except NoPromptLogprobs:
+            self._echoes = False
+            raise
 
     def _check_scorable(self) -> None:
         if self.is_chat_model:

@@ -354,3 +354,20 @@ def test_runtime_endpoint_as_sglang_against_our_server(server):
             assert isinstance(json.loads(state["out"])["n"], int)
     finally:
         backend.shutdown()
+
+
+@sgl.function
+def pick_plain(s):
+    s += "Color: " + sgl.select("color", ["red", "blue"])
+    s += "\nAgain: " + sgl.select("again", ["red", "blue"])
+
+
+def test_a_completion_server_without_prompt_logprobs_answers_by_choice():
+    backend, rec = openai("vllm", chat=False, answer="blue")  # echoes no log-probs
+    state = pick_plain.run(backend=backend)
+    assert (state["color"], state["again"]) == ("blue", "blue")
+    sent = [body for _, body in rec.bodies]
+    assert sent[0]["echo"] is True  # tried to score first
+    assert sent[1]["structured_outputs"] == {"choice": ["red", "blue"]}
+    assert len(sent) == 3 and "echo" not in sent[2]  # then remembered: no second scoring try
+    assert backend.scores_text is False
