@@ -123,6 +123,8 @@ class RuntimeEndpoint(Backend):
         self._async_clients = AsyncClients(client_options)
         self.model_info: dict[str, Any] = self._request("GET", "/get_model_info")
         self.has_prefix_cache = bool(self.model_info.get("radix_cache", True))
+        # our server heals prompt ends (`token_healing` in sampling_params); SGLang's does not
+        self.heals_tokens = bool(self.model_info.get("token_healing", False))
         self._template: ChatTemplate | None = None
         self._template_lock = threading.Lock()
         self._render_remotely = True
