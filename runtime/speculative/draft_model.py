@@ -84,6 +84,8 @@ class DraftModel:
         self.device = device or torch.device("cpu")
         self.seqs: dict[int, DraftSeq] = {}  # id(request) -> its draft KV
         self.forwards = 0  # draft forward passes run (stats, tests)
+        # the last round's forwards of decode size (a long catch-up left out) and their seconds
+        self.step_forwards, self.step_s = 0, 0.0
 
     @classmethod
     def load(cls, path: str | Path, *, target_tokenizer: Any, target_vocab: int,
@@ -140,6 +142,7 @@ class DraftModel:
         (fewer, or none, when its draft pool is full or its catch-up is longer than
         MAX_CATCH_UP tokens) and the seconds the draft forwards took."""
         start = time.perf_counter()
+        self.step_forwards, self.step_s = 0, 0.0
         out: list[list[int]] = [[] for _ in items]
         spans = []  # (index, st, first position, tokens to compute, drafts wanted)
         for i, (key, seq, k) in enumerate(items):
@@ -185,11 +188,16 @@ class DraftModel:
         return [st.pages[p // ps] * ps + p % ps for p in range(lo, hi)]
 
     def _run(self, batch: ForwardBatch) -> torch.Tensor:
+        start = time.perf_counter()
         if self.device.type != "cpu":
             batch = batch.to(self.device)
         self.forwards += 1
         with torch.inference_mode():
-            return self.model.forward(batch, self.pool).float().cpu()
+            out = self.model.forward(batch, self.pool).float().cpu()
+        if batch.num_decode == batch.num_tokens:
+            self.step_forwards += 1
+            self.step_s += time.perf_counter() - start
+        return out
 
     def _forward_extend(self, spans: list) -> torch.Tensor:
         if sum(len(s[3]) for s in spans) <= DECODE_ROWS:

@@ -70,9 +70,10 @@ class Speculator:
         asks = [a for a in asks if a[2] > 0]
         if not asks:
             return [[] for _ in items]
-        before = self.draft.forwards
         drafted, self._draft_s = self.draft.propose(asks)
-        self.costs.observe_draft(len(asks), self.draft.forwards - before, self._draft_s)
+        # a draft forward's cost: the round's decode-sized forwards (a prompt's catch-up is
+        # paid once, not per draft)
+        self.costs.observe_draft(len(asks), self.draft.step_forwards, self.draft.step_s)
         by_req = {key: d for (key, _, _), d in zip(asks, drafted, strict=True)}
         out = []
         for req, _ in items:
