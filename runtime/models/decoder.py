@@ -24,6 +24,7 @@ the rows it gathers), as they do for `llama.py`; experts through moe.py.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -48,6 +49,8 @@ from runtime.models.moe import MoEWeights, load_moe, moe_forward
 from runtime.models.rope import RotaryEmbedding, apply_rotary, longrope_frequencies
 from runtime.parallel.comm import LOCAL, Comm
 from runtime.parallel.shard import SINGLE, Shard, heads_of, vocab_rows
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, frozen=True)
@@ -150,6 +153,36 @@ class DecoderModel:
         experts = config.moe.n_routed_experts if config.moe else 0
         self.expert_load = torch.zeros(moe_layers, experts, dtype=torch.int64)
         self.expert_load_total = torch.zeros(moe_layers, experts, dtype=torch.int64)
+        self.decode_path = self._decode_path()
+        logger.info("%s: %s", type(self).__name__, self.decode_path)
+
+    def _decode_path(self) -> str:
+        """What a decode step of this model runs, in words: this file's per-layer loop, never
+        llama.py's one-C-call decode chain (which covers the plain Llama layer only), and what
+        of the family keeps it off that chain. Logged once at load; docs/models.md."""
+        cfg, fam = self.config, self.family
+        why = []
+        if fam.norm_offset:
+            why.append("(1 + w) norms multiplied in float32")
+        if fam.sandwich_norms:
+            why.append("post-attention and post-MLP norms")
+        if cfg.qk_norm:
+            why.append("q / k head norms")
+        if cfg.hidden_act != "silu":
+            why.append(f"{cfg.hidden_act} gate")
+        if any(layer.moe is not None for layer in self.layers):
+            why.append("routed experts")
+        if any(layer.kind == SLIDING for layer in self.layers):
+            why.append("sliding-window layers (fused decode attention only while no sequence "
+                       "outgrows the window)")  # fmt: skip
+        if self.family.scaled_embeddings:
+            why.append("scaled embeddings")
+        if cfg.rope_type == "longrope" or cfg.rope_dim != cfg.head_dim:
+            why.append("LongRoPE / partial rotary")
+        if any(layer.qkv_bias is not None or layer.o_bias is not None for layer in self.layers):
+            why.append("biases")
+        return "per-layer decode, no one-call decode chain (" + (
+            ", ".join(why) or "the chain is built for llama.py's layer only") + ")"
 
     # ---- loading -----------------------------------------------------------------------------
     @staticmethod

@@ -59,3 +59,15 @@ def test_a_sequence_past_the_window_takes_the_general_path(gemma, monkeypatch):
         assert len(e.encode(long_prompt)) > 64
         e.generate(long_prompt, **GREEDY)
     assert calls[0] > 0
+
+
+def test_the_decode_path_says_why_the_family_is_off_the_decode_chain(gemma, caplog):
+    folder, _ = gemma
+    with caplog.at_level("INFO", logger="runtime.models.decoder"):
+        with Engine(str(folder), page_size=4) as e:
+            path = e.model.decode_path
+    assert path.startswith("per-layer decode, no one-call decode chain")
+    for reason in ("(1 + w) norms", "q / k head norms", "gelu_pytorch_tanh gate",
+                   "sliding-window layers"):  # fmt: skip
+        assert reason in path, reason
+    assert any(path in r.getMessage() for r in caplog.records)  # logged once at load
