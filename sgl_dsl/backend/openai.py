@@ -7,21 +7,24 @@ markers are private sentinels, and each generate call turns the text back into m
 half-written answer). Completion models (`is_chat_model=False`, or a model SGLang knows as one)
 get the text with plain `Role: ` lines.
 
-Constraints go in the fields of the server's own dialect, `server=` (default: "openai" for
-api.openai.com, else "sglang"): "openai" (`response_format` json_schema, strict), "vllm"
-(`structured_outputs`), "vllm-guided" (`guided_*`, vLLM before 0.12), "sglang" (`regex`, `ebnf`,
-`response_format`, `json_schema` on completions) and "runtime" (SGLang's plus this project's
-`json_schema_mode`); see `_constraint_fields`. A constraint or option the server cannot take is a
-`BackendError` naming it and the server before anything is sent (never dropped); a server that
-refuses a field answers 400, raised as `BackendError` naming the field.
+Constraints go in the fields of the server's own dialect, `server=`: "openai"
+(`response_format` json_schema, strict), "vllm" (`structured_outputs`), "vllm-guided"
+(`guided_*`, vLLM before 0.12), "sglang" (`regex`, `ebnf`, `response_format`, `json_schema` on
+completions) and "runtime" (SGLang's plus this project's `json_schema_mode`); see
+`_constraint_fields`. Unset, it is "openai" for api.openai.com and otherwise asked of the server
+once (`_detect_server`; "openai", the fewest fields, when the server does not say). A constraint
+or option the server cannot take is a `BackendError` naming it and the server before anything is
+sent (never dropped); a server that refuses a field answers 400, raised as `BackendError`.
 `select` scores through `/completions` with `echo` + `logprobs` on completion models; chat models
-cannot score given text, so there it is a constrained choice (`interpreter._choice_call`).
+cannot score given text (nor a server that echoes no log-probs), so there it is a constrained
+choice (`interpreter._choice_call`).
 A gen with tools sends the native `tools` field (`chat_calls`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -90,11 +93,8 @@ class OpenAI(Backend):
 
         self.model = self.model_name = model
         self.base_url = (base_url or settings.OPENAI_BASE_URL.get()).rstrip("/")
-        if server is None:  # OpenAI's own API, else what SGLang's and this project's take
-            server = "openai" if "api.openai.com" in self.base_url else "sglang"
-        if server not in SERVERS:
+        if server is not None and server not in SERVERS:
             raise BackendError(f"OpenAI(server={server!r}): the server is one of {SERVERS}")
-        self.server = server
         key = api_key or settings.OPENAI_API_KEY.get()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         client_options = dict(
@@ -104,6 +104,9 @@ class OpenAI(Backend):
             client_options["transport"] = transport
         self._client = httpx.Client(**client_options)
         self._async_clients = AsyncClients(client_options)
+        if server is None:
+            server = "openai" if "api.openai.com" in self.base_url else self._detect_server()
+        self.server = server
         if is_chat_model is None:
             is_chat_model = model not in INSTRUCT_MODEL_NAMES
         self.is_chat_model = is_chat_model
@@ -138,6 +141,25 @@ class OpenAI(Backend):
         if response.status_code >= 400:
             raise BackendError(_refusal(path, response.status_code, response.text, body))
         return response.json()
+
+    def _detect_server(self) -> str:
+        """Which server this is, asked once: this project's or SGLang's answer
+        `/get_model_info` (ours with `has_chat_template`), vLLM answers `/version` (0.12+ takes
+        `structured_outputs`, older `guided_*`); any other is taken as OpenAI's API, whose
+        fields are the fewest, so that no constraint is sent where it would be ignored."""
+        root = self.base_url.removesuffix("/v1")
+        try:
+            answer = self._client.get(root + "/get_model_info", timeout=5.0)
+            if answer.status_code == 200 and isinstance(answer.json(), dict):
+                return "runtime" if "has_chat_template" in answer.json() else "sglang"
+            answer = self._client.get(root + "/version", timeout=5.0)
+            if answer.status_code == 200:
+                version = str(answer.json().get("version", ""))
+                numbers = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+                return "vllm" if numbers >= (0, 12) else "vllm-guided"
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        return "openai"
 
     @property
     def scores_text(self) -> bool:  # type: ignore[override]

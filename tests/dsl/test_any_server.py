@@ -191,9 +191,32 @@ def test_what_a_server_cannot_take_is_refused_by_name(server, kw, chat, match):
     assert rec.bodies == []  # nothing was sent
 
 
+def _answering(routes: dict[str, Any]) -> httpx.MockTransport:
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = routes.get(request.url.path)
+        return httpx.Response(404) if body is None else httpx.Response(200, json=body)
+
+    return httpx.MockTransport(handle)
+
+
+@pytest.mark.parametrize(
+    ("routes", "expected"),
+    [
+        ({"/get_model_info": {"model_path": "m", "has_chat_template": True}}, "runtime"),
+        ({"/get_model_info": {"model_path": "m", "is_generation": True}}, "sglang"),
+        ({"/version": {"version": "0.12.1"}}, "vllm"),
+        ({"/version": {"version": "0.9.2"}}, "vllm-guided"),
+        ({}, "openai"),  # a server that does not say: OpenAI's fields only
+    ],
+)
+def test_unset_server_is_asked_of_the_server(routes, expected):
+    backend = sgl.OpenAI("m", base_url="http://x/v1", transport=_answering(routes))
+    assert backend.server == expected
+
+
 def test_default_server_follows_the_url():
     assert sgl.OpenAI("m", base_url="https://api.openai.com/v1").server == "openai"
-    assert sgl.OpenAI("m", base_url="http://127.0.0.1:8000/v1").server == "sglang"
+    assert sgl.OpenAI("m", base_url="http://127.0.0.1:9/v1").server == "openai"  # no answer
     with pytest.raises(sgl.BackendError, match="server is one of"):
         sgl.OpenAI("m", base_url="http://x/v1", server="tgi")
     with pytest.raises(sgl.BackendError, match="server is one of"):
