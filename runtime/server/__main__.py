@@ -76,7 +76,8 @@ def _speculative_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         type=str.upper,
         choices=("NGRAM", "STANDALONE"),
-        help="NGRAM: drafts looked up in the request's own tokens",
+        help="NGRAM: drafts looked up in the request's own tokens; STANDALONE: a draft model "
+        "(--speculative-draft-model-path) with the target's vocabulary",
     )
     spec.add_argument(
         "--speculative-num-draft-tokens",
@@ -92,7 +93,8 @@ def _speculative_flags(p: argparse.ArgumentParser) -> None:
     )
     spec.add_argument("--speculative-ngram-min-match-window-size", type=int, default=None)
     spec.add_argument("--speculative-ngram-max-match-window-size", type=int, default=None)
-    spec.add_argument("--speculative-draft-model-path", default=None)
+    spec.add_argument("--speculative-draft-model-path", default=None,
+                      help="STANDALONE's draft model: a folder or a GGUF file")  # fmt: skip
     spec.add_argument(
         "--speculative-disable-by-batch-size",
         type=int,

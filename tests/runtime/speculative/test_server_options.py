@@ -47,3 +47,17 @@ def test_bad_server_options_are_refused_by_name(model_dir):
         Engine(str(model_dir), max_total_tokens=1024, **_spec_kwargs(argv))
     with pytest.raises(SystemExit):
         parse_args(["--speculative-algorithm", "MEDUSA"])
+
+
+def test_draft_model_through_the_server_flags(model_dir):
+    argv = ["--speculative-algorithm", "standalone", "--speculative-draft-model-path",
+            str(model_dir), "--speculative-num-draft-tokens", "3"]  # fmt: skip
+    with Engine(str(model_dir), max_total_tokens=1024, **_spec_kwargs(argv)) as engine:
+        assert engine.speculative.algorithm == "STANDALONE"
+        assert engine.scheduler.speculation.draft is not None
+        out = engine.generate("The quick brown fox", max_new_tokens=16, temperature=0.0,
+                              ignore_eos=True)  # fmt: skip
+        assert len(out.token_ids) == 16
+    with pytest.raises(SpeculativeConfigError, match="speculative_draft_model_path"):
+        Engine(str(model_dir), max_total_tokens=1024,
+               **_spec_kwargs(["--speculative-algorithm", "STANDALONE"]))  # fmt: skip
