@@ -14,7 +14,8 @@ constrained one); `seed` is sent also as SGLang's `sampling_seed` (the gateway d
 and when `/score` answers 404, scoring goes to `/v1/completions` instead (all choices as one
 batch, `echo` + `logprobs` + `max_tokens: 0`), remembered for later calls.
 
-`server="sglang"` speaks SGLang's own server instead of this project's: no lark grammar (refused
+`server="sglang"` speaks SGLang's own server instead of this project's ("runtime"; unset, the
+server's `/get_model_info` tells which): no lark grammar (refused
 by name), `seed` only as `sampling_seed`, and no check of `meta_info.constraint` (SGLang does
 not report it). A gen with tools goes to `/v1/chat/completions` with `tools` (`chat`).
 
@@ -93,7 +94,7 @@ class RuntimeEndpoint(Backend):
         *,
         timeout: float | None = 600.0,
         max_connections: int = 256,
-        server: str = "runtime",
+        server: str | None = None,
         transport: Any = None,
     ) -> None:
         # SGLang's signature; `verify` is the TLS CA bundle (or False), and roles always come
@@ -103,11 +104,10 @@ class RuntimeEndpoint(Backend):
                 "RuntimeEndpoint(chat_template_name=...): roles come from the served model's "
                 "own chat template here; leave it unset"
             )
-        if server not in ENDPOINT_SERVERS:
+        if server is not None and server not in ENDPOINT_SERVERS:
             raise BackendError(
                 f"RuntimeEndpoint(server={server!r}): the server is one of {ENDPOINT_SERVERS}"
             )
-        self.server = server
         self.url = self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         client_options = dict(
@@ -122,6 +122,9 @@ class RuntimeEndpoint(Backend):
         self._client = httpx.Client(**client_options)
         self._async_clients = AsyncClients(client_options)
         self.model_info: dict[str, Any] = self._request("GET", "/get_model_info")
+        if server is None:  # ours says whether it has a chat template; SGLang's does not
+            server = "runtime" if "has_chat_template" in self.model_info else "sglang"
+        self.server = server
         self.has_prefix_cache = bool(self.model_info.get("radix_cache", True))
         # our server heals prompt ends (`token_healing` in sampling_params); SGLang's does not
         self.heals_tokens = bool(self.model_info.get("token_healing", False))

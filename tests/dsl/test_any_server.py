@@ -302,6 +302,13 @@ def test_sglang_generate_refusals():
     assert rec.bodies == []
 
 
+def test_unset_endpoint_server_is_read_from_model_info():
+    ours = {"/get_model_info": {"model_path": "m", "has_chat_template": True}}
+    sglang = {"/get_model_info": {"model_path": "m", "is_generation": True}}
+    assert sgl.RuntimeEndpoint("http://x", transport=_answering(ours)).server == "runtime"
+    assert sgl.RuntimeEndpoint("http://x", transport=_answering(sglang)).server == "sglang"
+
+
 def test_our_server_must_name_the_constraint_it_applied():
     # our server reports meta_info.constraint; an answer without it passed through something
     # that dropped the field (SGLang's server never reports it, so it is not asked there)
