@@ -20,21 +20,28 @@ from collections import deque
 
 WINDOW = 7  # the last observations of a cost kept; their median is the estimate
 MAX_ROWS = 32  # verify steps of more rows than the batch plus this are not measured
-OUTLIER = 12.0  # nor those dearer than this many decode steps
+OUTLIER = 8.0  # nor those dearer than this many decode steps
 MARGIN = 0.03  # a cap must beat plain decoding by this fraction of its tokens/s
 EXPLORE = 32  # steps not drafting between two exploring ones
 EXPLORE_CAP = 2
+FIRST_CAP = 4  # the first verify's drafts (before any verify cost is known)
 PRIOR_ACCEPT = 0.5  # a request's per-draft acceptance before it was measured, with weight:
 PRIOR_WEIGHT = 2.0
 
 
 class _Cost:
-    """The median of the last WINDOW observations (one loaded step is no outlier's victim)."""
+    """The median of the last WINDOW observations (one loaded step is no outlier's victim);
+    the very first is left out when a second comes (a first call of a shape may allocate or
+    compile)."""
 
     def __init__(self) -> None:
         self.seen: deque[float] = deque(maxlen=WINDOW)
+        self.count = 0
 
     def add(self, seconds: float) -> None:
+        self.count += 1
+        if self.count == 2:
+            self.seen.clear()
         self.seen.append(seconds)
 
     @property
@@ -115,7 +122,7 @@ class StepCosts:
         if top <= 0:
             return 0
         if self.verify_time(batch + 1) is None:
-            return top  # no verify measured yet: measure one
+            return min(top, FIRST_CAP)  # no verify measured yet: measure one
         best_cap, best_rate = 0, batch / base
         for cap in sorted({1, 2, 3, 4, 6, 8, 12, 16, top}):
             if cap > top:

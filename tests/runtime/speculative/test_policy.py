@@ -8,6 +8,7 @@ import pytest
 from runtime.speculative.policy import (
     EXPLORE,
     EXPLORE_CAP,
+    FIRST_CAP,
     StepCosts,
     acceptance,
     expected_tokens,
@@ -33,7 +34,7 @@ def test_measures_before_deciding():
     costs = StepCosts()
     assert costs.choose_cap(1, [0.9], [8], model_forwards=False) == 0  # no decode measured
     costs.observe_decode(1, 0.01)
-    assert costs.choose_cap(1, [0.9], [8], model_forwards=False) == 8  # no verify measured
+    assert costs.choose_cap(1, [0.9], [8], model_forwards=False) == FIRST_CAP  # no verify yet
 
 
 def test_verify_time_is_a_line_outliers_do_not_move():
