@@ -74,12 +74,13 @@ class LlamaServer:
     """A running llama-server: `slots` parallel sequences sharing `slots * ctx_per_slot`
     tokens of KV, `threads` threads."""
 
-    def __init__(self, binary: str, gguf: str, slots: int, ctx_per_slot: int, threads: int):
+    def __init__(self, binary: str, gguf: str, slots: int, ctx_per_slot: int, threads: int,
+                 extra: tuple[str, ...] = ()):  # fmt: skip
         self.slots = slots
         self.port = _free_port()
         cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port),
                "-np", str(slots), "-c", str(slots * ctx_per_slot), "-t", str(threads),
-               "-tb", str(threads), "--no-webui"]  # fmt: skip
+               "-tb", str(threads), "--no-webui", *extra]  # fmt: skip
         # its log goes to a file: a pipe nobody reads fills up (64 KiB) and the server then
         # blocks on its next log line, every request hanging with it
         self.log = tempfile.TemporaryFile()
