@@ -261,3 +261,22 @@ def test_generate_endpoint_refuses_a_bad_token_healing(server):
     body = {"text": "x", "sampling_params": {"token_healing": "on"}}
     reply = httpx.post(f"{server.url}/generate", json=body, timeout=60)
     assert reply.status_code == 400 and "token_healing" in reply.text
+
+
+def test_speculative_decoding_keeps_the_healed_output(engine, model_dir):
+    spec = Engine(model_dir, page_size=4, max_total_tokens=4096, grammar_compile_timeout_s=60,
+                  speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)  # fmt: skip
+    try:
+        # every proposal verified (this checks the healed masks on drafts, not when drafting pays)
+        spec.scheduler.call(lambda: setattr(spec.scheduler.speculation, "cost_aware", False))
+        prompt = "x = compute(x)\nx = compute(x)\nx = compute(x)\nx = comp"
+        verified = 0
+        for kw in ({}, {"regex": r"ute\(x\)\n(x = compute\(x\)\n){2}"}):
+            want = engine.generate(prompt, max_new_tokens=24, temperature=0, token_healing=True,
+                                   **kw)  # fmt: skip
+            got = spec.generate(prompt, max_new_tokens=24, temperature=0, token_healing=True, **kw)
+            assert got.token_ids == want.token_ids and got.text == want.text
+            verified += got.usage.spec_verify_ct
+        assert verified > 0  # drafts were proposed and verified
+    finally:
+        spec.shutdown()
