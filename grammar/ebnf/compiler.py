@@ -78,6 +78,15 @@ class RowBytes:
 
 
 _ROW_BYTES: CompileCache = CompileCache(max_entries=4)
+_FIRST_ROWS: CompileCache = CompileCache(max_entries=4)
+
+
+def first_rows(layout: VocabLayout) -> list[np.ndarray]:
+    """Per byte, the token rows that start with it (once per vocabulary, not per grammar)."""
+    fs = layout.prepared.first_start
+    return [np.arange(fs[b], fs[b + 1], dtype=np.int64) for b in range(256)]
+
+
 _MIN_LOOP_BYTES = 64  # a state that loops on this many ASCII bytes takes the shortcut
 
 
@@ -151,9 +160,7 @@ class CompiledEBNF:
         self._top: dict[tuple[int, int], Decomposition] = {}
         self._lock = threading.Lock()
         self.start = self.parser.initial()
-        prep = self.layout.prepared
-        fs = prep.first_start
-        self._first_rows = [np.arange(fs[b], fs[b + 1], dtype=np.int64) for b in range(256)]
+        self._first_rows = _FIRST_ROWS.get_or_build(vocab.hash, lambda: first_rows(self.layout))
         # the decompositions of the start set now: the first mask is the slow one
         self.bitmask(self.start)
 
