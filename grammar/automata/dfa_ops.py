@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.ma  # noqa: F401  np.unique imports it on first use (~15 ms in a schema's compile)
 
+from grammar.automata import native_dfa
 from grammar.automata.fsm import DEAD, START, ByteDFA, _prune_dead_ends, edges_into
 from grammar.errors import GrammarError
 
@@ -139,9 +140,38 @@ def split_regions(
     return regions
 
 
+def _native_rows(
+    dfas: list[ByteDFA], required: list[bool], groups: list[list[int]], max_states: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The product of `dfas` walked in C (`native_dfa.product_rows`; a component not
+    `required` may die while the others go on): (table by byte class, each byte's class, each
+    row's component states), numbered as `_explore_rows` numbers them; None without C."""
+    firsts = np.array([g[0] for g in groups], dtype=np.int64)
+    classes = np.stack([d.byte_to_class[firsts] for d in dfas])
+    out = native_dfa.product_rows(
+        [d.table for d in dfas], classes, required, [START] * len(dfas), max_states
+    )
+    if out is None:
+        return None
+    rows, states = out
+    table, byte_to_class = _merge_columns(rows, groups)
+    return table, byte_to_class, states
+
+
 def _split_at_once(
     keys: ByteDFA, parts: list[ByteDFA], max_states: int
 ) -> list[tuple[ByteDFA, tuple[bool, ...]]]:
+    groups = _byte_groups(keys.byte_to_class.item, *(p.byte_to_class.item for p in parts))
+    native = _native_rows([keys, *parts], [True] + [False] * len(parts), groups, max_states)
+    if native is not None:
+        table, byte_to_class, states = native
+        key_acc = np.asarray(keys.accepting)[states[:, 0]]
+        key_acc[DEAD] = False
+        inside = np.zeros((states.shape[0], len(parts)), dtype=bool)
+        for i, p in enumerate(parts):
+            inside[:, i] = np.asarray(p.accepting)[states[:, i + 1]]
+        sigs = [tuple(row) if ok else None for ok, row in zip(key_acc, inside.tolist(), strict=True)]
+        return _regions(table, byte_to_class, sigs)
     tk = keys.byte_table().tolist()
     tp = [p.byte_table().tolist() for p in parts]
     n = len(parts)
@@ -165,10 +195,15 @@ def _split_at_once(
             inside[i] = bool(parts[i].accepting[s])
         return tuple(inside)
 
-    groups = _byte_groups(keys.byte_to_class.item, *(p.byte_to_class.item for p in parts))
     start = (START, tuple((i, START) for i in range(n)))
     table, byte_to_class, order = _explore_rows(start, step, max_states, groups)
-    sigs = [signature(st) for st in order]
+    return _regions(table, byte_to_class, [signature(st) for st in order])
+
+
+def _regions(
+    table: np.ndarray, byte_to_class: np.ndarray, sigs: list[tuple[bool, ...] | None]
+) -> list[tuple[ByteDFA, tuple[bool, ...]]]:
+    """One automaton per signature some row has (its rows accepting), "in" before "not in"."""
     out = []
     into = edges_into(table)  # one reverse graph for every region's pruning
     for sig in sorted({g for g in sigs if g is not None}, key=lambda g: [not x for x in g]):
@@ -188,6 +223,15 @@ def _byte_groups(*keys: Callable[[int], object]) -> list[list[int]]:
 
 def product(a: ByteDFA, b: ByteDFA, keep_b: bool, max_states: int = DEFAULT_MAX_PRODUCT) -> ByteDFA:
     """L(a) & L(b) if keep_b else L(a) - L(b)."""
+    groups = _byte_groups(a.byte_to_class.item, b.byte_to_class.item)
+    native = _native_rows([a, b], [True, keep_b], groups, max_states)
+    if native is not None:
+        table, byte_to_class, states = native
+        acc = np.asarray(a.accepting)[states[:, 0]]
+        acc &= np.asarray(b.accepting)[states[:, 1]] == keep_b
+        acc[DEAD] = False
+        table, acc = _prune_dead_ends(table, acc)
+        return ByteDFA(table=table, byte_to_class=byte_to_class, accepting=acc)
     ta, tb = a.byte_table().tolist(), b.byte_table().tolist()
 
     def step(st: tuple, byte: int) -> tuple | None:
@@ -202,7 +246,6 @@ def product(a: ByteDFA, b: ByteDFA, keep_b: bool, max_states: int = DEFAULT_MAX_
     def accept(st: tuple) -> bool:
         return bool(a.accepting[st[0]]) and bool(b.accepting[st[1]]) == keep_b
 
-    groups = _byte_groups(a.byte_to_class.item, b.byte_to_class.item)
     return _explore((START, START), step, accept, max_states, groups)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -89,8 +90,9 @@ class LazyDFA:
     """A DFA over bytes whose rows are computed on first read (see the module docstring).
 
     table: int32 [capacity, 256] (rows >= num_states unused, not even written); accepting:
-    bool [capacity].
-    Both arrays are replaced when they grow: read the attribute afresh, never keep it.
+    bool [capacity]; per state, its live byte count (-1: its row is not built) and forced
+    byte, int32 [capacity] (kept private).
+    The arrays are replaced when they grow: read the attribute afresh, never keep it.
     """
 
     lazy = True
@@ -114,13 +116,14 @@ class LazyDFA:
         self.table[DEAD] = DEAD
         self.accepting = np.zeros(64, dtype=bool)
         # Python rows for scalar walks (tuples: untracked by the GC, as the state sets)
-        self._rows: list[tuple[int, ...] | None] = [(DEAD,) * 256]
-        self._py_rows = 1
-        self._live: list[int] = [0]  # live bytes per expanded state (-1: not expanded)
-        self._forced: list[int] = [-1]  # the one byte a state forces, or -1
+        self._rows: dict[int, tuple[int, ...]] = {DEAD: (DEAD,) * 256}
+        self._live = np.full(64, -1, dtype=np.int32)  # live bytes per state (-1: not built)
+        self._live[DEAD] = 0
+        self._forced = np.full(64, -1, dtype=np.int32)  # the one byte a state forces, or -1
+        self._n = 1  # states numbered
         # the subset construction in C (`native_dfa`), or here when it is off or unavailable
         self._core = native_dfa.new_core(nfa, max_states)
-        self._ptrs: tuple = (None, 0, 0)  # the table, its address and accepting's (for C)
+        self._bound: np.ndarray | None = None  # the table the core writes (bound with the rest)
         if self._core is None:
             first = self._closure(start)
             if not first:
@@ -128,12 +131,13 @@ class LazyDFA:
             self._state_id(first)
         else:
             self._order = None  # (the core holds the state sets)
-            j = self._core.start(start, self.accepting)
+            self._bind()
+            j = self._core.start(start)
             if j == DEAD:
                 raise GrammarError("the constraint matches nothing")
             if j != START:
                 raise over_budget(max_states)
-            self._number(1)
+            self._n = 2
         self._expand(START)
         if self._live[START] == 0 and not self.accepting[START]:
             raise GrammarError("the constraint matches nothing")
@@ -143,9 +147,9 @@ class LazyDFA:
         sets in order (the core is rebuilt from them on load, or the Python construction takes
         over where C is unavailable); never the arrays' addresses."""
         state = self.__dict__.copy()
-        state["_ptrs"] = (None, 0, 0)
+        state["_bound"] = None
         if self._core is not None:
-            state["_order"] = [self._core.states(j) for j in range(len(self._live))]
+            state["_order"] = [self._core.states(j) for j in range(self._n)]
             state["_core"] = True
         return state
 
@@ -160,15 +164,18 @@ class LazyDFA:
             self._core, self._order = core, None
         else:  # the Python construction goes on from the same states
             self._index = {s: j for j, s in enumerate(self._order)}
+            edges = self._nfa.edges
+            for x in {x for s in self._order for x in s if edges[x] is None}:
+                self._nfa.fill(x)  # (states the core filled from their blocks itself)
 
     def __repr__(self) -> str:
-        expanded = sum(n >= 0 for n in self._live)
+        expanded = int(np.count_nonzero(self._live[: self._n] >= 0))
         return f"LazyDFA(states={self.num_states}, expanded={expanded})"
 
     @property
     def num_states(self) -> int:
         """States numbered so far (expanded or not); grows as walks explore."""
-        return len(self._live)
+        return self._n
 
     @property
     def max_states(self) -> int:
@@ -187,10 +194,16 @@ class LazyDFA:
         return self._core is not None
 
     @property
+    def block_fills_in_c(self) -> int:
+        """NFA states of lazily filled blocks the C core filled itself (the NFA's own lists
+        keep None for them): with the states the NFA filled, how far the NFA was read."""
+        return 0 if self._core is None else self._core.block_fills
+
+    @property
     def nbytes(self) -> int:
         """Rough memory held now (it grows as walks build rows): the table, ~300 bytes per
         numbered state (its NFA state set, index entries), ~2.1 KB per Python row."""
-        return int(self.table.nbytes) + 300 * len(self._live) + 2100 * self._py_rows
+        return int(self.table.nbytes) + 300 * self._n + 2100 * len(self._rows)
 
     @property
     def nfa(self) -> NFA:
@@ -207,11 +220,10 @@ class LazyDFA:
     def row_list(self, state: int) -> tuple[int, ...]:
         """The state's transitions by byte, as a Python tuple (made on first scalar read: mask
         walks, which build most rows, read the table only)."""
-        r = self._rows[state]
+        r = self._rows.get(state)
         if r is None:
             self._built(state)
             r = self._rows[state] = tuple(self.table[state].tolist())
-            self._py_rows += 1
         return r
 
     def _built(self, state: int) -> None:
@@ -227,7 +239,7 @@ class LazyDFA:
         """State after reading `data` from `state` (DEAD if it dies on the way)."""
         rows = self._rows
         for b in data:
-            r = rows[state]
+            r = rows.get(state)
             if r is None:
                 r = self.row_list(state)
             state = r[b]
@@ -240,7 +252,7 @@ class LazyDFA:
         (a token walk passes through most of its states once: no row made for them)."""
         rows = self._rows
         for b in data:
-            r = rows[state]
+            r = rows.get(state)
             if r is None:
                 if self._live[state] < 0:
                     self._built(state)
@@ -257,13 +269,32 @@ class LazyDFA:
 
     def expand(self, states: np.ndarray | list[int]) -> None:
         """Make sure every state in `states` has its row."""
-        live = self._live
-        todo = [s for s in set(np.asarray(states).reshape(-1).tolist()) if live[s] < 0]
-        if todo:
-            with self._lock:
-                for s in todo:
-                    if live[s] < 0:
-                        self._expand(s)
+        states = np.unique(np.asarray(states, dtype=np.int64).reshape(-1))
+        todo = states[self._live[states] < 0]
+        if not todo.size:
+            return
+        with self._lock:
+            if self._core is not None and todo.size > 1:
+                self._core.prepare(todo)  # what they all need, handed over at once
+            for s in todo.tolist():
+                if self._live[s] < 0:
+                    self._expand(s)
+
+    def walk_in_c(self, run: Callable[[np.ndarray, int | None, int | None], int]) -> int:
+        """`run(table, expand, core)` under the lock, for a walk in C over the table (the token
+        trie's): with the C core, `expand(core, state)` (a C function's address) builds a row
+        the walk meets unbuilt, in place, when the core has all it needs (the table has room
+        for several expansions); else `expand` and `core` are None. What C numbered is counted
+        here after `run` returns. (A walk that fills the table's room stops there: the table
+        grows and the walk resumes, as for rows C cannot build.)"""
+        with self._lock:
+            if self._core is None:
+                return run(self.table, None, None)
+            self._room(native_dfa.NEW_PER_EXPAND)
+            try:
+                return run(self.table, *self._core.inline)
+            finally:
+                self._n = self._core.num_states
 
     def byte_row(self, state: int) -> np.ndarray:
         """int32 [256]: the state's transitions by byte."""
@@ -277,12 +308,12 @@ class LazyDFA:
 
     def can_continue(self, state: int) -> bool:
         self._built(state)
-        return self._live[state] > 0
+        return bool(self._live[state] > 0)
 
     def forced_byte(self, state: int) -> int:
         """The one byte `state` allows when it allows exactly one and is not accepting; -1."""
         self._built(state)
-        return self._forced[state]
+        return int(self._forced[state])
 
     # --- construction (under the lock) ------------------------------------------------
 
@@ -314,9 +345,8 @@ class LazyDFA:
             self._index[target] = j
             self._order.append(target)
             self.accepting[j] = self._nfa.final in target
-            self._rows.append(None)
-            self._live.append(-1)
-            self._forced.append(-1)
+            self._live[j] = self._forced[j] = -1
+            self._n = j + 1
         return j
 
     def _grow(self) -> None:
@@ -329,6 +359,9 @@ class LazyDFA:
         table[:cap] = self.table
         accepting = np.zeros(2 * cap, dtype=bool)
         accepting[:cap] = self.accepting
+        live, forced = np.empty(2 * cap, dtype=np.int32), np.empty(2 * cap, dtype=np.int32)
+        live[:cap], forced[:cap] = self._live, self._forced
+        self._live, self._forced = live, forced
         self.accepting = accepting
         self.table = table
 
@@ -338,28 +371,24 @@ class LazyDFA:
             j = self._single[t] = self._state_id(self._closure(t))
         return j
 
-    def _number(self, n: int) -> None:
-        """The Python entries of n states the core numbered (unexpanded)."""
-        self._rows.extend([None] * n)
-        self._live.extend([-1] * n)
-        self._forced.extend([-1] * n)
+    def _bind(self) -> None:
+        """Hand the core the current arrays (after construction or growth)."""
+        if self._bound is not self.table:
+            self._core.bind(self.table, self.accepting, self._live, self._forced)
+            self._bound = self.table
+
+    def _room(self, n: int) -> None:
+        """Room in the arrays for n states past the numbered ones (C writes in place)."""
+        while self._n + n > self.table.shape[0]:
+            self._grow()
+        self._bind()
 
     def _expand_native(self, i: int) -> None:
-        n = len(self._live)
-        while n + native_dfa.NEW_PER_EXPAND > self.table.shape[0]:
-            self._grow()  # room for every state one expansion may number
-        table, accepting = self.table, self.accepting
-        ptrs = self._ptrs
-        if ptrs[0] is not table:  # (an array's address costs ~1 us a read: kept per array)
-            ptrs = self._ptrs = (table, table.ctypes.data, accepting.ctypes.data)
-        out = self._core.expand(i, ptrs[1], ptrs[2])
-        if out is None:
-            self._number(self._core.num_states - n)  # (those numbered before the budget ran out)
+        self._room(native_dfa.NEW_PER_EXPAND)  # room for every state one expansion may number
+        ok = self._core.expand(i)
+        self._n = self._core.num_states  # (with those numbered before the budget ran out)
+        if not ok:
             raise over_budget(self.max_states)
-        new, n_live, only = out
-        self._number(new)
-        self._forced[i] = -1 if self.accepting[i] else only
-        self._live[i] = n_live  # (after the row: readers check `_live` without the lock)
 
     def _expand(self, i: int) -> None:
         if self._core is not None:

@@ -1,12 +1,21 @@
 """The lazy DFA's subset construction in C (`csrc/subset.c`): the interning of NFA state sets
 and the expansion of a DFA state's 256-byte row, called by `lazy_dfa.LazyDFA` under its lock.
 
-Python keeps the NFA (its deferred pieces and lazily filled blocks are filled as walks read
-them) and hands the core what an expansion needs, a closure at a time: an expansion that meets
-a target whose closure the core lacks returns those targets; `SubsetCore.expand` computes their
-closures in Python (`closure(t)`, which fills the NFA), hands them over with the byte edges of
-every state in them (each edge's bytes as a 256-bit mask in four 64-bit words), and expands
-again. The NFA's laziness is kept: only the states a walk reaches are ever filled or handed.
+Python keeps the NFA's front end (its deferred pieces are built as walks read them) and hands
+the core what an expansion needs: an expansion that meets a target whose closure the core lacks
+returns those NFA states; `SubsetCore` fills them in Python (as the Python construction fills
+what it reads), hands them over with the byte edges of each (a 256-bit mask in four 64-bit
+words) and up to _NEIGHBOURS filled states they reach, and expands again. `prepare` does that
+for many states at once (a token walk's waiting rows: one round trip, not one per row). The
+states of lazily filled blocks (`nfa_blocks`: embedded automata, copies of a counted piece) are
+filled by the core itself from the block's description (registered as the NFA makes them), so
+only deferred pieces cross over. The NFA's laziness is kept: only the states a walk reaches are
+ever filled or handed over.
+
+The token trie walk (`grammar/tokens/native.py`) builds rows in C too: it is handed
+`subset_inline`, which expands a state it meets unbuilt in place when the core has all it needs
+(the DFA's arrays are bound to the core, `bind`, and written by it), so a first-visit mask
+returns to Python only for NFA states not handed over yet, or for the table to grow.
 
 Compiled on first use with the system C compiler (`grammar/native_build.py`: cached by the
 source, flags, compiler and CPU) and called through ctypes, which releases the GIL. `new_core`
@@ -27,27 +36,39 @@ import numpy as np
 
 from grammar import native_build, settings
 from grammar.automata.nfa import NFA
+from grammar.automata.nfa_blocks import Embedded
+from grammar.errors import GrammarError
 
 logger = logging.getLogger(__name__)
 
-OVER_BUDGET, NO_MEMORY = 2, 3  # (csrc/subset.c's statuses)
+OVER_BUDGET, NO_MEMORY, NO_ROOM = 2, 3, 4  # (csrc/subset.c's statuses)
 NEW_PER_EXPAND = 256  # states one expansion may number: the table must have room for them
 _MISSING_CAP = 4096  # NFA states one call asks for (the rest come with the next call)
 _NEIGHBOURS = 64  # filled NFA states handed over with the asked ones, at most
 
 _FLAGS = ("-O2", "-march=native", "-fPIC", "-std=gnu11")
-UNITS = [native_build.Unit("subset", Path(__file__).parent / "csrc" / "subset.c", _FLAGS)]
+UNITS = [
+    native_build.Unit("subset", Path(__file__).parent / "csrc" / "subset.c", _FLAGS),
+    native_build.Unit("product", Path(__file__).parent / "csrc" / "product.c", _FLAGS),
+]
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES: native_build.Signatures = {
     "subset_new": (_PTR, [_I64, _I64]),
     "subset_free": (None, [_PTR]),
     "subset_add": (_I64, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR]),
-    "subset_start": (_I64, [_PTR, _I64, _PTR, _PTR, _I64]),
+    "subset_start": (_I64, [_PTR, _I64, _PTR, _I64]),
     "subset_intern_set": (_I64, [_PTR, _PTR, _I64]),
     "subset_states": (_I64, [_PTR, _I64, _PTR, _I64]),
     "subset_num_states": (_I64, [_PTR]),
     "subset_set_budget": (None, [_PTR, _I64]),
-    "subset_expand": (_I64, [_PTR, _I64, _PTR, _PTR, _PTR, _I64]),
+    "subset_bind": (None, [_PTR, _PTR, _I64, _PTR, _PTR, _PTR]),
+    "subset_expand": (_I64, [_PTR, _I64, _PTR, _I64]),
+    "subset_missing": (_I64, [_PTR, _PTR, _I64, _PTR, _I64]),
+    "subset_inline": (_I64, [_PTR, _I64]),
+    "subset_add_embedded": (_I64, [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64]),
+    "subset_add_copies": (_I64, [_PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64]),
+    "subset_block_fills": (_I64, [_PTR]),
+    "product_explore": (_I64, [_I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64]),
 }
 LIBRARY = native_build.OptionalLibrary(
     "grammar-subset", UNITS, SIGNATURES, "using the Python subset construction"
@@ -61,6 +82,41 @@ def enabled() -> bool:
 
 def _load() -> ctypes.CDLL | None:
     return LIBRARY.get()
+
+
+def product_rows(
+    tables: list[np.ndarray], classes: np.ndarray, required: list[bool], start: list[int],
+    max_states: int,
+) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
+    """The product of byte DFAs walked breadth first in C (dfa_ops' products): `tables` their
+    class-indexed tables, `classes` [n, groups] the class each one reads for each byte group.
+    Returns (rows [rows, groups]: row 0 dead, row 1 the start; states [rows, n]: each row's
+    component states, DEAD for a dead optional one), or None when C is unavailable. Raises
+    GrammarError past `max_states` states (as the Python walk)."""
+    if not enabled():
+        return None
+    lib = _load()
+    if lib is None:
+        return None
+    n, n_groups = classes.shape
+    tabs = [np.ascontiguousarray(t, dtype=np.int32) for t in tables]
+    addrs = np.array([t.ctypes.data for t in tabs], dtype=np.int64)
+    n_cls = np.array([t.shape[1] for t in tabs], dtype=np.int64)
+    gcls = np.ascontiguousarray(classes, dtype=np.int32)
+    req = np.array(required, dtype=np.uint8)
+    first = np.array(start, dtype=np.int32)
+    cap = max_states + 1
+    rows = np.empty((cap, n_groups), dtype=np.int32)  # (pages past the rows used: untouched)
+    states = np.empty((cap, n), dtype=np.int32)
+    count = lib.product_explore(
+        n, addrs.ctypes.data, n_cls.ctypes.data, gcls.ctypes.data, n_groups, req.ctypes.data,
+        first.ctypes.data, rows.ctypes.data, states.ctypes.data, cap,
+    )  # fmt: skip
+    if count == -1:
+        raise GrammarError(f"product automaton exceeds its budget ({max_states})")
+    if count < 0:
+        raise MemoryError("product automaton: out of memory")
+    return rows[:count].copy(), states[:count].copy()
 
 
 def new_core(nfa: NFA, max_states: int) -> SubsetCore | None:
@@ -91,6 +147,49 @@ class SubsetCore:
         self._missing_ptr = ctypes.addressof(self._missing)
         self._expand_c = lib.subset_expand
         self._states_buf = (ctypes.c_int64 * 1024)()
+        # what the token trie walk calls for a row it meets unbuilt (`subset_inline`)
+        self.inline = (ctypes.cast(lib.subset_inline, ctypes.c_void_p).value, self._ptr)
+        self._n_blocks = 0  # the NFA's blocks registered (filled in C from then on)
+        self._keep: list[np.ndarray] = []  # the arrays of registered embedded automata
+        self._register_blocks()
+
+    @property
+    def block_fills(self) -> int:
+        """NFA states the core filled from their blocks itself (Python's NFA lacks them)."""
+        return int(self._lib.subset_block_fills(self._ptr))
+
+    def _register_blocks(self) -> None:
+        """Hand the core the NFA's blocks it has not seen (a fill may add some): it fills their
+        states itself, as `nfa_blocks` would. A block it refuses is filled by Python."""
+        blocks = self._nfa.blocks
+        for block in blocks[self._n_blocks :]:
+            if isinstance(block, Embedded):
+                dfa = block.dfa
+                table = np.ascontiguousarray(dfa.table, dtype=np.int32)
+                b2c = np.ascontiguousarray(dfa.byte_to_class, dtype=np.int32)
+                acc = np.ascontiguousarray(dfa.accepting, dtype=bool)
+                self._keep += (table, b2c, acc)
+                status = self._lib.subset_add_embedded(
+                    self._ptr, block.first, block.size, table.ctypes.data, table.shape[1],
+                    b2c.ctypes.data, acc.ctypes.data, block.k,
+                )  # fmt: skip
+            else:
+                status = self._lib.subset_add_copies(
+                    self._ptr, block.first, block.size, block.t_first, block.t_start,
+                    block.hole, block.n, block.m, block.k,
+                )  # fmt: skip
+            if status == NO_MEMORY:
+                raise MemoryError("subset core: out of memory")
+        self._n_blocks = len(blocks)
+
+    def bind(self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray,
+             forced: np.ndarray) -> None:  # fmt: skip
+        """The lazy DFA's arrays the core writes (again after any of them is replaced):
+        table int32 [capacity, 256], accepting bool, live and forced int32, all [capacity]."""
+        self._lib.subset_bind(
+            self._ptr, table.ctypes.data, table.shape[0], accepting.ctypes.data,
+            live.ctypes.data, forced.ctypes.data,
+        )  # fmt: skip
 
     @property
     def num_states(self) -> int:
@@ -100,13 +199,11 @@ class SubsetCore:
         """States past `max_states` are refused from now on (as at construction)."""
         self._lib.subset_set_budget(self._ptr, max_states)
 
-    def start(self, s: int, accepting: np.ndarray) -> int:
-        """Number the closure of NFA state s (START, or DEAD when it is empty; its `accepting`
-        entry written), -1 past the budget."""
+    def start(self, s: int) -> int:
+        """Number the closure of NFA state s (START, or DEAD when it is empty; its entries of
+        the bound arrays written), -1 past the budget."""
         while True:
-            j = self._lib.subset_start(
-                self._ptr, s, accepting.ctypes.data, self._missing_ptr, _MISSING_CAP
-            )
+            j = self._lib.subset_start(self._ptr, s, self._missing_ptr, _MISSING_CAP)
             if j >= 0:
                 return int(j)
             self._ask(j)
@@ -133,18 +230,33 @@ class SubsetCore:
                 return tuple(buf[:n])
             buf = self._states_buf = (ctypes.c_int64 * (16 * len(buf)))()  # (a large set)
 
-    def expand(self, i: int, table: int, accepting: int) -> tuple[int, int, int] | None:
-        """Write state i's row into the table at address `table` (new states' rows UNEXPANDED,
-        their entries of the bool array at `accepting` set): (states numbered, bytes with an
-        edge, the one such byte or -1). None past the state budget (the row unwritten; states
-        numbered before it stay numbered)."""
+    def expand(self, i: int) -> bool:
+        """Write state i's row, live byte count and forced byte into the bound arrays (new
+        states' rows UNEXPANDED, their entries set). False past the state budget (the row
+        unwritten; states numbered before it stay numbered)."""
         while True:
-            out = self._expand_c(self._ptr, i, table, accepting, self._missing_ptr, _MISSING_CAP)
+            out = self._expand_c(self._ptr, i, self._missing_ptr, _MISSING_CAP)
             if out >= 0:
-                return out & 1023, (out >> 10) & 1023, (out >> 20) - 1
+                return True
             if out == -1 - OVER_BUDGET:
-                return None
+                return False
+            if out == -1 - NO_ROOM:
+                raise AssertionError("subset core: the table has no room for an expansion")
             self._ask(out)
+
+    def prepare(self, states: np.ndarray) -> None:
+        """Hand over every NFA state the expansions of `states` (int64, unexpanded ones) need,
+        in as few round trips as their epsilon chains allow (not one per state)."""
+        states = np.ascontiguousarray(states, dtype=np.int64)
+        while True:
+            n = self._lib.subset_missing(
+                self._ptr, states.ctypes.data, states.size, self._missing_ptr, _MISSING_CAP
+            )
+            if n < 0:
+                raise MemoryError("subset core: out of memory")
+            if n == 0:
+                return
+            self._send(self._missing[:n])
 
     def _ask(self, status: int) -> None:
         """Answer a call that stopped for missing states (status -(16 + n): hand them over);
@@ -163,6 +275,9 @@ class SubsetCore:
         nfa = self._nfa
         eps, edges, sent = nfa.eps, nfa.edges, self._sent
         out: list[int] = [x for x in dict.fromkeys(filled) if x not in sent]
+        for x in out:  # (a block's state the core filled before: filled here alike)
+            if edges[x] is None:
+                nfa.fill(x)
         for x in asked:
             if edges[x] is None:
                 nfa.fill(x)
@@ -201,3 +316,5 @@ class SubsetCore:
         )  # fmt: skip
         if status:
             raise MemoryError("subset core: out of memory")
+        if len(nfa.blocks) > self._n_blocks:  # (the fills made new blocks)
+            self._register_blocks()

@@ -333,6 +333,11 @@ class NFA:
         if not self._pending:  # the whole tree is built: the builder's tables can go
             self._reset_tables()
 
+    @property
+    def blocks(self) -> list[Embedded | Copies]:
+        """The lazily filled blocks, in id order (a list that only grows; never write it)."""
+        return self._blocks
+
     def eps_closure(self, s: int) -> list[int]:
         """The states reachable from s by epsilon edges that matter to a DFA state: those with
         byte edges, and `final` (states of lazily filled blocks are filled as they are read)."""

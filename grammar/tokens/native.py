@@ -4,8 +4,11 @@ survive gets its id bits set. A pruned walk visits each live token prefix once (
 nanoseconds a node), where the numpy walks pay ~10 calls per byte position.
 
 Over a LazyDFA the entry a node reads may not be built yet (UNEXPANDED, negative, or a state
-past the end of the table array read): C cannot build rows, so it skips that node's subtree and
-returns the (node, parent state) pairs it skipped; `walk` builds those rows in Python, re-reads
+past the end of the table array read): with the lazy DFA's C core (`automata/native_dfa.py`)
+the walk builds that row in place through the core's `subset_inline` hook, under the DFA's
+lock (`LazyDFA.walk_in_c`); a row the core cannot build yet (NFA states not handed over, or no
+room left in the table) skips that node's subtree, and the walk returns the (node, parent
+state) pairs it skipped; `walk` builds those rows in Python (one batched handover), re-reads
 the table (a lazy one is replaced as it grows) and resumes only the skipped subtrees, until
 none is left. (Building only the entries read, not whole rows, was tried: no faster, as most
 of those rows are read whole later.)
@@ -44,7 +47,7 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES: native_build.Signatures = {
     "trie_build": (_I64, [_PTR, _PTR, _PTR, _I64, _PTR, _I64]),
     "trie_walk": (_I64, [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR,
-                         _I64]),
+                         _I64, _PTR, _PTR]),
 }  # fmt: skip
 LIBRARY = native_build.OptionalLibrary(
     "grammar-trie", UNITS, SIGNATURES, "using numpy walks"
@@ -77,14 +80,16 @@ class TokenTrie:
     ptrs: tuple[int, int, int]
 
     def walk_once(self, table: np.ndarray, b2c: int | None, ok: int | None, tasks: int,
-                  n_tasks: int, words: int, out: int) -> int:  # fmt: skip
+                  n_tasks: int, words: int, out: int, expand: int | None = None,
+                  core: int | None = None) -> int:  # fmt: skip
         """One C pass over n_tasks (node, state) pairs at address `tasks` through `table`
         (int32, C order, [rows, n_cls]), setting bits in the uint32 words at `words`; writes
-        the skipped pairs at `out` (room for _PENDING) and returns how many, or -1."""
+        the skipped pairs at `out` (room for _PENDING) and returns how many, or -1. `expand`,
+        `core`: a lazy DFA's hook for rows met unbuilt (`LazyDFA.walk_in_c`), or None."""
         nodes, row_start, row_ids = self.ptrs
         return self.lib.trie_walk(
             nodes, table.ctypes.data, table.shape[0], table.shape[1], b2c, ok, row_start,
-            row_ids, tasks, n_tasks, words, out, _PENDING,
+            row_ids, tasks, n_tasks, words, out, _PENDING, expand, core,
         )  # fmt: skip
 
 
@@ -179,11 +184,17 @@ def walk(trie: TokenTrie, dfa, state: int, words: np.ndarray,
     b2c = None if b2c_arr is None else b2c_arr.ctypes.data
     words_ptr = words.ctypes.data
     while True:
-        # a lazy table is read afresh for each pass: it is replaced as it grows
-        table = dfa.table
-        if not table.flags.c_contiguous or table.dtype != np.int32:
-            return False  # (not a table this walk reads; both kinds of DFA keep one)
-        n = trie.walk_once(table, b2c, ok_ptr, ptrs[cur], n, words_ptr, ptrs[1 - cur])
+
+        def one_pass(table: np.ndarray, expand: int | None, core: int | None) -> int:
+            if not table.flags.c_contiguous or table.dtype != np.int32:
+                return -2  # (not a table this walk reads; both kinds of DFA keep one)
+            return trie.walk_once(
+                table, b2c, ok_ptr, ptrs[cur], n, words_ptr, ptrs[1 - cur], expand, core
+            )
+
+        # a lazy table is read afresh for each pass (it is replaced as it grows), under its
+        # lock: rows the walk meets unbuilt are built by the C core in place where it can
+        n = dfa.walk_in_c(one_pass) if lazy else one_pass(dfa.table, None, None)
         if n <= 0:
             return n == 0
         cur = 1 - cur  # the skipped pairs are the next pass's tasks

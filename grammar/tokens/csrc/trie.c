@@ -43,12 +43,18 @@ int64_t trie_build(const uint8_t *data, const int64_t *off, const int64_t *rows,
    is null); DEAD (0) prunes its subtree; a live node's token ids (row_ids[row_start[row] ..
    row_start[row + 1]]) get their bit set in words. first_ok (when not null) says which first
    bytes are walked at all. An entry not built (negative, or a state at or past n_rows) is
-   returned in pending as the task (node, parent state), its subtree skipped. Returns the
-   pending tasks, or -1 when more than cap. */
+   first offered to `expand` (when not null: a lazy DFA's C subset construction,
+   automata/csrc/subset.c's `subset_inline`, which builds the parent state's row in place and
+   returns 0, or -1 when it cannot); one still not built is returned in pending as the task
+   (node, parent state), its subtree skipped. Returns the pending tasks, or -1 when more than
+   cap. */
+typedef int64_t (*expand_fn)(void *core, int64_t state);
+
 int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int64_t n_cls,
                   const int32_t *b2c, const uint8_t *first_ok, const int64_t *row_start,
                   const int64_t *row_ids, const int64_t *tasks, int64_t n_tasks,
-                  uint32_t *words, int64_t *pending, int64_t cap) {
+                  uint32_t *words, int64_t *pending, int64_t cap, expand_fn expand,
+                  void *core) {
     int32_t st[MAX_DEPTH + 1];
     int64_t np = 0;
     for (int64_t t = 0; t < n_tasks; t++) {
@@ -59,7 +65,9 @@ int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int
             int32_t d = x->depth, par = st[d - 1];
             if (d == 1 && first_ok && !first_ok[x->byte]) { i = x->end; continue; }
             int32_t nx = -1;
-            if (par < n_rows) nx = table[(int64_t)par * n_cls + (b2c ? b2c[x->byte] : x->byte)];
+            int64_t at = (int64_t)par * n_cls + (b2c ? b2c[x->byte] : x->byte);
+            if (par < n_rows) nx = table[at];
+            if (nx < 0 && expand && par < n_rows && expand(core, par) == 0) nx = table[at];
             if (nx < 0) {  /* the entry is not built: this subtree waits */
                 if (np >= cap) return -1;
                 pending[2 * np] = i;

@@ -76,8 +76,9 @@ def _trace(dfa: LazyDFA, texts: list[str]) -> list[tuple]:
     return out
 
 
-def _filled(nfa: NFA) -> int:
-    return sum(e is not None for e in nfa.edges)
+def _filled(dfa: LazyDFA) -> int:
+    """NFA states filled, by the NFA or (a block's, with the C core) by the core itself."""
+    return sum(e is not None for e in dfa.nfa.edges) + dfa.block_fills_in_c
 
 
 @pytest.mark.parametrize(("pattern", "alphabet"), REGEXES)
@@ -92,7 +93,7 @@ def test_c_core_builds_the_python_construction_s_states(
     # the matches are re's, and the NFA was filled exactly as far as the walks read it
     rx = re.compile(pattern)
     assert [m for _, m in _trace(c_dfa, texts)] == [bool(rx.fullmatch(t)) for t in texts]
-    assert _filled(c_dfa.nfa) == _filled(py_dfa.nfa)
+    assert _filled(c_dfa) == _filled(py_dfa)
     assert c_dfa.num_states == py_dfa.num_states
 
 
@@ -103,7 +104,7 @@ def test_c_core_keeps_deferred_pieces_unbuilt_until_read(
     tree = json_schema_to_node(SCHEMA)
     c_dfa = _lazy(tree, monkeypatch, True)
     py_dfa = _lazy(json_schema_to_node(SCHEMA), monkeypatch, False)
-    assert _filled(c_dfa.nfa) == _filled(py_dfa.nfa) < len(c_dfa.nfa.edges)
+    assert _filled(c_dfa) == _filled(py_dfa) < len(c_dfa.nfa.edges)
     texts = ['{"name":"Ada","tags":["bc"],"zz":1}', '{"name":"x","n":301}', '{"n":3}']
     # (deferred pieces filled in another order number their NFA states otherwise: the sets
     # are compared by size)
@@ -111,7 +112,7 @@ def test_c_core_keeps_deferred_pieces_unbuilt_until_read(
     assert [m for _, m in c_trace] == [m for _, m in py_trace] == [True, False, False]
     sizes = [[len(s) for s in sets] for sets, _ in c_trace]
     assert sizes == [[len(s) for s in sets] for sets, _ in py_trace]
-    assert _filled(c_dfa.nfa) == _filled(py_dfa.nfa) < len(c_dfa.nfa.edges)
+    assert _filled(c_dfa) == _filled(py_dfa) < len(c_dfa.nfa.edges)
     assert c_dfa.num_states == py_dfa.num_states
 
 
@@ -206,3 +207,29 @@ def test_a_pickled_lazy_dfa_keeps_its_states_and_goes_on_building(
     rx = re.compile(pattern)
     texts = _samples("abcde0123", 200, seed=3) + ["e" + "7" * k for k in range(35)]
     assert [copy.matches(t.encode()) for t in texts] == [bool(rx.fullmatch(t)) for t in texts]
+
+
+BLOCK_SCHEMA = {  # embedded automata (key regions, a pattern with a length): lazily filled blocks
+    "type": "object",
+    "properties": {"s": {"type": "string", "pattern": "^[a-f]+$", "maxLength": 6}},
+    "patternProperties": {"^x[a-z]{0,3}$": {"type": "integer"}},
+    "additionalProperties": False,
+}
+
+
+def test_the_c_core_fills_block_states_itself_as_python_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if native_dfa.new_core(NFA(max_states=8), 8) is None:
+        pytest.skip("no C compiler: only the Python construction runs")
+    c_dfa = _lazy(json_schema_to_node(BLOCK_SCHEMA), monkeypatch, True)
+    py_dfa = _lazy(json_schema_to_node(BLOCK_SCHEMA), monkeypatch, False)
+    texts = ['{"s":"abc","xab":3}', '{"s":"abcdefa"}', '{"xabcd":1}', '{"s":"f","x":-2}', "{}"]
+    c_trace, py_trace = _trace(c_dfa, texts), _trace(py_dfa, texts)
+    assert [m for _, m in c_trace] == [m for _, m in py_trace] == [True, False, False, True, True]
+    assert [[len(s) for s in sets] for sets, _ in c_trace] == [
+        [len(s) for s in sets] for sets, _ in py_trace
+    ]
+    assert c_dfa.block_fills_in_c > 0  # (the NFA's own lists lack those states)
+    assert _filled(c_dfa) == _filled(py_dfa)
+    assert c_dfa.num_states == py_dfa.num_states
