@@ -44,10 +44,11 @@ def prebuild(vocab: TokenVocabulary | None = None) -> None:
     formats.prebuild()
     json_schema.prebuild()
     if vocab is not None:
-        from grammar.tokens import native
+        from grammar.tokens import native, warm
 
         vocab.prepared()
         native.trie_of(vocab)  # the C walk's token trie (~0.2 s; None without a compiler)
+        warm.prebuild(vocab)  # the token sets JSON strings share (string content, maxLength)
 
 
 def clear_caches() -> None:
