@@ -28,7 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.server.tools.parser import ToolParser, dumps, json_string
-from runtime.server.tools.scan import CallPiece, Scan, held_back, scan_json_call, value_end, ws
+from runtime.server.tools.scan import (
+    CallPiece,
+    Scan,
+    held_back,
+    scan_json_call,
+    scan_json_calls,
+    value_end,
+    ws,
+)
 
 _NAME = re.compile(r"[^\s<>\"']+")
 _INDEX = re.compile(r"[0-9]+")
@@ -53,6 +61,13 @@ class CallFormat:
     reasoning: tuple[str, str] = ("<think>", "</think>")  # the thinking's opening and closing
     markup: tuple[str, ...] = ()  # channel markup around content (Harmony), not content
     markers: tuple[str, ...] = ()  # the texts that are special tokens in the family's vocab
+    # the block is a JSON list of `json_call` objects after the trigger (Mistral), read as JSON
+    # (`scan.scan_json_calls`): any white space and commas between calls, a lone call object
+    # without the list, nothing read after the list's "]"
+    json_list: bool = False
+    # an answer that starts with this text is a block whose trigger was decoded away (a
+    # control token, Mistral's `[TOOL_CALLS]`); "": none
+    bare_block: str = ""
 
     @property
     def head(self) -> str:
@@ -71,7 +86,7 @@ class CallFormat:
 
     @property
     def trigger(self) -> str:
-        return self.block_begin or self.trigger_text or self.head
+        return self.trigger_text or self.block_begin or self.head
 
     @property
     def object_parts(self) -> tuple[str, str]:
@@ -131,7 +146,8 @@ class FormatParser(ToolParser):
         self._schemas: dict[str, dict[str, Any]] = {}
         self._final = False  # the answer being scanned is finished
         # tails held back from content while they may still open a call or be markup
-        held = (self.trigger, self.fmt.separator, *self.fmt.markup)
+        separator = "" if self.fmt.json_list else self.fmt.separator  # (inside the list only)
+        held = (self.trigger, separator, *self.fmt.markup)
         if self.fmt.markup:
             held += (self.fmt.reasoning[0],)
         self._held = tuple(t for t in held if t)
@@ -158,6 +174,8 @@ class FormatParser(ToolParser):
     def scan(self, text: str, final: bool = False) -> Scan:
         fmt, out, i = self.fmt, Scan(""), 0
         self._final = final
+        if fmt.json_list:
+            return self._json_list(text, final)
         while True:
             at = text.find(fmt.trigger, i)
             if at == -1:
@@ -179,6 +197,22 @@ class FormatParser(ToolParser):
                 i += len(fmt.separator)
         out.content = self._clean(out.content)
         return out
+
+    def _json_list(self, text: str, final: bool) -> Scan:
+        """A `json_list` format: content up to the trigger, then the calls as JSON (an answer
+        opening with `bare_block` is that list without its trigger)."""
+        at = text.find(self.fmt.trigger)
+        if at == -1:
+            lead, bare = text.lstrip(), self.fmt.bare_block
+            if bare and lead.startswith(bare):
+                return scan_json_calls(lead, final)
+            if bare and not final and bare.startswith(lead):
+                return Scan("")  # may still become a list of calls
+            keep = 0 if final else held_back(text, self._held)
+            return Scan(text[: len(text) - keep])
+        inner = scan_json_calls(text[at + len(self.fmt.trigger) :], final)
+        inner.content = text[:at]
+        return inner
 
     def _clean(self, content: str) -> str:
         """Content without the channel markup; in a channelled format (Harmony) the thinking

@@ -68,7 +68,7 @@ def calls_format(fmt: CallFormat, tags: list[dict], first: bool, many: bool) -> 
         block = {"type": "tag", "begin": fmt.block_begin, "content": inner, "end": fmt.block_end}
         if first:
             return block
-        return {"type": "triggered_tags", "triggers": [fmt.block_begin], "tags": [block],
+        return {"type": "triggered_tags", "triggers": [fmt.trigger], "tags": [block],
                 "at_least_one": False, "stop_after_first": True}  # fmt: skip
     if first:
         return {"type": "tags_with_separator", "tags": tags, "separator": fmt.separator,

@@ -11,6 +11,8 @@ strict structural tag derived from the description.
                   \n```<｜tool▁call▁end｜> (calls on their own lines) <｜tool▁calls▁end｜>
     hermes        <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call> per call, the call
                   object read in any spacing and key order ("parameters" too)
+    mistral       [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...] after any text: the block
+                  read as a JSON list (`json_list`), also without its control token
     gpt-oss       <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
                   (Harmony: calls after `<|start|>assistant`, the answer in the `final` channel,
                   the thinking in `analysis`)
@@ -101,8 +103,25 @@ HERMES = CallFormat(
     markers=("<tool_call>", "</tool_call>"),
 )
 
+MISTRAL = CallFormat(
+    name="mistral",
+    call_begin='{"name": "{name}", "arguments": ',
+    call_end="}",
+    args="json_call",
+    block_begin="[TOOL_CALLS] [",
+    block_end="]",
+    separator=", ",
+    trigger_text="[TOOL_CALLS]",
+    markers=("[TOOL_CALLS]",),
+    json_list=True,
+    # `[TOOL_CALLS]` is a control token of Mistral's tokenizers: text decoded without special
+    # tokens has only the list, so an answer that is a list of calls is read as calls too
+    bare_block='[{"name"',
+)
+
 FORMATS = {
-    f.name: f for f in (QWEN3_CODER, GLM45, KIMI_K2, DEEPSEEK_V31, GPT_OSS, DEEPSEEK_V3, HERMES)
+    f.name: f
+    for f in (QWEN3_CODER, GLM45, KIMI_K2, DEEPSEEK_V31, GPT_OSS, DEEPSEEK_V3, HERMES, MISTRAL)
 }
 
 
@@ -132,3 +151,7 @@ class DeepSeekV3Parser(FormatParser):
 
 class HermesParser(FormatParser):
     fmt = HERMES
+
+
+class MistralParser(FormatParser):
+    fmt = MISTRAL

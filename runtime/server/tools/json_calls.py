@@ -31,7 +31,7 @@ from typing import Any
 from runtime.server.errors import APIError
 from runtime.server.protocol import Tool
 from runtime.server.tools.parser import ToolParser, json_string
-from runtime.server.tools.scan import Scan, scan_json_call, ws
+from runtime.server.tools.scan import Scan, scan_json_calls
 from runtime.server.tools.schemas import embedded, local_pointers
 
 logger = logging.getLogger(__name__)
@@ -47,33 +47,9 @@ class JsonCallsParser(ToolParser):
     prefix = ""
 
     def scan(self, text: str, final: bool = False) -> Scan:
-        i = ws(text, 0)
-        if self.prefix and text.startswith(self.prefix, i):
-            i = ws(text, i + len(self.prefix))
-        elif self.prefix and self.prefix.startswith(text[i:]) and not final and i < len(text):
-            return Scan("")
-        if i >= len(text):
-            return Scan("" if not final else text)
-        if text[i] not in self.openers:
-            return Scan(text)
-        out = Scan("")
-        listed = text[i] == "["
-        if listed:
-            i += 1
-        while True:
-            i = ws(text, i)
-            while i < len(text) and text[i] in self.separators:
-                i = ws(text, i + 1)
-            if i >= len(text):
-                return out
-            if text[i] != "{":
-                if not (listed and text[i] == "]"):
-                    out.ok = False
-                return out
-            piece, i = scan_json_call(text, i + 1, self.args_keys)
-            out.calls.append(piece)
-            if i is None:
-                return out
+        return scan_json_calls(
+            text, final, self.openers, self.args_keys, self.separators, self.prefix
+        )
 
     def render(self, calls: list[tuple[str, Any]]) -> str:
         objs = [{"name": n, "arguments": a} for n, a in calls]

@@ -16,11 +16,11 @@ from runtime.server.tools.formats import (
     GptOssParser,
     HermesParser,
     KimiK2Parser,
+    MistralParser,
     Qwen3CoderParser,
 )
 from runtime.server.tools.json_calls import JsonCallsParser
 from runtime.server.tools.llama3 import PYTHON_TAG, Llama3Parser
-from runtime.server.tools.mistral import MistralParser
 from runtime.server.tools.parser import ToolParser
 from runtime.server.tools.pythonic import PythonicParser
 

@@ -121,6 +121,48 @@ def scan_json_call(text: str, i: int, args_keys: tuple[str, ...]) -> tuple[CallP
         i = stop
 
 
+def scan_json_calls(
+    text: str,
+    final: bool,
+    openers: tuple[str, ...] = ("{", "["),
+    args_keys: tuple[str, ...] = ("arguments", "parameters"),
+    separators: str = ",",
+    prefix: str = "",
+) -> Scan:
+    """Calls written as JSON objects making up the whole text: one object, or (when "[" is
+    among `openers`) a list of them, any white space and `separators` between them, an
+    optional `prefix` before; the arguments under one of `args_keys`. Text that does not
+    open with a call is content; nothing after a list's "]" is read."""
+    i = ws(text, 0)
+    if prefix and text.startswith(prefix, i):
+        i = ws(text, i + len(prefix))
+    elif prefix and prefix.startswith(text[i:]) and not final and i < len(text):
+        return Scan("")
+    if i >= len(text):
+        return Scan("" if not final else text)
+    if text[i] not in openers:
+        return Scan(text)
+    out = Scan("")
+    listed = text[i] == "["
+    if listed:
+        i += 1
+    while True:
+        i = ws(text, i)
+        while i < len(text) and text[i] in separators:
+            i = ws(text, i + 1)
+        if i >= len(text):
+            return out
+        if text[i] != "{":
+            if not (listed and text[i] == "]"):
+                out.ok = False
+            return out
+        piece, stop = scan_json_call(text, i + 1, args_keys)
+        out.calls.append(piece)
+        if stop is None:
+            return out
+        i = stop
+
+
 def held_back(text: str, markers: tuple[str, ...]) -> int:
     """How many trailing characters of `text` may be the start of one of `markers`."""
     best = 0
