@@ -148,7 +148,7 @@ class DecoderModel:
         ]  # fmt: skip
         device = self.embed.device
         packed = Packed(big, packing_enabled(dtype, device), gemv_enabled(dtype, device))
-        self.mm, self.swiglu_mm = packed.linear, packed.swiglu
+        self.mm, self.swiglu_mm, self.geglu_mm = packed.linear, packed.swiglu, packed.geglu
         moe_layers = sum(layer.moe is not None for layer in self.layers)
         experts = config.moe.n_routed_experts if config.moe else 0
         self.expert_load = torch.zeros(moe_layers, experts, dtype=torch.int64)
@@ -351,6 +351,8 @@ class DecoderModel:
         gate_up = self.mm(x, layer.gate_up)
         if self.config.hidden_act == "silu":  # a quantized down: SiLU in its input stage
             return self._tp_sum(self.swiglu_mm(gate_up, layer.down))
+        if self.config.hidden_act == "gelu_pytorch_tanh":  # Gemma's GeGLU, likewise
+            return self._tp_sum(self.geglu_mm(gate_up, layer.down))
         gate, up = gate_up.chunk(2, dim=-1)
         return self._tp_sum(self.mm(self._activation(gate) * up, layer.down))
 

@@ -407,8 +407,19 @@ def scratch(nbytes: int) -> int:
     return _scratch.get(nbytes)
 
 
+# the gate activations the product's input stage computes (`swiglu` of linear / q_matmul)
+GATES = {"silu": 1, "gelu_pytorch_tanh": 2}
+
+
+def _gate(gate: torch.Tensor, code: int) -> torch.Tensor:
+    """torch's activation for a GATES code (the paths that do not run it in the C)."""
+    if code == GATES["gelu_pytorch_tanh"]:
+        return torch.nn.functional.gelu(gate, approximate="tanh")
+    return torch.nn.functional.silu(gate)
+
+
 def scratch_bytes(
-    qtype: int, rows: int, cols: int, x_bf16: bool, out: int = 0, swiglu: bool = False
+    qtype: int, rows: int, cols: int, x_bf16: bool, out: int = 0, swiglu: bool | int = False
 ) -> int:
     """quant.c's q_scratch_bytes, plus `out` floats a row for a bf16 output and `cols`
     floats a row for the SwiGLU input."""
@@ -423,7 +434,7 @@ _FLOATS = (torch.float32, torch.bfloat16)
 
 
 def _linear_fast(
-    x: torch.Tensor, w: QuantTensor, float_out: bool, swiglu: bool = False
+    x: torch.Tensor, w: QuantTensor, float_out: bool, swiglu: bool | int = False
 ) -> torch.Tensor | None:
     """The common call (a 2-D contiguous input of fewer than DENSE_ROWS rows, one weight, no
     bias) with the least Python: a bf16 result comes rounded from the C. None: not that call."""
@@ -444,7 +455,7 @@ def _linear_fast(
     y = torch.empty((rows, out), dtype=torch.bfloat16 if y_bf16 else torch.float32)
     scratch = _scratch.get(scratch_bytes(head[0], rows, cols, bf16, out if y_bf16 else 0, swiglu))
     rc = lib.q_matmul(*head, x.data_ptr(), bf16, rows, y.data_ptr(), out, y_bf16, scratch, 0,
-                      swiglu)  # fmt: skip
+                      int(swiglu))  # fmt: skip
     if rc:
         raise UnsupportedModelError(f"no product for {type_name(w.qtype)} weights, {cols} columns")
     return y
@@ -457,13 +468,14 @@ def linear(
     float_out: bool = False,
     threads: int = 0,
     portable: bool = False,
-    swiglu: bool = False,
+    swiglu: bool | int = False,
 ) -> torch.Tensor:
     """x [M, in] @ w.T (+ bias) for a quantized w, float32 inside; the result in x's dtype
     (float32 with `float_out`). `threads` 0: torch's thread count (the pool's). From
     DENSE_ROWS rows on, the weight is dequantized and torch multiplies (prefill chunks).
     With `swiglu`, x is [M, 2 in] (gate | up) and the product's input `F.silu(gate) * up`,
-    computed in the C on the way in (its exp within ~1 ulp of torch's)."""
+    computed in the C on the way in (its exp within ~1 ulp of torch's); `swiglu` a GATES code:
+    that gate's activation (2: `F.gelu(gate, approximate="tanh") * up`, Gemma's GeGLU)."""
     if bias is None and not threads and not portable and type(w) is QuantTensor:
         if x.dim() == 2 and x.dtype in _FLOATS:
             y = _linear_fast(x, w, float_out, swiglu)
@@ -474,7 +486,7 @@ def linear(
     if swiglu and (x.shape[-1] != 2 * w.shape[1] or type(w) is not QuantTensor
                    or x.numel() >= DENSE_ROWS * x.shape[-1]):  # fmt: skip
         gate, up = x.chunk(2, dim=-1)
-        x, swiglu = torch.nn.functional.silu(gate) * up, False
+        x, swiglu = _gate(gate, int(swiglu)) * up, False
     x = x.contiguous()
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])

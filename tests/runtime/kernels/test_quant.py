@@ -292,3 +292,36 @@ def test_swiglu_input_gives_the_product_of_torchs_silu_times_up(name, dtype):
     if cpu_quant.library(portable=True) is not None:
         portable = cpu_quant.linear(gate_up, w, swiglu=True, portable=True, threads=1)
         assert torch.equal(portable, fused)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_geglu_input_gives_the_product_of_torchs_gelu_tanh_times_up(name, dtype):
+    # Gemma's GeGLU in the C input stage (GELU-tanh as g / (1 + exp(-2u)): a few ulps of torch's
+    # tanh form): the down projection's products as `F.gelu(gate, "tanh") * up` feeds it
+    code = cpu_quant.GATES["gelu_pytorch_tanh"]
+    _, w = random_weight(name, 48, 512, seed=6)
+    torch.manual_seed(6)
+    gate_up = (torch.randn(6, 1024) * 3).to(dtype)
+    gate_up[0, :6] = torch.tensor([30.0, -30.0, 0.0, -5.0, 1e-3, -1e-3])
+    gate, up = gate_up.chunk(2, dim=-1)
+    act = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    ref = cpu_quant.linear(act, w)
+    fused = cpu_quant.linear(gate_up, w, swiglu=code)
+    assert fused.dtype == dtype
+    close = (fused.float() - ref.float()).abs() <= 1e-5 * ref.float().abs().amax() + 1e-30
+    # float32: the activation's few-ulp differences reach some products' last bits; bf16
+    # rounds most of them away
+    same = (fused == ref).float().mean()
+    assert close.all() and same > (0.9 if dtype == torch.bfloat16 else 0.5), (name, same)
+    # not SiLU's product
+    assert not torch.equal(fused, cpu_quant.linear(gate_up, w, swiglu=True))
+    # one row at a time, over threads and in the portable build: the same bits
+    alone = torch.cat([cpu_quant.linear(gate_up[i : i + 1], w, swiglu=code) for i in range(6)])
+    assert torch.equal(alone, fused)
+    assert torch.equal(cpu_quant.linear(gate_up, w, swiglu=code, threads=2), fused)
+    if cpu_quant.library(portable=True) is not None:
+        portable = cpu_quant.linear(gate_up, w, swiglu=code, portable=True, threads=1)
+        assert torch.equal(portable, fused)
+    # past the C's row limit the torch ops run: the same activation
+    assert cpu_quant.linear(gate_up.repeat(30, 1), w, swiglu=code).shape == (180, 48)

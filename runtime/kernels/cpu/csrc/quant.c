@@ -1211,10 +1211,20 @@ static inline __m256 exp_poly8(__m256 x) {
 }
 #endif
 
-/* act [rows][cols] = SiLU(gate) * up of x [rows][2 cols] (each row gate | up), as torch's
-   `F.silu(gate) * up` rounds it: SiLU(g) = g / (1 + exp(-g)) in float, and for bf16 rounded
-   after the SiLU and after the product */
-static void swiglu_rows(const void *x, int x_bf16, int64_t rows, int64_t cols, float *act) {
+/* the gate's activation (q_matmul's `swiglu`): 1 SiLU, 2 GELU with the tanh approximation */
+#define GATE_SILU 1
+#define GATE_GELU_TANH 2
+#define GELU_BETA 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_KAPPA 0.044715f
+
+/* act [rows][cols] = act(gate) * up of x [rows][2 cols] (each row gate | up), as torch's
+   `F.silu(gate) * up` / `F.gelu(gate, approximate="tanh") * up` rounds it: SiLU(g) =
+   g / (1 + exp(-g)) in float; GELU-tanh(g) = 0.5 g (1 + tanh(u)), u = sqrt(2 / pi) (g +
+   0.044715 g^3), computed as the same g / (1 + exp(-2u)) (equal in exact arithmetic; within a
+   few ulps of torch's tanh form in float); for bf16 rounded after the activation and after the
+   product */
+static void swiglu_rows(const void *x, int x_bf16, int64_t rows, int64_t cols, float *act,
+                        int gate) {
     for (int64_t m = 0; m < rows; m++) {
         float *a = act + m * cols;
         const uint16_t *xb = (const uint16_t *)x + m * 2 * cols;
@@ -1223,12 +1233,26 @@ static void swiglu_rows(const void *x, int x_bf16, int64_t rows, int64_t cols, f
         int64_t j = 0;
 #ifdef Q_AVX2
         for (; j + 8 <= cols; j += 8) {
-            __m256 g = _mm256_loadu_ps(a + j);
-            __m256 e = exp_poly8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+            __m256 g = _mm256_loadu_ps(a + j), z = g;
+            if (gate == GATE_GELU_TANH) {
+                __m256 cube = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+                __m256 u = _mm256_mul_ps(_mm256_set1_ps(GELU_BETA),
+                                         _mm256_add_ps(g, _mm256_mul_ps(_mm256_set1_ps(GELU_KAPPA),
+                                                                        cube)));
+                z = _mm256_add_ps(u, u);
+            }
+            __m256 e = exp_poly8(_mm256_sub_ps(_mm256_setzero_ps(), z));
             _mm256_storeu_ps(a + j, _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
         }
 #endif
-        for (; j < cols; j++) a[j] = a[j] / (1.0f + exp_poly(-a[j]));
+        for (; j < cols; j++) {
+            float g = a[j], z = g;
+            if (gate == GATE_GELU_TANH) {
+                float u = GELU_BETA * (g + GELU_KAPPA * ((g * g) * g));
+                z = u + u;
+            }
+            a[j] = g / (1.0f + exp_poly(-z));
+        }
         if (x_bf16) {
             j = 0;
 #ifdef Q_AVX2
@@ -1265,7 +1289,8 @@ int64_t q_scratch_bytes(int t, int64_t rows, int64_t cols, int x_bf16) {
 /* y [rows][ldy] (columns 0 .. out) = x [rows][cols] . w^T for w [out] rows of type t.
    x float32 (or bf16 when x_bf16); `packed`: w as q_repack packs it; y float32, or bf16
    (rounded as torch rounds) when y_bf16. With `swiglu`, x is [rows][2 cols] (gate | up) and
-   the product's input is SiLU(gate) * up (swiglu_rows). scratch: q_scratch_bytes, plus
+   the product's input is SiLU(gate) * up (swiglu 1) or GELU-tanh(gate) * up (swiglu 2;
+   swiglu_rows). scratch: q_scratch_bytes, plus
    rows * out floats when y_bf16, plus rows * cols floats with swiglu.
    `threads`: how many parts (0: the pool's own count). Returns 0, -1 for an unknown type,
    -2 when cols is not a multiple of the block. */
@@ -1285,7 +1310,7 @@ int q_matmul(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t out
     if (packed && !pk_type(t)) return -1;
     if (swiglu) { /* the activated input in float32 (bf16 values exactly) */
         float *act = (float *)((uint8_t *)scratch + used);
-        swiglu_rows(x, x_bf16, rows, cols, act);
+        swiglu_rows(x, x_bf16, rows, cols, act, swiglu);
         x = act;
         x_bf16 = 0;
     }
