@@ -55,6 +55,7 @@ class HealingTable:
         entries = sorted((b, i) for i, b in enumerate(self._bytes) if b)
         self._keys = [b for b, _ in entries]
         self._ids = np.array([i for _, i in entries], dtype=np.int64)
+        self._lens = np.array([len(b) for b, _ in entries], dtype=np.int64)
         self._exact: dict[bytes, list[int]] = {}
         for b, i in entries:
             self._exact.setdefault(b, []).append(i)
@@ -79,6 +80,11 @@ class HealingTable:
         """Ids of the tokens whose bytes start with `prefix` (itself included)."""
         lo, hi = self._range(prefix)
         return self._ids[lo:hi]
+
+    def extending(self, prefix: bytes) -> np.ndarray:
+        """Ids of the tokens whose bytes start with `prefix` and go on after it."""
+        lo, hi = self._range(prefix)
+        return self._ids[lo:hi][self._lens[lo:hi] > len(prefix)]
 
     def extends(self, prefix: bytes) -> bool:
         """Whether some token's bytes start with `prefix` and go on after it."""
@@ -166,29 +172,27 @@ class HealingMatcher:
         rest = self.rest
         if self._mask is not None and self._mask[0] == rest:
             return self._mask[1]  # the inner does not move while the prefix is spelled
-        allowed = list(self.table.spelling_part_of(rest))
-        longer = [int(i) for i in self.table.starting_with(rest)]
-        allowed += [i for i in longer if len(self.table.token_bytes(i)) > len(rest)]
+        spelling = self.table.spelling_part_of(rest)
+        longer = self.table.extending(rest)
         if self.inner is not None:
-            allowed = self._inner_accepts(allowed)
+            longer = self._inner_accepts(longer.tolist())
         bits = np.zeros(self.table.num_words * 32, dtype=np.uint8)
-        bits[np.asarray(allowed, dtype=np.int64)] = 1
+        bits[np.asarray(spelling, dtype=np.int64)] = 1
+        bits[np.asarray(longer, dtype=np.int64)] = 1
         mask = np.packbits(bits, bitorder="little").view(np.int32)
         self._mask = (rest, mask)
         return mask
 
     def _inner_accepts(self, ids: list[int]) -> list[int]:
-        """The ids whose bytes after `rest` the inner constraint accepts from where it stands
-        (one copy walked per distinct remainder; a first byte it refuses rules out the rest)."""
+        """The ids (tokens longer than `rest`) whose bytes after `rest` the inner constraint
+        accepts from where it stands (one copy walked per distinct remainder; a first byte it
+        refuses rules out the rest)."""
         cut = len(self.rest)
         refused_first: dict[int, bool] = {}
         seen: dict[bytes, bool] = {}
         out = []
         for i in ids:
             extra = self.table.token_bytes(i)[cut:]
-            if not extra:
-                out.append(i)  # spells part or all of the prefix: the inner is not reached
-                continue
             if extra not in seen:
                 first = extra[0]
                 if first not in refused_first:
