@@ -405,6 +405,9 @@ def compare_llamacpp(args: argparse.Namespace, work: dict[str, dict], gguf: str)
     for name, w in work.items():
         o, t = ours[name], theirs.get(name)
         n = len(w["prompts"])
+        if t is not None and "failed" in t:
+            print(f"| {name} | {o['seconds']:.2f} | failed ({t['failed']}) | - | - | - | - |")
+            continue
         full = "-"
         if w["ignore_eos"]:
             mine = sum(len(x) == w["max_tokens"] for x in o["tokens"])
