@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the draft row's model (default: the default model's GGUF)")
     parser.add_argument("--rows", default="none,ngram,draft",
                         help="comma-separated rows: none, ngram, draft")
+    parser.add_argument("--llamacpp", action="store_true",
+                        help="also llama.cpp's llama-server rows (none, n-gram, draft model)")
+    parser.add_argument("--llamacpp-threads", type=int, default=1)
     parser.add_argument("--no-cost-policy", action="store_true",
                         help="verify every proposal (the cost-aware policy off)")
     parser.add_argument("--quick", action="store_true")
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             if engine.scheduler.speculation is not None:
                 engine.scheduler.speculation.cost_aware = False
     print(f"target {target or default_gguf_path()}; draft row: {draft}")
-    work = workloads(engines["none"].tokenizer, args.quick)
+    work = workloads(next(iter(engines.values())).tokenizer, args.quick)
     if args.only:
         work = {k: v for k, v in work.items() if k in args.only.split(",")}
     for engine in engines.values():  # warm up
@@ -238,7 +241,50 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'yes' if same else 'NO':>9}")  # fmt: skip
     for engine in engines.values():
         engine.shutdown()
+    if args.llamacpp:
+        llamacpp_rows(work, target, draft, args)
     return 0
+
+
+def llamacpp_rows(work: dict[str, dict], target: str | None, draft: str, args) -> None:
+    """llama.cpp's llama-server on the same workloads (token ids in, greedy): no speculation,
+    its n-gram lookup (`--spec-type ngram-simple`), and a draft model (`-md`) where the target
+    is a GGUF file other than the draft (it cannot load a safetensors folder). Best of two runs
+    each; `identical`: against its own no-speculation row."""
+    from benchmarks.peers.llamacpp import LlamaServer, find_server
+
+    binary = find_server()
+    gguf = target if target and str(target).endswith(".gguf") else str(default_gguf_path())
+    if binary is None:
+        print("llama.cpp rows: no llama-server found")
+        return
+    n = str(args.draft_tokens)
+    rows = {"lcpp-none": (), "lcpp-ngram": ("--spec-type", "ngram-simple",
+                                            "--spec-draft-n-max", n)}  # fmt: skip
+    if gguf != draft and str(draft).endswith(".gguf"):
+        rows["lcpp-draft"] = ("-md", draft, "--spec-draft-n-max", n)
+    print(f"llama.cpp: {binary}, target {gguf}, {args.llamacpp_threads} thread(s)")
+    jobs = {
+        name: {"prompts": w["prompts"], "max_tokens": w["kw"]["max_new_tokens"],
+               "ignore_eos": w["kw"].get("ignore_eos", False),
+               "schema": json.loads(w["kw"]["json_schema"]) if "json_schema" in w["kw"] else None}
+        for name, w in work.items()
+    }  # fmt: skip
+    slots = max(len(w["prompts"]) for w in work.values())
+    results = {}
+    for row, extra in rows.items():
+        server = LlamaServer(binary, gguf, slots, 2048, args.llamacpp_threads, extra)
+        try:
+            results[row] = server.run(jobs)
+        finally:
+            server.close()
+    for name in jobs:
+        for row, res in results.items():
+            r = res[name]
+            tokens = sum(len(t) for t in r["tokens"])
+            same = r["tokens"] == results["lcpp-none"][name]["tokens"]
+            print(f"{name:<11} {row:<10} {tokens:>6} {tokens / r['seconds']:>8.1f} "
+                  f"{'yes' if same else 'NO':>9}")  # fmt: skip
 
 
 if __name__ == "__main__":
