@@ -134,13 +134,21 @@ def back_off(ids: list[int], table: HealingTable) -> tuple[list[int], Healing | 
         if data is None:
             break  # a special token: nothing merges across it
         tail = data + tail
-        if 0x80 <= tail[0] < 0xC0:
-            continue  # starts inside a UTF-8 character: not a prefix the text can be cut at
+        if not _whole_characters(tail):
+            continue  # starts (or, for a prompt of ids, ends) inside a UTF-8 character
         if table.extends(tail):
             best = Healing(tail, k, table)
     if best is None:
         return ids, None
     return ids[: -best.backed_off], best
+
+
+def _whole_characters(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 class HealingMatcher:

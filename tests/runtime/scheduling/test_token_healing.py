@@ -82,6 +82,23 @@ def test_back_off_starts_on_a_character_boundary(table):
     assert _bytes(table, kept) + healing.prefix == "日本語の文".encode()
 
 
+def test_a_prompt_of_ids_ending_inside_a_character_heals_only_whole_characters(table):
+    ids = _ids("日本語の文")
+    # drop the last id while it leaves the text ending inside a character
+    cut = next(n for n in range(len(ids) - 1, 0, -1)
+               if not _decodes(_bytes(table, ids[:n])))  # fmt: skip
+    kept, healing = back_off(ids[:cut], table)
+    assert healing is None or _decodes(healing.prefix)
+
+
+def _decodes(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 # ---- the matcher ---------------------------------------------------------------------------
 def _allowed(matcher: HealingMatcher, table: HealingTable) -> set[int]:
     return {i for i in range(table.size) if matcher.is_allowed(i)}
