@@ -97,14 +97,15 @@ def build_batch(plan: StepPlan, page_size: int, ahead: bool = False) -> ForwardB
         req, base = item.req, len(ids)
         end = req.seq_len + len(item.drafts)
         ids.extend(req.seq[item.start :] + item.drafts)
-        plan.verify_rows.append((item, len(logit_rows)))
+        # every decode row has a logits row (a decode step's logits are all its rows: the
+        # graph runner's replays return them so); the verify reads from its last real token's
+        plan.verify_rows.append((item, len(logit_rows) + req.seq_len - 1 - item.start))
         for pos in range(item.start, end):
             positions.append(pos)
             slots.append(req.pages[pos // page_size] * page_size + pos % page_size)
             decode_reqs.append(req)
             seq_lens.append(pos + 1)
-        # the logits of the last real token and of every draft
-        logit_rows.extend(range(base + req.seq_len - 1 - item.start, len(ids)))
+        logit_rows.extend(range(base, len(ids)))
     num_decode = len(ids)
     for item in plan.extends:
         req, base = item.req, len(ids)

@@ -5,9 +5,13 @@ cache; the numbers in stats() and usage."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from runtime import Engine
+from tests.runtime.speculative.conftest import OracleProposer
+from tests.runtime.speculative.test_constrained_speculation import PROMPT, SCHEMA
 
 REPEAT = "alpha beta gamma delta epsilon zeta eta theta. " * 5
 PROMPTS = [REPEAT, "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3", "Hello there, how are"]
@@ -137,3 +141,20 @@ def test_large_batches_step_aside(model_dir):
         assert spec.stats()["spec_verify_steps"] <= 2
         spec.generate(PROMPTS[1], max_new_tokens=12, temperature=0.0, ignore_eos=True)
         assert spec.stats()["spec_verify_steps"] > 0
+
+
+def test_verify_rows_through_the_decode_graph_runner(model_dir, engines):
+    """`cuda_graph_bs` on the CPU: decode steps (verify rows included: forced text and drafts
+    as decode rows) replayed on padded static buffers, which return every row's logits."""
+    base, _ = engines
+    kw = {"max_new_tokens": 60, "temperature": 0.0, "json_schema": json.dumps(SCHEMA)}
+    want = base.generate(PROMPT, **kw)
+    with Engine(str(model_dir), max_total_tokens=4096, cuda_graph_bs=[1, 2, 4, 8, 16, 32],
+                speculative_algorithm="NGRAM") as spec:  # fmt: skip
+        spec.scheduler.call(lambda: setattr(spec.scheduler.speculation, "cost_aware", False))
+        proposer = OracleProposer([want.prompt_token_ids + want.token_ids])
+        spec.scheduler.call(lambda: setattr(spec.scheduler.speculation, "proposer", proposer))
+        got = spec.generate(PROMPT, **kw)
+        assert got.token_ids == want.token_ids
+        assert spec.stats()["graph_replays"] > 0 and spec.stats()["spec_verify_steps"] > 0
+        spec.check_integrity()
