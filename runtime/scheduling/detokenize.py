@@ -110,9 +110,19 @@ class Detokenizer:
 
     def text(self, req: Request) -> str:
         """The text of `req`'s output tokens; with token healing, without the prefix they spell
-        again (the tokens were chosen to start with it, so the decoded text does too)."""
-        text = self.decode(req.output_ids, self.kept(req))
-        return text[len(req.heal_text) :] if req.heal_text else text
+        again (the tokens were chosen to start with it, so the decoded text does too: "" until
+        it is spelled)."""
+        heal = req.heal_text
+        if not heal:
+            return self.decode(req.output_ids, self.kept(req))
+        # decoded after the prompt's last token: a tokenizer that drops a leading space when it
+        # decodes from the start (SentencePiece's) keeps the prefix's; then both are cut off
+        keep, anchor = self.kept(req), req.prompt_ids[-1:]
+        head = self.decode(anchor, keep)
+        text = self.decode(anchor + req.output_ids, keep)
+        if not text.startswith(head):
+            head, text = "", self.decode(req.output_ids, keep)
+        return text[len(head) + len(heal) :]
 
     def finalize_text(self, req: Request) -> None:
         if req.matched_stop is None or isinstance(req.matched_stop, int):

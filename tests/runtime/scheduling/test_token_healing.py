@@ -16,8 +16,9 @@ from grammar import compile_regex
 from grammar.errors import GrammarError
 from runtime import Engine
 from runtime.scheduling.constrained import constraint_vocabulary
-from runtime.scheduling.detokenize import special_ids
+from runtime.scheduling.detokenize import Detokenizer, special_ids
 from runtime.scheduling.healing import HealingMatcher, HealingTable, back_off
+from runtime.scheduling.request import Request, SamplingParams
 from tests.support.tiny_models import smollm_tokenizer
 
 
@@ -144,6 +145,32 @@ def test_the_constraint_applies_to_the_text_after_the_prefix(table, vocab):
     m.advance(_ids("://")[0])
     assert not m.is_accepting()  # "//" so far: the regex wants a letter
     assert inner.is_allowed(_ids("example")[0])
+
+
+class _LeadingSpaceDropper:
+    """A tokenizer that, as SentencePiece's do, drops the space a text starts with."""
+
+    pieces = {0: "A", 1: " hello", 2: " world"}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        text = "".join(self.pieces[i] for i in ids)
+        return text[1:] if text.startswith(" ") else text
+
+
+@pytest.mark.parametrize(
+    ("heal", "out", "text"),
+    [
+        pytest.param(" ", [1, 2], "hello world", id="prefix-a-space"),
+        pytest.param(" hel", [1, 2], "lo world", id="prefix-in-a-word"),
+        pytest.param(" hello", [1], "", id="only-the-prefix"),
+        pytest.param(" hello w", [1], "", id="prefix-not-spelled-yet"),
+    ],
+)
+def test_text_leaves_out_the_prefix_whatever_decoding_does_at_the_start(heal, out, text):
+    detok = Detokenizer(_LeadingSpaceDropper(), [])
+    req = Request([0], SamplingParams())
+    req.output_ids, req.heal_text = out, heal
+    assert detok.text(req) == text
 
 
 # ---- the engine ----------------------------------------------------------------------------
