@@ -48,6 +48,8 @@ import httpx
 import jsonschema
 from pydantic import BaseModel, Field
 
+from grammar.structural.xml_args import root_object
+
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "examples" / "chat_templates"
 FORMATS = ("json", "hermes", "llama3", "mistral", "deepseekv3", "pythonic")
@@ -188,7 +190,8 @@ def judge(message: dict, fmt: str, schemas: dict | None = None) -> tuple[bool, b
         except (TypeError, ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
             valid = False
             continue
-        extra = extra or bool(set(args) - set(schema["properties"]))
+        declared = root_object(schema).get("properties", {})  # (a root `$ref`: its target's)
+        extra = extra or bool(set(args) - set(declared))
     return True, valid, extra, len(calls)
 
 

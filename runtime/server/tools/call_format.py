@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.server.tools.parser import ToolParser, dumps, json_string
+from runtime.server.tools.parser import ToolParser, const, dumps, json_string
 from runtime.server.tools.scan import (
     CallPiece,
     Scan,
@@ -68,6 +68,10 @@ class CallFormat:
     # an answer that starts with this text is a block whose trigger was decoded away (a
     # control token, Mistral's `[TOOL_CALLS]`); "": none
     bare_block: str = ""
+    # the calls are the whole answer (Llama 3): no trigger; an answer whose first characters
+    # open a call (or `lead`) is calls, any other is content; `json_call` calls only
+    whole_answer: bool = False
+    lead: str = ""  # optional text before the calls (Llama 3's `<|python_tag|>`)
 
     @property
     def head(self) -> str:
@@ -140,14 +144,16 @@ class FormatParser(ToolParser):
         if fmt is not None:
             self.fmt = fmt
         self.name = self.fmt.name
-        self.trigger = self.fmt.trigger
+        self.trigger = None if self.fmt.whole_answer else self.fmt.trigger
         self.one_block = bool(self.fmt.block_begin)
+        if self.fmt.whole_answer:  # (the call object's "{", or the lead)
+            self.openers = tuple(t for t in (self.fmt.call_begin[:1], self.fmt.lead) if t)
         self.markers = self.fmt.markers
         self._schemas: dict[str, dict[str, Any]] = {}
         self._final = False  # the answer being scanned is finished
         # tails held back from content while they may still open a call or be markup
         separator = "" if self.fmt.json_list else self.fmt.separator  # (inside the list only)
-        held = (self.trigger, separator, *self.fmt.markup)
+        held = (self.trigger or "", separator, *self.fmt.markup)
         if self.fmt.markup:
             held += (self.fmt.reasoning[0],)
         self._held = tuple(t for t in held if t)
@@ -176,6 +182,11 @@ class FormatParser(ToolParser):
         self._final = final
         if fmt.json_list:
             return self._json_list(text, final)
+        if fmt.whole_answer:
+            separators = fmt.separator.strip()
+            return scan_json_calls(
+                text, final, self.openers, prefix=fmt.lead, separators=separators
+            )
         while True:
             at = text.find(fmt.trigger, i)
             if at == -1:
@@ -395,7 +406,22 @@ class FormatParser(ToolParser):
     def block_regex(self, calls: list[str], parallel: bool) -> str:
         one = "(?:" + "|".join(calls) + ")"
         many = f"{one}(?:{re.escape(self.fmt.separator)}{one})*" if parallel else one
-        return re.escape(self.fmt.block_begin) + many + re.escape(self.fmt.block_end)
+        lead = f"(?:{re.escape(self.fmt.lead)})?" if self.fmt.lead else ""
+        return lead + re.escape(self.fmt.block_begin) + many + re.escape(self.fmt.block_end)
+
+    def call_format(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        opening, end = const(self.fmt.call_opening(name)), const(self.fmt.call_end)
+        return {"type": "sequence", "elements": [opening, args, end]}
+
+    def block_format(self, one: dict[str, Any], parallel: bool) -> dict[str, Any]:
+        fmt = self.fmt
+        items = [{"type": "optional", "content": const(fmt.lead)}] if fmt.lead else []
+        items += [const(fmt.block_begin), one]
+        if parallel:
+            more = {"type": "sequence", "elements": [const(fmt.separator), one]}
+            items.append({"type": "star", "content": more})
+        items.append(const(fmt.block_end))
+        return {"type": "sequence", "elements": [i for i in items if i.get("value") != ""]}
 
     @property
     def block_parts(self) -> tuple[str, str, str]:  # type: ignore[override]

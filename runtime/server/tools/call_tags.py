@@ -111,7 +111,7 @@ def builtin_structural_tag(
         parser = get_parser(family)
     except ToolParserError as exc:
         raise BuiltinTagError(str(exc)) from None
-    if not isinstance(parser, FormatParser):
+    if not isinstance(parser, FormatParser) or parser.fmt.whole_answer:
         raise BuiltinTagError(f"tool-call format {family!r} has no built-in structural tag")
     fmt = parser.fmt
     listed = [t if isinstance(t, Tool) else Tool.model_validate(t) for t in tools]

@@ -11,6 +11,8 @@ strict structural tag derived from the description.
                   \n```<｜tool▁call▁end｜> (calls on their own lines) <｜tool▁calls▁end｜>
     hermes        <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call> per call, the call
                   object read in any spacing and key order ("parameters" too)
+    llama3        {"name": "f", "parameters": {...}}; {...} as the whole answer, optionally after
+                  <|python_tag|> (`whole_answer`, `lead`), read as JSON objects
     mistral       [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...] after any text: the block
                   read as a JSON list (`json_list`), also without its control token
     gpt-oss       <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
@@ -119,10 +121,24 @@ MISTRAL = CallFormat(
     bare_block='[{"name"',
 )
 
+PYTHON_TAG = "<|python_tag|>"
+LLAMA3 = CallFormat(
+    name="llama3",
+    call_begin='{"name": "{name}", "parameters": ',
+    call_end="}",
+    args="json_call",
+    separator="; ",
+    markers=(PYTHON_TAG,),
+    whole_answer=True,
+    lead=PYTHON_TAG,  # the tag its templates may open with
+)
+
 FORMATS = {
     f.name: f
-    for f in (QWEN3_CODER, GLM45, KIMI_K2, DEEPSEEK_V31, GPT_OSS, DEEPSEEK_V3, HERMES, MISTRAL)
-}
+    for f in (
+        QWEN3_CODER, GLM45, KIMI_K2, DEEPSEEK_V31, GPT_OSS, DEEPSEEK_V3, HERMES, MISTRAL, LLAMA3
+    )
+}  # fmt: skip
 
 
 class Qwen3CoderParser(FormatParser):
@@ -155,3 +171,7 @@ class HermesParser(FormatParser):
 
 class MistralParser(FormatParser):
     fmt = MISTRAL
+
+
+class Llama3Parser(FormatParser):
+    fmt = LLAMA3

@@ -182,7 +182,8 @@ def _spec(name: str, key: str, named: str | None, required: bool, parallel: bool
     # (the context-free path); a regex unrolls them to a depth
     tree = any(t.function.strict is not False and recursive_params(t.function.parameters)
                for t in tools)  # fmt: skip
-    if isinstance(parser, FormatParser) and (other is None or xml or tree):
+    whole = isinstance(parser, FormatParser) and parser.fmt.whole_answer
+    if isinstance(parser, FormatParser) and not whole and (other is None or xml or tree):
         # described formats: the tag from the description (XML arguments have no regex of
         # theirs beside a response_format: the tag's `or` holds both)
         first = required or named is not None or other is not None

@@ -10,17 +10,18 @@ from it) or, for a format the description cannot say, a `ToolParser` module; the
 from __future__ import annotations
 
 from runtime.server.tools.formats import (
+    PYTHON_TAG,
     DeepSeekV3Parser,
     DeepSeekV31Parser,
     Glm45Parser,
     GptOssParser,
     HermesParser,
     KimiK2Parser,
+    Llama3Parser,
     MistralParser,
     Qwen3CoderParser,
 )
 from runtime.server.tools.json_calls import JsonCallsParser
-from runtime.server.tools.llama3 import PYTHON_TAG, Llama3Parser
 from runtime.server.tools.parser import ToolParser
 from runtime.server.tools.pythonic import PythonicParser
 
