@@ -53,7 +53,9 @@ BAD = [
     [("get_weather", {"city": "Oslo", "days": "x"})],  # not an integer
     [("launch", {"zone": "UTC"})],  # an undeclared tool
 ]
-FORMATS = ["qwen3_coder", "glm45", "kimi_k2", "deepseekv31", "gpt-oss", "deepseekv3", "hermes"]
+FORMATS = [
+    "qwen3_coder", "glm45", "kimi_k2", "deepseekv31", "gpt-oss", "deepseekv3", "hermes", "mistral"
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +238,24 @@ def test_builtin_tag_with_reasoning_puts_the_thinking_first(walk, name):
     plain = builtin_structural_tag(name, tools, choice)
     assert walk({"structural_tag": plain}, parser.render(GOOD[1:]))
     assert not walk({"structural_tag": plain}, parser.render(GOOD[:1]))
+
+
+def test_llama3_is_a_whole_answer_description(walk):
+    """Llama 3's calls are the whole answer (`whole_answer`, optional `<|python_tag|>`): the
+    parser and the regex both come from the description."""
+    parser = get_parser("llama3")
+    assert parser.fmt.whole_answer and parser.trigger is None
+    text = parser.render(GOOD)
+    assert _calls(parser.parse(text, TOOLS)[1]) == GOOD
+    assert _calls(parser.parse("<|python_tag|>" + text, TOOLS)[1]) == GOOD
+    assert parser.parse("Let me check. " + text, TOOLS) == ("Let me check. " + text, [])
+    required = _spec("llama3", "required")
+    assert walk(required, text) and walk(required, "<|python_tag|>" + text)
+    for bad in BAD:
+        assert not walk(required, parser.render(bad))
+    auto = _spec("llama3", "auto")
+    assert walk(auto, "No call.") and walk(auto, text)
+    assert not walk(auto, parser.render(BAD[2]))
 
 
 def test_builtin_tag_names_what_it_refuses():
