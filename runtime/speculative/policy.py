@@ -2,8 +2,9 @@
 add.
 
 `StepCosts` keeps, from the engine's own steps (decode and verify steps only; a step with a
-prefill says nothing about either): the seconds of a plain decode step per batch size, of a
-verify step per number of rows it computes, and of a draft model's forward per batch size.
+prefill says nothing about either): the seconds of a plain decode step per batch size, and in
+such decode steps what a verify step costs per number of rows it computes and what a draft
+model's forward costs per batch size (ratios: the machine's load moves them all together).
 `choose_cap` weighs, for each cap on the drafts a request may verify this step, the expected
 tokens (per request, a chain of k drafts each kept with the request's measured per-draft
 acceptance p yields 1 + p + ... + p^k tokens) against the step's expected seconds, and keeps
@@ -57,10 +58,12 @@ def expected_tokens(p: float, k: int) -> float:
 class StepCosts:
     def __init__(self) -> None:
         self.decode: dict[int, _Cost] = {}  # batch size -> seconds of a decode step
-        self.verify: dict[int, _Cost] = {}  # rows -> seconds of a verify step
-        self.draft: dict[int, _Cost] = {}  # batch size -> seconds per draft forward
+        # relative to the decode step of the same batch size at the time (the load of the
+        # machine moves both; a cost measured under another load stays comparable):
+        self.verify: dict[int, _Cost] = {}  # rows -> a verify step's decode steps
+        self.draft: dict[int, _Cost] = {}  # batch size -> a draft forward's decode steps
         self.since_explore = 0
-        self._line: tuple[float, float] | None = None  # verify seconds = fixed + slope * rows
+        self._line: tuple[float, float] | None = None  # verify cost = fixed + slope * rows
 
     def observe_decode(self, batch: int, seconds: float) -> None:
         self.decode.setdefault(batch, _Cost()).add(seconds)
@@ -68,26 +71,30 @@ class StepCosts:
     def observe_verify(self, batch: int, rows: int, seconds: float) -> None:
         """A verify step of `batch` requests computing `rows` tokens. Not kept: one longer than
         MAX_ROWS past the batch (forced text verified with its drafts, no guide to drafting)
-        or dearer than OUTLIER decode steps (a first call compiling or loading something)."""
+        or dearer than OUTLIER decode steps (a first call compiling or loading something), nor
+        one before a decode step of its batch size was measured."""
         base = self.decode_time(batch)
-        if rows > batch + MAX_ROWS or (base is not None and seconds > OUTLIER * base):
+        if base is None or rows > batch + MAX_ROWS or seconds > OUTLIER * base:
             return
-        self.verify.setdefault(rows, _Cost()).add(seconds)
+        self.verify.setdefault(rows, _Cost()).add(seconds / base)
         self._line = None
 
     def observe_draft(self, batch: int, forwards: int, seconds: float) -> None:
-        if forwards > 0:
-            self.draft.setdefault(batch, _Cost()).add(seconds / forwards)
+        base = self.decode_time(batch)
+        if forwards > 0 and base is not None:
+            self.draft.setdefault(batch, _Cost()).add(seconds / forwards / base)
 
     def decode_time(self, batch: int) -> float | None:
         cost = self.decode.get(batch)
         return None if cost is None else cost.value
 
-    def verify_time(self, rows: int) -> float | None:
-        """The line through the measured (rows, seconds) that outliers do not move (Theil-Sen:
-        the median of the pairwise slopes, the median intercept; the slope never negative);
-        with one row count measured, proportional to the rows."""
-        if not self.verify:
+    def verify_time(self, rows: int, batch: int = 1) -> float | None:
+        """Seconds of a verify step of `rows` rows among `batch` decoding requests: the line
+        through the measured (rows, cost) that outliers do not move (Theil-Sen: the median of
+        the pairwise slopes, the median intercept; the slope never negative; with one row
+        count measured, proportional to the rows), times the batch's decode step."""
+        base = self.decode_time(batch)
+        if not self.verify or base is None:
             return None
         if self._line is None:
             pts = [(r, c.value) for r, c in self.verify.items()]
@@ -99,15 +106,16 @@ class StepCosts:
                 slope = max(0.0, statistics.median(slopes))
                 self._line = (statistics.median(t - slope * r for r, t in pts), slope)
         fixed, slope = self._line
-        return max(fixed + slope * rows, 1e-6)
+        return max(fixed + slope * rows, 1e-6) * base
 
     def draft_time(self, batch: int, forwards: int) -> float:
         """Seconds of `forwards` draft forwards for `batch` requests (0 for a proposer without
         a model; the nearest measured batch size when this one was not measured)."""
-        if forwards <= 0 or not self.draft:
+        base = self.decode_time(batch)
+        if forwards <= 0 or not self.draft or base is None:
             return 0.0
         near = batch if batch in self.draft else min(self.draft, key=lambda b: abs(b - batch))
-        return self.draft[near].value * forwards
+        return self.draft[near].value * forwards * base
 
     def choose_cap(self, batch: int, accepts: list[float], longest: list[int],
                    model_forwards: bool) -> int:  # fmt: skip
@@ -121,7 +129,7 @@ class StepCosts:
         top = max(longest, default=0)
         if top <= 0:
             return 0
-        if self.verify_time(batch + 1) is None:
+        if self.verify_time(batch + 1, batch) is None:
             return min(top, FIRST_CAP)  # no verify measured yet: measure one
         best_cap, best_rate = 0, batch / base
         for cap in sorted({1, 2, 3, 4, 6, 8, 12, 16, top}):
@@ -131,7 +139,7 @@ class StepCosts:
             tokens = batch - len(accepts) + sum(
                 expected_tokens(p, d) for p, d in zip(accepts, drafts, strict=True)
             )
-            seconds = self.verify_time(batch + sum(drafts)) or base
+            seconds = self.verify_time(batch + sum(drafts), batch) or base
             seconds += self.draft_time(batch, cap if model_forwards else 0)
             rate = tokens / seconds
             if rate > best_rate * (1.0 + MARGIN if best_cap == 0 else 1.0):
