@@ -178,17 +178,31 @@ def run(engine: Engine, w: dict) -> tuple[float, list[list[int]], dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=None, help="the target (default: the default "
-                        "model's GGUF; with the draft row, its dense fp32 folder)")
-    parser.add_argument("--draft-model", default=None,
-                        help="the draft row's model (default: the default model's GGUF)")
-    parser.add_argument("--rows", default="none,ngram,draft",
-                        help="comma-separated rows: none, ngram, draft")
-    parser.add_argument("--llamacpp", action="store_true",
-                        help="also llama.cpp's llama-server rows (none, n-gram, draft model)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="the target (default: the default "
+        "model's GGUF; with the draft row, its dense fp32 folder)",
+    )
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="the draft row's model (default: the default model's GGUF)",
+    )
+    parser.add_argument(
+        "--rows", default="none,ngram,draft", help="comma-separated rows: none, ngram, draft"
+    )
+    parser.add_argument(
+        "--llamacpp",
+        action="store_true",
+        help="also llama.cpp's llama-server rows (none, n-gram, draft model)",
+    )
     parser.add_argument("--llamacpp-threads", type=int, default=1)
-    parser.add_argument("--no-cost-policy", action="store_true",
-                        help="verify every proposal (the cost-aware policy off)")
+    parser.add_argument(
+        "--no-cost-policy",
+        action="store_true",
+        help="verify every proposal (the cost-aware policy off)",
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--draft-tokens", type=int, default=8)

@@ -161,7 +161,7 @@ class DraftModel:
         logits = self._forward_extend(spans)
         first = logits.argmax(dim=-1).tolist()
         live = []  # (index, st, position of its last draft, drafts wanted)
-        for (i, st, keep, todo, k), tok in zip(spans, first, strict=True):
+        for (i, st, _, todo, k), tok in zip(spans, first, strict=True):
             st.tokens.extend(todo)
             if k > 0:
                 out[i].append(tok)

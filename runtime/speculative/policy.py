@@ -136,8 +136,10 @@ class StepCosts:
             if cap > top:
                 continue
             drafts = [min(cap, n) for n in longest]
-            tokens = batch - len(accepts) + sum(
-                expected_tokens(p, d) for p, d in zip(accepts, drafts, strict=True)
+            tokens = (
+                batch
+                - len(accepts)
+                + sum(expected_tokens(p, d) for p, d in zip(accepts, drafts, strict=True))
             )
             seconds = self.verify_time(batch + sum(drafts), batch) or base
             seconds += self.draft_time(batch, cap if model_forwards else 0)

@@ -24,7 +24,8 @@ def other_draft(tmp_path_factory):
 
 def _draft_engine(target, draft, k=4):
     engine = Engine(str(target), max_total_tokens=4096, speculative_algorithm="STANDALONE",
-                    speculative_draft_model_path=str(draft), speculative_num_draft_tokens=k)  # fmt: skip
+                    speculative_draft_model_path=str(draft),
+                    speculative_num_draft_tokens=k)  # fmt: skip
     # every draft verified: these tests check the drafts, not when drafting pays
     engine.scheduler.call(lambda: setattr(engine.scheduler.speculation, "cost_aware", False))
     return engine
