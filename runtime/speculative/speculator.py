@@ -25,14 +25,16 @@ ENGINE_DECAY = 0.95  # the same over every request's (the prior of a new request
 
 
 class Speculator:
-    """One per engine (scheduler thread only). Per request it keeps, on the request's
-    `SpecState`: the draft length (grows by 2 after a verify that kept every draft, falls to
-    one more than were kept otherwise), a back-off (after a verify that kept nothing, the
-    next 1, 2, 4, ... 16 decode steps draft nothing) and its measured per-draft acceptance.
-    Per step, `policy.StepCosts` caps the drafts where verifying them is expected to pay for
-    itself (`cost_aware`; off: every proposal is verified).
+    """One per engine (scheduler thread only). Per step it proposes drafts for the decoding
+    requests (n-gram lookup, `proposer`, or the STANDALONE draft model, `draft`), cut by each
+    request's grammar, and `policy.StepCosts` caps them where verifying is expected to pay
+    (`cost_aware`, the default), from the step costs `observe` measures and each request's
+    per-draft acceptance (kept on its `SpecState`: its verified chains, and n-gram drafts it
+    was offered but did not verify, checked against what it then decoded).
 
-    `draft`: the STANDALONE draft model (None: n-gram lookup, `proposer`)."""
+    With `cost_aware` off every proposal is verified, and the draft length adapts instead: it
+    grows by 2 after a verify that kept every draft and falls to one more than were kept
+    otherwise; after a verify that kept nothing the next 1, 2, 4, ... 16 steps draft nothing."""
 
     def __init__(self, config: SpeculativeConfig, draft: DraftModel | None = None) -> None:
         self.config = config
@@ -155,19 +157,6 @@ class Speculator:
         prior = acceptance(self.accept_all, self.reject_all)
         accepts = [acceptance(r.spec.accept_w, r.spec.reject_w, prior) for r, _ in pairs]
         return self.costs.choose_cap(batch, accepts, [n for _, n in pairs], model)
-
-    def drafts(self, req: Request, limit: int) -> list[int]:
-        """One request's drafts, without the cost policy (tests, tools)."""
-        k = self._wanted(req, limit)
-        if not k:
-            return []
-        if self.draft is None:
-            return self._ngram(req, k)
-        return self._draft_one(req, k)
-
-    def _draft_one(self, req: Request, k: int) -> list[int]:
-        (d,), self._draft_s = self.draft.propose([(id(req), req.seq, k)])
-        return grammar_prefix(req.constraint, d) if d and req.constraint is not None else d
 
     def accept(
         self, ctx: OutputContext, item: VerifyItem, logits: torch.Tensor, result: StepResult
