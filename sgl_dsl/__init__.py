@@ -36,6 +36,7 @@ from .primitives import (
     system,
     system_begin,
     system_end,
+    tool_loop,
     user,
     user_begin,
     user_end,
@@ -49,7 +50,7 @@ from .select_methods import (
     unconditional_likelihood_normalized,
 )
 from .state import ForkGroup, ProgramState
-from .tools import ToolCall, tool_loop
+from .tools import ToolCall
 
 
 def __getattr__(name: str) -> object:

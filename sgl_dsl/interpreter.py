@@ -57,7 +57,7 @@ def append(state: ProgramState, expr: Expr) -> None:
             case Select():
                 run_select(state, leaf)
             case ToolLoop():
-                tools.run_loop(state, leaf)
+                tools.run_loop(state, leaf, _TURNS)
             case VarRef(name):
                 state._emit(str(state._vars[name]))
             case ArgRef(name):
@@ -75,7 +75,7 @@ async def append_async(state: ProgramState, expr: Expr) -> None:
             case Select():
                 await run_select_async(state, leaf)
             case ToolLoop():
-                await tools.run_loop_async(state, leaf)
+                await tools.run_loop_async(state, leaf, _TURNS)
             case _:
                 append(state, leaf)
 
@@ -422,3 +422,6 @@ def _choose(
         }
         state.set_var(sel.name, chosen, meta)
         state._close_var(sel.name)
+
+
+_TURNS = tools.Turns(begin_role, end_role, run_gen, run_gen_async)

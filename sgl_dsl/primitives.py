@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from .errors import ProgramError
-from .ir import Gen, RoleBegin, RoleBlock, RoleEnd, Select, as_expr
+from .ir import Gen, RoleBegin, RoleBlock, RoleEnd, Select, ToolLoop, as_expr
 
 _DTYPES = {int: "int", float: "float", bool: "bool", str: "str"}
 
@@ -318,3 +318,34 @@ def dtype_name(dtype: type | str) -> str:
     if name not in _DTYPES.values():
         raise ProgramError(f"dtype must be int, float, bool or str, not {dtype!r}")
     return name
+
+
+def tool_loop(
+    tools: Any,
+    max_turns: int = 8,
+    *,
+    name: str = "answer",
+    calls: str = "tool_calls",
+    tool_choice: Any = "auto",
+    on_max_turns: str = "error",
+    **gen_kwargs: Any,
+) -> ToolLoop:
+    """`s += sgl.tool_loop(tools, max_turns=...)`: generate with tools, call the Python
+    functions with the validated arguments, feed each result back as a `tool` message, until
+    the model answers in text (or calls a pydantic-model tool: its instance is the answer).
+
+    `state[name]` is the final answer, `state[calls]` every `ToolCall` made (with its
+    `result`); `state.messages()` holds the turns. `tool_choice` applies to the first turn
+    (later turns are "auto"). After `max_turns` generations without an answer:
+    `on_max_turns="error"` raises `ProgramError` naming max_turns; "answer" makes the last turn
+    a text answer (tool_choice "none"). `gen_kwargs` (max_tokens, temperature, ...) go to
+    every turn's gen."""
+    where = "tool_loop()"
+    if not isinstance(max_turns, int) or max_turns < 1:
+        raise ProgramError(f"{where}: max_turns must be an integer >= 1, not {max_turns!r}")
+    if on_max_turns not in ("error", "answer"):
+        raise ProgramError(f"{where}: on_max_turns must be 'error' or 'answer'")
+    first = gen(name, tools=tools, tool_choice=tool_choice, **gen_kwargs)
+    later = gen(name, tools=tools, tool_choice="auto", **gen_kwargs)
+    last = gen(name, tools=tools, tool_choice="none", **gen_kwargs)
+    return ToolLoop(name, calls, max_turns, on_max_turns, (first, later, last))

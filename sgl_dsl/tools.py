@@ -306,40 +306,18 @@ def assistant_message(state: Any, content: str) -> dict[str, Any]:
     return {"role": "assistant", "content": text or "", "tool_calls": [c.message() for c in calls]}
 
 
-# ---- tool_loop ---------------------------------------------------------------------------------
+# ---- tool_loop (the primitive is in primitives.py; this runs it) ------------------------------
 
 
-def tool_loop(
-    tools: Any,
-    max_turns: int = 8,
-    *,
-    name: str = "answer",
-    calls: str = "tool_calls",
-    tool_choice: Any = "auto",
-    on_max_turns: str = "error",
-    **gen_kwargs: Any,
-) -> ToolLoop:
-    """`s += sgl.tool_loop(tools, max_turns=...)`: generate with tools, call the Python
-    functions with the validated arguments, feed each result back as a `tool` message, until
-    the model answers in text (or calls a pydantic-model tool: its instance is the answer).
+@dataclass(frozen=True, slots=True)
+class Turns:
+    """What the loop needs of the interpreter, handed in by it (the interpreter runs the loop;
+    this module does not import it): open / close a role, run a gen (sync and async)."""
 
-    `state[name]` is the final answer, `state[calls]` every `ToolCall` made (with its
-    `result`); `state.messages()` holds the turns. `tool_choice` applies to the first turn
-    (later turns are "auto"). After `max_turns` generations without an answer:
-    `on_max_turns="error"` raises `ProgramError` naming max_turns; "answer" makes the last turn
-    a text answer (tool_choice "none"). `gen_kwargs` (max_tokens, temperature, ...) go to
-    every turn's gen."""
-    from .primitives import gen
-
-    where = "tool_loop()"
-    if not isinstance(max_turns, int) or max_turns < 1:
-        raise ProgramError(f"{where}: max_turns must be an integer >= 1, not {max_turns!r}")
-    if on_max_turns not in ("error", "answer"):
-        raise ProgramError(f"{where}: on_max_turns must be 'error' or 'answer'")
-    first = gen(name, tools=tools, tool_choice=tool_choice, **gen_kwargs)
-    later = gen(name, tools=tools, tool_choice="auto", **gen_kwargs)
-    last = gen(name, tools=tools, tool_choice="none", **gen_kwargs)
-    return ToolLoop(name, calls, max_turns, on_max_turns, (first, later, last))
+    begin_role: Callable[[Any, str], None]
+    end_role: Callable[[Any, str], None]
+    run_gen: Callable[[Any, Any], None]
+    run_gen_async: Callable[[Any, Any], Any]
 
 
 def _turn_gen(loop: ToolLoop, turn: int) -> Any:
@@ -349,40 +327,38 @@ def _turn_gen(loop: ToolLoop, turn: int) -> Any:
     return first if turn == 0 else later
 
 
-def run_loop(state: Any, loop: ToolLoop) -> None:
-    from . import interpreter
-
+def run_loop(state: Any, loop: ToolLoop, turns: Turns) -> None:
     made: list[ToolCall] = []
     for turn in range(loop.max_turns):
         gen = _turn_gen(loop, turn)
-        interpreter.begin_role(state, "assistant")
-        interpreter.run_gen(state, gen)
-        interpreter.end_role(state, "assistant")
-        if _after_turn(state, loop, gen, made, _run_call):
+        turns.begin_role(state, "assistant")
+        turns.run_gen(state, gen)
+        turns.end_role(state, "assistant")
+        if _after_turn(state, loop, gen, made, turns, _run_call):
             return
     _out_of_turns(state, loop, made)
 
 
-async def run_loop_async(state: Any, loop: ToolLoop) -> None:
-    from . import interpreter
-
+async def run_loop_async(state: Any, loop: ToolLoop, turns: Turns) -> None:
     made: list[ToolCall] = []
     for turn in range(loop.max_turns):
         gen = _turn_gen(loop, turn)
-        interpreter.begin_role(state, "assistant")
-        await interpreter.run_gen_async(state, gen)
-        interpreter.end_role(state, "assistant")
+        turns.begin_role(state, "assistant")
+        await turns.run_gen_async(state, gen)
+        turns.end_role(state, "assistant")
         value = state._vars.get(loop.name)
         if isinstance(value, list) and value and all(isinstance(c, ToolCall) for c in value):
             for call in value:
                 if gen.result.get(call.name).fn is not None:
                     call.result = await _run_call_async(gen.result.get(call.name), call)
-        if _after_turn(state, loop, gen, made, None):
+        if _after_turn(state, loop, gen, made, turns, None):
             return
     _out_of_turns(state, loop, made)
 
 
-def _after_turn(state: Any, loop: ToolLoop, gen: Any, made: list[ToolCall], run: Any) -> bool:
+def _after_turn(
+    state: Any, loop: ToolLoop, gen: Any, made: list[ToolCall], turns: Turns, run: Any
+) -> bool:
     """Run (when `run` is given) and record this turn's calls; True when the loop is done."""
     value = state._vars.get(loop.name)
     if not (isinstance(value, list) and value and all(isinstance(c, ToolCall) for c in value)):
@@ -397,7 +373,7 @@ def _after_turn(state: Any, loop: ToolLoop, gen: Any, made: list[ToolCall], run:
             continue
         if run is not None:
             call.result = run(spec, call)
-        _tool_message(state, call)
+        _tool_message(state, call, turns)
     _set(state, loop.calls, made)
     if answer is not None:
         _set(state, loop.name, answer)
@@ -452,13 +428,11 @@ def result_text(result: Any) -> str:
         return str(result)
 
 
-def _tool_message(state: Any, call: ToolCall) -> None:
+def _tool_message(state: Any, call: ToolCall, turns: Turns) -> None:
     """The call's result as a `tool` message; in the text, a user turn naming the tool (the
     form the server gives templates without tool turns; a tool gen re-renders the messages)."""
-    from . import interpreter
-
     text = result_text(call.result)
-    interpreter.begin_role(state, "user")
+    turns.begin_role(state, "user")
     state._emit(f"Tool result ({call.name}): {text}")
     state._open_role = None
     state._emit(state.template.end("user"))
