@@ -8,14 +8,17 @@ accepted drafts' successor and whatever the draft got wrong; at first, the promp
 first draft, then one batched decode per further draft. Positions the target rejects are
 dropped from the request's draft tokens before the next round (their KV is overwritten; pages
 past the kept tokens go back to the draft's free list), so nothing rejected is reused. The
-draft's KV never reaches the target's pool or its radix cache; a request's draft pages are
-freed when it finishes or is preempted (`release`).
+draft's KV never reaches the target's pool or its radix cache. When a request finishes or is
+preempted (`release`) its draft KV is kept among the last few, for a request that starts with
+the same tokens (a prompt run again, a conversation's next turn, the request itself resumed),
+and freed when older ones or pages are needed.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from runtime.speculative.config import SpeculativeConfigError
 
 logger = logging.getLogger(__name__)
 
+RETIRED = 8  # finished requests whose draft KV is kept for a request with the same head
 MAX_CATCH_UP = 1024  # tokens of one request the draft computes in one round, at most
 DECODE_ROWS = 32  # a round's catch-up of at most this many tokens runs as decode rows
 
@@ -83,7 +87,11 @@ class DraftModel:
         self.page_size = pool.page_size
         self.device = device or torch.device("cpu")
         self.seqs: dict[int, DraftSeq] = {}  # id(request) -> its draft KV
+        # finished or preempted requests' draft KV, oldest first (taken over by prefix)
+        self.retired: OrderedDict[int, DraftSeq] = OrderedDict()
+        self._retired_ct = 0
         self.forwards = 0  # draft forward passes run (stats, tests)
+        self.computed = 0  # tokens the draft computed to catch up with its requests
         # the last round's forwards of decode size (a long catch-up left out) and their seconds
         self.step_forwards, self.step_s = 0, 0.0
 
@@ -118,16 +126,48 @@ class DraftModel:
 
     # ---- per request -----------------------------------------------------------------------
     def release(self, key: int) -> None:
-        """The request `key` (its id) ended or left the batch: its draft pages are freed."""
+        """The request `key` (its id) ended or left the batch: its draft KV is kept among the
+        last RETIRED ones (a request starting with the same tokens, or this one resumed after
+        a preemption, takes it over), the oldest freed beyond them."""
         st = self.seqs.pop(key, None)
-        if st is not None and st.pages:
+        if st is None:
+            return
+        if st.tokens:
+            self._retired_ct += 1
+            self.retired[self._retired_ct] = st
+        elif st.pages:
             self.pool.free(st.pages)
+        while len(self.retired) > RETIRED:
+            self._free_oldest()
+
+    def _free_oldest(self) -> bool:
+        if not self.retired:
+            return False
+        _, st = self.retired.popitem(last=False)
+        self.pool.free(st.pages)
+        return True
+
+    def _adopt(self, seq: list[int]) -> DraftSeq:
+        """A new request's draft state: the retired one sharing the longest head with `seq`
+        (at least a page), else an empty one."""
+        best, best_len = None, self.page_size - 1
+        for rid, st in self.retired.items():
+            n = common_prefix(st.tokens, seq)
+            if n > best_len:
+                best, best_len = rid, n
+        return self.retired.pop(best) if best is not None else DraftSeq()
+
+    @property
+    def retired_pages(self) -> int:
+        return sum(len(st.pages) for st in self.retired.values())
 
     def _fit(self, st: DraftSeq, upto: int) -> bool:
         """Pages for positions < `upto` (allocated, or freed past it); False: pool full."""
         need = -(-upto // self.page_size)
         if need > len(st.pages):
             got = self.pool.alloc(need - len(st.pages))
+            while got is None and self._free_oldest():  # retired KV makes room first
+                got = self.pool.alloc(need - len(st.pages))
             if got is None:
                 return False
             st.pages.extend(got)
@@ -146,7 +186,9 @@ class DraftModel:
         out: list[list[int]] = [[] for _ in items]
         spans = []  # (index, st, first position, tokens to compute, drafts wanted)
         for i, (key, seq, k) in enumerate(items):
-            st = self.seqs.setdefault(key, DraftSeq())
+            st = self.seqs.get(key)
+            if st is None:
+                st = self.seqs[key] = self._adopt(seq)
             keep = min(common_prefix(st.tokens, seq), len(seq) - 1)  # the last one's logits
             del st.tokens[keep:]
             todo = seq[keep:]
@@ -156,6 +198,7 @@ class DraftModel:
                 self._fit(st, keep)
                 continue
             spans.append((i, st, keep, todo, k))
+            self.computed += len(todo)
         if not spans:
             return out, time.perf_counter() - start
         logits = self._forward_extend(spans)

@@ -42,8 +42,12 @@ def drafting(model_dir, other_draft):
 
 
 def _draft_pool_free(engine) -> bool:
-    pool = engine.scheduler.speculation.draft.pool
-    return engine.scheduler.call(lambda: pool.num_free_pages) == pool.num_pages - 1
+    """Every draft page free or kept for a later request (no running request holds one)."""
+    draft = engine.scheduler.speculation.draft
+    free, kept, held = engine.scheduler.call(
+        lambda: (draft.pool.num_free_pages, draft.retired_pages, len(draft.seqs))
+    )
+    return held == 0 and free + kept == draft.pool.num_pages - 1
 
 
 def test_greedy_output_is_the_target_s(drafting):
@@ -62,6 +66,21 @@ def test_greedy_output_is_the_target_s(drafting):
     # the target's own weights draft what it decodes; other weights mostly not
     assert same.stats()["spec_accept_rate"] > 0.8
     assert other.stats()["spec_accept_rate"] < 0.5
+
+
+def test_a_repeated_prompt_reuses_the_draft_kv(drafting):
+    base, same, _ = drafting
+    prompt = PROMPTS[1] * 3
+    kw = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    want = base.generate(prompt, **kw).token_ids
+    draft = same.scheduler.speculation.draft
+    first = same.generate(prompt, **kw)
+    before = same.scheduler.call(lambda: draft.computed)
+    again = same.generate(prompt, **kw)
+    caught_up = same.scheduler.call(lambda: draft.computed) - before
+    assert first.token_ids == again.token_ids == want
+    assert caught_up < len(first.prompt_token_ids) // 2  # the prompt's draft KV was kept
+    assert _draft_pool_free(same)
 
 
 def test_sampled_output_keeps_its_length_and_seed(drafting):
