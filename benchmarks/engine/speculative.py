@@ -11,8 +11,8 @@ Workloads (greedy, the default model's GGUF unless --model, CPU):
 Rows (`--rows`): no speculation, n-gram (`speculative_algorithm="NGRAM"`), draft model
 (`speculative_algorithm="STANDALONE"`, the default model's Q4_1 GGUF drafting for its dense
 fp32 folder, which is then every row's target). Each row: tokens/s (completion
-tokens over wall time, the faster of `--rounds` runs, the prompts' KV cached by a one-token run
-just before; the rows of a workload alternate on one machine), forward steps per token, the
+tokens over wall time, the faster of `--rounds` runs, the prompts' KV cached by a four-token run
+just before, the draft model's too; the rows of a workload alternate on one machine), forward steps per token, the
 accept length (tokens per verify forward), and whether the output equals the no-speculation
 row token for token.
 """
@@ -163,8 +163,10 @@ def workloads(tok, quick: bool) -> dict[str, dict]:
 
 def run(engine: Engine, w: dict) -> tuple[float, list[list[int]], dict]:
     prompts = w["prompts"] if len(w["prompts"]) > 1 else w["prompts"][0]
-    # the prompts' KV first (and the grammar compiled): the timed run is the decoding
-    engine.generate(prompts, temperature=0.0, **{**w["kw"], "max_new_tokens": 1})
+    # the prompts' KV first (and the grammar compiled): the timed run is the decoding. A few
+    # tokens, so that a draft model computes the prompts' draft KV too (kept for a request
+    # with the same head): neither model's prompt prefill is timed
+    engine.generate(prompts, temperature=0.0, **{**w["kw"], "max_new_tokens": 4})
     before = engine.stats()
     start = time.perf_counter()
     outs = engine.generate(prompts, temperature=0.0, **w["kw"])
