@@ -11,10 +11,11 @@ Workloads (greedy, the default model's GGUF unless --model, CPU):
 Rows (`--rows`): no speculation, n-gram (`speculative_algorithm="NGRAM"`), draft model
 (`speculative_algorithm="STANDALONE"`, the default model's Q4_1 GGUF drafting for its dense
 fp32 folder, which is then every row's target). Each row: tokens/s (completion
-tokens over wall time, the faster of `--rounds` runs, the prompts' KV cached by a four-token run
-just before, the draft model's too; the rows of a workload alternate on one machine), forward steps per token, the
-accept length (tokens per verify forward), and whether the output equals the no-speculation
-row token for token.
+tokens over wall time, the faster of `--rounds` runs, the prompts' KV cached by a four-token
+run just before, the draft model's too; the rows of a workload alternate on one machine),
+forward steps per token, the accept length (tokens per verify forward), and whether the output
+equals the no-speculation row token for token. `--verify-ab`: only a verify step's forward as
+an extend against as decode rows.
 """
 
 from __future__ import annotations
@@ -178,6 +179,59 @@ def run(engine: Engine, w: dict) -> tuple[float, list[list[int]], dict]:
     return seconds, [o.token_ids for o in outs], delta
 
 
+def verify_ab(model_path: str | None, rounds: int) -> None:
+    """A verify step of k + 1 rows computed as an extend against as decode rows (how the
+    scheduler runs it now), on the model's own pool, after a 512-token context; the two ways
+    alternate, medians of `rounds` runs each, a one-row decode step beside them."""
+    import statistics
+
+    import torch
+
+    from runtime.attention.forward_batch import ForwardBatch
+
+    engine = Engine(model_path, max_total_tokens=4096)
+    model, pool, ps = engine.model, engine.pool, engine.pool.page_size
+    context = 512
+
+    def batch(rows: int, as_decode: bool) -> ForwardBatch:
+        pos = list(range(context, context + rows))
+        slots = [pages[p // ps] * ps + p % ps for p in pos]
+        table = torch.tensor([pages], dtype=torch.int32)
+        empty = torch.zeros(0, dtype=torch.int32)
+        if as_decode:
+            return ForwardBatch(
+                torch.full((rows,), 100), torch.tensor(pos), torch.tensor(slots), rows,
+                table.repeat(rows, 1), torch.tensor([p + 1 for p in pos], dtype=torch.int32),
+                torch.zeros((0, 1), dtype=torch.int32), empty, empty, torch.arange(rows),
+            )  # fmt: skip
+        return ForwardBatch(
+            torch.full((rows,), 100), torch.tensor(pos), torch.tensor(slots), 0,
+            torch.zeros((0, 1), dtype=torch.int32), empty, table,
+            torch.tensor([context], dtype=torch.int32), torch.tensor([rows], dtype=torch.int32),
+            torch.arange(rows),
+        )  # fmt: skip
+
+    def timed(b: ForwardBatch) -> float:
+        start = time.perf_counter()
+        model.forward(b, pool)
+        return time.perf_counter() - start
+
+    pages = engine.scheduler.call(lambda: pool.alloc(-(-(context + 32) // ps)))
+    try:
+        print(f"{'rows':>4} {'extend ms':>10} {'decode rows ms':>15} {'1-row decode ms':>16}")
+        for rows in (2, 3, 5, 9):
+            got: dict[str, list[float]] = {"ext": [], "dec": [], "one": []}
+            for _ in range(rounds):
+                got["ext"].append(engine.scheduler.call(lambda r=rows: timed(batch(r, False))))
+                got["dec"].append(engine.scheduler.call(lambda r=rows: timed(batch(r, True))))
+                got["one"].append(engine.scheduler.call(lambda: timed(batch(1, True))))
+            med = {k: statistics.median(v) * 1000 for k, v in got.items()}
+            print(f"{rows:>4} {med['ext']:>10.1f} {med['dec']:>15.1f} {med['one']:>16.1f}")
+    finally:
+        engine.scheduler.call(lambda: pool.free(pages))
+        engine.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -209,7 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--draft-tokens", type=int, default=8)
     parser.add_argument("--only", default=None, help="comma-separated workload names")
+    parser.add_argument(
+        "--verify-ab",
+        action="store_true",
+        help="only: a verify step as an extend against as decode rows (the target's forward)",
+    )
     args = parser.parse_args(argv)
+    if args.verify_ab:
+        verify_ab(args.model, max(args.rounds, 5))
+        return 0
     rows = args.rows.split(",")
     target = args.model
     if target is None and "draft" in rows:
