@@ -34,6 +34,7 @@ from runtime.server.tools.scan import (
     held_back,
     scan_json_call,
     scan_json_calls,
+    scan_python_calls,
     value_end,
     ws,
 )
@@ -51,8 +52,9 @@ class CallFormat:
     call_begin: str  # "{name}" where the function's name goes, "{index}" a call counter
     call_end: str
     # "json"; "json_call": the call is a JSON object with the name and the arguments (call_begin
-    # opens it: `{"name": "{name}", "arguments": `, call_end closes it with "}"); or an XML
-    # style of `grammar.structural.xml_args.STYLES`
+    # opens it: `{"name": "{name}", "arguments": `, call_end closes it with "}"); "pythonic":
+    # Python keyword arguments `a=1, b="x"` (values Python literals, written as JSON); or an
+    # XML style of `grammar.structural.xml_args.STYLES`
     args: str = "json"
     block_begin: str = ""  # the opening of the block holding every call ("": none)
     block_end: str = ""
@@ -68,8 +70,10 @@ class CallFormat:
     # an answer that starts with this text is a block whose trigger was decoded away (a
     # control token, Mistral's `[TOOL_CALLS]`); "": none
     bare_block: str = ""
-    # the calls are the whole answer (Llama 3): no trigger; an answer whose first characters
-    # open a call (or `lead`) is calls, any other is content; `json_call` calls only
+    # the calls are the whole answer (Llama 3, pythonic): no trigger; an answer whose first
+    # characters open the block, a call or `lead` is calls, any other is content; `json_call`
+    # calls (read as JSON objects) or `pythonic` ones (a Python list of calls with keyword
+    # arguments, `scan.scan_python_calls`)
     whole_answer: bool = False
     lead: str = ""  # optional text before the calls (Llama 3's `<|python_tag|>`)
 
@@ -114,6 +118,9 @@ class CallFormat:
     def render_args(self, arguments: Any) -> str:
         if self.args in ("json", "json_call"):
             return dumps(arguments)
+        if self.args == "pythonic":
+            items = arguments.items() if isinstance(arguments, dict) else []
+            return ", ".join(f"{k}={dumps(v)}" for k, v in items)
         style = xml_style(self.args)
         gap = "\n" if style.value_prefix else ""  # GLM's line break between key and value
         parts = []
@@ -145,9 +152,10 @@ class FormatParser(ToolParser):
             self.fmt = fmt
         self.name = self.fmt.name
         self.trigger = None if self.fmt.whole_answer else self.fmt.trigger
-        self.one_block = bool(self.fmt.block_begin)
-        if self.fmt.whole_answer:  # (the call object's "{", or the lead)
-            self.openers = tuple(t for t in (self.fmt.call_begin[:1], self.fmt.lead) if t)
+        self.one_block = bool(self.fmt.block_begin) and not self.fmt.whole_answer
+        if self.fmt.whole_answer:  # (the block's or the call object's first character, or lead)
+            first = self.fmt.block_begin[:1] or self.fmt.call_begin[:1]
+            self.openers = tuple(t for t in (first, self.fmt.lead) if t)
         self.markers = self.fmt.markers
         self._schemas: dict[str, dict[str, Any]] = {}
         self._final = False  # the answer being scanned is finished
@@ -182,6 +190,8 @@ class FormatParser(ToolParser):
         self._final = final
         if fmt.json_list:
             return self._json_list(text, final)
+        if fmt.whole_answer and fmt.args == "pythonic":
+            return scan_python_calls(text, final)
         if fmt.whole_answer:
             separators = fmt.separator.strip()
             return scan_json_calls(

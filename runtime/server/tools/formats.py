@@ -13,6 +13,7 @@ strict structural tag derived from the description.
                   object read in any spacing and key order ("parameters" too)
     llama3        {"name": "f", "parameters": {...}}; {...} as the whole answer, optionally after
                   <|python_tag|> (`whole_answer`, `lead`), read as JSON objects
+    pythonic      [f(a=1), g(b="x")] as the whole answer (Python literals read, JSON written)
     mistral       [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...] after any text: the block
                   read as a JSON list (`json_list`), also without its control token
     gpt-oss       <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
@@ -133,10 +134,22 @@ LLAMA3 = CallFormat(
     lead=PYTHON_TAG,  # the tag its templates may open with
 )
 
+PYTHONIC = CallFormat(
+    name="pythonic",
+    call_begin="{name}(",
+    call_end=")",
+    args="pythonic",
+    block_begin="[",
+    block_end="]",
+    separator=", ",
+    whole_answer=True,
+)
+
 FORMATS = {
     f.name: f
     for f in (
-        QWEN3_CODER, GLM45, KIMI_K2, DEEPSEEK_V31, GPT_OSS, DEEPSEEK_V3, HERMES, MISTRAL, LLAMA3
+        QWEN3_CODER, GLM45, KIMI_K2, DEEPSEEK_V31, GPT_OSS, DEEPSEEK_V3, HERMES, MISTRAL, LLAMA3,
+        PYTHONIC,
     )
 }  # fmt: skip
 
@@ -175,3 +188,7 @@ class MistralParser(FormatParser):
 
 class Llama3Parser(FormatParser):
     fmt = LLAMA3
+
+
+class PythonicParser(FormatParser):
+    fmt = PYTHONIC

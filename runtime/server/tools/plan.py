@@ -41,9 +41,9 @@ from runtime.server.errors import APIError
 from runtime.server.protocol import Tool
 from runtime.server.tools.call_format import FormatParser
 from runtime.server.tools.call_tags import format_structural_tag
+from runtime.server.tools.formats import PythonicParser
 from runtime.server.tools.parser import ToolParser
 from runtime.server.tools.phases import Phase
-from runtime.server.tools.pythonic import PythonicParser
 from runtime.server.tools.reasoning import ReasoningParser
 from runtime.server.tools.schemas import property_schema, recursive_params
 

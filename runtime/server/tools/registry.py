@@ -19,11 +19,11 @@ from runtime.server.tools.formats import (
     KimiK2Parser,
     Llama3Parser,
     MistralParser,
+    PythonicParser,
     Qwen3CoderParser,
 )
 from runtime.server.tools.json_calls import JsonCallsParser
 from runtime.server.tools.parser import ToolParser
-from runtime.server.tools.pythonic import PythonicParser
 
 
 class ToolParserError(ValueError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,6 +161,78 @@ def scan_json_calls(
         out.calls.append(piece)
         if stop is None:
             return out
+        i = stop
+
+
+_IDENT = re.compile(r"[A-Za-z_][\w.\-]*")
+
+
+def scan_python_calls(text: str, final: bool) -> Scan:
+    """Calls written as a Python list of calls with keyword arguments making up the whole
+    text, `[f(a=1), g(b="x")]` (Python literals; JSON's `true` / `false` / `null` read too):
+    each call's arguments as the JSON object of its keywords, growing one finished keyword at
+    a time. Text that does not open with "[" is content."""
+    i = ws(text, 0)
+    if i >= len(text):
+        return Scan("" if not final else text)
+    if text[i] != "[":
+        return Scan(text)
+    out = Scan("")
+    i += 1
+    while True:
+        i = ws(text, i)
+        while i < len(text) and text[i] == ",":
+            i = ws(text, i + 1)
+        if i >= len(text) or text[i] == "]":
+            return out
+        m = _IDENT.match(text, i)
+        if m is None:
+            out.ok = False
+            return out
+        if m.end() >= len(text):
+            return out  # the name may still grow
+        if text[m.end()] != "(":
+            out.ok = False
+            return out
+        piece = CallPiece(m.group(0))
+        out.calls.append(piece)
+        stop = _scan_kwargs(text, m.end() + 1, piece, out)
+        if stop is None:
+            return out
+        i = stop
+
+
+def _scan_kwargs(text: str, i: int, piece: CallPiece, out: Scan) -> int | None:
+    parts: list[str] = []
+    piece.arguments = "{"
+    while True:
+        i = ws(text, i)
+        if i < len(text) and text[i] == ",":
+            i = ws(text, i + 1)
+        if i >= len(text):
+            return None
+        if text[i] == ")":
+            piece.arguments = "{" + ", ".join(parts) + "}"
+            piece.done = True
+            return i + 1
+        m = _IDENT.match(text, i)
+        eq = ws(text, m.end()) if m else len(text)
+        if m is None or eq >= len(text) or text[eq] != "=":
+            if m is None or eq < len(text):
+                out.ok = False
+            return None
+        start = ws(text, eq + 1)
+        stop = value_end(text, start, ",) \t\r\n")
+        if stop is None:
+            return None
+        try:
+            value = python_literal(text[start:stop])
+        except (ValueError, SyntaxError):
+            out.ok = False
+            return None
+        key = json.dumps(m.group(0), ensure_ascii=False)
+        parts.append(f"{key}: {json.dumps(value, ensure_ascii=False)}")
+        piece.arguments = "{" + ", ".join(parts)
         i = stop
 
 
