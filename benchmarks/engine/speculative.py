@@ -219,7 +219,7 @@ def verify_ab(model_path: str | None, rounds: int) -> None:
     pages = engine.scheduler.call(lambda: pool.alloc(-(-(context + 32) // ps)))
     try:
         print(f"{'rows':>4} {'extend ms':>10} {'decode rows ms':>15} {'1-row decode ms':>16}")
-        for rows in (2, 3, 5, 9):
+        for rows in (2, 3, 4, 5, 6, 9):
             got: dict[str, list[float]] = {"ext": [], "dec": [], "one": []}
             for _ in range(rounds):
                 got["ext"].append(engine.scheduler.call(lambda r=rows: timed(batch(r, False))))

@@ -49,7 +49,8 @@ class StepPlan:
         return bool(self.decodes or self.extends or self.verifies)
 
 
-VERIFY_DECODE_ROWS = 32  # verifies of at most this many tokens run as decode rows
+VERIFY_DECODE_ROWS = 4  # verifies of at most this many tokens run as decode rows (--verify-ab:
+# 2-4 rows took half an extend's time, 5-9 rows more than an extend, loaded 2-core machine)
 
 
 def _verify_rows(item: VerifyItem) -> int:
