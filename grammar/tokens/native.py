@@ -142,6 +142,20 @@ def suffix_trie(trie: TokenTrie, suffixes: Suffixes) -> TokenTrie | None:
     return _build_trie(strings, start, ids.astype(np.int64), trie.lib)
 
 
+def rows_trie(trie: TokenTrie, vocab: TokenVocabulary, rows: np.ndarray) -> TokenTrie | None:
+    """A trie of some of the vocabulary's token rows (ascending prepared row numbers), with
+    their ids: a walk over them alone (e.g. the tokens that may leave a self-looping state,
+    when too many to cut into suffixes). None when a token is longer than the walk's stack."""
+    prep = vocab.prepared()
+    first_ids = prep.row_ids[prep.row_start[rows]].tolist()
+    strings = [vocab.token_bytes(i) for i in first_ids]
+    counts = trie.row_start[rows + 1] - trie.row_start[rows]
+    start = np.zeros(len(strings) + 1, dtype=np.int64)
+    np.cumsum(counts, out=start[1:])
+    ids = csr_take(trie.row_start, trie.row_ids, rows)
+    return _build_trie(strings, start, ids.astype(np.int64), trie.lib)
+
+
 def _build_trie(strings: list[bytes], id_start: np.ndarray, ids: np.ndarray,
                 lib: ctypes.CDLL) -> TokenTrie | None:  # fmt: skip
     """The trie of distinct non-empty `strings`, string k's ids ids[id_start[k] :

@@ -47,6 +47,15 @@ SCHEMAS = [
         [["2024-01-31", {"k": [1, 2.5, None]}, "text \\" + '" quoted']],
         id="any-value",
     ),
+    pytest.param(  # a loop whose leaving tokens are too many for suffixes: a trie of their rows
+        {
+            "type": "object",
+            "properties": {"id": {"type": "string", "pattern": "^[A-Za-z0-9_ -]*$"}},
+            "required": ["id"],
+        },
+        [{"id": "Ada_9 x-y"}, {"id": ""}],
+        id="narrow-loop",
+    ),
 ]
 
 REGEXES = [
