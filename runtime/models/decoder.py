@@ -35,6 +35,7 @@ from runtime.attention import AttentionBackend, LayerSpec, make_backend
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.config import FULL, SLIDING, ModelConfig
 from runtime.errors import UnsupportedModelError
+from runtime.kernels.cpu import fused as cpu_fused
 from runtime.kernels.cpu import quant as cpu_quant
 from runtime.memory.kv_pool import KVPool
 from runtime.models.layers import (
@@ -153,6 +154,12 @@ class DecoderModel:
         experts = config.moe.n_routed_experts if config.moe else 0
         self.expert_load = torch.zeros(moe_layers, experts, dtype=torch.int64)
         self.expert_load_total = torch.zeros(moe_layers, experts, dtype=torch.int64)
+        # Gemma's sandwich norms through one C call per residual add (fused.offset_add_rms_norm)
+        self._fused_sandwich = (
+            self.family.norm_offset and self.family.sandwich_norms and moe_layers == 0
+            and device.type == "cpu" and dtype in cpu_fused.MODEL_TYPES
+            and cpu_fused.available(dtype)
+        )  # fmt: skip
         self.decode_path = self._decode_path()
         logger.info("%s: %s", type(self).__name__, self.decode_path)
 
@@ -368,6 +375,8 @@ class DecoderModel:
         tables = self._rope_tables(batch)
         self.attention.plan(batch, pool)
         self.expert_load.zero_()
+        if self._fused_sandwich and self.layers:
+            return self.finish(self._sandwich_layers(hidden.contiguous(), tables), batch)
         moe_index = 0
         for li, layer in enumerate(self.layers):  # li: the index in this rank's pool
             out = self._attention_block(li, layer, self._norm(hidden, layer.input_norm), tables)
@@ -383,6 +392,24 @@ class DecoderModel:
             hidden = hidden + out
         self.expert_load_total += self.expert_load
         return self.finish(hidden, batch)
+
+    def _sandwich_layers(self, hidden: torch.Tensor, tables) -> torch.Tensor:
+        """forward's layer loop for Gemma's four norms a layer with the fused C norm: each
+        residual add, the norm of what is added before it and the next norm after it in one
+        call (`hidden`, a tensor this step made, is updated in place), the same arithmetic as
+        the loop's `_norm` and `+` (bf16: the same bits but for rare last-bit differences of
+        the sum of squares' order; float32: within an ulp). No experts (Gemma has none)."""
+        norm, eps, layers = cpu_fused.offset_add_rms_norm, self.config.rms_norm_eps, self.layers
+        x = norm(hidden, None, None, layers[0].input_norm, eps)
+        for li, layer in enumerate(layers):
+            out = self._attention_block(li, layer, x, tables).contiguous()
+            x = norm(hidden, out, layer.post_attn_norm, layer.pre_mlp_norm, eps)
+            out = self._mlp_block(layer, x, None).contiguous()
+            if li + 1 < len(layers):
+                x = norm(hidden, out, layer.post_mlp_norm, layers[li + 1].input_norm, eps)
+            else:
+                hidden = hidden + self._norm(out, layer.post_mlp_norm)
+        return hidden
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """The first stage embeds (vocab-parallel: each rank its rows, summed), scaled where the

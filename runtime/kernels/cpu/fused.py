@@ -65,6 +65,7 @@ _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 # the kernels of one function per model type (`<name>_f32`, `<name>_bf16`): argtypes
 _PER_TYPE = {
     "add_rms_norm": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32],
+    "offset_add_rms_norm": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32],
     "rotary_kv": [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR],
     "decode_attention": [_PTR, _PTR, _PTR, _PTR, _I64, _PTR] + [_I64] * 6 + [_F32, _PTR],
     "gemv": [_PTR, _PTR, _PTR, _I64, _I64, _I64],
@@ -227,6 +228,32 @@ def add_rms_norm(
     _fn("add_rms_norm", hidden.dtype)(
         hidden.data_ptr(), None if delta is None else delta.data_ptr(),
         None if bias is None else bias.data_ptr(), weight.data_ptr(), out.data_ptr(), n, h, eps,
+    )  # fmt: skip
+    return out
+
+
+def offset_add_rms_norm(
+    hidden: torch.Tensor,
+    delta: torch.Tensor | None,
+    delta_weight: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """Gemma's sandwich step: `hidden += norm(delta, delta_weight)` in place (with a delta),
+    then `norm(hidden, weight)` as a new tensor, where norm(x, w) = `F.rms_norm(x.float(),
+    (H,), w, eps).to(x.dtype)` (float32 weights, multiplied before the rounding).
+
+    hidden, delta [N, H] contiguous of one model type; the weights [H] float32 contiguous."""
+    assert hidden.is_contiguous() and (delta is None or delta.is_contiguous())
+    assert weight.dtype == torch.float32 and weight.is_contiguous()
+    if delta is not None:
+        assert delta_weight.dtype == torch.float32 and delta_weight.is_contiguous()
+    out = torch.empty_like(hidden)
+    n, h = hidden.shape
+    _fn("offset_add_rms_norm", hidden.dtype)(
+        hidden.data_ptr(), None if delta is None else delta.data_ptr(),
+        None if delta is None else delta_weight.data_ptr(), weight.data_ptr(), out.data_ptr(),
+        n, h, eps,
     )  # fmt: skip
     return out
 

@@ -239,3 +239,31 @@ def test_a_failing_compiler_leaves_the_torch_ops(monkeypatch, tmp_path):
     monkeypatch.setenv("SGL_NATIVE_CACHE", str(tmp_path / "cache"))  # nothing built there yet
     assert not cpu_fused.available(torch.float32)
     assert not cpu_fused.available(torch.bfloat16)  # the failure is remembered, not retried
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_offset_add_rms_norm_is_gemmas_norms_and_add(dtype):
+    # hidden += norm(delta, w_delta); out = norm(hidden, w), norm(x, w) as Gemma's RMSNorm
+    # computes it: F.rms_norm(x.float(), w) with float32 (1 + w) weights, then cast
+    def norm(x, w):
+        return torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), w, 1e-6).to(x.dtype)
+
+    torch.manual_seed(4)
+    hidden = (torch.randn(5, 640) * 3).to(dtype)
+    delta = (torch.randn(5, 640) * 50).to(dtype)
+    w_delta, w = 1 + torch.randn(640) * 0.3, 1 + torch.randn(640) * 0.3
+    ref_hidden = hidden + norm(delta, w_delta)
+    ref = norm(ref_hidden, w)
+    got_hidden = hidden.clone()
+    got = cpu_fused.offset_add_rms_norm(got_hidden, delta, w_delta, w, 1e-6)
+    ulp = 8e-3 if dtype == torch.bfloat16 else 3e-7  # the sum of squares' order: last bits
+    for a, b in ((got_hidden, ref_hidden), (got, ref)):
+        assert ((a.float() - b.float()).abs() <= ulp * b.float().abs() + 1e-6).all()
+    if dtype == torch.bfloat16:
+        assert (got == ref).float().mean() > 0.99 and torch.equal(got_hidden, ref_hidden)
+    # no delta: only the norm, hidden untouched
+    before = hidden.clone()
+    alone = cpu_fused.offset_add_rms_norm(hidden, None, None, w, 1e-6)
+    assert torch.equal(hidden, before)
+    assert ((alone.float() - norm(hidden, w).float()).abs()
+            <= ulp * norm(hidden, w).float().abs() + 1e-6).all()  # fmt: skip

@@ -29,6 +29,38 @@ void FN(add_rms_norm)(scalar_t *hidden, const scalar_t *delta, const scalar_t *b
     }
 }
 
+/* 1 / sqrt(mean(x^2) + eps) of one row, summed as add_rms_norm sums it */
+static inline float FN(inv_rms)(const scalar_t *x, int64_t h, float eps) {
+    float part[16] = {0};
+    int64_t j = 0;
+    for (; j + 16 <= h; j += 16)
+        for (int k = 0; k < 16; k++) part[k] += LD(x[j + k]) * LD(x[j + k]);
+    for (; j < h; j++) part[0] += LD(x[j]) * LD(x[j]);
+    float sum = 0.0f;
+    for (int k = 0; k < 16; k++) sum += part[k];
+    return 1.0f / sqrtf(sum / (float)h + eps);
+}
+
+/* Gemma's norms, whose float32 weights (1 + w) multiply before the rounding to the model type
+   (`F.rms_norm(x.float(), (h,), w, eps).to(dtype)`): with delta, hidden += RMSNorm(delta) *
+   w_delta in place (the normed delta rounded to the model type first: the sum of two tensors
+   of it); then out = RMSNorm(hidden) * w. Rows [n, h], contiguous. */
+void FN(offset_add_rms_norm)(scalar_t *hidden, const scalar_t *delta, const float *w_delta,
+                             const float *w, scalar_t *out, int64_t n, int64_t h, float eps) {
+    for (int64_t i = 0; i < n; i++) {
+        scalar_t *x = hidden + i * h;
+        if (delta) {
+            const scalar_t *dl = delta + i * h;
+            float rd = FN(inv_rms)(dl, h, eps);
+            for (int64_t j = 0; j < h; j++)
+                x[j] = ST(LD(x[j]) + RND((LD(dl[j]) * rd) * w_delta[j]));
+        }
+        float r = FN(inv_rms)(x, h, eps);
+        scalar_t *o = out + i * h;
+        for (int64_t j = 0; j < h; j++) o[j] = ST((LD(x[j]) * r) * w[j]);
+    }
+}
+
 /* qkv [n, row] holds q (hq heads), k (hkv heads), v (hkv heads) of width d per token. Rotates
    q into q_out [n, hq, d] and k into k_flat[slot], copies v into v_flat[slot] (flat pools
    [slots, hkv, d]); cos/sin tables [positions, d]: x * cos + rotate_half(x) * sin. */
