@@ -208,14 +208,8 @@ def random_llama_gguf(folder: Path, qtype: str, seed: int = 0) -> Path:
     (a few minutes) and reused."""
     from transformers import LlamaConfig
 
-    path = Path(folder) / f"random-llama-1b.{qtype}.gguf"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        config = LlamaConfig(**BIG_LLAMA)
-        write_gguf(partial, config, RandomLlamaState(config, seed), qtype)
-        partial.rename(path)
-    return path
+    return _random_gguf(Path(folder) / f"random-llama-1b.{qtype}.gguf", LlamaConfig(**BIG_LLAMA),
+                        qtype, seed)  # fmt: skip
 
 
 def random_qwen3_gguf(folder: Path, qtype: str, seed: int = 0) -> Path:
@@ -223,11 +217,16 @@ def random_qwen3_gguf(folder: Path, qtype: str, seed: int = 0) -> Path:
     once and reused."""
     from transformers import Qwen3Config
 
-    path = Path(folder) / f"random-qwen3-0.6b.{qtype}.gguf"
+    return _random_gguf(Path(folder) / f"random-qwen3-0.6b.{qtype}.gguf",
+                        Qwen3Config(**QWEN3_06B), qtype, seed)  # fmt: skip
+
+
+def _random_gguf(path: Path, config: Any, qtype: str, seed: int) -> Path:
+    """`path` written from `config` with random weights unless it exists (a `.partial` file
+    renamed when complete, so an interrupted write is never taken for a model)."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
-        config = Qwen3Config(**QWEN3_06B)
         write_gguf(partial, config, RandomLlamaState(config, seed), qtype)
         partial.rename(path)
     return path

@@ -4,6 +4,18 @@
 
 /* hidden[n, h] += delta (+ bias, added to delta first, as `out + bias`); then
    out = w * RND(x * rsqrt(mean(x^2) + eps)) with x = hidden in float. delta may be NULL. */
+/* 1 / sqrt(mean(x^2) + eps) of one row, in 16 partial sums (add_rms_norm's and offset_add_rms_norm's) */
+static inline float FN(inv_rms)(const scalar_t *x, int64_t h, float eps) {
+    float part[16] = {0};
+    int64_t j = 0;
+    for (; j + 16 <= h; j += 16)
+        for (int k = 0; k < 16; k++) part[k] += LD(x[j + k]) * LD(x[j + k]);
+    for (; j < h; j++) part[0] += LD(x[j]) * LD(x[j]);
+    float sum = 0.0f;
+    for (int k = 0; k < 16; k++) sum += part[k];
+    return 1.0f / sqrtf(sum / (float)h + eps);
+}
+
 void FN(add_rms_norm)(scalar_t *hidden, const scalar_t *delta, const scalar_t *bias,
                       const scalar_t *w, scalar_t *out, int64_t n, int64_t h, float eps) {
     for (int64_t i = 0; i < n; i++) {
@@ -16,29 +28,10 @@ void FN(add_rms_norm)(scalar_t *hidden, const scalar_t *delta, const scalar_t *b
                 x[j] = ST(LD(x[j]) + add);
             }
         }
-        float part[16] = {0};
-        int64_t j = 0;
-        for (; j + 16 <= h; j += 16)
-            for (int k = 0; k < 16; k++) part[k] += LD(x[j + k]) * LD(x[j + k]);
-        for (; j < h; j++) part[0] += LD(x[j]) * LD(x[j]);
-        float sum = 0.0f;
-        for (int k = 0; k < 16; k++) sum += part[k];
-        float r = 1.0f / sqrtf(sum / (float)h + eps);
+        float r = FN(inv_rms)(x, h, eps);
         scalar_t *o = out + i * h;
-        for (j = 0; j < h; j++) o[j] = ST(LD(w[j]) * RND(LD(x[j]) * r));
+        for (int64_t j = 0; j < h; j++) o[j] = ST(LD(w[j]) * RND(LD(x[j]) * r));
     }
-}
-
-/* 1 / sqrt(mean(x^2) + eps) of one row, summed as add_rms_norm sums it */
-static inline float FN(inv_rms)(const scalar_t *x, int64_t h, float eps) {
-    float part[16] = {0};
-    int64_t j = 0;
-    for (; j + 16 <= h; j += 16)
-        for (int k = 0; k < 16; k++) part[k] += LD(x[j + k]) * LD(x[j + k]);
-    for (; j < h; j++) part[0] += LD(x[j]) * LD(x[j]);
-    float sum = 0.0f;
-    for (int k = 0; k < 16; k++) sum += part[k];
-    return 1.0f / sqrtf(sum / (float)h + eps);
 }
 
 /* Gemma's norms, whose float32 weights (1 + w) multiply before the rounding to the model type
