@@ -5,10 +5,10 @@ The grammar generates the same compact text as `json_schema_to_regex` (propertie
 order, `json.dumps(..., separators=(",", ":"), ensure_ascii=False)` spelling; `whitespace=True`
 adds `%ignore` of JSON whitespace between tokens; a whitespace regex puts it where the regex
 path does). `json_schema_rules` gives the same language as rules inside a larger grammar (a
-structural tag's `json_schema` content, a tool call's recursive arguments). Objects, arrays, `$ref`, `anyOf` / `oneOf`
-become rules; scalar schemas (string / number / integer / boolean / null / enum / const, with
-their bounds, patterns and formats) become one terminal each, whose regex comes from
-`json_schema_to_regex` on that sub-schema.
+structural tag's `json_schema` content, a tool call's recursive arguments). Objects, arrays,
+`$ref`, `anyOf` / `oneOf` become rules; scalar schemas (string / number / integer / boolean /
+null / enum / const, with their bounds, patterns and formats) become one terminal each, whose
+regex comes from `json_schema_to_regex` on that sub-schema.
 
 Keywords: type (and lists), properties, required, additionalProperties (false, true or a
 schema), items, prefixItems (fixed length), minItems / maxItems, $ref / $defs / definitions,
