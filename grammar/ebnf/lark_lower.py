@@ -494,3 +494,28 @@ def compile_llguidance_lark(text: str, vocab: TokenVocabulary, start: str = "sta
 
 def clear_llguidance_lark_cache() -> None:
     _CACHE.clear()
+
+
+def json_schema_rules(
+    schema: Any, prefix: str, *, whitespace: str | None = None, json_schema_mode: str = "exact"
+) -> tuple[Any, str] | None:
+    """A recursive schema's language as grammar rules (`grammar.ebnf.syntax`, each name
+    starting with `prefix`) and the name of its start rule, for a larger grammar (a
+    structural tag's `json_schema` content): exact, with no depth limit. None when the schema
+    is not recursive (its regex is exact) or when the context-free path cannot say one of its
+    keywords (the regex path, which unrolls recursion to its depth, then says it)."""
+    from grammar.json_schema.guidance import schema_is_recursive
+    from grammar.json_schema.lark import json_schema_to_lark
+    from grammar.json_schema.schema import load_schema
+
+    try:
+        if not schema_is_recursive(load_schema(schema)):
+            return None
+        text = json_schema_to_lark(
+            schema, whitespace=whitespace or "", json_schema_mode=json_schema_mode
+        )
+    except (GrammarError, LookupError, ValueError, TypeError):
+        return None
+    low = LarkLowering(ls.parse_lark(text), text, prefix)
+    low.lower_rules()
+    return low.g, prefix + "start"

@@ -4,11 +4,11 @@ depth limit, through the CFG path: `compile_json_schema_cfg(schema, vocab)`.
 The grammar generates the same compact text as `json_schema_to_regex` (properties in schema
 order, `json.dumps(..., separators=(",", ":"), ensure_ascii=False)` spelling; `whitespace=True`
 adds `%ignore` of JSON whitespace between tokens; a whitespace regex puts it where the regex
-path does). `json_schema_rules` gives the same language as rules inside a larger grammar (a
-structural tag's `json_schema` content, a tool call's recursive arguments). Objects, arrays,
-`$ref`, `anyOf` / `oneOf` become rules; scalar schemas (string / number / integer / boolean /
-null / enum / const, with their bounds, patterns and formats) become one terminal each, whose
-regex comes from `json_schema_to_regex` on that sub-schema.
+path does). `grammar.ebnf.lark_lower.json_schema_rules` gives the same language as rules
+inside a larger grammar (a structural tag's `json_schema` content, a tool call's recursive
+arguments). Objects, arrays, `$ref`, `anyOf` / `oneOf` become rules; scalar schemas (string /
+number / integer / boolean / null / enum / const, with their bounds, patterns and formats)
+become one terminal each, whose regex comes from `json_schema_to_regex` on that sub-schema.
 
 Keywords: type (and lists), properties, required, additionalProperties (false, true or a
 schema), items, prefixItems (fixed length), minItems / maxItems, $ref / $defs / definitions,
@@ -392,32 +392,6 @@ def json_schema_to_lark(
     if ignore:
         lines.append(r"%ignore /[ \t\n\r]+/")
     return "\n".join(lines) + "\n"
-
-
-def json_schema_rules(
-    schema: Any, prefix: str, *, whitespace: str | None = None, json_schema_mode: str = "exact"
-) -> tuple[Any, str] | None:
-    """A recursive schema's language as grammar rules (`grammar.ebnf.syntax`, each name
-    starting with `prefix`) and the name of its start rule, for a larger grammar (a
-    structural tag's `json_schema` content): exact, with no depth limit. None when the schema
-    is not recursive (its regex is exact) or when the context-free path cannot say one of its
-    keywords (the regex path, which unrolls recursion to its depth, then says it)."""
-    from grammar.ebnf import lark_syntax
-    from grammar.ebnf.lark_lower import LarkLowering
-    from grammar.json_schema.guidance import schema_is_recursive
-    from grammar.json_schema.schema import load_schema
-
-    try:
-        if not schema_is_recursive(load_schema(schema)):
-            return None
-        text = json_schema_to_lark(
-            schema, whitespace=whitespace or "", json_schema_mode=json_schema_mode
-        )
-    except (GrammarError, LookupError, ValueError, TypeError):
-        return None
-    low = LarkLowering(lark_syntax.parse_lark(text), text, prefix)
-    low.lower_rules()
-    return low.g, prefix + "start"
 
 
 def compile_json_schema_cfg(

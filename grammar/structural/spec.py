@@ -206,7 +206,7 @@ class SpecReader:
     def schema_value(self, schema: Any, whitespace: str | None, where: str) -> object:
         """A JSON value of `schema`: a recursive schema (a tree of nodes) as rules of the
         context-free path, exact at any depth (`json_schema_rules`); any other as its regex."""
-        from grammar.json_schema.lark import json_schema_rules
+        from grammar.ebnf.lark_lower import json_schema_rules
 
         rules = json_schema_rules(
             schema, f"j{len(self.grammar.rules)}::", whitespace=whitespace,

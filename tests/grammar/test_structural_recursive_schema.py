@@ -1,6 +1,7 @@
 """A structural tag's `json_schema` content with a recursive schema goes through the
-context-free path (`json_schema_rules`): exact at any depth, in the `json` style and as an XML
-style's JSON value, with the white space of `max_whitespace_cnt` where the regex path puts it."""
+context-free path (`grammar.ebnf.lark_lower.json_schema_rules`): exact at any depth, in the
+`json` style and as an XML style's JSON value, with the white space of `max_whitespace_cnt`
+where the regex path puts it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import jsonschema
 import pytest
 
 from grammar import compile_structural_tag
-from grammar.json_schema.lark import json_schema_rules, json_schema_to_lark
+from grammar.ebnf.lark_lower import json_schema_rules
+from grammar.json_schema.lark import json_schema_to_lark
 
 NODE = {
     "type": "object",
