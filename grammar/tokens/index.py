@@ -166,12 +166,12 @@ class TokenIndex:
         if transparent is not None:
             words, others, key = transparent
             if not isinstance(others, Suffixes):
-                if self._trie is not None:  # (many others: a trie of them, walked in C)
-                    trie = self.vocab.derived(
-                        (*key, "rows trie"), lambda: native.rows_trie(self._trie, self.vocab, others)
+                if self._trie is not None:  # (many others: walked in C, the trie filtered)
+                    only = self.vocab.derived(
+                        (*key, "rows"), lambda: native.row_filter(self._trie, others)
                     )
                     mine = words.view("<u4").copy()
-                    if trie is not None and native.walk(trie, self.dfa, state, mine):
+                    if native.walk(self._trie, self.dfa, state, mine, node_ok=only):
                         return mine.view("<i4"), _NO_ROWS
                 return words, self._allowed_sparse(state, others)
             trie = None

@@ -47,7 +47,7 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES: native_build.Signatures = {
     "trie_build": (_I64, [_PTR, _PTR, _PTR, _I64, _PTR, _I64]),
     "trie_walk": (_I64, [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR,
-                         _I64, _PTR, _PTR]),
+                         _I64, _PTR, _PTR, _PTR]),
 }  # fmt: skip
 LIBRARY = native_build.OptionalLibrary(
     "grammar-trie", UNITS, SIGNATURES, "using numpy walks"
@@ -81,15 +81,16 @@ class TokenTrie:
 
     def walk_once(self, table: np.ndarray, b2c: int | None, ok: int | None, tasks: int,
                   n_tasks: int, words: int, out: int, expand: int | None = None,
-                  core: int | None = None) -> int:  # fmt: skip
+                  core: int | None = None, node_ok: int | None = None) -> int:  # fmt: skip
         """One C pass over n_tasks (node, state) pairs at address `tasks` through `table`
         (int32, C order, [rows, n_cls]), setting bits in the uint32 words at `words`; writes
         the skipped pairs at `out` (room for _PENDING) and returns how many, or -1. `expand`,
-        `core`: a lazy DFA's hook for rows met unbuilt (`LazyDFA.walk_in_c`), or None."""
+        `core`: a lazy DFA's hook for rows met unbuilt (`LazyDFA.walk_in_c`), or None;
+        `node_ok`: the address of a `row_filter`, or None."""
         nodes, row_start, row_ids = self.ptrs
         return self.lib.trie_walk(
             nodes, table.ctypes.data, table.shape[0], table.shape[1], b2c, ok, row_start,
-            row_ids, tasks, n_tasks, words, out, _PENDING, expand, core,
+            row_ids, tasks, n_tasks, words, out, _PENDING, expand, core, node_ok,
         )  # fmt: skip
 
 
@@ -142,18 +143,24 @@ def suffix_trie(trie: TokenTrie, suffixes: Suffixes) -> TokenTrie | None:
     return _build_trie(strings, start, ids.astype(np.int64), trie.lib)
 
 
-def rows_trie(trie: TokenTrie, vocab: TokenVocabulary, rows: np.ndarray) -> TokenTrie | None:
-    """A trie of some of the vocabulary's token rows (ascending prepared row numbers), with
-    their ids: a walk over them alone (e.g. the tokens that may leave a self-looping state,
-    when too many to cut into suffixes). None when a token is longer than the walk's stack."""
-    prep = vocab.prepared()
-    first_ids = prep.row_ids[prep.row_start[rows]].tolist()
-    strings = [vocab.token_bytes(i) for i in first_ids]
-    counts = trie.row_start[rows + 1] - trie.row_start[rows]
-    start = np.zeros(len(strings) + 1, dtype=np.int64)
-    np.cumsum(counts, out=start[1:])
-    ids = csr_take(trie.row_start, trie.row_ids, rows)
-    return _build_trie(strings, start, ids.astype(np.int64), trie.lib)
+def row_filter(trie: TokenTrie, rows: np.ndarray) -> np.ndarray:
+    """A node filter for `walk` over the vocabulary's trie that walks only the token rows
+    `rows` (e.g. the tokens that may leave a self-looping state, when too many to cut into
+    suffixes): uint8 per node, bit 1 when its subtree holds one of them, bit 2 when it is one.
+    O(nodes) in numpy (~1 ms at 151k ids): no trie is built."""
+    nodes = trie.nodes
+    n = nodes.shape[0]
+    at = np.flatnonzero(nodes["row"] >= 0)
+    node_of_row = np.empty(int(nodes["row"].max()) + 1, dtype=np.int64)
+    node_of_row[nodes["row"][at]] = at
+    marked = np.zeros(n, dtype=np.int64)
+    marked[node_of_row[rows]] = 1
+    counts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(marked, out=counts[1:])
+    inside = counts[nodes["end"]] > counts[:-1]  # a marked node in [i, end)
+    out = inside.astype(np.uint8) | (marked.astype(np.uint8) << 1)
+    out.flags.writeable = False
+    return out
 
 
 def _build_trie(strings: list[bytes], id_start: np.ndarray, ids: np.ndarray,
@@ -181,15 +188,17 @@ def _build_trie(strings: list[bytes], id_start: np.ndarray, ids: np.ndarray,
 
 
 def walk(trie: TokenTrie, dfa, state: int, words: np.ndarray,
-         first_ok: np.ndarray | None = None) -> bool:  # fmt: skip
+         first_ok: np.ndarray | None = None, node_ok: np.ndarray | None = None) -> bool:  # fmt: skip
     """Set in `words` (uint32, contiguous, in place) the bit of every token that walks from
     `state` (its row built) without dying, and whose first byte is `first_ok` (bool [256];
-    None: any). EOS ids are not set. False when the walk gave up (too many skipped subtrees):
+    None: any), and, given `node_ok` (a `row_filter` of `trie`), that is one of its rows. EOS
+    ids are not set. False when the walk gave up (too many skipped subtrees):
     `words` is then partial and the caller computes the mask another way."""
     if words.dtype != np.uint32 or not words.flags.c_contiguous:
         raise ValueError("words must be a contiguous uint32 array")
     ok = None if first_ok is None else np.ascontiguousarray(first_ok, dtype=bool).view(np.uint8)
     ok_ptr = None if ok is None else ok.ctypes.data
+    node_ptr = None if node_ok is None else node_ok.ctypes.data
     arrays, ptrs = _buffers.arrays, _buffers.ptrs
     arrays[0][0] = (0, state)
     cur, n = 0, 1
@@ -203,7 +212,7 @@ def walk(trie: TokenTrie, dfa, state: int, words: np.ndarray,
             if not table.flags.c_contiguous or table.dtype != np.int32:
                 return -2  # (not a table this walk reads; both kinds of DFA keep one)
             return trie.walk_once(
-                table, b2c, ok_ptr, ptrs[cur], n, words_ptr, ptrs[1 - cur], expand, core
+                table, b2c, ok_ptr, ptrs[cur], n, words_ptr, ptrs[1 - cur], expand, core, node_ptr
             )
 
         # a lazy table is read afresh for each pass (it is replaced as it grows), under its

@@ -46,15 +46,17 @@ int64_t trie_build(const uint8_t *data, const int64_t *off, const int64_t *rows,
    first offered to `expand` (when not null: a lazy DFA's C subset construction,
    automata/csrc/subset.c's `subset_inline`, which builds the parent state's row in place and
    returns 0, or -1 when it cannot); one still not built is returned in pending as the task
-   (node, parent state), its subtree skipped. Returns the pending tasks, or -1 when more than
-   cap. */
+   (node, parent state), its subtree skipped. node_ok (when not null) walks some of the tokens
+   only: a node whose bit 1 is clear has none of them in its subtree (skipped), a node whose
+   bit 2 is clear is not one of them (its ids not set). Returns the pending tasks, or -1 when
+   more than cap. */
 typedef int64_t (*expand_fn)(void *core, int64_t state);
 
 int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int64_t n_cls,
                   const int32_t *b2c, const uint8_t *first_ok, const int64_t *row_start,
                   const int64_t *row_ids, const int64_t *tasks, int64_t n_tasks,
                   uint32_t *words, int64_t *pending, int64_t cap, expand_fn expand,
-                  void *core) {
+                  void *core, const uint8_t *node_ok) {
     int32_t st[MAX_DEPTH + 1];
     int64_t np = 0;
     for (int64_t t = 0; t < n_tasks; t++) {
@@ -64,6 +66,7 @@ int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int
             const node_t *x = nodes + i;
             int32_t d = x->depth, par = st[d - 1];
             if (d == 1 && first_ok && !first_ok[x->byte]) { i = x->end; continue; }
+            if (node_ok && !(node_ok[i] & 1)) { i = x->end; continue; }
             int32_t nx = -1;
             int64_t at = (int64_t)par * n_cls + (b2c ? b2c[x->byte] : x->byte);
             if (par < n_rows) nx = table[at];
@@ -77,7 +80,7 @@ int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int
                 continue;
             }
             if (nx == 0) { i = x->end; continue; }
-            if (x->row >= 0)
+            if (x->row >= 0 && (!node_ok || node_ok[i] & 2))
                 for (int64_t j = row_start[x->row]; j < row_start[x->row + 1]; j++) {
                     int64_t id = row_ids[j];
                     words[id >> 5] |= 1u << (id & 31);
