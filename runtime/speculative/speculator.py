@@ -61,12 +61,17 @@ class Speculator:
                 if self.cost_aware:
                     self._shadow_check(req)
                 out.append(self._ngram(req, k) if k else [])
-            cap = self._cap(items, batch, [len(d) for d in out], model=False)
-            if self.cost_aware and cap == 0:  # checked against the output as it comes
-                for (req, _), d in zip(items, out, strict=True):
-                    if d and not req.spec.shadow:
+            # a request verifies drafts once one of its own chains was measured (unverified
+            # drafts are: the other requests' acceptance says little about this one's text)
+            measured = [not self.cost_aware or r.spec.accept_w + r.spec.reject_w > 0
+                        for r, _ in items]  # fmt: skip
+            lens = [len(d) if m else 0 for d, m in zip(out, measured, strict=True)]
+            cap = self._cap(items, batch, lens, model=False)
+            if self.cost_aware:  # what is not verified is checked against the output later
+                for (req, _), d, m in zip(items, out, measured, strict=True):
+                    if d and (cap == 0 or not m) and not req.spec.shadow:
                         req.spec.shadow, req.spec.shadow_at = d, req.seq_len
-            return [d[:cap] for d in out]
+            return [d[:cap] if m else [] for d, m in zip(out, measured, strict=True)]
         cap = self._cap(items, batch, wanted, model=True)
         asks = [(id(req), req.seq, min(k, cap)) for (req, _), k in zip(items, wanted, strict=True)]
         asks = [a for a in asks if a[2] > 0]
