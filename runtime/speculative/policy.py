@@ -16,6 +16,7 @@ again when the text changes.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 
@@ -63,7 +64,7 @@ class StepCosts:
         self.verify: dict[int, _Cost] = {}  # rows -> a verify step's decode steps
         self.draft: dict[int, _Cost] = {}  # batch size -> a draft forward's decode steps
         self.since_explore = 0
-        self._line: tuple[float, float] | None = None  # verify cost = fixed + slope * rows
+        self._slope: float | None = None  # verify cost per row past the measured counts
 
     def observe_decode(self, batch: int, seconds: float) -> None:
         self.decode.setdefault(batch, _Cost()).add(seconds)
@@ -77,7 +78,7 @@ class StepCosts:
         if base is None or rows > batch + MAX_ROWS or seconds > OUTLIER * base:
             return
         self.verify.setdefault(rows, _Cost()).add(seconds / base)
-        self._line = None
+        self._slope = None
 
     def observe_draft(self, batch: int, forwards: int, seconds: float) -> None:
         base = self.decode_time(batch)
@@ -89,24 +90,33 @@ class StepCosts:
         return None if cost is None else cost.value
 
     def verify_time(self, rows: int, batch: int = 1) -> float | None:
-        """Seconds of a verify step of `rows` rows among `batch` decoding requests: the line
-        through the measured (rows, cost) that outliers do not move (Theil-Sen: the median of
-        the pairwise slopes, the median intercept; the slope never negative; with one row
-        count measured, proportional to the rows), times the batch's decode step."""
+        """Seconds of a verify step of `rows` rows among `batch` decoding requests, in that
+        batch's decode steps: the cost measured at that row count, else the line between the
+        nearest measured counts on either side (the model's paths change cost at some row
+        count, so no one line fits all), else past the measured ones the nearest measured
+        cost plus the slope that outliers do not move (Theil-Sen: the median of the pairwise
+        slopes, never negative; with one count measured, proportional to the rows)."""
         base = self.decode_time(batch)
         if not self.verify or base is None:
             return None
-        if self._line is None:
+        if rows in self.verify:
+            return self.verify[rows].value * base
+        keys = sorted(self.verify)
+        i = bisect.bisect_left(keys, rows)
+        if 0 < i < len(keys):
+            lo, hi = keys[i - 1], keys[i]
+            t_lo, t_hi = self.verify[lo].value, self.verify[hi].value
+            return (t_lo + (t_hi - t_lo) * (rows - lo) / (hi - lo)) * base
+        end = keys[0] if i == 0 else keys[-1]
+        if self._slope is None:
             pts = [(r, c.value) for r, c in self.verify.items()]
             if len(pts) == 1:
-                self._line = (0.0, pts[0][1] / pts[0][0])
+                self._slope = pts[0][1] / pts[0][0]
             else:
-                slopes = [(t2 - t1) / (r2 - r1) for i, (r1, t1) in enumerate(pts)
-                          for r2, t2 in pts[i + 1 :]]  # fmt: skip
-                slope = max(0.0, statistics.median(slopes))
-                self._line = (statistics.median(t - slope * r for r, t in pts), slope)
-        fixed, slope = self._line
-        return max(fixed + slope * rows, 1e-6) * base
+                slopes = [(t2 - t1) / (r2 - r1) for j, (r1, t1) in enumerate(pts)
+                          for r2, t2 in pts[j + 1 :]]  # fmt: skip
+                self._slope = max(0.0, statistics.median(slopes))
+        return max(self.verify[end].value + self._slope * (rows - end), 1e-6) * base
 
     def draft_time(self, batch: int, forwards: int) -> float:
         """Seconds of `forwards` draft forwards for `batch` requests (0 for a proposer without

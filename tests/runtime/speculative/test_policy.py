@@ -37,7 +37,7 @@ def test_measures_before_deciding():
     assert costs.choose_cap(1, [0.9], [8], model_forwards=False) == FIRST_CAP  # no verify yet
 
 
-def test_verify_time_is_a_line_outliers_do_not_move():
+def test_verify_time_between_and_past_measured_row_counts():
     costs = _costs(0.01, 0.004, 0.01)
     assert costs.verify_time(5) == pytest.approx(0.03)
     assert costs.verify_time(7) == pytest.approx(0.01 + 0.004 * 7)
@@ -46,6 +46,11 @@ def test_verify_time_is_a_line_outliers_do_not_move():
     assert costs.verify_time(7) == pytest.approx(0.01 + 0.004 * 7)
     costs.observe_verify(1, 60, 1.0)  # more rows than MAX_ROWS past the batch: not kept
     assert 60 not in costs.verify
+    assert costs.verify_time(16) == pytest.approx(0.01 + 0.004 * 16)  # the slope past them
+    costs.observe_verify(1, 6, 0.05)  # a path that costs more from 6 rows on: followed
+    costs.observe_verify(1, 6, 0.05)
+    assert costs.verify_time(6) == pytest.approx(0.05)
+    assert costs.verify_time(5) == pytest.approx(0.03)
 
 
 def test_high_acceptance_drafts_low_does_not():
