@@ -60,6 +60,8 @@ class Speculator:
             for (req, _), k in zip(items, wanted, strict=True):
                 if self.cost_aware:
                     self._shadow_check(req)
+                    if req.spec.shadow:  # not verifying; no lookup until it is resolved
+                        k = 0
                 out.append(self._ngram(req, k) if k else [])
             # a request verifies drafts once one of its own chains was measured (unverified
             # drafts are: the other requests' acceptance says little about this one's text)
