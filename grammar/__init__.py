@@ -44,7 +44,8 @@ def prebuild(vocab: TokenVocabulary | None = None) -> None:
     formats.prebuild()
     json_schema.prebuild()
     if vocab is not None:
-        from grammar.tokens import native, warm
+        from grammar import warm
+        from grammar.tokens import native
 
         vocab.prepared()
         native.trie_of(vocab)  # the C walk's token trie (~0.2 s; None without a compiler)

@@ -170,7 +170,8 @@ def _split_at_once(
         inside = np.zeros((states.shape[0], len(parts)), dtype=bool)
         for i, p in enumerate(parts):
             inside[:, i] = np.asarray(p.accepting)[states[:, i + 1]]
-        sigs = [tuple(row) if ok else None for ok, row in zip(key_acc, inside.tolist(), strict=True)]
+        rows = zip(key_acc, inside.tolist(), strict=True)
+        sigs = [tuple(row) if ok else None for ok, row in rows]
         return _regions(table, byte_to_class, sigs)
     tk = keys.byte_table().tolist()
     tp = [p.byte_table().tolist() for p in parts]

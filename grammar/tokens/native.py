@@ -187,8 +187,14 @@ def _build_trie(strings: list[bytes], id_start: np.ndarray, ids: np.ndarray,
     return TokenTrie(nodes, id_start, ids, lib, ptrs)
 
 
-def walk(trie: TokenTrie, dfa, state: int, words: np.ndarray,
-         first_ok: np.ndarray | None = None, node_ok: np.ndarray | None = None) -> bool:  # fmt: skip
+def walk(
+    trie: TokenTrie,
+    dfa,
+    state: int,
+    words: np.ndarray,
+    first_ok: np.ndarray | None = None,
+    node_ok: np.ndarray | None = None,
+) -> bool:
     """Set in `words` (uint32, contiguous, in place) the bit of every token that walks from
     `state` (its row built) without dying, and whose first byte is `first_ok` (bool [256];
     None: any), and, given `node_ok` (a `row_filter` of `trie`), that is one of its rows. EOS
@@ -208,7 +214,9 @@ def walk(trie: TokenTrie, dfa, state: int, words: np.ndarray,
     words_ptr = words.ctypes.data
     while True:
 
-        def one_pass(table: np.ndarray, expand: int | None, core: int | None) -> int:
+        def one_pass(
+            table: np.ndarray, expand: int | None, core: int | None, cur: int = cur, n: int = n
+        ) -> int:
             if not table.flags.c_contiguous or table.dtype != np.int32:
                 return -2  # (not a table this walk reads; both kinds of DFA keep one)
             return trie.walk_once(

@@ -163,7 +163,9 @@ class TokenVocabulary:
         single = self._single_ids
         if single is None:  # each row's first id, and which rows have more than one
             counts = np.diff(prep.row_start)
-            single = (prep.row_ids[prep.row_start[:-1]], counts > 1)
+            # (-1 past the end: the last row, of ids with no bytes, may hold none)
+            padded = np.append(prep.row_ids, np.int64(-1))
+            single = (padded[prep.row_start[:-1]], counts > 1)
             self._single_ids = single
         first, multi = single
         if not multi[rows].any():  # (all but a vocabulary's duplicate byte strings)

@@ -63,7 +63,9 @@ def test_key_regions_equal_the_python_walk(dfas, monkeypatch) -> None:  # noqa: 
         pytest.skip("the C walk is off (SGL_GRAMMAR_NATIVE=0) or has no compiler")
     for k, keys in enumerate(dfas):
         parts = dfas[:k] + dfas[k + 1 : k + 4]
-        c, py = _both(monkeypatch, lambda keys=keys, parts=parts: dfa_ops.split_regions(keys, parts))
+        c, py = _both(
+            monkeypatch, lambda keys=keys, parts=parts: dfa_ops.split_regions(keys, parts)
+        )
         assert [sig for _, sig in c] == [sig for _, sig in py]
         assert all(_same(x, y) for (x, _), (y, _) in zip(c, py, strict=True))
 

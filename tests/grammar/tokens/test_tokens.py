@@ -287,3 +287,13 @@ def test_warm_mask_is_a_cached_read(vocab: TokenVocabulary) -> None:
     for _ in range(100):
         m.fill_bitmask(out)
     assert g.index.states_computed == before
+
+
+def test_masks_of_a_vocabulary_where_every_token_has_bytes() -> None:
+    # no EOS and no special token: the ids-by-row table has no id with empty bytes, so its
+    # last row is empty (its start is past the end of the ids)
+    vocab = TokenVocabulary([bytes([b]) for b in range(256)], [])
+    matcher = compile_regex("ab", vocab).matcher()
+    assert np.flatnonzero(matcher.mask()).tolist() == [ord("a")]
+    matcher.advance(ord("a"))
+    assert np.flatnonzero(matcher.mask()).tolist() == [ord("b")]
