@@ -14,7 +14,7 @@ from runtime.scheduling.step_results import OutputContext, StepResult
 from runtime.speculative.config import SpeculativeConfig
 from runtime.speculative.draft_model import DraftModel
 from runtime.speculative.ngram import NgramProposer
-from runtime.speculative.policy import StepCosts, acceptance
+from runtime.speculative.policy import PRIOR_ACCEPT, StepCosts, acceptance
 from runtime.speculative.verify import accept_chain
 
 logger = logging.getLogger(__name__)
@@ -161,7 +161,9 @@ class Speculator:
         if not self.cost_aware or top == 0:
             return top
         pairs = [(req, n) for (req, _), n in zip(items, longest, strict=True) if n > 0]
-        prior = acceptance(self.accept_all, self.reject_all)
+        # the draft model's prior: every request's chains (its drafts follow the target
+        # alike everywhere); n-gram's: neutral (how much a text copies is its own)
+        prior = acceptance(self.accept_all, self.reject_all) if model else PRIOR_ACCEPT
         accepts = [acceptance(r.spec.accept_w, r.spec.reject_w, prior) for r, _ in pairs]
         return self.costs.choose_cap(batch, accepts, [n for _, n in pairs], model)
 
