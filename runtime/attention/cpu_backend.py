@@ -12,10 +12,10 @@ causal attention and takes the planned paths too (`_as_plain`; a layer kept in t
 the fused decode kernel on the mapped page tables, its extend the general path).
 
 Every path gives the reference's numbers up to float rounding (greedy tokens unchanged). MLA
-latents, sliding windows a sequence outgrows and soft-capping take the torch backend's paths (reference kernels,
-`torch_backend.general_attention`): correct, not planned. docs/engine.md says why: the planned
-kernels take equal-width K / V pools, read from position 0 through the global page table, and
-have no tanh cap.
+latents, sliding windows a sequence outgrows and soft-capping take the torch backend's paths
+(reference kernels, `torch_backend.general_attention`): correct, not planned. docs/engine.md
+says why: the planned kernels take equal-width K / V pools, read from position 0 through the
+global page table, and have no tanh cap.
 """
 
 from __future__ import annotations
