@@ -126,13 +126,24 @@ class RuntimeEndpoint(Backend):
             server = "runtime" if "has_chat_template" in self.model_info else "sglang"
         self.server = server
         self.has_prefix_cache = bool(self.model_info.get("radix_cache", True))
-        # our server heals prompt ends (`token_healing` in sampling_params); SGLang's does not
+        # our server heals prompt ends (`token_healing` in sampling_params); SGLang's does not,
+        # nor does the SGLang Model Gateway pass the field on (it answers /get_model_info from a
+        # worker, so it is asked apart: only the gateway serves GET /workers)
         self.heals_tokens = bool(self.model_info.get("token_healing", False))
+        if self.heals_tokens and self._behind_gateway():
+            self.heals_tokens = False
         self._template: ChatTemplate | None = None
         self._template_lock = threading.Lock()
         self._render_remotely = True
         self._local_template: Any = None
         self._score_routed = False  # True once /score answered 404 (behind a gateway)
+
+    def _behind_gateway(self) -> bool:
+        try:
+            response = self._client.get("/workers")
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
 
     # ---- HTTP -------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: Any = None) -> Any:
