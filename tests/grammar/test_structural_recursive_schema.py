@@ -35,17 +35,13 @@ def _node(depth: int) -> dict:
 def walk():
     from grammar.tokens.vocab import TokenVocabulary
     from tests.support.tiny_models import smollm_tokenizer
+    from tests.support.walks import accepts_text
 
     tok = smollm_tokenizer()
     vocab = TokenVocabulary.from_tokenizer(tok)
 
     def run(spec: dict, text: str) -> bool:
-        m = compile_structural_tag(spec, vocab).matcher()
-        for t in tok(text, add_special_tokens=False).input_ids:
-            if not m.is_allowed(t):
-                return False
-            m.advance(t)
-        return m.is_accepting()
+        return accepts_text(compile_structural_tag(spec, vocab), tok, text)
 
     return run
 

@@ -19,6 +19,17 @@ def walk(grammar: Any, token_ids: list[int]) -> bool:
     return m.is_accepting() and (not eos or m.is_allowed(eos[0]))
 
 
+def accepts_text(grammar: Any, tok: Any, text: str) -> bool:
+    """Whether `grammar` takes the tokenizer's encoding of `text` token by token (each allowed
+    by the packed mask) and accepts at the end."""
+    m = grammar.matcher()
+    for t in tok(text, add_special_tokens=False).input_ids:
+        if not m.is_allowed(t):
+            return False
+        m.advance(t)
+    return m.is_accepting()
+
+
 def brute_force_mask(grammar: Any, state: int) -> Any:
     """Token by token in Python: the reference the vectorised masks must equal."""
     import numpy as np

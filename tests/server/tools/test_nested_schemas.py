@@ -88,6 +88,7 @@ def walk():
     from grammar import compile_json_schema, compile_lark, compile_regex, compile_structural_tag
     from grammar.tokens.vocab import TokenVocabulary
     from tests.support.tiny_models import smollm_tokenizer
+    from tests.support.walks import accepts_text
 
     tok = smollm_tokenizer()
     vocab = TokenVocabulary.from_tokenizer(tok)
@@ -102,12 +103,7 @@ def walk():
         return compile_json_schema(c["json_schema"], vocab, json_schema_mode="strict")
 
     def run(constraint: dict, text: str) -> bool:
-        m = compiled(constraint).matcher()
-        for t in tok(text, add_special_tokens=False).input_ids:
-            if not m.is_allowed(t):
-                return False
-            m.advance(t)
-        return m.is_accepting()
+        return accepts_text(compiled(constraint), tok, text)
 
     return run
 

@@ -57,32 +57,6 @@ BAD = [
 PARSERS = ["hermes", "llama3", "mistral", "deepseekv3", "pythonic", "json"]
 
 
-@pytest.fixture(scope="module")
-def walk():
-    """`walk(constraint, text)`: whether the constraint, compiled over SmolLM2's vocabulary,
-    takes the tokens of `text` one by one and accepts at the end."""
-    from grammar import compile_regex, compile_structural_tag
-    from grammar.tokens.vocab import TokenVocabulary
-    from tests.support.tiny_models import smollm_tokenizer
-
-    tok = smollm_tokenizer()
-    vocab = TokenVocabulary.from_tokenizer(tok)
-
-    def run(constraint: dict, text: str) -> bool:
-        if "regex" in constraint:
-            g = compile_regex(constraint["regex"], vocab)
-        else:
-            g = compile_structural_tag(constraint["structural_tag"], vocab)
-        m = g.matcher()
-        for t in tok(text, add_special_tokens=False).input_ids:
-            if not m.is_allowed(t):
-                return False
-            m.advance(t)
-        return m.is_accepting()
-
-    return run
-
-
 def _spec(name: str, choice, parallel: bool = True) -> dict:
     parser = get_parser(name)
     return tool_answer_spec(parser, TOOLS, choice, parallel, "strict", None).constraint
