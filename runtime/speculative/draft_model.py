@@ -280,6 +280,19 @@ class DraftModel:
             positions.extend(range(keep, keep + len(todo)))
             seqs.extend([st] * len(todo))
             rows.append(len(ids) - 1)
+        return self._decode_rows(ids, positions, seqs, torch.tensor(rows, dtype=torch.long))
+
+    def _forward_decode(self, entries: list[tuple[DraftSeq, int]]) -> torch.Tensor:
+        seqs = [st for st, _ in entries]
+        pos = [len(st.tokens) for st in seqs]
+        ids = [tok for _, tok in entries]
+        return self._decode_rows(ids, pos, seqs, torch.arange(len(entries), dtype=torch.long))
+
+    def _decode_rows(
+        self, ids: list[int], positions: list[int], seqs: list[DraftSeq], rows: torch.Tensor
+    ) -> torch.Tensor:
+        """One forward of decode rows: token `ids[i]` of `seqs[i]` at `positions[i]`; the
+        logits of `rows`."""
         slots = [self._slots(st, p, p + 1)[0] for st, p in zip(seqs, positions, strict=True)]
         return self._run(ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.long),
@@ -291,22 +304,5 @@ class DraftModel:
             extend_page_table=torch.zeros((0, 1), dtype=torch.int32),
             extend_prefix_lens=torch.zeros(0, dtype=torch.int32),
             extend_lens=torch.zeros(0, dtype=torch.int32),
-            logit_rows=torch.tensor(rows, dtype=torch.long),
-        ))  # fmt: skip
-
-    def _forward_decode(self, entries: list[tuple[DraftSeq, int]]) -> torch.Tensor:
-        seqs = [st for st, _ in entries]
-        pos = [len(st.tokens) for st in seqs]
-        slots = [self._slots(st, p, p + 1)[0] for st, p in zip(seqs, pos, strict=True)]
-        return self._run(ForwardBatch(
-            input_ids=torch.tensor([tok for _, tok in entries], dtype=torch.long),
-            positions=torch.tensor(pos, dtype=torch.long),
-            out_slots=torch.tensor(slots, dtype=torch.long),
-            num_decode=len(entries),
-            decode_page_table=self._page_table(seqs),
-            decode_seq_lens=torch.tensor([p + 1 for p in pos], dtype=torch.int32),
-            extend_page_table=torch.zeros((0, 1), dtype=torch.int32),
-            extend_prefix_lens=torch.zeros(0, dtype=torch.int32),
-            extend_lens=torch.zeros(0, dtype=torch.int32),
-            logit_rows=torch.arange(len(entries), dtype=torch.long),
+            logit_rows=rows,
         ))  # fmt: skip
