@@ -17,7 +17,7 @@ from runtime import settings
 from runtime.attention import make_backend, resolve_backend
 from runtime.attention.kv_calibration import KVCalibration, calibrate, kv_calibration_kind
 from runtime.default_model import default_model
-from runtime.device import building_on, device_runner, place_state, resolve_device
+from runtime.device import ModelRunner, building_on, place_state, resolve_device
 from runtime.disaggregation.modes import (
     BOOTSTRAP_KEYS,
     DEFAULT_TIMEOUT_S,
@@ -293,24 +293,27 @@ class Engine:
         quantized = any(isinstance(t, QuantTensor) for t in loaded.state_dict.values())
         if self.parallel:
             del loaded  # each worker loads its own shard
-            self.model = ParallelModel(
+            driver = ParallelModel(
                 path, self.config, self.dtype, tp_size=tp_size, pp_size=pp_size,
                 ep_size=ep_size, num_pages=num_pages, page_size=page_size, nnodes=nnodes,
                 dist_init_addr=dist_init_addr, attention_backend=self.attention_backend,
                 kv_dtype=self.kv_dtype, device=self.device.type, kv_calibration=calibration)
         else:
-            self.model = _local_model(loaded, self, quantization)
+            model = _local_model(loaded, self, quantization)
             del loaded
-            if chooser_wanted(num_threads, self.device):  # all threads, or one
-                self.model = ThreadChooser(self.model)
         self.sizes = {"tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size}
         self.pool = KVPool(self.config, num_pages, page_size, self.kv_dtype, **calibration.kwargs(),
                            allocate=not self.parallel, window_pages=window_pages,
                            device="cpu" if self.parallel else self.device)  # fmt: skip
-        if not self.parallel:  # on the CPU without cuda_graph_bs: the model itself
-            self.model = device_runner(
-                self.model, self.pool, self.device, disable_cuda_graph=disable_cuda_graph,
-                batch_sizes=cuda_graph_bs, max_running=max_running_requests,
+        # the one owner of the model at run time (device/runner.py): the scheduler calls it
+        if self.parallel:
+            self.runner = ModelRunner.parallel(driver, self.device)
+        else:  # the thread choice: all threads or one, measured (CPU, thread count not given)
+            chooser = ThreadChooser() if chooser_wanted(num_threads, self.device) else None
+            self.runner = ModelRunner.local(
+                model, self.pool, self.device, chooser=chooser,
+                disable_cuda_graph=disable_cuda_graph, batch_sizes=cuda_graph_bs,
+                max_running=max_running_requests,
             )  # fmt: skip
         self.tree = RadixCache(page_size, self.pool.free) if enable_radix_cache else None
         self.hicache = _make_hicache(
@@ -325,6 +328,12 @@ class Engine:
             transfer_backend=disaggregation_transfer_backend,
             mooncake_protocol=disaggregation_mooncake_protocol)  # fmt: skip
         self._start(path, max_running_requests, chunked_prefill_tokens, overlap_schedule, quantized)
+
+    @property
+    def model(self) -> Any:
+        """The model this process holds (a parallel engine: the driver of its worker ranks).
+        Read-only: it runs through `self.runner` (device/runner.py), which owns it."""
+        return self.runner.model
 
     def _start(
         self, path: Path, max_running: int, chunk_tokens: int, overlap: bool | None, quantized: bool
@@ -356,7 +365,7 @@ class Engine:
             "engine ready: %s, weights %.1f MiB as stored, KV pool %.1f MiB reserved (%d tokens, "
             "%d bytes/token; %s resident), process resident %.1f MiB",
             self.model_path,
-            self.model.weight_bytes() / 2**20,
+            self.runner.weight_bytes() / 2**20,
             self.pool.capacity_tokens * self.pool.bytes_per_token / 2**20,
             self.pool.capacity_tokens,
             self.pool.bytes_per_token,
@@ -366,7 +375,7 @@ class Engine:
 
     def _make_scheduler(self, max_running: int, chunk_tokens: int, overlap: bool) -> Scheduler:
         return Scheduler(
-            self.model,
+            self.runner,
             self.pool,
             self.tree,
             self.detokenizer,
@@ -669,15 +678,16 @@ class Engine:
         used = self.pool.num_usable_pages - self.pool.num_free_pages
         served = c["prefill_cached"] + c["prefill_computed"]
         resident, peak = resident_bytes()
+        run = self.runner.stats()
         return {
             "model": str(self.model_path),
             "dtype": str(self.dtype).replace("torch.", ""),
             "device": str(self.device),
             # decode batch sizes replayed through static buffers (CUDA graphs on a GPU)
-            "cuda_graph_batch_sizes": list(getattr(self.model, "batch_sizes", [])),
-            "graph_replays": getattr(self.model, "replayed", 0),
+            "cuda_graph_batch_sizes": list(run.graph_batch_sizes),
+            "graph_replays": run.graph_replays,
             # memory: weights as stored (quantized: their blocks), the KV pool, the process
-            "weight_bytes": self.model.weight_bytes(),
+            "weight_bytes": self.runner.weight_bytes(),
             "kv_pool_bytes": self.pool.capacity_tokens * self.pool.bytes_per_token,
             # of the pool's storage, what the system holds now (it becomes resident page by
             # page as it is written; None: the workers of a parallel engine hold it)
@@ -690,13 +700,11 @@ class Engine:
             "page_size": ps,
             "num_pages": self.pool.num_usable_pages,
             "kv_bytes_per_token": self.pool.bytes_per_token,
-            "kv_bytes_per_token_per_rank": (
-                self.model.kv_bytes_per_token_per_rank
-                if self.parallel
-                else self.pool.bytes_per_token
+            "kv_bytes_per_token_per_rank": self.runner.kv_bytes_per_token_per_rank(
+                self.pool.bytes_per_token
             ),
             **self.sizes,
-            "worker_pids": self.model.worker_pids if self.parallel else [],
+            "worker_pids": self.runner.worker_pids,
             "kv_capacity_tokens": self.pool.capacity_tokens,
             # sliding-window models: what a token costs in each kind of layer, and the tokens
             # the window layers' own pages hold (None: they share the page ids)
@@ -726,7 +734,7 @@ class Engine:
             # the share of step time outside the model (planning, batching, sampling, outputs)
             "scheduler_share": 1 - s.forward_s / s.busy_s if s.busy_s else 0.0,
             "overlap_schedule": s.overlap is not None,
-            "forward_threads": getattr(self.model, "threads", torch.get_num_threads()),
+            "forward_threads": run.threads,
             "steps_planned_ahead": s.overlap.steps_planned_ahead if s.overlap else 0,
             "throughput_tok_s": c["generated_tokens"] / s.busy_s if s.busy_s else 0.0,
             **self._expert_stats(),
@@ -752,13 +760,10 @@ class Engine:
     def _expert_stats(self) -> dict[str, Any]:
         """MoE models: routed (token, expert) pairs per MoE layer and expert, in the last
         forward step and since start."""
-        load = getattr(self.model, "expert_load", None)
-        if load is None or load.numel() == 0:
+        load = self.runner.expert_load()
+        if load is None:
             return {}
-        return {
-            "expert_load_last_step": load.tolist(),
-            "expert_load_total": self.model.expert_load_total.tolist(),
-        }
+        return {"expert_load_last_step": load[0], "expert_load_total": load[1]}
 
     def flush_cache(self) -> bool:
         """Drop every cached page not in use by a running request; True if the tree is empty."""
@@ -785,8 +790,7 @@ class Engine:
         if self.hicache is not None:
             self._close_hicache()
         self.scheduler.shutdown()
-        if self.parallel:
-            self.model.shutdown()
+        self.runner.shutdown()
 
     def _close_hicache(self) -> None:
         """Store what the tree still holds (the storage tier outlives the process), then wait

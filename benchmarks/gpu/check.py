@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 from runtime import Engine
-from runtime.device import DecodeGraphRunner
 from tests.support import tiny_models as fixtures
 
 PROMPTS = fixtures.PROMPTS[:4]
@@ -72,7 +71,7 @@ def compare(section: str, case: str, source: Path, device: torch.device, n: int,
     with Engine(source, device=str(device), mem_budget_gb=0.25, **engine_kw) as engine:
         ids = [engine.encode(p) for p in PROMPTS]
         ours = engine.generate(ids, max_new_tokens=n, temperature=0.0, ignore_eos=True)
-        graphs = isinstance(engine.model, DecodeGraphRunner)
+        graphs = engine.runner.graphs is not None
         replays = engine.stats()["graph_replays"]
     theirs = [_hf_greedy(hf, i, n, device) for i in ids]
     del hf

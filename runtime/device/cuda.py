@@ -2,7 +2,7 @@
 place (docs/engine.md, "The GPU path", lists them with how to check them on a GPU):
 which GPU is current, binding a thread to one, pinned host memory, and capturing / replaying a
 decode step as a `torch.cuda.CUDAGraph` (`CudaGraphReplayer`, the GPU's `Replayer` for
-`graph_runner.DecodeGraphRunner`). Every function here is a no-op or unreachable on the CPU:
+`graph_runner.DecodeGraphs`). Every function here is a no-op or unreachable on the CPU:
 nothing in it is called unless the engine's device is a GPU.
 """
 

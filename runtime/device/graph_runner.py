@@ -14,13 +14,14 @@ the pool never hands out, so no request reads it), sequence length 1; their logi
 dropped. A page-table row narrower than `max_pages` leaves older page ids in its last
 columns: attention reads a row only up to its sequence length, so they are never read.
 
-`DecodeGraphRunner.forward` writes a decode step's rows into the host copy of `state`, copies
-it to the device in one transfer (none on the CPU, where the host copy is `state`), then runs
-the bucket's step; every other step (an extend, more requests than the largest bucket, a page
-table wider than `max_pages`) runs eagerly, as `DeviceModel` runs it. How a bucket's step is
-captured and replayed is a `Replayer`: `EagerReplayer` runs the same step function again on
-the static buffers (on the CPU: what CI checks, the same tokens as the unpadded step), and
-`cuda.CudaGraphReplayer` captures it once into a `torch.cuda.CUDAGraph` at start-up.
+`DecodeGraphs.replay` writes a decode step's rows into the host copy of `state`, copies it to
+the device in one transfer (none on the CPU, where the host copy is `state`), then runs the
+bucket's step; every other step (an extend, more requests than the largest bucket, a page
+table wider than `max_pages`) gets None and runs eagerly (`runner.ModelRunner` decides).
+How a bucket's step is captured and replayed is a `Replayer`: `EagerReplayer` runs the same
+step function again on the static buffers (on the CPU: what CI checks, the same tokens as the
+unpadded step), and `cuda.CudaGraphReplayer` captures it once into a `torch.cuda.CUDAGraph` at
+start-up.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import torch
 
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.device import cuda
-from runtime.device.placement import DeviceModel
 from runtime.memory.kv_pool import KVPool
 from runtime.models.model import Model
 from runtime.models.rope import RotaryEmbedding
@@ -80,37 +80,38 @@ def graph_blocker(model: Model) -> str | None:
 
 def reserve_rotary(model: Model, positions: int) -> None:
     """Grow every rotary table of the model to `positions` and stop its per-step host check."""
-    inner = getattr(model, "model", model)
-    inner = getattr(inner, "_model", inner)  # a ThreadChooser
-    for value in vars(inner).values():
+    for value in vars(model).values():
         found = value.values() if isinstance(value, dict) else [value]
         for rotary in found:
             if isinstance(rotary, RotaryEmbedding):
                 rotary.reserve(positions)
 
 
-class DecodeGraphRunner(DeviceModel):
-    """`forward(batch, pool)` as the model's, decode steps through the captured buckets.
+class DecodeGraphs:
+    """Decode steps of up to `max(batch_sizes)` rows run through the captured buckets:
+    `replay(batch)` gives a step's logits, or None for a step a bucket does not hold (the
+    caller runs it eagerly). `forward` is the step a bucket captures (the runner's call of the
+    model: the thread choice included); a replay's device is current on the calling thread
+    (the runner binds it).
 
     Invariant: the logits of a replayed step are a view of the step's static output, valid
     until the next forward (the scheduler samples them before it runs another step)."""
 
-    _OWN = DeviceModel._OWN | {"batch_sizes", "max_pages", "state", "replays", "replayed"}
-
     def __init__(
         self,
+        forward: Callable[[ForwardBatch, KVPool], torch.Tensor | None],
         model: Model,
         pool: KVPool,
         device: torch.device,
         batch_sizes: Sequence[int],
         replayer: Replayer,
-        max_positions: int,
     ) -> None:
-        super().__init__(model, pool, device)
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"batch sizes must be positive integers, got {list(batch_sizes)}")
+        self.device = device
         self.batch_sizes = sorted(set(int(b) for b in batch_sizes))
         # the widest page table a request can have: its whole context, at most the whole pool
+        max_positions = model.config.max_position_embeddings
         self.max_pages = min(-(-max_positions // pool.page_size), pool.num_pages)
         max_bs = self.batch_sizes[-1]
         self.state = torch.zeros(max_bs, PAGES + self.max_pages, dtype=torch.long, device=device)
@@ -118,21 +119,23 @@ class DecodeGraphRunner(DeviceModel):
         self._pad = torch.zeros(PAGES + self.max_pages, dtype=torch.long)
         self._pad[LENGTH] = 1  # a padding row attends to its own token in page 0, slot 0
         self.replayed = 0  # decode steps that ran through a bucket (for stats and tests)
-        self.bind_thread()
         reserve_rotary(model, max_positions)
         self.replays: dict[int, Step] = {}
         self.state[:, LENGTH] = 1
         for bs in reversed(self.batch_sizes):  # largest first: the others reuse its memory
-            self.replays[bs] = replayer.capture(self._step_function(bs))
+            self.replays[bs] = replayer.capture(self._step_function(bs, forward, pool))
 
-    def _step_function(self, bs: int) -> Step:
+    def _step_function(
+        self, bs: int, forward: Callable[[ForwardBatch, KVPool], torch.Tensor | None],
+        pool: KVPool,
+    ) -> Step:  # fmt: skip
         """The decode step of the first `bs` rows of the static state, as a function of those
         buffers alone (what a graph captures)."""
         device, width = self.device, self.max_pages
         no_pages = torch.zeros(0, width, dtype=torch.int32, device=device)
         no_lens = torch.zeros(0, dtype=torch.int32, device=device)
         rows = torch.arange(bs, device=device)
-        state, model, pool = self.state, self._model, self.pool
+        state = self.state
 
         def step() -> torch.Tensor:
             cols = state[:bs, :PAGES].t().contiguous()  # [4, bs]: each column contiguous
@@ -142,7 +145,7 @@ class DecodeGraphRunner(DeviceModel):
                 decode_seq_lens=cols[LENGTH].to(torch.int32), extend_page_table=no_pages,
                 extend_prefix_lens=no_lens, extend_lens=no_lens, logit_rows=rows,
             )  # fmt: skip
-            return model.forward(batch, pool)
+            return forward(batch, pool)  # type: ignore[return-value]
 
         return step
 
@@ -164,19 +167,21 @@ class DecodeGraphRunner(DeviceModel):
         if host is not self.state:
             self.state[:bs].copy_(host[:bs], non_blocking=True)
 
-    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
+    def replay(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """The step's logits from its bucket, or None: not a decode step a bucket holds (an
+        extend, more rows than the largest bucket, a page table wider than `max_pages`)."""
         n = batch.num_decode
         bs = self.bucket(n) if n and n == batch.num_tokens else None
         if bs is None or batch.decode_page_table.shape[1] > self.max_pages:
-            return super().forward(batch, pool)
-        self.bind_thread()
+            return None
         self.load(batch, bs)
         self.replayed += 1
         logits = self.replays[bs]()
         return logits if bs == n else logits[:n]
 
 
-def device_runner(
+def decode_graphs(
+    forward: Callable[[ForwardBatch, KVPool], torch.Tensor | None],
     model: Model,
     pool: KVPool,
     device: torch.device,
@@ -184,24 +189,23 @@ def device_runner(
     disable_cuda_graph: bool,
     batch_sizes: Sequence[int] | None,
     max_running: int,
-) -> Model:
-    """What the scheduler calls for a one-process engine. On the CPU: the model itself, unless
-    `batch_sizes` is given (then decode steps run through the padded static buffers, eagerly:
-    the graph bookkeeping checked without a GPU). On a GPU: decode steps replayed from CUDA
-    graphs, one per batch size, or `DeviceModel` (every step eager) when graphs are disabled
-    or the model's step cannot be captured (the log says why)."""
-    max_positions = model.config.max_position_embeddings  # the longest page table's tokens
+) -> DecodeGraphs | None:
+    """A one-process engine's decode graphs, or None (every step eager). On the CPU: none
+    unless `batch_sizes` is given (then decode steps run through the padded static buffers,
+    eagerly: the graph bookkeeping checked without a GPU). On a GPU: decode steps replayed from
+    CUDA graphs, one per batch size, unless graphs are disabled or the model's step cannot be
+    captured (the log says why). The device must be current on the calling thread."""
     if device.type == "cpu":
         if batch_sizes is None or disable_cuda_graph:
-            return model
-        return DecodeGraphRunner(model, pool, device, batch_sizes, EagerReplayer(), max_positions)
+            return None
+        return DecodeGraphs(forward, model, pool, device, batch_sizes, EagerReplayer())
     reason = "disabled" if disable_cuda_graph else graph_blocker(model)
     if reason is None:
         sizes = batch_sizes or default_batch_sizes(max_running)
         try:
             replayer = cuda.CudaGraphReplayer(device)
-            return DecodeGraphRunner(model, pool, device, sizes, replayer, max_positions)
+            return DecodeGraphs(forward, model, pool, device, sizes, replayer)
         except Exception as exc:  # an op of the step that a graph cannot hold (a host sync)
             reason = f"capture failed: {type(exc).__name__}: {exc}"
     logger.info("CUDA graphs off (%s): decode steps run eagerly", reason)
-    return DeviceModel(model, pool, device)
+    return None

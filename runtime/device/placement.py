@@ -1,6 +1,6 @@
 """The engine's device: which one `device="auto" | "cpu" | "cuda" | "cuda:N"` means here, a
-checkpoint's tensors moved there, a model built there, and `DeviceModel`, which hands the model
-each step's batch on its device.
+checkpoint's tensors moved there and a model built there (`runner.ModelRunner` hands the model
+each step's batch on its device).
 
 What lives where on a GPU: the weights, the KV pool, each step's tensors, the logits and the
 sampler's arithmetic are on the device; the scheduler, the radix tree, the page allocator and
@@ -13,18 +13,14 @@ pool exactly as before and calls the model directly.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
-from runtime.attention.forward_batch import ForwardBatch
 from runtime.device import cuda
 from runtime.errors import DeviceUnavailableError
 from runtime.kernels.cpu import quant as cpu_quant
-from runtime.memory.kv_pool import KVPool
-from runtime.models.model import Model
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
 
@@ -81,42 +77,3 @@ def building_on(device: torch.device) -> Iterator[None]:
         return
     with torch.device(device):
         yield
-
-
-class DeviceModel:
-    """A model on a device other than the CPU: `forward(batch, pool)` copies the host-built
-    batch to the device first; every other attribute is the model's own."""
-
-    _OWN = frozenset(("_model", "device", "pool", "_threads"))
-
-    def __init__(self, model: Model, pool: KVPool, device: torch.device) -> None:
-        self._model = model
-        self.device = device
-        self.pool = pool
-        self._threads: set[int] = set()  # threads already bound to the device
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # the model's own settings (e.g. DeepSeek's `absorb`) go to the model
-        if name in self._OWN or name.startswith("_"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._model, name, value)
-
-    @property
-    def model(self) -> Model:
-        return self._model
-
-    def bind_thread(self) -> None:
-        """Make the device current on the calling thread (the scheduler's or the overlap
-        model thread: a new thread starts on GPU 0), once per thread."""
-        ident = threading.get_ident()
-        if ident not in self._threads:
-            cuda.bind(self.device)
-            self._threads.add(ident)
-
-    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
-        self.bind_thread()
-        return self._model.forward(batch.to(self.device), pool)

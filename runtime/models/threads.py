@@ -6,7 +6,8 @@ thread the OS has descheduled (measured here: a batch-16 decode step 200-2,200 m
 threads beside other busy processes, 29-77 ms with one). vLLM's CPU build sidesteps it by
 running the model on one pinned core; here the engine measures.
 
-`ThreadChooser.forward` runs the model with the current choice, and now and then one trial decode
+`ThreadChooser.forward(model, batch, pool)` runs the model with the current choice (the engine's
+`device.runner.ModelRunner` calls it; the chooser holds no model), and now and then one trial decode
 step with the other (prefill steps run with the current choice, unmeasured). A step's cost is its
 seconds per unit of work (tokens plus a fixed share for reading the weights); the trial wins when
 it costs less than 0.9x the recent average of the current choice, and then wins a second trial
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
 import torch
 
@@ -52,11 +52,10 @@ def chooser_wanted(num_threads: int | None, device: torch.device) -> bool:
 
 
 class ThreadChooser:
-    """A model wrapper: `forward(batch, pool)` with a measured thread count; every other
-    attribute is the model's own. Runs on the one thread that calls forward."""
+    """The measured thread count: `forward(model, batch, pool)` runs `model.forward` with it.
+    Runs on the one thread that calls forward."""
 
-    def __init__(self, model: Model) -> None:
-        self._model = model
+    def __init__(self) -> None:
         self.choices = (torch.get_num_threads(), 1)
         self.current = 0  # index into choices
         self._average: float | None = None  # seconds per unit of work, current choice
@@ -65,28 +64,15 @@ class ThreadChooser:
         self._confirming: int | None = None  # the period to resume after a confirming trial
         self.switches = 0
 
-    _OWN = frozenset(("_model", "choices", "current", "_average", "_period", "_since_trial",
-                      "_confirming", "switches"))  # fmt: skip
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # the model's own settings (e.g. DeepSeek's `absorb`) go to the model
-        if name in ThreadChooser._OWN:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._model, name, value)
-
     @property
     def threads(self) -> int:
         return self.choices[self.current]
 
-    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
+    def forward(self, model: Model, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
         # only decode steps are measured and tried: their costs are comparable with each other
         decode = batch.num_decode == batch.num_tokens
         if not decode:
-            return self._model.forward(batch, pool)
+            return model.forward(batch, pool)
         self._since_trial += 1
         trial = self._average is not None and self._since_trial >= self._period
         choice = 1 - self.current if trial else self.current
@@ -94,7 +80,7 @@ class ThreadChooser:
             torch.set_num_threads(self.choices[choice])
         start = time.perf_counter()
         try:
-            return self._model.forward(batch, pool)
+            return model.forward(batch, pool)
         finally:
             cost = (time.perf_counter() - start) / (batch.num_tokens + FIXED_TOKENS)
             if trial:

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 
 from runtime.attention.forward_batch import ForwardBatch
+from runtime.device.runner import ModelRunner
 from runtime.errors import KVTransferError, PromptTooLongError, WorkerError
 from runtime.memory.hicache import HiCache
 from runtime.memory.kv_pool import KVPool
 from runtime.memory.pages import PageBook
 from runtime.memory.radix_cache import MatchResult, RadixCache
-from runtime.models.model import Model
 from runtime.scheduling.constrained import ConstraintHooks
 from runtime.scheduling.detokenize import Detokenizer
 from runtime.scheduling.handoff import install_imported
@@ -53,7 +53,7 @@ class Scheduler:
 
     def __init__(
         self,
-        model: Model,
+        model: ModelRunner,
         pool: KVPool,
         tree: RadixCache | None,
         detokenizer: Detokenizer,
@@ -151,7 +151,7 @@ class Scheduler:
                 break
             try:
                 self._reap_aborted()
-                if getattr(self.model, "failed", None) and self._restartable():
+                if self.model.failed and self._restartable():
                     self._recover_ranks(WorkerError(f"parallel engine: {self.model.failed}"))
                 t0 = time.perf_counter()
                 if self.step():
@@ -185,7 +185,7 @@ class Scheduler:
             self._deliver_finished(req, "abort")
 
     def _restartable(self) -> bool:
-        return bool(getattr(self.model, "restartable", False))
+        return self.model.restartable
 
     def _recover_ranks(self, exc: WorkerError) -> None:
         """A rank of the parallel engine died: its KV is gone. The running requests go back to

@@ -14,7 +14,7 @@ import torch
 
 from runtime import Engine
 from runtime.attention.forward_batch import ForwardBatch
-from runtime.device import DecodeGraphRunner, default_batch_sizes, resolve_device
+from runtime.device import default_batch_sizes, resolve_device
 from runtime.device.graph_runner import LENGTH, PAGES, graph_blocker
 from runtime.errors import DeviceUnavailableError
 from runtime.workers.layout import Layout
@@ -78,8 +78,8 @@ def test_cpu_device_equals_the_default(model_dir):
         assert default.stats()["device"] == "cpu"
     with Engine(model_dir, page_size=4, max_total_tokens=2048, device="cpu") as cpu:
         _same(_run(cpu), expected)
-        # the CPU path calls the model itself: no device wrapper, no graph buckets
-        assert not isinstance(cpu.model, DecodeGraphRunner)
+        # the CPU path calls the model itself: no graph buckets
+        assert cpu.runner.graphs is None and cpu.runner.stats().graph_batch_sizes == ()
         assert cpu.stats()["cuda_graph_batch_sizes"] == []
 
 
@@ -120,7 +120,7 @@ def test_padded_runner_gives_the_unpadded_tokens(model_dir, backend):
     with Engine(model_dir, **kw) as plain:
         expected = _staggered(plain)
     with Engine(model_dir, **kw, cuda_graph_bs=[1, 2, 4]) as padded:
-        assert isinstance(padded.model, DecodeGraphRunner)
+        assert padded.runner.graphs is not None
         assert _staggered(padded) == expected
         stats = padded.stats()
         assert stats["cuda_graph_batch_sizes"] == [1, 2, 4]
@@ -132,12 +132,12 @@ def test_disable_cuda_graph_keeps_the_plain_model(model_dir):
     with Engine(
         model_dir, max_total_tokens=512, cuda_graph_bs=[1, 2], disable_cuda_graph=True
     ) as e:
-        assert not isinstance(e.model, DecodeGraphRunner)
+        assert e.runner.graphs is None
 
 
 def test_padding_rows_point_at_the_reserved_page(model_dir):
     with Engine(model_dir, page_size=4, max_total_tokens=512, cuda_graph_bs=[1, 4]) as e:
-        runner = e.model
+        runner = e.runner.graphs
         assert runner.bucket(1) == 1 and runner.bucket(2) == 4 and runner.bucket(5) is None
         batch = ForwardBatch(
             input_ids=torch.tensor([11, 12]), positions=torch.tensor([5, 9]),

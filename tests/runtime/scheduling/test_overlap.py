@@ -111,7 +111,7 @@ def test_greedy_tokens_equal_argmax(rows, vocab):
 def test_thread_chooser_switches_only_on_a_trial_confirmed_a_few_steps_later():
     from runtime.models import threads
 
-    chooser = threads.ThreadChooser(object())
+    chooser = threads.ThreadChooser()
     chooser._average, chooser._period = 1.0, 64
     chooser._judge(1, 0.5)  # wins once: a second trial soon, against fresh steps' average
     assert (chooser.current, chooser.switches, chooser._period) == (0, 0, threads.CONFIRM_AFTER)
@@ -130,12 +130,13 @@ def test_thread_chooser_tries_the_other_count_and_keeps_tokens(model_dir, expect
 
     monkeypatch.setattr(threads, "TRIAL_SHARE", 1.0)  # trials every few steps
     with Engine(model_dir, page_size=4, max_total_tokens=4096) as e:
-        chooser = e.model
-        if not isinstance(chooser, threads.ThreadChooser):
+        chooser = e.runner.chooser
+        if chooser is None:
             pytest.skip("torch runs one thread here: nothing to choose")
         chooser._period = 1
         results = e.generate(PROMPTS * 2, **GREEDY)
         assert [r.token_ids for r in results] == [expected[p] for p in PROMPTS * 2]
         assert e.stats()["forward_threads"] in chooser.choices
-        e.model.absorb = False  # a model setting goes through to the model
-        assert chooser._model.absorb is False
+        assert e.runner.stats().thread_choices == chooser.choices
+        with pytest.raises(AttributeError, match="no_such_setting"):  # not set silently
+            e.runner.set("no_such_setting", 1)

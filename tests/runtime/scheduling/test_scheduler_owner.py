@@ -30,7 +30,6 @@ def test_every_model_kind_is_a_model(tmp_path):
     from runtime.models.loader import load_model_files
     from runtime.models.model import Model
     from runtime.models.registry import model_class
-    from runtime.models.threads import ThreadChooser
     from runtime.workers.driver import ParallelModel
     from tests.support.tiny_models import make_tiny_model
 
@@ -38,7 +37,6 @@ def test_every_model_kind_is_a_model(tmp_path):
         loaded = load_model_files(make_tiny_model(tmp_path / kind, kind))
         model = model_class(loaded.config)(loaded.config, loaded.state_dict, torch.float32)
         assert isinstance(model, Model), kind
-        assert isinstance(ThreadChooser(model), Model), kind
     # the parallel driver is built only with worker processes: its class carries the methods
     assert all(callable(getattr(ParallelModel, name, None)) for name in ("forward", "weight_bytes"))
     assert "config" in ParallelModel.__init__.__code__.co_names
