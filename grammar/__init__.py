@@ -1,31 +1,35 @@
 """grammar: JSON Schema / regex / choices -> byte-level DFA -> per-state token masks.
 
 vocab = TokenVocabulary.from_tokenizer(hf_tokenizer)
-g = compile_json_schema(schema, vocab)      # cached by (constraint, vocab.hash)
+c = Constraint.from_fields(json_schema=schema)   # what a request names (one kind, checked)
+g = compile(c, vocab)                       # the one entry point, cached by (c, vocab.hash)
+g = compile_json_schema(schema, vocab)      # the same through a wrapper
 m = g.matcher(); m.mask(); m.advance(token_id); m.forced_text()
 g = compile_lark(LARK_TEXT, vocab)          # context-free, the same matcher interface
 g = compile_ebnf(GBNF_TEXT, vocab)          # llama.cpp / XGrammar GBNF, any rule as root
 g = compile_structural_tag(SPEC, vocab)     # XGrammar's / SGLang's structural tags
 """
 
-from grammar import api as _api
 from grammar.api import (
     choices_to_regex,
+    clear_caches,
+    compile,
     compile_choices,
+    compile_ebnf,
     compile_json_schema,
     compile_lark,
     compile_regex,
+    compile_structural_tag,
 )
 from grammar.automata import intersect as _intersect  # noqa: F401  no compile pays a module import
 from grammar.automata.fsm import ByteDFA, regex_to_dfa
-from grammar.cfg.compiler import CompiledCFG, clear_cfg_caches
-from grammar.ebnf.compiler import CompiledEBNF, clear_ebnf_caches, compile_ebnf
-from grammar.ebnf.lark_lower import clear_llguidance_lark_cache
+from grammar.cfg.compiler import CompiledCFG
+from grammar.constraint import KINDS, Constraint, ConstraintError
+from grammar.ebnf.compiler import CompiledEBNF
 from grammar.errors import EmptyLanguageError, GrammarError, UnsupportedSchemaError
 from grammar.json_schema import numbers as _decimal_numbers  # noqa: F401  loaded with the package:
 from grammar.json_schema.lark import compile_json_schema_cfg, json_schema_to_lark
 from grammar.json_schema.schema import DTYPE_NAMES, dtype_to_regex, json_schema_to_regex
-from grammar.structural.compiler import clear_structural_caches, compile_structural_tag
 from grammar.tokens.compiled import CompiledGrammar
 from grammar.tokens.matcher import Matcher
 from grammar.tokens.vocab import TokenVocabulary
@@ -52,23 +56,18 @@ def prebuild(vocab: TokenVocabulary | None = None) -> None:
         warm.prebuild(vocab)  # the token sets JSON strings share (string content, maxLength)
 
 
-def clear_caches() -> None:
-    """Drop every compiled constraint (regex, schema and lark paths)."""
-    _api.clear_caches()
-    clear_cfg_caches()
-    clear_ebnf_caches()
-    clear_llguidance_lark_cache()
-    clear_structural_caches()
-
-
 __all__ = [
     "ByteDFA",
     "choices_to_regex",
     "CompiledCFG",
     "CompiledEBNF",
     "CompiledGrammar",
+    "compile",
+    "Constraint",
+    "ConstraintError",
     "EmptyLanguageError",
     "GrammarError",
+    "KINDS",
     "Matcher",
     "TokenVocabulary",
     "UnsupportedSchemaError",

@@ -1,4 +1,5 @@
-"""GBNF / EBNF grammars as token constraints: `compile_ebnf(text, vocab, root="root")`.
+"""GBNF / EBNF grammars as token constraints: `compile_rules(parse_gbnf(text), vocab, root,
+text)`, which `grammar.compile_ebnf` calls (and caches, through `grammar.compile`).
 
 A grammar whose root reaches no recursive rule is one regular language: it compiles to a regex
 tree and from there to the same `CompiledGrammar` a regex gets (lazy DFA, token index,
@@ -20,7 +21,6 @@ exactly where the text so far is a sentence. A token terminal (one token by id,
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from grammar.cfg.mask import VocabLayout
 from grammar.ebnf.earley import EarleyParser, ESet
 from grammar.ebnf.lower import Lowering, Terminal, clear_shared_terminals
 from grammar.ebnf.network import NetworkBuilder
-from grammar.ebnf.syntax import Grammar, parse_gbnf
+from grammar.ebnf.syntax import Grammar
 from grammar.errors import GrammarError
 from grammar.tokens.cache import CompileCache
 from grammar.tokens.compiled import CompiledGrammar
@@ -37,7 +37,6 @@ from grammar.tokens.matcher import PackedMaskViews
 from grammar.tokens.vocab import TokenVocabulary
 
 MAX_FORCED_BYTES = 1024
-_EBNF_CACHE: CompileCache = CompileCache(max_entries=128)
 _LAYOUTS: CompileCache = CompileCache(max_entries=4)
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 
@@ -335,21 +334,7 @@ def compile_rules(
     return CompiledEBNF(g, low, vocab, source)
 
 
-def compile_ebnf(text: str, vocab: TokenVocabulary, root: str = "root") -> Any:
-    """A constraint from a GBNF / EBNF grammar (llama.cpp's and XGrammar's dialect), with the
-    matcher interface of every compiled constraint. Cached by (text, root, vocab.hash).
-
-    A grammar with no recursion reachable from `root` compiles to a `CompiledGrammar` (one
-    regular language); a recursive one to a `CompiledEBNF` (Earley; ambiguity and left
-    recursion are fine). GrammarError naming the line and rule for a syntax error, an undefined
-    rule or root, or a root that matches no text."""
-    return _EBNF_CACHE.get_or_build(
-        ("ebnf", text, root, vocab.hash),
-        lambda: compile_rules(parse_gbnf(text), vocab, root, text),
-    )
-
-
 def clear_ebnf_caches() -> None:
-    """Drop compiled GBNF grammars and the terminal automata they share."""
-    _EBNF_CACHE.clear()
+    """Drop the terminal automata GBNF grammars share (compiled grammars are cached by
+    `grammar.compile`)."""
     clear_shared_terminals()

@@ -485,11 +485,16 @@ def compile_llguidance_lark(text: str, vocab: TokenVocabulary, start: str = "sta
     the matcher interface of every compiled constraint. Cached by (text, start, vocab.hash).
     GrammarError naming the construct and its line for anything not supported."""
 
-    def build() -> Any:
-        g, root = LarkLowering(ls.parse_lark(text), text).grammar(start)
-        return compile_rules(g, vocab, root, text)
+    return _CACHE.get_or_build(
+        ("llguidance-lark", text, start, vocab.hash),
+        lambda: build_llguidance_lark(text, vocab, start),
+    )
 
-    return _CACHE.get_or_build(("llguidance-lark", text, start, vocab.hash), build)
+
+def build_llguidance_lark(text: str, vocab: TokenVocabulary, start: str = "start") -> Any:
+    """`compile_llguidance_lark` without its cache, for `grammar.compile` (which caches)."""
+    g, root = LarkLowering(ls.parse_lark(text), text).grammar(start)
+    return compile_rules(g, vocab, root, text)
 
 
 def clear_llguidance_lark_cache() -> None:

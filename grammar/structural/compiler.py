@@ -46,16 +46,30 @@ def compile_structural_tag(
     except (TypeError, ValueError) as e:
         raise GrammarError(f"structural tag: not JSON data: {e}") from None
 
-    def build() -> Any:
-        reader = SpecReader(json_schema_mode, whitespace)
-        compiled = compile_rules(reader.read(spec), vocab, "root", text)
-        if isinstance(compiled, CompiledGrammar):
-            _warm_triggers(compiled, reader.triggers)
-        return compiled
-
     return _CACHE.get_or_build(
-        ("structural", text, json_schema_mode, whitespace, vocab.hash), build
-    )
+        ("structural", text, json_schema_mode, whitespace, vocab.hash),
+        lambda: build_structural_tag(spec, vocab, json_schema_mode=json_schema_mode,
+                                     whitespace=whitespace, text=text),
+    )  # fmt: skip
+
+
+def build_structural_tag(
+    spec: Any,
+    vocab: TokenVocabulary,
+    *,
+    json_schema_mode: str = "strict",
+    whitespace: str | None = None,
+    text: str | None = None,
+) -> Any:
+    """`compile_structural_tag` without its cache, for `grammar.compile` (which caches);
+    `spec` a dict."""
+    if text is None:
+        text = json.dumps(spec, sort_keys=True, ensure_ascii=False)
+    reader = SpecReader(json_schema_mode, whitespace)
+    compiled = compile_rules(reader.read(spec), vocab, "root", text)
+    if isinstance(compiled, CompiledGrammar):
+        _warm_triggers(compiled, reader.triggers)
+    return compiled
 
 
 def _warm_triggers(g: CompiledGrammar, triggers: list[str]) -> None:
