@@ -25,6 +25,7 @@ class Builder(Protocol):
     ws_text: str  # the same, as regex text
     comma: object  # `,` with whitespace around it
     colon: object  # `:` with whitespace around it
+    separators: tuple  # x-guidance's (item, key) separator regexes; () for "," and ":"
     string_char: object  # one character of a JSON string (a regex node)
     any_string: object  # any JSON string
     max_depth: int  # times a recursive `$ref` is expanded

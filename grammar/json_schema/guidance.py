@@ -5,8 +5,11 @@ Read at the top level only, as llguidance does (elsewhere the key is an unknown 
 annotation). Honoured: `whitespace_flexible` (true: JSON white space, any amount, between
 tokens; false: compact), `whitespace_pattern` (a regex matched at most once where white space
 may be: bounds in it hold; it wins over `whitespace_flexible`), `coerce_one_of` (oneOf read as
-anyOf), and the options whose value is the language we generate anyway: `item_separator` ","
-and `key_separator` ":" (other separators are refused), `lenient` false,
+anyOf), `item_separator` and `key_separator` (regexes, default "," and ":", written between
+array items / members and between a key and its value, white space on either side as the
+white-space options allow: recorded under the private root keyword `SEPARATORS_MARK`, which
+the schema builder reads), and the options whose value is the language we generate anyway:
+`lenient` false,
 `json_allowed_escapes` naming exactly the escapes our strings take (`"\\/bfnrtu`),
 `json_allow_general_unicode_escapes` true (our strings take `\\uXXXX` for any character).
 Everything else, and those options with other values, raise UnsupportedSchemaError naming
@@ -23,6 +26,7 @@ from typing import Any
 from grammar.errors import GrammarError, UnsupportedSchemaError
 
 FLEXIBLE_WHITESPACE = r"[ \t\n\r]*"
+SEPARATORS_MARK = "_x_guidance_separators"  # [item regex, key regex] on a schema's root
 _OUR_ESCAPES = frozenset('"\\/bfnrtu')
 _KNOWN = (
     "whitespace_flexible",
@@ -46,10 +50,8 @@ def _check_value(option: str, value: Any) -> None:
         value, bool
     ):
         raise _refuse(option, "must be true or false")
-    if option == "item_separator" and value != ",":
-        raise _refuse(option, f'only the default "," is supported, got {value!r}')
-    if option == "key_separator" and value != ":":
-        raise _refuse(option, f'only the default ":" is supported, got {value!r}')
+    if option in ("item_separator", "key_separator"):
+        _check_regex(option, value)
     if option == "lenient" and value:
         raise _refuse(option, "true (ignoring keywords that cannot be honoured) is not supported")
     if option == "json_allowed_escapes" and (
@@ -60,17 +62,21 @@ def _check_value(option: str, value: Any) -> None:
         raise _refuse(option, "strings always take \\uXXXX escapes here: only true is supported")
 
 
+def _check_regex(option: str, pattern: Any) -> None:
+    if not isinstance(pattern, str) or not pattern:
+        raise _refuse(option, "must be a non-empty regex")
+    from grammar.automata.nfa import parse_regex
+
+    try:
+        parse_regex(pattern)
+    except GrammarError as e:
+        raise _refuse(option, str(e)) from None
+
+
 def _whitespace(options: dict, default: str | None) -> str | None:
     pattern = options.get("whitespace_pattern")
     if pattern is not None:
-        if not isinstance(pattern, str) or not pattern:
-            raise _refuse("whitespace_pattern", "must be a non-empty regex")
-        from grammar.automata.nfa import parse_regex
-
-        try:
-            parse_regex(pattern)
-        except GrammarError as e:
-            raise _refuse("whitespace_pattern", str(e)) from None
+        _check_regex("whitespace_pattern", pattern)
         return f"(?:{pattern})?"
     if "whitespace_flexible" in options:
         return FLEXIBLE_WHITESPACE if options["whitespace_flexible"] else ""
@@ -106,6 +112,9 @@ def read_x_guidance(schema: Any, default_whitespace: str | None = None) -> tuple
     rest = {k: v for k, v in schema.items() if k != "x-guidance"}
     if options.get("coerce_one_of"):
         rest = _one_of_as_any_of(rest)
+    separators = [options.get("item_separator", ","), options.get("key_separator", ":")]
+    if separators != [",", ":"]:
+        rest[SEPARATORS_MARK] = separators
     return rest, _whitespace(options, default_whitespace)
 
 

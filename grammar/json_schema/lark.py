@@ -23,7 +23,7 @@ import json
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaError
-from grammar.json_schema.guidance import FLEXIBLE_WHITESPACE, read_x_guidance
+from grammar.json_schema.guidance import FLEXIBLE_WHITESPACE, SEPARATORS_MARK, read_x_guidance
 from grammar.json_schema.number_text import FLOAT64_NUMBER
 from grammar.json_schema.refs.local import local_refs, pointer_target
 from grammar.json_schema.strict import apply_mode, check_mode
@@ -380,6 +380,10 @@ def json_schema_to_lark(
     if whitespace is True:
         default = FLEXIBLE_WHITESPACE
     loaded, ws = read_x_guidance(load_schema(schema), default)
+    if isinstance(loaded, dict) and SEPARATORS_MARK in loaded:
+        raise UnsupportedSchemaError(
+            "x-guidance", "#/x-guidance", "custom separators with a recursive schema"
+        )
     ignore = ws == FLEXIBLE_WHITESPACE and not isinstance(whitespace, str)
     root = local_refs(loaded)
     b = _Builder(root, check_mode(json_schema_mode), "" if ignore else ws or "")

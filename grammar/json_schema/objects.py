@@ -31,36 +31,42 @@ MAX_PATTERNS = 32  # patternProperties patterns of one object
 MAX_KEY_REGIONS = 64  # non-empty sets of patterns a key can match
 
 
-def literal(value: Any, fractions: bool | str = True) -> object:
-    """The compact text of `value`; a number also in the other spellings of the same number
+def literal(value: Any, fractions: bool | str = True, punct: tuple | None = None) -> object:
+    """The text of `value`; a number also in the other spellings of the same number
     without an exponent (JSON Schema compares numbers by value: 2 == 2.0 == 2.00). An
     integral number is spelled with a fraction part too if `fractions`, only so if it is
-    "only" (draft 4: 2.0 is no integer, so the schema may accept one spelling only)."""
+    "only" (draft 4: 2.0 is no integer, so the schema may accept one spelling only).
+    `punct` is (white space, item separator, key separator) as regex nodes, what the
+    schema's other values take between their tokens (a builder's `ws`, `comma`, `colon`);
+    None: compact."""
+    ws, comma, colon = punct or (ra.EMPTY, ra.char(","), ra.char(":"))
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return ra.lit(json.dumps(value, ensure_ascii=False))
     if isinstance(value, int | float):
         return _number_literal(value, fractions)
     if isinstance(value, list):
-        parts: list[object] = [ra.char("[")]
+        parts: list[object] = [ra.char("["), ws]
         for i, v in enumerate(value):
-            parts += [ra.char(",")] if i else []
-            parts.append(literal(v, fractions))
-        return ra.seq(*parts, ra.char("]"))
+            parts += [comma] if i else []
+            parts.append(literal(v, fractions, punct))
+        return ra.seq(*parts, ws, ra.char("]"))
     if isinstance(value, dict):
-        return _object_literal(value, fractions)
+        return _object_literal(value, fractions, (ws, comma, colon), punct is None)
     return ra.lit(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
 MAX_ORDERED_MEMBERS = 10  # an object value's members in every order: 2**n shared suffixes
 
 
-def _object_literal(value: dict, fractions: bool | str) -> object:
+def _object_literal(value: dict, fractions: bool | str, punct: tuple, compact: bool) -> object:
     """An object value with its members in any order (JSON objects are unordered): the
     suffix after each set of members written is one node, so n members take 2**n of them."""
+    ws, comma, colon = punct
     members = [
-        ra.seq(ra.lit(json.dumps(k, ensure_ascii=False) + ":"), literal(v, fractions))
+        ra.seq(ra.lit(json.dumps(k, ensure_ascii=False)), colon,
+               literal(v, fractions, None if compact else punct))
         for k, v in value.items()
-    ]
+    ]  # fmt: skip
     n = len(members)
     if n > MAX_ORDERED_MEMBERS:
         raise UnsupportedSchemaError(
@@ -73,11 +79,11 @@ def _object_literal(value: dict, fractions: bool | str) -> object:
 
     def rest(done: int) -> object:  # the members not yet written, each after a comma
         if done == full:
-            return ra.char("}")
+            return ra.seq(ws, ra.char("}"))
         if done not in memo:
             memo[done] = ra.alt(
                 [
-                    ra.seq(ra.char(","), m, rest(done | 1 << i))
+                    ra.seq(comma, m, rest(done | 1 << i))
                     for i, m in enumerate(members)
                     if not done >> i & 1
                 ]
@@ -85,8 +91,9 @@ def _object_literal(value: dict, fractions: bool | str) -> object:
         return memo[done]
 
     if not members:
-        return ra.lit("{}")
-    return ra.seq(ra.char("{"), ra.alt([ra.seq(m, rest(1 << i)) for i, m in enumerate(members)]))
+        return ra.seq(ra.char("{"), ws, ra.char("}"))
+    first = ra.alt([ra.seq(m, rest(1 << i)) for i, m in enumerate(members)])
+    return ra.seq(ra.char("{"), ws, first)
 
 
 def _number_literal(value: int | float, fractions: bool | str) -> object:

@@ -49,7 +49,8 @@ def any_value(b: Builder, depth: int) -> object:
             options.append(b.wrap("{", ra.optional(members), "}"))
             elems = ra.seq(inner, ra.repeat(ra.seq(b.comma, inner), 0, None))
             options.append(b.wrap("[", ra.optional(elems), "]"))
-        b.any_memo[depth] = _any_automaton(ra.alt(options), b.ws_text, depth, b.float64_numbers)
+        spacing = (b.ws_text, b.separators)
+        b.any_memo[depth] = _any_automaton(ra.alt(options), spacing, depth, b.float64_numbers)
     return b.any_memo[depth]
 
 
@@ -219,7 +220,7 @@ def _bounded_class_pattern(pattern: str, lo: int, hi: int | None, any_char: obje
     return ra.repeat(one, lo, hi)
 
 
-_ANY_DFAS: dict[tuple[str, int], object] = {}
+_ANY_DFAS: dict[tuple[tuple, int, bool], object] = {}
 _LEAVES: dict[str, object] = {}
 
 
@@ -235,11 +236,11 @@ def shared_leaf(text: str, keyword: str) -> object:
     return node
 
 
-def _any_automaton(node: object, ws: str, depth: int, float64: bool) -> object:
+def _any_automaton(node: object, spacing: tuple, depth: int, float64: bool) -> object:
     """Any JSON value nested at most `depth` deep, as a prebuilt automaton shared by every
-    schema (built once per whitespace and depth: most schemas hold it, as additional
-    members' values), keeping its regex text for json_schema_to_regex."""
-    key = (ws, depth, float64)
+    schema (built once per white space and separators (`spacing`) and depth: most schemas hold
+    it, as additional members' values), keeping its regex text for json_schema_to_regex."""
+    key = (spacing, depth, float64)
     if key not in _ANY_DFAS:
         _ANY_DFAS[key] = dfa_ops.DFANode(node_to_dfa(node), "any", "#", ra.to_text(node))
     return _ANY_DFAS[key]

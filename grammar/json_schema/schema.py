@@ -35,7 +35,7 @@ from grammar.json_schema import oneof as json_oneof
 from grammar.json_schema.exact.evaluated import split_refusal
 from grammar.json_schema.exact.exclusive import oneof_by_negation
 from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
-from grammar.json_schema.guidance import read_x_guidance
+from grammar.json_schema.guidance import SEPARATORS_MARK, read_x_guidance
 from grammar.json_schema.literals import TRIE_MIN_VALUES, literals_node, single_spelling
 from grammar.json_schema.merge import canonical, merge
 from grammar.json_schema.number_text import FLOAT64_MARK
@@ -129,8 +129,11 @@ class SchemaBuilder:
         self.root = root
         self.ws = ra.parsed(ws) if ws else ra.EMPTY
         self.ws_text = ws
-        self.comma = ra.seq(self.ws, ra.char(","), self.ws)
-        self.colon = ra.seq(self.ws, ra.char(":"), self.ws)
+        seps = root.get(SEPARATORS_MARK) if isinstance(root, dict) else None
+        item, key = (ra.parsed(s) for s in seps) if seps else (ra.char(","), ra.char(":"))
+        self.comma = ra.seq(self.ws, item, self.ws)
+        self.colon = ra.seq(self.ws, key, self.ws)
+        self.separators = tuple(seps or ())  # x-guidance's, else () for "," and ":"
         self.string_char = ra.parsed(STRING_CHAR_TEXT)
         self.any_string = shared_leaf(STRING_TEXT, "string")
         self.max_depth = max_depth
@@ -273,13 +276,14 @@ class SchemaBuilder:
     def _literal_of(self, schema: Any, value: Any) -> Node:
         ints, floats = integral_as(value, int), integral_as(value, float)
         as_int = self.accepts(schema, ints)
+        punct = (self.ws, self.comma, self.colon)
         if repr(ints) == repr(floats):  # no integral number in it
-            return literal(value) if as_int else None
+            return literal(value, punct=punct) if as_int else None
         as_float = self.accepts(schema, floats)
         if as_int and as_float:
-            return literal(value)
+            return literal(value, punct=punct)
         if as_int or as_float:
-            return literal(value, fractions=False if as_int else "only")
+            return literal(value, fractions=False if as_int else "only", punct=punct)
         return None
 
     def accepts(self, schema: Any, value: Any) -> bool:
