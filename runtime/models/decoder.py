@@ -37,6 +37,12 @@ from runtime.config import FULL, SLIDING, ModelConfig
 from runtime.errors import UnsupportedModelError
 from runtime.kernels.cpu import fused as cpu_fused
 from runtime.kernels.cpu import quant as cpu_quant
+from runtime.kernels.cpu.quant_chain import (
+    ACTIVATIONS,
+    ChainExtras,
+    ChainFamily,
+    DecodeChain,
+)
 from runtime.memory.kv_pool import KVPool
 from runtime.models.layers import (
     Packed,
@@ -160,36 +166,70 @@ class DecoderModel:
             and device.type == "cpu" and dtype in cpu_fused.MODEL_TYPES
             and cpu_fused.available(dtype)
         )  # fmt: skip
-        self.decode_path = self._decode_path()
+        # a decode-only step's layers in one C call (quant_chain.py), where the family and the
+        # weights allow it; `why` what keeps the model off it
+        self._chain, why = self._decode_chain(device)
+        self.decode_path = self._decode_path(why)
         logger.info("%s: %s", type(self).__name__, self.decode_path)
 
-    def _decode_path(self) -> str:
-        """What a decode step of this model runs, in words: this file's per-layer loop, never
-        llama.py's one-C-call decode chain (which covers the plain Llama layer only), and what
-        of the family keeps it off that chain. Logged once at load; docs/models.md."""
+    def _decode_path(self, why: list[str]) -> str:
+        """What a decode step of this model runs, in words: the one-C-call decode chain with
+        the family's parts it runs, or this file's per-layer loop and what keeps the model off
+        the chain. Logged once at load; docs/models.md."""
+        if self._chain is None:
+            return "per-layer decode, no one-call decode chain (" + ", ".join(why) + ")"
         cfg, fam = self.config, self.family
-        why = []
+        parts = []
         if fam.norm_offset:
-            why.append("(1 + w) norms multiplied in float32")
+            parts.append("(1 + w) norms multiplied in float32")
         if fam.sandwich_norms:
-            why.append("post-attention and post-MLP norms")
+            parts.append("post-attention and post-MLP norms")
         if cfg.qk_norm:
-            why.append("q / k head norms")
-        if cfg.hidden_act != "silu":
+            parts.append("q / k head norms")
+        parts.append(f"{cfg.hidden_act} gate")
+        if any(layer.kind == SLIDING for layer in self.layers):
+            parts.append("sliding-window layers with their own rotary tables")
+        if fam.scaled_embeddings:
+            parts.append("scaled embeddings")
+        return ("one-call decode chain (" + ", ".join(parts) + "); per-layer for extends and "
+                "for steps the chain does not take (a quantized KV pool, another attention "
+                f"backend, {cpu_quant.DENSE_ROWS} or more requests)")  # fmt: skip
+
+    def _decode_chain(self, device: torch.device) -> tuple[DecodeChain | None, list[str]]:
+        """The model's DecodeChain, or None and what of the family, the weights or the
+        placement keeps it off the chain."""
+        cfg, fam, shard = self.config, self.family, self.shard
+        why = []
+        if shard.tp_size != 1 or not (shard.first_stage and shard.last_stage):
+            why.append("tensor or pipeline parallel")
+        if device.type != "cpu" or self.dtype not in cpu_fused.MODEL_TYPES:
+            why.append(f"{device.type} {self.dtype}")
+        if fam.norm_offset != fam.sandwich_norms:
+            why.append("(1 + w) norms without sandwich norms, or the reverse")
+        if cfg.hidden_act not in ACTIVATIONS:
             why.append(f"{cfg.hidden_act} gate")
         if any(layer.moe is not None for layer in self.layers):
             why.append("routed experts")
-        if any(layer.kind == SLIDING for layer in self.layers):
-            why.append("sliding-window layers (fused decode attention only while no sequence "
-                       "outgrows the window)")  # fmt: skip
-        if self.family.scaled_embeddings:
-            why.append("scaled embeddings")
+        if any(layer.spec.soft_cap is not None for layer in self.layers):
+            why.append("attention logit soft-capping")
         if cfg.rope_type == "longrope" or cfg.rope_dim != cfg.head_dim:
             why.append("LongRoPE / partial rotary")
         if any(layer.qkv_bias is not None or layer.o_bias is not None for layer in self.layers):
             why.append("biases")
-        return "per-layer decode, no one-call decode chain (" + (
-            ", ".join(why) or "the chain is built for llama.py's layer only") + ")"
+        if why:
+            return None, why
+        family = ChainFamily(offset_norms=fam.norm_offset, sandwich=fam.sandwich_norms,
+                             head_norms=cfg.qk_norm, activation=cfg.hidden_act,
+                             heads=(self.num_heads, self.num_kv_heads, cfg.head_dim))  # fmt: skip
+        layers = [(w.input_norm, w.qkv, w.o, w.pre_mlp_norm, w.gate_up, w.down)
+                  for w in self.layers]  # fmt: skip
+        extras = [ChainExtras(w.q_norm, w.k_norm, w.post_attn_norm, w.post_mlp_norm)
+                  for w in self.layers]  # fmt: skip
+        if not DecodeChain.supported(layers, self.dtype, family, extras):
+            return None, ["weights not all in integer-kernel block formats (dense or float "
+                          "GGUF tensors), or the C kernels not built"]  # fmt: skip
+        scales = [layer.spec.scale for layer in self.layers]
+        return DecodeChain(layers, scales, cfg.rms_norm_eps, self.dtype, family, extras), []
 
     # ---- loading -----------------------------------------------------------------------------
     @staticmethod
@@ -375,6 +415,12 @@ class DecoderModel:
         tables = self._rope_tables(batch)
         self.attention.plan(batch, pool)
         self.expert_load.zero_()
+        if self._chain is not None:
+            out = self._chained(hidden, batch, pool)
+            if out is not None:  # the same kernels, called from C
+                last = self.layers[-1].post_mlp_norm
+                return self.finish(hidden + (out if last is None else self._norm(out, last)),
+                                   batch)  # fmt: skip
         if self._fused_sandwich and self.layers:
             return self.finish(self._sandwich_layers(hidden.contiguous(), tables), batch)
         moe_index = 0
@@ -392,6 +438,36 @@ class DecoderModel:
             hidden = hidden + out
         self.expert_load_total += self.expert_load
         return self.finish(hidden, batch)
+
+    def _chained(self, hidden: torch.Tensor, batch: ForwardBatch, pool: KVPool):
+        """Every layer of a decode-only step through the DecodeChain (the last layer's MLP
+        output; `hidden` updated in place up to it), or None where the step is not one the
+        chain takes. A layer whose rotary tables, pages or window differ from a full layer's
+        gets its own step arguments (Gemma's local layers)."""
+        if hidden.shape[0] >= cpu_quant.DENSE_ROWS or not hidden.is_contiguous():
+            return None
+        decode_rope = getattr(self.attention, "decode_rope", None)
+        hq, dtype = self.num_heads, self.dtype
+        rope = decode_rope(self.rotary[FULL], hq, dtype) if decode_rope else None
+        if rope is None:
+            return None
+        steps: list[cpu_fused.RopeDecode | None] = []
+        own: dict[tuple, cpu_fused.RopeDecode] = {}
+        for li, layer in enumerate(self.layers):
+            key = (layer.kind, pool.window_layer[li], layer.spec.window or 0)
+            if key == (FULL, False, 0):
+                steps.append(None)
+                continue
+            if key not in own:
+                where = self.attention.tables(li)
+                rows = cpu_fused.DecodeRows.of(where.decode_page_table, batch.decode_seq_lens)
+                cos, sin = self.rotary[layer.kind].tables(batch.positions)
+                own[key] = cpu_fused.RopeDecode(
+                    cos, sin, batch.positions, where.out_slots.to(torch.int64), rows, hq,
+                    pool.k[li], dtype, window=key[2],
+                )  # fmt: skip
+            steps.append(own[key])
+        return self._chain.run(hidden, rope, pool.k, pool.v, steps if own else None)
 
     def _sandwich_layers(self, hidden: torch.Tensor, tables) -> torch.Tensor:
         """forward's layer loop for Gemma's four norms a layer with the fused C norm: each

@@ -207,9 +207,10 @@ def _fn(name: str, dtype: torch.dtype | None, kv: torch.dtype | None = None) -> 
     return _lib[name, dtype] if kv is None or kv == dtype else _lib[name, dtype, kv]
 
 
-def add_rms_norm_address(dtype: torch.dtype) -> int:
-    """The address of `add_rms_norm`'s C function for `dtype` (for a caller in C)."""
-    return ctypes.cast(_fn("add_rms_norm", dtype), ctypes.c_void_p).value
+def norm_address(name: str, dtype: torch.dtype) -> int:
+    """The address of the C function `name` (`add_rms_norm` or `offset_add_rms_norm`) for
+    `dtype`, for a caller in C (quant.c's decode chain)."""
+    return ctypes.cast(_fn(name, dtype), ctypes.c_void_p).value
 
 
 def add_rms_norm(
@@ -336,7 +337,7 @@ def decode_attention(
 class _RopeStepArgs(ctypes.Structure):
     _fields_ = [(name, _PTR) for name in ("cos", "sin", "pos", "slots", "table", "lens")] + [
         (name, _I64) for name in ("table_stride", "n", "hq", "hkv", "d", "ps", "num_pages")
-    ] + [("q", _PTR)]  # fmt: skip
+    ] + [("q", _PTR), ("window", _I64)]  # fmt: skip
 
 
 class RopeDecode:
@@ -344,7 +345,8 @@ class RopeDecode:
     a layer (the same kernels, so the same bits); what every layer shares is set up once.
 
     rows: the step's DecodeRows (one query per request: positions / slots int64 [B]); the
-    pools [pages, page_size, Hkv, D] of the model's dtype (not fp8), contiguous."""
+    pools [pages, page_size, Hkv, D] of the model's dtype (not fp8), contiguous. With a
+    `window` (> 0) each request attends to its last `window` keys only (a sliding window)."""
 
     def __init__(
         self,
@@ -356,6 +358,7 @@ class RopeDecode:
         num_heads: int,
         k_pool: torch.Tensor,
         dtype: torch.dtype,
+        window: int = 0,
     ) -> None:
         pages, ps, hkv, d = k_pool.shape
         b = rows.lens.shape[0]
@@ -368,7 +371,7 @@ class RopeDecode:
         self.args = _RopeStepArgs(
             cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(), slots.data_ptr(),
             rows.table.data_ptr(), rows.lens.data_ptr(), rows.table.stride(0), b, num_heads, hkv,
-            d, ps, pages, self.q.data_ptr(),
+            d, ps, pages, self.q.data_ptr(), window,
         )  # fmt: skip
         self._ref = ctypes.byref(self.args)
         self._fn = _fn("rope_decode", dtype)

@@ -7,15 +7,20 @@ more at 2 threads); the chain makes the same calls from C, one Python call a ste
 and their inputs are the Python forward's own (`add_rms_norm` and `RopeDecode` of cpu_fused,
 cpu_quant's products), in the same order, so the results are the same bits.
 
-What it covers: every layer of a Llama-family model without biases whose six per-layer weights
-are all quantized tensors of one format each (QuantTensor), in bf16 or float32, for a decode-only
-step of fewer than cpu_quant.DENSE_ROWS requests with the fused CPU attention (the model's
-forward checks the rest: one rank, one stage, full causal attention in every layer).
+What it covers: every layer of a decoder without biases whose four per-layer matrices are
+quantized tensors of one integer-kernel format each (QuantTensor: the 32-element formats and the
+K-quants), in bf16 or float32, for a decode-only step of fewer than cpu_quant.DENSE_ROWS requests
+with the fused CPU attention (the model's forward checks the rest: one rank, one stage). A
+family is data (`ChainFamily`): Llama's layer by default; Qwen3's q / k head norms; Gemma 3's
+(1 + w) norms in float32, sandwich norms, q / k head norms and GELU-tanh gate. A layer may bring
+its own rotary / window step (`run`'s `steps`: Gemma's local layers, their own rope base and a
+sliding window in the decode attention).
 """
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
 
@@ -33,14 +38,49 @@ class _Proj(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _Proj) for name in ("qkv", "o", "gate_up", "down")] + [
         (name, _PTR) for name in ("norm1", "norm2", "k_pool", "v_pool")
-    ] + [("scale", _F32)]  # fmt: skip
+    ] + [("scale", _F32)] + [
+        (name, _PTR) for name in ("q_norm", "k_norm", "post_attn", "post_mlp", "step")
+    ] + [("qkv_rest", _Proj * 2), ("gate_up_rest", _Proj * 2), ("qkv_row", _I64),
+         ("gate_up_row", _I64)]  # fmt: skip
 
 
 class _Chain(ctypes.Structure):
     _fields_ = [(name, _I64) for name in ("layers", "rows", "hidden", "bf16")] + [
         ("eps", _F32)
     ] + [(name, _PTR) for name in ("norm", "attn", "attn_step", "layer", "h", "x", "qkv", "att",
-                                     "o", "gu", "down", "scratch")]  # fmt: skip
+                                     "o", "gu", "down", "scratch", "head_norm")] + [
+        (name, _I64) for name in ("sandwich", "act", "hq", "hkv", "d")
+    ]  # fmt: skip
+
+
+ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2}  # the gate's activation: q_matmul's `swiglu`
+
+
+@dataclass(frozen=True, slots=True)
+class ChainFamily:
+    """What a family's layer does beyond Llama's (the defaults). With `offset_norms` every norm
+    weight is float32 `1 + w` (Gemma: normed in float32, then rounded; fused.py's
+    offset_add_rms_norm), else of the model's dtype (`add_rms_norm`)."""
+
+    offset_norms: bool = False
+    sandwich: bool = False  # the attention's and the MLP's outputs normed before they are added
+    head_norms: bool = False  # an RMSNorm over each query and key head before the rotary
+    activation: str = "silu"  # the gate's: a key of ACTIVATIONS
+    heads: tuple[int, int, int] = (0, 0, 0)  # query heads, kv heads, head size (head norms)
+
+
+@dataclass(slots=True)
+class ChainExtras:
+    """A layer's weights beyond the six of Llama's (None where the family has none)."""
+
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    post_attn: torch.Tensor | None = None
+    post_mlp: torch.Tensor | None = None
+
+
+def _parts(w: cpu_quant.Quantized) -> list[cpu_quant.QuantTensor]:
+    return w.parts if isinstance(w, cpu_quant.QuantStack) else [w]
 
 
 def _proj(w: cpu_quant.QuantTensor) -> _Proj:
@@ -57,45 +97,84 @@ class DecodeChain:
     addressed from C)."""
 
     def __init__(
-        self, layers: list[tuple], scales: list[float], eps: float, dtype: torch.dtype
+        self,
+        layers: list[tuple],
+        scales: list[float],
+        eps: float,
+        dtype: torch.dtype,
+        family: ChainFamily = ChainFamily(),
+        extras: list[ChainExtras] | None = None,
     ) -> None:
         self._weights = layers
         self._scales = scales
-        self.eps, self.dtype = eps, dtype
+        self.eps, self.dtype, self.family = eps, dtype, family
+        self._extras = extras or [ChainExtras() for _ in layers]
         self._table: ctypes.Array | None = None  # the per-layer arguments, at the first run
         self._pools: tuple = ()  # the KV pool tensors the table points at
         self._need: dict[int, int] = {}  # scratch bytes by row count
         self.runs = 0  # steps run
+        self._stepped = False  # whether the table points at a layer's own step arguments
 
     @staticmethod
-    def supported(layers: list[tuple], dtype: torch.dtype) -> bool:
+    def supported(
+        layers: list[tuple],
+        dtype: torch.dtype,
+        family: ChainFamily = ChainFamily(),
+        extras: list[ChainExtras] | None = None,
+    ) -> bool:
         """Whether the chain runs these weights: each layer's four matrices quantized with the
-        integer kernels, the norms plain tensors of the model's dtype, the fused C norm built."""
+        integer kernels, the norms plain tensors (of the model's dtype, or float32 with
+        `offset_norms`), the family's extras all there, the fused C norms built."""
         if dtype not in (torch.float32, torch.bfloat16) or not layers:
             return False
         if cpu_quant.library() is None or not cpu_fused.available(dtype):
             return False
-        for norm1, qkv, o, norm2, gate_up, down in layers:
-            mats = (qkv, o, gate_up, down)
-            if any(type(w) is not cpu_quant.QuantTensor or w.qtype not in cpu_quant.INT_TYPES
+        if family.activation not in ACTIVATIONS:
+            return False
+        int_types = cpu_quant.INT_TYPES | cpu_quant.K_TYPES
+        norm_type = torch.float32 if family.offset_norms else dtype
+        extras = extras or [ChainExtras() for _ in layers]
+        for (norm1, qkv, o, norm2, gate_up, down), extra in zip(layers, extras, strict=True):
+            if not all(cpu_quant.is_quantized(w) and len(_parts(w)) <= 3 for w in (qkv, gate_up)):
+                return False
+            mats = (*_parts(qkv), o, *_parts(gate_up), down)  # stacks: up to three formats
+            if any(type(w) is not cpu_quant.QuantTensor or w.qtype not in int_types
                    for w in mats):  # fmt: skip
                 return False
-            if any(not isinstance(n, torch.Tensor) or n.dtype != dtype for n in (norm1, norm2)):
+            norms = [norm1, norm2]
+            if family.head_norms:
+                norms += [extra.q_norm, extra.k_norm]
+            if family.sandwich:
+                norms += [extra.post_attn, extra.post_mlp]
+            if any(not isinstance(n, torch.Tensor) or n.dtype != norm_type or
+                   not n.is_contiguous() for n in norms):  # fmt: skip
                 return False
-            if gate_up.shape[0] != 2 * down.cols or qkv.cols != o.shape[0]:
+            if gate_up.shape[0] != 2 * down.cols or qkv.shape[1] != o.shape[0] or (
+                gate_up.shape[1] != o.shape[0]
+            ):  # fmt: skip
                 return False
         return True
 
     def _build(self, k_pools: list[torch.Tensor], v_pools: list[torch.Tensor]) -> None:
         if self._table is None:
             table = (_Layer * len(self._weights))()
-            for entry, (norm1, qkv, o, norm2, gate_up, down), scale in zip(
-                table, self._weights, self._scales, strict=True
+            for entry, (norm1, qkv, o, norm2, gate_up, down), scale, extra in zip(
+                table, self._weights, self._scales, self._extras, strict=True
             ):
-                entry.qkv, entry.o = _proj(qkv), _proj(o)
-                entry.gate_up, entry.down = _proj(gate_up), _proj(down)
+                for name, w in (("qkv", qkv), ("gate_up", gate_up)):
+                    first, *rest = _parts(w)
+                    setattr(entry, name, _proj(first))
+                    setattr(entry, name + "_row", w.shape[0])
+                    for k, part in enumerate(rest):
+                        getattr(entry, name + "_rest")[k] = _proj(part)
+                entry.o, entry.down = _proj(o), _proj(down)
                 entry.norm1, entry.norm2 = norm1.data_ptr(), norm2.data_ptr()
                 entry.scale = scale
+                if self.family.head_norms:
+                    entry.q_norm, entry.k_norm = extra.q_norm.data_ptr(), extra.k_norm.data_ptr()
+                if self.family.sandwich:
+                    entry.post_attn = extra.post_attn.data_ptr()
+                    entry.post_mlp = extra.post_mlp.data_ptr()
             self._table = table
         for entry, k, v in zip(self._table, k_pools, v_pools, strict=True):
             entry.k_pool, entry.v_pool = k.data_ptr(), v.data_ptr()
@@ -107,11 +186,14 @@ class DecodeChain:
         rope: cpu_fused.RopeDecode,
         k_pools: list[torch.Tensor],
         v_pools: list[torch.Tensor],
+        steps: list[cpu_fused.RopeDecode | None] | None = None,
     ) -> torch.Tensor:
         """Every layer of the step for `hidden` [rows, H] (the embedded tokens; updated in
         place as the residual stream, without the last layer's MLP output), whose rotary,
-        K/V write and attention `rope` does; returns the last layer's MLP output [rows, H]
-        (to be added into `hidden`)."""
+        K/V write and attention `rope` does (or the layer's own in `steps`, where not None:
+        the same C function's arguments for other tables or a window); returns the last
+        layer's MLP output [rows, H] (the caller adds it into `hidden`, normed by the last
+        layer's post-MLP norm where the family has sandwich norms)."""
         pools = self._pools
         if not pools or pools[0] is not k_pools or pools[1] is not v_pools or (
             pools[2] != k_pools[0].data_ptr() or pools[3] != v_pools[0].data_ptr()
@@ -120,7 +202,7 @@ class DecodeChain:
         assert hidden.dtype == self.dtype and hidden.is_contiguous()
         rows, size = hidden.shape
         first = self._table[0]
-        qkv_out, q_size = first.qkv.out, first.o.cols
+        qkv_out, q_size = first.qkv_row, first.o.cols
         inter, dt = first.down.cols, self.dtype
         x = torch.empty_like(hidden)
         qkv = torch.empty(rows, qkv_out, dtype=dt)
@@ -135,14 +217,23 @@ class DecodeChain:
                 cpu_quant.scratch_bytes(p.t, rows, p.cols, bf16, p.out if bf16 else 0, swiglu)
                 for layer in self._table
                 for p, swiglu in ((layer.qkv, False), (layer.o, False), (layer.gate_up, False),
-                                  (layer.down, True))
+                                  (layer.down, True), *((r, False) for r in layer.qkv_rest),
+                                  *((r, False) for r in layer.gate_up_rest))
             )  # fmt: skip
         fn, step = rope.c_call()
-        chain = _Chain(len(self._table), rows, size, int(bf16), self.eps,
-                       cpu_fused.add_rms_norm_address(dt), fn, step,
+        if steps is not None or self._stepped:  # the layers' own steps (the same C function)
+            for entry, own in zip(self._table, steps or [None] * len(self._table), strict=True):
+                entry.step = None if own is None else own.c_call()[1]
+                assert own is None or own.c_call()[0] == fn
+            self._stepped = steps is not None
+        fam = self.family
+        norm = cpu_fused.norm_address("offset_add_rms_norm" if fam.offset_norms
+                                      else "add_rms_norm", dt)  # fmt: skip
+        chain = _Chain(len(self._table), rows, size, int(bf16), self.eps, norm, fn, step,
                        ctypes.addressof(self._table), hidden.data_ptr(), x.data_ptr(),
                        qkv.data_ptr(), att.data_ptr(), o.data_ptr(), gu.data_ptr(),
-                       down.data_ptr(), cpu_quant.scratch(need))  # fmt: skip
+                       down.data_ptr(), cpu_quant.scratch(need), norm if fam.head_norms else None,
+                       int(fam.sandwich), ACTIVATIONS[fam.activation], *fam.heads)  # fmt: skip
         rc = cpu_quant.library().q_decode_chain(ctypes.byref(chain))
         if rc:
             raise RuntimeError(f"q_decode_chain failed ({rc})")

@@ -71,6 +71,9 @@ def _oracle(case: str, config, model, written, root):
     return oracle
 
 
+# the families whose quantized files decode through the one-call C chain (quant_chain.py)
+CHAINED = {"qwen3", "gemma3"}
+
 _built: dict[str, tuple] = {}
 
 
@@ -114,9 +117,17 @@ def test_greedy_tokens_equal_transformers_on_the_dequantized_file(family_file):
         assert len(tok(PROMPTS[1])["input_ids"]) > WINDOW
     with Engine(str(written.path), mem_budget_gb=0.05) as engine:
         results = engine.generate(prompts, max_new_tokens=NEW, temperature=0.0, ignore_eos=True)
+        one = engine.generate(prompts[1], max_new_tokens=NEW, temperature=0.0, ignore_eos=True)
+        model = engine.model
     for prompt, result in zip(prompts, results, strict=True):
         expected = hf_greedy(oracle, tok(prompt)["input_ids"], NEW)
         assert result.token_ids == expected, f"{case}: {prompt!r}"
+    assert one.token_ids == results[1].token_ids  # alone (batch 1) as in the batch
+    if case in CHAINED:  # their decode steps in the one-call C chain (gemma3: past the window)
+        assert model.decode_path.startswith("one-call decode chain"), model.decode_path
+        assert model._chain.runs >= 2 * (NEW - 1)
+    elif hasattr(model, "decode_path"):
+        assert model.decode_path.startswith("per-layer decode"), model.decode_path
 
 
 def test_a_qwen3_moe_file_with_dense_layers_names_them(tmp_path):
@@ -189,3 +200,34 @@ def test_a_file_without_a_chat_template_gets_its_familys_turns(tmp_path, arch, t
                                              add_generation_prompt=True)  # fmt: skip
         assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         assert tokenizer.convert_tokens_to_ids("<|im_start|>") in tokenizer(text)["input_ids"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("case", sorted(CHAINED))
+def test_the_decode_chain_matches_the_per_layer_loop(case, dtype, tmp_path_factory):
+    """A decode-only step's layers in one C call (quant_chain.py) with the family's parts
+    (Qwen3's head norms; Gemma's (1 + w) and sandwich norms, GeGLU, local rotary tables and a
+    window the longest request outgrows) against decoder.py's per-layer loop on the same file:
+    the same greedy tokens, logits equal to rounding (head norms and attention sum in another
+    order), for one request and for three."""
+    from runtime.attention import make_backend
+    from runtime.models.registry import model_class
+    from tests.support.forward_batches import decode_run
+
+    _, _, written, _ = _build(case, tmp_path_factory)
+    config, state = load_gguf(written.path)
+    model = model_class(config)(config, state, dtype, attention=make_backend("cpu"))
+    chain = model._chain
+    assert model.decode_path.startswith("one-call decode chain") and chain is not None
+    prompts = [[5, 17, 300, 42, 9] * 5, [7, 7, 1000], [12] * 11]
+    assert len(prompts[0]) > WINDOW
+    for batch in (prompts[:1], prompts):
+        chain.runs = 0
+        tokens, chained = decode_run(model, dtype, batch, steps=6)
+        assert chain.runs == 6
+        model._chain = None  # the per-layer loop
+        plain_tokens, plain = decode_run(model, dtype, batch, steps=6)
+        model._chain = chain
+        assert torch.equal(tokens, plain_tokens)
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(chained, plain, atol=tol * plain.abs().max(), rtol=0)

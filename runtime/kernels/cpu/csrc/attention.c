@@ -13,6 +13,7 @@ struct rope_decode_step {
     const int32_t *table, *lens;
     int64_t table_stride, n, hq, hkv, d, ps, num_pages;
     void *q;
+    int64_t window; /* > 0: attend to each request's last `window` keys only */
 };
 
 #define STORAGE STORAGE_F32

@@ -58,7 +58,8 @@ static inline __attribute__((always_inline)) void FN(value_block)(
 static inline __attribute__((always_inline)) void FN(attend)(
     const float *qf, const kv_t *k_pool, const kv_t *v_pool, const int32_t *pages, int64_t len,
     int64_t g, int64_t hkv, int64_t h0, int64_t h1, int64_t d, int64_t ps, int64_t num_pages,
-    float *scores, float *row, float *acc, const int32_t *next_pages, int64_t next_count) {
+    float *scores, float *row, float *acc, const int32_t *next_pages, int64_t next_count,
+    int64_t skip) {
     int64_t hq = g * hkv, width = hkv * d, npages = (len + ps - 1) / ps;
     int64_t page_bytes = (int64_t)sizeof(kv_t) * ps * width;
     for (int pass = 0; pass < 2; pass++) {
@@ -118,9 +119,11 @@ static inline __attribute__((always_inline)) void FN(attend)(
         }
         if (pass == 1) break;
         for (int64_t qh = h0 * g; qh < h1 * g; qh++) {
-            float *sc = scores + qh * len, top = sc[0], total = 0.0f;
-            for (int64_t t = 1; t < len; t++) top = sc[t] > top ? sc[t] : top;
-            for (int64_t t = 0; t < len; t++) {
+            /* keys before `skip` (outside a window) weigh nothing */
+            float *sc = scores + qh * len, top = sc[skip], total = 0.0f;
+            for (int64_t t = 0; t < skip; t++) sc[t] = 0.0f;
+            for (int64_t t = skip + 1; t < len; t++) top = sc[t] > top ? sc[t] : top;
+            for (int64_t t = skip; t < len; t++) {
                 sc[t] = expf(sc[t] - top);
                 total += sc[t];
             }
@@ -131,13 +134,15 @@ static inline __attribute__((always_inline)) void FN(attend)(
 }
 
 /* One query per request against its paged K/V (pools [pages, ps, hkv, d]); query head h reads
-   kv head h / (hq / hkv). Float32 softmax; a request with no key gets zeros. */
+   kv head h / (hq / hkv). Float32 softmax; a request with no key gets zeros. With a window
+   (> 0), only a request's last `window` keys: its pages from the one holding the first of
+   them, the keys before it in that page skipped. */
 /* decode attention for requests first .. last - 1, the query heads of kv heads h0 .. h1 - 1 */
 static void FN(attend_rows)(const scalar_t *q, const kv_t *k_pool, const kv_t *v_pool,
                             const int32_t *table, int64_t table_stride, const int32_t *lens,
                             int64_t first, int64_t last, int64_t hq, int64_t hkv, int64_t h0,
                             int64_t h1, int64_t d, int64_t ps, int64_t num_pages, float scale,
-                            scalar_t *out) {
+                            int64_t window, scalar_t *out) {
     int64_t g = hq / hkv, cap = 0, j0 = h0 * g * d, j1 = h1 * g * d; /* their q / out values */
     float *scores = NULL;
     float *qf = malloc(sizeof(float) * (size_t)(2 * hq * d + hkv * d));
@@ -157,17 +162,24 @@ static void FN(attend_rows)(const scalar_t *q, const kv_t *k_pool, const kv_t *v
         const int32_t *pages = table + bi * table_stride;
         /* the V pass prefetches the next request's K pages, one per page it reads */
         const int32_t *next = bi + 1 < last ? pages + table_stride : NULL;
-        int64_t next_count = next ? (lens[bi + 1] + ps - 1) / ps : 0;
+        int64_t next_count = next ? (lens[bi + 1] + ps - 1) / ps : 0, skip = 0;
+        if (window > 0 && len > window) { /* from the window's first page */
+            int64_t start = len - window;
+            pages += start / ps;
+            len -= start / ps * ps;
+            skip = start % ps;
+            next_count = 0;
+        }
         for (int64_t j = j0; j < j1; j++) qf[j] = LD(q[bi * hq * d + j]) * scale;
         if (d == 64 && ps == 16)
             FN(attend)(qf, k_pool, v_pool, pages, len, g, hkv, h0, h1, 64, 16, num_pages, scores,
-                       row, acc, next, next_count);
+                       row, acc, next, next_count, skip);
         else if (d == 128 && ps == 16)
             FN(attend)(qf, k_pool, v_pool, pages, len, g, hkv, h0, h1, 128, 16, num_pages,
-                       scores, row, acc, next, next_count);
+                       scores, row, acc, next, next_count, skip);
         else
             FN(attend)(qf, k_pool, v_pool, pages, len, g, hkv, h0, h1, d, ps, num_pages, scores,
-                       row, acc, next, next_count);
+                       row, acc, next, next_count, skip);
         for (int64_t j = j0; j < j1; j++) oh[j] = ST(acc[j]);
     }
     free(scores);
@@ -181,6 +193,7 @@ struct FN(attend_job) {
     int64_t table_stride, b, hq, hkv, d, ps, num_pages;
     float scale;
     scalar_t *out;
+    int64_t window;
 };
 
 #ifdef _OPENMP /* the runner's jobs (decode_attention's OpenMP branch) */
@@ -188,25 +201,27 @@ static void FN(attend_part)(void *p, int part, int parts) { /* a contiguous run 
     const struct FN(attend_job) *j = p;
     FN(attend_rows)(j->q, j->k_pool, j->v_pool, j->table, j->table_stride, j->lens,
                     j->b * part / parts, j->b * (part + 1) / parts, j->hq, j->hkv, 0, j->hkv,
-                    j->d, j->ps, j->num_pages, j->scale, j->out);
+                    j->d, j->ps, j->num_pages, j->scale, j->window, j->out);
 }
 
 static void FN(attend_heads)(void *p, int part, int parts) { /* one request, a run of kv heads */
     const struct FN(attend_job) *j = p;
     FN(attend_rows)(j->q, j->k_pool, j->v_pool, j->table, j->table_stride, j->lens, 0, 1, j->hq,
                     j->hkv, j->hkv * part / parts, j->hkv * (part + 1) / parts, j->d, j->ps,
-                    j->num_pages, j->scale, j->out);
+                    j->num_pages, j->scale, j->window, j->out);
 }
 #endif
 
-void FN(decode_attention)(const scalar_t *q, const kv_t *k_pool, const kv_t *v_pool,
-                          const int32_t *table, int64_t table_stride, const int32_t *lens,
-                          int64_t b, int64_t hq, int64_t hkv, int64_t d, int64_t ps,
-                          int64_t num_pages, float scale, scalar_t *out) {
+/* decode_attention with a window (0: none; attend_rows) */
+static void FN(decode_attention_window)(const scalar_t *q, const kv_t *k_pool, const kv_t *v_pool,
+                                        const int32_t *table, int64_t table_stride,
+                                        const int32_t *lens, int64_t b, int64_t hq, int64_t hkv,
+                                        int64_t d, int64_t ps, int64_t num_pages, float scale,
+                                        int64_t window, scalar_t *out) {
 #ifdef _OPENMP
     if (b > 1 && attention_runner && omp_get_max_threads() > 1) {
         struct FN(attend_job) j = {q, k_pool, v_pool, table, lens, table_stride, b, hq, hkv, d,
-                                   ps, num_pages, scale, out};
+                                   ps, num_pages, scale, out, window};
         int parts = omp_get_max_threads();
         attention_runner(FN(attend_part), &j, parts < b ? parts : (int)b);
         return;
@@ -217,7 +232,7 @@ void FN(decode_attention)(const scalar_t *q, const kv_t *k_pool, const kv_t *v_p
     if (b == 1 && hkv > 1 && lens[0] >= MIN_LEN_TO_SPLIT && attention_runner &&
         omp_get_max_threads() > 1) {
         struct FN(attend_job) j = {q, k_pool, v_pool, table, lens, table_stride, b, hq, hkv, d,
-                                   ps, num_pages, scale, out};
+                                   ps, num_pages, scale, out, window};
         int parts = omp_get_max_threads();
         attention_runner(FN(attend_heads), &j, parts < hkv ? parts : (int)hkv);
         return;
@@ -229,11 +244,20 @@ void FN(decode_attention)(const scalar_t *q, const kv_t *k_pool, const kv_t *v_p
         {
             int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
             FN(attend_rows)(q, k_pool, v_pool, table, table_stride, lens, b * id / nt,
-                            b * (id + 1) / nt, hq, hkv, 0, hkv, d, ps, num_pages, scale, out);
+                            b * (id + 1) / nt, hq, hkv, 0, hkv, d, ps, num_pages, scale, window,
+                            out);
         }
         return;
     }
 #endif
     FN(attend_rows)(q, k_pool, v_pool, table, table_stride, lens, 0, b, hq, hkv, 0, hkv, d, ps,
-                    num_pages, scale, out);
+                    num_pages, scale, window, out);
+}
+
+void FN(decode_attention)(const scalar_t *q, const kv_t *k_pool, const kv_t *v_pool,
+                          const int32_t *table, int64_t table_stride, const int32_t *lens,
+                          int64_t b, int64_t hq, int64_t hkv, int64_t d, int64_t ps,
+                          int64_t num_pages, float scale, scalar_t *out) {
+    FN(decode_attention_window)(q, k_pool, v_pool, table, table_stride, lens, b, hq, hkv, d, ps,
+                                num_pages, scale, 0, out);
 }

@@ -1365,10 +1365,33 @@ struct q_proj { /* q_matmul's leading arguments for one weight */
 
 struct q_chain_layer {
     struct q_proj qkv, o, gate_up, down;
-    const void *norm1, *norm2; /* the input and post-attention RMSNorm weights */
+    const void *norm1, *norm2; /* the input and post-attention (pre-MLP) RMSNorm weights */
     void *k_pool, *v_pool;
     float scale;
+    /* a family's extras, NULL where it has none: each query and key head's RMSNorm weights
+       (before the rotary), the norms of the attention's and the MLP's outputs (sandwich),
+       and this layer's own rope_decode arguments (its rotary tables, pages, window) */
+    const void *q_norm, *k_norm, *post_attn, *post_mlp, *step;
+    /* a qkv or gate | up of parts in different formats (a Q4_K_M file's v): the further
+       parts (out 0: none), each into the columns after the one before; *_row: all the parts'
+       outputs */
+    struct q_proj qkv_rest[2], gate_up_rest[2];
+    int64_t qkv_row, gate_up_row;
 };
+
+/* y [n][row] = x W for a product of up to three parts (p, then rest's), of q_matmul */
+static int chain_product(const struct q_proj *p, const struct q_proj *rest, int64_t row,
+                         const void *x, int64_t n, void *y, int bf16, void *scratch) {
+    int64_t col = 0;
+    for (int k = 0; k < 3; k++, p = rest + k - 1) {
+        if (!p->out) break;
+        int rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, x, bf16,
+                          n, (uint8_t *)y + col * (bf16 ? 2 : 4), row, bf16, scratch, 0, 0);
+        if (rc) return rc;
+        col += p->out;
+    }
+    return 0;
+}
 
 struct q_chain {
     int64_t layers, rows, hidden, bf16; /* bf16: the model's dtype (else float32) */
@@ -1380,37 +1403,60 @@ struct q_chain {
     /* [rows][...] buffers: h (the residual stream, updated in place), x (a norm's output),
        qkv, att (attention's output), o, gu (gate | up), down (the MLP's output) */
     void *h, *x, *qkv, *att, *o, *gu, *down, *scratch;
+    /* the family: the head norms' kernel (NULL: no head norms), sandwich norms (`norm` is
+       then fused.py's offset_add_rms_norm: the added output normed by the weight in the bias
+       argument), the gate's activation (q_matmul's `swiglu`: 1 SiLU, 2 GELU-tanh), and the
+       query / kv heads and head size */
+    chain_norm_fn head_norm;
+    int64_t sandwich, act, hq, hkv, d;
 };
 
-/* Every layer of a decode-only step of a Llama-family model without biases, as the Python
-   forward runs it (the same kernels on the same inputs in the same order, so the same bits):
+/* q and k heads of each row of qkv [n][row] normed in place (their RMSNorm, `head_norm`) */
+static void chain_head_norms(const struct q_chain *c, const struct q_chain_layer *L,
+                             int64_t row) {
+    int64_t size = c->bf16 ? 2 : 4, d = c->d;
+    for (int64_t r = 0; r < c->rows; r++) {
+        uint8_t *q = (uint8_t *)c->qkv + r * row * size, *k = q + c->hq * d * size;
+        c->head_norm(q, NULL, NULL, L->q_norm, q, c->hq, d, c->eps);
+        c->head_norm(k, NULL, NULL, L->k_norm, k, c->hkv, d, c->eps);
+    }
+}
+
+/* Every layer of a decode-only step of a decoder without biases, as the Python forward runs
+   it (the same kernels on the same inputs in the same order, so the same bits):
      x = add_norm(h, down_prev, norm1); qkv = x W_qkv; att = rope_decode(qkv);
-     o = att W_o; x = add_norm(h, o, norm2); gu = x W_gate_up; down = swiglu(gu) W_down.
-   The caller adds the last layer's `down` into h. Returns 0, or q_matmul's error code. */
+     o = att W_o; x = add_norm(h, o, norm2); gu = x W_gate_up; down = act(gu) W_down,
+   with the family's extras where set: q / k head norms before rope_decode, a layer's own
+   rope_decode arguments, sandwich norms (the added o and down normed first: `norm` is then
+   offset_add_rms_norm, whose bias argument is the added output's norm weight).
+   The caller adds the last layer's `down` (sandwich: normed by its post_mlp) into h. Returns
+   0, or q_matmul's error code. */
 int q_decode_chain(const struct q_chain *c) {
     int64_t n = c->rows;
     int y_bf16 = (int)c->bf16, rc;
     for (int64_t i = 0; i < c->layers; i++) {
         const struct q_chain_layer *L = c->layer + i;
         const struct q_proj *p;
-        c->norm(c->h, i ? c->down : NULL, NULL, L->norm1, c->x, n, c->hidden, c->eps);
-        p = &L->qkv;
-        rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, c->x,
-                      y_bf16, n, c->qkv, p->out, y_bf16, c->scratch, 0, 0);
+        const void *added = c->sandwich && i ? L[-1].post_mlp : NULL;
+        c->norm(c->h, i ? c->down : NULL, added, L->norm1, c->x, n, c->hidden, c->eps);
+        int64_t row = L->qkv_row;
+        rc = chain_product(&L->qkv, L->qkv_rest, row, c->x, n, c->qkv, y_bf16, c->scratch);
         if (rc) return rc;
-        c->attn(c->attn_step, c->qkv, L->qkv.out, L->k_pool, L->v_pool, L->scale, c->att);
+        if (L->q_norm) chain_head_norms(c, L, row);
+        c->attn(L->step ? L->step : c->attn_step, c->qkv, row, L->k_pool, L->v_pool, L->scale,
+                c->att);
         p = &L->o;
         rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, c->att,
                       y_bf16, n, c->o, p->out, y_bf16, c->scratch, 0, 0);
         if (rc) return rc;
-        c->norm(c->h, c->o, NULL, L->norm2, c->x, n, c->hidden, c->eps);
-        p = &L->gate_up;
-        rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, c->x,
-                      y_bf16, n, c->gu, p->out, y_bf16, c->scratch, 0, 0);
+        c->norm(c->h, c->o, c->sandwich ? L->post_attn : NULL, L->norm2, c->x, n, c->hidden,
+                c->eps);
+        rc = chain_product(&L->gate_up, L->gate_up_rest, L->gate_up_row, c->x, n, c->gu, y_bf16,
+                           c->scratch);
         if (rc) return rc;
         p = &L->down;
         rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, c->gu,
-                      y_bf16, n, c->down, p->out, y_bf16, c->scratch, 0, 1);
+                      y_bf16, n, c->down, p->out, y_bf16, c->scratch, 0, (int)c->act);
         if (rc) return rc;
     }
     return 0;
