@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from grammar.automata import native_dfa
 from grammar.automata.lazy_dfa import DEAD, START, LazyDFA, over_budget
 from grammar.automata.lazy_dfa import byte_classes as _byte_classes
 from grammar.automata.nfa import NFA
@@ -301,6 +302,37 @@ def _gather_table(
 
 
 def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
+    """The whole DFA of `nfa` from `start`: built in C (`native_dfa.eager_rows`), or here when
+    C is off or unavailable."""
+    rows = native_dfa.eager_rows(nfa, start, max_states, over_budget)
+    if rows is not None:
+        return _from_byte_rows(*rows, nfa.dead_end_possible)
+    return _nfa_to_dfa_py(nfa, start, max_states)
+
+
+def _from_byte_rows(table: np.ndarray, accepting: np.ndarray, dead_ends: bool) -> ByteDFA:
+    """A ByteDFA from a byte-indexed table (state 0 DEAD, 1 the start): dead ends pruned when
+    some NFA piece matches nothing, then bytes whose columns are equal share a class (as few
+    classes as the table allows: at most the Python construction's)."""
+    if table.shape[0] < 2:
+        raise GrammarError("the constraint matches nothing")
+    if dead_ends:  # (before the classes: a pruned column may equal another)
+        table, accepting = _prune_dead_ends(table, accepting)
+    columns = np.ascontiguousarray(table.T)  # a byte's column as one bytes key (np.unique
+    # with an axis sorts void records: ~100x slower)
+    class_of: dict[bytes, int] = {}
+    byte_to_class = np.array(
+        [class_of.setdefault(c.tobytes(), len(class_of)) for c in columns], dtype=np.int32
+    )
+    first = np.zeros(len(class_of), dtype=np.int64)
+    first[byte_to_class[::-1]] = np.arange(255, -1, -1)  # each class's first byte
+    table = np.ascontiguousarray(table[:, first])
+    if not table[START].any() and not accepting[START]:
+        raise GrammarError("the constraint matches nothing")
+    return ByteDFA(table=table, byte_to_class=byte_to_class, accepting=accepting)
+
+
+def _nfa_to_dfa_py(nfa: NFA, start: int, max_states: int) -> ByteDFA:
     nfa.materialize()
     eps, edges, final = nfa.eps, nfa.edges, nfa.final
     n_classes, byte_to_class, mask_classes = _class_layout(edges)

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import array
 import ctypes
+import itertools
 import logging
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,7 @@ SIGNATURES: native_build.Signatures = {
     "subset_add_embedded": (_I64, [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64]),
     "subset_add_copies": (_I64, [_PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64]),
     "subset_block_fills": (_I64, [_PTR]),
+    "subset_expand_all": (_I64, [_PTR, _PTR, _PTR, _I64]),
     "product_explore": (_I64, [_I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64]),
 }
 LIBRARY = native_build.OptionalLibrary(
@@ -117,6 +119,57 @@ def product_rows(
     if count < 0:
         raise MemoryError("product automaton: out of memory")
     return rows[:count].copy(), states[:count].copy()
+
+
+def eager_rows(
+    nfa: NFA, start: int, max_states: int, over_budget: Callable[[int], GrammarError]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The whole DFA of `nfa` from `start` built in C (fsm.nfa_to_dfa's eager construction):
+    (table int32 [n, 256], accepting bool [n]), state 0 DEAD and 1 the start (n == 1: the start's
+    closure is empty); None when C is off or unavailable. Deferred pieces are built first and
+    every NFA state is handed over in one call; the states of lazily filled blocks are filled by
+    the core, never in Python. Raises `over_budget(max_states)` past `max_states` states."""
+    core = new_core(nfa, max_states) if enabled() else None
+    if core is None:
+        return None
+    nfa.materialize(blocks=False)
+    core.send_all()
+    cap = 1024
+    arrays = _dfa_arrays(cap)
+    arrays[0][0] = 0  # DEAD's row (the core numbers DEAD but never writes its row)
+    core.bind(*arrays)
+    if core.start(start) == -1:
+        raise over_budget(max_states)
+    at = ctypes.c_int64(1)
+    while True:
+        status = core._lib.subset_expand_all(
+            core._ptr, ctypes.addressof(at), core._missing_ptr, _MISSING_CAP
+        )
+        if status == 0:
+            break
+        if status == -1 - NO_ROOM:  # room for NEW_PER_EXPAND more: the arrays doubled
+            cap *= 2
+            grown = _dfa_arrays(cap)
+            n = core.num_states
+            for old, new in zip(arrays, grown, strict=True):
+                new[:n] = old[:n]
+            arrays = grown
+            core.bind(*arrays)
+        elif status == -1 - OVER_BUDGET:
+            raise over_budget(max_states)
+        else:
+            core._ask(status)
+    n = core.num_states
+    return arrays[0][:n].copy(), arrays[1][:n].copy()
+
+
+def _dfa_arrays(cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A DFA's arrays the core writes, with room for `cap` states: table, accepting, live,
+    forced."""
+    return (
+        np.empty((cap, 256), dtype=np.int32), np.zeros(cap, dtype=bool),
+        np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32),
+    )  # fmt: skip
 
 
 def new_core(nfa: NFA, max_states: int) -> SubsetCore | None:
@@ -257,6 +310,38 @@ class SubsetCore:
             if n == 0:
                 return
             self._send(self._missing[:n])
+
+    def send_all(self) -> None:
+        """Hand over every NFA state filled so far (an eager construction: the states of
+        lazily filled blocks the NFA has not filled are filled by the core). Flat lists, one
+        call: no per-state round trip."""
+        nfa = self._nfa
+        eps, edges = nfa.eps, nfa.edges
+        ids = [x for x, e in enumerate(edges) if e is not None and x not in self._sent]
+        self._sent.update(ids)
+        e_of = [edges[x] for x in ids]
+        p_of = [eps[x] for x in ids]
+        flat = list(itertools.chain.from_iterable(e_of))
+        eps_t = list(itertools.chain.from_iterable(p_of))
+        to_bytes: dict[int, bytes] = {}
+        for m in flat[::2]:
+            if m not in to_bytes:
+                to_bytes[m] = m.to_bytes(32, "little")
+        raw = b"".join([to_bytes[m] for m in flat[::2]])
+        buf = array.array("q", ids)
+        buf.extend([len(p) for p in p_of])
+        buf.extend([len(e) >> 1 for e in e_of])
+        buf.extend(eps_t)
+        buf.extend(flat[1::2])
+        at, n = buf.buffer_info()[0], len(ids)
+        status = self._lib.subset_add(
+            self._ptr, n, at, at + 8 * n, at + 16 * n, at + 24 * n, raw,
+            at + 8 * (3 * n + len(eps_t)),
+        )  # fmt: skip
+        if status:
+            raise MemoryError("subset core: out of memory")
+        if len(nfa.blocks) > self._n_blocks:
+            self._register_blocks()
 
     def _ask(self, status: int) -> None:
         """Answer a call that stopped for missing states (status -(16 + n): hand them over);

@@ -355,15 +355,17 @@ class NFA:
                     stack.append(y)
         return keep
 
-    def materialize(self) -> None:
-        """Fill every deferred state and every lazily filled block's states (for an eager
-        subset construction)."""
+    def materialize(self, blocks: bool = True) -> None:
+        """Fill every deferred state and (with `blocks`) every lazily filled block's states
+        (for an eager subset construction; the C one fills block states itself)."""
         self._eager += 1  # what the deferred states build is built whole
         try:
             while self._pending:
                 self.fill(next(iter(self._pending)))
         finally:
             self._eager -= 1
+        if not blocks:
+            return
         edges = self.edges
         for block in self._blocks:
             for x in range(block.first, block.first + block.size):

@@ -631,3 +631,20 @@ int64_t subset_missing(core_t *c, const int64_t *states, int64_t n, int64_t *mis
     }
     return n_missing;
 }
+
+/* An eager construction (fsm.nfa_to_dfa, every NFA state handed over first): expand DFA states
+   *at, *at + 1, ... until every numbered state is expanded (0), or until one stops (its status,
+   as `subset_expand`: no room, over budget, out of memory, missing states); *at is then the
+   state that stopped, to be expanded again once the caller has answered. One call for the
+   whole automaton, not one per state. */
+int64_t subset_expand_all(core_t *c, int64_t *at, int64_t *missing, int64_t cap) {
+    for (int64_t i = *at; i < c->n_states; i++) {
+        int64_t r = subset_expand(c, i, missing, cap);
+        if (r < 0) {
+            *at = i;
+            return r;
+        }
+    }
+    *at = c->n_states;
+    return 0;
+}
