@@ -46,6 +46,7 @@ from runtime.models.loader import load_model_files
 from runtime.models.registry import model_class
 from runtime.models.threads import ThreadChooser, chooser_wanted
 from runtime.named_models import resolve_model
+from runtime.options import check_keywords
 from runtime.parallel.shard import local_config, validate
 from runtime.scheduling import healing
 from runtime.scheduling.constrained import ConstraintHooks
@@ -190,6 +191,18 @@ def _local_model(loaded: Any, engine: Engine, quantization: str | None) -> Any:
         )
 
 
+def _local_runner(
+    model: Any, pool: KVPool, device: torch.device, num_threads: int | None,
+    disable_cuda_graph: bool, cuda_graph_bs: Sequence[int] | None, max_running: int,
+) -> ModelRunner:  # fmt: skip
+    """A one-process engine's runner; its thread choice (all threads or one, measured) on a
+    CPU when the thread count was not given."""
+    chooser = ThreadChooser() if chooser_wanted(num_threads, device) else None
+    return ModelRunner.local(model, pool, device, chooser=chooser,
+                             disable_cuda_graph=disable_cuda_graph, batch_sizes=cuda_graph_bs,
+                             max_running=max_running)  # fmt: skip
+
+
 class Engine:
     """A causal LM served from a paged KV pool with a radix prefix cache.
 
@@ -253,7 +266,9 @@ class Engine:
         speculative_draft_model_path: str | None = None,
         speculative_disable_by_batch_size: int | None = None,
         speculative_config: str | Mapping[str, Any] | None = None,
+        **unknown: Any,
     ) -> None:
+        check_keywords("Engine", unknown)  # not in runtime/options.py's table: named
         self.device = resolve_device(device)  # DeviceUnavailableError before any loading
         # speculative decoding (runtime/speculative): the speculative_* keywords (SGLang's, and
         # vLLM's dict); None: off. Checked before any loading (the error names the option).
@@ -306,15 +321,9 @@ class Engine:
                            allocate=not self.parallel, window_pages=window_pages,
                            device="cpu" if self.parallel else self.device)  # fmt: skip
         # the one owner of the model at run time (device/runner.py): the scheduler calls it
-        if self.parallel:
-            self.runner = ModelRunner.parallel(driver, self.device)
-        else:  # the thread choice: all threads or one, measured (CPU, thread count not given)
-            chooser = ThreadChooser() if chooser_wanted(num_threads, self.device) else None
-            self.runner = ModelRunner.local(
-                model, self.pool, self.device, chooser=chooser,
-                disable_cuda_graph=disable_cuda_graph, batch_sizes=cuda_graph_bs,
-                max_running=max_running_requests,
-            )  # fmt: skip
+        self.runner = ModelRunner.parallel(driver, self.device) if self.parallel else _local_runner(
+            model, self.pool, self.device, num_threads, disable_cuda_graph, cuda_graph_bs,
+            max_running_requests)  # fmt: skip
         self.tree = RadixCache(page_size, self.pool.free) if enable_radix_cache else None
         self.hicache = _make_hicache(
             self.pool, self.tree, self.model_fingerprint, hicache_storage_backend,

@@ -57,3 +57,11 @@ class DeviceUnavailableError(EngineError, ValueError):
 class KVPoolTooLargeError(EngineError, ValueError):
     """The KV pool asked for (`--mem-budget-gb`, `--max-total-tokens`) is more than the
     machine has available."""
+
+
+class UnknownOptionError(EngineError, TypeError):
+    """A keyword that is not an engine option (runtime/options.py); `name` is the keyword."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name

@@ -19,11 +19,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from runtime import options
 from runtime.cluster.cluster import Cluster, ClusterConfig
 from runtime.cluster.errors import ClusterError
 from runtime.cluster.gateway import POLICIES
 
 logger = logging.getLogger("runtime.cluster")
+# passed on to every replica when not the default (the transfer backend: in PD mode)
+REPLICA_FLAGS = ("tp_size", "pp_size", "ep_size", "device")
 
 
 class _StopRequested(BaseException):
@@ -40,13 +43,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--prefill", type=int, default=0, help="PD mode: prefill servers (with --decode)"
     )
     p.add_argument("--decode", type=int, default=0, help="PD mode: decode servers")
-    p.add_argument(
-        "--disaggregation-transfer-backend",
-        choices=("tcp", "mooncake"),
-        default="tcp",
-        help="PD mode: how the servers move KV pages (passed to every server)",
-    )
-    p.add_argument("--model", default=None, help="model folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--policy", choices=POLICIES, default="cache_aware", help="routing policy")
     p.add_argument("--host", default="127.0.0.1", help="where the router listens")
     p.add_argument("--port", type=int, default=30000, help="router port (0: a free one)")
@@ -59,14 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--health-check-interval", type=int, default=5, help="router's, in seconds")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds per replica")
     p.add_argument("--log-level", default="info")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel ranks per replica")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages per replica")
-    p.add_argument("--ep", type=int, default=1, help="expert parallel ranks per replica")
-    p.add_argument(
-        "--device",
-        default=None,
-        help="every replica's --device (auto, cpu, cuda, cuda:N; default: the server's, auto)",
-    )
+    # the replicas' engine flags that the cluster passes on (runtime/options.py's table)
+    titles = {group: f"every replica's {title}" for group, title in options.GROUPS.items()}
+    options.add_flags(p, [o for o in options.OPTIONS if o.cluster], cluster=True, titles=titles)
     return p.parse_args(argv)
 
 
@@ -80,13 +71,12 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
         host=args.host,
         port=args.port,
         server_args=shlex.split(args.server_args)
-        + [f"--{k}={v}" for k, v in (("tp", args.tp), ("pp", args.pp), ("ep", args.ep)) if v > 1]
+        + options.forwarded_flags(args, REPLICA_FLAGS)
         + (
             ["--disaggregation-transfer-backend", args.disaggregation_transfer_backend]
             if args.prefill
             else []
-        )
-        + ([f"--device={args.device}"] if args.device else []),  # fmt: skip
+        ),
         log_dir=args.log_dir,
         startup_timeout_s=args.startup_timeout,
         health_check_interval_s=args.health_check_interval,

@@ -19,10 +19,13 @@ import signal
 import sys
 import time
 
+from runtime import options
 from runtime.config import load_config
 from runtime.parallel.shard import validate
 from runtime.workers.layout import Layout
 from runtime.workers.worker import spawn
+
+RANK_FLAGS = ("tp_size", "pp_size", "ep_size", "nnodes", "node_rank", "dist_init_addr")
 
 
 def run_node(model: str, tp_size: int, pp_size: int, ep_size: int, nnodes: int,
@@ -50,20 +53,21 @@ def run_node(model: str, tp_size: int, pp_size: int, ep_size: int, nnodes: int,
     return max(abs(proc.returncode) for proc in procs)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m runtime.workers.launch", description=__doc__)
     p.add_argument("--model", required=True, help="the model folder (same as node 0's)")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--nnodes", type=int, required=True)
-    p.add_argument("--node-rank", type=int, required=True)
-    p.add_argument("--dist-init-addr", required=True, help="HOST:PORT of node 0")
+    # the ranks' sizes and rendezvous: the server's flags (runtime/options.py's table)
+    options.add_flags(p, [options.option(n) for n in RANK_FLAGS], required=RANK_FLAGS[3:])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="as node 0's engine: cuda puts each rank on cuda:<local rank>")  # fmt: skip
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
-    return run_node(a.model, a.tp, a.pp, a.ep, a.nnodes, a.node_rank, a.dist_init_addr,
-                    a.device)  # fmt: skip
+    return run_node(a.model, a.tp_size, a.pp_size, a.ep_size, a.nnodes, a.node_rank,
+                    a.dist_init_addr, a.device)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ LAYERS = [
     ("runtime.parallel",),
     ("runtime.models",),
     ("runtime.device",),
+    ("runtime.options",),
     ("runtime.workers",),
     ("runtime.scheduling",),
     ("runtime.disaggregation",),
