@@ -248,3 +248,44 @@ def test_tool_call_benchmark_accepts_no_invalid_call(capsys) -> None:
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 3 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[-2].startswith("0 of ") and cells[-1].startswith("0 of "), row
+
+
+def _const_tag(begin: str, value: str, end: str = "</f>") -> dict:
+    return {"type": "tag", "begin": begin, "content": {"type": "const_string", "value": value},
+            "end": end}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", ["triggered_tags", "tags_with_separator"])
+def test_tags_sharing_their_begins_keep_each_begin_with_its_own_content(shape) -> None:
+    """The begins are written once as a trie (`spec.any_tag`): a begin that is a prefix of
+    another, two tags with the same begin, and begins that differ only at the end still each
+    take only their own content."""
+    tags = [
+        _const_tag("<f=a>", "A"),
+        _const_tag("<f=ab>", "AB"),
+        _const_tag("<f=ab>", "ab2"),
+        _const_tag("<f=abc>", "ABC"),
+        _const_tag("<f=b>", "B"),
+    ]
+    fmt = {"type": shape, "tags": tags}
+    if shape == "triggered_tags":
+        fmt["triggers"] = ["<f="]
+    else:
+        fmt["separator"] = ","
+    g = compile_structural_tag({"type": "structural_tag", "format": fmt}, deepseek_vocab())
+    pairs = [(t["begin"], t["content"]["value"]) for t in tags]
+    for begin, value in pairs:
+        assert _accepts(g, f"{begin}{value}</f>"), (begin, value)
+    for begin, _ in pairs:
+        for _, value in pairs:
+            if (begin, value) not in pairs:
+                assert not _accepts(g, f"{begin}{value}</f>"), (begin, value)
+    assert not _accepts(g, "<f=a>A</g>")  # the shared end is still required
+
+
+def test_tags_with_different_ends_keep_their_own_end() -> None:
+    tags = [_const_tag("<f=a>", "x", "</a>"), _const_tag("<f=b>", "x", "</b>")]
+    fmt = {"type": "triggered_tags", "triggers": ["<f="], "tags": tags}
+    g = compile_structural_tag({"type": "structural_tag", "format": fmt}, deepseek_vocab())
+    assert _accepts(g, "<f=a>x</a>") and _accepts(g, "<f=b>x</b>")
+    assert not _accepts(g, "<f=a>x</b>") and not _accepts(g, "<f=b>x</a>")
