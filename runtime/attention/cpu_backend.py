@@ -11,11 +11,14 @@ layer whose window no sequence of the step outgrows (every query sees all its ke
 causal attention and takes the planned paths too (`_as_plain`; a layer kept in the window pages:
 the fused decode kernel on the mapped page tables, its extend the general path).
 
-Every path gives the reference's numbers up to float rounding (greedy tokens unchanged). MLA
-latents, sliding windows a sequence outgrows and soft-capping take the torch backend's paths
-(reference kernels, `torch_backend.general_attention`): correct, not planned. docs/engine.md
-says why: the planned kernels take equal-width K / V pools, read from position 0 through the
-global page table, and have no tanh cap.
+Sliding windows a sequence outgrows and soft-capped scores go through the C window kernel
+(`kernels/cpu/window.py`: each query's window read once per block of query rows, no page
+before it touched), decode rows and extend chunks alike. Every path gives the reference's
+numbers up to float rounding (greedy tokens unchanged). MLA latents, and windows or caps over
+an fp8 pool (or with `fused=False`), take the torch backend's paths (reference kernels,
+`torch_backend.general_attention`): correct, not planned. docs/engine.md says why: the planned
+kernels take equal-width K / V pools, read from position 0 through the global page table, and
+have no tanh cap.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from runtime.attention.base import LayerSpec, Rotary
 from runtime.attention.torch_backend import TorchBackend
 from runtime.kernels.cascade import CascadePlan, cascade_decode_attention, plan_cascade
 from runtime.kernels.cpu import fused as cpu_fused
+from runtime.kernels.cpu import window as cpu_window
 from runtime.kernels.decode_plan import DecodePlan, plan_decode, planned_decode_attention
 from runtime.kernels.prefix_extend import (
     PrefixExtendPlan,
@@ -47,8 +51,9 @@ if TYPE_CHECKING:
 
 
 class CPUBackend(TorchBackend):
-    """Planned CPU paths; the plan objects below hold for every layer of one step. What it
-    does not plan (MLA latents, windows, soft caps) runs as in the torch backend."""
+    """Planned CPU paths; the plan objects below hold for every layer of one step. Windows and
+    soft caps: the C window kernel; what it does not take (MLA latents, an fp8 pool's windows)
+    runs as in the torch backend."""
 
     name = "cpu"
 
@@ -91,6 +96,8 @@ class CPUBackend(TorchBackend):
         self._rope_decode = None  # at the first layer's rope_attend: it needs the rotary
         self._reach: int | None = None  # the step's longest sequence, at the first window layer
         self._window_rows: cpu_fused.DecodeRows | None = None  # decode rows in window pages
+        # (decode?, window pages?) -> int32 page table, prefix and new lengths (cpu_window)
+        self._chunk_rows: dict[tuple[bool, bool], tuple[torch.Tensor, ...]] = {}
 
     def _plan_extend(self, group: int) -> None:
         """The extend paths for every layer of this step; `group`: query heads per KV head."""
@@ -204,6 +211,32 @@ class CPUBackend(TorchBackend):
             self._window_rows = cpu_fused.DecodeRows.of(table, self.batch.decode_seq_lens)
         return cpu_fused.decode_attention(q, k, v, self._window_rows, scale)
 
+    def _windowed(
+        self, layer: int, q: torch.Tensor, spec: LayerSpec, decode: bool
+    ) -> torch.Tensor | None:
+        """The decode rows or extend chunks of a windowed or capped layer through the C
+        kernel (cpu_window: only the keys of each query's window read); None where it does not
+        take them (fp8 pool, no compiler, `fused=False`): the reference then."""
+        if not self._fused:
+            return None
+        paged = self.pool.window_layer[layer]
+        key = (decode, paged)
+        if key not in self._chunk_rows:
+            b, tables = self.batch, self.tables(layer)
+            if decode:
+                table, n = tables.decode_page_table, torch.ones_like(b.decode_seq_lens)
+                prefix = b.decode_seq_lens - 1
+            else:
+                table, prefix, n = tables.extend_page_table, b.extend_prefix_lens, b.extend_lens
+            self._chunk_rows[key] = tuple(
+                t.to(torch.int32).contiguous() for t in (table, prefix, n)
+            )
+        table, prefix, n = self._chunk_rows[key]
+        k, v = self.pool.k[layer], self.pool.v[layer]
+        return cpu_window.attention(
+            q, k, v, table, prefix, n, spec.scale, spec.window, spec.soft_cap
+        )
+
     def decode(self, layer: int, q: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
         if not spec.plain:
             plain = self._as_plain(spec)
@@ -214,7 +247,8 @@ class CPUBackend(TorchBackend):
             elif plain.plain:
                 spec = plain
         if not spec.plain:
-            return super().decode(layer, q, spec)
+            out = self._windowed(layer, q, spec, decode=True)
+            return super().decode(layer, q, spec) if out is None else out
         b, k, v = self.batch, self.pool.k[layer], self.pool.v[layer]
         if self.cascade is not None:
             return cascade_decode_attention(
@@ -234,7 +268,8 @@ class CPUBackend(TorchBackend):
         if not spec.plain and not self.pool.window_layer[layer]:  # (window pages: general)
             spec = self._as_plain(spec)
         if not spec.plain:
-            return super().extend(layer, q, spec)
+            out = self._windowed(layer, q, spec, decode=False)
+            return super().extend(layer, q, spec) if out is None else out
         k, v = self.pool.k[layer], self.pool.v[layer]
         if not self._extend_planned:
             self._plan_extend(q.shape[1] // k.shape[2])

@@ -101,6 +101,14 @@ def library(portable: bool = False) -> ctypes.CDLL | None:
         return lib
 
 
+def pool_runner() -> int | None:
+    """The address of this library's `q_pool_run(fn, args, parts)` (the threads the quantized
+    products run on) where it is loaded, for another library's kernels to split over the same
+    threads instead of opening an OpenMP team beside them; None where it is not loaded."""
+    lib = _libs.get(False)
+    return None if lib is None else ctypes.cast(lib.q_pool_run, ctypes.c_void_p).value
+
+
 def _lib(portable: bool = False) -> ctypes.CDLL:
     lib = library(portable)
     if lib is None:
