@@ -63,11 +63,15 @@ def plan_cascade(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: in
         shared = int(same.long().cumprod(0).sum()) if full else 0
         shared_tokens = shared * page_size
         longest_tail = int(lens[idx].max()) - shared_tokens
+        # the requests reading the prefix: one request's verify rows (its drafts as decode
+        # rows) have the same page table and count once, as the one-call decode path that a
+        # group turns off costs them more than their repeated reads of their own pages
+        readers = int(torch.unique(pt, dim=0).shape[0])
         # worth it only when the shared part dominates: the merge costs more than a short read
         if (
             shared < MIN_SHARED_PAGES
             or shared_tokens < MIN_SHARED_TO_TAIL * longest_tail
-            or shared_tokens * (len(rows) - 1) < MIN_TOKENS_SAVED
+            or shared_tokens * (readers - 1) < MIN_TOKENS_SAVED
         ):
             singles.extend(rows)
             continue
