@@ -49,8 +49,9 @@ class StepPlan:
         return bool(self.decodes or self.extends or self.verifies)
 
 
-VERIFY_DECODE_ROWS = 4  # verifies of at most this many tokens run as decode rows (--verify-ab:
-# 2-4 rows took half an extend's time, 5-9 rows more than an extend, loaded 2-core machine)
+VERIFY_DECODE_ROWS = 16  # verifies of at most this many tokens run as decode rows (--verify-ab,
+# one thread: 2-16 rows 0.5-0.8 of an extend's time, once one request's rows stopped forming a
+# cascade group, which had turned the one-call decode path off from 5 rows at 512 tokens)
 
 
 def _verify_rows(item: VerifyItem) -> int:

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 RETIRED = 8  # finished requests whose draft KV is kept for a request with the same head
 MAX_CATCH_UP = 1024  # tokens of one request the draft computes in one round, at most
-DECODE_ROWS = 4  # a round's catch-up of at most this many tokens runs as decode rows
+DECODE_ROWS = 16  # a round's catch-up of at most this many tokens runs as decode rows
 
 
 @dataclass(slots=True)
