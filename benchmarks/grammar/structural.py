@@ -10,7 +10,9 @@ then, at each size, the built-in structural tags of Qwen3-Coder (XML parameters)
 (Harmony channels), `runtime.server.tools.builtin_structural_tag(family, tools)` with tool_choice
 auto, walked with calls written by the family's own renderer (Qwen3-Coder: only the schemas its
 XML style can write; a size over their number reuses them under other tool names, and the label
-says how many distinct schemas there are).
+says how many distinct schemas there are); arguments in the schema's property order, and an
+invalid instance left out when its text reads back through the family's parser as valid (an
+XML value "5" written for a string property reads as the string "5").
 For each size: compile time (cold: every cache dropped), first mask, the mask times along walks
 of valid outputs (free text, then a call with a schema-valid instance, then free text; each
 mask timed the first time the walks reach it, and again on a second pass: "warm"; "CPU": the
@@ -265,17 +267,47 @@ def family_walks(family: str, cases: list) -> tuple[list[str], list[str]]:
     step = max(1, len(cases) // CALLED_TOOLS)
     for i in range(0, len(cases), step)[:CALLED_TOOLS]:
         c = cases[i]
-        good = [x for x, ok in c.tests if ok and isinstance(x, dict)][:PER_TOOL]
-        bad = [x for x, ok in c.tests if not ok and isinstance(x, dict)][:PER_TOOL]
+        # in the schema's property order, as `tool_walks` writes them (the grammar keeps it)
+        good = [_ordered(c, x) for x, ok in c.tests if ok and isinstance(x, dict)][:PER_TOOL]
+        bad = [_ordered(c, x) for x, ok in c.tests if not ok and isinstance(x, dict)][:PER_TOOL]
         for x in good:
             valid.append(f"Let me look that up. {fmt.render([(f'tool_{i}', x)])} Here it is.")
         for x in bad:
-            invalid.append(fmt.render([(f"tool_{i}", x)]))
+            text = fmt.render([(f"tool_{i}", x)])
+            if not _reads_valid(family, text, f"tool_{i}", c.schema):
+                invalid.append(text)
         if good:
             call = fmt.render([(f"tool_{i}", good[0])])
             invalid.append(call.replace(f"tool_{i}", f"tool_x{i}", 1))  # undeclared tool
             invalid.append("ok " + call[: len(call) - len(fmt.call_end + fmt.block_end)])
     return valid, invalid
+
+
+def _reads_valid(family: str, text: str, name: str, schema: Any) -> bool:
+    """The call `text` (written from a schema-invalid instance) reads back, through the
+    family's own parser, as schema-valid arguments: an XML style writes a string "5" and
+    the number 5 alike, so that text is a valid call, not an invalid one."""
+    import jsonschema
+
+    from runtime.server.tools.registry import get_parser
+
+    _, calls = get_parser(family).parse(text, [_tool_obj(name, schema)])
+    if len(calls) != 1:
+        return False
+    args = json.loads(calls[0]["function"]["arguments"])
+    return jsonschema.Draft202012Validator(schema).is_valid(args)
+
+
+def _tool_obj(name: str, schema: Any) -> Any:
+    from runtime.server.protocol import Tool
+
+    return Tool.model_validate(
+        {"type": "function", "function": {"name": name, "parameters": schema}}
+    )
+
+
+def _ordered(case: Case, instance: dict) -> dict:
+    return json.loads(serialise(case.schema, instance))
 
 
 def warm_up_family(engine: Any, tok: Any, family: str) -> None:
