@@ -1028,6 +1028,7 @@ Q_INLINE void pk_group_rows(const int t, const uint8_t *gp, int64_t nb, const st
 #endif
 
 #include "pk_q8_vnni.h" /* Q8_0 groups against several input rows with AVX-512 VNNI */
+#include "pk_q4_vnni.h" /* Q4_0 / Q4_1 groups against several input rows with VNNI */
 
 /* weight rows [r0, r1) (r0 a multiple of 8) of a packed matrix against every input row */
 Q_INLINE void pk_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64_t rows,
@@ -1042,6 +1043,12 @@ Q_INLINE void pk_rows_of(const int t, const uint8_t *w, int64_t row_bytes, int64
 #ifdef PK_Q8_VNNI
                 if (t == T_Q8_0)
                     pk_q8_rows_vnni(w + r * row_bytes, nb, x, cols, m0,
+                                    m_rows - m0 < PK_MROWS ? m_rows - m0 : PK_MROWS, y, ldy, r);
+                else
+#endif
+#ifdef PK_Q4_VNNI
+                if (t != T_Q8_0)
+                    pk_q4_rows_vnni(t, w + r * row_bytes, nb, x, cols, m0,
                                     m_rows - m0 < PK_MROWS ? m_rows - m0 : PK_MROWS, y, ldy, r);
                 else
 #endif
