@@ -13,7 +13,10 @@ Beyond interegular's own syntax:
   character class gains its characters' other cases), `s` (`.` also matches a line break),
   `u` (Unicode matching: already the default for text patterns) and `m` (multiline: the same
   language when every anchor is at an end, which is the only place anchors are taken).
-  Other letters (`x`, `a`, `L`) are refused by name.
+  Other letters (`x`, `a`, `L`) are refused by name. With `ascii_case` (XGrammar's `Regex()`
+  macro) `i` folds ASCII letters only;
+- named groups `(?P<name>...)` and `(?<name>...)` (ECMAScript's / .NET's spelling): plain
+  groups, the name unused.
 """
 
 from __future__ import annotations
@@ -95,13 +98,14 @@ class UserPattern(ip.ParsePattern):
         return code
 
 
-def parse_user_regex(pattern: str) -> ip.Pattern:
+def parse_user_regex(pattern: str, ascii_case: bool = False) -> ip.Pattern:
     """`pattern` parsed (interegular nodes, flags applied, end anchors dropped, simplified);
-    interegular's own exceptions for what its parser refuses."""
+    interegular's own exceptions for what its parser refuses. `ascii_case`: the `i` flag folds
+    ASCII letters only."""
     parser = UserPattern(_without_u_flag(pattern))
     node = parser.parse()
     if "(?" in pattern:
-        node = _with_flags(node, _NONE, pattern)
+        node = _with_flags(node, _NONE, pattern, ascii_case)
     if parser.anchors:
         node = without_anchors(node, pattern)
     return node.simplify()
@@ -127,6 +131,10 @@ def _without_u_flag(pattern: str) -> str:
                 out.append("[]")
                 i += 2
                 continue
+        elif pattern.startswith("(?<", i) and pattern[i + 3 : i + 4] not in ("=", "!"):
+            out.append("(?P<")  # a named group in ECMAScript's spelling
+            i += 3
+            continue
         elif pattern.startswith("(?", i):
             j = i + 2
             while j < len(pattern) and pattern[j] in "aiLmsux-":
@@ -149,27 +157,31 @@ _S = ip.REFlags.SINGLE_LINE
 _NONE = ip.REFlags(0)
 
 
-def _with_flags(node, flags, pattern: str):
+def _with_flags(node, flags, pattern: str, ascii_case: bool = False):
     """`node` with the i / s flags in force applied to its characters, and no flags left
     (interegular knows i, s and m; it refuses the other letters by name)."""
     tp = type(node)
     if tp is ip.Pattern:
         inner = (flags | node.added_flags) & ~node.removed_flags
-        return ip.Pattern(tuple(_with_flags(o, inner, pattern) for o in node.options))
+        return ip.Pattern(tuple(_with_flags(o, inner, pattern, ascii_case) for o in node.options))
     if tp is ip.Concatenation:
-        return ip.Concatenation(tuple(_with_flags(p, flags, pattern) for p in node.parts))
+        return ip.Concatenation(
+            tuple(_with_flags(p, flags, pattern, ascii_case) for p in node.parts)
+        )
     if tp is ip.Repeated:
-        return ip.Repeated(_with_flags(node.base, flags, pattern), node.min, node.max)
+        return ip.Repeated(_with_flags(node.base, flags, pattern, ascii_case), node.min, node.max)
     if tp is ip.CharGroup and flags & _I:
-        return ip.CharGroup(_other_cases(node.chars), node.negated)
+        return ip.CharGroup(_other_cases(node.chars, ascii_case), node.negated)
     if node is ip.DOT and flags & _S:
         return _ANY
     return node
 
 
-def _other_cases(chars: frozenset[str]) -> frozenset[str]:
+def _other_cases(chars: frozenset[str], ascii_only: bool = False) -> frozenset[str]:
     out = set(chars)
     for c in chars:
+        if ascii_only and not ("a" <= c <= "z" or "A" <= c <= "Z"):
+            continue
         for other in (c.lower(), c.upper(), c.swapcase()):
             if len(other) == 1:
                 out.add(other)

@@ -58,6 +58,7 @@ from grammar.automata.fsm import DEAD, ByteDFA, node_to_dfa
 from grammar.automata.nfa import parse_regex
 from grammar.ebnf import lark_syntax as ls
 from grammar.ebnf.compiler import compile_rules
+from grammar.ebnf.lark_params import expand_parametric
 from grammar.ebnf.lower import chars_node
 from grammar.ebnf.substring import substring_dfa
 from grammar.ebnf.syntax import Alt, Chars, Grammar, Lit, Ref, Regular, Rep, Seq, TokenSet
@@ -137,16 +138,17 @@ def special_token_set(e: ls.SpecialToken, where: str) -> TokenSet:
 def uses_llguidance_syntax(text: str) -> bool:
     """Whether a lark grammar uses an llguidance extension (the route to this module): `%json`,
     `%regex`, `%llguidance`, special tokens, `&` / `~` operators, `{M,N}` repetition,
-    rule attributes, `//` comments or `-` in names. False when the text does not lex."""
+    rule attributes, parametric rules (`name::_`), `//` comments or `-` in names. False when
+    the text does not lex."""
     try:
         toks = ls.tokenize(text)
     except GrammarError:
         return False
     for i, t in enumerate(toks):
         nxt = toks[i + 1].kind if i + 1 < len(toks) else "eof"
-        if t.kind == "keyword" and t.text in ("%json", "%regex", "%llguidance", "%lark"):
+        if t.kind == "keyword" and t.text in ("%json", "%regex", "%llguidance", "%lark", "%if"):
             return True
-        if t.kind in ("special", "&", "{", "grammar_ref"):
+        if t.kind in ("special", "&", "{", "grammar_ref", "::"):
             return True
         if t.kind == "~" and nxt != "number":
             return True
@@ -493,6 +495,7 @@ def compile_llguidance_lark(text: str, vocab: TokenVocabulary, start: str = "sta
 
 def build_llguidance_lark(text: str, vocab: TokenVocabulary, start: str = "start") -> Any:
     """`compile_llguidance_lark` without its cache, for `grammar.compile` (which caches)."""
+    text = expand_parametric(text)
     g, root = LarkLowering(ls.parse_lark(text), text).grammar(start)
     return compile_rules(g, vocab, root, text)
 

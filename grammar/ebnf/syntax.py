@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import partial
 
 from grammar.automata.dfa_ops import DFANode, product
 from grammar.automata.fsm import node_to_dfa
-from grammar.automata.nfa import parse_regex
+from grammar.automata.nfa import parse_regex, parsed_or_refused
+from grammar.automata.regex_syntax import parse_user_regex
 from grammar.ebnf.free_text import free_text_dfa
 from grammar.ebnf.substring import substring_dfa
 from grammar.errors import GrammarError
@@ -553,14 +555,15 @@ _JSON_SAFE = '[^"\\\\\x00-\x1f]*'  # characters a JSON string holds unescaped
 
 def _regex_leaf(pattern: str, flags: str | None, json_string: bool, fail) -> Regular:
     """`Regex(pattern)`: without `flags` the pattern as written, `.` matching every character;
-    with them, `.` stops at a line break unless `s` is given."""
+    with them, `.` stops at a line break unless `s` is given. `i` (a flag or `(?i)`) folds
+    ASCII letters only, as XGrammar does."""
     if flags is not None and not set(flags) <= _REGEX_FLAGS:
         raise fail(
             f"unsupported flags {''.join(sorted(set(flags) - _REGEX_FLAGS))!r} (supported: i, s, u)"
         )
     prefix = "(?s)" if flags is None else (f"(?{flags})" if flags else "")
-    try:
-        node = parse_regex(prefix + pattern)
+    try:  # XGrammar's `i` folds ASCII letters only
+        node = parsed_or_refused(partial(parse_user_regex, ascii_case=True), prefix + pattern)
     except GrammarError as e:
         raise fail(str(e)) from None
     key = ("Regex", pattern, flags, json_string)
