@@ -175,6 +175,39 @@ def test_rope_decode_gives_the_bits_of_rotary_then_attention(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128, 96])  # the vector kernels' head sizes, and another
+@pytest.mark.parametrize("window", [12, 14, 16])
+def test_rope_decode_with_a_window_attends_to_the_last_window_keys(dtype, d, window):
+    """A sliding window in the fused decode step (decode chains of Gemma's local layers): each
+    request attends to its last `window` keys, the window starting inside a page, on a page
+    boundary, or before the first key (a request shorter than the window)."""
+    hq, hkv, ps, lens = 4, 2, 16, [30, 17, 40, 5, 46]
+    b, per, scale = len(lens), 3, 0.125
+    qkv = _rand(b, (hq + 2 * hkv) * d, dtype=dtype, seed=21)
+    cos, sin = _rand(64, d, dtype=dtype, seed=22), _rand(64, d, dtype=dtype, seed=23)
+    table = (torch.arange(b * per).view(b, per) + 1).to(torch.int32)
+    positions = torch.tensor([n - 1 for n in lens])
+    slots = torch.tensor([int(table[i, (n - 1) // ps]) * ps + (n - 1) % ps
+                          for i, n in enumerate(lens)])  # fmt: skip
+    pools = [_rand(b * per + 1, ps, hkv, d, dtype=dtype, seed=s) for s in (24, 25)]
+    rows = cpu_fused.DecodeRows.of(table, torch.tensor(lens))
+    step = cpu_fused.RopeDecode(cos, sin, positions, slots, rows, hq, pools[0], dtype,
+                                window=window)  # fmt: skip
+    got = step(qkv, pools[0], pools[1], scale).float()
+    q = step.q.float()  # the rotated queries; the pools hold the new keys and values
+    k_flat, v_flat = (p.float().view(-1, hkv, d) for p in pools)
+    for i, n in enumerate(lens):
+        keys = torch.arange(max(0, n - window), n)
+        where = table[i, keys // ps].long() * ps + keys % ps
+        k = k_flat[where].repeat_interleave(hq // hkv, dim=1)  # [keys, hq, d]
+        v = v_flat[where].repeat_interleave(hq // hkv, dim=1)
+        p = torch.softmax(torch.einsum("hd,khd->hk", q[i] * scale, k), dim=-1)
+        want = torch.einsum("hk,khd->hd", p, v)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got[i], want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("with_delta", "with_bias"),
     [
