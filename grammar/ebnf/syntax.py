@@ -264,14 +264,14 @@ def _braces(r: _Reader) -> tuple[int, int | None]:
         raise r.error("unterminated {m,n} repetition", start)
     body = r.text[r.pos + 1 : end].replace(" ", "")
     r.pos = end + 1
-    m = re.fullmatch(r"(\d*)(,(\d*))?", body)
+    m = re.fullmatch(r"(\d*)(,(\d*|-1))?", body)  # XGrammar prints {n,-1} for {n,}
     if m is None or (not m.group(1) and not m.group(2)):
         raise r.error(f"bad repetition {{{body}}}", start)
     lo = int(m.group(1)) if m.group(1) else 0
     if m.group(2) is None:
         hi: int | None = lo
     else:
-        hi = int(m.group(3)) if m.group(3) else None
+        hi = int(m.group(3)) if m.group(3) not in ("", "-1") else None
     if hi is not None and hi < lo:
         raise r.error(f"repetition {{{body}}}: the maximum is below the minimum", start)
     if max(lo, hi or 0) > MAX_REPEAT:
