@@ -24,9 +24,13 @@ from grammar.automata import native_dfa
 from grammar.automata.lazy_dfa import DEAD, START, LazyDFA, over_budget
 from grammar.automata.lazy_dfa import byte_classes as _byte_classes
 from grammar.automata.nfa import NFA
+from grammar.automata.nfa_blocks import Embedded, class_masks
 from grammar.errors import GrammarError
 
 DEFAULT_MAX_STATES = 1_000_000
+
+
+_C_FROM = 64  # NFAs with fewer states are determinised here: the C core's set-up costs more
 
 
 def nfa_budget(max_states: int) -> int:
@@ -302,31 +306,37 @@ def _gather_table(
 
 
 def nfa_to_dfa(nfa: NFA, start: int, max_states: int) -> ByteDFA:
-    """The whole DFA of `nfa` from `start`: built in C (`native_dfa.eager_rows`), or here when
-    C is off or unavailable."""
-    rows = native_dfa.eager_rows(nfa, start, max_states, over_budget)
-    if rows is not None:
-        return _from_byte_rows(*rows, nfa.dead_end_possible)
+    """The whole DFA of `nfa` from `start`: built in C (`native_dfa.eager_rows`) when the NFA
+    has at least _C_FROM states, else (or when C is off or unavailable) here."""
+    if len(nfa.eps) >= _C_FROM:
+        rows = native_dfa.eager_rows(nfa, start, max_states, over_budget)
+        if rows is not None:
+            return _from_byte_rows(nfa, *rows)
     return _nfa_to_dfa_py(nfa, start, max_states)
 
 
-def _from_byte_rows(table: np.ndarray, accepting: np.ndarray, dead_ends: bool) -> ByteDFA:
-    """A ByteDFA from a byte-indexed table (state 0 DEAD, 1 the start): dead ends pruned when
-    some NFA piece matches nothing, then bytes whose columns are equal share a class (as few
-    classes as the table allows: at most the Python construction's)."""
+def _from_byte_rows(nfa: NFA, table: np.ndarray, accepting: np.ndarray) -> ByteDFA:
+    """A ByteDFA from the byte-indexed table of `nfa`'s DFA (state 0 DEAD, 1 the start): the
+    byte classes of the NFA's masks (as the Python construction's); dead ends pruned when some
+    NFA piece matches nothing."""
     if table.shape[0] < 2:
         raise GrammarError("the constraint matches nothing")
-    if dead_ends:  # (before the classes: a pruned column may equal another)
-        table, accepting = _prune_dead_ends(table, accepting)
-    columns = np.ascontiguousarray(table.T)  # a byte's column as one bytes key (np.unique
-    # with an axis sorts void records: ~100x slower)
-    class_of: dict[bytes, int] = {}
-    byte_to_class = np.array(
-        [class_of.setdefault(c.tobytes(), len(class_of)) for c in columns], dtype=np.int32
-    )
-    first = np.zeros(len(class_of), dtype=np.int64)
-    first[byte_to_class[::-1]] = np.arange(255, -1, -1)  # each class's first byte
+    masks = {m for es in nfa.edges if es for m in es[::2]}
+    for block in nfa.blocks:  # (their states were filled by the core, not in `edges`)
+        if isinstance(block, Embedded):
+            masks.update(class_masks(block.dfa))
+    class_sets = _byte_classes(sorted(masks))
+    byte_to_class = np.zeros(256, dtype=np.int32)
+    first = np.zeros(len(class_sets), dtype=np.int64)  # a byte of each class
+    for ci, c in enumerate(class_sets):
+        first[ci] = (c & -c).bit_length() - 1
+        while c:
+            low = c & -c
+            byte_to_class[low.bit_length() - 1] = ci
+            c ^= low
     table = np.ascontiguousarray(table[:, first])
+    if nfa.dead_end_possible:
+        table, accepting = _prune_dead_ends(table, accepting)
     if not table[START].any() and not accepting[START]:
         raise GrammarError("the constraint matches nothing")
     return ByteDFA(table=table, byte_to_class=byte_to_class, accepting=accepting)

@@ -5,12 +5,14 @@ Python keeps the NFA's front end (its deferred pieces are built as walks read th
 the core what an expansion needs: an expansion that meets a target whose closure the core lacks
 returns those NFA states; `SubsetCore` fills them in Python (as the Python construction fills
 what it reads), hands them over with the byte edges of each (a 256-bit mask in four 64-bit
-words) and up to _NEIGHBOURS filled states they reach, and expands again. `prepare` does that
+words) and with them the filled states the next expansions would ask for (on an NFA of at
+most _BULK_STATES states every filled state, in one flat call after the start state; on a
+larger one up to _NEIGHBOURS states the asked ones reach), and expands again. `prepare` does that
 for many states at once (a token walk's waiting rows: one round trip, not one per row). The
 states of lazily filled blocks (`nfa_blocks`: embedded automata, copies of a counted piece) are
 filled by the core itself from the block's description (registered as the NFA makes them), so
 only deferred pieces cross over. The NFA's laziness is kept: only the states a walk reaches are
-ever filled or handed over.
+ever filled (handing over a filled state builds nothing).
 
 The token trie walk (`grammar/tokens/native.py`) builds rows in C too: it is handed
 `subset_inline`, which expands a state it meets unbuilt in place when the core has all it needs
@@ -46,6 +48,7 @@ OVER_BUDGET, NO_MEMORY, NO_ROOM = 2, 3, 4  # (csrc/subset.c's statuses)
 NEW_PER_EXPAND = 256  # states one expansion may number: the table must have room for them
 _MISSING_CAP = 4096  # NFA states one call asks for (the rest come with the next call)
 _NEIGHBOURS = 64  # filled NFA states handed over with the asked ones, at most
+_BULK_STATES = 20_000  # an NFA of at most this many states is handed over whole as it fills
 
 _FLAGS = ("-O2", "-march=native", "-fPIC", "-std=gnu11")
 UNITS = [
@@ -134,7 +137,7 @@ def eager_rows(
         return None
     nfa.materialize(blocks=False)
     core.send_all()
-    cap = 1024
+    cap = 2 * NEW_PER_EXPAND
     arrays = _dfa_arrays(cap)
     arrays[0][0] = 0  # DEAD's row (the core numbers DEAD but never writes its row)
     core.bind(*arrays)
@@ -196,6 +199,9 @@ class SubsetCore:
         self._free = weakref.finalize(self, lib.subset_free, self._ptr)
         self._nfa = nfa
         self._sent: set[int] = set()  # NFA states the core has
+        self._upto = 0  # (NFAs of at most _BULK_STATES) states below it checked and handed over
+        self._bulk = False  # hand over filled states in bulk (from the first call after `start`:
+        # a compile hands over only what its start state needs)
         self._missing = (ctypes.c_int64 * _MISSING_CAP)()
         self._missing_ptr = ctypes.addressof(self._missing)
         self._expand_c = lib.subset_expand
@@ -255,13 +261,16 @@ class SubsetCore:
     def start(self, s: int) -> int:
         """Number the closure of NFA state s (START, or DEAD when it is empty; its entries of
         the bound arrays written), -1 past the budget."""
-        while True:
-            j = self._lib.subset_start(self._ptr, s, self._missing_ptr, _MISSING_CAP)
-            if j >= 0:
-                return int(j)
-            self._ask(j)
-            if j == -1 - OVER_BUDGET:
-                return -1
+        try:
+            while True:
+                j = self._lib.subset_start(self._ptr, s, self._missing_ptr, _MISSING_CAP)
+                if j >= 0:
+                    return int(j)
+                self._ask(j)
+                if j == -1 - OVER_BUDGET:
+                    return -1
+        finally:
+            self._bulk = True
 
     def restore(self, sets: list[tuple[int, ...]]) -> bool:
         """Number `sets` (DFA state j's NFA states at j, DEAD's empty set first) as a fresh core's
@@ -313,35 +322,12 @@ class SubsetCore:
 
     def send_all(self) -> None:
         """Hand over every NFA state filled so far (an eager construction: the states of
-        lazily filled blocks the NFA has not filled are filled by the core). Flat lists, one
-        call: no per-state round trip."""
-        nfa = self._nfa
-        eps, edges = nfa.eps, nfa.edges
-        ids = [x for x, e in enumerate(edges) if e is not None and x not in self._sent]
-        self._sent.update(ids)
-        e_of = [edges[x] for x in ids]
-        p_of = [eps[x] for x in ids]
-        flat = list(itertools.chain.from_iterable(e_of))
-        eps_t = list(itertools.chain.from_iterable(p_of))
-        to_bytes: dict[int, bytes] = {}
-        for m in flat[::2]:
-            if m not in to_bytes:
-                to_bytes[m] = m.to_bytes(32, "little")
-        raw = b"".join([to_bytes[m] for m in flat[::2]])
-        buf = array.array("q", ids)
-        buf.extend([len(p) for p in p_of])
-        buf.extend([len(e) >> 1 for e in e_of])
-        buf.extend(eps_t)
-        buf.extend(flat[1::2])
-        at, n = buf.buffer_info()[0], len(ids)
-        status = self._lib.subset_add(
-            self._ptr, n, at, at + 8 * n, at + 16 * n, at + 24 * n, raw,
-            at + 8 * (3 * n + len(eps_t)),
-        )  # fmt: skip
-        if status:
-            raise MemoryError("subset core: out of memory")
-        if len(nfa.blocks) > self._n_blocks:
-            self._register_blocks()
+        lazily filled blocks the NFA has not filled are filled by the core)."""
+        edges, sent = self._nfa.edges, self._sent
+        ids = [x for x, e in enumerate(edges) if e is not None and x not in sent]
+        sent.update(ids)
+        self._hand_over(ids)
+        self._upto = len(edges)
 
     def _ask(self, status: int) -> None:
         """Answer a call that stopped for missing states (status -(16 + n): hand them over);
@@ -354,9 +340,12 @@ class SubsetCore:
 
     def _send(self, asked: list[int], filled: Iterable[int] = ()) -> None:
         """Hand over the NFA states `asked` (filled first when the NFA has not filled them, as
-        the Python construction fills what it reads), and with them up to _NEIGHBOURS states
-        already filled that they reach (the next calls would ask for most of them); and the
-        states `filled` (all filled, none handed over yet)."""
+        the Python construction fills what it reads) and the states `filled` (all filled), and
+        with them the filled states the next calls would ask for: on an NFA of at most
+        _BULK_STATES states, every filled state not handed over yet (all of them on the first
+        call: one flat call instead of a round trip per piece; then what the fills made); on a
+        larger one (or before `start` returns), up to _NEIGHBOURS filled states the asked ones
+        reach."""
         nfa = self._nfa
         eps, edges, sent = nfa.eps, nfa.edges, self._sent
         out: list[int] = [x for x in dict.fromkeys(filled) if x not in sent]
@@ -368,6 +357,14 @@ class SubsetCore:
                 nfa.fill(x)
             out.append(x)
         sent.update(out)
+        if self._bulk and len(edges) <= _BULK_STATES:  # every filled state since the last call
+            new = [
+                x for x in range(self._upto, len(edges)) if edges[x] is not None and x not in sent
+            ]
+            self._upto = len(edges)
+            sent.update(new)
+            self._hand_over(out + new)
+            return
         # a walk over filled states from the asked ones (filling nothing: that stays lazy)
         todo = [y for x in out for y in (*eps[x], *edges[x][1::2])]
         limit = len(out) + _NEIGHBOURS
@@ -379,22 +376,27 @@ class SubsetCore:
             out.append(y)
             todo.extend(eps[y])
             todo.extend(edges[y][1::2])
-        n_eps, n_edges, eps_t, masks, edge_t = [], [], [], [], []
-        for x in out:
-            e, p = edges[x], eps[x]
-            n_eps.append(len(p))
-            n_edges.append(len(e) >> 1)
-            eps_t.extend(p)
-            masks.extend(e[::2])
-            edge_t.extend(e[1::2])
-        raw = b"".join([m.to_bytes(32, "little") for m in masks])
+        self._hand_over(out)
+
+    def _hand_over(self, ids: list[int]) -> None:
+        """Give the core NFA states `ids` (all filled), each one's epsilon targets and byte
+        edges, as flat int64 lists and 32-byte masks in one call; and the NFA's new blocks."""
+        nfa = self._nfa
+        eps, edges = nfa.eps, nfa.edges
+        e_of = [edges[x] for x in ids]
+        p_of = [eps[x] for x in ids]
+        flat = list(itertools.chain.from_iterable(e_of))
+        eps_t = list(itertools.chain.from_iterable(p_of))
+        masks = flat[::2]
+        as_bytes = {m: m.to_bytes(32, "little") for m in set(masks)}
+        raw = b"".join([as_bytes[m] for m in masks])
         # one int64 buffer: the states, their epsilon and edge counts, epsilon and edge targets
-        buf = array.array("q", out)
-        buf.extend(n_eps)
-        buf.extend(n_edges)
+        buf = array.array("q", ids)
+        buf.extend([len(p) for p in p_of])
+        buf.extend([len(e) >> 1 for e in e_of])
         buf.extend(eps_t)
-        buf.extend(edge_t)
-        at, n = buf.buffer_info()[0], len(out)
+        buf.extend(flat[1::2])
+        at, n = buf.buffer_info()[0], len(ids)
         status = self._lib.subset_add(
             self._ptr, n, at, at + 8 * n, at + 16 * n, at + 24 * n, raw,
             at + 8 * (3 * n + len(eps_t)),
