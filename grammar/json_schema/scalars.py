@@ -244,3 +244,57 @@ def _any_automaton(node: object, spacing: tuple, depth: int, float64: bool) -> o
     if key not in _ANY_DFAS:
         _ANY_DFAS[key] = dfa_ops.DFANode(node_to_dfa(node), "any", "#", ra.to_text(node))
     return _ANY_DFAS[key]
+
+
+# ----- outlines' digit-count keywords -----
+DIGIT_KEYWORDS = (
+    "minDigits",
+    "maxDigits",
+    "minDigitsInteger",
+    "maxDigitsInteger",
+    "minDigitsFraction",
+    "maxDigitsFraction",
+    "minDigitsExponent",
+    "maxDigitsExponent",
+)
+
+
+def _digit_count(s: dict, key: str, ptr: str) -> int | None:
+    v = s.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise UnsupportedSchemaError(key, f"{ptr}/{key}", "must be a non-negative integer")
+    return v
+
+
+def _digits(lo: int | None, hi: int | None, first: str = "[0-9]") -> str | None:
+    """`first` then digits, lo..hi of them in all (None: 1 / unbounded); None if no count
+    fits."""
+    lo = max(lo or 1, 1)
+    if hi is not None and hi < lo:
+        return None
+    return f"{first}[0-9]{{{lo - 1},{'' if hi is None else hi - 1}}}"
+
+
+def with_digit_counts(b: Builder, node: Node, t: str, s: dict, ptr: str) -> Node:
+    """outlines-core's digit counts on a number or integer (`minDigits` / `maxDigits` for an
+    integer, `min|maxDigitsInteger|Fraction|Exponent` for a number; the integer part's count
+    holds for a non-zero integer part, a fraction's and an exponent's where there is one):
+    the node's language narrowed to those spellings."""
+    n = {k: _digit_count(s, k, ptr) for k in DIGIT_KEYWORDS}
+    int_lo = n["minDigits"] if t == "integer" else n["minDigitsInteger"]
+    int_hi = n["maxDigits"] if t == "integer" else n["maxDigitsInteger"]
+    parts = [
+        _digits(int_lo, int_hi, "[1-9]"),
+        _digits(n["minDigitsFraction"], n["maxDigitsFraction"]),
+        _digits(n["minDigitsExponent"], n["maxDigitsExponent"]),
+    ]
+    if node is None or None in parts:
+        return None
+    whole, frac, exp = parts
+    shape = f"-?(0|{whole})"
+    if t == "number":
+        shape += rf"(\.{frac})?([eE][+-]?{exp})?"
+    dfa = dfa_ops.product(b.dfa(node), node_to_dfa(ra.parsed(shape)), True)
+    return dfa_ops.DFANode(dfa, "digits", ptr) if dfa.accepting.any() else None

@@ -448,6 +448,11 @@ class SchemaBuilder:
     def typed(self, t: str, s: dict, ptr: str) -> Node:
         if t == "string":
             return scalars.string_value(self, s, ptr)
+        if t in ("integer", "number") and any(k in s for k in scalars.DIGIT_KEYWORDS):
+            node = self.typed(
+                t, {k: v for k, v in s.items() if k not in scalars.DIGIT_KEYWORDS}, ptr
+            )
+            return scalars.with_digit_counts(self, node, t, s, ptr)
         if t == "integer":  # not an integer (`not` of integer) and an integer: none
             return None if s.get("_fractional") else scalars.integer_value(self, s, ptr)
         if t == "number":
