@@ -15,7 +15,7 @@ tokens over wall time, the faster of `--rounds` runs, the prompts' KV cached by 
 run just before, the draft model's too; the rows of a workload alternate on one machine),
 forward steps per token, the accept length (tokens per verify forward), and whether the output
 equals the no-speculation row token for token. `--verify-ab`: only a verify step's forward as
-an extend against as decode rows.
+an extend against as decode rows (`--one-thread`: on one thread, in CPU time).
 """
 
 from __future__ import annotations
@@ -179,13 +179,18 @@ def run(engine: Engine, w: dict) -> tuple[float, list[list[int]], dict]:
     return seconds, [o.token_ids for o in outs], delta
 
 
-def verify_ab(model_path: str | None, rounds: int) -> None:
+def verify_ab(model_path: str | None, rounds: int, one_thread: bool = False) -> None:
     """A verify step of k + 1 rows computed as an extend against as decode rows (how the
     scheduler runs it now), on the model's own pool, after a 512-token context; the two ways
-    alternate, medians of `rounds` runs each, a one-row decode step beside them."""
+    alternate, medians of `rounds` runs each, a one-row decode step beside them. `one_thread`:
+    on one thread, in CPU time (what a loaded machine's other processes move least)."""
     import statistics
 
     import torch
+
+    if one_thread:
+        torch.set_num_threads(1)
+    clock = time.process_time if one_thread else time.perf_counter
 
     from runtime.attention.forward_batch import ForwardBatch
 
@@ -212,14 +217,15 @@ def verify_ab(model_path: str | None, rounds: int) -> None:
         )  # fmt: skip
 
     def timed(b: ForwardBatch) -> float:
-        start = time.perf_counter()
+        start = clock()
         model.forward(b, pool)
-        return time.perf_counter() - start
+        return clock() - start
 
     pages = engine.scheduler.call(lambda: pool.alloc(-(-(context + 32) // ps)))
     try:
+        print(("one thread, CPU ms" if one_thread else "wall ms") + ", medians")
         print(f"{'rows':>4} {'extend ms':>10} {'decode rows ms':>15} {'1-row decode ms':>16}")
-        for rows in (2, 3, 4, 5, 6, 9):
+        for rows in (2, 4, 5, 6, 9, 12, 16):
             got: dict[str, list[float]] = {"ext": [], "dec": [], "one": []}
             for _ in range(rounds):
                 got["ext"].append(engine.scheduler.call(lambda r=rows: timed(batch(r, False))))
@@ -268,9 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only: a verify step as an extend against as decode rows (the target's forward)",
     )
+    parser.add_argument(
+        "--one-thread",
+        action="store_true",
+        help="with --verify-ab: one thread, CPU time",
+    )
     args = parser.parse_args(argv)
     if args.verify_ab:
-        verify_ab(args.model, max(args.rounds, 5))
+        verify_ab(args.model, max(args.rounds, 5), args.one_thread)
         return 0
     rows = args.rows.split(",")
     target = args.model
