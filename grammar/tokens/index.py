@@ -15,6 +15,7 @@ suffixes). The shared sets (transparent, chains, shapes, `_like`) stay: they ski
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -97,6 +98,9 @@ class TokenIndex:
         self._shapes = CopyShapes(dfa) if self._lazy else None
         self._by_shape: dict[tuple, tuple[np.ndarray, int]] = {}  # shape key -> (mask, dist)
         self._trie = native.trie_of(vocab)  # None: no C walk (numpy walks only)
+        # a front end's cheaper mask for some states (None: not one of them), asked before the
+        # walk; e.g. `grammar.structural.forced_masks` for the states inside forced text
+        self.shortcut: Callable[[int], np.ndarray | None] | None = None
 
     def bitmask(self, state: int, _depth: int = 0) -> np.ndarray:
         words = self._masks.get(state)
@@ -389,6 +393,10 @@ class TokenIndex:
     def _compute(self, state: int, depth: int = 0) -> np.ndarray:
         if state == DEAD:  # every byte loops on DEAD: it must not read as "transparent"
             return np.zeros(self.num_words, dtype=np.int32)
+        if self.shortcut is not None:
+            words = self.shortcut(state)
+            if words is not None:
+                return words
         if self._lazy:
             self.dfa.expand([state])
         shape = self._shapes.shape(state) if self._shapes is not None else None
