@@ -16,6 +16,7 @@ from typing import Any
 
 from grammar.ebnf.compiler import compile_rules
 from grammar.errors import GrammarError
+from grammar.structural.forced_masks import ForcedMasks
 from grammar.structural.spec import SpecReader, clear_schema_leaves
 from grammar.tokens.cache import CompileCache
 from grammar.tokens.compiled import CompiledGrammar
@@ -68,6 +69,8 @@ def build_structural_tag(
     reader = SpecReader(json_schema_mode, whitespace)
     compiled = compile_rules(reader.read(spec), vocab, "root", text)
     if isinstance(compiled, CompiledGrammar):
+        if compiled.dfa.lazy:  # the states inside forced text: masks by their text
+            compiled.index.shortcut = ForcedMasks(compiled.dfa, vocab)
         _warm_triggers(compiled, reader.triggers)
     return compiled
 

@@ -292,3 +292,35 @@ def test_tags_with_different_ends_keep_their_own_end() -> None:
     g = compile_structural_tag({"type": "structural_tag", "format": fmt}, deepseek_vocab())
     assert _accepts(g, "<f=a>x</a>") and _accepts(g, "<f=b>x</b>")
     assert not _accepts(g, "<f=a>x</b>") and not _accepts(g, "<f=b>x</a>")
+
+
+def test_forced_text_masks_equal_the_full_walk() -> None:
+    """Inside forced text (a gpt-oss call's opening after the name, JSON keys, the end) the
+    mask comes from the text's prefixes (`forced_masks`); it equals the token index's own walk
+    at every state of calls to two tools, and the shortcut answers at many of them."""
+    import numpy as np
+
+    from runtime.server.tools.call_tags import builtin_structural_tag
+
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": s}}
+        for n, s in (("get_weather", WEATHER), ("get_time", TIME))
+    ]
+    g = compile_structural_tag(builtin_structural_tag("gpt-oss", tools), deepseek_vocab())
+    assert g.index.shortcut is not None
+    text = (
+        "Let me check. <|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city": "Paris", "days": 3}<|call|> and <|channel|>commentary '
+        'to=functions.get_time <|constrain|>json<|message|>{"zone":"UTC"}<|call|> done'
+    )
+    answered = 0
+    m = g.matcher()
+    for t in deepseek_tokenizer().encode(text, add_special_tokens=False):
+        words = g.index.shortcut(m.state)
+        if words is not None:
+            answered += 1
+            full = g.index._computed(m.state, 0)
+            assert np.array_equal(words.view(np.uint32), full.view(np.uint32)), m.state
+        assert m.is_allowed(t)
+        m.advance(t)
+    assert m.is_accepting() and answered >= 10
