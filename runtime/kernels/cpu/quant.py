@@ -54,6 +54,7 @@ TYPE_IDS = {name: tid for tid, (name, _, _) in TYPES.items()}
 DENSE_ROWS = 128
 
 SOURCE = Path(__file__).parent / "csrc" / "quant.c"
+BF16_SOURCE = Path(__file__).parent / "csrc" / "dequant_bf16.c"
 _NATIVE = ("-O3", "-march=native")
 _PORTABLE = ("-O2", "-DQUANT_PORTABLE")  # the compiler's baseline target, no intrinsics
 _COMMON = ("-fPIC", "-std=gnu11", "-ffp-contract=off", "-fopenmp")
@@ -69,6 +70,7 @@ SIGNATURES: Signatures = {  # name: (restype, argtypes)
     "q_uses_int": (_I32, [_I32]),
     "q_pool_run": (None, [_PTR, _PTR, _I32]),
     "q_decode_chain": (_I32, [_PTR]),
+    "q_dequant_bf16": (_I32, [_I32, _PTR, _I64, _I64, _I64, _PTR]),
 }
 
 _libs: dict[bool, ctypes.CDLL | None] = {}
@@ -77,8 +79,10 @@ _pack_lock = threading.Lock()
 
 
 def units(portable: bool = False) -> list[Unit]:
-    """The library's one unit: for this CPU, or `portable` (plain C)."""
-    return [Unit("quant", SOURCE, (*(_PORTABLE if portable else _NATIVE), *_COMMON))]
+    """The library's units (the kernels, and the bf16 dequantization of csrc/dequant_bf16.c):
+    for this CPU, or `portable` (plain C)."""
+    flags = (*(_PORTABLE if portable else _NATIVE), *_COMMON)
+    return [Unit("quant", SOURCE, flags), Unit("dequant_bf16", BF16_SOURCE, flags)]
 
 
 def library(portable: bool = False) -> ctypes.CDLL | None:
@@ -451,6 +455,9 @@ def _linear_fast(
         cols //= 2
     if not rows or rows >= DENSE_ROWS or cols != w.cols or not x.is_contiguous():
         return None
+    if rows >= BF16_DENSE_ROWS and w.qtype in BF16_DENSE_TYPES and x.dtype == torch.bfloat16:
+        if not float_out and not swiglu and _bf16_dense(w):
+            return None  # multiplied as a bf16 copy (linear)
     lib = _libs.get(False) or _lib()
     head, d = w.head, w.data
     if not head or head[2] != d.data_ptr():  # a copy of the weight (pickled, ...) checks anew
@@ -469,6 +476,68 @@ def _linear_fast(
     return y
 
 
+# formats whose prefill-sized products of bf16 inputs multiply a bf16 copy of the weight (the
+# ones quant.c's products do not pack: their many-row integer products run ~2-4x slower than
+# torch's bf16 matmul on a CPU with native bf16 dot products; the packed ones have kernels of
+# their own for several rows)
+BF16_DENSE_TYPES = frozenset({6, 7, 12, 13, 14})  # Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
+BF16_DENSE_ROWS = 64  # from this many input rows (the crossover measured on Gemma 3's weights)
+_native_bf16: bool | None = None
+
+
+def _bf16_dense(w: Quantized) -> bool:
+    """Whether a prefill-sized product of bf16 inputs with `w` multiplies its bf16 copy: a CPU
+    with native bf16 dot products (AVX-512 BF16 or AMX; else torch's bf16 matmul is several
+    times slower than its float32 one) and most of w's rows in BF16_DENSE_TYPES."""
+    global _native_bf16
+    if _native_bf16 is None:
+        _native_bf16 = bool(
+            torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        )
+    parts = w.parts if isinstance(w, QuantStack) else [w]
+    ours = sum(p.shape[0] for p in parts if p.qtype in BF16_DENSE_TYPES and not p.packed)
+    return _native_bf16 and 2 * ours > w.shape[0]
+
+
+class _Bf16Weight(threading.local):
+    """A grow-only bf16 buffer per thread for the dequantized weight of one product (reused:
+    no fresh pages to fault in on every prefill chunk)."""
+
+    def __init__(self) -> None:
+        self.buf = torch.empty(0, dtype=torch.bfloat16)
+
+    def get(self, rows: int, cols: int) -> torch.Tensor:
+        if self.buf.numel() < rows * cols:
+            self.buf = torch.empty(rows * cols, dtype=torch.bfloat16)
+        return self.buf[: rows * cols].view(rows, cols)
+
+
+_bf16_weight = _Bf16Weight()
+
+
+def dequantize_bf16(w: Quantized) -> torch.Tensor:
+    """`w` in bfloat16 [rows, cols], equal to `w.dequantize().to(torch.bfloat16)`, in this
+    thread's reused buffer: valid until the thread's next call. BF16_DENSE_TYPES rows in one C
+    pass (csrc/dequant_bf16.c), others through float32."""
+    out = _bf16_weight.get(*w.shape)
+    lib = _lib()
+    at = 0
+    for p in w.parts if isinstance(w, QuantStack) else [w]:
+        rows = p.shape[0]
+        part = out[at : at + rows]
+        if p.qtype in BF16_DENSE_TYPES and not p.packed:
+            d = p.data
+            assert d.stride(1) == 1
+            rc = lib.q_dequant_bf16(p.qtype, d.data_ptr(), d.stride(0), rows, p.cols,
+                                    part.data_ptr())  # fmt: skip
+            if rc:
+                raise UnsupportedModelError(f"cannot dequantize {type_name(p.qtype)} to bf16")
+        else:
+            part.copy_(p.dequantize())
+        at += rows
+    return out
+
+
 def linear(
     x: torch.Tensor,
     w: Quantized,
@@ -480,7 +549,9 @@ def linear(
 ) -> torch.Tensor:
     """x [M, in] @ w.T (+ bias) for a quantized w, float32 inside; the result in x's dtype
     (float32 with `float_out`). `threads` 0: torch's thread count (the pool's). From
-    DENSE_ROWS rows on, the weight is dequantized and torch multiplies (prefill chunks).
+    DENSE_ROWS rows on, the weight is dequantized and torch multiplies (prefill chunks) in
+    float32; bf16 inputs from BF16_DENSE_ROWS rows on with a BF16_DENSE_TYPES weight (a CPU with
+    native bf16 dot products): its bf16 copy (`dequantize_bf16`) in torch's bf16 matmul.
     With `swiglu`, x is [M, 2 in] (gate | up) and the product's input `F.silu(gate) * up`,
     computed in the C on the way in (its exp within ~1 ulp of torch's); `swiglu` a GATES code:
     that gate's activation (2: `F.gelu(gate, approximate="tanh") * up`, Gemma's GeGLU)."""
@@ -504,8 +575,16 @@ def linear(
     out = w.shape[0]
     if cols != w.shape[1]:
         raise ValueError(f"input of {cols} features for a weight of {w.shape[1]}")
+    bf16_dense = x2.dtype == torch.bfloat16 and not float_out and not swiglu and not portable
+    if bf16_dense and rows >= BF16_DENSE_ROWS and threads == 0 and _bf16_dense(w):
+        # bf16 inputs, a weight of BF16_DENSE_TYPES: its bf16 copy, torch's bf16 matmul (float32
+        # accumulation; the inputs are bf16 already, the weight rounded once to bf16)
+        y = torch.nn.functional.linear(x2, dequantize_bf16(w))
+        if bias is not None:
+            y = (y.float() + bias.float()).to(torch.bfloat16)
+        return y.reshape(*lead, out)
     if rows >= DENSE_ROWS and not portable and threads == 0:
-        # in float32 whatever x's dtype: the weight dequantizes to float32 anyway, and a CPU
+        # (else) in float32 whatever x's dtype: the weight dequantizes to float32 anyway, and a CPU
         # without native bf16 dot products (AVX2 only) runs torch's bf16 matmul several times
         # slower than its float32 one
         y = torch.nn.functional.linear(x2.float(), w.dequantize(),
