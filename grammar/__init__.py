@@ -31,7 +31,7 @@ from grammar.json_schema import numbers as _decimal_numbers  # noqa: F401  loade
 from grammar.json_schema.lark import compile_json_schema_cfg, json_schema_to_lark
 from grammar.json_schema.schema import DTYPE_NAMES, dtype_to_regex, json_schema_to_regex
 from grammar.tokens.compiled import CompiledGrammar
-from grammar.tokens.matcher import Matcher
+from grammar.tokens.matcher import Matcher, MatcherBase
 from grammar.tokens.vocab import TokenVocabulary
 
 
@@ -69,6 +69,7 @@ __all__ = [
     "GrammarError",
     "KINDS",
     "Matcher",
+    "MatcherBase",
     "TokenVocabulary",
     "UnsupportedSchemaError",
     "clear_caches",

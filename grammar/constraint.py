@@ -73,11 +73,12 @@ class Constraint:
 
     def __post_init__(self) -> None:
         if self.kind in JSON_KINDS:
-            text = json.dumps(
-                list(self.value) if self.kind == "choices" else self.value,
-                ensure_ascii=False,
-                sort_keys=self.kind == "structural_tag",
-            )
+            data = list(self.value) if self.kind == "choices" else self.value
+            try:
+                # keys in their order: a schema's property order is its output's order
+                text = json.dumps(data, ensure_ascii=False)
+            except (TypeError, ValueError) as exc:
+                raise ConstraintError(f"{self.kind}: not JSON data: {exc}", self.kind) from None
         else:
             text = self.value
         key = (self.kind, text, self.json_schema_mode, self.whitespace, self.max_states,

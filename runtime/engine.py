@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from grammar.constraint import FIELDS as CONSTRAINT_FIELDS
 from runtime import settings
 from runtime.attention import make_backend, resolve_backend
 from runtime.attention.kv_calibration import KVCalibration, calibrate, kv_calibration_kind
@@ -49,6 +50,7 @@ from runtime.named_models import resolve_model
 from runtime.options import check_keywords
 from runtime.parallel.shard import local_config, validate
 from runtime.scheduling import healing
+from runtime.scheduling.compile_pool import CompilePool
 from runtime.scheduling.constrained import ConstraintHooks
 from runtime.scheduling.detokenize import Detokenizer, special_ids
 from runtime.scheduling.request import GenerateResult, Request, SamplingParams
@@ -66,8 +68,6 @@ from runtime.workers.layout import Layout
 
 logger = logging.getLogger(__name__)
 
-# generate() keywords that constrain the output (at most one per request)
-CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "grammar", "ebnf", "structural_tag")
 Prompt = str | list[int]
 
 
@@ -434,6 +434,12 @@ class Engine:
         return calibrate(model, self.config, self.tokenizer, self.dtype, self.kv_dtype,
                          smooth=self.kv_calibration == "smooth")  # fmt: skip
 
+    @property
+    def compile_pool(self) -> CompilePool:
+        """The constraint compile pool (worker processes, budgets, cache) this engine's
+        requests compile in; the server is handed it (`runtime.server.app.build_state`)."""
+        return self.scheduler.hooks.compiles
+
     def _make_constraint_hooks(self) -> ConstraintHooks:
         # constrained rows' logits are masked by the attention backend's bitmask kernel
         return ConstraintHooks(
@@ -456,8 +462,11 @@ class Engine:
         return ids
 
     def _make_request(self, prompt: Prompt, kw: dict[str, Any], stream: bool) -> Request:
-        options = (*CONSTRAINT_KEYS, "jump_forward", "json_schema_mode", "whitespace_pattern")
-        constraint_kw = {k: kw.pop(k) for k in options if k in kw}
+        # the output constraint, read once into a grammar.Constraint (ConstraintError, a
+        # ValueError naming the field: two kinds, an unknown dtype or json_schema_mode)
+        constraint_kw = {k: kw.pop(k) for k in CONSTRAINT_FIELDS if k in kw}
+        jump_forward = kw.pop("jump_forward", True)
+        constraint = self.scheduler.hooks.constraint_of(constraint_kw)
         heal = kw.pop("token_healing", False)
         if not isinstance(heal, bool):
             raise ValueError(f"token_healing must be true or false, got {heal!r}")
@@ -475,10 +484,9 @@ class Engine:
         if heal and params.max_new_tokens > 0:
             ids, healed = healing.back_off(ids, self._healing_table())
         req = Request(ids, params, stream=stream)
-        if any(constraint_kw.get(k) is not None for k in CONSTRAINT_KEYS):
-            self.scheduler.hooks.attach(
-                req, **constraint_kw, wake=lambda: self.scheduler.inbox.put(("wake", None))
-            )
+        if constraint is not None:
+            wake = lambda: self.scheduler.inbox.put(("wake", None))
+            self.scheduler.hooks.attach(req, constraint, jump_forward=jump_forward, wake=wake)
         if healed is not None:
             healing.attach(req, healed, self.scheduler.hooks.vocab())
         return req

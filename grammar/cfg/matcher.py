@@ -1,4 +1,4 @@
-"""CFGMatcher: one sequence's cursor over a compiled lark grammar (the `Matcher` interface)."""
+"""CFGMatcher: one sequence's cursor over a compiled lark grammar (a `MatcherBase`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import numpy as np
 
 from grammar.cfg.mask import VocabLayout
 from grammar.cfg.parser import StackNode
-from grammar.errors import GrammarError
-from grammar.tokens.matcher import PackedMaskViews
+from grammar.tokens.matcher import MatcherBase
 from grammar.tokens.vocab import TokenVocabulary
 
 Position = tuple[StackNode, int]  # (LR stack, lexer state)
@@ -33,11 +32,12 @@ class ParsedGrammar(Protocol):
     def forced(self, node: StackNode, q: int) -> bytes: ...
 
 
-class CFGMatcher(PackedMaskViews):
-    """One sequence's position in a lark grammar; the interface of `grammar.tokens.matcher.Matcher`.
-    Cheap to create and to copy; not thread-safe (one sequence, one thread)."""
+class CFGMatcher(MatcherBase):
+    """One sequence's position in a lark grammar (a `grammar.Matcher`: `MatcherBase` with an
+    LR stack and a lexer state). Cheap to create and to copy; not thread-safe."""
 
-    __slots__ = ("grammar", "_node", "_q", "_ended")
+    __slots__ = ("_node", "_q")
+    _whole = "sentence"
 
     def __init__(
         self, grammar: ParsedGrammar, node: StackNode, q: int, ended: bool = False
@@ -55,55 +55,24 @@ class CFGMatcher(PackedMaskViews):
     def copy(self) -> CFGMatcher:
         return CFGMatcher(self.grammar, self._node, self._q, self._ended)
 
-    def bitmask(self) -> np.ndarray:
-        """The shared packed mask of the current state (read-only)."""
-        if self._ended:
-            return self.grammar.layout.empty
+    def _walk(self, data: bytes) -> Position | None:
+        return self.grammar.walk(self._node, self._q, data)
+
+    def _move(self, position: Position) -> None:
+        self._node, self._q = position
+
+    def _live_bitmask(self) -> np.ndarray:
         return self.grammar.bitmask(self._node, self._q)
 
-    def advance(self, token_id: int) -> None:
-        """Consume one token; GrammarError (state unchanged) if the grammar forbids it."""
-        g = self.grammar
-        if self._ended:
-            raise GrammarError("the constraint already ended (EOS was consumed)")
-        if token_id in g.eos_token_ids:
-            if not self.is_accepting():
-                raise GrammarError(f"EOS token {token_id} not allowed: the sentence is incomplete")
-            self._ended = True
-            return
-        if not 0 <= token_id < len(g.vocab):
-            raise GrammarError(f"token id {token_id} outside the vocabulary")
-        data = g.vocab.token_bytes(token_id)
-        if not data:
-            raise GrammarError(f"token {token_id} is special or empty: never allowed")
-        nxt = g.walk(self._node, self._q, data)
-        if nxt is None:
-            raise GrammarError(f"token {token_id} ({data!r}) is not allowed here")
-        self._node, self._q = nxt
+    def _empty_bitmask(self) -> np.ndarray:
+        return self.grammar.layout.empty
 
-    def advance_bytes(self, data: bytes) -> None:
-        """Consume raw bytes (e.g. forced text); GrammarError (state unchanged) if forbidden."""
-        if self._ended and data:
-            raise GrammarError("the constraint already ended (EOS was consumed)")
-        if not data:
-            return
-        nxt = self.grammar.walk(self._node, self._q, data)
-        if nxt is None:
-            raise GrammarError(f"bytes {data[:80]!r} are not allowed here")
-        self._node, self._q = nxt
+    def _forced(self) -> bytes:
+        return self.grammar.forced(self._node, self._q)
+
+    def _cannot_grow(self) -> bool:
+        return self.is_accepting() and not self.grammar.allowed_bytes(self._node, self._q)
 
     def is_accepting(self) -> bool:
         """The text so far is a sentence of the grammar."""
         return self.grammar.is_accepting(self._node, self._q)
-
-    def is_dead(self) -> bool:
-        """EOS was consumed, or the sentence is complete and no byte can extend it."""
-        if self._ended:
-            return True
-        return self.is_accepting() and not self.grammar.allowed_bytes(self._node, self._q)
-
-    def forced_bytes(self) -> bytes:
-        """The longest byte string every valid continuation starts with (b"" if none)."""
-        if self._ended:
-            return b""
-        return self.grammar.forced(self._node, self._q)

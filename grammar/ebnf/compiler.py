@@ -30,10 +30,9 @@ from grammar.ebnf.earley import EarleyParser, ESet
 from grammar.ebnf.lower import Lowering, Terminal, clear_shared_terminals
 from grammar.ebnf.network import NetworkBuilder
 from grammar.ebnf.syntax import Grammar
-from grammar.errors import GrammarError
 from grammar.tokens.cache import CompileCache
 from grammar.tokens.compiled import CompiledGrammar
-from grammar.tokens.matcher import PackedMaskViews
+from grammar.tokens.matcher import MatcherBase
 from grammar.tokens.vocab import TokenVocabulary
 
 MAX_FORCED_BYTES = 1024
@@ -235,12 +234,13 @@ class CompiledEBNF:
         return self.parser.forced(e, MAX_FORCED_BYTES)
 
 
-class EBNFMatcher(PackedMaskViews):
-    """One sequence's position in a recursive GBNF grammar: the `Matcher` interface, plus
-    `rollback(n)` (undo the last n `advance` / `advance_bytes` calls). Cheap to copy; not
-    thread-safe (one sequence, one thread)."""
+class EBNFMatcher(MatcherBase):
+    """One sequence's position in a recursive GBNF grammar (a `grammar.Matcher`: `MatcherBase`
+    over an Earley set), plus `rollback(n)` (undo the last n `advance` / `advance_bytes`
+    calls). Cheap to copy; not thread-safe (one sequence, one thread)."""
 
-    __slots__ = ("grammar", "_set", "_ended", "_history")
+    __slots__ = ("_set", "_history")
+    _whole = "sentence"
 
     def __init__(self, grammar: CompiledEBNF, e: ESet, ended: bool = False) -> None:
         self.grammar = grammar
@@ -253,51 +253,38 @@ class EBNFMatcher(PackedMaskViews):
         m._history = list(self._history)
         return m
 
-    def bitmask(self) -> np.ndarray:
-        if self._ended:
-            return self.grammar.layout.empty
+    def _take_token(self, token_id: int) -> bool:
+        g = self.grammar
+        if not g.parser.token_terms or not 0 <= token_id < len(g.vocab):
+            return False
+        # a token the grammar names by id (an EOS id too, where it names it)
+        nxt = g.parser.advance_token(self._set, token_id, g.vocab.token_bytes(token_id))
+        if nxt is None:
+            return False
+        self._record()
+        self._set = nxt
+        return True
+
+    def _record(self) -> None:
+        self._history.append((self._set, self._ended))
+
+    def _walk(self, data: bytes) -> ESet | None:
+        return self.grammar.parser.walk(self._set, data)
+
+    def _move(self, position: ESet) -> None:
+        self._set = position
+
+    def _live_bitmask(self) -> np.ndarray:
         return self.grammar.bitmask(self._set)
 
-    def advance(self, token_id: int) -> None:
-        """Consume one token; GrammarError (state unchanged) if the grammar forbids it."""
-        g = self.grammar
-        if self._ended:
-            raise GrammarError("the constraint already ended (EOS was consumed)")
-        if g.parser.token_terms and 0 <= token_id < len(g.vocab):
-            # a token the grammar names by id (an EOS id too, where it names it)
-            nxt = g.parser.advance_token(self._set, token_id, g.vocab.token_bytes(token_id))
-            if nxt is not None:
-                self._history.append((self._set, self._ended))
-                self._set = nxt
-                return
-        if token_id in g.eos_token_ids:
-            if not self._set.accept:
-                raise GrammarError(f"EOS token {token_id} not allowed: the sentence is incomplete")
-            self._history.append((self._set, self._ended))
-            self._ended = True
-            return
-        if not 0 <= token_id < len(g.vocab):
-            raise GrammarError(f"token id {token_id} outside the vocabulary")
-        data = g.vocab.token_bytes(token_id)
-        if not data:
-            raise GrammarError(f"token {token_id} is special or empty: never allowed")
-        nxt = g.parser.walk(self._set, data)
-        if nxt is None:
-            raise GrammarError(f"token {token_id} ({data!r}) is not allowed here")
-        self._history.append((self._set, self._ended))
-        self._set = nxt
+    def _empty_bitmask(self) -> np.ndarray:
+        return self.grammar.layout.empty
 
-    def advance_bytes(self, data: bytes) -> None:
-        """Consume raw bytes (e.g. forced text); GrammarError (state unchanged) if forbidden."""
-        if self._ended and data:
-            raise GrammarError("the constraint already ended (EOS was consumed)")
-        if not data:
-            return
-        nxt = self.grammar.parser.walk(self._set, data)
-        if nxt is None:
-            raise GrammarError(f"bytes {data[:80]!r} are not allowed here")
-        self._history.append((self._set, self._ended))
-        self._set = nxt
+    def _forced(self) -> bytes:
+        return self.grammar.forced(self._set)
+
+    def _cannot_grow(self) -> bool:
+        return self._set.accept and not self._set.scan
 
     def rollback(self, n: int = 1) -> None:
         """Undo the last n advances (ValueError if there were fewer)."""
@@ -310,15 +297,6 @@ class EBNFMatcher(PackedMaskViews):
     def is_accepting(self) -> bool:
         """The text so far is a sentence of the grammar."""
         return self._set.accept
-
-    def is_dead(self) -> bool:
-        """EOS was consumed, or the sentence is complete and no byte can extend it."""
-        return self._ended or (self._set.accept and not self._set.scan)
-
-    def forced_bytes(self) -> bytes:
-        if self._ended:
-            return b""
-        return self.grammar.forced(self._set)
 
 
 def compile_rules(

@@ -8,7 +8,7 @@ import threading
 from grammar.automata.fsm import START, ByteDFA
 from grammar.automata.lazy_dfa import LazyDFA
 from grammar.tokens.index import TokenIndex
-from grammar.tokens.matcher import Matcher
+from grammar.tokens.matcher import DFAMatcher
 from grammar.tokens.vocab import TokenVocabulary
 
 
@@ -51,8 +51,8 @@ class CompiledGrammar:
         out._forced.update(forced)
         return out
 
-    def matcher(self) -> Matcher:
-        return Matcher(self)
+    def matcher(self) -> DFAMatcher:
+        return DFAMatcher(self)
 
     def jump_forward(self, state: int) -> tuple[bytes, int]:
         """The compressed DFA: the longest byte string every continuation from `state` starts

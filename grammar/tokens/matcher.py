@@ -1,8 +1,10 @@
-"""Matcher: the per-sequence cursor over a compiled constraint."""
+"""The per-sequence cursor over a compiled constraint: the `Matcher` protocol, `MatcherBase`
+(the checks and the `advance` every matcher shares) and `DFAMatcher` (regular constraints);
+`grammar.cfg.matcher.CFGMatcher` and `grammar.ebnf.compiler.EBNFMatcher` derive from the base."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -13,8 +15,8 @@ from grammar.tokens.index import TokenIndex
 from grammar.tokens.vocab import TokenVocabulary
 
 
-class CompiledGrammar(Protocol):
-    """What a cursor asks of its compiled constraint (`compiled.CompiledGrammar` is one)."""
+class DFAGrammar(Protocol):
+    """What a `DFAMatcher` asks of its compiled constraint (`compiled.CompiledGrammar`)."""
 
     dfa: ByteDFA | LazyDFA
     vocab: TokenVocabulary
@@ -22,6 +24,28 @@ class CompiledGrammar(Protocol):
     eos_token_ids: frozenset[int]
 
     def jump_forward(self, state: int) -> tuple[bytes, int]: ...
+
+
+class Matcher(Protocol):
+    """One sequence's cursor over a compiled constraint: what decoding, speculation and the
+    tests ask of every matcher (regex / JSON Schema, lark, GBNF and structural tags, tool
+    calls; token healing's wrapper too). `MatcherBase` implements it for the compiled kinds."""
+
+    def bitmask(self) -> np.ndarray: ...
+
+    def is_allowed(self, token_id: int) -> bool: ...
+
+    def advance(self, token_id: int) -> None: ...
+
+    def advance_bytes(self, data: bytes) -> None: ...
+
+    def forced_bytes(self) -> bytes: ...
+
+    def is_accepting(self) -> bool: ...
+
+    def is_dead(self) -> bool: ...
+
+    def copy(self) -> Matcher: ...
 
 
 def complete_utf8_prefix(data: bytes) -> str:
@@ -32,14 +56,106 @@ def complete_utf8_prefix(data: bytes) -> str:
         return data[: e.start].decode("utf-8")
 
 
-class PackedMaskViews:
-    """`mask()`, `fill_bitmask()`, `is_allowed()` and `forced_text()` over a matcher's packed
-    `bitmask()` and `forced_bytes()`; shared by the regex `Matcher` and the lark `CFGMatcher`."""
+class MatcherBase:
+    """The `Matcher` every compiled constraint hands out: the EOS, special-token and range
+    checks and the shared `advance` / `advance_bytes`, plus the views over a packed mask
+    (`mask`, `fill_bitmask`, `is_allowed`, `forced_text`). A subclass keeps its position
+    (a DFA state, an LR stack and lexer state, an Earley set) and supplies `_walk` (the
+    position after some bytes, None when they are not allowed), `_move`, `_live_bitmask`,
+    `_empty_bitmask`, `_forced`, `is_accepting` and `_cannot_grow`; `_take_token` lets a
+    grammar read a token by id (GBNF token terminals) and `_record` keep a history.
+    Not thread-safe (one sequence, one thread); the compiled grammar is shared."""
 
-    __slots__ = ()
+    __slots__ = ("grammar", "_ended")
+    _whole = "match"  # what an EOS before acceptance leaves incomplete, in its error
+
+    grammar: Any
+
+    # ---- what a subclass supplies -------------------------------------------------------------
+    def _walk(self, data: bytes) -> Any:
+        raise NotImplementedError
+
+    def _move(self, position: Any) -> None:
+        raise NotImplementedError
+
+    def _live_bitmask(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _empty_bitmask(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _forced(self) -> bytes:
+        raise NotImplementedError
+
+    def _cannot_grow(self) -> bool:
+        raise NotImplementedError
+
+    def is_accepting(self) -> bool:
+        raise NotImplementedError
+
+    def _take_token(self, token_id: int) -> bool:
+        """Consume a token the grammar reads by id (True), else leave it to the byte walk."""
+        return False
+
+    def _record(self) -> None:
+        """Called before each change of position (a history for rollback)."""
+
+    # ---- the shared part ----------------------------------------------------------------------
+    def advance(self, token_id: int) -> None:
+        """Consume one token; GrammarError (state unchanged) if the constraint forbids it."""
+        g = self.grammar
+        if self._ended:
+            raise GrammarError("the constraint already ended (EOS was consumed)")
+        if self._take_token(token_id):
+            return
+        if token_id in g.eos_token_ids:
+            if not self.is_accepting():
+                raise GrammarError(
+                    f"EOS token {token_id} not allowed: the {self._whole} is incomplete"
+                )
+            self._record()
+            self._ended = True
+            return
+        if not 0 <= token_id < len(g.vocab):
+            raise GrammarError(f"token id {token_id} outside the vocabulary")
+        data = g.vocab.token_bytes(token_id)
+        if not data:
+            raise GrammarError(f"token {token_id} is special or empty: never allowed")
+        nxt = self._walk(data)
+        if nxt is None:
+            raise GrammarError(f"token {token_id} ({data!r}) is not allowed here")
+        self._record()
+        self._move(nxt)
+
+    def advance_bytes(self, data: bytes) -> None:
+        """Consume raw bytes (e.g. forced text); GrammarError (state unchanged) if forbidden."""
+        if self._ended and data:
+            raise GrammarError("the constraint already ended (EOS was consumed)")
+        if not data:
+            return
+        nxt = self._walk(data)
+        if nxt is None:
+            raise GrammarError(f"bytes {data[:80]!r} are not allowed here")
+        self._record()
+        self._move(nxt)
+
+    def is_dead(self) -> bool:
+        """Nothing more can follow: EOS was consumed, or the text is complete and cannot grow
+        (only EOS is allowed). The engine should stop the sequence."""
+        return self._ended or self._cannot_grow()
 
     def bitmask(self) -> np.ndarray:
-        raise NotImplementedError
+        """The shared packed mask of the current state (read-only): int32 words, bit b of
+        word w = token 32*w+b, EOS set where the text is complete."""
+        if self._ended:
+            return self._empty_bitmask()
+        return self._live_bitmask()
+
+    def forced_bytes(self) -> bytes:
+        """The longest byte string every valid continuation starts with (b"" if none)."""
+        if self._ended:
+            return b""
+        return self._forced()
 
     def fill_bitmask(self, out: np.ndarray) -> None:
         """Copy the packed mask (int32 words, bit b of word w = token 32*w+b) into `out`."""
@@ -49,9 +165,6 @@ class PackedMaskViews:
         """Bool array of len(vocab): the token ids allowed now (EOS when accepting)."""
         bits = np.unpackbits(self.bitmask().view(np.uint8), bitorder="little")
         return bits[: len(self.grammar.vocab)].astype(bool)
-
-    def forced_bytes(self) -> bytes:
-        raise NotImplementedError
 
     def forced_text(self) -> str:
         """`forced_bytes()` as text: whole UTF-8 characters only (bytes that finish a
@@ -67,13 +180,13 @@ class PackedMaskViews:
         return bool((int(w) >> (token_id & 31)) & 1)
 
 
-class Matcher(PackedMaskViews):
-    """One sequence's position in a constraint. Cheap to create and to copy; not thread-safe
-    (one sequence is advanced by one thread), while its grammar is shared."""
+class DFAMatcher(MatcherBase):
+    """One sequence's position in a regular constraint (regex, JSON Schema, choices, a
+    regular GBNF grammar or structural tag): a state of its byte DFA. Cheap to copy."""
 
-    __slots__ = ("grammar", "_state", "_ended")
+    __slots__ = ("_state",)
 
-    def __init__(self, grammar: CompiledGrammar, state: int = START, ended: bool = False) -> None:
+    def __init__(self, grammar: DFAGrammar, state: int = START, ended: bool = False) -> None:
         self.grammar = grammar
         self._state = state
         self._ended = ended
@@ -82,55 +195,28 @@ class Matcher(PackedMaskViews):
     def state(self) -> int:
         return self._state
 
-    def copy(self) -> Matcher:
-        return Matcher(self.grammar, self._state, self._ended)
+    def copy(self) -> DFAMatcher:
+        return DFAMatcher(self.grammar, self._state, self._ended)
 
-    def bitmask(self) -> np.ndarray:
-        """The shared packed mask of the current state (read-only)."""
-        if self._ended:
-            return np.zeros(self.grammar.index.num_words, dtype=np.int32)
+    def _walk(self, data: bytes) -> int | None:
+        nxt = self.grammar.dfa.walk(self._state, data)
+        return None if nxt == DEAD else nxt
+
+    def _move(self, position: int) -> None:
+        self._state = position
+
+    def _live_bitmask(self) -> np.ndarray:
         return self.grammar.index.bitmask(self._state)
 
-    def advance(self, token_id: int) -> None:
-        """Consume one token; GrammarError (state unchanged) if the mask forbids it."""
-        g = self.grammar
-        if self._ended:
-            raise GrammarError("the constraint already ended (EOS was consumed)")
-        if token_id in g.eos_token_ids:
-            if not g.dfa.accepting[self._state]:
-                raise GrammarError(f"EOS token {token_id} not allowed: the match is incomplete")
-            self._ended = True
-            return
-        if not 0 <= token_id < len(g.vocab):
-            raise GrammarError(f"token id {token_id} outside the vocabulary")
-        data = g.vocab.token_bytes(token_id)
-        if not data:
-            raise GrammarError(f"token {token_id} is special or empty: never allowed")
-        nxt = g.dfa.walk(self._state, data)
-        if nxt == DEAD:
-            raise GrammarError(f"token {token_id} ({data!r}) is not allowed here")
-        self._state = nxt
+    def _empty_bitmask(self) -> np.ndarray:
+        return np.zeros(self.grammar.index.num_words, dtype=np.int32)
 
-    def advance_bytes(self, data: bytes) -> None:
-        """Consume raw bytes (e.g. forced text); GrammarError (state unchanged) if forbidden."""
-        if self._ended and data:
-            raise GrammarError("the constraint already ended (EOS was consumed)")
-        nxt = self.grammar.dfa.walk(self._state, data)
-        if nxt == DEAD:
-            raise GrammarError(f"bytes {data[:80]!r} are not allowed here")
-        self._state = nxt
+    def _forced(self) -> bytes:
+        return self.grammar.jump_forward(self._state)[0]
+
+    def _cannot_grow(self) -> bool:
+        return not self.grammar.dfa.can_continue(self._state)
 
     def is_accepting(self) -> bool:
         """The text so far is a complete match."""
         return bool(self.grammar.dfa.accepting[self._state])
-
-    def is_dead(self) -> bool:
-        """Nothing more can follow: EOS was consumed, or the match is complete and cannot grow
-        (only EOS is allowed). The engine should stop the sequence."""
-        return self._ended or not self.grammar.dfa.can_continue(self._state)
-
-    def forced_bytes(self) -> bytes:
-        """The longest byte string every valid continuation starts with (b"" if none)."""
-        if self._ended:
-            return b""
-        return self.grammar.jump_forward(self._state)[0]

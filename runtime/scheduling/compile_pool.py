@@ -32,7 +32,7 @@ too) is tried at once instead of waiting for an interpreter and a vocabulary to 
 spare starts in the background. It costs one idle worker's memory (an interpreter with
 `grammar`, numpy and the vocabulary: see docs/robustness.md).
 
-Sharing. Results are cached per (kind, constraint text, json_schema_mode) in this process (LRU,
+Sharing. Results are cached per `grammar.Constraint` (its `key`) in this process (LRU,
 `cache_size` entries; refusals too, so a pathological constraint sent again is answered at
 once), and a compile already under way is shared by every request that asks for the same
 constraint. When every request waiting for a compile has been aborted, the compile is ended
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import collections
 import contextvars
-import json
 import logging
 import os
 import pickle
@@ -61,6 +60,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from grammar.constraint import Constraint
 from grammar.errors import GrammarError
 from runtime.scheduling import compile_worker
 
@@ -109,27 +109,9 @@ class CompileCancelledError(GrammarError):
     """Every request waiting for the compile went away."""
 
 
-@dataclass(frozen=True, slots=True)
-class CompileSpec:
-    """One constraint to compile: `kind` one of compile_worker.KINDS, `value` its text (a
-    JSON-able schema or structural tag, a list of choices, a dtype name), `mode` the
-    json_schema_mode."""
-
-    kind: str
-    value: Any
-    mode: str = "strict"
-    whitespace: str | None = None  # a json_schema's whitespace pattern (None: compact)
-
-    def key(self) -> tuple:
-        text = self.value if isinstance(self.value, str) else json.dumps(self.value)
-        if self.kind not in ("json_schema", "structural_tag"):  # (their JSON Schemas)
-            return self.kind, text, "", None
-        return self.kind, text, self.mode, self.whitespace
-
-
 @dataclass(slots=True)
 class _Job:
-    spec: CompileSpec
+    spec: Constraint
     future: Future
     deadline: float  # time.monotonic() when its time budget runs out (see `_new_job`)
     large: str = ""  # `largest_count`: a large count or list it has ("": none)
@@ -290,10 +272,10 @@ class CompilePool:
         self.events: collections.deque[tuple[str, Any]] = collections.deque(maxlen=256)
 
     # ---- the callers' side ---------------------------------------------------------------
-    def submit(self, spec: CompileSpec, waiter: Any = None) -> Future:
+    def submit(self, spec: Constraint, waiter: Any = None) -> Future:
         """A future of (compiled constraint, vocabulary, seconds); `waiter` (a request with
         `.aborted`) is counted for cancellation, None pins the compile."""
-        key = spec.key()
+        key = spec.key
         with self._lock:
             if self._closed:
                 raise RuntimeError("the compile pool is shut down")
@@ -318,7 +300,7 @@ class CompilePool:
                 job.waiters.append(waiter)
             return job.future
 
-    def _new_job(self, spec: CompileSpec) -> _Job:
+    def _new_job(self, spec: Constraint) -> _Job:
         """The budget counts from the request's arrival (`arrival`; else from now), less the
         reserve for its answer. A constraint without a large count or list gets the time it
         then waits for a worker (others' compiles, a start) added back (`_serve`, `_run`)."""
@@ -327,7 +309,7 @@ class CompilePool:
         deadline = since + self.timeout_s - reply_reserve_s(self.timeout_s)
         return _Job(spec, Future(), deadline, largest_count(spec), submitted=now)
 
-    def compile(self, spec: CompileSpec) -> Any:
+    def compile(self, spec: Constraint) -> Any:
         """The compiled constraint, blocking (raises its error)."""
         return self.submit(spec).result()[0]
 
@@ -594,7 +576,7 @@ class CompilePool:
         deadline, at most `_POLL_S` (so a cancellation is seen soon)."""
         return max(0.0, min(_POLL_S, job.deadline - time.monotonic()))
 
-    def _timeout_error(self, spec: CompileSpec, why: str) -> CompileBudgetError:
+    def _timeout_error(self, spec: Constraint, why: str) -> CompileBudgetError:
         limit = f"{self.timeout_s:g} s"
         return CompileBudgetError(_name(spec), "grammar compile timeout", limit, why)
 
@@ -607,7 +589,7 @@ class CompilePool:
         try:
             # the value as its key's text: a deeply nested schema pickles past the recursion
             # limit, and JSON is what the worker would read anyway
-            message = (self._next_id, spec.kind, spec.key()[1], spec.mode, spec.whitespace)
+            message = (self._next_id, spec.wire())
             worker.conn.send_bytes(pickle.dumps(message))
         except OSError:
             worker.condemn()
@@ -639,7 +621,7 @@ class CompilePool:
             worker.condemn()  # give the memory it grew to back
         return self._outcome(spec, header, payload)
 
-    def _outcome(self, spec: CompileSpec, header: tuple, payload: bytes) -> Any:
+    def _outcome(self, spec: Constraint, header: tuple, payload: bytes) -> Any:
         status = header[0]
         if status == "memory":
             limit = f"{self.memory_mb} MiB"
@@ -655,13 +637,11 @@ class CompilePool:
         elif packing == "whole":
             compiled = compile_worker.loads_whole(payload, vocab)
         else:  # checked within the budget there, but not packable: built here
-            compiled = compile_worker.compile_constraint(
-                spec.kind, spec.value, spec.mode, vocab, spec.whitespace
-            )
+            compiled = compile_worker.compile_constraint(spec, vocab)
         return compiled, vocab, header[2]
 
     def _finish(self, job: _Job, outcome: Any, cache: bool = True) -> None:
-        key = job.spec.key()
+        key = job.spec.key
         with self._lock:
             if self._inflight.get(key) is job:
                 self._inflight.pop(key)
@@ -683,7 +663,7 @@ _REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 _NOTABLE = 1000  # counts from here on are named in a budget error
 
 
-def largest_count(spec: CompileSpec) -> str:
+def largest_count(spec: Constraint) -> str:
     """The constraint's largest repetition count or alternative list, as the likely reason a
     compile went past its budget ("" when none is large): `minLength 1000000 at #/x, unrolled
     into as many automaton states`, `enum of 100000 values at #`, `a repetition count of
@@ -710,12 +690,12 @@ def largest_count(spec: CompileSpec) -> str:
         counts = [int(x) for m in _REPEAT.finditer(spec.value) for x in m.groups() if x]
         if counts and max(counts) >= _NOTABLE:
             return f"a repetition count of {max(counts)}"
-    if spec.kind == "choices" and isinstance(spec.value, list) and len(spec.value) >= _NOTABLE:
+    if spec.kind == "choices" and isinstance(spec.value, tuple) and len(spec.value) >= _NOTABLE:
         return f"{len(spec.value)} choices"
     return ""
 
 
-def _name(spec: CompileSpec) -> str:
+def _name(spec: Constraint) -> str:
     return {"grammar": "grammar (lark)"}.get(spec.kind, spec.kind)
 
 
@@ -740,16 +720,3 @@ def _rebuild_error(name: str, message: str, attrs: dict) -> GrammarError:
     Exception.__init__(exc, message)
     exc.__dict__.update(attrs)
     return exc
-
-
-_active: CompilePool | None = None
-
-
-def register(pool: CompilePool | None) -> None:
-    """The pool the server's request checks use (`active`): the engine's, one per process."""
-    global _active
-    _active = pool
-
-
-def active() -> CompilePool | None:
-    return _active

@@ -2,9 +2,10 @@
 
 Started by `compile_pool` as its own interpreter (`LAUNCH`), it imports only `grammar`
 and numpy, never torch or the engine. It talks over a socket (a `multiprocessing` connection on
-file descriptor FD): first the vocabulary, then one job at a time. Its address space is capped
-at its size when ready plus the memory budget (`RLIMIT_AS`), so a compile that needs more ends
-in a MemoryError here, not in the serving process.
+file descriptor FD): first the vocabulary, then one job at a time, a `grammar.Constraint` as
+its `wire()` tuple (strings and numbers), compiled with `grammar.compile`. Its address space
+is capped at its size when ready plus the memory budget (`RLIMIT_AS`), so a compile that needs
+more ends in a MemoryError here, not in the serving process.
 
 A compiled constraint comes back as its automaton, the masks of the states the worker visited
 (the start state's: the first mask is often the longest to build) and its forced text, pickled
@@ -18,7 +19,6 @@ with the vocabulary, its shared lexing layout, locks and thread-local scratch le
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import pickle
@@ -28,9 +28,6 @@ import threading
 import time
 from typing import Any
 
-# a job's kinds; each is compiled by `compile_constraint`
-KINDS = ("regex", "json_schema", "choices", "grammar", "ebnf", "structural_tag", "dtype")
-_JSON_KINDS = ("json_schema", "choices", "structural_tag")  # sent as JSON text
 _LOCKS = (type(threading.Lock()), type(threading.RLock()))
 _LOCAL = threading.local
 # `python -c LAUNCH REPO FILE FD BUDGET`: this file run as a script with the repository first
@@ -43,34 +40,15 @@ LAUNCH = (
 logger = logging.getLogger("runtime.compile_worker")
 
 
-def compile_constraint(
-    kind: str, value: Any, mode: str, vocab: Any, whitespace: str | None = None
-) -> Any:
-    """The compiled constraint (`grammar.CompiledGrammar`, or a lark `CompiledCFG`, ...)."""
+def compile_constraint(constraint: Any, vocab: Any) -> Any:
+    """The compiled `grammar.Constraint` (`grammar.compile`); a schema that admits no
+    instance is refused here (compiled, but no output could ever satisfy it)."""
     import grammar
 
-    if kind == "regex":
-        return grammar.compile_regex(value, vocab)
-    if kind == "json_schema":
-        g = grammar.compile_json_schema(value, vocab, whitespace=whitespace, json_schema_mode=mode)
-        if g.admits_nothing:  # compiled, but no output could ever satisfy it
-            raise grammar.EmptyLanguageError("the schema admits no instance")
-        return g
-    if kind == "choices":
-        if not value:
-            raise grammar.GrammarError("choices must not be empty")
-        return grammar.compile_choices(list(value), vocab)
-    if kind == "grammar":
-        return grammar.compile_lark(value, vocab)
-    if kind == "ebnf":
-        return grammar.compile_ebnf(value, vocab, root="root")
-    if kind == "structural_tag":
-        return grammar.compile_structural_tag(
-            value, vocab, json_schema_mode=mode, whitespace=whitespace
-        )
-    if kind == "dtype":
-        return grammar.compile_regex(grammar.dtype_to_regex(grammar.DTYPE_NAMES[value]), vocab)
-    raise ValueError(f"unknown constraint kind {kind!r}")
+    g = grammar.compile(constraint, vocab)
+    if constraint.kind == "json_schema" and g.admits_nothing:
+        raise grammar.EmptyLanguageError("the schema admits no instance")
+    return g
 
 
 class _Pickler(pickle.Pickler):
@@ -177,7 +155,7 @@ def _address_space_limit(budget_bytes: int) -> None:
 
 
 def serve(conn: Any, budget_bytes: int) -> None:
-    """The worker's loop: the vocabulary, then (job id, kind, value, mode) jobs until EOF."""
+    """The worker's loop: the vocabulary, then (job id, `Constraint.wire()`) jobs until EOF."""
     import grammar
 
     token_bytes, eos, specials, prebuild, names = pickle.loads(conn.recv_bytes())
@@ -191,15 +169,13 @@ def serve(conn: Any, budget_bytes: int) -> None:
     conn.send_bytes(pickle.dumps(("ready", vocab.hash)))
     while True:
         try:
-            job_id, kind, value, mode, whitespace = pickle.loads(conn.recv_bytes())
+            job_id, wire = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):  # the serving process went away
             return
         start = time.perf_counter()
         payload = b""
         try:
-            if kind in _JSON_KINDS:
-                value = json.loads(value)
-            compiled = compile_constraint(kind, value, mode, vocab, whitespace)
+            compiled = compile_constraint(grammar.Constraint.from_wire(wire), vocab)
             packing, payload = ship(compiled, vocab)
             del compiled
             header: tuple = ("ok", job_id, time.perf_counter() - start, packing)

@@ -1,7 +1,8 @@
 """Constrained decoding in the engine: grammar masks, compilation off the loop, jump-forward.
 
 A request with `regex`, `json_schema`, `choices`, `dtype`, `grammar` (lark text), `ebnf`
-(GBNF text) or `structural_tag` gets a `ConstraintState`. Its grammar compiles in a worker
+(GBNF text) or `structural_tag` (the keywords of `grammar.constraint.KINDS`, read once into a
+`grammar.Constraint`) gets a `ConstraintState`. Its grammar compiles in a worker
 process with a time and a memory budget (`compile_pool`; the request waits in the queue
 meanwhile; other requests go on). Each step the packed masks of the constrained rows are
 applied to their logits in one call; rows without a constraint are not touched. After each
@@ -20,7 +21,6 @@ Jumped tokens were not sampled: their log-probs are reported as 0.0 (forced).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -31,18 +31,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from grammar import DTYPE_NAMES
-from grammar.json_schema.schema import load_schema
+from grammar.constraint import Constraint
+from grammar.tokens.matcher import Matcher
 from runtime import settings
 from runtime.kernels import reference
 from runtime.memory.pages import PageBook
-from runtime.scheduling import compile_pool
-from runtime.scheduling.compile_pool import (
-    DEFAULT_MEMORY_MB,
-    DEFAULT_TIMEOUT_S,
-    CompilePool,
-    CompileSpec,
-)
+from runtime.scheduling.compile_pool import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, CompilePool
 from runtime.scheduling.detokenize import marker_ids
 from runtime.scheduling.request import Request
 
@@ -56,21 +50,8 @@ INCOMPLETE = "max_new_tokens reached before the constraint was complete"
 BitmaskFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 
-class TokenMatcher(Protocol):
-    """What decoding asks of a compiled constraint's matcher (regex / JSON-Schema, lark, GBNF
-    and structural-tag matchers all have it)."""
-
-    def bitmask(self) -> np.ndarray: ...
-
-    def advance(self, token_id: int) -> Any: ...
-
-    def advance_bytes(self, data: bytes) -> Any: ...
-
-    def forced_bytes(self) -> bytes: ...
-
-    def is_dead(self) -> bool: ...
-
-    def is_accepting(self) -> bool: ...
+# what decoding asks of a compiled constraint's matcher: the one `grammar.Matcher` protocol
+TokenMatcher = Matcher
 
 
 class Healing(Protocol):
@@ -109,12 +90,6 @@ class ConstraintState:
             matcher = self.healing.matcher(matcher)
         self.matcher, self.vocab, self.compile_time_s = matcher, vocab, seconds
         return True
-
-
-def _grammar_package() -> Any:
-    import grammar
-
-    return grammar
 
 
 class Tokenizer(Protocol):
@@ -159,11 +134,14 @@ class ConstraintHooks:
         compile_timeout_s: float | None = None,
         compile_memory_mb: int | None = None,
         apply_token_bitmask_: BitmaskFn | None = None,
+        compiles: CompilePool | None = None,
     ) -> None:
         """`json_schema_mode`: the default of requests with a `json_schema` ("strict" or
         "exact"); `compile_timeout_s` / `compile_memory_mb`: each compile's budgets (None: the
         compile pool's defaults); `apply_token_bitmask_`: the attention backend's mask kernel
-        (the torch reference when not given)."""
+        (the torch reference when not given); `compiles`: the compile pool to use (None: one of
+        its own, over this tokenizer's vocabulary, with those budgets). The server reads the
+        pool from here (`Engine.compile_pool`), never from a module global."""
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_token_ids)
         self.apply_token_bitmask_ = apply_token_bitmask_ or reference.apply_token_bitmask_
@@ -171,12 +149,11 @@ class ConstraintHooks:
         self._vocab_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sgl-grammar")
         self.json_schema_mode = json_schema_mode
-        self.compiles = CompilePool(
+        self.compiles = compiles or CompilePool(
             self.vocab,
             timeout_s=compile_timeout_s or DEFAULT_TIMEOUT_S,
             memory_mb=compile_memory_mb or DEFAULT_MEMORY_MB,
         )
-        compile_pool.register(self.compiles)
         self._prebuilt: Future | None = None
         if settings.GRAMMAR_PREBUILD.get():
             # first on the grammar thread, so no request's compile waits for these
@@ -214,61 +191,28 @@ class ConstraintHooks:
             return self._vocab
 
     # ---- from the caller's thread ----------------------------------------------------------
+    def constraint_of(self, fields: dict[str, Any]) -> Constraint | None:
+        """The `grammar.Constraint` named by request keywords (`regex`, `json_schema`, ...,
+        `json_schema_mode`, `whitespace_pattern`; others ignored), under this engine's default
+        mode; None when none is given. ConstraintError (a ValueError) naming the field."""
+        return Constraint.from_kwargs(fields, default_mode=self.json_schema_mode)
+
     def attach(
         self,
         req: Request,
+        constraint: Constraint | None = None,
         *,
-        regex: str | None = None,
-        json_schema: Any = None,
-        choices: list[str] | None = None,
-        dtype: Any = None,
-        grammar: str | None = None,
-        ebnf: str | None = None,
-        structural_tag: Any = None,
         jump_forward: bool = True,
         wake: Any = None,
-        json_schema_mode: str | None = None,
-        whitespace_pattern: str | None = None,
+        **fields: Any,
     ) -> None:
-        lark_text = grammar  # the name `grammar` is the package inside compile_job
-        named = {
-            "regex": regex,
-            "json_schema": json_schema,
-            "choices": choices,
-            "dtype": dtype,
-            "grammar": lark_text,
-            "ebnf": ebnf,
-            "structural_tag": structural_tag,
-        }
-        given = [k for k, v in named.items() if v is not None]
-        if len(given) > 1:
-            raise ValueError(f"give at most one constraint, got {given}")
-        needs = {"ebnf": "compile_ebnf", "structural_tag": "compile_structural_tag"}
-        if given and given[0] in needs and not hasattr(_grammar_package(), needs[given[0]]):
-            raise NotImplementedError(f"{given[0]}: this grammar package has no {needs[given[0]]}")
-        if isinstance(structural_tag, str):
-            structural_tag = json.loads(structural_tag)  # JSON text, as SGLang and vLLM send it
-        if isinstance(dtype, str):
-            if dtype not in DTYPE_NAMES:
-                raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, got {dtype!r}")
-            dtype = DTYPE_NAMES[dtype]
-        from grammar.json_schema.strict import check_mode  # "strict" (default) or "exact"
-
-        mode = check_mode(json_schema_mode or self.json_schema_mode)
-
-        kind = given[0] if given else "dtype"
-        value = named[kind] if kind != "dtype" else dtype.__name__
-        if kind == "json_schema":
-            value = load_schema(value)  # a pydantic class or JSON text: the dict, to ship
-        elif kind == "structural_tag":
-            value = structural_tag
-        spec = CompileSpec(
-            kind,
-            value,
-            mode,
-            whitespace_pattern if kind in ("json_schema", "structural_tag") else None,
-        )
-        future = self.compiles.submit(spec, req)
+        """Start compiling `constraint` for `req` (or the one its keyword `fields` name, as
+        `constraint_of` reads them); `wake` is called when the compile ends."""
+        if constraint is None:
+            constraint = self.constraint_of(fields)
+            if constraint is None:
+                return
+        future = self.compiles.submit(constraint, req)
         if wake is not None:
             future.add_done_callback(lambda _: wake())
         req.constraint = ConstraintState(future, jump_forward)
@@ -397,6 +341,4 @@ class ConstraintHooks:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if compile_pool.active() is self.compiles:
-            compile_pool.register(None)
         self.compiles.shutdown()

@@ -230,7 +230,12 @@ def build_state(
     api_key: str | None = None,
     max_queue: int = 256,
     max_running: int = 64,
+    compile_pool: Any = None,
 ) -> ServerState:
+    """`compile_pool`: where request checks compile constraints (default: the engine's own,
+    `Engine.compile_pool`; an engine without one: checked in-process)."""
     bridge = EngineBridge(engine, max_running=max_running, max_queue=max_queue)
     name = model_name or engine.model_path.name
-    return ServerState(bridge=bridge, model_name=name, api_key=api_key)
+    if compile_pool is None:
+        compile_pool = getattr(engine, "compile_pool", None)
+    return ServerState(bridge=bridge, model_name=name, api_key=api_key, compile_pool=compile_pool)

@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 
+from grammar.constraint import given_kinds
 from runtime.scheduling.request import GenerateResult, StreamChunk, Usage
 from runtime.server.errors import APIError
 
@@ -55,11 +56,8 @@ class EngineStream:
     @property
     def constraint_key(self) -> str | None:
         """The constraint keyword this request carries (regex, json_schema, ...), if any."""
-        keys = ("regex", "json_schema", "choices", "dtype", "grammar", "ebnf", "structural_tag")
-        for key in keys:
-            if self._kwargs.get(key) is not None:
-                return key
-        return None
+        given = given_kinds(self._kwargs)
+        return given[0] if given else None
 
     def _put(self, item: tuple[str, Any]) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening

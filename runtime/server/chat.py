@@ -289,18 +289,18 @@ def render_prompt(tokenizer: Any, request: ChatRequest, parser: ToolParser | Non
         raise APIError(400, msg, param="messages") from exc
 
 
-def response_format_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
+def response_format_constraint(request: ChatRequest, mode: str, pool: Any = None) -> dict[str, Any]:
     """Engine constraint keywords for the request's output format (`structured.py` reads every
     field that gives one). `response_format.json_schema.strict` true or false: the output is
-    constrained either way, under `mode`."""
-    return openai_constraint(request, mode).kwargs
+    constrained either way, under `mode`. `pool`: the server's compile pool."""
+    return openai_constraint(request, mode, pool).kwargs
 
 
 def has_output_format(request: ChatRequest) -> bool:
     return constraint_field(request) is not None
 
 
-def chat_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
+def chat_constraint(request: ChatRequest, mode: str, pool: Any = None) -> dict[str, Any]:
     """The engine constraint of a chat request: its forced tool calls, or auto's alternation
     of calls and text (or of calls and the response_format), or its response_format."""
     from grammar import GrammarError, choices_to_regex, json_schema_to_regex
@@ -308,7 +308,7 @@ def chat_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
     from grammar.json_schema.strict import apply_mode
 
     if request.tool_mode:
-        check_tool_schemas(request.tools, mode, check_schema)
+        check_tool_schemas(request.tools, mode, functools.partial(check_schema, pool=pool))
     forced = forced_tools(request.tools, request.tool_choice)
     if forced is not None:
         # a named function is one call, as OpenAI answers it; "required" may be several
@@ -317,7 +317,7 @@ def chat_constraint(request: ChatRequest, mode: str) -> dict[str, Any]:
         if lark is not None:
             return {"grammar": lark}
         return {"json_schema": tool_call_schema(forced, several), "json_schema_mode": mode}
-    fmt = response_format_constraint(request, mode)
+    fmt = response_format_constraint(request, mode, pool)
     if not request.tool_mode:
         return fmt
     if not fmt:
@@ -377,12 +377,13 @@ def tool_parser_for(tokenizer: Any, name: str | None) -> ToolParser:
 
 def prepare_chat(
     tokenizer: Any, request: ChatRequest, mode: str, tool_parser: str | None,
-    reasoning_parser: str | None,
+    reasoning_parser: str | None, pool: Any = None,
 ) -> ChatSetup:  # fmt: skip
-    """The prompt, the constraint or plan of phases, and the parsers of a chat request."""
+    """The prompt, the constraint or plan of phases, and the parsers of a chat request
+    (`pool`: the server's compile pool, where its schemas are checked)."""
     parser = tool_parser_for(tokenizer, tool_parser)
     prompt = render_prompt(tokenizer, request, parser)
-    spec = answer_spec(request, mode, parser)
+    spec = answer_spec(request, mode, parser, pool)
     reasoning = None
     if reasoning_parser is not None and request.thinking:
         rp = get_reasoning_parser(reasoning_parser)
@@ -398,14 +399,17 @@ def prepare_chat(
     return ChatSetup(prompt, parser, spec.constraint, plan, separate, bool(buffer), markers)
 
 
-def answer_spec(request: ChatRequest, mode: str, parser: ToolParser) -> AnswerSpec:
+def answer_spec(
+    request: ChatRequest, mode: str, parser: ToolParser, pool: Any = None
+) -> AnswerSpec:
     """The constraint of the answer (after any reasoning) in `parser`'s format."""
     if parser.name == "json" or not request.tool_mode:
-        return AnswerSpec(chat_constraint(request, mode))
-    check_tool_schemas(request.tools, mode, check_schema)
+        return AnswerSpec(chat_constraint(request, mode, pool))
+    check_tool_schemas(request.tools, mode, functools.partial(check_schema, pool=pool))
     other = None
     if request.tool_choice == "auto" and has_output_format(request):
-        other = _format_regex(request, response_format_constraint(request, mode), mode)
+        fmt = response_format_constraint(request, mode, pool)
+        other = _format_regex(request, fmt, mode)
     return tool_answer_spec(
         parser, request.tools, request.tool_choice, request.parallel, mode, other
     )

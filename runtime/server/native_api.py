@@ -24,7 +24,7 @@ from runtime.server.protocol import (
     ScoreRequest,
 )
 from runtime.server.state import get_state
-from runtime.server.structured import Constraint, logit_bias, native_constraint
+from runtime.server.structured import OutputConstraint, logit_bias, native_constraint
 from runtime.server.tools.plan import AnswerPlan, AnswerSpec, ReasoningSpec
 from runtime.server.tools.reasoning import END as THINK_END
 from runtime.server.tools.reasoning import START as THINK_START
@@ -180,8 +180,8 @@ def _reasoning(
 
 
 def _sampling(
-    raw: dict[str, Any], return_logprob: bool, top_n: int, vocab_size: int
-) -> tuple[dict[str, Any], Constraint]:
+    raw: dict[str, Any], return_logprob: bool, top_n: int, vocab_size: int, pool: Any = None
+) -> tuple[dict[str, Any], OutputConstraint]:
     """Engine keywords from one `sampling_params` dict (SGLang's server-side keys removed),
     and its output constraint (whose engine keywords are among them)."""
     params = dict(raw)
@@ -211,7 +211,7 @@ def _sampling(
         raise APIError(
             400, "json_schema_mode must be 'strict' or 'exact'", param="json_schema_mode"
         )
-    constraint = native_constraint(params)
+    constraint = native_constraint(params, pool)
     params.update(constraint.kwargs)
     if return_logprob or top_n:
         params.update(logprobs=True, top_logprobs=top_n)
@@ -289,7 +289,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         want_lp = bool(_pick(body.return_logprob, i))
         vocab_size = state.engine.config.vocab_size
         params, constraint = await anyio.to_thread.run_sync(
-            _sampling, per_prompt[i], want_lp, top_n, vocab_size
+            _sampling, per_prompt[i], want_lp, top_n, vocab_size, state.compile_pool
         )
         ids = await bridge.encode(p)
         bridge.check_length(ids, param)

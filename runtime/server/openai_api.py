@@ -103,7 +103,13 @@ async def chat_jobs(state: ServerState, body: ChatRequest) -> tuple[ChatSetup, l
     mode = json_schema_mode(state, body.json_schema_mode)
     bridge = state.bridge
     setup = await anyio.to_thread.run_sync(
-        prepare_chat, state.tokenizer, body, mode, state.tool_parser, state.reasoning_parser
+        prepare_chat,
+        state.tokenizer,
+        body,
+        mode,
+        state.tool_parser,
+        state.reasoning_parser,
+        state.compile_pool,
     )
     prompt_ids = await bridge.encode_chat(setup.prompt)
     bridge.check_length(prompt_ids, "messages")
@@ -179,7 +185,7 @@ async def completions(body: CompletionsRequest, request: Request) -> Any:
     bridge = state.bridge
     prompts = _prompts(body.prompt)
     mode = json_schema_mode(state, body.json_schema_mode)
-    constraint = await anyio.to_thread.run_sync(openai_constraint, body, mode)
+    constraint = await anyio.to_thread.run_sync(openai_constraint, body, mode, state.compile_pool)
     jobs: list[Job] = []
     prompt_texts: list[str] = []
     prompt_ids: list[list[int]] = []

@@ -26,6 +26,9 @@ class ServerState:
     responses: ResponseStore = field(default_factory=ResponseStore)
     tool_parser: str | None = None  # --tool-call-parser (None: chosen from the chat template)
     reasoning_parser: str | None = None  # --reasoning-parser
+    # the engine's constraint compile pool (`Engine.compile_pool`), handed over by
+    # `app.build_state`: request checks compile schemas there (None: checked in-process)
+    compile_pool: Any = None
 
     @property
     def engine(self) -> Any:

@@ -64,8 +64,9 @@ _COMPILERS = {"ebnf": "compile_ebnf", "structural_tag": "compile_structural_tag"
 
 
 @dataclass(slots=True)
-class Constraint:
-    """A request's constraint: the field the user named it with, and the engine keywords."""
+class OutputConstraint:
+    """A request's constraint as the server read it: the field the user named it with, and the
+    engine keywords it maps to (from which the engine builds the one `grammar.Constraint`)."""
 
     param: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -89,21 +90,21 @@ def json_object_regex(whitespace: str | None = None) -> str:
     )
 
 
-def check_schema(schema: Any, param: str, mode: str = "strict") -> None:
+def check_schema(schema: Any, param: str, mode: str = "strict", pool: Any = None) -> None:
     """Raise a 400 naming the keyword when the grammar cannot honour `schema` as generated
     under `mode` (the same construction `compile_json_schema` uses, automaton-only shapes
-    included). The default, strict, refuses nothing that strict mode compiles."""
-    from grammar import GrammarError
+    included). The default, strict, refuses nothing that strict mode compiles. `pool`: the
+    engine's compile pool, handed to the server (`ServerState.compile_pool`): the schema is
+    compiled there, in a worker, within the budget, and kept for the engine; None: only
+    checked here."""
+    from grammar import Constraint, GrammarError
     from grammar.json_schema.schema import json_schema_to_node, load_schema
-    from grammar.json_schema.strict import apply_mode, check_mode
+    from grammar.json_schema.strict import apply_mode
     from runtime.scheduling import compile_pool
 
     try:
-        pool = compile_pool.active()
-        if pool is not None:  # compiled in a worker, within the budget, kept for the engine
-            pool.compile(
-                compile_pool.CompileSpec("json_schema", load_schema(schema), check_mode(mode))
-            )
+        if pool is not None:
+            pool.compile(Constraint.of("json_schema", schema, json_schema_mode=mode))
         else:
             json_schema_to_node(apply_mode(load_schema(schema), mode))
     except GrammarError as exc:
@@ -116,9 +117,9 @@ def check_schema(schema: Any, param: str, mode: str = "strict") -> None:
         raise APIError(400, msg, param=param, code="invalid_schema") from exc
 
 
-def schema_constraint(schema: Any, mode: str, param: str) -> dict[str, Any]:
+def schema_constraint(schema: Any, mode: str, param: str, pool: Any = None) -> dict[str, Any]:
     """`{"json_schema", "json_schema_mode"}` after checking the schema as it is generated."""
-    check_schema(schema, param, mode)
+    check_schema(schema, param, mode, pool)
     return {"json_schema": schema, "json_schema_mode": mode}
 
 
@@ -241,11 +242,13 @@ def structural_tag_spec(value: Any, param: str) -> dict[str, Any]:
     return value
 
 
-def _engine_kwargs(given: _Given, mode: str, whitespace: str | None) -> dict[str, Any]:
+def _engine_kwargs(
+    given: _Given, mode: str, whitespace: str | None, pool: Any = None
+) -> dict[str, Any]:
     kind, value, param = given.kind, given.value, given.param
     require_compiler(kind, param)
     if kind == "json_schema":
-        out = schema_constraint(value, mode, param)
+        out = schema_constraint(value, mode, param, pool)
         if whitespace is not None:
             out["whitespace_pattern"] = whitespace
         return out
@@ -266,18 +269,19 @@ def _engine_kwargs(given: _Given, mode: str, whitespace: str | None) -> dict[str
     return {kind: value}  # regex, ebnf
 
 
-def openai_constraint(body: SamplingFields, mode: str) -> Constraint:
-    """The output constraint of a /v1 request (none: an empty `Constraint`).
+def openai_constraint(body: SamplingFields, mode: str, pool: Any = None) -> OutputConstraint:
+    """The output constraint of a /v1 request (none: an empty `OutputConstraint`).
 
     `mode` is the JSON-schema mode ("strict" or "exact"); vLLM's
-    `disable_additional_properties` asks for strict objects whatever the mode."""
+    `disable_additional_properties` asks for strict objects whatever the mode. `pool`: the
+    server's compile pool (`check_schema`)."""
     given = _only_one(_openai_given(body))
     whitespace = _whitespace(body)
     if given is None:
-        return Constraint()
+        return OutputConstraint()
     if (body.structured_outputs or {}).get("disable_additional_properties"):
         mode = "strict"
-    return Constraint(given.param, _engine_kwargs(given, mode, whitespace))
+    return OutputConstraint(given.param, _engine_kwargs(given, mode, whitespace, pool))
 
 
 def logit_bias(raw: Any, vocab_size: int, param: str = "logit_bias") -> dict[int, float] | None:
@@ -317,9 +321,9 @@ NATIVE_KINDS = {
 }
 
 
-def native_constraint(params: dict[str, Any]) -> Constraint:
+def native_constraint(params: dict[str, Any], pool: Any = None) -> OutputConstraint:
     """The output constraint in one /generate `sampling_params` dict (its constraint keys are
-    removed from `params`; the engine keywords come back)."""
+    removed from `params`; the engine keywords come back); `pool` as for `check_schema`."""
     given = _only_one(
         [
             _Given(key, kind, params.pop(key))
@@ -328,15 +332,15 @@ def native_constraint(params: dict[str, Any]) -> Constraint:
         ]
     )
     if given is None:
-        return Constraint()
+        return OutputConstraint()
     if given.kind == "lark":
         if not isinstance(given.value, str):
             raise APIError(400, f"{given.param} must be lark grammar text", param=given.param)
-        return Constraint(given.param, {"grammar": given.value})
+        return OutputConstraint(given.param, {"grammar": given.value})
     if given.kind == "dtype":
-        return Constraint(given.param, {"dtype": given.value})
+        return OutputConstraint(given.param, {"dtype": given.value})
     mode = params.get("json_schema_mode", "strict")
-    return Constraint(given.param, _engine_kwargs(given, mode, None))
+    return OutputConstraint(given.param, _engine_kwargs(given, mode, None, pool))
 
 
 def constraint_field(body: SamplingFields) -> str | None:

@@ -447,8 +447,6 @@ def _check_sglang(params: dict[str, Any]) -> None:
         )
 
 
-# gen() constraint keywords (`choices` / `dtype` travel as `regex`)
-_CONSTRAINTS = ("regex", "json_schema", "choices", "dtype", "grammar", "ebnf", "structural_tag")
 
 
 def _check_constraint_reached(params: dict[str, Any], meta: dict[str, Any]) -> None:
@@ -456,7 +454,9 @@ def _check_constraint_reached(params: dict[str, Any], meta: dict[str, Any]) -> N
     an answer to a constrained gen that names none was generated without the constraint: a
     gateway in between dropped a field SGLang's types do not have (`lark`) or that it does not
     pass on (`structural_tag`). Refuse it rather than pass free text for constrained output."""
-    sent = [k for k in _CONSTRAINTS if params.get(k) is not None]
+    from grammar.constraint import given_kinds  # the constraint keywords of every entry point
+
+    sent = given_kinds(params)  # (gen()'s `choices` / `dtype` travel as `regex`)
     if sent and not meta.get("constraint"):
         hint = " (write the grammar in GBNF: gen(ebnf=...))" if sent[0] == "grammar" else ""
         raise BackendError(

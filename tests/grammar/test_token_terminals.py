@@ -203,14 +203,15 @@ def test_a_token_end_is_excluded_from_the_tokens_inside_its_tag(smol) -> None:
 def test_token_names_travel_to_the_compile_workers() -> None:
     """The served vocabulary keeps the token names, and a compile worker gets them too: a lark
     grammar naming `<|im_start|>` compiles there and comes back matching it by id."""
-    from runtime.scheduling.compile_pool import CompilePool, CompileSpec
+    from grammar import Constraint
+    from runtime.scheduling.compile_pool import CompilePool
     from runtime.scheduling.constrained import constraint_vocabulary
 
     vocab = constraint_vocabulary(smollm2_tokenizer())
     assert vocab.token_names["<|im_start|>"] == IM_START
     pool = CompilePool(lambda: vocab, workers=1, timeout_s=120, prebuild=False)
     try:
-        g = pool.compile(CompileSpec("grammar", 'start: <|im_start|> "hi"'))
+        g = pool.compile(Constraint.of("grammar", 'start: <|im_start|> "hi"'))
         m = g.matcher()
         assert _allowed(m, len(vocab)) == {IM_START}
         m.advance(IM_START)

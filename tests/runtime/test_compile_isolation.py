@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from grammar.constraint import Constraint
 from grammar.errors import GrammarError
 from runtime import Engine
 from runtime.scheduling import compile_worker
@@ -21,7 +22,6 @@ from runtime.scheduling.compile_pool import (
     CompileBudgetError,
     CompileCancelledError,
     CompilePool,
-    CompileSpec,
     arrival,
     largest_count,
 )
@@ -115,12 +115,12 @@ def test_a_pathological_compile_does_not_hold_up_a_plain_request(engine):
     ],
 )
 def test_a_budget_refusal_names_the_largest_count(kind, value, named):
-    assert largest_count(CompileSpec(kind, value)) == named
+    assert largest_count(Constraint.of(kind, value)) == named
 
 
 def test_compiles_are_shared_and_cached(engine):
     pool = engine.scheduler.hooks.compiles
-    spec = CompileSpec("regex", "(yes|no) [0-9]{1,3}")
+    spec = Constraint.of("regex", "(yes|no) [0-9]{1,3}")
     first = pool.submit(spec)
     assert pool.submit(spec) is first or first.done()  # one compile for both
     g1 = first.result()[0]
@@ -133,14 +133,14 @@ def test_a_cached_refusal_is_handed_out_as_a_copy(engine):
     # raising one exception object again and again would chain every raise's traceback onto
     # it, and with them the frames (the requests, their schemas) of everyone who met it
     pool = engine.scheduler.hooks.compiles
-    spec = CompileSpec("regex", "(unclosed")
+    spec = Constraint.of("regex", "(unclosed")
     errors = []
     for _ in range(3):
         with pytest.raises(GrammarError) as err:
             pool.compile(spec)
         errors.append(err.value)
     assert len({id(e) for e in errors}) == 3 and len({str(e) for e in errors}) == 1
-    assert pool._cache[spec.key()].__traceback__ is None
+    assert pool._cache[spec.key].__traceback__ is None
 
 
 def test_a_killed_worker_is_replaced_and_its_job_retried(engine):
@@ -155,7 +155,7 @@ def test_a_killed_worker_is_replaced_and_its_job_retried(engine):
     assert not before & set(pool.worker_pids())
     # killed under a job: retried on a fresh worker (and refused there by the time budget)
     restarts = pool.restarts
-    fut = pool.submit(CompileSpec("regex", "b{1000000}"))
+    fut = pool.submit(Constraint.of("regex", "b{1000000}"))
     assert _wait_for(lambda: pool._inflight)
     time.sleep(0.5)
     for pid in pool.worker_pids():
@@ -191,8 +191,8 @@ def test_a_compile_past_its_memory_budget_is_refused_naming_it(vocab):
     pool = CompilePool(lambda: vocab, workers=1, timeout_s=300, memory_mb=64, prebuild=False)
     try:
         with pytest.raises(CompileBudgetError, match="memory budget .64 MiB"):
-            pool.compile(CompileSpec("regex", HUGE))
-        assert pool.compile(CompileSpec("regex", "[a-c]+")) is not None  # the pool goes on
+            pool.compile(Constraint.of("regex", HUGE))
+        assert pool.compile(Constraint.of("regex", "[a-c]+")) is not None  # the pool goes on
     finally:
         pool.shutdown()
 
@@ -209,18 +209,18 @@ def test_a_large_constraints_budget_counts_from_its_requests_arrival(vocab):
     try:
         pool.start()
         assert _wait_for(lambda: len(pool.worker_pids()) == 1)
-        busy = pool.submit(CompileSpec("regex", "d{1000000}"))
+        busy = pool.submit(Constraint.of("regex", "d{1000000}"))
         request = contextvars.copy_context()
         request.run(arrival.set, time.monotonic() - 4.5)
-        large = request.run(pool.submit, CompileSpec("regex", "e{1000000}"))
-        simple = pool.submit(CompileSpec("regex", "[0-9]{3}"))
+        large = request.run(pool.submit, Constraint.of("regex", "e{1000000}"))
+        simple = pool.submit(Constraint.of("regex", "[0-9]{3}"))
         with pytest.raises(CompileBudgetError, match="it waited for a compile worker"):
             large.result(timeout=120)
         assert not busy.done()  # refused while the worker was still busy: from its arrival
         with pytest.raises(CompileBudgetError, match="a repetition count of 1000000"):
             busy.result(timeout=120)
         assert simple.result(timeout=120)[0] is not None
-        assert pool._cache.get(CompileSpec("regex", "e{1000000}").key()) is None
+        assert pool._cache.get(Constraint.of("regex", "e{1000000}").key) is None
     finally:
         pool.shutdown()
 
@@ -242,9 +242,9 @@ def test_after_two_refusals_in_a_row_the_spare_takes_over(vocab):
             # (the next spare has its refused predecessor's whole budget to start)
             assert _wait_for(pool.spare_pid)
             with pytest.raises(CompileBudgetError, match="a repetition count of 1000000") as err:
-                pool.compile(CompileSpec("regex", text))
+                pool.compile(Constraint.of("regex", text))
             assert "waited for a compile worker" not in str(err.value)
-        assert pool.compile(CompileSpec("regex", "[0-9]{3}")) is not None
+        assert pool.compile(Constraint.of("regex", "[0-9]{3}")) is not None
         events = list(pool.events)
         assert (pool.slot_starts, pool.spares_taken) == (1, 2), events
         assert _wait_for(lambda: ("reaped", first) in pool.events)
@@ -284,7 +284,7 @@ def test_context_free_constraints_come_back_compiled(vocab, monkeypatch, kind, v
     monkeypatch.setattr(compile_worker, "compile_constraint", not_here)
     pool = CompilePool(lambda: vocab, workers=1, timeout_s=120, prebuild=False)
     try:
-        g = pool.compile(CompileSpec(kind, value))
+        g = pool.compile(Constraint.of(kind, value))
         m = g.matcher()
         m.advance_bytes(text)
         assert m.is_accepting()

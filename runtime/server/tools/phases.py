@@ -17,11 +17,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from grammar.constraint import FIELDS as CONSTRAINT_FIELDS
+from grammar.constraint import given_kinds
 from runtime.scheduling.request import GenerateResult, StreamChunk, Usage
-
-# the engine's constraint keywords (a phase's own), then their options
-CONSTRAINT_KEYS = ("regex", "json_schema", "choices", "dtype", "grammar", "ebnf", "structural_tag")
-OPTION_KEYS = ("json_schema_mode", "whitespace_pattern")
 
 
 @dataclass(slots=True)
@@ -51,8 +49,8 @@ class PhasedStream:
         self._bridge = bridge
         self._tokenizer = bridge.engine.tokenizer
         self._prompt_ids = list(prompt_ids)
-        drop = (*CONSTRAINT_KEYS, *OPTION_KEYS)
-        self._kwargs = {k: v for k, v in kwargs.items() if k not in drop}
+        # a phase's constraint is its own: the request's constraint keywords are dropped
+        self._kwargs = {k: v for k, v in kwargs.items() if k not in CONSTRAINT_FIELDS}
         self._budget = int(kwargs.get("max_new_tokens") or 0)
         self._plan = plan
         self._phase: Phase | None = None
@@ -74,10 +72,8 @@ class PhasedStream:
     # ---- what the endpoints read ----
     @property
     def constraint_key(self) -> str | None:
-        for key in CONSTRAINT_KEYS:
-            if self._phase is not None and self._phase.constraint.get(key) is not None:
-                return key
-        return None
+        given = given_kinds(self._phase.constraint) if self._phase is not None else []
+        return given[0] if given else None
 
     def cancel(self) -> None:
         self.cancelled = True
