@@ -15,7 +15,7 @@ import numpy as np
 import numpy.ma  # noqa: F401  np.unique imports it on first use (~15 ms in a schema's compile)
 
 from grammar.automata import native_dfa
-from grammar.automata.fsm import DEAD, START, ByteDFA, _prune_dead_ends, edges_into
+from grammar.automata.fsm import DEAD, START, ByteDFA, _prune_dead_ends
 from grammar.errors import GrammarError
 
 DEFAULT_MAX_PRODUCT = 50_000
@@ -206,7 +206,7 @@ def _regions(
 ) -> list[tuple[ByteDFA, tuple[bool, ...]]]:
     """One automaton per signature some row has (its rows accepting), "in" before "not in"."""
     out = []
-    into = edges_into(table)  # one reverse graph for every region's pruning
+    into: list = []  # one reverse graph for every region's pruning (when not pruned in C)
     for sig in sorted({g for g in sigs if g is not None}, key=lambda g: [not x for x in g]):
         acc = np.array([g == sig for g in sigs], dtype=bool)
         t, a = _prune_dead_ends(table, acc, into)

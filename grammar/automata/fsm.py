@@ -457,13 +457,29 @@ def _nfa_to_dfa_py(nfa: NFA, start: int, max_states: int) -> ByteDFA:
 
 
 def _prune_dead_ends(
-    table: np.ndarray, accepting: np.ndarray, into: tuple | None = None
+    table: np.ndarray, accepting: np.ndarray, into: list | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Send transitions into states that cannot reach acceptance to DEAD. `into`: the
-    table's `edges_into` (several pruning passes over one table share it)."""
-    src_sorted, starts = edges_into(table) if into is None else into
-    # a walk back from the accepting states over Python lists (a numpy slice per state
-    # costs more than its few edges)
+    """Send transitions into states that cannot reach acceptance to DEAD. The live states are
+    found in C (`native_dfa.live_states`), else by a walk back over the table's `edges_into`;
+    `into`, a list: that reverse graph kept in it when made (several pruning passes over one
+    table share it)."""
+    alive = native_dfa.live_states(table, accepting)
+    if alive is None:
+        if into is None:
+            into = []
+        if not into:
+            into.append(edges_into(table))
+        alive = _live_by_walk(*into[0], accepting)
+    if alive[1:].all():
+        return table, accepting
+    table = np.where(alive[table], table, DEAD).astype(np.int32)
+    table[~alive] = DEAD
+    return table, accepting & alive
+
+
+def _live_by_walk(src_sorted: np.ndarray, starts: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """The states that reach an accepting one (DEAD never), by a walk back from the accepting
+    states over Python lists (a numpy slice per state costs more than its few edges)."""
     sources, bounds = src_sorted.tolist(), starts.tolist()
     live = accepting.tolist()
     live[DEAD] = False
@@ -474,12 +490,7 @@ def _prune_dead_ends(
             if not live[p]:
                 live[p] = True
                 stack.append(p)
-    if all(live[1:]):
-        return table, accepting
-    alive = np.array(live, dtype=bool)
-    table = np.where(alive[table], table, DEAD).astype(np.int32)
-    table[~alive] = DEAD
-    return table, accepting & alive
+    return np.array(live, dtype=bool)
 
 
 def edges_into(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

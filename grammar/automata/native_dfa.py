@@ -74,6 +74,7 @@ SIGNATURES: native_build.Signatures = {
     "subset_block_fills": (_I64, [_PTR]),
     "subset_expand_all": (_I64, [_PTR, _PTR, _PTR, _I64]),
     "product_explore": (_I64, [_I64, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64]),
+    "live_states": (_I64, [_PTR, _I64, _I64, _PTR, _PTR]),
 }
 LIBRARY = native_build.OptionalLibrary(
     "grammar-subset", UNITS, SIGNATURES, "using the Python subset construction"
@@ -87,6 +88,23 @@ def enabled() -> bool:
 
 def _load() -> ctypes.CDLL | None:
     return LIBRARY.get()
+
+
+def live_states(table: np.ndarray, accepting: np.ndarray) -> np.ndarray | None:
+    """The states of a DFA (table int32 [n, classes], accepting bool [n]) that can reach an
+    accepting one, as bools (DEAD False), found in C; None when C is off or unavailable."""
+    if not enabled():
+        return None
+    lib = _load()
+    if lib is None:
+        return None
+    table = np.ascontiguousarray(table, dtype=np.int32)
+    acc = np.ascontiguousarray(accepting, dtype=bool)
+    live = np.empty(table.shape[0], dtype=bool)
+    n, k = table.shape
+    if lib.live_states(table.ctypes.data, n, k, acc.ctypes.data, live.ctypes.data):
+        raise MemoryError("dead-end pruning: out of memory")
+    return live
 
 
 def product_rows(

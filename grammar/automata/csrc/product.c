@@ -90,3 +90,37 @@ int64_t product_explore(int64_t n, const int64_t *tables, const int64_t *n_cls,
     free(slots); free(hashes); free(nxt);
     return status ? status : count;
 }
+
+/* The states of a DFA that can reach an accepting state (fsm's dead-end pruning): table int32
+   [n, k] (targets DEAD = 0, or another row), accepting one byte per state; live[s] set to 1
+   for each such state s (DEAD never). A walk back from the accepting states over the table's
+   edges by target (a counting sort of the edges, O(n k)). Returns 0, or -2 on out of memory. */
+int64_t live_states(const int32_t *table, int64_t n, int64_t k, const uint8_t *accepting,
+                    uint8_t *live) {
+    if (n <= 0 || k < 0) return 0;
+    int64_t *start = calloc((size_t)n + 2, sizeof(int64_t));
+    int32_t *stack = malloc((size_t)n * sizeof(int32_t));
+    if (!start || !stack) { free(start); free(stack); return -2; }
+    for (int64_t i = 0; i < n * k; i++)
+        if (table[i] > DEAD && table[i] < n) start[table[i] + 2]++;
+    for (int64_t t = 0; t < n; t++) start[t + 2] += start[t + 1];
+    int64_t n_edges = start[n + 1];
+    int32_t *src = malloc((size_t)(n_edges ? n_edges : 1) * sizeof(int32_t));
+    if (!src) { free(start); free(stack); return -2; }
+    for (int64_t s = 0; s < n; s++)  /* sources of target t: src[start[t] .. start[t + 1]) */
+        for (int64_t c = 0; c < k; c++) {
+            int32_t t = table[s * k + c];
+            if (t > DEAD && t < n) src[start[t + 1]++] = (int32_t)s;
+        }
+    int64_t top = 0;
+    memset(live, 0, (size_t)n);
+    for (int64_t s = 1; s < n; s++)
+        if (accepting[s]) { live[s] = 1; stack[top++] = (int32_t)s; }
+    while (top) {
+        int32_t t = stack[--top];
+        for (int64_t e = start[t]; e < start[t + 1]; e++)
+            if (!live[src[e]]) { live[src[e]] = 1; stack[top++] = src[e]; }
+    }
+    free(start); free(stack); free(src);
+    return 0;
+}

@@ -126,3 +126,17 @@ def test_budget_and_empty_language_errors_match(on: bool, monkeypatch: pytest.Mo
     dfa = _eager(parse_regex(r"[a-z]{0,250}"), monkeypatch, on, max_states=300)
     assert dfa.matches(b"a" * 250) and not dfa.matches(b"a" * 251)
     assert np.array_equal(dfa.byte_table()[DEAD], np.zeros(256, dtype=dfa.table.dtype))
+
+
+def test_dead_end_pruning_in_c_finds_the_python_walk_s_live_states() -> None:
+    _needs_c()
+    rng = np.random.default_rng(7)
+    for n, k in [(2, 1), (60, 3), (700, 9)]:
+        table = rng.integers(0, n, size=(n, k), dtype=np.int32)
+        table[rng.random((n, k)) < 0.7] = DEAD
+        table[DEAD] = DEAD
+        accepting = rng.random(n) < 0.03
+        c_live = native_dfa.live_states(table, accepting)
+        py_live = fsm._live_by_walk(*fsm.edges_into(table), accepting)
+        assert np.array_equal(c_live, py_live)
+        assert not c_live[DEAD] and c_live[np.flatnonzero(accepting[1:]) + 1].all()
