@@ -24,12 +24,20 @@ from collections import OrderedDict
 
 import numpy as np
 
-from grammar.tokens.index import set_bits
 from grammar.tokens.vocab import TokenVocabulary
 
 LIMIT = 64  # bytes of forced text read ahead
 _MAX_MASKS = 1024  # masks kept per vocabulary (16 KB each at 129k ids)
 _UNSEEN = object()
+
+
+def _common(a: bytes, b: bytes) -> int:
+    """The length of the longest common prefix of `a` and `b`."""
+    n = min(len(a), len(b))
+    k = 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
 
 
 class _Texts:
@@ -41,9 +49,8 @@ class _Texts:
             b = vocab.token_bytes(i)
             if b:
                 by_bytes.setdefault(b, []).append(i)
-        self.ids = {b: np.asarray(v, dtype=np.int64) for b, v in by_bytes.items()}
+        self.ids = by_bytes
         self.sorted = sorted(by_bytes)
-        self.longest = max((len(b) for b in by_bytes), default=0)
         self.num_words = (len(vocab) + 31) // 32
         self.masks: OrderedDict[bytes, np.ndarray | None] = OrderedDict()
         self.lock = threading.Lock()
@@ -54,14 +61,17 @@ class _Texts:
         hit = self.masks.get(f, _UNSEEN)
         if hit is not _UNSEEN:
             return hit
-        i = bisect.bisect_right(self.sorted, f)
-        if i < len(self.sorted) and self.sorted[i].startswith(f):
+        texts = self.sorted
+        i = bisect.bisect_right(texts, f)
+        if i < len(texts) and texts[i].startswith(f):
             return self._keep(f, None)
-        found = [self.ids.get(f[:n]) for n in range(1, min(len(f), self.longest) + 1)]
+        # a token that is a prefix of f sorts just before f: no prefix of f is a token past
+        # the longest common prefix of f and that neighbour
+        shared = _common(f, texts[i - 1]) if i else 0
         words = np.zeros(self.num_words, dtype=np.uint32)
-        parts = [a for a in found if a is not None]
-        if parts:
-            set_bits(words, np.concatenate(parts))
+        for n in range(1, shared + 1):
+            for t in self.ids.get(f[:n], ()):
+                words[t >> 5] |= np.uint32(1 << (t & 31))
         return self._keep(f, words.view("<i4"))
 
     def _keep(self, f: bytes, out: np.ndarray | None) -> np.ndarray | None:
