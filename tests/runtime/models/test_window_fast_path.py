@@ -1,7 +1,8 @@
 """A sliding-window layer whose window no sequence of the step outgrows is full causal attention:
 the cpu backend decodes it with the fused kernel (on the window pages' mapped tables, where the
-layer keeps its KV there), not through the torch backend's general path; past the window it
-falls back to that path. Tokens equal transformers' either way."""
+layer keeps its KV there), not through the torch backend's general path; past the window the C
+window kernel (kernels/cpu/window.py) reads each query's window. Tokens equal transformers'
+either way."""
 
 from __future__ import annotations
 
@@ -51,14 +52,15 @@ def test_a_window_no_sequence_outgrows_takes_the_planned_paths(gemma, monkeypatc
     assert calls[0] == 0
 
 
-def test_a_sequence_past_the_window_takes_the_general_path(gemma, monkeypatch):
+def test_a_sequence_past_the_window_takes_the_window_kernel(gemma, monkeypatch):
     folder, _ = gemma
     calls = _count_general(monkeypatch)
+    long_prompt = " ".join(PROMPTS)  # longer than the window of 64
+    expected = expected_tokens(folder, [long_prompt], NEW)[long_prompt]
     with Engine(str(folder), page_size=4, attention_backend="cpu") as e:
-        long_prompt = " ".join(PROMPTS)  # longer than the window of 64
         assert len(e.encode(long_prompt)) > 64
-        e.generate(long_prompt, **GREEDY)
-    assert calls[0] > 0
+        assert e.generate(long_prompt, **GREEDY).token_ids == expected
+    assert calls[0] == 0  # decode past the window: the C window kernel, not the general path
 
 
 def test_the_decode_path_says_why_the_model_is_off_the_decode_chain(gemma, caplog):
