@@ -266,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         help="verify every proposal (the cost-aware policy off)",
     )
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="every engine's num_threads (0: the default)"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--draft-tokens", type=int, default=8)
     parser.add_argument("--only", default=None, help="comma-separated workload names")
@@ -288,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     if target is None and "draft" in rows:
         target = str(ensure_default_model())  # the GGUF dequantized: the draft's own weights
     draft = args.draft_model or str(default_gguf_path())
-    common = {"max_total_tokens": 16384, "chunked_prefill_tokens": 512}
+    common = {"max_total_tokens": 16384, "chunked_prefill_tokens": 512,
+              "num_threads": args.threads or None}  # fmt: skip
     spec = {"speculative_num_draft_tokens": args.draft_tokens}
     kinds = {
         "none": {},
