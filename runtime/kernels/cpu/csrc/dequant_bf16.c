@@ -14,8 +14,6 @@
 #include <omp.h>
 #endif
 
-#include "common.h"
-
 enum { D_Q5_0 = 6, D_Q5_1 = 7, D_Q4_K = 12, D_Q5_K = 13, D_Q6_K = 14 };
 
 void q_pool_run(void (*fn)(void *, int, int), void *args, int parts); /* quant.c */
@@ -33,6 +31,15 @@ static inline float dq_h2f(const uint8_t *p) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+/* float to bfloat16 as common.h's f2bf (round to nearest even, NaN kept quiet), branch-free so
+   a loop of them vectorises */
+static inline uint16_t dq_f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 static int dq_block_bytes(int t) {
@@ -53,18 +60,16 @@ static void dq_q5(int t, const uint8_t *b, uint16_t *out) {
     const uint8_t *qhp = b + (t == D_Q5_1 ? 4 : 2), *qs = qhp + 4;
     uint32_t qh = (uint32_t)qhp[0] | (uint32_t)qhp[1] << 8 | (uint32_t)qhp[2] << 16 |
                   (uint32_t)qhp[3] << 24;
+    int q[32];
     for (int j = 0; j < 16; j++) {
-        int lo = (qs[j] & 15) | (((qh >> j) & 1) << 4);
-        int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-        if (t == D_Q5_1) {
-            f[j] = d * (float)lo + m;
-            f[j + 16] = d * (float)hi + m;
-        } else {
-            f[j] = d * (float)(lo - 16);
-            f[j + 16] = d * (float)(hi - 16);
-        }
+        q[j] = (qs[j] & 15) | (((qh >> j) & 1) << 4);
+        q[j + 16] = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
     }
-    for (int j = 0; j < 32; j++) out[j] = f2bf(f[j]);
+    if (t == D_Q5_1)
+        for (int j = 0; j < 32; j++) f[j] = d * (float)q[j] + m;
+    else
+        for (int j = 0; j < 32; j++) f[j] = d * (float)(q[j] - 16);
+    for (int j = 0; j < 32; j++) out[j] = dq_f2bf(f[j]);
 }
 
 static void dq_k45(int t, const uint8_t *b, uint16_t *out) {
@@ -87,29 +92,28 @@ static void dq_k45(int t, const uint8_t *b, uint16_t *out) {
             if (t == D_Q5_K) v |= ((qh[l] >> i) & 1) << 4;
             f[l] = ds * (float)v - dm;
         }
-        for (int l = 0; l < 32; l++) out[i * 32 + l] = f2bf(f[l]);
+        for (int l = 0; l < 32; l++) out[i * 32 + l] = dq_f2bf(f[l]);
     }
 }
 
 static void dq_k6(const uint8_t *b, uint16_t *out) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
-    float d = dq_h2f(b + 208), f[16];
+    float d = dq_h2f(b + 208), ds[16], f[256];
+    for (int i = 0; i < 16; i++) ds[i] = d * (float)sc[i];
     /* value e = c * 128 + s * 32 + l: low 4 bits from ql[c * 64 + (s % 2) * 32 + l] (shifted
-       by 4 for s >= 2), high 2 bits from qh[c * 32 + l] (shifted by 2 s); scale sc[e / 16] */
+       by 4 for s >= 2), high 2 bits from qh[c * 32 + l] (shifted by 2 s); scale ds[e / 16] */
     for (int c = 0; c < 2; c++)
-        for (int s = 0; s < 4; s++)
-            for (int half = 0; half < 2; half++) {
-                int e0 = c * 128 + s * 32 + half * 16;
-                float ds = d * (float)sc[e0 / 16];
-                const uint8_t *lo = ql + c * 64 + (s % 2) * 32 + half * 16;
-                const uint8_t *hi = qh + c * 32 + half * 16;
-                for (int l = 0; l < 16; l++) {
-                    int q = ((lo[l] >> (4 * (s / 2))) & 15) | (((hi[l] >> (2 * s)) & 3) << 4);
-                    f[l] = ds * (float)(q - 32);
-                }
-                for (int l = 0; l < 16; l++) out[e0 + l] = f2bf(f[l]);
+        for (int s = 0; s < 4; s++) {
+            const uint8_t *lo = ql + c * 64 + (s % 2) * 32, *hi = qh + c * 32;
+            float *o = f + c * 128 + s * 32;
+            float d0 = ds[(c * 128 + s * 32) / 16], d1 = ds[(c * 128 + s * 32) / 16 + 1];
+            for (int l = 0; l < 32; l++) {
+                int q = ((lo[l] >> (4 * (s / 2))) & 15) | (((hi[l] >> (2 * s)) & 3) << 4);
+                o[l] = (l < 16 ? d0 : d1) * (float)(q - 32);
             }
+        }
+    for (int e = 0; e < 256; e++) out[e] = dq_f2bf(f[e]);
 }
 
 struct dq_bf16_job {
