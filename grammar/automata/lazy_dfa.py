@@ -310,6 +310,11 @@ class LazyDFA:
         self._built(state)
         return bool(self._live[state] > 0)
 
+    def live_bytes(self, state: int) -> int:
+        """How many bytes lead from `state` to a state other than DEAD."""
+        self._built(state)
+        return int(self._live[state])
+
     def forced_byte(self, state: int) -> int:
         """The one byte `state` allows when it allows exactly one and is not accepting; -1."""
         self._built(state)

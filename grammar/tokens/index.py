@@ -154,6 +154,8 @@ class TokenIndex:
         packed id bits, the other tokens: as Suffixes when few, else their rows). The sets
         depend only on which bytes loop, so they are kept per vocabulary (every JSON string in
         every schema has the same ones); the third item is their key there."""
+        if self._lazy and self.dfa.live_bytes(state) < 64:  # (loops are live bytes: no row read)
+            return None
         loops = self.row(state) == state
         if np.count_nonzero(loops[:128]) < 64:
             return None
