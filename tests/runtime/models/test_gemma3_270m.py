@@ -49,6 +49,11 @@ def test_greedy_tokens_match_transformers_on_the_dequantised_weights(gemma):
         params = dict(max_new_tokens=NEW, min_new_tokens=NEW, temperature=0.0)
         results = e.generate(SHORT + [LONG], **params)
         assert [r.token_ids for r in results] == [expected[p] for p in SHORT + [LONG]]
+        one = e.generate(LONG, **params)  # batch 1, past the window
+        assert one.token_ids == expected[LONG]
+        # the decode steps through the one-call C chain (quant_chain.py)
+        assert e.model.decode_path.startswith("one-call decode chain"), e.model.decode_path
+        assert e.model._chain.runs >= 2 * (NEW - 1)
         e.check_integrity()
 
 

@@ -71,8 +71,9 @@ def _oracle(case: str, config, model, written, root):
     return oracle
 
 
-# the families whose quantized files decode through the one-call C chain (quant_chain.py)
-CHAINED = {"qwen3", "gemma3"}
+# the families whose quantized files decode through the one-call C chain (quant_chain.py;
+# Phi-3 without LongRoPE or partial rotary)
+CHAINED = {"qwen3", "gemma3", "phi3"}
 
 _built: dict[str, tuple] = {}
 
