@@ -90,25 +90,46 @@ def _mark_end_anchors(branch: str) -> tuple[str, bool]:
     return "".join(out), inner
 
 
+_SHORT_ESCAPES = {'"': '"', "\\": "\\", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
+
+
+def _with_escapes(plain: object | None, chars: frozenset[str]) -> object | None:
+    """`plain` or one of `chars` written as a JSON escape (`\\n`, `\\"`, `\\u001e` in either
+    case): a pattern's class holding a quote, a backslash or a control character reaches it
+    the way JSON must spell it. NUL is left out (it marks an inner `$`)."""
+    spellings: list[object] = [] if plain is None else [plain]
+    for c in sorted(chars - {_END}):
+        if c in _SHORT_ESCAPES:
+            spellings.append(ra.lit("\\" + _SHORT_ESCAPES[c]))
+        code = f"{ord(c):04x}"
+        for hexa in sorted({code, code.upper()}):
+            spellings.append(ra.lit("\\u" + hexa))
+    if not spellings:
+        return None
+    return spellings[0] if len(spellings) == 1 else ra.alt(spellings)
+
+
 def _json_safe(node: object) -> object | None:
     """The same regex with every character class narrowed to JSON-literal characters."""
     if isinstance(node, ip.CharGroup) and not node.negated and _END in node.chars:
         if node.chars == {_END} and getattr(_MARKING, "on", False):
             return node  # an inner `$` (see _with_end_anchors)
         # a NUL byte is never JSON string content (it is written \u0000): narrow it away
+        note_loss()
         node = ip.CharGroup(node.chars - {_END}, False)
     if isinstance(node, ip.CharGroup):
         if node.negated:
-            if not _UNSAFE <= node.chars:
-                note_loss()
-            return ip.CharGroup(node.chars | _UNSAFE, True)
+            if _END not in node.chars:
+                note_loss()  # NUL stays out (it marks an inner `$`)
+            plain = ip.CharGroup(node.chars | _UNSAFE, True)
+            return _with_escapes(plain, _UNSAFE - node.chars)
         chars = node.chars - _UNSAFE
-        if chars != node.chars:
-            note_loss()
-        return ip.CharGroup(chars, False) if chars else None
+        plain = ip.CharGroup(chars, False) if chars else None
+        return _with_escapes(plain, node.chars & _UNSAFE)
     if node is ip.DOT:
         note_loss()
-        return ip.CharGroup(_UNSAFE | _LINE_BREAKS, True)
+        plain = ip.CharGroup(_UNSAFE | _LINE_BREAKS, True)
+        return _with_escapes(plain, _UNSAFE - _LINE_BREAKS)
     if node is ip.EMPTY:
         return ra.EMPTY
     if isinstance(node, ip.Concatenation):
