@@ -55,11 +55,12 @@ class CFGMatcher(MatcherBase):
     def copy(self) -> CFGMatcher:
         return CFGMatcher(self.grammar, self._node, self._q, self._ended)
 
-    def _walk(self, data: bytes) -> Position | None:
-        return self.grammar.walk(self._node, self._q, data)
-
-    def _move(self, position: Position) -> None:
-        self._node, self._q = position
+    def _step(self, data: bytes) -> bool:
+        nxt = self.grammar.walk(self._node, self._q, data)
+        if nxt is None:
+            return False
+        self._node, self._q = nxt
+        return True
 
     def _live_bitmask(self) -> np.ndarray:
         return self.grammar.bitmask(self._node, self._q)

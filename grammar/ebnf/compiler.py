@@ -241,6 +241,7 @@ class EBNFMatcher(MatcherBase):
 
     __slots__ = ("_set", "_history")
     _whole = "sentence"
+    _by_id = True  # token terminals (where the grammar has any)
 
     def __init__(self, grammar: CompiledEBNF, e: ESet, ended: bool = False) -> None:
         self.grammar = grammar
@@ -268,11 +269,13 @@ class EBNFMatcher(MatcherBase):
     def _record(self) -> None:
         self._history.append((self._set, self._ended))
 
-    def _walk(self, data: bytes) -> ESet | None:
-        return self.grammar.parser.walk(self._set, data)
-
-    def _move(self, position: ESet) -> None:
-        self._set = position
+    def _step(self, data: bytes) -> bool:
+        nxt = self.grammar.parser.walk(self._set, data)
+        if nxt is None:
+            return False
+        self._history.append((self._set, self._ended))
+        self._set = nxt
+        return True
 
     def _live_bitmask(self) -> np.ndarray:
         return self.grammar.bitmask(self._set)

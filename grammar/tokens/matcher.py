@@ -60,22 +60,21 @@ class MatcherBase:
     """The `Matcher` every compiled constraint hands out: the EOS, special-token and range
     checks and the shared `advance` / `advance_bytes`, plus the views over a packed mask
     (`mask`, `fill_bitmask`, `is_allowed`, `forced_text`). A subclass keeps its position
-    (a DFA state, an LR stack and lexer state, an Earley set) and supplies `_walk` (the
-    position after some bytes, None when they are not allowed), `_move`, `_live_bitmask`,
-    `_empty_bitmask`, `_forced`, `is_accepting` and `_cannot_grow`; `_take_token` lets a
-    grammar read a token by id (GBNF token terminals) and `_record` keep a history.
+    (a DFA state, an LR stack and lexer state, an Earley set) and supplies `_step` (move past
+    some bytes; False, unmoved, when they are not allowed), `_live_bitmask`, `_empty_bitmask`,
+    `_forced`, `is_accepting` and `_cannot_grow`; `_take_token` lets a grammar read a token by
+    id (GBNF token terminals, where `_by_id`) and `_record` keep a history (called at EOS;
+    `_step` records its own moves).
     Not thread-safe (one sequence, one thread); the compiled grammar is shared."""
 
     __slots__ = ("grammar", "_ended")
     _whole = "match"  # what an EOS before acceptance leaves incomplete, in its error
+    _by_id = False  # whether `_take_token` may consume a token before its bytes are walked
 
     grammar: Any
 
     # ---- what a subclass supplies -------------------------------------------------------------
-    def _walk(self, data: bytes) -> Any:
-        raise NotImplementedError
-
-    def _move(self, position: Any) -> None:
+    def _step(self, data: bytes) -> bool:
         raise NotImplementedError
 
     def _live_bitmask(self) -> np.ndarray:
@@ -98,7 +97,7 @@ class MatcherBase:
         return False
 
     def _record(self) -> None:
-        """Called before each change of position (a history for rollback)."""
+        """Called before EOS ends the matcher (a history for rollback)."""
 
     # ---- the shared part ----------------------------------------------------------------------
     def advance(self, token_id: int) -> None:
@@ -106,7 +105,7 @@ class MatcherBase:
         g = self.grammar
         if self._ended:
             raise GrammarError("the constraint already ended (EOS was consumed)")
-        if self._take_token(token_id):
+        if self._by_id and self._take_token(token_id):
             return
         if token_id in g.eos_token_ids:
             if not self.is_accepting():
@@ -121,11 +120,8 @@ class MatcherBase:
         data = g.vocab.token_bytes(token_id)
         if not data:
             raise GrammarError(f"token {token_id} is special or empty: never allowed")
-        nxt = self._walk(data)
-        if nxt is None:
+        if not self._step(data):
             raise GrammarError(f"token {token_id} ({data!r}) is not allowed here")
-        self._record()
-        self._move(nxt)
 
     def advance_bytes(self, data: bytes) -> None:
         """Consume raw bytes (e.g. forced text); GrammarError (state unchanged) if forbidden."""
@@ -133,11 +129,8 @@ class MatcherBase:
             raise GrammarError("the constraint already ended (EOS was consumed)")
         if not data:
             return
-        nxt = self._walk(data)
-        if nxt is None:
+        if not self._step(data):
             raise GrammarError(f"bytes {data[:80]!r} are not allowed here")
-        self._record()
-        self._move(nxt)
 
     def is_dead(self) -> bool:
         """Nothing more can follow: EOS was consumed, or the text is complete and cannot grow
@@ -198,12 +191,12 @@ class DFAMatcher(MatcherBase):
     def copy(self) -> DFAMatcher:
         return DFAMatcher(self.grammar, self._state, self._ended)
 
-    def _walk(self, data: bytes) -> int | None:
+    def _step(self, data: bytes) -> bool:
         nxt = self.grammar.dfa.walk(self._state, data)
-        return None if nxt == DEAD else nxt
-
-    def _move(self, position: int) -> None:
-        self._state = position
+        if nxt == DEAD:
+            return False
+        self._state = nxt
+        return True
 
     def _live_bitmask(self) -> np.ndarray:
         return self.grammar.index.bitmask(self._state)
