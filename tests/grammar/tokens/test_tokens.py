@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -239,13 +238,9 @@ def test_forced_text_is_the_common_prefix_of_all_continuations(vocab: TokenVocab
 
 def test_compile_is_cached_by_constraint_and_vocab(vocab: TokenVocabulary) -> None:
     schema = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 7}}}
-    t0 = time.perf_counter()
     g1 = compile_json_schema(schema, vocab)
-    cold = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    g2 = compile_json_schema(json.dumps(schema), vocab)
-    warm = time.perf_counter() - t0
-    assert g1 is g2 and warm < max(cold, 1e-3)
+    g2 = compile_json_schema(json.dumps(schema), vocab)  # the same schema, spelled as text
+    assert g1 is g2
     other = TokenVocabulary([b"a", b"q", None], eos_token_ids=[2])
     assert compile_json_schema(schema, other) is not g1
 
