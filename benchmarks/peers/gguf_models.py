@@ -2,7 +2,8 @@
 package's writer and quantizers, laid out as llama.cpp's converter lays them out: llama.cpp's
 tensor names, q / k rows permuted for its rotary layout, the tokenizer and chat template of the
 default model's GGUF copied into the metadata. The peer benchmark writes its ~1B-parameter
-random Llama with it; the tests write tiny ones.
+random Llama with it, the speculative benchmark the default model's dense folder (`folder_gguf`,
+a target llama-server loads too); the tests write tiny ones.
 """
 
 from __future__ import annotations
@@ -222,11 +223,34 @@ def random_qwen3_gguf(folder: Path, qtype: str, seed: int = 0) -> Path:
 
 
 def _random_gguf(path: Path, config: Any, qtype: str, seed: int) -> Path:
-    """`path` written from `config` with random weights unless it exists (a `.partial` file
-    renamed when complete, so an interrupted write is never taken for a model)."""
+    """`path` written from `config` with random weights unless it exists."""
+    return _written_once(path, lambda partial: write_gguf(
+        partial, config, RandomLlamaState(config, seed), qtype))  # fmt: skip
+
+
+def _written_once(path: Path, write: Any) -> Path:
+    """`path` made by `write(partial)` unless it exists (a `.partial` file renamed when
+    complete, so an interrupted write is never taken for a model)."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
-        write_gguf(partial, config, RandomLlamaState(config, seed), qtype)
+        write(partial)
         partial.rename(path)
     return path
+
+
+def folder_gguf(folder: Path, path: Path, qtype: str = "Q8_0") -> Path:
+    """A transformers Llama / Qwen3 folder (config.json and safetensors, e.g. the default
+    model's dense folder) written as the GGUF `path` with `qtype` matrices ("Q8_0", "F16",
+    "F32"; vectors F32) and the default model's tokenizer, once: an existing `path` is reused.
+    llama-server loads it where it cannot load the folder, so both engines run one file."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(folder))
+    state: dict[str, torch.Tensor] = {}
+    for part in sorted(Path(folder).glob("*.safetensors")):
+        state.update(load_file(str(part)))
+    if not state:
+        raise FileNotFoundError(f"no *.safetensors in {folder}")
+    return _written_once(Path(path), lambda partial: write_gguf(partial, config, state, qtype))
