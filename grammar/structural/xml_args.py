@@ -24,11 +24,12 @@ keys as `&amp;` / `&quot;`.
 
 A recursive value (a tree of nodes through `$defs`, or `"$ref": "#"`: the arguments object
 itself as a JSON value) is exact at any depth where `json_leaf` gives the context-free path.
-A root of `{}` / `true` takes any number of elements with keys `[a-zA-Z_][a-zA-Z0-9_]*`. What
-this does not build is refused by name (`GrammarError` with the field's path): `cohere_xml`
-(Cohere's nested value tags), extra properties beside declared ones (`additionalProperties`
-other than false in exact mode, `patternProperties`, ...), a string `format`, and a property
-schema that may be a string or something else (`anyOf` / a type list with `string`).
+A root of `{}` / `true` takes any number of elements with keys `[a-zA-Z_][a-zA-Z0-9_]*`; extra
+parameters beside declared ones (`additionalProperties`, `patternProperties`, `propertyNames`,
+`minProperties` / `maxProperties`) are built by `grammar.structural.xml_extras`. What this does
+not build is refused by name (`GrammarError` with the field's path): `cohere_xml` (Cohere's
+nested value tags), a string `format`, and a property schema that may be a string or something
+else (`anyOf` / a type list with `string`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ from grammar.automata.nfa import parse_regex
 from grammar.ebnf.syntax import ANY_CHAR, Alt, Lit, Regular, Rep, Seq, free_text
 from grammar.errors import GrammarError
 from grammar.json_schema.schema import load_schema
+from grammar.structural.xml_extras import (
+    EXTRA_KEYWORDS,
+    MAX_OPTIONAL_COUNTED,
+    ExtraKind,
+    count_bounds,
+    extra_kinds,
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,6 +79,7 @@ _ROOT_KEYS = _ANNOTATIONS | {
     "definitions",
     "$schema",
     "$id",
+    *EXTRA_KEYWORDS,
 }
 _KEY_NAME = "[a-zA-Z_][a-zA-Z0-9_]*"
 
@@ -115,23 +124,49 @@ class XMLArguments:
             raise self.refuse(f"a root of type {loaded['type']!r} (the arguments are an object)")
         self.defs = {k: loaded[k] for k in ("$defs", "definitions") if k in loaded}
         self.whole = loaded  # what `"$ref": "#"` names
-        extra = loaded.get("additionalProperties", None)
-        if extra not in (None, False):
-            raise self.refuse("additionalProperties", "/additionalProperties")
-        # exact mode keeps a schema's own language: an object without additionalProperties:
-        # false takes extra keys, which we do not build
-        if extra is None and not self.strict:
-            raise self.refuse("an object open to extra properties (exact mode)")
         props = loaded.get("properties", {})
         required = set(loaded.get("required", []))
         missing = required - set(props)
         if missing:
             raise self.refuse(f"a required property with no schema ({sorted(missing)[0]!r})")
-        items: list[object] = [self.ws]
-        for key, sub in props.items():
-            element = Seq((self._element(key, sub, f"/properties/{key}"), self.ws))
-            items.append(element if key in required else Rep(element, 0, 1))
-        return Seq(tuple(items))
+        here = f"structural tag {self.where}.json_schema"
+        kinds, barred = extra_kinds(loaded, list(props), self.strict, here)
+        if barred & required:
+            return Alt(())
+        declared = [
+            (Seq((self._element(key, sub, f"/properties/{key}"), self.ws)), key in required)
+            for key, sub in props.items()
+            if key not in barred
+        ]
+        extras = Alt(tuple(Seq((self._extra(k), self.ws)) for k in kinds))
+        lo, hi = count_bounds(loaded, here)
+        if lo == 0 and hi is None:
+            items: list[object] = [self.ws]
+            items += [el if req else Rep(el, 0, 1) for el, req in declared]
+            if kinds:
+                items.append(Rep(extras, 0, None))
+            return Seq(tuple(items))
+        optional = sum(1 for _, req in declared if not req)
+        if optional > MAX_OPTIONAL_COUNTED:
+            raise self.refuse(
+                f"minProperties / maxProperties with over {MAX_OPTIONAL_COUNTED} optional "
+                "properties", "/maxProperties" if hi is not None else "/minProperties",
+            )  # fmt: skip
+        return Seq((self.ws, _counted(declared, extras if kinds else None, lo, hi)))
+
+    def _extra(self, kind: ExtraKind) -> object:
+        sub = self._resolved(kind.schema, kind.at)
+        kimi_type = _kimi_type(sub) if self.name == "kimi_k3_xml" else None
+        return Seq(
+            (
+                Lit(self.style.key_prefix),
+                kind.name,
+                self._key_suffix(kimi_type),
+                *self._value_prefix(),
+                self._value(sub, kind.at),
+                Lit(self.style.closing),
+            )
+        )
 
     strict = True  # set by the caller from the reader's mode
 
@@ -236,6 +271,33 @@ class XMLArguments:
         if lo or hi is not None:
             return Seq((self.ws, Rep(ANY_CHAR, int(lo), None if hi is None else int(hi)), self.ws))
         return self._raw_text()
+
+
+def _counted(
+    declared: list[tuple[object, bool]], extras: object | None, lo: int, hi: int | None
+) -> object:
+    """The declared elements (each with whether it is required) then the extras, holding
+    `lo`..`hi` parameters in all; one shared node per (position, count so far)."""
+    memo: dict[tuple[int, int], object] = {}
+
+    def rest(i: int, n: int) -> object:
+        if hi is not None and n > hi:
+            return Alt(())
+        if (i, n) in memo:
+            return memo[(i, n)]
+        if i == len(declared):
+            if extras is None:
+                out: object = Seq(()) if n >= lo else Alt(())
+            else:
+                out = Rep(extras, max(0, lo - n), None if hi is None else hi - n)
+        else:
+            element, required = declared[i]
+            taken = Seq((element, rest(i + 1, n + 1)))
+            out = taken if required else Alt((taken, rest(i + 1, n)))
+        memo[(i, n)] = out
+        return out
+
+    return rest(0, 0)
 
 
 def root_object(schema: Any) -> Any:
