@@ -42,9 +42,23 @@ Meaning of each construct, as llguidance's docs/syntax.md states it:
   rules, not inside terminals. Refused by name: nested `%lark`, `@grammar` references,
   templates, parametric rules, `%declare`, `%override`.
 
+Lazy lexemes commit, as in llguidance's lexer (and XGrammar's tool-call dispatch): a lazy lexeme
+is taken where it first matches, so a lexeme that may start at the same place never reads past
+one of its matches. `start: tool* tail` with `tool_head[lazy]: TEXT "<tool_call>"` and `tail:
+TEXT`: the free text ends at the first trigger, after which the tool's payload is due. This is
+done in the lowering: where the rules let a lazy lexeme start beside others (the choices of an
+alternation, a repetition's next round, the items a nullable item lets start early), those
+lexemes become their text minus "a match of the lazy one, then anything"
+(`LarkLowering._unless_lazy`; a rule whose first lexemes need it is copied, `name%unless(...)`).
+Two lazy lexemes beside each other: the one that matches first is taken; both when they match at
+the same byte (tools sharing a trigger). Only the lexemes at the start of the rules are cut: a
+lazy lexeme that a caller's follow text (outside the rule that holds it) competes with is not
+seen, nor one that starts beside a `%json` lexeme.
+
 Difference kept on purpose: llguidance's lexer is greedy (a lexeme that can go on is not ended
 early), so `start: A "a"` with `A: /a+/` matches nothing there; here the grammar's language is
-what the rules say ("aa" is a sentence). Every string llguidance accepts, we accept.
+what the rules say ("aa" is a sentence). XGrammar also accepts text with no trigger for a lone
+lazy head (`start: head`, `head[lazy]: TEXT "<end>"`); here the head needs its trigger.
 """
 
 from __future__ import annotations
@@ -54,7 +68,7 @@ from typing import Any
 
 from grammar.automata import regex_ast as ra
 from grammar.automata.dfa_ops import DFANode, from_rows, product
-from grammar.automata.fsm import DEAD, ByteDFA, node_to_dfa
+from grammar.automata.fsm import DEAD, START, ByteDFA, node_to_dfa
 from grammar.automata.nfa import parse_regex
 from grammar.ebnf import lark_syntax as ls
 from grammar.ebnf.compiler import compile_rules
@@ -206,6 +220,11 @@ class LarkLowering:
         self._resolving: set[tuple[str, str]] = set()
         self._leaves = 0
         self._json = 0
+        self._lazy_names = {
+            n for n, d in f.rules.items() if any(k in ("lazy", "suffix") for k in d.attributes)
+        }
+        self._lazy_dfas: dict[str, ByteDFA] = {}
+        self._guarded: dict[tuple[str, frozenset[str]], Any] = {}
         self.options = self._read_options(f.options)
         self.imports = {alias: (name, line) for name, alias, line in f.imports}
         self.ignore: object | None = None
@@ -371,35 +390,163 @@ class LarkLowering:
         """A lexeme in a rule: the %ignore text may follow it."""
         return leaf if self.ignore is None else Seq((leaf, self.ignore))
 
-    def expr(self, e: object, rule: str) -> object:
-        """A rule-level expression as `grammar.ebnf.syntax` nodes."""
+    def expr(self, e: object, rule: str, guard: frozenset[str] = frozenset()) -> object:
+        """A rule-level expression as `grammar.ebnf.syntax` nodes. `guard`: the lazy lexemes
+        (rule names) that may start where `e` starts; a lazy lexeme commits as soon as it
+        matches, so the other lexemes starting there never read past one of its matches."""
         where = f"rule {rule!r}"
-        if isinstance(e, ls.Literal) and not e.flags:
-            return self.lexeme(Lit(e.text))
         if isinstance(e, ls.Name) and not e.name.lstrip("_")[:1].isupper():
             if e.name not in self.f.rules:
                 raise GrammarError(
                     f"lark grammar error at line {e.line}: {where} uses the undefined rule "
                     f"{e.name!r}"
                 )
+            if e.name in self._lazy_names and guard - {e.name}:
+                return self._guarded_lazy(e.name, guard - {e.name}, where)
+            if guard and e.name not in self._lazy_names:
+                return Ref(self._guarded_rule(e.name, guard), e.line)
             return Ref(self.prefix + e.name, e.line)
         if isinstance(e, ls.Sequence):
             if not e.items:
                 return Lit("")
-            items = tuple(self.expr(i, rule) for i in e.items)
+            guards = self._sequence_guards(e.items, guard)
+            items = tuple(self.expr(i, rule, g) for i, g in zip(e.items, guards, strict=True))
             return items[0] if len(items) == 1 else Seq(items)
         if isinstance(e, ls.Choice):
-            return Alt(tuple(self.expr(o, rule) for o in e.options))
+            inner = guard.union(*(self._first_lazy(o) for o in e.options))
+            return Alt(tuple(self.expr(o, rule, inner) for o in e.options))
         if isinstance(e, ls.Repeat):
-            return Rep(self.expr(e.item, rule), e.lo, e.hi)
+            inner = guard if e.hi == 1 else guard | self._first_lazy(e.item)
+            return Rep(self.expr(e.item, rule, inner), e.lo, e.hi)
         if isinstance(e, ls.SpecialToken):
             return special_token_set(e, where)
         if isinstance(e, ls.InlineJson):
             return self.lexeme(self._json_schema(e, where))
+        if isinstance(e, ls.Literal) and not e.flags and not guard:
+            return self.lexeme(Lit(e.text))
         node = self.term(e, "user", where)
         if node is None:
             raise GrammarError(f"lark grammar error, {where}: an expression matches nothing")
+        if guard:
+            node = DFANode(self._unless_lazy(node, guard, where), "lazy", where)
         return self.lexeme(self._leaf(node))
+
+    # ----- lazy lexemes against the lexemes starting beside them -----
+    def _first_lazy(self, e: object, seen: frozenset[str] = frozenset()) -> frozenset[str]:
+        """The lazy lexemes (rule names) a match of `e` may start with."""
+        if isinstance(e, ls.Name) and e.name in self.f.rules:
+            if e.name in self._lazy_names:
+                return frozenset((e.name,))
+            if e.name in seen:
+                return frozenset()
+            return self._first_lazy(self.f.rules[e.name].body, seen | {e.name})
+        if isinstance(e, ls.Sequence):
+            out: frozenset[str] = frozenset()
+            for item in e.items:
+                out |= self._first_lazy(item, seen)
+                if not self._nullable(item):
+                    break
+            return out
+        if isinstance(e, ls.Choice):
+            return frozenset().union(*(self._first_lazy(o, seen) for o in e.options))
+        if isinstance(e, ls.Repeat):
+            return self._first_lazy(e.item, seen)
+        return frozenset()
+
+    def _nullable(self, e: object, seen: frozenset[str] = frozenset()) -> bool:
+        """Whether `e` may match no lexeme at all (a lexeme is counted as read even when its
+        text may be empty)."""
+        if isinstance(e, ls.Name) and e.name in self.f.rules and e.name not in self._lazy_names:
+            return e.name not in seen and self._nullable(
+                self.f.rules[e.name].body, seen | {e.name}
+            )
+        if isinstance(e, ls.Sequence):
+            return all(self._nullable(i, seen) for i in e.items)
+        if isinstance(e, ls.Choice):
+            return any(self._nullable(o, seen) for o in e.options)
+        if isinstance(e, ls.Repeat):
+            return e.lo == 0 or self._nullable(e.item, seen)
+        return isinstance(e, ls.Literal) and not e.text
+
+    def _sequence_guards(self, items: list, guard: frozenset[str]) -> list[frozenset[str]]:
+        """For each item, the lazy lexemes that may start where it starts: the sequence's own
+        guard up to its first item that must read a lexeme, the lazy starts of nullable items
+        before it (and of a repetition's next round), and of the items after it while it may
+        be empty."""
+        back: list[frozenset[str]] = []
+        cur = guard
+        for i in range(len(items)):
+            if i:
+                prev = items[i - 1]
+                restart = self._first_lazy(prev) if isinstance(prev, ls.Repeat) else frozenset()
+                cur = (cur | self._first_lazy(prev) if self._nullable(prev) else frozenset())
+                cur |= restart
+            back.append(cur)
+        out = []
+        for i in range(len(items)):
+            g = back[i]
+            k = i
+            while k + 1 < len(items) and self._nullable(items[k]):
+                k += 1
+                g |= self._first_lazy(items[k])
+            out.append(g)
+        return out
+
+    def _guarded_rule(self, name: str, guard: frozenset[str]) -> str:
+        """A copy of rule `name` whose first lexemes stop short of the lazy lexemes `guard`."""
+        key = (name, guard)
+        hit = self._guarded.get(key)
+        if hit is None:
+            hit = self._guarded[key] = f"{self.prefix}{name}%unless({','.join(sorted(guard))})"
+            d = self.f.rules[name]
+            self.g.rules[hit] = self.expr(d.body, d.name, guard)
+            self.g.lines[hit] = d.line
+        return hit
+
+    def _lazy_dfa(self, name: str) -> ByteDFA:
+        hit = self._lazy_dfas.get(name)
+        if hit is None:
+            d = self.f.rules[name]
+            attrs = dict(d.attributes)
+            where = f"rule {d.name!r} (a lexeme: lazy / suffix)"
+            node = self.term(d.body, "user", where)
+            if "suffix" in attrs:
+                if not isinstance(attrs["suffix"], ls.Literal | ls.RegexLit | ls.Name):
+                    raise GrammarError(
+                        f"lark grammar error at line {d.line}: rule {d.name!r}: suffix= takes a "
+                        "string, a regex or a terminal name"
+                    )
+                node = ra.seq(node, self.term(attrs["suffix"], "user", where))
+            hit = self._lazy_dfas[name] = _lazy(self._dfa(node, where, "lazy"))
+        return hit
+
+    def _guarded_lazy(self, name: str, guard: frozenset[str], where: str) -> object:
+        """Lazy lexeme `name` where the other lazy lexemes `guard` start too: the first one to
+        match is taken (two that match the same text both stay: the parser picks)."""
+        key = (name, guard)
+        hit = self._guarded.get(key)
+        if hit is None:
+            lazy = DFANode(self._lazy_dfa(name), "lazy", where)
+            dfa = self._unless_lazy(lazy, guard, where, proper=True)
+            hit = self._guarded[key] = self.lexeme(self._leaf(DFANode(dfa, "lazy", where)))
+        return hit
+
+    def _unless_lazy(
+        self, node: object, guard: frozenset[str], where: str, proper: bool = False
+    ) -> ByteDFA:
+        """The texts of `node` none of whose non-empty prefixes (proper prefixes: `proper`) is
+        a match of a lazy lexeme in `guard` (that lexeme would have been taken there). A lazy
+        lexeme that matches the empty text is left out (it is taken at once, before any other
+        lexeme reads)."""
+        dfa = self._dfa(node, where, "lazy")
+        rest = ra.parsed("(?s:.+)" if proper else "(?s:.*)")
+        for name in sorted(guard):
+            lazy = self._lazy_dfa(name)
+            if lazy.accepting[START]:
+                continue
+            blocker = node_to_dfa(ra.seq(DFANode(lazy, "lazy", where), rest))
+            dfa = self._product(dfa, blocker, False, where, "lazy")
+        return dfa
 
     def rule(self, d: ls.RuleDef) -> object:
         attrs = dict(d.attributes)
@@ -418,16 +565,7 @@ class LarkLowering:
         if not attrs:
             return self.expr(d.body, d.name)
         where = f"rule {d.name!r} (a lexeme: lazy / suffix)"
-        node = self.term(d.body, "user", where)
-        if "suffix" in attrs:
-            if not isinstance(attrs["suffix"], ls.Literal | ls.RegexLit | ls.Name):
-                raise GrammarError(
-                    f"lark grammar error at line {d.line}: rule {d.name!r}: suffix= takes a "
-                    "string, a regex or a terminal name"
-                )
-            node = ra.seq(node, self.term(attrs["suffix"], "user", where))
-        lazy = _lazy(self._dfa(node, where, "lazy"))
-        return self.lexeme(self._leaf(DFANode(lazy, "lazy", where)))
+        return self.lexeme(self._leaf(DFANode(self._lazy_dfa(d.name), "lazy", where)))
 
     def _json_schema(self, e: ls.InlineJson, where: str) -> object:
         from grammar.json_schema.guidance import read_x_guidance, schema_is_recursive
