@@ -14,7 +14,10 @@ fp32 folder, which is then every row's target). Each row: tokens/s (completion
 tokens over wall time, the faster of `--rounds` runs, the prompts' KV cached by a four-token
 run just before, the draft model's too; the rows of a workload alternate on one machine),
 forward steps per token, the accept length (tokens per verify forward), and whether the output
-equals the no-speculation row token for token. `--verify-ab`: only a verify step's forward as
+equals the no-speculation row token for token. `--llamacpp`: llama-server's rows on the same
+files (none, its n-gram lookup, `-md` draft model); with the draft row and no `--model`, every
+row's target is then the dense folder written once as a Q8_0 GGUF (`--target-gguf`), since
+llama-server cannot load the folder. `--verify-ab`: only a verify step's forward as
 an extend against as decode rows (`--one-thread`: on one thread, in CPU time).
 """
 
@@ -24,10 +27,11 @@ import argparse
 import json
 import random
 import time
+from pathlib import Path
 
 from benchmarks.peers.compare import CITIES, PEOPLE
 from runtime import Engine
-from runtime.default_model import default_gguf_path, ensure_default_model
+from runtime.default_model import cache_root, default_gguf_path, ensure_default_model
 
 FIELDS = ("customer", "email", "company", "street", "city", "order_id", "product", "note")
 SCHEMA = {
@@ -261,6 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--llamacpp-threads", type=int, default=1)
     parser.add_argument(
+        "--target-gguf",
+        default=None,
+        help="Q8_0 / F16 / F32: every row's target is the default model's dense folder written "
+        "as a GGUF of that type (the default with --llamacpp and the draft row: Q8_0)",
+    )
+    parser.add_argument(
+        "--work-dir", default=None, help="where --target-gguf's file is kept (default: the cache)"
+    )
+    parser.add_argument(
         "--no-cost-policy",
         action="store_true",
         help="verify every proposal (the cost-aware policy off)",
@@ -287,9 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         verify_ab(args.model, max(args.rounds, 5), args.one_thread)
         return 0
     rows = args.rows.split(",")
-    target = args.model
-    if target is None and "draft" in rows:
-        target = str(ensure_default_model())  # the GGUF dequantized: the draft's own weights
+    target = pick_target(args, rows)
     draft = args.draft_model or str(default_gguf_path())
     common = {"max_total_tokens": 16384, "chunked_prefill_tokens": 512,
               "num_threads": args.threads or None}  # fmt: skip
@@ -313,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.generate("Hello", max_new_tokens=4, temperature=0.0)
     print(f"{'workload':<11} {'row':<6} {'tokens':>6} {'tok/s':>8} {'x':>5} {'steps/tok':>9} "
           f"{'accept len':>10} {'identical':>9}")  # fmt: skip
+    ours: dict[str, dict[str, tuple]] = {}  # workload -> row -> (tok/s, ids)
     for name, w in work.items():
         best: dict[str, tuple] = {}
         for _ in range(args.rounds):
@@ -326,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             tokens = sum(len(t) for t in ids)
             rate = tokens / seconds
             base_rate = base_rate or rate
+            ours.setdefault(name, {})[row] = (rate, ids)
             steps = delta["spec_verify_steps"]
             accept = ((delta["spec_accepted_tokens"] + steps) / steps) if steps else 1.0
             same = ids == best[rows[0]][1]
@@ -335,15 +348,36 @@ def main(argv: list[str] | None = None) -> int:
     for engine in engines.values():
         engine.shutdown()
     if args.llamacpp:
-        llamacpp_rows(work, target, draft, args)
+        llamacpp_rows(work, target, draft, args, ours)
     return 0
 
 
-def llamacpp_rows(work: dict[str, dict], target: str | None, draft: str, args) -> None:
+def pick_target(args, rows: list[str]) -> str | None:
+    """The target: `--model`; else with `--target-gguf QTYPE` (the default with `--llamacpp`
+    and the draft row) the default model's dense folder written once as a GGUF of QTYPE
+    matrices under `--work-dir`, a file llama-server loads too; else with the draft row the
+    dense folder itself; else None (the default model's GGUF)."""
+    if args.model is not None:
+        return args.model
+    qtype = args.target_gguf or ("Q8_0" if args.llamacpp and "draft" in rows else None)
+    if qtype is not None:
+        from benchmarks.peers.gguf_models import folder_gguf
+
+        folder = ensure_default_model()
+        path = Path(args.work_dir or cache_root() / "bench") / f"{folder.name}.{qtype}.gguf"
+        return str(folder_gguf(folder, path, qtype))
+    if "draft" in rows:
+        return str(ensure_default_model())  # the GGUF dequantized: the draft's own weights
+    return None
+
+
+def llamacpp_rows(work: dict[str, dict], target: str | None, draft: str, args,
+                  ours: dict[str, dict[str, tuple]]) -> None:  # fmt: skip
     """llama.cpp's llama-server on the same workloads (token ids in, greedy): no speculation,
     its n-gram lookup (`--spec-type ngram-simple`), and a draft model (`-md`) where the target
     is a GGUF file other than the draft (it cannot load a safetensors folder). Best of two runs
-    each; `identical`: against its own no-speculation row."""
+    each; `identical`: against its own no-speculation row; `= ours`: against our no-speculation
+    row's output (the first row); `ours x`: our row of the same kind's tokens/s over this one's."""
     from benchmarks.peers.llamacpp import LlamaServer, find_server
 
     binary = find_server()
@@ -371,13 +405,23 @@ def llamacpp_rows(work: dict[str, dict], target: str | None, draft: str, args) -
             results[row] = server.run(jobs)
         finally:
             server.close()
+    print(f"{'workload':<11} {'row':<10} {'tokens':>6} {'tok/s':>8} {'identical':>9} "
+          f"{'= ours':>6} {'ours x':>6}")  # fmt: skip
     for name in jobs:
         for row, res in results.items():
             r = res[name]
+            if "failed" in r:
+                print(f"{name:<11} {row:<10} failed: {r['failed']}")
+                continue
             tokens = sum(len(t) for t in r["tokens"])
-            same = r["tokens"] == results["lcpp-none"][name]["tokens"]
-            print(f"{name:<11} {row:<10} {tokens:>6} {tokens / r['seconds']:>8.1f} "
-                  f"{'yes' if same else 'NO':>9}")  # fmt: skip
+            rate = tokens / r["seconds"]
+            same = r["tokens"] == results["lcpp-none"][name].get("tokens")
+            mine = ours.get(name, {})
+            first = next(iter(mine.values()), (0.0, None))[1]
+            our_rate = mine.get(row.removeprefix("lcpp-"), (float("nan"), None))[0]
+            print(f"{name:<11} {row:<10} {tokens:>6} {rate:>8.1f} {'yes' if same else 'NO':>9} "
+                  f"{'yes' if r['tokens'] == first else 'no':>6} "
+                  f"{our_rate / rate:>6.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -49,8 +49,7 @@ def test_the_q8_file_stores_q8_matrices_is_written_once_and_drafts_for_itself(fo
             "speculative_num_draft_tokens": 4}  # fmt: skip
     with Engine(str(path), mem_budget_gb=0.05) as plain, \
             Engine(str(path), mem_budget_gb=0.05, **spec) as drafted:  # fmt: skip
-        drafted.scheduler.call(
-            lambda: setattr(drafted.scheduler.speculation, "cost_aware", False))
+        drafted.scheduler.call(lambda: setattr(drafted.scheduler.speculation, "cost_aware", False))
         # one request at a time: a large batch steps aside from speculation
         a = [plain.generate(p, **KW).token_ids for p in PROMPTS[:3]]
         b = [drafted.generate(p, **KW).token_ids for p in PROMPTS[:3]]
