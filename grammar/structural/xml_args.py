@@ -1,5 +1,6 @@
 """A structural tag's `json_schema` content in one of XGrammar's XML argument styles: the tool-call
-arguments of Qwen3-Coder, MiniMax, DeepSeek V3.2, GLM-4.5 and Kimi K3, as grammar expressions.
+arguments of Qwen3-Coder, MiniMax, DeepSeek V3.2, GLM-4.5, Kimi K3 and Cohere, as grammar
+expressions.
 
 The root schema is an object; each of its properties is one XML element, declared properties in
 their order (a required one must appear, an optional one may be left out), white space
@@ -27,9 +28,9 @@ itself as a JSON value) is exact at any depth where `json_leaf` gives the contex
 A root of `{}` / `true` takes any number of elements with keys `[a-zA-Z_][a-zA-Z0-9_]*`; extra
 parameters beside declared ones (`additionalProperties`, `patternProperties`, `propertyNames`,
 `minProperties` / `maxProperties`) are built by `grammar.structural.xml_extras`. What this does
-not build is refused by name (`GrammarError` with the field's path): `cohere_xml` (Cohere's
-nested value tags), a string `format`, and a property schema that may be a string or something
-else (`anyOf` / a type list with `string`).
+not build is refused by name (`GrammarError` with the field's path): a string `format`, and a
+property schema that may be a string or something else (`anyOf` / a type list with `string`).
+`cohere_xml` (Cohere's nested, typed value tags) is built by `grammar.structural.xml_cohere`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from grammar.automata.nfa import parse_regex
 from grammar.ebnf.syntax import ANY_CHAR, Alt, Lit, Regular, Rep, Seq, free_text
 from grammar.errors import GrammarError
 from grammar.json_schema.schema import load_schema
+from grammar.structural.xml_cohere import cohere_param
 from grammar.structural.xml_extras import (
     EXTRA_KEYWORDS,
     MAX_OPTIONAL_COUNTED,
@@ -66,8 +68,9 @@ STYLES = {
     "deepseek_xml": XMLStyle('<｜DSML｜parameter name="', "", "", "</｜DSML｜parameter>"),
     "glm_xml": XMLStyle("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
     "kimi_k3_xml": XMLStyle('<|open|>argument key="', "", "", "<|close|>argument<|sep|>"),
+    "cohere_xml": XMLStyle("<cofl:value", ">", "", "</cofl:value>"),
 }
-REFUSED_STYLES = ("cohere_xml",)
+REFUSED_STYLES: tuple[str, ...] = ()
 _KIMI_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
 _ANNOTATIONS = {"title", "description", "examples", "default", "$comment", "deprecated"}
 _ROOT_KEYS = _ANNOTATIONS | {
@@ -100,6 +103,7 @@ class XMLArguments:
         self.ws = Regular(parse_regex(ws), ("regex", ws))
         self.defs: dict[str, Any] = {}
         self.whole: Any = {}
+        self.cohere_refs: list[str] = []  # the $refs being written (cohere_xml)
 
     def refuse(self, what: str, at: str = "") -> GrammarError:
         return GrammarError(
@@ -113,6 +117,8 @@ class XMLArguments:
         except GrammarError as e:
             raise GrammarError(f"structural tag {self.where}.json_schema: {e}") from None
         loaded = root_object(loaded)
+        if (loaded is True or loaded == {}) and self.name == "cohere_xml":
+            loaded = {"type": "object", "additionalProperties": True}
         if loaded is True or loaded == {}:
             return self._any_object()
         if loaded is False:
@@ -124,17 +130,21 @@ class XMLArguments:
             raise self.refuse(f"a root of type {loaded['type']!r} (the arguments are an object)")
         self.defs = {k: loaded[k] for k in ("$defs", "definitions") if k in loaded}
         self.whole = loaded  # what `"$ref": "#"` names
+        return self.body(loaded, "")
+
+    def body(self, loaded: dict, at: str) -> object:
+        """The parameters of an object schema: declared ones in order, then the extras."""
         props = loaded.get("properties", {})
         required = set(loaded.get("required", []))
         missing = required - set(props)
         if missing:
             raise self.refuse(f"a required property with no schema ({sorted(missing)[0]!r})")
-        here = f"structural tag {self.where}.json_schema"
+        here = f"structural tag {self.where}.json_schema{at}"
         kinds, barred = extra_kinds(loaded, list(props), self.strict, here)
         if barred & required:
             return Alt(())
         declared = [
-            (Seq((self._element(key, sub, f"/properties/{key}"), self.ws)), key in required)
+            (Seq((self._element(key, sub, f"{at}/properties/{key}"), self.ws)), key in required)
             for key, sub in props.items()
             if key not in barred
         ]
@@ -150,11 +160,14 @@ class XMLArguments:
         if optional > MAX_OPTIONAL_COUNTED:
             raise self.refuse(
                 f"minProperties / maxProperties with over {MAX_OPTIONAL_COUNTED} optional "
-                "properties", "/maxProperties" if hi is not None else "/minProperties",
+                "properties", f"{at}/maxProperties" if hi is not None else f"{at}/minProperties",
             )  # fmt: skip
         return Seq((self.ws, _counted(declared, extras if kinds else None, lo, hi)))
 
     def _extra(self, kind: ExtraKind) -> object:
+        if self.name == "cohere_xml":
+            name = Seq((Lit(' name="'), kind.name, Lit('"')))
+            return cohere_param(self, name, kind.schema, kind.at)
         sub = self._resolved(kind.schema, kind.at)
         kimi_type = _kimi_type(sub) if self.name == "kimi_k3_xml" else None
         return Seq(
@@ -209,6 +222,8 @@ class XMLArguments:
         )
 
     def _element(self, key: str, sub: Any, at: str) -> object:
+        if self.name == "cohere_xml":
+            return cohere_param(self, Lit(f' name="{key}"'), sub, at)
         sub = self._resolved(sub, at)
         kimi_type = _kimi_type(sub) if self.name == "kimi_k3_xml" else None
         if self.name == "kimi_k3_xml":

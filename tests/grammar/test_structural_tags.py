@@ -223,7 +223,7 @@ def test_tools_share_their_compiled_schemas_between_specs() -> None:
             "format.tags[0].begin",
         ),
         (
-            {"type": "json_schema", "json_schema": WEATHER, "style": "cohere_xml"},
+            {"type": "json_schema", "json_schema": WEATHER, "style": "yaml_xml"},
             "format.style",
         ),
         ({"type": "any_text", "max_tokens": 5}, "format.max_tokens"),
