@@ -5,7 +5,7 @@ the tests in tests/grammar/test_xgrammar_dialects.py.
 
 Each case: a feature name, the kind ("ebnf": grammar text; "structural": a structural tag), the
 source, texts it accepts and texts it refuses; `unsupported` names the word our GrammarError
-carries for a feature we refuse by name (token-level forms, cohere_xml, ...).
+carries for a feature we refuse by name (token-level forms, ...).
 """
 
 from __future__ import annotations
@@ -346,7 +346,15 @@ STRUCTURAL_CASES = [
         "st: cohere_xml",
         "structural",
         _st({"type": "json_schema", "json_schema": ARGS, "style": "cohere_xml"}),
-        unsupported="cohere_xml",
+        (
+            '<cofl:value name="city" type="raw">Paris</cofl:value>'
+            '<cofl:value name="days" type="json">3</cofl:value>',
+            '<cofl:value name="city" type="raw">Paris</cofl:value>',
+        ),
+        (
+            '<cofl:value name="city" type="json">Paris</cofl:value>',
+            '<cofl:value name="days" type="json">3</cofl:value>',
+        ),
     ),
     DialectCase(
         "st: token format",
