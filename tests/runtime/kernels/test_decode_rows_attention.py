@@ -103,3 +103,20 @@ def test_rows_together_with_a_window(dtype, d, window):
         want = _torch_attention(step.q[i], k_pool, v_pool, table[i], n, hq, window, scale)
         tol = TOLERANCE[dtype]
         torch.testing.assert_close(got[i].float(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_together_over_an_fp8_pool_equal_rows_alone(dtype):
+    if not cpu_fused.available(torch.float8_e4m3fn):
+        pytest.skip("no fp8 decode attention in this build")
+    lens, hq, hkv, d = list(range(50, 59)), 9, 3, 64
+    k_pool, v_pool, table, q = _request(lens, hq, hkv, d, dtype, seed=41)
+    k_pool, v_pool = k_pool.to(torch.float8_e4m3fn), v_pool.to(torch.float8_e4m3fn)
+    rows = cpu_fused.DecodeRows.of(table, torch.tensor(lens))
+    together = cpu_fused.decode_attention(q, k_pool, v_pool, rows, 0.125)
+    for i, n in enumerate(lens):
+        one = cpu_fused.DecodeRows.of(table[i : i + 1], torch.tensor([n]))
+        alone = cpu_fused.decode_attention(q[i : i + 1], k_pool, v_pool, one, 0.125)
+        assert torch.equal(together[i], alone[0])
+        want = _torch_attention(q[i], k_pool, v_pool, table[i], n, hq, 0, 0.125)
+        torch.testing.assert_close(together[i].float(), want, atol=2e-2, rtol=2e-2)
