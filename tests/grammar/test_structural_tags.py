@@ -324,3 +324,38 @@ def test_forced_text_masks_equal_the_full_walk() -> None:
         assert m.is_allowed(t)
         m.advance(t)
     assert m.is_accepting() and answered >= 10
+
+
+def test_forced_text_masks_of_xml_calls_equal_the_full_walk() -> None:
+    """Qwen3-Coder's XML calls: forced texts such as `</parameter>\n<parameter=` + a name
+    differ after a point no token reaches, and share one mask (`forced_masks` keys it by the
+    text cut there); at every state of calls to two tools with overlapping parameter names
+    the shortcut's mask equals the token index's own walk."""
+    import numpy as np
+
+    from runtime.server.tools.call_tags import builtin_structural_tag
+    from runtime.server.tools.formats import FORMATS
+
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": s}}
+        for n, s in (("get_weather", WEATHER), ("get_time", TIME))
+    ]
+    g = compile_structural_tag(builtin_structural_tag("qwen3_coder", tools), deepseek_vocab())
+    assert g.index.shortcut is not None
+    fmt = FORMATS["qwen3_coder"]
+    text = (
+        "Let me check. " + fmt.render([("get_weather", {"city": "Paris", "days": 3})])
+        + " and " + fmt.render([("get_time", {"zone": "UTC"})])
+        + " then " + fmt.render([("get_weather", {"city": "Rome", "days": 12})])
+    )  # fmt: skip
+    answered = 0
+    m = g.matcher()
+    for t in deepseek_tokenizer().encode(text, add_special_tokens=False):
+        words = g.index.shortcut(m.state)
+        if words is not None:
+            answered += 1
+            full = g.index._computed(m.state, 0)
+            assert np.array_equal(words.view(np.uint32), full.view(np.uint32)), m.state
+        assert m.is_allowed(t)
+        m.advance(t)
+    assert m.is_accepting() and answered >= 10
