@@ -14,6 +14,7 @@ import pytest
 from grammar import compile_structural_tag
 from grammar.errors import GrammarError
 from grammar.tokens.vocab import TokenVocabulary
+from tests.support.walks import accepts_bytes
 
 BYTES = TokenVocabulary([bytes([i]) for i in range(256)] + [None], [256])
 OPEN = re.compile(r'\s*<cofl:value(?: name="([^"]*)")? type="(raw|dict|list|json)">')
@@ -26,14 +27,7 @@ def _compile(schema: dict, mode: str = "strict"):
     return compile_structural_tag(spec, BYTES, json_schema_mode=mode, whitespace="[ \n\t]*")
 
 
-def _accepts(grammar, text: str) -> bool:
-    m = grammar.matcher()
-    for b in text.encode():
-        try:
-            m.advance_bytes(bytes([b]))
-        except GrammarError:
-            return False
-    return bool(m.is_accepting())
+_accepts = accepts_bytes
 
 
 def _tags(text: str, i: int, named: bool) -> tuple[list, int]:

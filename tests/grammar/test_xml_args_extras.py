@@ -13,6 +13,7 @@ from grammar import compile_structural_tag
 from grammar.errors import GrammarError
 from grammar.tokens.vocab import TokenVocabulary
 from runtime.server.tools.call_format import xml_value
+from tests.support.walks import accepts_bytes
 
 BYTES = TokenVocabulary([bytes([i]) for i in range(256)] + [None], [256])
 WRAP = {
@@ -34,14 +35,7 @@ def _compile(schema: dict, style: str, mode: str = "strict"):
     return compile_structural_tag(spec, BYTES, json_schema_mode=mode, whitespace="[ \n\t]*")
 
 
-def _accepts(grammar, text: str) -> bool:
-    m = grammar.matcher()
-    for b in text.encode():
-        try:
-            m.advance_bytes(bytes([b]))
-        except GrammarError:
-            return False
-    return bool(m.is_accepting())
+_accepts = accepts_bytes
 
 
 def _read_back(style: str, text: str, schema: dict) -> dict | None:

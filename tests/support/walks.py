@@ -30,6 +30,20 @@ def accepts_text(grammar: Any, tok: Any, text: str) -> bool:
     return m.is_accepting()
 
 
+def accepts_bytes(grammar: Any, text: str) -> bool:
+    """Feed `text`'s bytes one by one through advance_bytes(): True iff none is refused and the
+    matcher ends accepting."""
+    from grammar.errors import GrammarError
+
+    m = grammar.matcher()
+    for b in text.encode():
+        try:
+            m.advance_bytes(bytes([b]))
+        except GrammarError:
+            return False
+    return bool(m.is_accepting())
+
+
 def brute_force_mask(grammar: Any, state: int) -> Any:
     """Token by token in Python: the reference the vectorised masks must equal."""
     import numpy as np
