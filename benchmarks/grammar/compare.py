@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> None:
         from benchmarks.grammar import structural
 
         keys = [k for k in args.engines.split(",") if k in ("ours", "xgrammar")]
+        structural.set_clock(args.clock)
         if args.suite == "gbnf":
             structural.gbnf_suite(tok, keys)
         elif args.suite == "dialects":

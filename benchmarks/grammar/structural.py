@@ -23,6 +23,9 @@ undeclared tool, a call left without its end string).
 
 Set-up objects are frozen out of the cyclic GC before timing (see `_engines`).
 
+With `--clock cpu` the compile, first-mask and mask p50 / p99 columns are the calling thread's CPU
+time (`time.thread_time`: A/B runs on a busy machine), as the JSON Schema suites' are.
+
 gbnf: compile and first-mask time of each grammar of `benchmarks.grammar.gbnf_cases`, mask times
 along its sentences, sentences refused and broken texts accepted.
 """
@@ -47,6 +50,17 @@ CALLED_TOOLS = 20  # tools whose calls are walked, per size
 PER_TOOL = 3  # valid and invalid instances walked per called tool
 TRIGGER = "<function="
 END = "</function>"
+# what compile, first mask and the timed masks are measured with: wall time, or the thread's
+# CPU time (`--clock cpu`, set by `set_clock`)
+_clock = time.perf_counter
+_clock_name = "wall"
+
+
+def set_clock(name: str) -> None:
+    """Time with the wall clock ("wall") or the calling thread's CPU time ("cpu")."""
+    global _clock, _clock_name
+    _clock = time.thread_time if name == "cpu" else time.perf_counter
+    _clock_name = name
 
 
 class OursST(Ours):
@@ -100,10 +114,10 @@ def _walk(
 ) -> bool:
     m = engine.matcher(compiled)
     for t in ids:
-        c0, t0 = time.thread_time(), time.perf_counter()
+        c0, t0 = time.thread_time(), _clock()
         words = engine.fill(m)
         if times is not None:
-            times.append(time.perf_counter() - t0)
+            times.append(_clock() - t0)
         if cpu is not None:
             cpu.append(time.thread_time() - c0)
         if not (int(words[t >> 5]) >> (t & 31)) & 1:
@@ -160,14 +174,14 @@ def _stats(times: list[float]) -> dict:
 
 
 def _run(engine: Any, compile_fn: Any, valid: list[list[int]], invalid: list[list[int]]) -> dict:
-    t0 = time.perf_counter()
+    t0 = _clock()
     try:
         compiled = compile_fn()
     except Exception as e:  # a peer's parse error counts as not compiled
         return {"error": f"{type(e).__name__}: {str(e)[:80]}"}
-    t1 = time.perf_counter()
+    t1 = _clock()
     engine.fill(engine.matcher(compiled))
-    t2 = time.perf_counter()
+    t2 = _clock()
     times: list[float] = []
     cpu: list[float] = []
     refused = sum(not _walk(engine, compiled, ids, times, cpu) for ids in valid)
@@ -331,7 +345,8 @@ def structural_suite(tok: Any, keys: list[str], sizes: tuple[int, ...] = SIZES) 
     pool = [load_case(f) for f in files]
     can_write = {fam: writable(fam, pool) for fam in FAMILIES}
     print("\nsuite: structural-tags (triggered_tags, one JSON-Schema tag per tool; then the "
-          "built-in tags of qwen3_coder and gpt-oss, tool_choice auto)\n")  # fmt: skip
+          "built-in tags of qwen3_coder and gpt-oss, tool_choice auto; times: "
+          f"{_clock_name})\n")  # fmt: skip
     print(
         "| tools | engine | compile (ms) | first mask (ms) | mask p50 / p99 (us) "
         "| masks over 1 ms | mask p99 CPU (us) | warm mask p99 (us) | valid refused "
@@ -365,7 +380,10 @@ def structural_suite(tok: Any, keys: list[str], sizes: tuple[int, ...] = SIZES) 
 
 def gbnf_suite(tok: Any, keys: list[str]) -> None:
     engines = _engines(tok, keys)
-    print("\nsuite: gbnf (the eight llama.cpp-style grammars of benchmarks.grammar.gbnf_cases)\n")
+    print(
+        f"\nsuite: gbnf (the eight llama.cpp-style grammars of benchmarks.grammar.gbnf_cases; "
+        f"times: {_clock_name})\n"
+    )
     print(
         "| grammar | engine | compile (ms) | first mask (ms) | mask p50 / p99 (us) "
         "| masks over 1 ms | mask p99 CPU (us) | warm mask p99 (us) | valid refused "
