@@ -17,6 +17,7 @@ from grammar.cfg.compiler import CompiledCFG, clear_cfg_caches
 from grammar.constraint import Constraint
 from grammar.ebnf.compiler import clear_ebnf_caches, compile_rules
 from grammar.ebnf.lark_lower import (
+    build_dialect_fallback,
     build_llguidance_lark,
     clear_llguidance_lark_cache,
     uses_llguidance_syntax,
@@ -101,7 +102,10 @@ def _build(c: Constraint, vocab: TokenVocabulary) -> CompiledConstraint:
     if kind == "grammar":
         if uses_llguidance_syntax(c.value):
             return build_llguidance_lark(c.value, vocab, c.start)
-        return CompiledCFG(c.value, vocab, c.start)
+        try:
+            return CompiledCFG(c.value, vocab, c.start)
+        except GrammarError as plain:  # not lark as lark reads it: the engines' dialect?
+            return build_dialect_fallback(c.value, vocab, c.start, plain)
     if kind == "ebnf":
         return compile_rules(parse_gbnf(c.value), vocab, c.start, c.value)
     if kind == "structural_tag":

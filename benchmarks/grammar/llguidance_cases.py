@@ -63,7 +63,9 @@ LLGUIDANCE_CASES = [
           ["foo<end>!"], ["foo<end>bar<end>!"]),
     _lark("[suffix] attribute", 'start: with_suffix\nwith_suffix[suffix="<end>"]: /.*/',
           ["foo<end>"], ["foo", "foo<end>bar<end>"]),
-    _lark("[stop] attribute", 'start: s\ns[stop="<end>"]: /.*/', unsupported="stop"),
+    _lark("[stop] attribute", 'start: s "!"\ns[stop="<end>"]: /.*/', ["foo<end>!"],
+          ["foo!", "foo<end>bar<end>!"],
+          notes={"stop": "the marker stays in the text (XGrammar); llguidance takes it back"}),
     _lark("[max_tokens] attribute", 'start: s\ns[max_tokens=5]: /.*/', unsupported="max_tokens"),
     _lark("[temperature] attribute", 'start: s\ns[temperature=0.7]: /.*/',
           unsupported="temperature"),
@@ -81,6 +83,6 @@ LLGUIDANCE_CASES = [
           'f_bar_hd[lazy]: TEXT "<function"\nf_bar: f_bar_hd "=bar>" /[0-9]+/ "</function>"',
           ["hi <function=bar>12</function> bye", 'x<function=foo>{"a":1}</function>'],
           ["<function=baz>1</function>", "<function=bar>x</function>"]),
-    _lark("nested %lark", 'start: %lark { start: "a" }', unsupported="%lark"),
+    _lark("nested %lark", 'start: "x" %lark { start: A+\nA: "a" }', ["xa", "xaa"], ["x", "xb"]),
     _lark("grammar reference", "start: @sub", unsupported="grammar references"),
 ]  # fmt: skip

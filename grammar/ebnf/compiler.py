@@ -27,7 +27,7 @@ import numpy as np
 from grammar.automata.fsm import DEAD, START, no_gc, node_to_lazy_dfa
 from grammar.cfg.mask import VocabLayout
 from grammar.ebnf.earley import EarleyParser, ESet
-from grammar.ebnf.lower import Lowering, Terminal, clear_shared_terminals
+from grammar.ebnf.lower import Lowering, Terminal, clear_shared_terminals, commit_lazy_rules
 from grammar.ebnf.network import NetworkBuilder
 from grammar.ebnf.syntax import Grammar
 from grammar.tokens.cache import CompileCache
@@ -306,6 +306,8 @@ def compile_rules(
     g: Grammar, vocab: TokenVocabulary, root: str, source: str
 ) -> CompiledGrammar | CompiledEBNF:
     """Compile parsed rules: one regex when the root is regular, else the Earley form."""
+    if g.lazy:
+        g = commit_lazy_rules(g, source)
     low = Lowering(g, root)
     node = low.root_node()
     if node is not None:

@@ -24,12 +24,15 @@ Meaning of each construct, as llguidance's docs/syntax.md states it:
 - `%regex {"substring_words" | "substring_chunks" | "substring_chars": ...}`: the runs of
   whole consecutive chunks (`grammar.ebnf.substring`); words are maximal runs of word
   characters, of white space, or of other characters.
-- Rule attributes: `capture` / `capture="name"` (spans for the caller: no effect on the
-  language) is taken; `lazy` (the lexeme is the shortest match: no proper prefix of it is in
-  the language) and `suffix=X` (the lexeme body X, lazily) are honoured; `stop=`,
-  `stop_capture=` (the stop text is hidden by backtracking tokens, which a matcher cannot
-  do), `max_tokens=` (a token budget per lexeme) and `temperature=` (sampling) are refused
-  by name.
+- Rule attributes: `capture` / `capture="name"` and `stop_capture="name"` (spans for the
+  caller: no effect on the language) are taken; `lazy` (the lexeme is the shortest match: no
+  proper prefix of it is in the language) and `suffix=X` (the lexeme body, then X, lazily) are
+  honoured; `stop=X` as XGrammar reads it: the language of `suffix=X` (XGrammar keeps the
+  marker in the output and hides it from captures only; llguidance takes the stop text back
+  out of the output by backtracking tokens, which a text constraint cannot: the marker stays).
+  `suffix` and `stop` together, an empty string marker (llguidance's end-of-sequence `stop=""`)
+  and `stop_capture` without a marker are GrammarErrors; `max_tokens=` (a token budget per
+  lexeme) and `temperature=` (sampling) are refused by name.
 - `%llguidance {...}`: `ignore_once` and `allow_initial_skip` are honoured; `no_forcing` and
   `allow_invalid_utf8` are taken when false and refused when true; others are refused by name.
 - Priorities (`.N`), `?` / `!` / `_` rule prefixes and `->` aliases shape lark's parse tree or
@@ -67,13 +70,13 @@ import re
 from typing import Any
 
 from grammar.automata import regex_ast as ra
-from grammar.automata.dfa_ops import DFANode, from_rows, product
-from grammar.automata.fsm import DEAD, START, ByteDFA, node_to_dfa
+from grammar.automata.dfa_ops import DFANode, product
+from grammar.automata.fsm import START, ByteDFA, node_to_dfa
 from grammar.automata.nfa import parse_regex
 from grammar.ebnf import lark_syntax as ls
 from grammar.ebnf.compiler import compile_rules
 from grammar.ebnf.lark_params import expand_parametric
-from grammar.ebnf.lower import chars_node
+from grammar.ebnf.lower import chars_node, shortest_matches
 from grammar.ebnf.substring import substring_dfa
 from grammar.ebnf.syntax import Alt, Chars, Grammar, Lit, Ref, Regular, Rep, Seq, TokenSet
 from grammar.errors import EmptyLanguageError, GrammarError
@@ -112,11 +115,11 @@ SQL_COMMENT: /--[^\n]*/
 """
 
 _REFUSED_ATTRIBUTES = {
-    "stop": "the stop text is hidden from the output by backtracking tokens",
-    "stop_capture": "it names the text of `stop`, which is refused",
     "max_tokens": "a token budget per lexeme is not part of a text constraint",
     "temperature": "it changes sampling, not the language",
 }
+_LEXEME_ATTRIBUTES = ("lazy", "suffix", "stop")
+_DIALECT_KEYWORDS = ("%json", "%regex", "%llguidance", "%lark", "%if", "%grammar_options")
 _OPTIONS = {"ignore_once", "allow_initial_skip", "no_forcing", "allow_invalid_utf8"}
 _REGEX_FLAGS = set("imsu")
 _FLEXIBLE_WS = r"[ \t\n\r]*"
@@ -160,7 +163,7 @@ def uses_llguidance_syntax(text: str) -> bool:
         return False
     for i, t in enumerate(toks):
         nxt = toks[i + 1].kind if i + 1 < len(toks) else "eof"
-        if t.kind == "keyword" and t.text in ("%json", "%regex", "%llguidance", "%lark", "%if"):
+        if t.kind == "keyword" and t.text in _DIALECT_KEYWORDS:
             return True
         if t.kind in ("special", "&", "{", "grammar_ref", "::"):
             return True
@@ -184,12 +187,26 @@ def _common() -> ls.LarkFile:
     return _COMMON_FILE[0]
 
 
-def _lazy(dfa: ByteDFA) -> ByteDFA:
-    """The shortest matches: strings of the language none of whose proper prefixes is in it
-    (no transitions out of accepting states)."""
-    rows = dfa.byte_table().copy()
-    rows[dfa.accepting] = DEAD
-    return from_rows(rows.tolist(), list(dfa.accepting))
+def _check_markers(d: ls.RuleDef, attrs: dict[str, object]) -> None:
+    """`suffix=` / `stop=` take one marker (a non-empty string, a regex or a terminal name),
+    not both; `stop_capture=` (a name) needs one of them."""
+    at = f"lark grammar error at line {d.line}: rule {d.name!r}"
+    if "suffix" in attrs and "stop" in attrs:
+        raise GrammarError(f"{at}: suffix= and stop= cannot be used together")
+    for key in ("suffix", "stop"):
+        marker = attrs.get(key)
+        if key in attrs and not isinstance(marker, ls.Literal | ls.RegexLit | ls.Name):
+            raise GrammarError(f"{at}: {key}= takes a string, a regex or a terminal name")
+        if isinstance(marker, ls.Literal) and not marker.text:
+            raise GrammarError(
+                f'{at}: {key}="" (end of sequence as the marker) is not supported; '
+                "give the marker text"
+            )
+    if "stop_capture" in attrs:
+        if not isinstance(attrs["stop_capture"], ls.Literal):
+            raise GrammarError(f"{at}: stop_capture= takes a name in quotes")
+        if "suffix" not in attrs and "stop" not in attrs:
+            raise GrammarError(f"{at}: stop_capture= needs suffix= or stop=")
 
 
 def chunk_words(text: str) -> list[str]:
@@ -221,7 +238,7 @@ class LarkLowering:
         self._leaves = 0
         self._json = 0
         self._lazy_names = {
-            n for n, d in f.rules.items() if any(k in ("lazy", "suffix") for k in d.attributes)
+            n for n, d in f.rules.items() if any(k in _LEXEME_ATTRIBUTES for k in d.attributes)
         }
         self._lazy_dfas: dict[str, ByteDFA] = {}
         self._guarded: dict[tuple[str, frozenset[str]], Any] = {}
@@ -240,7 +257,9 @@ class LarkLowering:
     def _read_options(options: dict[str, Any]) -> dict[str, Any]:
         for key, value in options.items():
             if key not in _OPTIONS:
-                raise GrammarError(f"%llguidance option {key!r} is not supported")
+                raise GrammarError(
+                    f"grammar option {key!r} (%llguidance / %grammar_options) is not supported"
+                )
             if not isinstance(value, bool):
                 raise GrammarError(f"%llguidance option {key!r} must be true or false")
             if key in ("no_forcing", "allow_invalid_utf8") and value:
@@ -324,6 +343,7 @@ class LarkLowering:
         what = {
             ls.SpecialToken: "a special token",
             ls.InlineJson: "%json",
+            ls.NestedLark: "%lark",
         }.get(type(e), type(e).__name__)
         raise GrammarError(
             f"lark grammar error at line {getattr(e, 'line', '?')}, {where}: "
@@ -422,6 +442,8 @@ class LarkLowering:
             return special_token_set(e, where)
         if isinstance(e, ls.InlineJson):
             return self.lexeme(self._json_schema(e, where))
+        if isinstance(e, ls.NestedLark):
+            return self._nested_lark(e)
         if isinstance(e, ls.Literal) and not e.flags and not guard:
             return self.lexeme(Lit(e.text))
         node = self.term(e, "user", where)
@@ -508,16 +530,12 @@ class LarkLowering:
         if hit is None:
             d = self.f.rules[name]
             attrs = dict(d.attributes)
-            where = f"rule {d.name!r} (a lexeme: lazy / suffix)"
+            where = f"rule {d.name!r} (a lexeme: lazy / suffix / stop)"
             node = self.term(d.body, "user", where)
-            if "suffix" in attrs:
-                if not isinstance(attrs["suffix"], ls.Literal | ls.RegexLit | ls.Name):
-                    raise GrammarError(
-                        f"lark grammar error at line {d.line}: rule {d.name!r}: suffix= takes a "
-                        "string, a regex or a terminal name"
-                    )
-                node = ra.seq(node, self.term(attrs["suffix"], "user", where))
-            hit = self._lazy_dfas[name] = _lazy(self._dfa(node, where, "lazy"))
+            marker = attrs.get("suffix", attrs.get("stop"))
+            if marker is not None:
+                node = ra.seq(node, self.term(marker, "user", where))
+            hit = self._lazy_dfas[name] = shortest_matches(self._dfa(node, where, "lazy"))
         return hit
 
     def _guarded_lazy(self, name: str, guard: frozenset[str], where: str) -> object:
@@ -551,20 +569,22 @@ class LarkLowering:
     def rule(self, d: ls.RuleDef) -> object:
         attrs = dict(d.attributes)
         attrs.pop("capture", None)  # spans for the caller; the language is the same
+        _check_markers(d, attrs)
+        attrs.pop("stop_capture", None)  # the marker's span for the caller, as capture
         for key in attrs:
             if key in _REFUSED_ATTRIBUTES:
                 raise GrammarError(
                     f"lark grammar error at line {d.line}: rule {d.name!r}: attribute {key!r} is "
                     f"not supported ({_REFUSED_ATTRIBUTES[key]})"
                 )
-            if key not in ("lazy", "suffix"):
+            if key not in _LEXEME_ATTRIBUTES:
                 raise GrammarError(
                     f"lark grammar error at line {d.line}: rule {d.name!r}: unknown attribute "
                     f"{key!r}"
                 )
         if not attrs:
             return self.expr(d.body, d.name)
-        where = f"rule {d.name!r} (a lexeme: lazy / suffix)"
+        where = f"rule {d.name!r} (a lexeme: lazy / suffix / stop)"
         return self.lexeme(self._leaf(DFANode(self._lazy_dfa(d.name), "lazy", where)))
 
     def _json_schema(self, e: ls.InlineJson, where: str) -> object:
@@ -599,6 +619,30 @@ class LarkLowering:
         self.g.lines.update(inner.g.lines)
         return Ref(inner.prefix + "start")
 
+    def _nested_lark(self, e: ls.NestedLark) -> object:
+        """`%lark { ... }`: the inner grammar's rules under their own prefix (its names, its
+        `%ignore` after its own lexemes, its options), entered at its `start`."""
+        self._json += 1
+        inner = LarkLowering(e.file, self.source, f"{self.prefix}%lark{self._json}:")
+        if "start" not in e.file.rules:
+            raise GrammarError(
+                f"lark grammar error at line {e.line}: the %lark {{ ... }} block defines no "
+                "start rule"
+            )
+        inner.lower_rules()
+        for d in e.file.terminals.values():
+            inner._token(d.name, "user", d.line)
+        self.g.rules.update(inner.g.rules)
+        self.g.lines.update(inner.g.lines)
+        return inner.entry("start")
+
+    def entry(self, start: str) -> object:
+        """The start rule, after the %ignore text where `allow_initial_skip` lets it lead."""
+        body: object = Ref(self.prefix + start)
+        if self.ignore is not None and self.options.get("allow_initial_skip"):
+            body = Seq((self.ignore, body))
+        return body
+
     def lower_rules(self) -> None:
         for d in self.f.rules.values():
             self.g.rules[self.prefix + d.name] = self.rule(d)
@@ -612,10 +656,7 @@ class LarkLowering:
         for d in self.f.terminals.values():  # every terminal must compile, used or not
             self._token(d.name, "user", d.line)
         root = "%root"
-        body: object = Ref(start)
-        if self.ignore is not None and self.options.get("allow_initial_skip"):
-            body = Seq((self.ignore, body))
-        self.g.rules[root] = body
+        self.g.rules[root] = self.entry(start)
         self.g.lines[root] = 0
         return self.g, root
 
@@ -636,6 +677,21 @@ def build_llguidance_lark(text: str, vocab: TokenVocabulary, start: str = "start
     text = expand_parametric(text)
     g, root = LarkLowering(ls.parse_lark(text), text).grammar(start)
     return compile_rules(g, vocab, root, text)
+
+
+def build_dialect_fallback(
+    text: str, vocab: TokenVocabulary, start: str, plain: GrammarError
+) -> Any:
+    """A grammar that lark itself refuses (an empty literal, a terminal that matches the empty
+    string, a lazy quantifier in a terminal, `\\u{...}` escapes, a lexer past its budget, ...),
+    read in llguidance's / XGrammar's dialect, where these are valid: there is no lark meaning to
+    keep. When the dialect refuses it too, the GrammarError names both readings."""
+    try:
+        return build_llguidance_lark(text, vocab, start)
+    except GrammarError as dialect:
+        raise GrammarError(
+            f"{plain} (and in llguidance's / XGrammar's dialect: {dialect})"
+        ) from None
 
 
 def clear_llguidance_lark_cache() -> None:

@@ -78,6 +78,15 @@ class RegexExt:
 
 
 @dataclass(slots=True, frozen=True)
+class NestedLark:
+    """`%lark { ... }`: a whole grammar (its own names, `start`, `%ignore` and options) used as
+    one element."""
+
+    file: LarkFile
+    line: int
+
+
+@dataclass(slots=True, frozen=True)
 class Refused:
     """A construct read but not supported (named in `what`); refused where it is lowered."""
 
@@ -134,7 +143,10 @@ class LarkFile:
 # ----- the lexer -----
 
 _PUNCT = ["::", "..", "->", ":", "=", ",", ".", "(", ")", "{", "}", "[", "]", "~", "|", "&", "_"]
-_KEYWORDS = ("ignore", "import", "override", "declare", "json", "regex", "llguidance", "if", "lark")
+_KEYWORDS = tuple(
+    "ignore import override declare json regex llguidance if lark grammar_options".split()
+)
+_JSON_KEYWORDS = ("%json", "%regex", "%llguidance", "%grammar_options")
 _PATTERNS = [
     ("skip", re.compile(r"(#|//)[^\n]*|[ \t]+|\\\r?\n")),
     ("keyword", re.compile(r"%(" + "|".join(_KEYWORDS) + r")\b")),
@@ -164,9 +176,18 @@ def _error(line: int, col: int, msg: str) -> GrammarError:
 
 
 def tokenize(text: str) -> list[Tok]:
-    """The grammar's lexemes (longest match; white space and comments dropped)."""
+    """The grammar's lexemes (longest match; white space and comments dropped). A `%lark {...}`
+    block is one token whose value is the block's own tokens (ending with "eof")."""
+    return _lex(text, 0, 1, 0, 0)[0]
+
+
+def _lex(text: str, pos: int, line: int, line_start: int, block: int) -> tuple:
+    """Tokens from `pos` to the end, or (`block`: how deep in `%lark {` blocks) to the `}`
+    closing the block: (tokens, position after the block, line, line start)."""
+    if block > MAX_NESTING:
+        raise _error(line, pos - line_start + 1, f"%lark blocks nest deeper than {MAX_NESTING}")
     out: list[Tok] = []
-    pos, line, line_start = 0, 1, 0
+    depth = 0
     decoder = json.JSONDecoder()
     while pos < len(text):
         best_kind, best_end = "", pos
@@ -181,7 +202,23 @@ def tokenize(text: str) -> list[Tok]:
         if not best_kind:
             raise _error(line, col, f"unexpected character {text[pos]!r}")
         tok = Tok(best_kind, text[pos:best_end], line, col)
-        if best_kind == "keyword" and tok.text in ("%json", "%regex", "%llguidance"):
+        if block and best_kind in ("{", "}"):
+            depth += 1 if best_kind == "{" else -1
+            if depth < 0:
+                out.append(Tok("eof", "", line, col))
+                return out, best_end, line, line_start
+        if best_kind == "keyword" and tok.text == "%lark":
+            start = best_end
+            while start < len(text) and text[start] in " \t\r\n":
+                if text[start] == "\n":
+                    line, line_start = line + 1, start + 1
+                start += 1
+            if not text.startswith("{", start):
+                raise _error(line, col, "%lark needs a grammar in braces: %lark { ... }")
+            tok.value, pos, line, line_start = _lex(text, start + 1, line, line_start, block + 1)
+            out.append(tok)
+            continue
+        if best_kind == "keyword" and tok.text in _JSON_KEYWORDS:
             start = best_end
             while start < len(text) and text[start] in " \t\r\n":
                 start += 1
@@ -194,8 +231,10 @@ def tokenize(text: str) -> list[Tok]:
         if best_kind != "skip":
             out.append(tok)
         pos = best_end
+    if block:
+        raise _error(line, pos - line_start + 1, "a %lark { ... } block is not closed")
     out.append(Tok("eof", "", line, pos - line_start + 1))
-    return out
+    return out, pos, line, line_start
 
 
 # ----- the parser -----
@@ -315,9 +354,9 @@ class _Parser:
             f.ignore.append(self.choice())
         elif t.text == "%import":
             self.import_(f, t)
-        elif t.text == "%llguidance":
+        elif t.text in ("%llguidance", "%grammar_options"):
             if not isinstance(t.value, dict):
-                raise self.error("%llguidance takes a JSON object of options", t)
+                raise self.error(f"{t.text} takes a JSON object of options", t)
             f.options.update(t.value)
         else:
             raise self.error(f"{t.text} is not supported", t)
@@ -424,8 +463,6 @@ class _Parser:
             self.i += 1
             hi = None if self.at("}") else self.count()
         self.take("}")
-        if hi == 0:
-            raise self.error("the end of a repetition range cannot be 0", t)
         if hi is not None and hi < lo:
             raise self.error(f"repetition {{{lo},{hi}}}: the maximum is below the minimum", t)
         return Repeat(item, lo, hi)
@@ -468,7 +505,7 @@ class _Parser:
         if t.kind == "keyword" and t.text == "%regex":
             return RegexExt(t.value, t.line)
         if t.kind == "keyword" and t.text == "%lark":
-            raise self.error("nested %lark { ... } grammars are not supported", t)
+            return NestedLark(_Parser(t.value).file(), t.line)
         if t.kind == "grammar_ref":
             raise self.error(f"grammar references ({t.text}) are not supported", t)
         self.i -= 1

@@ -21,6 +21,7 @@ import threading
 import numpy as np
 
 from grammar.automata import regex_ast as rx
+from grammar.automata.dfa_ops import DFANode, from_rows
 from grammar.automata.fsm import DEAD, START, ByteDFA, node_to_dfa
 from grammar.automata.utf8 import MAX_CODE_POINT
 from grammar.ebnf.syntax import Alt, Chars, Grammar, Lit, Ref, Regular, Rep, Seq, TokenSet
@@ -222,6 +223,35 @@ class Lowering:
         if node is None:
             raise GrammarError(f"GBNF grammar error: the root rule {self.root!r} matches no text")
         return node
+
+
+def shortest_matches(dfa: ByteDFA) -> ByteDFA:
+    """The strings of the language none of whose proper prefixes is in it (no transitions out
+    of accepting states): a lazy lexeme's committed-shortest matches."""
+    rows = dfa.byte_table().copy()
+    rows[dfa.accepting] = DEAD
+    return from_rows(rows.tolist(), list(dfa.accepting))
+
+
+def commit_lazy_rules(g: Grammar, source: str) -> Grammar:
+    """XGrammar's `name[lazy] ::= body`: the rule ends at the first place its body can (its
+    language: `shortest_matches` of the body's), so a body that may match the empty text
+    matches only that. The body must be regular (no recursion, no token terminal): a
+    GrammarError naming the rule otherwise. The rules with each lazy body replaced."""
+    out = Grammar(dict(g.rules), dict(g.lines))
+    for name in sorted(g.lazy, key=lambda n: g.lines.get(n, 0)):
+        at = f"GBNF grammar error at line {g.lines.get(name, 0)}, rule {name!r}"
+        low = Lowering(out, name)
+        if name in low.nonregular:
+            raise GrammarError(
+                f"{at}: rule option 'lazy' needs a regular body (no recursion, no token)"
+            )
+        node = low.node(Ref(name))
+        if node is None:
+            raise GrammarError(f"{at}: the lazy rule matches no text")
+        dfa = shortest_matches(node_to_dfa(node))
+        out.rules[name] = Regular(DFANode(dfa, "lazy", f"rule {name!r}"), ("lazy", source, name))
+    return out
 
 
 def shared_terminal(key: object, node: object) -> Terminal:

@@ -14,8 +14,10 @@ XGrammar's additions: white space before a repetition (`rule {2, 3}`); its built
 assertion `(= ...)` ending a rule's body, which XGrammar uses to prune token masks and which does
 not change the strings its parser accepts (so neither does ours: it is parsed and checked, and
 the rule's language is its body's); and rule options `name[...] ::=`, of which `capture`
-(recording spans, no effect on the language) is taken and the ones that steer or bound output
-(`max_tokens`, `max_chars`, `lazy`, `temperature`, ...) are refused by name. The token-level
+(recording spans, no effect on the language) is taken, `lazy` honoured (the rule's body must be
+regular; it ends at its first possible end: see `grammar.ebnf.lower.commit_lazy_rules`) and the
+ones that steer or bound output (`max_tokens`, `max_chars`, `temperature`, ...) are refused by
+name. The token-level
 builtins `Token(ids)`, `ExcludeToken(ids)` and `TokenTagDispatch((id, rule)..., ...)` become
 `TokenSet` nodes: one token matched by id (see `grammar.ebnf.token_terminals`), so a grammar that
 uses one always compiles to the Earley form; so do llama.cpp's token references `<[1000]>` (an id),
@@ -111,6 +113,7 @@ class Grammar:
 
     rules: dict[str, object] = field(default_factory=dict)
     lines: dict[str, int] = field(default_factory=dict)
+    lazy: set[str] = field(default_factory=set)  # `name[lazy] ::=`: see grammar.ebnf.lower
 
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-.]*")
@@ -593,15 +596,21 @@ def _lookahead(r: _Reader, nested: int) -> None:
 _TAKEN_OPTIONS = {"capture"}  # spans recorded by XGrammar's matcher: no effect on the language
 
 
-def _rule_options(r: _Reader, text: str) -> None:
+def _rule_options(r: _Reader, text: str) -> bool:
+    """Read `[...]`'s options; whether they include `lazy` (without a value)."""
+    lazy = False
     for option in (o.strip() for o in text.split(",")):
         key = option.split("=", 1)[0].strip()
         if key in _TAKEN_OPTIONS:
             continue
+        if option == "lazy":
+            lazy = True
+            continue
         raise r.error(
             f"rule option {key!r} is not supported (it bounds or steers the rule's output; "
-            f"taken: {', '.join(sorted(_TAKEN_OPTIONS))})"
+            f"taken: {', '.join(sorted(_TAKEN_OPTIONS | {'lazy'}))})"
         )
+    return lazy
 
 
 def free_text(excluded: list[str] | tuple[str, ...], where: str) -> Regular:
@@ -655,8 +664,8 @@ def parse_gbnf(text: str) -> Grammar:
             raise r.error(f"rule {name!r} is defined twice (first on line {g.lines[name]})")
         g.lines[name] = r.line()
         r.rule = name
-        if m.group(2):
-            _rule_options(r, m.group(2)[1:-1])
+        if m.group(2) and _rule_options(r, m.group(2)[1:-1]):
+            g.lazy.add(name)
         r.pos = m.end()
         body = _alternation(r, 0)
         r.skip_space()

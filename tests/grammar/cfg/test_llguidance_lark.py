@@ -208,7 +208,7 @@ def test_common_imports():
         pytest.param("start: A\nA: <|im_end|>", "special token", id="special-in-terminal"),
         pytest.param('start: x\nx[lazy]: "a" y\ny: "b"', "'y'", id="lazy-over-a-rule"),
         pytest.param("start: A\nA: /a/x\n%llguidance {}", "flag", id="regex-flag"),
-        pytest.param('start: "a"{0}', "0", id="zero-range"),
+        pytest.param('start: "a"{3,2}', "below the minimum", id="reversed-range"),
         pytest.param("%declare X\nstart: X{1}", "%declare", id="declare"),
     ],
 )
