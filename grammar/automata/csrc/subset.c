@@ -62,6 +62,11 @@ typedef struct {
     uint32_t *stamp, *seen, *listed; uint32_t epoch, listed_epoch;
     int32_t *buf; int64_t buf_cap;
     int32_t *stack; int64_t stack_cap;
+    /* an expansion's scratch: its distinct edge masks, each one's edges (targets, chained),
+       and per byte the set of distinct masks holding it (`words` 64-bit words a byte) */
+    mask_t *dm; int64_t dm_cap; int32_t *dm_head; int64_t dm_head_cap;
+    int32_t *e_target; int64_t e_target_cap; int32_t *e_next; int64_t e_next_cap;
+    uint64_t *fire; int64_t fire_cap;
 } core_t;
 
 static int grow(void **p, int64_t *cap, int64_t need, size_t size) {
@@ -91,7 +96,8 @@ void subset_free(core_t *c) {
     free(c->rec_of); free(c->edge_start); free(c->edge_count); free(c->clo_start);
     free(c->clo_len); free(c->masks); free(c->targets); free(c->clo); free(c->set_start);
     free(c->set_len); free(c->set_hash); free(c->sets); free(c->slots); free(c->stamp);
-    free(c->buf);
+    free(c->buf); free(c->dm); free(c->dm_head); free(c->e_target); free(c->e_next);
+    free(c->fire);
     for (int64_t b = 0; b < c->n_blocks; b++) free(c->blocks[b].cls_mask);
     free(c->blocks); free(c->tmp_eps); free(c->tmp_targets); free(c->tmp_masks);
     free(c);
@@ -146,14 +152,28 @@ static int64_t record(core_t *c, int64_t x) {
     return r;
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
+/* Sort n distinct ints ascending: insertion sort for a few (most unions), else quicksort
+   (Hoare partition around the median of three, the smaller side first). */
 static void sort_i32(int32_t *s, int64_t n) {
-    if (n > 24) { qsort(s, (size_t)n, sizeof(int32_t), cmp_i32); return; }
-    for (int64_t i = 1; i < n; i++) {  /* most unions are a few states */
+    while (n > 24) {
+        int64_t mid = n / 2;
+        int32_t t;
+        if (s[mid] < s[0]) { t = s[mid]; s[mid] = s[0]; s[0] = t; }
+        if (s[n - 1] < s[0]) { t = s[n - 1]; s[n - 1] = s[0]; s[0] = t; }
+        if (s[n - 1] < s[mid]) { t = s[n - 1]; s[n - 1] = s[mid]; s[mid] = t; }
+        int32_t p = s[mid];
+        int64_t i = -1, j = n;
+        for (;;) {
+            do i++; while (s[i] < p);
+            do j--; while (s[j] > p);
+            if (i >= j) break;
+            t = s[i]; s[i] = s[j]; s[j] = t;
+        }
+        /* [0, j] <= p <= [j + 1, n) */
+        if (j + 1 < n - j - 1) { sort_i32(s, j + 1); s += j + 1; n -= j + 1; }
+        else { sort_i32(s + j + 1, n - j - 1); n = j + 1; }
+    }
+    for (int64_t i = 1; i < n; i++) {
         int32_t v = s[i]; int64_t j = i;
         while (j > 0 && s[j - 1] > v) { s[j] = s[j - 1]; j--; }
         s[j] = v;
@@ -535,28 +555,49 @@ int64_t subset_expand(core_t *c, int64_t i, int64_t *missing, int64_t cap) {
     int ready = targets_ready(c, i, missing, &n_missing, cap);
     if (ready < 0) return -1 - NO_MEMORY;
     if (!ready) return -(16 + n_missing);
-    int64_t words = (n_edges + 63) / 64;
-    /* which edges each byte fires: a bitset of `words` words per byte */
-    uint64_t *fire = calloc((size_t)(256 * (words ? words : 1)), sizeof(uint64_t));
-    int32_t *edge_target = malloc((size_t)(n_edges ? n_edges : 1) * sizeof(int32_t));
-    if (!fire || !edge_target) {
-        free(fire); free(edge_target);
+    /* the state's edges grouped by mask: a row depends only on which of the distinct masks
+       hold each byte (a state's edges share few masks: the copies of a counted class) */
+    if (grow((void **)&c->dm, &c->dm_cap, n_edges + 1, sizeof(mask_t)) ||
+        grow((void **)&c->dm_head, &c->dm_head_cap, n_edges + 1, sizeof(int32_t)) ||
+        grow((void **)&c->e_target, &c->e_target_cap, n_edges + 1, sizeof(int32_t)) ||
+        grow((void **)&c->e_next, &c->e_next_cap, n_edges + 1, sizeof(int32_t)))
         return -1 - NO_MEMORY;
-    }
-    int64_t ne = 0;
+    int64_t n_dm = 0, ne = 0;
     for (int64_t k = 0; k < n; k++) {
         int64_t r = c->rec_of[set[k]] - 1;
         for (int32_t e = c->edge_start[r]; e < c->edge_start[r] + c->edge_count[r]; e++) {
             const mask_t *m = c->masks + e;
-            for (int w = 0; w < 4; w++)
-                for (uint64_t bits = m->w[w]; bits; bits &= bits - 1) {
-                    int b = w * 64 + __builtin_ctzll(bits);
-                    fire[b * words + ne / 64] |= 1ull << (ne % 64);
-                }
-            edge_target[ne++] = c->targets[e];
+            int64_t d = n_dm - 1;  /* the same mask as the last edge's, most often */
+            if (d < 0 || memcmp(c->dm + d, m, sizeof(mask_t)))
+                for (d = 0; d < n_dm && memcmp(c->dm + d, m, sizeof(mask_t)); d++) {}
+            if (d == n_dm) { c->dm[n_dm] = *m; c->dm_head[n_dm++] = -1; }
+            c->e_target[ne] = c->targets[e];
+            c->e_next[ne] = c->dm_head[d];
+            c->dm_head[d] = (int32_t)ne++;
         }
     }
-    /* each distinct set of fired edges: the union of its targets' closures, numbered */
+    int64_t words = (n_dm + 63) / 64;
+    if (!words) words = 1;
+    if (grow((void **)&c->fire, &c->fire_cap, 256 * words, sizeof(uint64_t)))
+        return -1 - NO_MEMORY;
+    uint64_t *fire = c->fire;  /* per byte: the distinct masks holding it */
+    memset(fire, 0, (size_t)(256 * words) * sizeof(uint64_t));
+    for (int64_t d = 0; d < n_dm; d++) {
+        const mask_t *m = c->dm + d;
+        uint64_t bit = 1ull << (d % 64);
+        uint64_t *f = fire + d / 64;
+        for (int w = 0; w < 4; w++) {
+            uint64_t bits = m->w[w];
+            if (__builtin_popcountll(bits) > 8) {  /* dense: every byte, no branch */
+                for (int q = 0; q < 64; q++)
+                    f[(w * 64 + q) * words] |= (0 - ((bits >> q) & 1)) & bit;
+            } else {
+                for (; bits; bits &= bits - 1)
+                    f[(w * 64 + __builtin_ctzll(bits)) * words] |= bit;
+            }
+        }
+    }
+    /* each distinct set of masks: the union of its edges' targets' closures, numbered */
     int32_t row[256], first_of[256];
     int64_t n_distinct = 0, n_live = 0, only = -1, before = c->n_states, status = OK;
     for (int b = 0; b < 256 && status == OK; b++) {
@@ -565,30 +606,45 @@ int64_t subset_expand(core_t *c, int64_t i, int64_t *missing, int64_t cap) {
         for (int64_t w = 0; w < words; w++) any |= f[w] != 0;
         if (!any) { row[b] = DEAD; continue; }
         n_live++; only = b;
+        if (b > 0 && row[b - 1] != DEAD &&
+            !memcmp(f - words, f, (size_t)words * sizeof(uint64_t))) {  /* a byte range */
+            row[b] = row[b - 1];
+            continue;
+        }
         int64_t d = 0;
-        for (; d < n_distinct; d++)
-            if (!memcmp(fire + first_of[d] * words, f, (size_t)words * sizeof(uint64_t))) break;
+        if (words == 1) {
+            while (d < n_distinct && fire[first_of[d]] != f[0]) d++;
+        } else {
+            while (d < n_distinct &&
+                   memcmp(fire + first_of[d] * words, f, (size_t)words * sizeof(uint64_t)))
+                d++;
+        }
         if (d < n_distinct) { row[b] = row[first_of[d]]; continue; }
         first_of[n_distinct++] = b;
         uint32_t ep2 = ++c->epoch;
-        int64_t len = 0;
-        for (int64_t e = 0; e < ne; e++) {
-            if (!(f[e / 64] >> (e % 64) & 1)) continue;
-            int64_t rt = c->rec_of[edge_target[e]] - 1;
-            const int32_t *cl = c->clo + c->clo_start[rt];
-            for (int32_t q = 0; q < c->clo_len[rt]; q++) {
-                int64_t rq = c->rec_of[cl[q]] - 1;
-                if (c->stamp[rq] == ep2) continue;
-                c->stamp[rq] = ep2;
-                if (grow((void **)&c->buf, &c->buf_cap, len + 1, sizeof(int32_t))) {
-                    status = NO_MEMORY;
-                    break;
+        int64_t len = 0, parts = 0;  /* closures that added states */
+        for (int64_t w = 0; w < words && status == OK; w++)
+            for (uint64_t bits = f[w]; bits && status == OK; bits &= bits - 1) {
+                int64_t dd = w * 64 + __builtin_ctzll(bits);
+                for (int32_t e = c->dm_head[dd]; e >= 0; e = c->e_next[e]) {
+                    int64_t rt = c->rec_of[c->e_target[e]] - 1;
+                    const int32_t *cl = c->clo + c->clo_start[rt];
+                    int64_t added = len;
+                    for (int32_t q = 0; q < c->clo_len[rt]; q++) {
+                        int64_t rq = c->rec_of[cl[q]] - 1;
+                        if (c->stamp[rq] == ep2) continue;
+                        c->stamp[rq] = ep2;
+                        if (grow((void **)&c->buf, &c->buf_cap, len + 1, sizeof(int32_t))) {
+                            status = NO_MEMORY;
+                            break;
+                        }
+                        c->buf[len++] = cl[q];
+                    }
+                    parts += len > added;
                 }
-                c->buf[len++] = cl[q];
             }
-        }
         if (status != OK) break;
-        sort_i32(c->buf, len);
+        if (parts > 1) sort_i32(c->buf, len);  /* one closure: sorted already */
         int64_t j = intern(c, c->buf, len);
         if (j < 0) { status = -1 - j; break; }
         if (j >= before && j == c->n_states - 1) {  /* new: unexpanded, accepting if final */
@@ -600,7 +656,6 @@ int64_t subset_expand(core_t *c, int64_t i, int64_t *missing, int64_t cap) {
         }
         row[b] = (int32_t)j;
     }
-    free(fire); free(edge_target);
     if (status != OK) return -1 - status;
     memcpy(c->table + i * 256, row, sizeof(row));
     c->forced[i] = n_live == 1 && !c->accepting[i] ? (int32_t)only : -1;

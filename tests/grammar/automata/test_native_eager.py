@@ -24,6 +24,15 @@ PATTERNS = [
     pytest.param(r"[^\"\\]{0,90}", 'a"é\\', id="lazy-copies"),
     pytest.param(r"é(ü|ß){1,3}|[α-ω]+z", "éüßαωz", id="utf8"),
     pytest.param(r"a(b[^\s\S])?c|d", "abcd", id="dead-end-pruned"),
+    # one state with 70 distinct edge masks (over a 64-bit word of them), all fired by '!':
+    # a union of 70 closures, {z(i), l(i)} each, the z(i) numbered in reverse by the first
+    # option (an unsorted union of 140 states: past the insertion sort's 24)
+    pytest.param(
+        "q(?:" + "|".join(f"z{j:02d}" for j in reversed(range(70))) + ")|"
+        + "|".join(f"[!-{re.escape(chr(0x22 + i))}](?:l{i:02d}|z{i:02d})" for i in range(70)),
+        "!#qzl0123456789",
+        id="many-masks-in-one-state",
+    ),
 ]
 BLOCK_SCHEMA = {  # embedded automata (key regions, a pattern with a length): lazily filled blocks
     "type": "object",
