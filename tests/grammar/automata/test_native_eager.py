@@ -28,7 +28,9 @@ PATTERNS = [
     # a union of 70 closures, {z(i), l(i)} each, the z(i) numbered in reverse by the first
     # option (an unsorted union of 140 states: past the insertion sort's 24)
     pytest.param(
-        "q(?:" + "|".join(f"z{j:02d}" for j in reversed(range(70))) + ")|"
+        "q(?:"
+        + "|".join(f"z{j:02d}" for j in reversed(range(70)))
+        + ")|"
         + "|".join(f"[!-{re.escape(chr(0x22 + i))}](?:l{i:02d}|z{i:02d})" for i in range(70)),
         "!#qzl0123456789",
         id="many-masks-in-one-state",
