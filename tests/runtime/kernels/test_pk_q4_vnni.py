@@ -1,5 +1,7 @@
 """Packed Q4_0 / Q4_1 products of several input rows (csrc/pk_q4_vnni.h where the CPU has VNNI,
-pk_group_rows elsewhere): each row gives the bits it gives alone, over any thread count, and
+from 6 rows two groups at once where it has AVX-512, pk_group_rows elsewhere): each row gives
+the bits it gives alone, over any thread count (5 groups: two pairs and one alone; over 3
+threads a pair that starts at an odd group), and
 the portable build's bits, at the integer sums' extremes (4-bit values 0 and 15 against
 inputs of +-32767, whose high bytes are 127 and -128)."""
 
