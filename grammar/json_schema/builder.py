@@ -32,6 +32,7 @@ class Builder(Protocol):
     ref_overrides_siblings: bool  # drafts 3-7: a `$ref` hides its sibling keywords
     integral_floats: bool  # draft 6 on: 1.0 is an integer
     float64_numbers: bool  # strict mode: numbers carry at most a float64's digits
+    plain_integers: bool  # integers without a zero fraction (PLAIN_INTEGERS_MARK)
     # ----- state of the recursion -----
     ref_stack: list[str]  # the `$ref`s being expanded, outermost first
     reach: RefReach  # which `$ref`s a subschema may expand

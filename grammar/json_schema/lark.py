@@ -23,8 +23,13 @@ import json
 from typing import Any
 
 from grammar.errors import GrammarError, UnsupportedSchemaError
-from grammar.json_schema.guidance import FLEXIBLE_WHITESPACE, SEPARATORS_MARK, read_x_guidance
-from grammar.json_schema.number_text import FLOAT64_NUMBER
+from grammar.json_schema.guidance import (
+    ESCAPES_MARK,
+    FLEXIBLE_WHITESPACE,
+    SEPARATORS_MARK,
+    read_x_guidance,
+)
+from grammar.json_schema.number_text import FLOAT64_NUMBER, PLAIN_INTEGERS_MARK
 from grammar.json_schema.refs.local import local_refs, pointer_target
 from grammar.json_schema.strict import apply_mode, check_mode
 from grammar.json_schema.vocabulary import ANNOTATIONS, kind_of
@@ -99,6 +104,7 @@ class _Builder:
         self.n_terms = 0
         self.terminals: dict[str, str] = {}  # regex -> terminal name
         self.uses_any = False
+        self.plain_integers = False  # integers without a zero fraction (PLAIN_INTEGERS_MARK)
 
     def new_rule(self) -> str:
         self.n_rules += 1
@@ -256,6 +262,8 @@ class _Builder:
         draft = self.root.get("$schema") if isinstance(self.root, dict) else None
         if isinstance(draft, str):  # the draft decides what an integer's spellings are
             schema = {**schema, "$schema": draft}
+        if self.plain_integers:
+            schema = {**schema, PLAIN_INTEGERS_MARK: True}
         schema = apply_mode(schema, self.mode)  # strict: bounded digits, I-JSON integers
         try:
             regex = json_schema_to_regex(schema)
@@ -384,9 +392,17 @@ def json_schema_to_lark(
         raise UnsupportedSchemaError(
             "x-guidance", "#/x-guidance", "custom separators with a recursive schema"
         )
+    if isinstance(loaded, dict) and ESCAPES_MARK in loaded:
+        raise UnsupportedSchemaError(
+            "x-guidance", "#/x-guidance", "escape options with a recursive schema"
+        )
+    plain = isinstance(loaded, dict) and loaded.get(PLAIN_INTEGERS_MARK) is True
+    if plain:
+        loaded = {k: v for k, v in loaded.items() if k != PLAIN_INTEGERS_MARK}
     ignore = ws == FLEXIBLE_WHITESPACE and not isinstance(whitespace, str)
     root = local_refs(loaded)
     b = _Builder(root, check_mode(json_schema_mode), "" if ignore else ws or "")
+    b.plain_integers = plain
     top = b.rule(root, "#")
     lines = [f"start: {top}", *b.lines]
     if b.uses_any:

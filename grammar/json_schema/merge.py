@@ -151,6 +151,8 @@ def merge(a: dict | bool, b: dict | bool, ptr: str) -> dict | bool:
         # else: a keyword outside the vocabulary is an annotation (kept from the first side)
     if patterned is _SAME_PATTERNS:
         _merge_same_patterns(out, a, b)
+    elif patterned is _OPEN_PATTERNS:
+        _merge_open_patterns(out, a, b)
     elif patterned is not None:
         order = [*a.get("properties", {}), *b.get("properties", {})]
         _merge_pattern_object(out, *patterned, order)
@@ -172,14 +174,30 @@ def _pattern_side(a: dict, b: dict, ptr: str) -> tuple[dict, dict] | None:
         return None  # nothing to combine: the patterned side's keywords are copied
     if pa and pb and set(a["patternProperties"]) == set(b["patternProperties"]):
         return _SAME_PATTERNS
+    if pa and pb and all(x.get("additionalProperties", True) in (True, {}) for x in (a, b)):
+        return _OPEN_PATTERNS
     if pa and pb:
-        raise UnsupportedSchemaError("allOf", ptr, "patternProperties on both sides")
+        raise UnsupportedSchemaError(
+            "allOf", ptr, "patternProperties on both sides, one with additionalProperties"
+        )
     if plain.get("additionalProperties", True) not in (True, False, {}):
         raise UnsupportedSchemaError("allOf", ptr, "patternProperties with additionalProperties")
     return plain, patterned
 
 
 _SAME_PATTERNS = ({}, {})  # both sides have patternProperties, with the same patterns
+_OPEN_PATTERNS = ({}, {})  # both sides have patternProperties, neither additionalProperties
+
+
+def _merge_open_patterns(out: dict, a: dict, b: dict) -> None:
+    """Conjunction of two objects with patternProperties and no additionalProperties: a name
+    takes its properties' schemas and every matching pattern's, on each side alike, so the
+    properties and the patterns of both sides together say it (a shared one: both schemas)."""
+    _merge_object(out, a, b)
+    pats = dict(a["patternProperties"])
+    for p, schema in b["patternProperties"].items():
+        pats[p] = _all_of(pats[p], schema) if p in pats else schema
+    out["patternProperties"] = pats
 
 
 def _merge_same_patterns(out: dict, a: dict, b: dict) -> None:

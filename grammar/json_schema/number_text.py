@@ -16,6 +16,9 @@ FLOAT64_NUMBER = (
 )
 # the root keyword strict mode adds to say its numbers are FLOAT64_NUMBER-bounded
 FLOAT64_MARK = "_float64_numbers"
+# the root keyword that says integers are written plain (no `1.0`), as llguidance and XGrammar
+# write them in a lark grammar's `%json`; validation still takes `1.0` where the draft does
+PLAIN_INTEGERS_MARK = "_plain_integers"
 _NONZERO_FRACTION = r"\.[0-9]*[1-9][0-9]*"
 
 

@@ -158,9 +158,10 @@ def integer_value(b: Builder, s: dict, ptr: str) -> Node:
     """Integers; from draft 6 on also spelled with a zero fraction (1.0, -3.00): the
     same values, so bounds and multipleOf hold for them as for the integer. Strict mode
     (generation) writes plain integers only, as XGrammar and vLLM do: a zero fraction has no
-    bound on its zeros (`"population":1.0000...` to max_tokens)."""
+    bound on its zeros (`"population":1.0000...` to max_tokens); so does a lark `%json`
+    (`PLAIN_INTEGERS_MARK`), as llguidance and XGrammar read it."""
     bounds = _bounds(s)
-    zeros = b.integral_floats and not b.float64_numbers
+    zeros = b.integral_floats and not b.float64_numbers and not b.plain_integers
     if bounds == (None,) * 4 and s.get("multipleOf") is None:
         text = number_text.INTEGER + (_ZERO_FRACTION if zeros else "")
         return shared_leaf(text, "integer")

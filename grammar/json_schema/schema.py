@@ -35,10 +35,15 @@ from grammar.json_schema import oneof as json_oneof
 from grammar.json_schema.exact.evaluated import split_refusal
 from grammar.json_schema.exact.exclusive import oneof_by_negation
 from grammar.json_schema.formats import FORMAT_REGEXES, FORMAT_VALUE_REGEXES
-from grammar.json_schema.guidance import SEPARATORS_MARK, read_x_guidance
+from grammar.json_schema.guidance import (
+    ESCAPES_MARK,
+    SEPARATORS_MARK,
+    escape_policy_dfa,
+    read_x_guidance,
+)
 from grammar.json_schema.literals import TRIE_MIN_VALUES, literals_node, single_spelling
 from grammar.json_schema.merge import canonical, merge
-from grammar.json_schema.number_text import FLOAT64_MARK
+from grammar.json_schema.number_text import FLOAT64_MARK, PLAIN_INTEGERS_MARK
 from grammar.json_schema.objects import integral_as, literal
 from grammar.json_schema.oneof import CANONICAL_TEXT, exactly_one_required, required_only
 from grammar.json_schema.refs.local import local_refs
@@ -107,7 +112,30 @@ def json_schema_to_node(
         builder.__dict__.clear()  # not left for the next GC pass (~35k objects on Kubernetes)
     if out is None:
         raise EmptyLanguageError("the schema admits no instance")
-    return out
+    escapes = loaded.get(ESCAPES_MARK) if isinstance(loaded, dict) else None
+    return out if escapes is None else _with_escapes(out, escapes)
+
+
+_ESCAPES_MAX_STATES = 200_000
+
+
+def _with_escapes(node: object, escapes: list) -> object:
+    """`node`'s language with x-guidance's escape policy on its strings (a DFA product)."""
+    where = "#/x-guidance/json_allowed_escapes"
+    try:
+        dfa = dfa_ops.product(
+            node_to_dfa(node, _ESCAPES_MAX_STATES),
+            escape_policy_dfa(*escapes),
+            True,
+            _ESCAPES_MAX_STATES,
+        )
+    except GrammarError as e:
+        raise UnsupportedSchemaError(
+            "x-guidance", where, f"the schema's automaton is too large for an escape option: {e}"
+        ) from None
+    if not dfa.accepting.any():
+        raise EmptyLanguageError("the schema admits no instance with the allowed escapes")
+    return dfa_ops.DFANode(dfa, "x-guidance", where)
 
 
 def prebuild() -> None:
@@ -157,6 +185,7 @@ class SchemaBuilder:
         self.integral_floats = not any(f"draft-0{n}" in draft for n in (3, 4))
         # strict mode marks its root: numbers carry at most a float64's digits
         self.float64_numbers = isinstance(root, dict) and root.get(FLOAT64_MARK) is True
+        self.plain_integers = isinstance(root, dict) and root.get(PLAIN_INTEGERS_MARK) is True
 
     def dfa(self, node: object, max_states: int = DEFAULT_MAX_STATES) -> Any:
         """node_to_dfa(node, max_states), once per node object in a compile (the memoised

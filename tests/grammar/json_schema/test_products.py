@@ -296,9 +296,12 @@ def test_oneOf_overlapping_through_anyOf_still_refused() -> None:
         ),
         (
             {
-                "allOf": [
+                "allOf": [  # patterns on both sides, one closed by additionalProperties
                     {"patternProperties": {"^x": {"type": "integer"}}},
-                    {"patternProperties": {"^y": {"type": "integer"}}},
+                    {
+                        "patternProperties": {"^y": {"type": "integer"}},
+                        "additionalProperties": False,
+                    },
                 ]
             },
             "allOf",

@@ -55,8 +55,11 @@ def test_coerce_one_of_reads_one_of_as_any_of():
         pytest.param({"item_separator": "[,"}, "item_separator", id="item-separator"),
         pytest.param({"key_separator": ""}, "key_separator", id="key-separator"),
         pytest.param({"lenient": True}, "lenient", id="lenient"),
-        pytest.param({"json_allowed_escapes": "nrt"}, "json_allowed_escapes", id="escapes"),
-        pytest.param({"json_allow_general_unicode_escapes": False}, "unicode", id="unicode"),
+        pytest.param({"json_allowed_escapes": "nrx"}, "json_allowed_escapes", id="escapes"),
+        pytest.param({"json_allow_general_unicode_escapes": 1}, "unicode", id="unicode"),
+        pytest.param(
+            {"json_allowed_escapes": "n", "item_separator": '"'}, "item_separator", id="quote-sep"
+        ),
         pytest.param({"whitespace_pattern": "("}, "whitespace_pattern", id="bad-pattern"),
         pytest.param({"colour": 1}, "colour", id="unknown"),
     ],
@@ -80,3 +83,80 @@ def test_multiple_of_1024_compiles_exactly():
     validator = jsonschema.Draft202012Validator(schema)
     for n in [0, 1024, -2048, 1023, 1025, 1048576, 3 * 1024 + 1, 10**12 * 1024]:
         assert _accepts(schema, str(n)) == validator.is_valid(n), n
+
+
+def _escapes_allowed(text: str, letters: str, general: bool) -> bool:
+    """Every escape in the JSON text is one `letters` allow (`\\uXXXX`: below U+0020 unless
+    `general`); outside strings valid JSON has no backslash."""
+    for esc in re.findall(r"\\(u[0-9a-fA-F]{4}|.)", text):
+        if esc[0] not in letters or (esc[0] == "u" and not general and int(esc[1:], 16) >= 0x20):
+            return False
+    return True
+
+
+ESCAPE_TEXTS = [
+    '"a"',
+    '"\\n"',
+    '"\\t"',
+    '"\\/"',
+    '"\\\\"',
+    '"\\""',
+    '"\\u001e"',
+    '"\\u000A"',
+    '"\\u00e9"',
+    '"\\u0041"',
+    '"\\uD83D\\uDE00"',
+    '"é"',
+    '["\\n","\\u001f"]',
+    '{"\\n":1}',
+    '{"\\t":1}',
+    '{"k\\u00e9":"\\b"}',
+    '{"known":0}',
+    '{"\\/":1}',
+    "[1]",
+]
+
+
+@pytest.mark.parametrize(
+    ("letters", "general"),
+    [("nt", True), ("n", False), ('nrbtf\\"u', False), ("/u", True), ("", False)],
+)
+def test_escape_options_narrow_every_string(letters: str, general: bool) -> None:
+    schema = {
+        "anyOf": [
+            {"type": "string", "maxLength": 2},
+            {"type": "array", "items": {"type": "string"}},
+            {"type": "object", "properties": {"known": {"type": "integer"}}},
+        ],
+        "x-guidance": {
+            "json_allowed_escapes": letters,
+            "json_allow_general_unicode_escapes": general,
+        },
+    }
+    plain = {k: v for k, v in schema.items() if k != "x-guidance"}
+    validator = jsonschema.Draft202012Validator(plain)
+    for text in ESCAPE_TEXTS:
+        expected = validator.is_valid(json.loads(text)) and _escapes_allowed(text, letters, general)
+        assert _accepts(schema, text) == expected, text
+
+
+def test_one_escape_option_takes_llguidance_default_for_the_other():
+    # one option given, the other takes llguidance's default: escapes nrbtf\\"u, \\u only for
+    # control characters
+    schema = {"type": "string", "x-guidance": {"json_allow_general_unicode_escapes": False}}
+    assert _accepts(schema, '"\\u001e"') and _accepts(schema, '"\\n"')
+    assert not _accepts(schema, '"\\u00e9"') and not _accepts(schema, '"\\/"')
+    schema = {"type": "string", "x-guidance": {"json_allowed_escapes": '"\\/bfnrtu'}}
+    assert _accepts(schema, '"\\/"') and not _accepts(schema, '"\\u0041"')
+
+
+def test_escape_options_refused_with_a_recursive_schema():
+    from grammar.json_schema.lark import json_schema_to_lark
+
+    schema = {
+        "type": "object",
+        "properties": {"next": {"$ref": "#"}},
+        "x-guidance": {"json_allowed_escapes": "n"},
+    }
+    with pytest.raises(UnsupportedSchemaError, match="escape options with a recursive schema"):
+        json_schema_to_lark(schema)
