@@ -589,11 +589,12 @@ class LarkLowering:
 
     def _json_schema(self, e: ls.InlineJson, where: str) -> object:
         from grammar.json_schema.guidance import read_x_guidance, schema_is_recursive
+        from grammar.json_schema.guidance import with_plain_integers as plain
         from grammar.json_schema.schema import json_schema_to_node
 
         at = f"%json at line {e.line} ({where})"
-        try:
-            schema, ws = read_x_guidance(e.schema, default_whitespace=_FLEXIBLE_WS)
+        try:  # integers written plain (1, not 1.0), as llguidance and XGrammar do
+            schema, ws = read_x_guidance(plain(e.schema), default_whitespace=_FLEXIBLE_WS)
             if not schema_is_recursive(schema):
                 node = json_schema_to_node(schema, ws)
                 return self._leaf(node)
