@@ -22,6 +22,7 @@ from grammar.ebnf.lark_lower import (
     clear_llguidance_lark_cache,
     uses_llguidance_syntax,
 )
+from grammar.ebnf.lark_syntax import inline_named_grammars
 from grammar.ebnf.syntax import parse_gbnf
 from grammar.errors import EmptyLanguageError, GrammarError
 from grammar.json_schema.schema import (
@@ -173,13 +174,22 @@ def compile_json_schema(
     return compile(c, vocab)
 
 
-def compile_lark(grammar_text: str, vocab: TokenVocabulary, start: str = "start") -> Any:
+def compile_lark(
+    grammar_text: str,
+    vocab: TokenVocabulary,
+    start: str = "start",
+    named_grammars: dict[str, str] | None = None,
+) -> Any:
     """A constraint from a lark grammar. Plain lark compiles through `grammar.cfg` (LALR(1),
     a contextual lexer: lark's own meaning); a grammar in llguidance's dialect (`%json`,
     `%regex`, `%llguidance`, special tokens, `&` / `~`, `{M,N}`, rule attributes, `//`
     comments, `-` in names) through `grammar.ebnf.lark_lower` (Earley, so it need not be
     LALR(1)). Both give the matcher interface of every compiled constraint; GrammarError names
-    what is refused and where."""
+    what is refused and where. `named_grammars` (name -> lark text, XGrammar's argument of that
+    name, llguidance's grammar list): what `@name` in the text refers to, each a nested grammar
+    (`grammar.ebnf.lark_syntax.inline_named_grammars`)."""
+    if named_grammars is not None:
+        grammar_text = inline_named_grammars(grammar_text, named_grammars)
     return compile(Constraint.of("grammar", grammar_text, start=start), vocab)
 
 

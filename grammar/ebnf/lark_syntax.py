@@ -507,7 +507,11 @@ class _Parser:
         if t.kind == "keyword" and t.text == "%lark":
             return NestedLark(_Parser(t.value).file(), t.line)
         if t.kind == "grammar_ref":
-            raise self.error(f"grammar references ({t.text}) are not supported", t)
+            raise self.error(
+                f"grammar reference {t.text}: no grammar of that name was given (named grammars "
+                "are passed to compile_lark as named_grammars)",
+                t,
+            )
         self.i -= 1
         raise self.error(f"expected an expression, found {t.text or t.kind!r}")
 
@@ -530,3 +534,61 @@ def parse_lark(text: str) -> LarkFile:
     if not isinstance(text, str):
         raise GrammarError(f"a lark grammar must be text, got {type(text).__name__}")
     return _Parser(tokenize(text)).file()
+
+
+# ----- named grammars (`@name`) -----
+
+MAX_INLINED_CHARS = 1_000_000
+_GRAMMAR_NAME = re.compile(r"[A-Za-z0-9_\-]+")
+
+
+def inline_named_grammars(text: str, named: object) -> str:
+    """`text` with each `@name` reference (XGrammar's `named_grammars`, llguidance's grammar
+    list) replaced by `%lark { <that grammar's text> }`: a whole grammar with its own names,
+    `start` and `%ignore`, used as one element. References inside the named texts are expanded
+    too; a cycle, an unknown name, a bad name or value, or an expansion past
+    MAX_INLINED_CHARS is a GrammarError naming it."""
+    if not isinstance(named, dict):
+        raise GrammarError(f"named_grammars must be a dict of name -> lark text, got {named!r}")
+    for name, value in named.items():
+        if not isinstance(name, str) or not _GRAMMAR_NAME.fullmatch(name):
+            raise GrammarError(f"named_grammars: invalid grammar name {name!r}")
+        if not isinstance(value, str):
+            raise GrammarError(f"named_grammars[{name!r}] must be lark text, got {value!r}")
+    return _inline(text, named, (), {})
+
+
+def _ref_offsets(toks: list[Tok], starts: list[int], out: list[tuple[int, str, Tok]]) -> None:
+    for t in toks:
+        if t.kind == "grammar_ref":
+            out.append((starts[t.line - 1] + t.col - 1, t.text[1:], t))
+        elif t.kind == "keyword" and t.text == "%lark":
+            _ref_offsets(t.value, starts, out)
+
+
+def _inline(text: str, named: dict, chain: tuple[str, ...], done: dict[str, str]) -> str:
+    if "@" not in text:
+        return text
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]
+    refs: list[tuple[int, str, Tok]] = []
+    _ref_offsets(tokenize(text), starts, refs)
+    for offset, name, t in sorted(refs, key=lambda r: r[0], reverse=True):
+        if name not in named:
+            raise _error(
+                t.line, t.col,
+                f"grammar reference @{name}: no grammar of that name was given "
+                f"(named_grammars: {', '.join(sorted(named)) or 'none'})",
+            )  # fmt: skip
+        if name in chain:
+            cycle = " -> ".join(f"@{n}" for n in (*chain[chain.index(name) :], name))
+            raise GrammarError(f"lark grammar error: circular named grammar reference: {cycle}")
+        inner = done.get(name)
+        if inner is None:  # the same text wherever it is used (a cycle shows the first time)
+            inner = done[name] = _inline(named[name], named, (*chain, name), done)
+        text = f"{text[:offset]}%lark {{\n{inner}\n}}{text[offset + len(name) + 1 :]}"
+        if len(text) > MAX_INLINED_CHARS:
+            raise GrammarError(
+                f"lark grammar error: named grammars expand past {MAX_INLINED_CHARS} characters "
+                f"(at @{name})"
+            )
+    return text

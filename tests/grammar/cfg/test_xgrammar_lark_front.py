@@ -166,3 +166,28 @@ def test_ebnf_lazy_needs_a_regular_body() -> None:
         compile_ebnf('root ::= r\nr[lazy] ::= "(" r ")" | "x"', BYTES)
     with pytest.raises(GrammarError, match="max_chars"):
         compile_ebnf('root ::= r\nr[max_chars=3] ::= "x"', BYTES)
+
+
+def test_named_grammars_are_nested_grammars() -> None:
+    named = {"pair": 'start: @item ":" @item', "item": "start: /[ab]/"}
+    g = compile_lark('start: @pair %lark { start: "," @item }*', BYTES, named_grammars=named)
+    oracle = re.compile(r"[ab]:[ab](,[ab])*")
+    assert _language(g, "ab:,", 6) == {s for s in _strings("ab:,", 6) if oracle.fullmatch(s)}
+
+
+@pytest.mark.parametrize(
+    ("named", "message"),
+    [
+        pytest.param({"a": "start: @b", "b": "start: @a"}, "@a -> @b -> @a", id="cycle"),
+        pytest.param({"b": 'start: "b"'}, "grammar reference @a", id="unknown"),
+        pytest.param(None, "grammar reference @a", id="none-given"),
+        pytest.param({"a b": 'start: "b"'}, "invalid grammar name 'a b'", id="bad-name"),
+        pytest.param({"a": 1}, "named_grammars['a']", id="bad-value"),
+        pytest.param({"a": "start: @b @b", **{f"{c}": f"start: @{chr(ord(c) + 1)} "
+                      f"@{chr(ord(c) + 1)}" for c in "bcdefghijklmnopqrstuvw"}, "x": 'start: "x"'},
+                     "expand past", id="too-large"),
+    ],
+)  # fmt: skip
+def test_named_grammar_errors_name_the_reference(named, message: str) -> None:
+    with pytest.raises(GrammarError, match=re.escape(message)):
+        compile_lark("start: @a", BYTES, named_grammars=named)
