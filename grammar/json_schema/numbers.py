@@ -35,6 +35,9 @@ from grammar.json_schema.number_grid import (
 from grammar.json_schema.number_text import NUMBER, integer_range
 
 MAX_GRID_STATES = 12_000
+# a bounded multipleOf: the bounds' automaton times the grid's (an unbounded integer in strict
+# mode has I-JSON's bounds: ~100 states times `multipleOf: 1024`'s ~1,000, 35 ms)
+MAX_MULTIPLES_STATES = 250_000
 MAX_DIGITS = 100  # schema numbers with more fraction digits are refused
 MAX_INTEGER_DIGITS = 400  # ... or with more integer digits (the largest double has 309)
 
@@ -187,7 +190,8 @@ def _multiples_dfa(kind: str, m: Fraction, lo: tuple, hi: tuple, pointer: str) -
     bounds = _bounds_only(kind, lo, hi)
     if bounds is None:
         return None
-    dfa = dfa_ops.product(node_to_dfa(bounds), _grid_dfa(kind, m, pointer), keep_b=True)
+    grid = _grid_dfa(kind, m, pointer)
+    dfa = dfa_ops.product(node_to_dfa(bounds), grid, True, MAX_MULTIPLES_STATES)
     if not dfa.accepting.any():
         return None
     return dfa_ops.DFANode(dfa, "multipleOf", f"{pointer}/multipleOf")

@@ -78,11 +78,15 @@ def test_two_patterns_in_all_of_intersect():
         assert _accepts(schema, text) == validator.is_valid(s), s
 
 
-def test_multiple_of_1024_compiles_exactly():
+@pytest.mark.parametrize("mode", ["exact", "strict"])
+def test_multiple_of_1024_compiles_exactly(mode: str):
+    # strict mode bounds an integer to I-JSON's +-(2**53 - 1): that range times the multiples
     schema = {"type": "integer", "multipleOf": 1024}
     validator = jsonschema.Draft202012Validator(schema)
-    for n in [0, 1024, -2048, 1023, 1025, 1048576, 3 * 1024 + 1, 10**12 * 1024]:
-        assert _accepts(schema, str(n)) == validator.is_valid(n), n
+    top = 2**53 - 1 if mode == "strict" else None
+    for n in [0, 1024, -2048, 1023, 1025, 1048576, 3 * 1024 + 1, 10**12 * 1024, 2**53, 2**60]:
+        expected = validator.is_valid(n) and (top is None or abs(n) <= top)
+        assert _accepts(schema, str(n), json_schema_mode=mode) == expected, n
 
 
 def _escapes_allowed(text: str, letters: str, general: bool) -> bool:
