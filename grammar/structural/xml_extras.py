@@ -133,6 +133,12 @@ def extra_kinds(
     pp = schema.get("patternProperties", {})
     if not isinstance(pp, dict):
         raise GrammarError(f"{where}/patternProperties: an object of schemas")
+    extra = schema.get("additionalProperties")
+    if extra is None:
+        # XGrammar's reading: propertyNames alone opens the object to named extras
+        extra = True if ("propertyNames" in schema and not pp) or not strict else False
+    if not pp and extra is False and "propertyNames" not in schema:
+        return [], set()  # no extra parameter can appear, no declared name is barred
     names, keeps = _name_filter(schema.get("propertyNames", True), f"{where}/propertyNames")
     barred = {n for n in declared if not keeps(n)}
     for pattern, sub in pp.items():
@@ -142,10 +148,6 @@ def extra_kinds(
                     f"{where}/patternProperties: the declared property {n!r} also matches "
                     f"{pattern!r} (a value under both schemas is not supported)"
                 )
-    extra = schema.get("additionalProperties")
-    if extra is None:
-        # XGrammar's reading: propertyNames alone opens the object to named extras
-        extra = True if ("propertyNames" in schema and not pp) or not strict else False
     taken = _literals(declared)
     key = json.dumps([list(pp), declared, schema.get("propertyNames")], default=str)
     kinds: list[ExtraKind] = []
