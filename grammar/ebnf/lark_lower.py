@@ -31,8 +31,9 @@ Meaning of each construct, as llguidance's docs/syntax.md states it:
   marker in the output and hides it from captures only; llguidance takes the stop text back
   out of the output by backtracking tokens, which a text constraint cannot: the marker stays).
   `suffix` and `stop` together, an empty string marker (llguidance's end-of-sequence `stop=""`)
-  and `stop_capture` without a marker are GrammarErrors; `max_tokens=` (a token budget per
-  lexeme) and `temperature=` (sampling) are refused by name.
+  and `stop_capture` without a marker are GrammarErrors; XGrammar's `max_chars=N` is honoured
+  (`grammar.ebnf.lower.char_budget`); `max_tokens=` (a token budget per lexeme) and
+  `temperature=` (sampling) are refused by name.
 - `%llguidance {...}`: `ignore_once` and `allow_initial_skip` are honoured; `no_forcing` and
   `allow_invalid_utf8` are taken when false and refused when true; others are refused by name.
 - Priorities (`.N`), `?` / `!` / `_` rule prefixes and `->` aliases shape lark's parse tree or
@@ -76,7 +77,7 @@ from grammar.automata.nfa import parse_regex
 from grammar.ebnf import lark_syntax as ls
 from grammar.ebnf.compiler import compile_rules
 from grammar.ebnf.lark_params import expand_parametric
-from grammar.ebnf.lower import chars_node, shortest_matches
+from grammar.ebnf.lower import char_budget, chars_node, shortest_matches
 from grammar.ebnf.substring import substring_dfa
 from grammar.ebnf.syntax import Alt, Chars, Grammar, Lit, Ref, Regular, Rep, Seq, TokenSet
 from grammar.errors import EmptyLanguageError, GrammarError
@@ -571,6 +572,7 @@ class LarkLowering:
         attrs.pop("capture", None)  # spans for the caller; the language is the same
         _check_markers(d, attrs)
         attrs.pop("stop_capture", None)  # the marker's span for the caller, as capture
+        budget = self._char_budget(d, attrs.pop("max_chars", None))
         for key in attrs:
             if key in _REFUSED_ATTRIBUTES:
                 raise GrammarError(
@@ -582,10 +584,33 @@ class LarkLowering:
                     f"lark grammar error at line {d.line}: rule {d.name!r}: unknown attribute "
                     f"{key!r}"
                 )
+        if budget is not None:
+            where = f"rule {d.name!r} (max_chars={budget})"
+            dfa = self._lazy_dfa(d.name) if attrs else self._dfa(self.term(d.body, "user", where),
+                                                                  where, "max_chars")
+            dfa = char_budget(dfa, budget, f"lark grammar error at line {d.line}, {where}")
+            return self.lexeme(self._leaf(DFANode(dfa, "max_chars", where)))
         if not attrs:
             return self.expr(d.body, d.name)
         where = f"rule {d.name!r} (a lexeme: lazy / suffix / stop)"
         return self.lexeme(self._leaf(DFANode(self._lazy_dfa(d.name), "lazy", where)))
+
+    @staticmethod
+    def _char_budget(d: ls.RuleDef, value: object) -> int | None:
+        """XGrammar's `max_chars=N` (0..2**31-1): the rule is read as one lexeme that ends at
+        its first possible end once N characters are read (`grammar.ebnf.lower.char_budget`);
+        with `suffix` / `stop` (where the budget would end it without its marker) refused."""
+        if value is None:
+            return None
+        at = f"lark grammar error at line {d.line}: rule {d.name!r}"
+        if not isinstance(value, float) or not value.is_integer() or not 0 <= value < 2**31:
+            raise GrammarError(f"{at}: max_chars takes a whole number 0..{2**31 - 1}")
+        if "suffix" in d.attributes or "stop" in d.attributes:
+            raise GrammarError(
+                f"{at}: max_chars with suffix= / stop= is not supported (the budget may end the "
+                "rule without its marker)"
+            )
+        return int(value)
 
     def _json_schema(self, e: ls.InlineJson, where: str) -> object:
         from grammar.json_schema.guidance import read_x_guidance, schema_is_recursive

@@ -233,24 +233,58 @@ def shortest_matches(dfa: ByteDFA) -> ByteDFA:
     return from_rows(rows.tolist(), list(dfa.accepting))
 
 
+MAX_BUDGET_STATES = 20_000
+
+
+def char_budget(dfa: ByteDFA, n: int, where: str) -> ByteDFA:
+    """XGrammar's `max_chars=n`: once n characters (code points) are read, the text ends at
+    the first place it can (the budget gives way until then). States: (state, characters read
+    up to n); a GrammarError naming `where` past MAX_BUDGET_STATES of them."""
+    table = dfa.byte_table()
+    q = table.shape[0]
+    if q * (n + 1) > MAX_BUDGET_STATES:
+        raise GrammarError(
+            f"{where}: max_chars={n} over a body of {q} states needs more than "
+            f"{MAX_BUDGET_STATES} states"
+        )
+    lead = (np.arange(256) & 0xC0) != 0x80  # the bytes that start a character
+    acc = np.asarray(dfa.accepting, dtype=bool)
+    rows = []
+    for c in range(n + 1):  # state (s, c) is row c * q + s: row 0 dead, row 1 start
+        nxt = np.minimum(c + lead, n).astype(np.int64)[None, :] * q + table
+        block = np.where(table == DEAD, DEAD, nxt)
+        block[DEAD] = DEAD
+        if c == n:
+            block[acc] = DEAD  # out of budget where the body may end: it ends
+        rows.append(block)
+    return from_rows(np.concatenate(rows), np.tile(acc, n + 1).tolist())
+
+
 def commit_lazy_rules(g: Grammar, source: str) -> Grammar:
     """XGrammar's `name[lazy] ::= body`: the rule ends at the first place its body can (its
     language: `shortest_matches` of the body's), so a body that may match the empty text
-    matches only that. The body must be regular (no recursion, no token terminal): a
-    GrammarError naming the rule otherwise. The rules with each lazy body replaced."""
+    matches only that; `name[max_chars=N]`: `char_budget`. The body must be regular (no
+    recursion, no token terminal): a GrammarError naming the rule and option otherwise. The
+    rules with each such body replaced."""
     out = Grammar(dict(g.rules), dict(g.lines))
     for name in sorted(g.lazy, key=lambda n: g.lines.get(n, 0)):
         at = f"GBNF grammar error at line {g.lines.get(name, 0)}, rule {name!r}"
+        lazy, budget = g.lazy[name]
+        what = "lazy" if lazy else "max_chars"
         low = Lowering(out, name)
         if name in low.nonregular:
             raise GrammarError(
-                f"{at}: rule option 'lazy' needs a regular body (no recursion, no token)"
+                f"{at}: rule option {what!r} needs a regular body (no recursion, no token)"
             )
         node = low.node(Ref(name))
         if node is None:
-            raise GrammarError(f"{at}: the lazy rule matches no text")
-        dfa = shortest_matches(node_to_dfa(node))
-        out.rules[name] = Regular(DFANode(dfa, "lazy", f"rule {name!r}"), ("lazy", source, name))
+            raise GrammarError(f"{at}: the rule matches no text")
+        dfa = node_to_dfa(node)
+        if lazy:
+            dfa = shortest_matches(dfa)
+        if budget is not None:
+            dfa = char_budget(dfa, budget, at)
+        out.rules[name] = Regular(DFANode(dfa, what, f"rule {name!r}"), (what, source, name))
     return out
 
 

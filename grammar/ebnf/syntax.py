@@ -14,11 +14,10 @@ XGrammar's additions: white space before a repetition (`rule {2, 3}`); its built
 assertion `(= ...)` ending a rule's body, which XGrammar uses to prune token masks and which does
 not change the strings its parser accepts (so neither does ours: it is parsed and checked, and
 the rule's language is its body's); and rule options `name[...] ::=`, of which `capture`
-(recording spans, no effect on the language) is taken, `lazy` honoured (the rule's body must be
-regular; it ends at its first possible end: see `grammar.ebnf.lower.commit_lazy_rules`) and the
-ones that steer or bound output (`max_tokens`, `max_chars`, `temperature`, ...) are refused by
-name. The token-level
-builtins `Token(ids)`, `ExcludeToken(ids)` and `TokenTagDispatch((id, rule)..., ...)` become
+(recording spans, no effect on the language) is taken, `lazy` and `max_chars=N` honoured (the
+rule's body must be regular; see `grammar.ebnf.lower.commit_lazy_rules`) and the ones that
+steer or bound output otherwise (`max_tokens`, `temperature`, ...) are refused by name. The
+token-level builtins `Token(ids)`, `ExcludeToken(ids)` and `TokenTagDispatch((id, rule)...)` become
 `TokenSet` nodes: one token matched by id (see `grammar.ebnf.token_terminals`), so a grammar that
 uses one always compiles to the Earley form; so do llama.cpp's token references `<[1000]>` (an id),
 `<think>` (the token of that text) and `!<...>` (any one token but that one).
@@ -113,7 +112,8 @@ class Grammar:
 
     rules: dict[str, object] = field(default_factory=dict)
     lines: dict[str, int] = field(default_factory=dict)
-    lazy: set[str] = field(default_factory=set)  # `name[lazy] ::=`: see grammar.ebnf.lower
+    # `name[lazy, max_chars=N] ::=`: name -> (lazy, N or None); see grammar.ebnf.lower
+    lazy: dict[str, tuple[bool, int | None]] = field(default_factory=dict)
 
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-.]*")
@@ -596,21 +596,28 @@ def _lookahead(r: _Reader, nested: int) -> None:
 _TAKEN_OPTIONS = {"capture"}  # spans recorded by XGrammar's matcher: no effect on the language
 
 
-def _rule_options(r: _Reader, text: str) -> bool:
-    """Read `[...]`'s options; whether they include `lazy` (without a value)."""
-    lazy = False
+MAX_CHARS_LIMIT = 2**31 - 1
+
+
+def _rule_options(r: _Reader, text: str, g: Grammar, name: str) -> None:
+    """Read `[...]`'s options into `g` (`lazy`, `max_chars=N`; `capture` taken)."""
     for option in (o.strip() for o in text.split(",")):
-        key = option.split("=", 1)[0].strip()
+        key, _, value = (p.strip() for p in option.partition("="))
         if key in _TAKEN_OPTIONS:
             continue
+        lazy, budget = g.lazy.get(name, (False, None))
         if option == "lazy":
-            lazy = True
+            g.lazy[name] = (True, budget)
+            continue
+        if key == "max_chars":
+            if not value.isdigit() or int(value) > MAX_CHARS_LIMIT:
+                raise r.error(f"max_chars takes a whole number 0..{MAX_CHARS_LIMIT}, got {value!r}")
+            g.lazy[name] = (lazy, int(value))
             continue
         raise r.error(
             f"rule option {key!r} is not supported (it bounds or steers the rule's output; "
-            f"taken: {', '.join(sorted(_TAKEN_OPTIONS | {'lazy'}))})"
+            f"taken: {', '.join(sorted(_TAKEN_OPTIONS | {'lazy', 'max_chars'}))})"
         )
-    return lazy
 
 
 def free_text(excluded: list[str] | tuple[str, ...], where: str) -> Regular:
@@ -664,8 +671,8 @@ def parse_gbnf(text: str) -> Grammar:
             raise r.error(f"rule {name!r} is defined twice (first on line {g.lines[name]})")
         g.lines[name] = r.line()
         r.rule = name
-        if m.group(2) and _rule_options(r, m.group(2)[1:-1]):
-            g.lazy.add(name)
+        if m.group(2):
+            _rule_options(r, m.group(2)[1:-1], g, name)
         r.pos = m.end()
         body = _alternation(r, 0)
         r.skip_space()

@@ -164,8 +164,8 @@ def test_ebnf_lazy_rule_ends_at_its_first_possible_end() -> None:
 def test_ebnf_lazy_needs_a_regular_body() -> None:
     with pytest.raises(GrammarError, match="'lazy' needs a regular body"):
         compile_ebnf('root ::= r\nr[lazy] ::= "(" r ")" | "x"', BYTES)
-    with pytest.raises(GrammarError, match="max_chars"):
-        compile_ebnf('root ::= r\nr[max_chars=3] ::= "x"', BYTES)
+    with pytest.raises(GrammarError, match="max_tokens"):
+        compile_ebnf('root ::= r\nr[max_tokens=3] ::= "x"', BYTES)
 
 
 def test_named_grammars_are_nested_grammars() -> None:
@@ -191,3 +191,41 @@ def test_named_grammars_are_nested_grammars() -> None:
 def test_named_grammar_errors_name_the_reference(named, message: str) -> None:
     with pytest.raises(GrammarError, match=re.escape(message)):
         compile_lark("start: @a", BYTES, named_grammars=named)
+
+
+def _budgeted(pattern: str, n: int, text: str) -> bool:
+    """`text` matches `pattern` and no proper prefix of n or more characters does (the rule
+    ends at its first possible end once n characters are read)."""
+    rx = re.compile(pattern)
+    return bool(rx.fullmatch(text)) and not any(
+        rx.fullmatch(text[:i]) for i in range(n, len(text))
+    )
+
+
+@pytest.mark.parametrize("n", [0, 1, 2])
+@pytest.mark.parametrize("front", ["ebnf", "lark"])
+def test_max_chars_ends_the_rule_at_its_first_end_past_the_budget(front: str, n: int) -> None:
+    body = "(ab|é)+b?"  # é: two bytes, one character
+    if front == "ebnf":
+        g = compile_ebnf(f'root ::= s "!"\ns[max_chars={n}] ::= ("ab" | "é")+ "b"?', BYTES)
+    else:
+        g = compile_lark(f'start: s "!"\ns[max_chars={n}, capture]: /{body}/', BYTES)
+    oracle = {s for s in _strings("abé!", 5) if s.endswith("!") and _budgeted(body, n, s[:-1])}
+    assert _language(g, "abé!", 5) == oracle
+
+
+@pytest.mark.parametrize(
+    ("front", "text", "named"),
+    [
+        pytest.param("ebnf", 'root ::= s\ns[max_chars=x] ::= "x"', "max_chars takes", id="bad"),
+        pytest.param("ebnf", 'root ::= s\ns[max_chars=20000] ::= [a-z]*', "more than", id="big"),
+        pytest.param("ebnf", 'root ::= s\ns[max_chars=3] ::= "(" s ")" | "x"', "regular body",
+                     id="recursive"),
+        pytest.param("lark", 'start: s\ns[max_chars=2, suffix="x"]: /a+/', "suffix= / stop=",
+                     id="with-marker"),
+        pytest.param("lark", "start: s\ns[max_chars=-1]: /a+/", "max_chars takes", id="negative"),
+    ],
+)  # fmt: skip
+def test_max_chars_errors_name_it(front: str, text: str, named: str) -> None:
+    with pytest.raises(GrammarError, match=re.escape(named)):
+        (compile_ebnf if front == "ebnf" else compile_lark)(text, BYTES)
