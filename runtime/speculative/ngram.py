@@ -3,13 +3,16 @@ occurrence of the request's longest matching suffix are its drafts."""
 
 from __future__ import annotations
 
-import numpy as np
-
 
 class NgramProposer:
     """Suffixes of `min_window` .. `max_window` tokens are looked up in the request's own
     tokens (prompt and output); the longest that occurred before wins, the latest occurrence
-    of it on a tie, and the tokens after that occurrence are the drafts."""
+    of it on a tie, and the tokens after that occurrence are the drafts.
+
+    Runs once per decoding request and step, so it costs what a step must not notice: the
+    tokens are reversed once (a C copy), earlier occurrences of the last token are found with
+    `list.index` from the latest back, and each is extended only while it matches; the scan
+    stops at the first occurrence of the longest possible match."""
 
     def __init__(self, min_window: int, max_window: int) -> None:
         self.min_window = min_window
@@ -20,23 +23,22 @@ class NgramProposer:
         n = len(tokens)
         if k <= 0 or n < self.min_window + 1:
             return []
-        seq = np.asarray(tokens, dtype=np.int64)
-        # candidates: earlier positions i whose token equals the last one (a match ending at i)
-        cand = np.flatnonzero(seq[: n - 1] == seq[n - 1])
-        if cand.size == 0:
-            return []
-        length = np.ones(cand.size, dtype=np.int64)
-        alive = np.ones(cand.size, dtype=bool)
-        for j in range(1, min(self.max_window, n - 1)):
-            back = cand - j
-            ok = alive & (back >= 0)
-            ok[ok] = seq[back[ok]] == seq[n - 1 - j]
-            length += ok
-            alive = ok
-            if not alive.any():
+        rev = tokens[::-1]  # rev[m] is tokens[n - 1 - m]; rev[0] the last token
+        last, limit = rev[0], min(self.max_window, n - 1)
+        best = best_m = 0
+        m = 0
+        index = rev.index
+        while best < limit:
+            try:
+                m = index(last, m + 1)  # the next earlier occurrence, the latest first
+            except ValueError:
                 break
-        best = int(length.max())
+            length = 1
+            while length < limit and m + length < n and rev[m + length] == rev[length]:
+                length += 1
+            if length > best:  # strictly: on a tie the later occurrence (found first) wins
+                best, best_m = length, m
         if best < self.min_window:
             return []
-        start = int(cand[np.flatnonzero(length == best)[-1]]) + 1  # the latest, on a tie
+        start = n - best_m  # the token after that occurrence
         return tokens[start : start + k]

@@ -11,7 +11,9 @@ acceptance p yields 1 + p + ... + p^k tokens) against the step's expected second
 the best cap, or none when no cap beats decoding by MARGIN. Steps without a measurement of
 their cost yet explore (a verify estimate comes from verifying), and every EXPLORE-th step
 that chose not to draft drafts anyway with a short cap, so costs and acceptance are measured
-again when the text changes.
+again when the text changes (for n-gram drafts only where a request keeps half its drafts:
+their acceptance is measured without verifying). A step that drafts nothing must cost what a
+plain decode step costs, so the usual no-draft decision is one bound, not a search.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ OUTLIER = 8.0  # nor those dearer than this many decode steps
 MARGIN = 0.10  # a cap must beat plain decoding by this fraction of its tokens/s (costs are noisy)
 EXPLORE = 32  # steps not drafting between two exploring ones
 EXPLORE_CAP = 2
+HOPELESS = 8  # exploring that many times less often where drafting cannot pay
 FIRST_CAP = 4  # the first verify's drafts (before any verify cost is known)
 PRIOR_ACCEPT = 0.5  # a request's per-draft acceptance before it was measured, with weight:
-PRIOR_WEIGHT = 2.0
+PRIOR_WEIGHT = 1.0  # (with ACCEPT_DECAY 0.8 a request that never keeps a draft settles at
+# 0.5 / 6 = 0.08: too low to verify even 2 rows, where a weight of 2 kept it at 0.14, enough
+# to verify whenever a 2-row verify measured within 4% of a decode step under a noisy load)
 
 
 class _Cost:
@@ -39,16 +44,14 @@ class _Cost:
     def __init__(self) -> None:
         self.seen: deque[float] = deque(maxlen=WINDOW)
         self.count = 0
+        self.value = 0.0  # the median, kept up to date (read several times every step)
 
     def add(self, seconds: float) -> None:
         self.count += 1
         if self.count == 2:
             self.seen.clear()
         self.seen.append(seconds)
-
-    @property
-    def value(self) -> float:
-        return statistics.median(self.seen)
+        self.value = statistics.median(self.seen)
 
 
 def expected_tokens(p: float, k: int) -> float:
@@ -142,26 +145,66 @@ class StepCosts:
         if self.verify_time(batch + 1, batch) is None:
             return min(top, FIRST_CAP)  # no verify measured yet: measure one
         best_cap, best_rate = 0, batch / base
+        # every draft at the cheapest verify's cost (a bound on any cap's rate) not beating
+        # decoding: no cap does (the usual step of a request whose text does not copy)
+        most = batch - len(accepts) + sum(map(expected_tokens, accepts, longest))
+        if most < best_rate * (1.0 + MARGIN) * self._cheapest_verify(batch):
+            return self._no_draft(top, accepts, model_forwards, batch, longest)
         for cap in sorted({1, 2, 3, 4, 6, 8, 12, 16, top}):
             if cap > top:
                 continue
-            drafts = [min(cap, n) for n in longest]
-            tokens = (
-                batch
-                - len(accepts)
-                + sum(expected_tokens(p, d) for p, d in zip(accepts, drafts, strict=True))
-            )
-            seconds = self.verify_time(batch + sum(drafts), batch) or base
-            seconds += self.draft_time(batch, cap if model_forwards else 0)
-            rate = tokens / seconds
+            rate = self._rate(batch, accepts, longest, cap, model_forwards)
             if rate > best_rate * (1.0 + MARGIN if best_cap == 0 else 1.0):
                 best_cap, best_rate = cap, rate
         if best_cap == 0:
-            self.since_explore += 1
-            if self.since_explore >= EXPLORE:
-                self.since_explore = 0
-                return min(EXPLORE_CAP, top)
+            return self._no_draft(top, accepts, model_forwards, batch, longest)
         return best_cap
+
+    def _rate(self, batch: int, accepts: list[float], longest: list[int], cap: int,
+              model_forwards: bool) -> float:  # fmt: skip
+        """Expected tokens per second of a step verifying at most `cap` drafts a request."""
+        drafts = [min(cap, n) for n in longest]
+        tokens = batch - len(accepts) + sum(map(expected_tokens, accepts, drafts))
+        base = self.decode_time(batch) or 1.0
+        seconds = self.verify_time(batch + sum(drafts), batch) or base
+        seconds += self.draft_time(batch, cap if model_forwards else 0)
+        return tokens / seconds
+
+    def _cheapest_verify(self, batch: int) -> float:
+        """A lower bound of `verify_time` at any row count past `batch` (measured and
+        interpolated costs are at least the least measured; extrapolated ones grow with rows)."""
+        least = min(c.value for c in self.verify.values()) * (self.decode_time(batch) or 0.0)
+        return min(least, self.verify_time(batch + 1, batch) or least)
+
+    def _no_draft(self, top: int, accepts: list[float], model_forwards: bool, batch: int,
+                  longest: list[int]) -> int:  # fmt: skip
+        """No cap pays this step: 0, or every EXPLORE-th time a short exploring cap, to measure
+        acceptance and costs again. N-gram drafts explore only for a request that keeps half
+        its drafts or more (a close call): their acceptance is measured without verifying
+        (the drafts offered are checked against the output), and verifying text that does not
+        copy only loses time. A draft model whose measured costs lose even if every draft
+        held (its forwards cost too much beside the target's) explores HOPELESS times less
+        often: each exploration pays the draft's catch-up over every token since the last."""
+        if not model_forwards and max(accepts, default=0.0) < PRIOR_ACCEPT:
+            return 0
+        every = EXPLORE
+        if model_forwards and self._hopeless(batch, longest):
+            every = EXPLORE * HOPELESS
+        self.since_explore += 1
+        if self.since_explore >= every:
+            self.since_explore = 0
+            return min(EXPLORE_CAP, top)
+        return 0
+
+    def _hopeless(self, batch: int, longest: list[int]) -> bool:
+        """No cap beats decoding by MARGIN even with every draft held."""
+        base = self.decode_time(batch)
+        if base is None or not self.draft:
+            return False
+        sure = [1.0] * len(longest)
+        bar = batch / base * (1.0 + MARGIN)
+        return all(self._rate(batch, sure, longest, cap, True) <= bar
+                   for cap in {1, 2, 4, 8, max(longest)})  # fmt: skip
 
 
 def acceptance(accepted: float, rejected: float, prior: float = PRIOR_ACCEPT) -> float:

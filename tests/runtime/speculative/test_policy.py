@@ -9,10 +9,12 @@ from runtime.speculative.policy import (
     EXPLORE,
     EXPLORE_CAP,
     FIRST_CAP,
+    HOPELESS,
     StepCosts,
     acceptance,
     expected_tokens,
 )
+from runtime.speculative.speculator import ACCEPT_DECAY
 
 
 def test_expected_tokens():
@@ -69,12 +71,49 @@ def test_draft_model_forwards_count():
 
 
 def test_explores_after_a_run_of_no_drafts():
+    # a draft model's acceptance is only measured by verifying: it explores however low
     costs = _costs(0.01, 0.004, 0.01)
-    caps = [costs.choose_cap(1, [0.1], [8], model_forwards=False) for _ in range(2 * EXPLORE)]
+    caps = [costs.choose_cap(1, [0.1], [8], model_forwards=True) for _ in range(2 * EXPLORE)]
     assert caps.count(EXPLORE_CAP) == 2 and caps.count(0) == 2 * EXPLORE - 2
+    # n-gram drafts are measured against the output for free: they explore only for a close
+    # call (a request keeping half its drafts), never for text that does not copy
+    caps = [costs.choose_cap(1, [0.1], [8], model_forwards=False) for _ in range(2 * EXPLORE)]
+    assert caps.count(0) == 2 * EXPLORE
+    caps = [costs.choose_cap(1, [0.55], [8], model_forwards=False) for _ in range(2 * EXPLORE)]
+    assert caps.count(EXPLORE_CAP) == 2 and caps.count(0) == 2 * EXPLORE - 2
+
+
+def test_a_request_that_never_keeps_a_draft_does_not_verify_two_rows():
+    # a 2-row verify measured at 1.02 decode steps (noise: it costs ~1.25): only an acceptance
+    # above 0.12 pays, and a request whose every chain was rejected at once settles below it
+    costs = StepCosts()
+    costs.observe_decode(1, 0.01)
+    costs.observe_verify(1, 2, 0.0102)
+    accept = reject = 0.0
+    for _ in range(20):
+        accept, reject = ACCEPT_DECAY * accept, ACCEPT_DECAY * reject + 1
+    assert costs.choose_cap(1, [acceptance(accept, reject)], [1], model_forwards=False) == 0
+    assert costs.choose_cap(1, [0.5], [1], model_forwards=False) == 1
 
 
 def test_acceptance_prior_and_measurement():
     assert acceptance(0.0, 0.0) == pytest.approx(0.5)
     assert acceptance(40.0, 1.0) > 0.9
     assert acceptance(0.0, 10.0) < 0.1
+
+
+def test_a_draft_model_that_cannot_pay_explores_rarely():
+    # a draft forward at 0.8 of a target decode step and a verify dearer per row than that:
+    # even drafts that all hold lose, so exploring (and the draft's catch-up it costs) is rare
+    costs = _costs(0.01, 0.004, 0.01)
+    costs.observe_draft(1, 4, 4 * 0.008)
+    costs.observe_draft(1, 4, 4 * 0.008)
+    n = 2 * EXPLORE * HOPELESS
+    caps = [costs.choose_cap(1, [0.9], [8], model_forwards=True) for _ in range(n)]
+    assert caps.count(EXPLORE_CAP) == 2 and caps.count(0) == n - 2
+    # a cheap draft forward: drafts that hold pay, so it explores at the usual rate
+    costs = _costs(0.01, 0.004, 0.01)
+    costs.observe_draft(1, 4, 4 * 0.0005)
+    costs.observe_draft(1, 4, 4 * 0.0005)
+    caps = [costs.choose_cap(1, [0.1], [8], model_forwards=True) for _ in range(2 * EXPLORE)]
+    assert caps.count(EXPLORE_CAP) == 2
