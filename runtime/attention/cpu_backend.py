@@ -174,7 +174,10 @@ class CPUBackend(TorchBackend):
         b, pool = self.batch, self.pool
         if not (self._fused and b.num_decode == b.num_tokens and self.fused_decode is not None):
             return None
-        k_pool = pool.k[0]
+        # a layer on the step's own page table (not in the window pages, whose pool has fewer
+        # pages: the kernel clamps page ids to its pool's count)
+        k_pool = next((k for k, w in zip(pool.k, pool.window_layer, strict=True) if not w),
+                      pool.k[0])  # fmt: skip
         if pool.quantized or dtype != k_pool.dtype or dtype not in cpu_fused.MODEL_TYPES:
             return None
         if rotary.dim != k_pool.shape[3]:

@@ -1,6 +1,7 @@
-"""One pre-norm decoder shape behind the families added after Llama: Qwen3 (dense and MoE),
-Gemma 3 text, Mixtral and Phi-3. A family file names its `Family` traits and maps its checkpoint
-onto the names read here; this file runs the forward pass.
+"""The one pre-norm decoder behind every dense and MoE family but DeepSeek's MLA: Llama, Mistral,
+Qwen2, Qwen3 (dense and MoE), Gemma 3 text, Mixtral and Phi-3. A family file names its `Family`
+traits and maps its checkpoint onto the names read here; this file loads, shards and runs them
+all, with the same CPU fast paths for every family (below).
 
 Per layer: RMSNorm -> q/k/v projections (fused into one matrix at load) -> optional RMSNorm of
 each query and key head (Qwen3, Gemma 3) -> RoPE of the layer's kind (Gemma 3's sliding layers
@@ -17,8 +18,16 @@ cast order). Norms and routers stay in float32 where transformers computes them 
 
 Weights in a GGUF block format (a `.gguf` file read as it is) stay in it: the projections, the
 LM head and the embedding go through the shared layers of layers.py (`Packed.linear` /
-`Packed.swiglu` multiply a quantized weight with the quantized kernels, `embedding` dequantizes
-the rows it gathers), as they do for `llama.py`; experts through moe.py.
+`Packed.swiglu` / `Packed.geglu` multiply a quantized weight with the quantized kernels,
+`embedding` dequantizes the rows it gathers); experts through moe.py. q/k/v (and gate/up) are
+fused into one matrix each at load: one product instead of three (or two) per layer.
+
+The fast paths every family gets where its traits allow: the residual add fused with the next
+RMSNorm (`AddNorm`; Gemma's (1 + w) sandwich norms through `offset_add_rms_norm`), the gated MLP's
+activation in the quantized product's input stage (SwiGLU, GeGLU), rotary + K/V write (+ decode
+attention) through the backend's `rope_attend` for layers on the full rotary tables (after the
+q / k head norms, written back into the projection), and a decode-only step's layers in one C call
+(`quant_chain.DecodeChain`). `decode_path` says which a model takes, and why not.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from runtime.kernels.cpu.quant_chain import (
 )
 from runtime.memory.kv_pool import KVPool
 from runtime.models.layers import (
+    AddNorm,
     Packed,
     embedding,
     gemv_enabled,
@@ -84,8 +94,13 @@ class DecoderLayer:
     pre_mlp_norm: torch.Tensor  # Llama's post_attention_layernorm, Gemma's pre_feedforward
     post_mlp_norm: torch.Tensor | None
     gate_up: torch.Tensor | None  # dense MLP [2 I, hidden] (None in a sparse layer)
+    gate_up_bias: torch.Tensor | None
     down: torch.Tensor | None
+    down_bias: torch.Tensor | None
     moe: MoEWeights | None
+    # rotary, K/V write and attention through the backend's rope_attend (the full rotary
+    # tables, no window, no LongRoPE / partial rotary); else rotated here, then attend
+    rope_attend: bool = False
 
     def tensors(self) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
@@ -102,7 +117,9 @@ class DecoderModel:
     """Weights plus `forward(batch, pool) -> logits`, stateless between calls. A subclass sets
     `family` and may override `checkpoint_names` (renaming its checkpoint's keys to the Llama
     names read here). With a `shard` it holds one rank's heads, MLP columns, experts (split over
-    the stage's tensor or expert ranks), vocabulary rows and layers, as `LlamaModel` does."""
+    the stage's tensor or expert ranks), its vocabulary rows (embedding summed, LM head gathered)
+    and its pipeline stage's layers (a stage after the first receives the hidden states, a stage
+    before the last sends them and returns None)."""
 
     family: ClassVar[Family] = Family()
 
@@ -131,6 +148,14 @@ class DecoderModel:
             self.embed = nothing
         self.layers = [self._load_layer(i) for i in shard.layers(config.num_layers)]
         del self._state
+        for layer in self.layers:
+            layer.rope_attend = (
+                layer.kind == FULL and layer.spec.window is None
+                and config.rope_type != "longrope" and config.rope_dim == config.head_dim
+            )  # fmt: skip
+        self._explicit_rope = not all(layer.rope_attend for layer in self.layers)
+        self._full_layers = all(layer.kind == FULL and not layer.spec.window
+                                for layer in self.layers)  # fmt: skip
         self.embed_scale = (
             torch.tensor(config.hidden_size**0.5).to(dtype)
             if self.family.scaled_embeddings
@@ -156,6 +181,8 @@ class DecoderModel:
         device = self.embed.device
         packed = Packed(big, packing_enabled(dtype, device), gemv_enabled(dtype, device))
         self.mm, self.swiglu_mm, self.geglu_mm = packed.linear, packed.swiglu, packed.geglu
+        # residual add + RMSNorm in one C pass (plain norms; models/layers.py)
+        self.add_norm = AddNorm(config.rms_norm_eps, dtype, device)
         moe_layers = sum(layer.moe is not None for layer in self.layers)
         experts = config.moe.n_routed_experts if config.moe else 0
         self.expert_load = torch.zeros(moe_layers, experts, dtype=torch.int64)
@@ -163,6 +190,7 @@ class DecoderModel:
         # Gemma's sandwich norms through one C call per residual add (fused.offset_add_rms_norm)
         self._fused_sandwich = (
             self.family.norm_offset and self.family.sandwich_norms and moe_layers == 0
+            and all(w.o_bias is None and w.down_bias is None for w in self.layers)
             and device.type == "cpu" and dtype in cpu_fused.MODEL_TYPES
             and cpu_fused.available(dtype)
         )  # fmt: skip
@@ -214,7 +242,8 @@ class DecoderModel:
             why.append("attention logit soft-capping")
         if cfg.rope_type == "longrope" or cfg.rope_dim != cfg.head_dim:
             why.append("LongRoPE / partial rotary")
-        if any(layer.qkv_bias is not None or layer.o_bias is not None for layer in self.layers):
+        if any(b is not None for layer in self.layers
+               for b in (layer.qkv_bias, layer.o_bias, layer.gate_up_bias, layer.down_bias)):
             why.append("biases")
         if why:
             return None, why
@@ -283,13 +312,19 @@ class DecoderModel:
             ])  # fmt: skip
         o = self._take(att + "o_proj.weight")[:, s["q0"] : s["q0"] + s["q"]].contiguous()
         sparse = cfg.moe is not None and cfg.moe.sparse_layer(i)
-        gate_up = down = moe = None
+        gate_up = down = moe = gate_up_bias = None
         if sparse:
             moe = load_moe(self._take, self._maybe, mlp, cfg.moe, self._experts(), shared=False)
         else:
             gate, up = self._take(mlp + "gate_proj.weight"), self._take(mlp + "up_proj.weight")
             gate_up = torch.cat([self._rows(gate, "i0", "i"), self._rows(up, "i0", "i")])
             down = self._take(mlp + "down_proj.weight")[:, s["i0"] : s["i0"] + s["i"]]
+            gate_b, up_b = (self._maybe(mlp + f"{n}_proj.bias") for n in ("gate", "up"))
+            if gate_b is not None or up_b is not None:
+                gate_up_bias = torch.cat([
+                    self._rows(b, "i0", "i") if b is not None
+                    else torch.zeros(s["i"], dtype=self.dtype) for b in (gate_b, up_b)
+                ])  # fmt: skip
         sandwich = self.family.sandwich_norms
         window = cfg.layer_window(i)
         scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
@@ -313,7 +348,9 @@ class DecoderModel:
             post_mlp_norm=self._norm_weight(p + "post_feedforward_layernorm.weight")
             if sandwich else None,
             gate_up=None if gate_up is None else gate_up.contiguous(),
+            gate_up_bias=gate_up_bias,
             down=None if down is None else down.contiguous(),
+            down_bias=None if sparse else self._maybe(mlp + "down_proj.bias"),
             moe=moe,
         )  # fmt: skip
 
@@ -376,26 +413,36 @@ class DecoderModel:
     def _attention_block(
         self, li: int, layer: DecoderLayer, x: torch.Tensor, tables
     ) -> torch.Tensor:
+        """The attention block's output before its o bias (summed over the tensor ranks)."""
         t, d = x.shape[0], self.config.head_dim
         hq, hkv = self.num_heads, self.num_kv_heads
         qkv = self.mm(x, layer.qkv, layer.qkv_bias)
-        q = qkv[:, : hq * d].view(t, hq, d)
-        k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
-        v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
-        if layer.q_norm is not None:
-            q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
-        cos, sin = tables[layer.kind]
-        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-        self.attention.store_kv(li, k, v)
-        out = self.attention.attend(li, q, layer.spec)
-        out = self._tp_sum(self.mm(out.reshape(t, hq * d), layer.o))
-        return out if layer.o_bias is None else out + layer.o_bias
+        if layer.rope_attend:
+            if layer.q_norm is not None:  # the normed heads back into the projection
+                qk = qkv[:, : (hq + hkv) * d]
+                qk[:, : hq * d].view(t, hq, d).copy_(
+                    self._norm(qk[:, : hq * d].view(t, hq, d), layer.q_norm))
+                qk[:, hq * d :].view(t, hkv, d).copy_(
+                    self._norm(qk[:, hq * d :].view(t, hkv, d), layer.k_norm))  # fmt: skip
+            out = self.attention.rope_attend(li, qkv, self.rotary[FULL], hq, layer.spec)
+        else:
+            q = qkv[:, : hq * d].view(t, hq, d)
+            k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+            v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+            if layer.q_norm is not None:
+                q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
+            cos, sin = tables[layer.kind]
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            self.attention.store_kv(li, k, v)
+            out = self.attention.attend(li, q, layer.spec)
+        return self._tp_sum(self.mm(out.reshape(t, hq * d), layer.o))
 
     def _mlp_block(self, layer: DecoderLayer, x: torch.Tensor, load: torch.Tensor | None):
+        """The MLP block's output before its down bias (summed over the tensor ranks)."""
         if layer.moe is not None:
             # each rank runs its experts; the sum over the stage's ranks is the layer's output
             return self.comm.all_reduce(moe_forward(x, layer.moe, self.config.moe, load))
-        gate_up = self.mm(x, layer.gate_up)
+        gate_up = self.mm(x, layer.gate_up, layer.gate_up_bias)
         if self.config.hidden_act == "silu":  # a quantized down: SiLU in its input stage
             return self._tp_sum(self.swiglu_mm(gate_up, layer.down))
         if self.config.hidden_act == "gelu_pytorch_tanh":  # Gemma's GeGLU, likewise
@@ -411,35 +458,63 @@ class DecoderModel:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
         """Logits (float32) [len(batch.logit_rows), vocab] for the wanted rows."""
-        hidden = self.embed_tokens(batch.input_ids)
-        tables = self._rope_tables(batch)
         self.attention.plan(batch, pool)
-        self.expert_load.zero_()
+        hidden = self.embed_tokens(batch.input_ids)
         if self._chain is not None:
-            out = self._chained(hidden, batch, pool)
+            out = self._chained(hidden, pool)
             if out is not None:  # the same kernels, called from C
                 last = self.layers[-1].post_mlp_norm
                 return self.finish(hidden + (out if last is None else self._norm(out, last)),
                                    batch)  # fmt: skip
-        if self._fused_sandwich and self.layers:
-            return self.finish(self._sandwich_layers(hidden.contiguous(), tables), batch)
-        moe_index = 0
+        tables = self._rope_tables(batch) if self._explicit_rope else {}
+        moe = self.expert_load.numel() > 0
+        if moe:
+            self.expert_load.zero_()
+        if not self.layers:
+            pass
+        elif not (self.family.norm_offset or self.family.sandwich_norms):
+            hidden = self._plain_layers(hidden, tables)
+        elif self._fused_sandwich:
+            hidden = self._sandwich_layers(hidden.contiguous(), tables)
+        else:
+            hidden = self._norm_layers(hidden, tables)
+        if moe:
+            self.expert_load_total += self.expert_load
+        return self.finish(hidden, batch)
+
+    def _norm_layers(self, hidden: torch.Tensor, tables) -> torch.Tensor:
+        """forward's layer loop in torch ops, each norm where the family has one (Gemma's
+        (1 + w) norms where the fused C norm is not built)."""
+        loads = iter(self.expert_load)
         for li, layer in enumerate(self.layers):  # li: the index in this rank's pool
             out = self._attention_block(li, layer, self._norm(hidden, layer.input_norm), tables)
+            out = out if layer.o_bias is None else out + layer.o_bias
             if layer.post_attn_norm is not None:
                 out = self._norm(out, layer.post_attn_norm)
             hidden = hidden + out
-            load = None
-            if layer.moe is not None:
-                load, moe_index = self.expert_load[moe_index], moe_index + 1
+            load = next(loads) if layer.moe is not None else None
             out = self._mlp_block(layer, self._norm(hidden, layer.pre_mlp_norm), load)
+            out = out if layer.down_bias is None else out + layer.down_bias
             if layer.post_mlp_norm is not None:
                 out = self._norm(out, layer.post_mlp_norm)
             hidden = hidden + out
-        self.expert_load_total += self.expert_load
-        return self.finish(hidden, batch)
+        return hidden
 
-    def _chained(self, hidden: torch.Tensor, batch: ForwardBatch, pool: KVPool):
+    def _plain_layers(self, hidden: torch.Tensor, tables) -> torch.Tensor:
+        """forward's layer loop for plain pre-norm layers (no (1 + w), no sandwich norms): each
+        residual add with the next RMSNorm through `AddNorm` (one C pass, in place into
+        `hidden`, a tensor this step made), the o and down biases added in it."""
+        add_norm, residual, loads = self.add_norm, None, iter(self.expert_load)
+        for li, layer in enumerate(self.layers):  # li: the index in this rank's pool
+            hidden, x = add_norm(hidden, residual, layer.input_norm)
+            out = self._attention_block(li, layer, x, tables)
+            hidden, x = add_norm(hidden, (out, layer.o_bias), layer.pre_mlp_norm)
+            load = next(loads) if layer.moe is not None else None
+            residual = (self._mlp_block(layer, x, load), layer.down_bias)
+        out, bias = residual
+        return hidden + (out if bias is None else out + bias)
+
+    def _chained(self, hidden: torch.Tensor, pool: KVPool) -> torch.Tensor | None:
         """Every layer of a decode-only step through the DecodeChain (the last layer's MLP
         output; `hidden` updated in place up to it), or None where the step is not one the
         chain takes. A layer whose rotary tables, pages or window differ from a full layer's
@@ -451,6 +526,9 @@ class DecoderModel:
         rope = decode_rope(self.rotary[FULL], hq, dtype) if decode_rope else None
         if rope is None:
             return None
+        if self._full_layers and not any(pool.window_layer):  # every layer on `rope`
+            return self._chain.run(hidden, rope, pool.k, pool.v, None)
+        batch = self.attention.batch
         steps: list[cpu_fused.RopeDecode | None] = []
         own: dict[tuple, cpu_fused.RopeDecode] = {}
         for li, layer in enumerate(self.layers):
@@ -474,7 +552,8 @@ class DecoderModel:
         residual add, the norm of what is added before it and the next norm after it in one
         call (`hidden`, a tensor this step made, is updated in place), the same arithmetic as
         the loop's `_norm` and `+` (bf16: the same bits but for rare last-bit differences of
-        the sum of squares' order; float32: within an ulp). No experts (Gemma has none)."""
+        the sum of squares' order; float32: within an ulp). No experts, no biases (Gemma has
+        none)."""
         norm, eps, layers = cpu_fused.offset_add_rms_norm, self.config.rms_norm_eps, self.layers
         x = norm(hidden, None, None, layers[0].input_norm, eps)
         for li, layer in enumerate(layers):

@@ -186,12 +186,14 @@ def test_the_decode_chain_gives_the_layer_by_layer_forwards_bits(chain_file, dty
 
     config, state = load_gguf(chain_file)
     model = LlamaModel(config, state, dtype, attention=make_backend("cpu"))
+    chain = model._chain
+    assert isinstance(chain, DecodeChain), model.decode_path
     prompts = [[5, 17, 300, 42, 9], [7, 7, 1000], [12] * 11]
     for batch in (prompts[:1], prompts):
-        model._chain = None
+        model._chain, chain.runs = chain, 0
         chained_tokens, chained = decode_run(model, dtype, batch, steps=6)
-        assert isinstance(model._chain, DecodeChain) and model._chain.runs == 6
-        model._chain = False  # the Python loop
+        assert chain.runs == 6
+        model._chain = None  # the Python loop
         tokens, plain = decode_run(model, dtype, batch, steps=6)
         assert torch.equal(chained, plain)
         assert torch.equal(chained_tokens, tokens)
