@@ -3,6 +3,8 @@ speculative_config) read into one record or refused by name."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from runtime.speculative.config import SpeculativeConfigError, speculative_config
@@ -39,6 +41,32 @@ def test_the_window_never_reaches_past_its_maximum():
     tokens = [0, 1, 2, 5, 9, 1, 2, 6, 0, 1, 2]
     assert NgramProposer(1, 2).propose(tokens, 1) == [6]
     assert NgramProposer(1, 3).propose(tokens, 1) == [5]
+
+
+def _longest_earlier_suffix(tokens: list[int], lo: int, hi: int, k: int) -> list[int]:
+    """The definition, by brute force: the longest suffix (lo..hi tokens) that also ends at an
+    earlier position, its latest such position, the k tokens after it."""
+    n = len(tokens)
+    for length in range(min(hi, n - 1), lo - 1, -1):
+        ends = [
+            i
+            for i in range(length - 1, n - 1)
+            if tokens[i - length + 1 : i + 1] == tokens[n - length :]
+        ]
+        if ends:
+            return tokens[ends[-1] + 1 : ends[-1] + 1 + k]
+    return []
+
+
+def test_the_lookup_equals_its_definition_on_random_sequences():
+    rng = random.Random(7)
+    for _ in range(400):
+        vocab = rng.choice([2, 3, 6, 40])
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(0, 40))]
+        lo = rng.randrange(1, 4)
+        hi, k = rng.randrange(lo, 10), rng.randrange(0, 6)
+        want = _longest_earlier_suffix(tokens, lo, hi, k) if k else []
+        assert NgramProposer(lo, hi).propose(tokens, k) == want, (tokens, lo, hi, k)
 
 
 def test_off_by_default_and_sglang_keywords():
