@@ -33,8 +33,15 @@ from typing import Any
 
 import numpy as np
 
+from grammar.cfg import native_walk
 from grammar.cfg.lexer import DEAD, START, ContextLexer
-from grammar.cfg.mask import Decomposition, VocabLayout, decompose, top_decomposition
+from grammar.cfg.mask import (
+    Decomposition,
+    VocabLayout,
+    decompose,
+    native_decompose,
+    top_decomposition,
+)
 from grammar.cfg.matcher import CFGMatcher
 from grammar.cfg.parser import LRTable, StackNode
 from grammar.cfg.terminals import TerminalSpec, build_terminal
@@ -47,6 +54,7 @@ logger = logging.getLogger(__name__)
 _CFG_CACHE: CompileCache = CompileCache(max_entries=128)
 _LAYOUTS: CompileCache = CompileCache(max_entries=8)
 MAX_FORCED_BYTES = 1024
+ROOT_TASK = np.array([native_walk.ROOT], dtype=np.int32)  # every token, for the C walk
 # vocabulary walks (decompositions) done at compile time; beyond either cap the rest stay lazy
 MAX_EAGER_WALKS = 8192
 MAX_EAGER_SECONDS = 5.0
@@ -96,6 +104,8 @@ class CompiledCFG:
         self.ignore_bits = sum(1 << index[n] for n in set(ignore) if n in index)
         self.table = LRTable(table, start, index)
         self.layout: VocabLayout = vocab_layout(vocab)
+        # the C trie walk for first visits (None: the numpy walks), chosen once per grammar
+        self._walker = native_walk.walker_for(vocab)
         self.num_words = self.layout.num_words
         self._lexers: dict[int, ContextLexer] = {}  # terminal bitset -> lexer
         self._state_lexer: dict[int, ContextLexer] = {}  # LR state -> lexer
@@ -159,7 +169,7 @@ class CompiledCFG:
                         continue
                     if spent():
                         return done
-                    child = decompose(self.layout, lx2, START, rows, pos)
+                    child = self._child(lx2, rows, pos)
                     d.children[(g, id(lx2))] = child
                     pending.append((child, [lx2]))
                     done, used = done + 1, used + _footprint(child)
@@ -296,7 +306,7 @@ class CompiledCFG:
             lx2 = self.lexer(node2.state)
             child = d.children.get((g, id(lx2)))
             if child is None:
-                child = decompose(self.layout, lx2, START, rows, pos)
+                child = self._child(lx2, rows, pos)
                 d.children[(g, id(lx2))] = child
             words = self._evaluate_child(child, node2)
             if words is not None:
@@ -330,8 +340,19 @@ class CompiledCFG:
         key = lx.signature[q]
         d = self._top.get(key)
         if d is None:
-            d = self._top.setdefault(key, top_decomposition(self.layout, lx, q))
+            if self._walker is None:
+                d = top_decomposition(self.layout, lx, q)
+            else:
+                d = native_decompose(self._walker, lx, self._walker.tasks(ROOT_TASK, q))
+            d = self._top.setdefault(key, d)
         return d
+
+    def _child(self, lx: ContextLexer, rows: np.ndarray, pos: np.ndarray | None) -> Decomposition:
+        """The rest of a cut group's tokens read from `lx`'s start: (token rows, byte offsets)
+        by the numpy walk, or trie nodes (`pos` None) by the C one."""
+        if pos is None:
+            return native_decompose(self._walker, lx, self._walker.tasks(rows, START))  # type: ignore[union-attr]
+        return decompose(self.layout, lx, START, rows, pos)
 
     def _first_cut_words(self, lx: ContextLexer, q: int) -> np.ndarray:
         key = lx.signature[q]
@@ -375,8 +396,9 @@ class CompiledCFG:
 
 
 def _footprint(d: Decomposition) -> int:
-    """Bytes a decomposition keeps (its masks and cut row lists)."""
-    return sum(w.nbytes for _, w in d.within) + sum(r.nbytes + p.nbytes for _, r, p in d.cuts)
+    """Bytes a decomposition keeps (its masks and cut lists)."""
+    cuts = sum(r.nbytes + (0 if p is None else p.nbytes) for _, r, p in d.cuts)
+    return sum(w.nbytes for _, w in d.within) + cuts
 
 
 def compile_lark(grammar_text: str, vocab: TokenVocabulary, start: str = "start") -> CompiledCFG:

@@ -71,7 +71,8 @@ class ContextLexer:
                 row.append(j)
             class_rows.append(row)
             i += 1
-        self.table = np.array(class_rows, dtype=np.int32)[:, byte_class]  # [n_states, 256]
+        # [n_states, 256], C order (the C walk reads it flat)
+        self.table = np.ascontiguousarray(np.array(class_rows, dtype=np.int32)[:, byte_class])
         self.rows: list[list[int]] = self.table.tolist()
         # what the future of a state depends on: its live components (terminal, state); two
         # states of different lexers with the same signature read every text the same way
@@ -91,6 +92,17 @@ class ContextLexer:
         # per state, the bytes that no candidate can continue with: where a cut happens
         self.dead_bytes = self.table == DEAD  # [n_states, 256] bool
         self.winner_arr = np.array(self.winner, dtype=np.int64)
+        self.winner32 = self.winner_arr.astype(np.int32)
+        self._groups: tuple[np.ndarray, list[int]] | None = None
+
+    def alive_groups(self) -> tuple[np.ndarray, list[int]]:
+        """(group of each state, int32; the alive bitset of each group): states grouped by
+        which terminals are still alive there."""
+        if self._groups is None:
+            ids: dict[int, int] = {}
+            group = np.array([ids.setdefault(a, len(ids)) for a in self.alive], dtype=np.int32)
+            self._groups = (group, list(ids))
+        return self._groups
 
     @property
     def num_states(self) -> int:

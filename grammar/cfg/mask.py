@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from grammar.cfg.lexer import DEAD, ContextLexer
+from grammar.cfg.native_walk import CutWalker
 from grammar.tokens.vocab import TokenVocabulary
 
 
@@ -99,7 +100,9 @@ class VocabLayout:
 
 
 class Decomposition:
-    """The parser-independent split of a set of token (suffixes) read from one lexer state."""
+    """The parser-independent split of a set of token (suffixes) read from one lexer state.
+    A cut group is (terminal, token rows, byte offsets) from the numpy walk, or (terminal, trie
+    nodes, None) from the C one (`native_decompose`)."""
 
     __slots__ = ("within", "cuts", "children", "children_len")
 
@@ -164,6 +167,24 @@ def decompose(
             # int32 (rows < 2**31, offsets < the longest token): the cut lists are most of the
             # memory a decomposition keeps
             d.cuts.append((int(t), cr[sel].astype(np.int32), cp[sel].astype(np.int32)))
+    return d
+
+
+def native_decompose(walker: CutWalker, lexer: ContextLexer, tasks: np.ndarray) -> Decomposition:
+    """`decompose` by the C trie walk: the same masks; a cut group keeps trie nodes (each with
+    its subtree, the rest of the tokens below it) instead of (row, offset) pairs, its third
+    field None."""
+    groups, alive = lexer.alive_groups()
+    words, used, nodes, terms = walker.lexer(lexer.table, lexer.winner32, groups, len(alive), tasks)
+    d = Decomposition()
+    for g in np.flatnonzero(used).tolist():
+        d.within.append((alive[g], words[g].view(np.int32).copy()))
+    if nodes.size:
+        order = np.argsort(terms, kind="stable")
+        terms, nodes = terms[order], nodes[order]
+        bounds = np.flatnonzero(np.diff(terms)) + 1
+        for part, t in zip(np.split(nodes, bounds), terms[np.r_[0, bounds]].tolist(), strict=True):
+            d.cuts.append((int(t), part, None))
     return d
 
 

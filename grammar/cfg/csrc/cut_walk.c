@@ -1,0 +1,127 @@
+/* Context-free first-visit walks (grammar/cfg/native_walk.py loads this): the vocabulary's
+   token trie (grammar/tokens/csrc/trie.c's node_t, preorder) walked depth first through one
+   terminal's, or one lexer's, byte table (int32 [states, 256], 0 = dead), splitting the tokens
+   into those that end inside the terminal (their id bits set) and the trie nodes where a
+   terminal boundary cuts them (the rest of each such token is walked later, from the next
+   terminal's start, as a task of its own).
+
+   A task is a pair (a, s): a >= 0 walks node a and its subtree, s the state before a's byte;
+   a < 0 walks the strict descendants of node ~a, s the state after its byte (~0 = -1: every
+   token from state s). */
+
+#include <stdint.h>
+
+#define MAX_DEPTH 4096
+
+typedef struct { int32_t end; int32_t row; int32_t depth; int32_t byte; } node_t;
+
+static inline void set_ids(uint32_t *words, const node_t *x, const int64_t *row_start,
+                           const int64_t *row_ids) {
+    for (int64_t j = row_start[x->row]; j < row_start[x->row + 1]; j++) {
+        int64_t id = row_ids[j];
+        words[id >> 5] |= 1u << (id & 31);
+    }
+}
+
+/* The task's first node, its end, and the depth of its first level; st[first depth - 1] = s. */
+static inline int64_t task_start(const node_t *nodes, int64_t a, int64_t s, int32_t *st,
+                                 int64_t *stop, int32_t *first_depth) {
+    if (a >= 0) {
+        *stop = nodes[a].end;
+        *first_depth = nodes[a].depth;
+        st[nodes[a].depth - 1] = (int32_t)s;
+        return a;
+    }
+    a = ~a;
+    *stop = nodes[a].end;
+    *first_depth = nodes[a].depth + 1;
+    st[nodes[a].depth] = (int32_t)s;
+    return a + 1;
+}
+
+/* GBNF terminals (grammar/ebnf/compiler.py's decompose): a token whose bytes all survive the
+   table ends inside the terminal (bit set in words, *n_inside counted); at a node with
+   descendants whose state accepts, the terminal may complete there: the node goes to cuts as a
+   descendants task (its ~index), and the walk goes on below it while the state is live.
+   `clean` (when not null) skips the subtrees made only of the bytes `in_loop` marks: clean[i]
+   says every byte of node i's subtree (i included) is one of them, and the walk skips node i
+   when the bytes above it are all such too (the caller has those tokens' mask already).
+   Returns the number of cuts, or -1 when more than cap. */
+int64_t walk_terminal(const node_t *nodes, const int64_t *row_start, const int64_t *row_ids,
+                      const int32_t *table, const uint8_t *accepting, const uint8_t *live,
+                      const int64_t *tasks, int64_t n_tasks, const uint8_t *clean,
+                      const uint8_t *in_loop, uint32_t *words, int64_t *n_inside,
+                      int32_t *cuts, int64_t cap) {
+    int32_t st[MAX_DEPTH + 1];
+    uint8_t outside[MAX_DEPTH + 1];  /* a byte above (or at) this depth is not in the loop */
+    int64_t nc = 0, inside = 0;
+    for (int64_t t = 0; t < n_tasks; t++) {
+        int64_t stop;
+        int32_t d0;
+        int64_t i = task_start(nodes, tasks[2 * t], tasks[2 * t + 1], st, &stop, &d0);
+        outside[d0 - 1] = 0;
+        while (i < stop) {
+            const node_t *x = nodes + i;
+            int32_t d = x->depth;
+            if (clean) {
+                if (!outside[d - 1] && clean[i]) { i = x->end; continue; }
+                outside[d] = outside[d - 1] | !in_loop[x->byte];
+            }
+            int32_t nx = table[(int64_t)st[d - 1] * 256 + x->byte];
+            if (nx == 0) { i = x->end; continue; }
+            if (x->row >= 0) { set_ids(words, x, row_start, row_ids); inside++; }
+            if (x->end == i + 1) { i++; continue; }  /* a leaf */
+            if (accepting[nx]) {
+                if (nc >= cap) return -1;
+                cuts[nc++] = (int32_t)~i;
+            }
+            if (!live[nx]) { i = x->end; continue; }
+            st[d] = nx;
+            i++;
+        }
+    }
+    *n_inside = inside;
+    return nc;
+}
+
+/* A lark context's lexer (grammar/cfg/mask.py's decompose): maximal munch. A byte the lexer
+   state cannot continue with cuts the token there when the text so far is a terminal
+   (winner[state] >= 0): the node (with its subtree) goes to cuts, the terminal to cut_terms;
+   otherwise the token is refused. A dead byte on a task's first level is neither (the caller
+   handles tokens whose first byte is a cut). A token that ends in a live state sets its bit in
+   words[group[state] * n_words ...] and marks used[group]. Returns the number of cuts, or -1
+   when more than cap. */
+int64_t walk_lexer(const node_t *nodes, const int64_t *row_start, const int64_t *row_ids,
+                   const int32_t *table, const int32_t *winner, const int32_t *group,
+                   const int64_t *tasks, int64_t n_tasks, uint32_t *words, int64_t n_words,
+                   uint8_t *used, int32_t *cuts, int32_t *cut_terms, int64_t cap) {
+    int32_t st[MAX_DEPTH + 1];
+    int64_t nc = 0;
+    for (int64_t t = 0; t < n_tasks; t++) {
+        int64_t stop;
+        int32_t d0;
+        int64_t i = task_start(nodes, tasks[2 * t], tasks[2 * t + 1], st, &stop, &d0);
+        while (i < stop) {
+            const node_t *x = nodes + i;
+            int32_t d = x->depth, par = st[d - 1];
+            int32_t nx = table[(int64_t)par * 256 + x->byte];
+            if (nx == 0) {
+                if (d > d0 && winner[par] >= 0) {
+                    if (nc >= cap) return -1;
+                    cuts[nc] = (int32_t)i;
+                    cut_terms[nc++] = winner[par];
+                }
+                i = x->end;
+                continue;
+            }
+            if (x->row >= 0) {
+                int32_t g = group[nx];
+                set_ids(words + (int64_t)g * n_words, x, row_start, row_ids);
+                used[g] = 1;
+            }
+            st[d] = nx;
+            i++;
+        }
+    }
+    return nc;
+}

@@ -1,0 +1,164 @@
+"""Context-free first visits in C: the vocabulary's token trie (`grammar.tokens.native`'s, built
+once per vocabulary) walked through one lark lexer's or one GBNF terminal's byte table, split into
+the tokens that end inside the terminal (packed masks) and the trie nodes where a terminal
+boundary cuts them. The numpy walks (`grammar.cfg.mask.decompose`, the GBNF compiler's
+`decompose`) read every live token row at every byte position (~10 numpy calls a position); a
+trie walk visits each live token prefix once, a few nanoseconds a node.
+
+A cut is kept as a trie node (int32): the rest of every token below it is walked later, from the
+next terminal's start, as a task of the C walk (csrc/cut_walk.c: a node >= 0 walks that node and
+its subtree, `~node` its strict descendants), where the numpy walks keep (token row, byte offset)
+pairs. The two give the same masks bit for bit (tests/grammar/cfg/test_native_walk.py).
+
+The C source is compiled at first use like the grammar's other native code
+(`grammar/native_build.py`) and called through ctypes, which releases the GIL. `trie_for(vocab)`
+is None, and callers keep their numpy walks, when SGL_GRAMMAR_NATIVE=0, when no compiler is found
+or the build fails, or when the vocabulary has no trie.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from grammar import native_build
+from grammar.tokens import native
+from grammar.tokens.vocab import TokenVocabulary
+
+_FLAGS = ("-O2", "-march=native", "-fPIC", "-std=gnu11")
+UNITS = [native_build.Unit("cut_walk", Path(__file__).parent / "csrc" / "cut_walk.c", _FLAGS)]
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+SIGNATURES: native_build.Signatures = {
+    "walk_terminal": (_I64, [_PTR] * 7 + [_I64] + [_PTR] * 5 + [_I64]),
+    "walk_lexer": (_I64, [_PTR] * 7 + [_I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64]),
+}
+LIBRARY = native_build.OptionalLibrary("grammar-cut-walk", UNITS, SIGNATURES, "using numpy walks")
+ROOT = -1  # the task node of "every token" (~0: the root's descendants)
+_CLEAN_LOCK = threading.Lock()
+
+
+class CutWalker:
+    """The C walks over one vocabulary's trie (see the module docstring)."""
+
+    def __init__(self, trie: native.TokenTrie, lib: ctypes.CDLL, num_words: int) -> None:
+        self.trie = trie
+        self.lib = lib
+        self.num_words = num_words
+        self.num_nodes = int(trie.nodes.shape[0])
+        self._clean: dict[bytes, np.ndarray] = {}  # loop byte set -> `clean` per node
+
+    @staticmethod
+    def tasks(nodes: np.ndarray, state: int) -> np.ndarray:
+        """The task pairs (node, state) of cut nodes, all from `state` (int64 [n, 2])."""
+        out = np.empty((nodes.shape[0], 2), dtype=np.int64)
+        out[:, 0] = nodes
+        out[:, 1] = state
+        return out
+
+    def clean(self, in_loop: np.ndarray) -> np.ndarray:
+        """uint8 per trie node: 1 when every byte of its subtree (itself included) is one that
+        `in_loop` (bool [256]) marks. Cached per byte set (a vocabulary-wide table)."""
+        key = np.packbits(in_loop).tobytes()
+        hit = self._clean.get(key)
+        if hit is None:
+            nodes = self.trie.nodes
+            bad = ~in_loop[nodes["byte"]]
+            bad[0] = False  # the root has no byte
+            count = np.zeros(self.num_nodes + 1, dtype=np.int64)
+            np.cumsum(bad, out=count[1:])
+            hit = (count[nodes["end"]] == count[:-1]).astype(np.uint8)
+            with _CLEAN_LOCK:
+                if len(self._clean) > 64:
+                    self._clean.clear()
+                hit = self._clean.setdefault(key, hit)
+        return hit
+
+    def terminal(
+        self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray, tasks: np.ndarray,
+        in_loop: np.ndarray | None = None,
+    ) -> tuple[np.ndarray | None, np.ndarray]:  # fmt: skip
+        """A GBNF terminal's walk (csrc/cut_walk.c's walk_terminal): (packed int32 mask of the
+        tokens that end inside it, or None when none does; the cut nodes as descendants tasks,
+        int32). `table`: int32 [states, 256], C order; `accepting`, `live`: bool per state;
+        `in_loop`: skip the tokens made only of these bytes (their state loops)."""
+        words = np.zeros(self.num_words, dtype=np.uint32)
+        inside = np.zeros(1, dtype=np.int64)
+        acc = np.ascontiguousarray(accepting, dtype=np.uint8)
+        lv = np.ascontiguousarray(live, dtype=np.uint8)
+        tasks = np.ascontiguousarray(tasks, dtype=np.int64)
+        clean = loop = None
+        if in_loop is not None:
+            clean = self.clean(in_loop)
+            loop = np.ascontiguousarray(in_loop, dtype=np.uint8)
+        cuts = np.empty(self.num_nodes, dtype=np.int32)  # a node is cut at most once a task
+        nodes, row_start, row_ids = self.trie.ptrs
+        while True:
+            n = self.lib.walk_terminal(
+                nodes, row_start, row_ids, table.ctypes.data, acc.ctypes.data, lv.ctypes.data,
+                tasks.ctypes.data, tasks.shape[0], _ptr(clean), _ptr(loop), words.ctypes.data,
+                inside.ctypes.data, cuts.ctypes.data, cuts.shape[0],
+            )  # fmt: skip
+            if n >= 0:
+                break
+            words[:] = 0
+            cuts = np.empty(cuts.shape[0] * 2, dtype=np.int32)
+        return (words.view(np.int32) if inside[0] else None), cuts[:n].copy()
+
+    def lexer(
+        self, table: np.ndarray, winner: np.ndarray, group: np.ndarray, n_groups: int,
+        tasks: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """A lark lexer's walk (csrc/cut_walk.c's walk_lexer): (packed masks [n_groups, words]
+        of the tokens ending in a state of each group, uint32; which groups have any, bool;
+        cut nodes, int32; the terminal each cut produces, int32)."""
+        words = np.zeros((n_groups, self.num_words), dtype=np.uint32)
+        used = np.zeros(n_groups, dtype=np.uint8)
+        tasks = np.ascontiguousarray(tasks, dtype=np.int64)
+        cap = self.num_nodes
+        nodes, row_start, row_ids = self.trie.ptrs
+        while True:
+            cuts = np.empty(cap, dtype=np.int32)
+            terms = np.empty(cap, dtype=np.int32)
+            n = self.lib.walk_lexer(
+                nodes, row_start, row_ids, table.ctypes.data, winner.ctypes.data,
+                group.ctypes.data, tasks.ctypes.data, tasks.shape[0], words.ctypes.data,
+                self.num_words, used.ctypes.data, cuts.ctypes.data, terms.ctypes.data, cap,
+            )  # fmt: skip
+            if n >= 0:
+                return words, used.astype(bool), cuts[:n], terms[:n]
+            words[:] = 0
+            used[:] = 0
+            cap *= 2
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+_walkers_lock = threading.Lock()
+_walkers: weakref.WeakKeyDictionary[TokenVocabulary, CutWalker] = weakref.WeakKeyDictionary()
+
+
+def walker_for(vocab: TokenVocabulary) -> CutWalker | None:
+    """The vocabulary's C walker, or None (numpy walks) when native code is off or unavailable
+    (SGL_GRAMMAR_NATIVE=0 is read on each call: a grammar decides when it is compiled)."""
+    if not native.enabled():
+        return None
+    trie = native.trie_of(vocab)
+    if trie is None:
+        return None
+    hit = _walkers.get(vocab)
+    if hit is not None and hit.trie is trie:
+        return hit
+    lib = LIBRARY.get()
+    if lib is None:
+        return None
+    with _walkers_lock:
+        walker = _walkers.get(vocab)
+        if walker is None or walker.trie is not trie:
+            walker = _walkers[vocab] = CutWalker(trie, lib, (len(vocab) + 31) // 32)
+    return walker

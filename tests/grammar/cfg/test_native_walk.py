@@ -1,0 +1,172 @@
+"""The C trie walk of context-free first visits (grammar/cfg/native_walk.py) against the numpy
+walks it replaces: the same grammar compiled with SGL_GRAMMAR_NATIVE on and off gives the same
+mask, bit for bit, at every state along random sentences (lark: grammar/cfg; GBNF:
+grammar/ebnf). A small vocabulary built from the sentences themselves keeps it fast while
+giving tokens that cross many terminal boundaries."""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import numpy as np
+import pytest
+
+from grammar import TokenVocabulary
+from grammar.cfg import compiler, native_walk
+from grammar.cfg.compiler import CompiledCFG
+from tests.support.lark_sentences import EXAMPLES, grammar_text, valid_sentences
+
+needs_c = pytest.mark.skipif(native_walk.LIBRARY.get() is None, reason="no C compiler")
+
+
+def _vocab(texts: list[str], seed: int = 0, n: int = 1500) -> TokenVocabulary:
+    """Every single byte, up to n random substrings of `texts` (2-10 bytes), one duplicate byte
+    string and an EOS id."""
+    rng = random.Random(seed)
+    data = [t.encode() for t in texts]
+    pieces: set[bytes] = set()
+    for _ in range(20 * n):  # (short texts have fewer than n distinct pieces)
+        if len(pieces) >= n:
+            break
+        d = rng.choice(data)
+        i = rng.randrange(len(d))
+        pieces.add(d[i : i + rng.randint(2, 10)])
+    out: list[bytes | None] = [bytes([b]) for b in range(256)] + sorted(pieces)
+    out += [out[300], None]  # the same bytes under two ids; EOS
+    return TokenVocabulary(out, eos_token_ids=[len(out) - 1])
+
+
+def _tokenize(vocab: TokenVocabulary, text: str, longest: int = 10) -> list[int]:
+    """Greedy longest match over `vocab`, tokens of at most `longest` bytes (one of many
+    tokenizations: any reaches deep states)."""
+    ids = {vocab.token_bytes(i): i for i in range(len(vocab)) if vocab.token_bytes(i)}
+    data, out, i = text.encode(), [], 0
+    while i < len(data):
+        n = next(k for k in range(min(longest, len(data) - i), 0, -1) if data[i : i + k] in ids)
+        out.append(ids[data[i : i + n]])
+        i += n
+    return out
+
+
+def _compile_both(monkeypatch, build):
+    monkeypatch.setenv("SGL_GRAMMAR_NATIVE", "0")
+    slow = build()
+    monkeypatch.setenv("SGL_GRAMMAR_NATIVE", "1")
+    fast = build()
+    return slow, fast
+
+
+def _same_masks_along(slow, fast, token_lists: list[list[int]]) -> int:
+    """Walk both matchers along each token list, asserting equal masks; the masks compared."""
+    n = 0
+    for ids in token_lists:
+        a, b = slow.matcher(), fast.matcher()
+        for t in [*ids, None]:
+            x, y = a.mask(), b.mask()
+            assert np.array_equal(x, y), f"masks differ after {n} steps"
+            n += 1
+            if t is not None:
+                a.advance(t)
+                b.advance(t)
+    return n
+
+
+@functools.cache
+def _lark_case(name: str) -> tuple[TokenVocabulary, list[list[int]]]:
+    # (sql_select's sentences take ~0.5 s each to draw)
+    n, depth = {"json": (12, 8), "sql_select": (4, 5)}.get(name, (5, 8))
+    sentences = valid_sentences(name, n, seed=3, max_depth=depth)
+    vocab = _vocab(sentences)
+    return vocab, [_tokenize(vocab, s) for s in sentences]
+
+
+@needs_c
+@pytest.mark.parametrize("eager", [0, 300])  # vocabulary walks done at compile time
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_lark_masks_equal_the_numpy_walk(monkeypatch, name: str, eager: int) -> None:
+    vocab, token_lists = _lark_case(name)
+    text = grammar_text(name)
+    monkeypatch.setattr(compiler, "MAX_EAGER_WALKS", eager)
+    slow, fast = _compile_both(monkeypatch, lambda: CompiledCFG(text, vocab))
+    assert slow._walker is None and fast._walker is not None
+    n = _same_masks_along(slow, fast, token_lists)
+    assert n > 40
+    # the eager pass walked the same groups either way
+    assert slow.eager_walks == fast.eager_walks
+
+
+@needs_c
+def test_a_cut_lands_inside_tokens(monkeypatch) -> None:
+    """Tokens that cross terminal boundaries (a cut inside them) are allowed by both walks: the
+    mask after '(' in arithmetic allows a token spanning '1+2'."""
+    text = grammar_text("arithmetic")
+    vocab = TokenVocabulary([bytes([b]) for b in range(256)] + [b"1+2", b"1+", b"+("], [])
+    slow, fast = _compile_both(monkeypatch, lambda: CompiledCFG(text, vocab))
+    for g in (slow, fast):
+        m = g.matcher()
+        m.advance(ord("("))
+        allowed = set(np.flatnonzero(m.mask()).tolist())
+        assert {256, 257} <= allowed and 258 not in allowed
+
+
+# recursive GBNF grammars (the Earley path): values in a string loop (the loop shortcut of the
+# C walk), numbers whose terminal may complete inside a token, nesting
+GBNF = {
+    "json": r"""
+root   ::= value
+value  ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" ws ( string ws ":" ws value ws ( "," ws string ws ":" ws value ws )* )? "}"
+array  ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
+string ::= "\"" ( [^"\\] | "\\" ["\\/bfnrt] )* "\""
+number ::= "-"? [0-9]+ ( "." [0-9]+ )?
+ws     ::= [ \t\n]*
+""",
+    "arithmetic": r"""
+root ::= expr
+expr ::= term ( ws [-+] ws term )*
+term ::= atom ( ws [*/] ws atom )*
+atom ::= [0-9]+ | "(" ws expr ws ")" | "-" atom
+ws   ::= " "?
+""",
+}
+GBNF_TEXTS = {
+    "json": [
+        '{"a": [1, 2.5, {"b c": "d\\"e"}], "f": true}',
+        '[{"x":null},[[-3]],"y\\n z",{}]',
+        '{"key with spaces": {"nested": [false, "v", 10.25]}}',
+    ],
+    "arithmetic": ["(1 + 23) * -4 / (5-(6*7))", "((((8))))+9 * 10", "-(-(-1))/22+333"],
+}
+
+
+@needs_c
+@pytest.mark.parametrize("name", sorted(GBNF))
+def test_gbnf_masks_equal_the_numpy_walk(monkeypatch, name: str) -> None:
+    from grammar.ebnf.compiler import CompiledEBNF, compile_rules
+    from grammar.ebnf.syntax import parse_gbnf
+
+    text = GBNF[name]
+    vocab = _vocab(GBNF_TEXTS[name], n=800)
+    slow, fast = _compile_both(
+        monkeypatch, lambda: compile_rules(parse_gbnf(text), vocab, "root", text)
+    )
+    assert isinstance(fast, CompiledEBNF)
+    assert slow._walker is None and fast._walker is not None
+    token_lists = [_tokenize(vocab, t, longest=2) for t in GBNF_TEXTS[name]]
+    assert _same_masks_along(slow, fast, token_lists) > 25
+
+
+def test_the_switch_keeps_the_numpy_walk(monkeypatch) -> None:
+    monkeypatch.setenv("SGL_GRAMMAR_NATIVE", "0")
+    vocab = TokenVocabulary([bytes([b]) for b in range(256)], [])
+    assert native_walk.walker_for(vocab) is None
+    assert CompiledCFG(grammar_text("arithmetic"), vocab)._walker is None
+
+
+def test_the_c_source_compiles_without_warnings() -> None:
+    from grammar import native_build
+
+    if native_build.compiler() is None:
+        pytest.skip("no C compiler")
+    assert native_build.compile_warnings(native_walk.UNITS) == {}
