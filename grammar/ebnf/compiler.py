@@ -25,6 +25,7 @@ import threading
 import numpy as np
 
 from grammar.automata.fsm import DEAD, START, no_gc, node_to_lazy_dfa
+from grammar.cfg import native_walk
 from grammar.cfg.mask import VocabLayout
 from grammar.ebnf.earley import EarleyParser, ESet
 from grammar.ebnf.lower import Lowering, Terminal, clear_shared_terminals, commit_lazy_rules
@@ -38,6 +39,7 @@ from grammar.tokens.vocab import TokenVocabulary
 MAX_FORCED_BYTES = 1024
 _LAYOUTS: CompileCache = CompileCache(max_entries=4)
 _NO_ROWS = np.zeros(0, dtype=np.int64)
+_ROOT_TASK = np.array([native_walk.ROOT], dtype=np.int32)  # every token, for the C walk
 
 
 def vocab_layout(vocab: TokenVocabulary) -> VocabLayout:
@@ -91,8 +93,9 @@ _MIN_LOOP_BYTES = 64  # a state that loops on this many ASCII bytes takes the sh
 class Decomposition:
     """Token (suffixes) read from one terminal state: `words` (packed mask, or None) of those
     that end inside the terminal; `cut_rows` / `cut_pos` where the terminal may complete with
-    bytes left; `children[terminal]`: the decomposition of those remainders from a terminal's
-    start."""
+    bytes left (from the C walk, `native_walk`: `cut_rows` holds trie nodes as descendants
+    tasks and `cut_pos` is None); `children[terminal]`: the decomposition of those remainders
+    from a terminal's start."""
 
     __slots__ = ("words", "cut_rows", "cut_pos", "children")
 
@@ -159,6 +162,7 @@ class CompiledEBNF:
         self._lock = threading.Lock()
         self.start = self.parser.initial()
         self._first_rows = _FIRST_ROWS.get_or_build(vocab.hash, lambda: first_rows(self.layout))
+        self._walker = native_walk.walker_for(vocab)  # C first-visit walks (None: numpy)
         # the decompositions of the start set now: the first mask is the slow one
         self.bitmask(self.start)
 
@@ -169,8 +173,6 @@ class CompiledEBNF:
         d = self._top.get((t, q))
         if d is None:
             term = self.network.terminals[t]
-            first = np.flatnonzero(term.table[q] != DEAD)
-            rows = np.concatenate([self._first_rows[b] for b in first]) if first.size else _NO_ROWS
             loops = term.table[q] == q
             looped = None
             if not term.accepting[q] and np.count_nonzero(loops[:128]) >= _MIN_LOOP_BYTES:
@@ -179,13 +181,33 @@ class CompiledEBNF:
                 # only the other tokens are walked
                 row_bytes = _ROW_BYTES.get_or_build(self.vocab.hash, lambda: RowBytes(self.layout))
                 inside, looped = row_bytes.only(loops)
-                rows = rows[~inside[rows]]
-            d = decompose(self.layout, term, q, rows, np.zeros(rows.shape[0], dtype=np.int64))
+            if self._walker is not None:
+                tasks = self._walker.tasks(_ROOT_TASK, q)
+                words, cuts = self._walker.terminal(
+                    term.table, term.accepting, term.live, tasks, None if looped is None else loops
+                )
+                d = Decomposition(words, cuts, None)
+            else:
+                first = np.flatnonzero(term.table[q] != DEAD)
+                rows = (
+                    np.concatenate([self._first_rows[b] for b in first]) if first.size else _NO_ROWS
+                )
+                if looped is not None:
+                    rows = rows[~inside[rows]]
+                d = decompose(self.layout, term, q, rows, np.zeros(rows.shape[0], dtype=np.int64))
             if looped is not None:
                 d.words = looped if d.words is None else looped | d.words
             with self._lock:
                 d = self._top.setdefault((t, q), d)
         return d
+
+    def _child(self, term: Terminal, d: Decomposition) -> Decomposition:
+        """The rest of `d`'s cut tokens read from `term`'s start."""
+        if d.cut_pos is None:  # trie nodes: the C walk
+            tasks = self._walker.tasks(d.cut_rows, START)  # type: ignore[union-attr]
+            words, cuts = self._walker.terminal(term.table, term.accepting, term.live, tasks)  # type: ignore[union-attr]
+            return Decomposition(words, cuts, None)
+        return decompose(self.layout, term, START, d.cut_rows, d.cut_pos)
 
     def bitmask(self, e: ESet) -> np.ndarray:
         """Packed mask (int32 words) of the tokens allowed at `e`; cached on the set."""
@@ -222,7 +244,7 @@ class CompiledEBNF:
                 continue
             child = d.children.get(t)
             if child is None:
-                child = decompose(self.layout, terminals[t], START, d.cut_rows, d.cut_pos)
+                child = self._child(terminals[t], d)
                 with self._lock:
                     child = d.children.setdefault(t, child)
             if child.words is not None:
