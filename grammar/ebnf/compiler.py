@@ -179,8 +179,13 @@ class CompiledEBNF:
                 # inside a string-like loop: a token made only of looping bytes comes back to
                 # q at every byte (within, no cut: q does not accept): one shared mask, and
                 # only the other tokens are walked
-                row_bytes = _ROW_BYTES.get_or_build(self.vocab.hash, lambda: RowBytes(self.layout))
-                inside, looped = row_bytes.only(loops)
+                if self._walker is not None:
+                    looped = self._walker.loop(loops)[0]
+                else:
+                    row_bytes = _ROW_BYTES.get_or_build(
+                        self.vocab.hash, lambda: RowBytes(self.layout)
+                    )
+                    inside, looped = row_bytes.only(loops)
             if self._walker is not None:
                 tasks = self._walker.tasks(_ROOT_TASK, q)
                 words, cuts = self._walker.terminal(

@@ -125,3 +125,23 @@ int64_t walk_lexer(const node_t *nodes, const int64_t *row_start, const int64_t 
     }
     return nc;
 }
+
+/* The tokens made only of the bytes `in_loop` marks (a state that loops on them keeps them all
+   inside its terminal): their id bits set in words; clean[i] = 1 when every byte of node i's
+   subtree (i included; the root has no byte) is marked, as walk_terminal reads it. */
+void loop_tokens(const node_t *nodes, int64_t n, const int64_t *row_start,
+                 const int64_t *row_ids, const uint8_t *in_loop, uint32_t *words,
+                 uint8_t *clean) {
+    uint8_t all[MAX_DEPTH + 1];
+    all[0] = 1;
+    for (int64_t i = 1; i < n; i++) {
+        const node_t *x = nodes + i;
+        all[x->depth] = all[x->depth - 1] && in_loop[x->byte];
+        if (all[x->depth] && x->row >= 0) set_ids(words, x, row_start, row_ids);
+    }
+    for (int64_t i = n - 1; i >= 0; i--) {
+        uint8_t c = i == 0 || in_loop[nodes[i].byte];
+        for (int64_t j = i + 1; c && j < nodes[i].end; j = nodes[j].end) c = clean[j];
+        clean[i] = c;
+    }
+}
