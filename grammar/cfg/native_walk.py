@@ -33,7 +33,8 @@ _FLAGS = ("-O2", "-march=native", "-fPIC", "-std=gnu11")
 UNITS = [native_build.Unit("cut_walk", Path(__file__).parent / "csrc" / "cut_walk.c", _FLAGS)]
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES: native_build.Signatures = {
-    "walk_terminal": (_I64, [_PTR] * 7 + [_I64] + [_PTR] * 5 + [_I64]),
+    "walk_terminal": (_I64, [_PTR] * 7 + [_I64] + [_PTR] * 6 + [_I64]),
+    "child_sigs": (None, [_PTR, _I64, _PTR]),
     "walk_lexer": (_I64, [_PTR] * 7 + [_I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64]),
     "loop_tokens": (None, [_PTR, _I64] + [_PTR] * 5),
 }
@@ -50,6 +51,9 @@ class CutWalker:
         self.lib = lib
         self.num_words = num_words
         self.num_nodes = int(trie.nodes.shape[0])
+        # per node, the bytes of its children (csrc/cut_walk.c's child_sigs: 3 x 64 bits)
+        self.child_sig = np.empty((self.num_nodes, 3), dtype=np.uint64)
+        lib.child_sigs(trie.ptrs[0], self.num_nodes, self.child_sig.ctypes.data)
         # loop byte set -> (packed mask of the tokens made of those bytes, `clean` per node)
         self._loops: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -104,8 +108,9 @@ class CutWalker:
         while True:
             n = self.lib.walk_terminal(
                 nodes, row_start, row_ids, table.ctypes.data, acc.ctypes.data, lv.ctypes.data,
-                tasks.ctypes.data, tasks.shape[0], _ptr(clean), _ptr(loop), words.ctypes.data,
-                inside.ctypes.data, cuts.ctypes.data, cuts.shape[0],
+                tasks.ctypes.data, tasks.shape[0], _ptr(clean), _ptr(loop),
+                self.child_sig.ctypes.data, words.ctypes.data, inside.ctypes.data,
+                cuts.ctypes.data, cuts.shape[0],
             )  # fmt: skip
             if n >= 0:
                 break

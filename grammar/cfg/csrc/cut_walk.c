@@ -47,17 +47,50 @@ static inline int64_t task_start(const node_t *nodes, int64_t a, int64_t s, int3
    says every byte of node i's subtree (i included) is one of them, and the walk skips node i
    when the bytes above it are all such too (the caller has those tokens' mask already).
    Returns the number of cuts, or -1 when more than cap. */
+/* A set of bytes as 3 x 64 bits: ASCII exactly, the bytes from 128 folded (b & 63). */
+#define SIG_WORDS 3
+static inline int sig_bit(int b) { return b < 128 ? b : 128 + (b & 63); }
+
+/* The bytes a state reads without dying, as a signature: with `child_sig` it rules out, in one
+   test, the nodes none of whose children the state can read. */
+static inline void state_sig(const int32_t *table, int64_t s, uint64_t *sig) {
+    sig[0] = sig[1] = sig[2] = 0;
+    for (int b = 0; b < 256; b++)
+        if (table[s * 256 + b]) sig[sig_bit(b) >> 6] |= 1ull << (sig_bit(b) & 63);
+}
+
+/* child_sig[3 i ..]: the bytes of node i's children as a signature (one pass, per trie). */
+void child_sigs(const node_t *nodes, int64_t n, uint64_t *sig) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t *x = sig + SIG_WORDS * i;
+        x[0] = x[1] = x[2] = 0;
+        for (int64_t j = i + 1; j < nodes[i].end; j = nodes[j].end) {
+            int k = sig_bit(nodes[j].byte);
+            x[k >> 6] |= 1ull << (k & 63);
+        }
+    }
+}
+
 int64_t walk_terminal(const node_t *nodes, const int64_t *row_start, const int64_t *row_ids,
                       const int32_t *table, const uint8_t *accepting, const uint8_t *live,
                       const int64_t *tasks, int64_t n_tasks, const uint8_t *clean,
-                      const uint8_t *in_loop, uint32_t *words, int64_t *n_inside,
-                      int32_t *cuts, int64_t cap) {
+                      const uint8_t *in_loop, const uint64_t *child_sig, uint32_t *words,
+                      int64_t *n_inside, int32_t *cuts, int64_t cap) {
     int32_t st[MAX_DEPTH + 1];
     uint8_t outside[MAX_DEPTH + 1];  /* a byte above (or at) this depth is not in the loop */
-    int64_t nc = 0, inside = 0;
+    int64_t nc = 0, inside = 0, sig_state = -1;
+    uint64_t sig[SIG_WORDS] = {0, 0, 0};
     for (int64_t t = 0; t < n_tasks; t++) {
         int64_t stop;
         int32_t d0;
+        if (tasks[2 * t] < 0) {  /* descendants of a node: none the state reads, nothing to do */
+            if (tasks[2 * t + 1] != sig_state) {
+                sig_state = tasks[2 * t + 1];
+                state_sig(table, sig_state, sig);
+            }
+            const uint64_t *c = child_sig + SIG_WORDS * ~tasks[2 * t];
+            if (!((c[0] & sig[0]) | (c[1] & sig[1]) | (c[2] & sig[2]))) continue;
+        }
         int64_t i = task_start(nodes, tasks[2 * t], tasks[2 * t + 1], st, &stop, &d0);
         outside[d0 - 1] = 0;
         while (i < stop) {
