@@ -242,8 +242,10 @@ def _is_utf8(b: bytes) -> bool:
 def _is_byte_level(tokenizer: Any) -> bool:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        spec = json.loads(backend.to_str())
-        return "ByteLevel" in json.dumps([spec.get("decoder"), spec.get("pre_tokenizer")])
+        # each part's own JSON (not the whole tokenizer's: for a 262k vocabulary that string
+        # and its parse are ~200 MB held for a moment)
+        parts = (backend.decoder, backend.pre_tokenizer)
+        return any(p is not None and b"ByteLevel" in p.__getstate__() for p in parts)
     return False
 
 
