@@ -56,7 +56,6 @@ from runtime.memory.kv_pool import KVPool
 from runtime.models.layers import (
     AddNorm,
     Packed,
-    embedding,
     gemv_enabled,
     nbytes,
     packing_enabled,
@@ -64,10 +63,12 @@ from runtime.models.layers import (
 )
 from runtime.models.moe import MoEWeights, load_moe, moe_forward
 from runtime.models.rope import RotaryEmbedding, apply_rotary, longrope_frequencies
+from runtime.models.sharded import TensorParallel
 from runtime.parallel.comm import LOCAL, Comm
-from runtime.parallel.shard import SINGLE, Shard, heads_of, vocab_rows
+from runtime.parallel.shard import SINGLE, Shard
 
 logger = logging.getLogger(__name__)
+GATE_UP = ("gate", "up")
 
 
 @dataclass(slots=True, frozen=True)
@@ -135,13 +136,14 @@ class DecoderModel:
         self.config, self.dtype, self.shard, self.comm = config, dtype, shard, comm
         self.attention = attention or make_backend("auto")
         state = self.checkpoint_names(dict(state), config)
-        self._state, self._sizes = state, self._shard_sizes()
-        v0, rows, self.vocab_per_rank = vocab_rows(config.vocab_size, shard)
-        self.vocab_start, self.vocab_rows = v0, rows
-        self.embed = self._take("model.embed_tokens.weight")[v0 : v0 + rows].contiguous()
+        # this rank's heads, MLP columns and vocabulary rows, and the sums that complete them
+        self.tp = TensorParallel(config, shard, comm)
+        self.num_heads, self.num_kv_heads = self.tp.num_heads, self.tp.num_kv_heads
+        self._state, vocab = state, self.tp.vocab
+        self.embed = vocab.rows(self._take("model.embed_tokens.weight"))
         self.final_norm = self._norm_weight("model.norm.weight")
         tied = "lm_head.weight" not in state or config.tie_word_embeddings
-        head = self.embed if tied else self._take("lm_head.weight")[v0 : v0 + rows].contiguous()
+        head = self.embed if tied else vocab.rows(self._take("lm_head.weight"))
         nothing = torch.empty(0, config.hidden_size, dtype=dtype)
         self.lm_head = head if shard.last_stage else nothing
         if not shard.first_stage and not (tied and shard.last_stage):
@@ -268,16 +270,6 @@ class DecoderModel:
         """The checkpoint's tensors under the names this file reads (identity by default)."""
         return state
 
-    def _shard_sizes(self) -> dict[str, int]:
-        cfg, shard, d = self.config, self.shard, self.config.head_dim
-        q0, hq, kv0, hkv = (
-            heads_of(cfg, shard) if shard.tp_size > 1 else (0, cfg.num_heads, 0, cfg.num_kv_heads)
-        )
-        self.num_heads, self.num_kv_heads = hq, hkv
-        inter = cfg.intermediate_size // shard.tp_size
-        return {"q0": q0 * d, "q": hq * d, "kv0": kv0 * d, "kv": hkv * d,
-                "i0": shard.tp_rank * inter, "i": inter}  # fmt: skip
-
     def _take(self, name: str, as_dtype: torch.dtype | None = None) -> torch.Tensor:
         if name not in self._state:
             raise UnsupportedModelError(f"weight {name!r} missing from the checkpoint")
@@ -291,40 +283,21 @@ class DecoderModel:
             return 1.0 + self._take(name, torch.float32)
         return self._take(name)
 
-    def _rows(self, t: torch.Tensor | None, start: str, size: str) -> torch.Tensor | None:
-        if t is None:
-            return None
-        s = self._sizes
-        return t[s[start] : s[start] + s[size]]
-
     def _load_layer(self, i: int) -> DecoderLayer:
-        cfg, s = self.config, self._sizes
+        cfg, tp = self.config, self.tp
         p = f"model.layers.{i}."
         att, mlp = p + "self_attn.", p + "mlp."
-        q, k, v = (self._take(att + f"{n}_proj.weight") for n in "qkv")
-        biases = [self._maybe(att + f"{n}_proj.bias") for n in "qkv"]
-        qkv_bias = None
-        if any(b is not None for b in biases):
-            parts = zip(biases, ("q0", "kv0", "kv0"), ("q", "kv", "kv"), strict=True)
-            qkv_bias = torch.cat([
-                self._rows(b, at, n) if b is not None else torch.zeros(s[n], dtype=self.dtype)
-                for b, at, n in parts
-            ])  # fmt: skip
-        o = self._take(att + "o_proj.weight")[:, s["q0"] : s["q0"] + s["q"]].contiguous()
+        qkv = tp.qkv.weight([self._take(att + f"{n}_proj.weight") for n in "qkv"])
+        qkv_bias = tp.qkv.bias([self._maybe(att + f"{n}_proj.bias") for n in "qkv"], self.dtype)
         sparse = cfg.moe is not None and cfg.moe.sparse_layer(i)
         gate_up = down = moe = gate_up_bias = None
         if sparse:
-            moe = load_moe(self._take, self._maybe, mlp, cfg.moe, self._experts(), shared=False)
+            moe = load_moe(self._take, self._maybe, mlp, cfg.moe, tp.experts, shared=False)
         else:
-            gate, up = self._take(mlp + "gate_proj.weight"), self._take(mlp + "up_proj.weight")
-            gate_up = torch.cat([self._rows(gate, "i0", "i"), self._rows(up, "i0", "i")])
-            down = self._take(mlp + "down_proj.weight")[:, s["i0"] : s["i0"] + s["i"]]
-            gate_b, up_b = (self._maybe(mlp + f"{n}_proj.bias") for n in ("gate", "up"))
-            if gate_b is not None or up_b is not None:
-                gate_up_bias = torch.cat([
-                    self._rows(b, "i0", "i") if b is not None
-                    else torch.zeros(s["i"], dtype=self.dtype) for b in (gate_b, up_b)
-                ])  # fmt: skip
+            gate_up = tp.gate_up.weight([self._take(mlp + f"{n}_proj.weight") for n in GATE_UP])
+            gate_up_bias = tp.gate_up.bias([self._maybe(mlp + f"{n}_proj.bias") for n in GATE_UP],
+                                           self.dtype)  # fmt: skip
+            down = tp.down.weight(self._take(mlp + "down_proj.weight"))
         sandwich = self.family.sandwich_norms
         window = cfg.layer_window(i)
         scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
@@ -332,12 +305,11 @@ class DecoderModel:
             spec=LayerSpec(scale=scale, window=window, soft_cap=cfg.attn_logit_softcapping),
             kind=SLIDING if window is not None else FULL,
             input_norm=self._norm_weight(p + "input_layernorm.weight"),
-            qkv=torch.cat([self._rows(q, "q0", "q"), self._rows(k, "kv0", "kv"),
-                           self._rows(v, "kv0", "kv")]).contiguous(),  # fmt: skip
+            qkv=qkv,
             qkv_bias=qkv_bias,
             q_norm=self._norm_weight(att + "q_norm.weight") if cfg.qk_norm else None,
             k_norm=self._norm_weight(att + "k_norm.weight") if cfg.qk_norm else None,
-            o=o,
+            o=tp.o.weight(self._take(att + "o_proj.weight")),
             o_bias=self._maybe(att + "o_proj.bias"),
             post_attn_norm=self._norm_weight(p + "post_attention_layernorm.weight")
             if sandwich else None,
@@ -347,21 +319,12 @@ class DecoderModel:
             ),
             post_mlp_norm=self._norm_weight(p + "post_feedforward_layernorm.weight")
             if sandwich else None,
-            gate_up=None if gate_up is None else gate_up.contiguous(),
+            gate_up=gate_up,
             gate_up_bias=gate_up_bias,
-            down=None if down is None else down.contiguous(),
+            down=down,
             down_bias=None if sparse else self._maybe(mlp + "down_proj.bias"),
             moe=moe,
         )  # fmt: skip
-
-    def _experts(self) -> range:
-        """This rank's routed experts: split over the expert-parallel ranks, or over the tensor
-        parallel ones (each rank then runs its experts for every token; summed after)."""
-        n, shard = self.config.moe.n_routed_experts, self.shard
-        size = max(shard.ep_size, shard.tp_size)
-        rank = shard.ep_rank if shard.ep_size > 1 else shard.tp_rank
-        per = n // size
-        return range(rank * per, (rank + 1) * per)
 
     def weight_bytes(self) -> int:
         """Bytes of weights a forward pass may read (the embedding counted once when tied)."""
@@ -435,25 +398,21 @@ class DecoderModel:
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
             self.attention.store_kv(li, k, v)
             out = self.attention.attend(li, q, layer.spec)
-        return self._tp_sum(self.mm(out.reshape(t, hq * d), layer.o))
+        return self.tp.o.reduce(self.mm(out.reshape(t, hq * d), layer.o))
 
     def _mlp_block(self, layer: DecoderLayer, x: torch.Tensor, load: torch.Tensor | None):
         """The MLP block's output before its down bias (summed over the tensor ranks)."""
         if layer.moe is not None:
             # each rank runs its experts; the sum over the stage's ranks is the layer's output
-            return self.comm.all_reduce(moe_forward(x, layer.moe, self.config.moe, load))
+            return self.tp.experts_reduce(moe_forward(x, layer.moe, self.config.moe, load))
         gate_up = self.mm(x, layer.gate_up, layer.gate_up_bias)
+        reduce = self.tp.down.reduce
         if self.config.hidden_act == "silu":  # a quantized down: SiLU in its input stage
-            return self._tp_sum(self.swiglu_mm(gate_up, layer.down))
+            return reduce(self.swiglu_mm(gate_up, layer.down))
         if self.config.hidden_act == "gelu_pytorch_tanh":  # Gemma's GeGLU, likewise
-            return self._tp_sum(self.geglu_mm(gate_up, layer.down))
+            return reduce(self.geglu_mm(gate_up, layer.down))
         gate, up = gate_up.chunk(2, dim=-1)
-        return self._tp_sum(self.mm(self._activation(gate) * up, layer.down))
-
-    def _tp_sum(self, partial: torch.Tensor) -> torch.Tensor:
-        """Sum a head- or column-split output over the tensor parallel ranks (expert parallel
-        ranks without tensor parallelism hold the whole attention and dense MLPs: no sum)."""
-        return self.comm.all_reduce(partial) if self.shard.tp_size > 1 else partial
+        return reduce(self.mm(self._activation(gate) * up, layer.down))
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
@@ -571,13 +530,7 @@ class DecoderModel:
         family scales; later stages receive the previous stage's hidden states."""
         if not self.shard.first_stage:
             return self.comm.recv_prev((ids.shape[0], self.config.hidden_size), self.dtype)
-        if self.shard.tp_size == 1:
-            hidden = embedding(ids, self.embed, self.dtype)
-        else:
-            local = ids - self.vocab_start
-            mine = (local >= 0) & (local < self.vocab_rows)
-            hidden = embedding(local.clamp(0, self.vocab_rows - 1), self.embed, self.dtype)
-            hidden = self.comm.all_reduce(hidden * mine[:, None].to(hidden.dtype))
+        hidden = self.tp.vocab.embed(ids, self.embed, self.dtype)
         return hidden if self.embed_scale is None else hidden * self.embed_scale
 
     def finish(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
@@ -587,12 +540,7 @@ class DecoderModel:
             self.comm.send_next(hidden)
             return None
         hidden = self._norm(hidden[batch.logit_rows], self.final_norm)
-        logits = self.mm(hidden, self.lm_head, float_out=True)
-        if self.shard.tp_size > 1:
-            pad = self.vocab_per_rank - self.vocab_rows
-            if pad:
-                logits = F.pad(logits, (0, pad), value=float("-inf"))
-            logits = self.comm.all_gather_last(logits)[:, : self.config.vocab_size]
+        logits = self.tp.vocab.gather(self.mm(hidden, self.lm_head, float_out=True))
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
