@@ -12,17 +12,9 @@ import re
 import pytest
 
 from grammar import GrammarError, TokenVocabulary, compile_ebnf, compile_lark
+from tests.support.walks import accepts_bytes
 
 BYTES = TokenVocabulary([bytes([i]) for i in range(256)] + [None], [256])
-
-
-def _accepts(g, text: str) -> bool:
-    m = g.matcher()
-    try:
-        m.advance_bytes(text.encode())
-    except GrammarError:
-        return False
-    return bool(m.is_accepting())
 
 
 def _strings(alphabet: str, up_to: int) -> list[str]:
@@ -36,7 +28,7 @@ def _shortest(pattern: str, text: str) -> bool:
 
 
 def _language(g, alphabet: str, up_to: int) -> set[str]:
-    return {s for s in _strings(alphabet, up_to) if _accepts(g, s)}
+    return {s for s in _strings(alphabet, up_to) if accepts_bytes(g, s)}
 
 
 MARKERS = [
