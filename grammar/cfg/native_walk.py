@@ -96,14 +96,13 @@ class CutWalker:
         `in_loop`: skip the tokens made only of these bytes (their state loops)."""
         words = np.zeros(self.num_words, dtype=np.uint32)
         inside = np.zeros(1, dtype=np.int64)
-        acc = np.ascontiguousarray(accepting, dtype=np.uint8)
-        lv = np.ascontiguousarray(live, dtype=np.uint8)
+        acc, lv = _bytes_of(accepting), _bytes_of(live)
         tasks = np.ascontiguousarray(tasks, dtype=np.int64)
         clean = loop = None
         if in_loop is not None:
             clean = self.loop(in_loop)[1]
-            loop = np.ascontiguousarray(in_loop, dtype=np.uint8)
-        cuts = np.empty(self.num_nodes, dtype=np.int32)  # a node is cut at most once a task
+            loop = _bytes_of(in_loop)
+        cuts = _scratch.cuts(self.num_nodes)  # (reused: copied out below)
         nodes, row_start, row_ids = self.trie.ptrs
         while True:
             n = self.lib.walk_terminal(
@@ -115,7 +114,7 @@ class CutWalker:
             if n >= 0:
                 break
             words[:] = 0
-            cuts = np.empty(cuts.shape[0] * 2, dtype=np.int32)
+            cuts = _scratch.cuts(cuts.shape[0] * 2)
         return (words.view(np.int32) if inside[0] else None), cuts[:n].copy()
 
     def lexer(
@@ -147,6 +146,28 @@ class CutWalker:
 
 def _ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
+
+
+def _bytes_of(flags: np.ndarray) -> np.ndarray:
+    """A bool array as the uint8 bytes C reads (a view when already contiguous)."""
+    flags = np.ascontiguousarray(flags)
+    return flags.view(np.uint8) if flags.dtype == np.bool_ else flags.astype(np.uint8)
+
+
+class _Scratch(threading.local):
+    """A cut buffer per thread, grown as needed (a fresh one a walk would cost an allocation
+    of the trie's size)."""
+
+    def __init__(self) -> None:
+        self.buffer = np.empty(0, dtype=np.int32)
+
+    def cuts(self, n: int) -> np.ndarray:
+        if self.buffer.shape[0] < n:
+            self.buffer = np.empty(n, dtype=np.int32)
+        return self.buffer
+
+
+_scratch = _Scratch()
 
 
 _walkers_lock = threading.Lock()
