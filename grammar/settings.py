@@ -114,8 +114,9 @@ GRAMMAR_NATIVE = Flag(
     "SGL_GRAMMAR_NATIVE",
     True,
     "The grammar's native code: first-visit token masks through the C trie walk "
-    "(`tokens/native.py`) and the lazy DFA's subset construction in C (`automata/native_dfa.py`); "
-    "0 keeps the numpy walks and the Python construction. Read on each compile.",
+    "(`tokens/native.py`; lark and GBNF grammars: `cfg/native_walk.py`) and the lazy DFA's "
+    "subset construction in C (`automata/native_dfa.py`); 0 keeps the numpy walks and the "
+    "Python construction. Read on each compile.",
 )
 NATIVE_CACHE = Folder(
     "SGL_NATIVE_CACHE",
