@@ -95,6 +95,8 @@ class Scheduler:
         self._admit_clock = 0
         # speculative decoding (runtime/speculative), None when off; overlap is off beside it
         self.speculation = speculation
+        if speculation is not None:
+            speculation.bind_clock(model)
         self._outputs = OutputContext(pool, self.book, detokenizer, hooks, self.generator,
                                       model.config.vocab_size, speculation)  # fmt: skip
         # overlap.py: plan step N+1 while step N's forward runs on a model thread
@@ -272,7 +274,8 @@ class Scheduler:
         """Plan, run and process one forward pass; False when there was nothing to do."""
         if self.overlap is not None:
             return self.overlap.step()
-        planned = time.perf_counter()
+        clock = self.speculation.clock if self.speculation is not None else time.perf_counter
+        planned = clock()
         plan = self.plan_step()
         if plan is None:
             return False
@@ -281,7 +284,7 @@ class Scheduler:
         logits = self.run_model(batch)
         self.complete_step(plan, logits, time.perf_counter() - start, booked=False)
         if self.speculation is not None:  # what decode and verify steps cost, as measured
-            self.speculation.observe(plan, time.perf_counter() - planned)
+            self.speculation.observe(plan, clock() - planned, batch.num_tokens)
         return True
 
     # ---- the phases' results, applied here (overlap.StepHost) ----------------------------------

@@ -94,6 +94,7 @@ class DraftModel:
         self.computed = 0  # tokens the draft computed to catch up with its requests
         # the last round's forwards of decode size (a long catch-up left out) and their seconds
         self.step_forwards, self.step_s = 0, 0.0
+        self.clock = time.perf_counter  # the scheduler's step clock (Speculator.bind_clock)
 
     @classmethod
     def load(cls, path: str | Path, *, target_tokenizer: Any, target_vocab: int,
@@ -181,7 +182,7 @@ class DraftModel:
         """`items`: (request id, its tokens, drafts wanted). Returns each one's greedy drafts
         (fewer, or none, when its draft pool is full or its catch-up is longer than
         MAX_CATCH_UP tokens) and the seconds the draft forwards took."""
-        start = time.perf_counter()
+        start = self.clock()
         self.step_forwards, self.step_s = 0, 0.0
         out: list[list[int]] = [[] for _ in items]
         spans = []  # (index, st, first position, tokens to compute, drafts wanted)
@@ -200,7 +201,7 @@ class DraftModel:
             spans.append((i, st, keep, todo, k))
             self.computed += len(todo)
         if not spans:
-            return out, time.perf_counter() - start
+            return out, self.clock() - start
         logits = self._forward_extend(spans)
         first = logits.argmax(dim=-1).tolist()
         live = []  # (index, st, position of its last draft, drafts wanted)
@@ -219,7 +220,7 @@ class DraftModel:
                 out[i].append(tok)
             step += 1
             live = [entry for entry in live if entry[2] > step]
-        return out, time.perf_counter() - start
+        return out, self.clock() - start
 
     def _page_table(self, seqs: list[DraftSeq]) -> torch.Tensor:
         width = max(len(s.pages) for s in seqs)
@@ -231,7 +232,7 @@ class DraftModel:
         return [st.pages[p // ps] * ps + p % ps for p in range(lo, hi)]
 
     def _run(self, batch: ForwardBatch) -> torch.Tensor:
-        start = time.perf_counter()
+        start = self.clock()
         if self.device.type != "cpu":
             batch = batch.to(self.device)
         self.forwards += 1
@@ -239,7 +240,7 @@ class DraftModel:
             out = self.model.forward(batch, self.pool).float().cpu()
         if batch.num_decode == batch.num_tokens:
             self.step_forwards += 1
-            self.step_s += time.perf_counter() - start
+            self.step_s += self.clock() - start
         return out
 
     def _forward_extend(self, spans: list) -> torch.Tensor:

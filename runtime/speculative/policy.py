@@ -98,18 +98,24 @@ class StepCosts:
         nearest measured counts on either side (the model's paths change cost at some row
         count, so no one line fits all), else past the measured ones the nearest measured
         cost plus the slope that outliers do not move (Theil-Sen: the median of the pairwise
-        slopes, never negative; with one count measured, proportional to the rows)."""
+        slopes, never negative; with one count measured, proportional to the rows); never
+        below one decode step (a verify computes at least the batch's decode rows: a line
+        extrapolated below the least measured count had made a 2-row verify cost 0.8 of a
+        decode step, so that any acceptance paid)."""
         base = self.decode_time(batch)
         if not self.verify or base is None:
             return None
+        return max(self._verify_ratio(rows), 1.0) * base  # never below the decode it contains
+
+    def _verify_ratio(self, rows: int) -> float:
         if rows in self.verify:
-            return self.verify[rows].value * base
+            return self.verify[rows].value
         keys = sorted(self.verify)
         i = bisect.bisect_left(keys, rows)
         if 0 < i < len(keys):
             lo, hi = keys[i - 1], keys[i]
             t_lo, t_hi = self.verify[lo].value, self.verify[hi].value
-            return (t_lo + (t_hi - t_lo) * (rows - lo) / (hi - lo)) * base
+            return t_lo + (t_hi - t_lo) * (rows - lo) / (hi - lo)
         end = keys[0] if i == 0 else keys[-1]
         if self._slope is None:
             pts = [(r, c.value) for r, c in self.verify.items()]
@@ -119,7 +125,7 @@ class StepCosts:
                 slopes = [(t2 - t1) / (r2 - r1) for j, (r1, t1) in enumerate(pts)
                           for r2, t2 in pts[j + 1 :]]  # fmt: skip
                 self._slope = max(0.0, statistics.median(slopes))
-        return max(self.verify[end].value + self._slope * (rows - end), 1e-6) * base
+        return self.verify[end].value + self._slope * (rows - end)
 
     def draft_time(self, batch: int, forwards: int) -> float:
         """Seconds of `forwards` draft forwards for `batch` requests (0 for a proposer without
@@ -173,7 +179,8 @@ class StepCosts:
     def _cheapest_verify(self, batch: int) -> float:
         """A lower bound of `verify_time` at any row count past `batch` (measured and
         interpolated costs are at least the least measured; extrapolated ones grow with rows)."""
-        least = min(c.value for c in self.verify.values()) * (self.decode_time(batch) or 0.0)
+        least = max(min(c.value for c in self.verify.values()), 1.0)
+        least *= self.decode_time(batch) or 0.0
         return min(least, self.verify_time(batch + 1, batch) or least)
 
     def _no_draft(self, top: int, accepts: list[float], model_forwards: bool, batch: int,

@@ -5,6 +5,8 @@ per-request numbers users see."""
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -48,6 +50,21 @@ class Speculator:
         self._draft_s = 0.0  # this step's drafting seconds (not the step's own cost)
         # every request's resolved chains, decayed: the prior of a request's acceptance
         self.accept_all = self.reject_all = 0.0
+        self.clock: Callable[[], float] = time.perf_counter  # what `observe` is given
+
+    def bind_clock(self, runner: object) -> None:
+        """The clock step costs are measured in: on a CPU whose forwards run in this process,
+        the scheduler thread's CPU time (`time.thread_time`: on a loaded machine the wall
+        time of a step is mostly other processes' turn, which made 2-row verifies look as
+        cheap as a decode step one run and twice as dear the next), else the wall time (a
+        GPU, worker processes). The draft model measures its forwards alike."""
+        device = getattr(runner, "device", None)
+        local_cpu = getattr(device, "type", "cpu") == "cpu" and not getattr(
+            runner, "is_parallel", False
+        )
+        self.clock = time.thread_time if local_cpu else time.perf_counter
+        if self.draft is not None:
+            self.draft.clock = self.clock
 
     # ---- the scheduler's calls -------------------------------------------------------------
     def propose(self, items: list[tuple[Request, int]], batch: int) -> list[list[int]]:
@@ -119,8 +136,10 @@ class Speculator:
         self.accept_all = ENGINE_DECAY * self.accept_all + kept
         self.reject_all = ENGINE_DECAY * self.reject_all + rejected
 
-    def observe(self, plan: StepPlan, seconds: float) -> None:
-        """A step ran in `seconds` (planning included): what decode and verify steps cost."""
+    def observe(self, plan: StepPlan, seconds: float, rows: int) -> None:
+        """A step of `rows` input rows ran in `seconds` (planning included): what decode and
+        verify steps cost. (The rows are the forward's: after the step a verified request's
+        length has grown by what it appended, so it no longer tells them.)"""
         if plan.extends or not (plan.decodes or plan.verifies):
             return
         seconds = max(seconds - self._draft_s, 1e-6)
@@ -128,9 +147,6 @@ class Speculator:
         if not plan.verifies:
             self.costs.observe_decode(len(plan.decodes), seconds)
             return
-        rows = len(plan.decodes) + sum(
-            v.req.seq_len - v.start + len(v.drafts) for v in plan.verifies
-        )  # fmt: skip
         self.costs.observe_verify(len(plan.decodes) + len(plan.verifies), rows, seconds)
 
     def release(self, req: Request) -> None:

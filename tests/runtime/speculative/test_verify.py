@@ -164,3 +164,27 @@ def test_verify_rows_through_the_decode_graph_runner(model_dir, engines):
             if "json_schema" not in kw:  # (the tiny model's JSON is mostly forced text)
                 assert spec.stats()["graph_replays"] > 0
             spec.check_integrity()
+
+
+def test_verify_costs_are_recorded_at_the_forwards_row_count(engines, oracle):
+    # a verify of d drafts for one request is a forward of 1 + d rows; the cost model keys its
+    # measurement by that (counting after the step, the tokens the verify appended were
+    # added too, and a 1-draft verify's cost was filed under 3 rows)
+    base, spec = engines
+    _, ref = _ref(base, REPEAT, max_new_tokens=24, ignore_eos=True)
+    oracle([ref], 3)
+    costs = spec.scheduler.speculation.costs
+    seen: list[int] = []
+    original = costs.observe_verify
+
+    def spy(batch: int, rows: int, seconds: float) -> None:
+        seen.append(rows - batch)
+        original(batch, rows, seconds)
+
+    spec.scheduler.call(lambda: setattr(costs, "observe_verify", spy))
+    try:
+        spec.generate(REPEAT, max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    finally:
+        spec.scheduler.call(lambda: delattr(costs, "observe_verify"))
+    drafts = spec.scheduler.speculation.config.num_draft_tokens
+    assert seen and all(1 <= d <= drafts for d in seen), seen
