@@ -5,15 +5,19 @@ A state that allows exactly one byte, and is not accepting, starts a forced text
 every continuation from it begins with, up to a state that branches or may end. A token
 walks from that state without dying exactly when it is a prefix of f, or starts with f and
 goes on from the state after it. When no token of the vocabulary is longer than f and
-starts with it (looked up by bisection in the sorted token texts), the mask is the tokens
-that are prefixes of f: a function of f and the vocabulary alone. So it is built from at
-most len(f) dictionary look-ups instead of a walk over the vocabulary, and kept per
-vocabulary by f: every tool's opening ` <|constrain|>json<|message|>{` (gpt-oss) is the same
-text after a different name, so the second tool's states reuse the first one's masks. It is
-also kept by f cut one byte past the longest prefix f shares with a token (its two neighbours
-in sorted order): no token reaches past that cut, so texts that differ only after it
-(Qwen3-Coder's `</parameter>\n<parameter=` + each parameter's name) share one mask. A
+starts with it, the mask is the tokens that are prefixes of f: a function of f and the
+vocabulary alone, and of f only up to one byte past L, the length of the longest prefix of f
+that begins a token (no token reaches past that cut). So the mask is kept per vocabulary by
+f cut there (its key): every tool's opening ` <|constrain|>json<|message|>{` (gpt-oss) is the
+same text after a different name, and Qwen3-Coder's `</parameter>\n<parameter=` + each
+parameter's name differ only past the cut, so later states reuse the first one's mask. A
 state where some token runs past f is left to the full walk (None).
+
+L is found by walking f down the vocabulary's token trie in C (`native.prefix_lengths`), for
+every state along a forced text in one call when the text is first met, so a later state on
+it costs two dictionary look-ups; a new mask is the bits of the trie nodes on the cut's path
+(`native.prefix_tokens`), written into a row of a block allocated ahead. Without the C trie,
+bisection in the sorted token texts and dictionary look-ups answer the same.
 
 f is read at most `LIMIT` bytes far: a token that long which starts with it sends the state to
 the full walk too, so the cut changes no mask.
@@ -23,14 +27,15 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections import OrderedDict
 
 import numpy as np
 
+from grammar.tokens import native
 from grammar.tokens.vocab import TokenVocabulary
 
 LIMIT = 64  # bytes of forced text read ahead
 _MAX_MASKS = 1024  # masks kept per vocabulary (16 KB each at 129k ids)
+_BLOCK = 16  # masks allocated at once (one zeroed block, its address read once)
 _UNSEEN = object()
 
 
@@ -44,9 +49,19 @@ def _common(a: bytes, b: bytes) -> int:
 
 
 class _Texts:
-    """Per vocabulary: token ids by their bytes, the texts sorted, masks by forced text."""
+    """Per vocabulary: the token trie (or the token texts sorted, and ids by text), and the
+    masks by key."""
 
     def __init__(self, vocab: TokenVocabulary) -> None:
+        self.num_words = (len(vocab) + 31) // 32
+        self.masks: dict[bytes, np.ndarray] = {}  # (insertion order: the oldest dropped first)
+        self.lock = threading.Lock()
+        self._block: np.ndarray | None = None  # rows not handed out yet, and the first's address
+        self._next, self._at = _BLOCK, 0
+        trie = native.trie_of(vocab)
+        self.trie = None if trie is None else native.prefixes(trie)  # None: the sorted texts
+        if self.trie is not None:
+            return
         by_bytes: dict[bytes, list[int]] = {}
         for i in range(len(vocab)):
             b = vocab.token_bytes(i)
@@ -54,53 +69,68 @@ class _Texts:
                 by_bytes.setdefault(b, []).append(i)
         self.ids = by_bytes
         self.sorted = sorted(by_bytes)
-        self.num_words = (len(vocab) + 31) // 32
-        self.masks: OrderedDict[bytes, np.ndarray | None] = OrderedDict()
-        self.lock = threading.Lock()
 
-    def mask(self, f: bytes) -> np.ndarray | None:
-        """Packed int32 words: the tokens that are non-empty prefixes of `f`; None when some
-        token is longer than `f` and starts with it."""
-        hit = self.masks.get(f, _UNSEEN)
-        if hit is not _UNSEEN:
-            return hit
+    def keys(self, text: bytes, n: int) -> list[bytes | None]:
+        """For j < n: the key of the mask of forced text f = text[j : j + LIMIT] (f cut one
+        byte past L), or None when a token is longer than f and starts with it (also when
+        the forced text goes on past `text`: the walk answers those few)."""
+        if self.trie is not None:
+            lengths = native.prefix_lengths(self.trie, text, n, LIMIT)
+        else:
+            lengths = [self._shared(text[j : j + LIMIT]) for j in range(n)]
+        return [None if n_ < 0 else text[j : j + n_ + 1] for j, n_ in enumerate(lengths)]
+
+    def _shared(self, f: bytes) -> int:
+        """L for `f` by bisection: a token that begins with a prefix of f sorts next to f, so
+        L is f's longest common prefix with one of its two neighbours; -1 when the one after
+        it is longer than f and starts with it."""
         texts = self.sorted
         i = bisect.bisect_right(texts, f)
         if i < len(texts) and texts[i].startswith(f):
-            return self._keep(f, None)
-        # a token that is a prefix of f sorts just before f: no prefix of f is a token past
-        # the longest common prefix of f and that neighbour
-        shared = _common(f, texts[i - 1]) if i else 0
-        # no token starts with `cut` (else one of f's two neighbours would): the tokens that
-        # are prefixes of f are those of cut, so texts that differ past it share one mask
-        # (`</parameter>\n<parameter=` then each tool's own parameter name)
-        after = _common(f, texts[i]) if i < len(texts) else 0
-        cut = f[: max(shared, after) + 1]
-        words = self.masks.get(cut)
-        if words is None:
-            words = self._prefix_words(f, shared)
-            self._keep(cut, words)
-        return self._keep(f, words)
+            return -1
+        before = _common(f, texts[i - 1]) if i else 0
+        return max(before, _common(f, texts[i]) if i < len(texts) else 0)
 
-    def _prefix_words(self, f: bytes, shared: int) -> np.ndarray:
-        """Packed int32 words: the tokens f[:1] .. f[:shared] (their bits gathered in Python
-        ints and stored in one assignment: a numpy scalar update costs ~1.5 us a token)."""
+    def words(self, key: bytes) -> np.ndarray:
+        """Packed int32 words: the tokens that are non-empty prefixes of `key` (those of f)."""
+        hit = self.masks.get(key)
+        if hit is not None:
+            return hit
+        if self.trie is not None:
+            at, words = self._row()
+            native.prefix_tokens(self.trie, key, at)
+        else:
+            words = self._prefix_words(key)
+        masks = self.masks
+        if len(masks) >= _MAX_MASKS:
+            with self.lock:
+                while len(masks) >= _MAX_MASKS:
+                    masks.pop(next(iter(masks)), None)
+        return masks.setdefault(key, words.view("<i4"))
+
+    def _row(self) -> tuple[int, np.ndarray]:
+        """A zeroed row of words for a new mask, and its address."""
+        with self.lock:
+            if self._next == _BLOCK:
+                self._block = np.zeros((_BLOCK, self.num_words), dtype=np.uint32)
+                self._next, self._at = 0, self._block.ctypes.data
+            k = self._next
+            self._next += 1
+            return self._at + k * self.num_words * 4, self._block[k]
+
+    def _prefix_words(self, f: bytes) -> np.ndarray:
+        """The tokens f[:1] .. f (their bits gathered in Python ints and stored in one
+        assignment: a numpy scalar update costs ~1.5 us a token)."""
         bits: dict[int, int] = {}
         get = self.ids.get
-        for n in range(1, shared + 1):
+        for n in range(1, len(f) + 1):
             for t in get(f[:n], ()):
                 w = t >> 5
                 bits[w] = bits.get(w, 0) | (1 << (t & 31))
         words = np.zeros(self.num_words, dtype=np.uint32)
         if bits:
             words[list(bits)] = list(bits.values())
-        return words.view("<i4")
-
-    def _keep(self, f: bytes, out: np.ndarray | None) -> np.ndarray | None:
-        with self.lock:
-            if len(self.masks) >= _MAX_MASKS:
-                self.masks.popitem(last=False)
-            return self.masks.setdefault(f, out)
+        return words
 
 
 class ForcedMasks:
@@ -111,17 +141,20 @@ class ForcedMasks:
         self._dfa = dfa
         self._texts: _Texts = vocab.derived(("forced text masks",), lambda: _Texts(vocab))
         self._forced: dict[int, bytes] = {}  # state -> the forced text from it (LIMIT bytes)
+        self._keys: dict[int, bytes | None] = {}  # state -> its mask's key (None: walk it)
 
     def __call__(self, state: int) -> np.ndarray | None:
-        if self._dfa.forced_byte(state) < 0:
-            return None
-        f = self._forced.get(state)
-        if f is None:
-            f = self._follow(state)
-        return self._texts.mask(f)
+        key = self._keys.get(state, _UNSEEN)
+        if key is _UNSEEN:
+            if self._dfa.forced_byte(state) < 0:
+                return None
+            self._follow(state)
+            key = self._keys[state]
+        return None if key is None else self._texts.words(key)
 
-    def _follow(self, state: int) -> bytes:
-        """The forced text from `state`, recorded for every state on the way."""
+    def _follow(self, state: int) -> None:
+        """The forced text from `state`, and its mask's key, recorded for every state on the
+        way (up to one already recorded: its text goes on from there)."""
         dfa, known = self._dfa, self._forced
         path: list[int] = []
         text = bytearray()
@@ -139,6 +172,7 @@ class ForcedMasks:
             text.append(b)
             s = int(dfa.table[s, b])
         whole = bytes(text) + tail
+        keys = self._texts.keys(whole, len(path))
         for k, p in enumerate(path):
             known.setdefault(p, whole[k : k + LIMIT])
-        return known[state]
+            self._keys.setdefault(p, keys[k])

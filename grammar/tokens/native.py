@@ -48,6 +48,8 @@ SIGNATURES: native_build.Signatures = {
     "trie_build": (_I64, [_PTR, _PTR, _PTR, _I64, _PTR, _I64]),
     "trie_walk": (_I64, [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR,
                          _I64, _PTR, _PTR, _PTR]),
+    "trie_prefix": (_I64, [_PTR, _PTR, ctypes.c_char_p, _I64, _PTR, _PTR, _PTR]),
+    "trie_prefixes": (None, [_PTR, _PTR, ctypes.c_char_p, _I64, _I64, _I64, _PTR]),
 }  # fmt: skip
 LIBRARY = native_build.OptionalLibrary(
     "grammar-trie", UNITS, SIGNATURES, "using numpy walks"
@@ -232,3 +234,58 @@ def walk(
         if not lazy:  # an eager table has every row: a pending pair means a corrupt table
             raise AssertionError("unexpanded row in an eager DFA")
         dfa.expand(arrays[cur][:n, 1])  # the rows of the waiting nodes' parent states
+
+
+@dataclass(slots=True, frozen=True)
+class Prefixes:
+    """A trie read by prefix (`prefix_tokens`, `prefix_lengths`): its first two levels as
+    tables (`jumps`, int32: the root's children by byte at [0, 256), the depth-2 nodes by
+    their two bytes at 256 + (b0 << 8 | b1); -1: none), so a look-up does not scan the root's
+    hundreds of children spread over the node array."""
+
+    trie: TokenTrie
+    jumps: np.ndarray
+    ptr: int  # jumps' address
+
+
+def prefixes(trie: TokenTrie) -> Prefixes:
+    """`trie`'s look-up tables (O(nodes) in numpy, a few ms at 129k ids)."""
+    nodes = trie.nodes
+    depth, byte = nodes["depth"], nodes["byte"].astype(np.int64)
+    one, two = np.flatnonzero(depth == 1), np.flatnonzero(depth == 2)
+    jumps = np.full(256 + 65536, -1, dtype=np.int32)
+    jumps[byte[one]] = one
+    parent = one[np.searchsorted(one, two) - 1]  # (preorder: the depth-1 node before it)
+    jumps[256 + (byte[parent] << 8 | byte[two])] = two
+    return Prefixes(trie, jumps, jumps.ctypes.data)
+
+
+def prefix_tokens(p: Prefixes, text: bytes, words: int | None = None) -> int:
+    """`text` down the trie in one C call: -1 when some string of the trie is longer than
+    `text` and starts with it; else L, the length of the longest prefix of `text` that begins
+    one of them (none begins text[: L + 1]). Given `words` (the address of uint32 words, room
+    for every id), sets there the bits of the ids of the strings that are non-empty prefixes
+    of `text` (all of them when L >= 0)."""
+    nodes, row_start, row_ids = p.trie.ptrs
+    return p.trie.lib.trie_prefix(nodes, p.ptr, text, len(text), row_start, row_ids, words)
+
+
+class _Lengths(threading.local):
+    """`prefix_lengths`' output, one per thread, made once (its address read once)."""
+
+    def __init__(self) -> None:
+        self.array = np.empty(MAX_DEPTH, np.int64)
+        self.ptr = self.array.ctypes.data
+
+
+_lengths = _Lengths()
+
+
+def prefix_lengths(p: Prefixes, text: bytes, n: int, limit: int) -> list[int]:
+    """`prefix_tokens(p, text[j : j + limit])` for each j < n (at most MAX_DEPTH), in one
+    C call."""
+    if not 0 <= n <= min(len(text), MAX_DEPTH):
+        raise ValueError(f"n must be in [0, {min(len(text), MAX_DEPTH)}]")
+    out = _lengths
+    p.trie.lib.trie_prefixes(p.trie.ptrs[0], p.ptr, text, len(text), n, limit, out.ptr)
+    return out.array[:n].tolist()

@@ -91,3 +91,44 @@ int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int
     }
     return np;
 }
+
+/* The child of node i (at depth d) for byte c, or -1. jumps (int32): the root's children by
+   byte ([0, 256)), the depth-2 nodes by their two bytes ([256 + (b0 << 8 | b1)]); deeper
+   children are found along their siblings (sorted by byte). */
+static inline int64_t child(const node_t *nodes, const int32_t *jumps, int64_t i, int64_t d,
+                            const uint8_t *s) {
+    if (d == 0) return jumps[s[0]];
+    if (d == 1) return jumps[256 + ((int64_t)s[0] << 8 | s[1])];
+    int64_t j = i + 1, stop = nodes[i].end;  /* i's children: j, nodes[j].end, ... */
+    while (j < stop && nodes[j].byte < s[d]) j = nodes[j].end;
+    return j < stop && nodes[j].byte == s[d] ? j : -1;
+}
+
+/* Walk the n bytes of s down the trie from the root (jumps: see child). Returns -1 when all
+   of s is read and the node reached has children (a token longer than s starts with it); else
+   the bytes read, L (the longest prefix of s that begins some token). With words (not null)
+   and L >= 0, the ids of every token that is a non-empty prefix of s (the nodes on the way)
+   get their bit. */
+int64_t trie_prefix(const node_t *nodes, const int32_t *jumps, const uint8_t *s, int64_t n,
+                    const int64_t *row_start, const int64_t *row_ids, uint32_t *words) {
+    int64_t i = 0, d = 0;
+    for (; d < n; d++) {
+        int64_t j = child(nodes, jumps, i, d, s);
+        if (j < 0) break;
+        i = j;
+        if (words && nodes[i].row >= 0)
+            for (int64_t r = row_start[nodes[i].row]; r < row_start[nodes[i].row + 1]; r++)
+                words[row_ids[r] >> 5] |= 1u << (row_ids[r] & 31);
+    }
+    if (d == n && nodes[i].end > i + 1) return -1;
+    return d;
+}
+
+/* trie_prefix (without words) of s[j .. min(len, j + limit)) for each j < n, into out[j]. */
+void trie_prefixes(const node_t *nodes, const int32_t *jumps, const uint8_t *s, int64_t len,
+                   int64_t n, int64_t limit, int64_t *out) {
+    for (int64_t j = 0; j < n; j++) {
+        int64_t m = len - j < limit ? len - j : limit;
+        out[j] = trie_prefix(nodes, jumps, s + j, m, 0, 0, 0);
+    }
+}
