@@ -207,8 +207,11 @@ def _regions(
     """One automaton per signature some row has (its rows accepting), "in" before "not in"."""
     out = []
     into: list = []  # one reverse graph for every region's pruning (when not pruned in C)
-    for sig in sorted({g for g in sigs if g is not None}, key=lambda g: [not x for x in g]):
-        acc = np.array([g == sig for g in sigs], dtype=bool)
+    keys = sorted({g for g in sigs if g is not None}, key=lambda g: [not x for x in g])
+    index = {g: i for i, g in enumerate(keys)}
+    of_row = np.array([index.get(g, -1) for g in sigs], dtype=np.int64)  # one pass, not per key
+    for i, sig in enumerate(keys):
+        acc = of_row == i
         t, a = _prune_dead_ends(table, acc, into)
         out.append((ByteDFA(table=t, byte_to_class=byte_to_class, accepting=a), sig))
     return out
