@@ -20,6 +20,7 @@ import ctypes
 import logging
 import mmap
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +193,45 @@ class _Arena:
 _arena = _Arena()
 
 
+# From this size a weight whose bytes nothing else holds is packed where it lies, a chunk of
+# groups at a time through a small buffer, instead of into a copy in the arena: packing a copy
+# holds the weight twice for a moment (Gemma 3's tied 262,144 x 640 Q8_0 embedding / head: 178
+# MB more at the first decode step). Such a weight is in a mapping of its own already (the
+# GGUF loader reads it into `huge_page_bytes`), so it keeps its huge pages.
+IN_PLACE_BYTES = _ARENA_BYTES
+_PACK_CHUNK_BYTES = 1 << 22
+
+
+def _sole_owner(data: torch.Tensor) -> bool:
+    """Whether `data` (a QuantTensor's bytes) is the only tensor over its memory: not a slice of
+    a stacked buffer, not shared with another weight (a tensor object referenced elsewhere, or a
+    second view of the same bytes); a view of a base that only it references counts as alone."""
+    base = data._base
+    if data.untyped_storage().nbytes() != data.numel() or data.storage_offset():
+        return False
+    # references: the QuantTensor's slot, this argument, getrefcount's own (and for the base,
+    # the view's _base in place of the slot)
+    if sys.getrefcount(data) > 3 or (base is not None and sys.getrefcount(base) > 3):
+        return False
+    holders = 1 + (base is not None)  # tensors over the storage: data (and its base)
+    return torch._C._storage_Use_Count(data.untyped_storage()._cdata) <= holders + 1
+
+
+def _pack_in_place(lib: ctypes.CDLL, w: QuantTensor) -> None:
+    """w.data rearranged as q_repack packs it, where it lies: the packing of a group of 8 rows
+    stays within the group's bytes, so whole groups are packed a chunk at a time into a buffer
+    and copied back (the rows past the last whole group are stored as they are)."""
+    d = w.data
+    rows, width = d.shape
+    step = max(8, _PACK_CHUNK_BYTES // width // 8 * 8)
+    buf = torch.empty(min(step, rows), width, dtype=torch.uint8)
+    for r0 in range(0, rows // 8 * 8, step):
+        n = min(step, rows // 8 * 8 - r0)
+        part = d[r0 : r0 + n]
+        lib.q_repack(w.qtype, part.data_ptr(), width, n, w.cols, 1, buf.data_ptr())
+        part.copy_(buf[:n])
+
+
 def packed_bytes(shape: torch.Size) -> torch.Tensor:
     """An uninitialised uint8 tensor for a packed weight: in the weights' arena (huge pages),
     else (no anonymous mappings or madvise here) a plain tensor."""
@@ -266,6 +306,10 @@ class QuantTensor:
         lib = _lib()
         with _pack_lock:
             if self.packed:
+                return
+            if self.data.numel() >= IN_PLACE_BYTES and _sole_owner(self.data):
+                _pack_in_place(lib, self)
+                self.packed = True
                 return
             out = packed_bytes(self.data.shape)
             lib.q_repack(self.qtype, self.data.data_ptr(), self.data.shape[1],

@@ -262,6 +262,29 @@ def test_packed_weights_keep_their_values_and_products(name):
     assert torch.all((simd.double() - exact).abs() <= 1e-5 * scale + 1e-6)
 
 
+def test_a_large_lone_weight_packs_where_it_lies_and_a_shared_one_into_a_copy(monkeypatch):
+    # 3 chunks of groups (the last one short) and 5 tail rows; the in-place size lowered
+    monkeypatch.setattr(cpu_quant, "IN_PLACE_BYTES", 1)
+    monkeypatch.setattr(cpu_quant, "_PACK_CHUNK_BYTES", 16 * 272)
+    stored, copied = random_weight("Q8_0", 45, 256, seed=3)
+    copied.data = copied.data.clone()
+    other = QuantTensor(copied.data, copied.qtype, copied.cols)  # shares its bytes: copied
+    copied.pack()
+    assert np.array_equal(other.data.numpy(), stored)  # the sharer's bytes untouched
+    lone = QuantTensor(torch.from_numpy(stored.copy()), copied.qtype, copied.cols)
+    where = lone.data.data_ptr()
+    lone.pack()
+    assert lone.packed and lone.data.data_ptr() == where  # packed where it lies
+    assert torch.equal(lone.data, copied.data)  # the same bytes as the packed copy
+    # the loader's large buffers (huge_page_bytes): a view of a tensor over a mapping
+    view = torch.frombuffer(bytearray(stored.tobytes()), dtype=torch.uint8).view(stored.shape)
+    mapped = QuantTensor(view, copied.qtype, copied.cols)
+    del view
+    where = mapped.data.data_ptr()
+    mapped.pack()
+    assert mapped.data.data_ptr() == where and torch.equal(mapped.data, copied.data)
+
+
 def test_a_bf16_result_is_rounded_as_torch_rounds():
     _, w = random_weight("Q4_1", 64, 512, seed=4)
     x = torch.randn(5, 512).bfloat16()
