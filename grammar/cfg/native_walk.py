@@ -54,6 +54,8 @@ class CutWalker:
         # per node, the bytes of its children (csrc/cut_walk.c's child_sigs: 3 x 64 bits)
         self.child_sig = np.empty((self.num_nodes, 3), dtype=np.uint64)
         lib.child_sigs(trie.ptrs[0], self.num_nodes, self.child_sig.ctypes.data)
+        self._sig_ptr = self.child_sig.ctypes.data
+        self._terms: dict[tuple[int, int, int], tuple] = {}  # see _term_ptrs
         # loop byte set -> (packed mask of the tokens made of those bytes, `clean` per node)
         self._loops: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -95,27 +97,48 @@ class CutWalker:
         int32). `table`: int32 [states, 256], C order; `accepting`, `live`: bool per state;
         `in_loop`: skip the tokens made only of these bytes (their state loops)."""
         words = np.zeros(self.num_words, dtype=np.uint32)
-        inside = np.zeros(1, dtype=np.int64)
-        acc, lv = _bytes_of(accepting), _bytes_of(live)
+        term = self._term_ptrs(table, accepting, live)
         tasks = np.ascontiguousarray(tasks, dtype=np.int64)
         clean = loop = None
         if in_loop is not None:
             clean = self.loop(in_loop)[1]
             loop = _bytes_of(in_loop)
-        cuts = _scratch.cuts(self.num_nodes)  # (reused: copied out below)
+        scratch = _scratch
+        cuts = scratch.cuts(self.num_nodes)  # (reused: copied out below)
         nodes, row_start, row_ids = self.trie.ptrs
         while True:
             n = self.lib.walk_terminal(
-                nodes, row_start, row_ids, table.ctypes.data, acc.ctypes.data, lv.ctypes.data,
-                tasks.ctypes.data, tasks.shape[0], _ptr(clean), _ptr(loop),
-                self.child_sig.ctypes.data, words.ctypes.data, inside.ctypes.data,
-                cuts.ctypes.data, cuts.shape[0],
+                nodes, row_start, row_ids, *term, tasks.ctypes.data, tasks.shape[0],
+                _ptr(clean), _ptr(loop), self._sig_ptr, words.ctypes.data, scratch.inside_ptr,
+                scratch.ptr, cuts.shape[0],
             )  # fmt: skip
             if n >= 0:
                 break
             words[:] = 0
-            cuts = _scratch.cuts(cuts.shape[0] * 2)
-        return (words.view(np.int32) if inside[0] else None), cuts[:n].copy()
+            cuts = scratch.cuts(cuts.shape[0] * 2)
+        return (words.view(np.int32) if scratch.inside[0] else None), cuts[:n].copy()
+
+    def _term_ptrs(
+        self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray
+    ) -> tuple[int, int, int]:
+        """The addresses C reads a terminal's table and flags at (an array's .ctypes.data
+        costs ~1 us a read: kept per terminal, with the arrays, so the addresses stay valid)."""
+        key = (id(table), id(accepting), id(live))
+        hit = self._terms.get(key)
+        if hit is None:
+            arrays = (
+                np.ascontiguousarray(table, dtype=np.int32),
+                _bytes_of(accepting),
+                _bytes_of(live),
+            )
+            hit = (arrays[0].ctypes.data, arrays[1].ctypes.data, arrays[2].ctypes.data)
+            with _LOOP_LOCK:
+                if len(self._terms) > 4096:
+                    self._terms.clear()
+                # the inputs are held too: their ids stay theirs while the entry lives
+                self._terms[key] = hit, (table, accepting, live, arrays)
+            return hit
+        return hit[0]
 
     def lexer(
         self, table: np.ndarray, winner: np.ndarray, group: np.ndarray, n_groups: int,
@@ -160,10 +183,14 @@ class _Scratch(threading.local):
 
     def __init__(self) -> None:
         self.buffer = np.empty(0, dtype=np.int32)
+        self.ptr = self.buffer.ctypes.data
+        self.inside = np.zeros(1, dtype=np.int64)  # walk_terminal's count of tokens inside
+        self.inside_ptr = self.inside.ctypes.data
 
     def cuts(self, n: int) -> np.ndarray:
         if self.buffer.shape[0] < n:
             self.buffer = np.empty(n, dtype=np.int32)
+            self.ptr = self.buffer.ctypes.data
         return self.buffer
 
 
