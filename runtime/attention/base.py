@@ -10,6 +10,8 @@ One step, as the model drives it:
     for each layer li (the index into this rank's pool):
         q = backend.rope_store(li, qkv, rotary, num_heads)   # or rotate itself + store_kv
         out = backend.attend(li, q, spec)       # decode rows, then extend rows
+      (or, for a decode-only step on one C call of every layer: backend.chain_attention(...)
+       hands the decode chain the attention steps it runs between its products)
       (MLA: backend.store_latent(li, entry); backend.latent_attend(li, q, spec, rank))
 
 Invariants every backend keeps:
@@ -38,8 +40,9 @@ Invariants every backend keeps:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
@@ -176,6 +179,19 @@ class AttentionBackend:
         """`attend(layer, rope_store(layer, qkv, rotary, num_heads), spec)` (a backend may do
         both in one pass)."""
         return self.attend(layer, self.rope_store(layer, qkv, rotary, num_heads), spec)
+
+    def chain_attention(
+        self, full: Rotary, layers: Sequence[tuple[Rotary, int | None]], num_heads: int,
+        dtype: torch.dtype,
+    ) -> tuple[Any, list[Any] | None] | None:
+        """Whether this backend serves the attention of a one-call decode chain
+        (kernels/cpu/quant_chain.py) this step, and what the chain needs for it: (the fused
+        rotary + K/V write + attention step of a layer on `full`'s tables and the step's page
+        table, per layer its own step or None for that shared one; None when every layer takes
+        the shared one), or None where the backend does not serve it (this step: then the model
+        runs its layers one by one). `layers`: each layer's (rotary, window). None here: the
+        chain's attention is a CPU backend's."""
+        return None
 
     def store_latent(self, layer: int, entry: torch.Tensor) -> None:
         """MLA: write the new tokens' latents entry [T, R + Dr] at `batch.out_slots`."""

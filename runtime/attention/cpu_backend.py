@@ -6,7 +6,9 @@ where it is built for the pool's dtype, else the reference gathers planned once 
 (`kernels/decode_plan.py`). Extend: groups of requests sharing prefix pages go through the
 split-prefix path (`kernels/prefix_extend.py`); else many short chunks share one padded call
 (`kernels/short_extend.py`); else the split-prefix path per request; else the reference.
-`rope_store` rotates q / k and writes K / V in one fused C pass when it can. A sliding-window
+`rope_store` rotates q / k and writes K / V in one fused C pass when it can. A quantized
+model's one-call decode chain (kernels/cpu/quant_chain.py) runs its attention through this
+backend's fused decode steps, which `chain_attention` hands it. A sliding-window
 layer whose window no sequence of the step outgrows (every query sees all its keys) is full
 causal attention and takes the planned paths too (`_as_plain`; a layer kept in the window pages:
 the fused decode kernel on the mapped page tables, its extend the general path).
@@ -23,6 +25,7 @@ have no tanh cap.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -167,6 +170,39 @@ class CPUBackend(TorchBackend):
         if self._rope_decode is None:
             self._rope_decode = self._plan_rope_decode(dtype, rotary, num_heads) or False
         return self._rope_decode or None
+
+    def chain_attention(
+        self, full: Rotary, layers: Sequence[tuple[Rotary, int | None]], num_heads: int,
+        dtype: torch.dtype,
+    ) -> tuple[cpu_fused.RopeDecode, list[cpu_fused.RopeDecode | None] | None] | None:
+        """The decode chain's attention this step (AttentionBackend.chain_attention): the
+        shared step is `decode_rope`'s; a layer whose rotary tables, pages (the window pages) or
+        window differ gets its own step, one per distinct (rotary, pages, window) (Gemma's local
+        layers: their RoPE base, window pages, a window the C decode attention reads the last
+        keys of). None where `decode_rope` does not take the step."""
+        rope = self.decode_rope(full, num_heads, dtype)
+        if rope is None:
+            return None
+        b, pool = self.batch, self.pool
+        if not any(pool.window_layer) and all(r is full and not w for r, w in layers):
+            return rope, None  # every layer on the shared step (the Llama shape)
+        steps: list[cpu_fused.RopeDecode | None] = []
+        own: dict[tuple, cpu_fused.RopeDecode] = {}
+        for li, (rotary, window) in enumerate(layers):
+            key = (id(rotary), pool.window_layer[li], window or 0)
+            if key == (id(full), False, 0):
+                steps.append(None)
+                continue
+            if key not in own:
+                where = self.tables(li)
+                rows = cpu_fused.DecodeRows.of(where.decode_page_table, b.decode_seq_lens)
+                cos, sin = rotary.tables(b.positions)
+                own[key] = cpu_fused.RopeDecode(
+                    cos, sin, b.positions, where.out_slots.to(torch.int64), rows, num_heads,
+                    pool.k[li], dtype, window=key[2],
+                )  # fmt: skip
+            steps.append(own[key])
+        return rope, (steps if own else None)
 
     def _plan_rope_decode(
         self, dtype: torch.dtype, rotary: Rotary, num_heads: int

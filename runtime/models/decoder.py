@@ -156,8 +156,6 @@ class DecoderModel:
                 and config.rope_type != "longrope" and config.rope_dim == config.head_dim
             )  # fmt: skip
         self._explicit_rope = not all(layer.rope_attend for layer in self.layers)
-        self._full_layers = all(layer.kind == FULL and not layer.spec.window
-                                for layer in self.layers)  # fmt: skip
         self.embed_scale = (
             torch.tensor(config.hidden_size**0.5).to(dtype)
             if self.family.scaled_embeddings
@@ -171,6 +169,8 @@ class DecoderModel:
             self.rotary[SLIDING] = RotaryEmbedding(local_config, dtype)
         else:
             self.rotary[SLIDING] = self.rotary[FULL]
+        # (rotary, window) per layer: what the backend's chain attention steps differ by
+        self._chain_layers = [(self.rotary[w.kind], w.spec.window) for w in self.layers]
         self.long_rotary = None  # LongRoPE: the tables past the original context
         if config.rope_type == "longrope":
             self.long_rotary = RotaryEmbedding(config, dtype)
@@ -476,35 +476,17 @@ class DecoderModel:
     def _chained(self, hidden: torch.Tensor, pool: KVPool) -> torch.Tensor | None:
         """Every layer of a decode-only step through the DecodeChain (the last layer's MLP
         output; `hidden` updated in place up to it), or None where the step is not one the
-        chain takes. A layer whose rotary tables, pages or window differ from a full layer's
-        gets its own step arguments (Gemma's local layers)."""
+        chain takes. The chain's attention is the backend's (`chain_attention`: its fused
+        decode steps, a layer with other rotary tables, pages or window its own)."""
         if hidden.shape[0] >= cpu_quant.DENSE_ROWS or not hidden.is_contiguous():
             return None
-        decode_rope = getattr(self.attention, "decode_rope", None)
-        hq, dtype = self.num_heads, self.dtype
-        rope = decode_rope(self.rotary[FULL], hq, dtype) if decode_rope else None
-        if rope is None:
+        served = self.attention.chain_attention(
+            self.rotary[FULL], self._chain_layers, self.num_heads, self.dtype
+        )
+        if served is None:  # not a step the backend's fused decode attention takes
             return None
-        if self._full_layers and not any(pool.window_layer):  # every layer on `rope`
-            return self._chain.run(hidden, rope, pool.k, pool.v, None)
-        batch = self.attention.batch
-        steps: list[cpu_fused.RopeDecode | None] = []
-        own: dict[tuple, cpu_fused.RopeDecode] = {}
-        for li, layer in enumerate(self.layers):
-            key = (layer.kind, pool.window_layer[li], layer.spec.window or 0)
-            if key == (FULL, False, 0):
-                steps.append(None)
-                continue
-            if key not in own:
-                where = self.attention.tables(li)
-                rows = cpu_fused.DecodeRows.of(where.decode_page_table, batch.decode_seq_lens)
-                cos, sin = self.rotary[layer.kind].tables(batch.positions)
-                own[key] = cpu_fused.RopeDecode(
-                    cos, sin, batch.positions, where.out_slots.to(torch.int64), rows, hq,
-                    pool.k[li], dtype, window=key[2],
-                )  # fmt: skip
-            steps.append(own[key])
-        return self._chain.run(hidden, rope, pool.k, pool.v, steps if own else None)
+        rope, steps = served
+        return self._chain.run(hidden, rope, pool.k, pool.v, steps)
 
     def _sandwich_layers(self, hidden: torch.Tensor, tables) -> torch.Tensor:
         """forward's layer loop for Gemma's four norms a layer with the fused C norm: each
