@@ -53,14 +53,16 @@ def compile_constraint(constraint: Any, vocab: Any) -> Any:
 
 class _Pickler(pickle.Pickler):
     """Leaves out what the serving process has its own of: the vocabulary, its lexing layout
-    (shared by every grammar over it), locks and thread-local scratch."""
+    and its C trie walker (shared by every grammar over it), locks and thread-local scratch."""
 
     def __init__(self, file: io.BytesIO, vocab: Any) -> None:
         from grammar.cfg.compiler import VocabLayout
+        from grammar.cfg.native_walk import CutWalker
 
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.vocab = vocab
         self.layout_type = VocabLayout
+        self.walker_type = CutWalker
 
     def persistent_id(self, obj: Any) -> str | None:
         if obj is self.vocab:
@@ -73,6 +75,8 @@ class _Pickler(pickle.Pickler):
             return "local"
         if isinstance(obj, self.layout_type):
             return "layout"
+        if isinstance(obj, self.walker_type):
+            return "walker"
         return None
 
 
@@ -88,6 +92,10 @@ class _Unpickler(pickle.Unpickler):
             from grammar.cfg.compiler import vocab_layout
 
             return vocab_layout(self.vocab)
+        if pid == "walker":  # the serving process's own (None there: numpy walks)
+            from grammar.cfg.native_walk import walker_for
+
+            return walker_for(self.vocab)
         if pid == "local":
             return threading.local()
         return threading.RLock() if pid == "rlock" else threading.Lock()
