@@ -21,6 +21,7 @@ exactly where the text so far is a sentence. A token terminal (one token by id,
 from __future__ import annotations
 
 import threading
+import zlib
 
 import numpy as np
 
@@ -159,6 +160,9 @@ class CompiledEBNF:
         self.network = NetworkBuilder(low, vocab, self.num_words).build()
         self.parser = EarleyParser(self.network)
         self._top: dict[tuple[int, int], Decomposition] = {}
+        # cut groups by content: decompositions whose cuts are equal share one `children`
+        # dict (the walks of the remainders depend only on the cuts), see `_share`
+        self._by_cuts: dict[tuple[int, int], list[Decomposition]] = {}
         self._lock = threading.Lock()
         self.start = self.parser.initial()
         self._first_rows = _FIRST_ROWS.get_or_build(vocab.hash, lambda: first_rows(self.layout))
@@ -202,17 +206,40 @@ class CompiledEBNF:
                 d = decompose(self.layout, term, q, rows, np.zeros(rows.shape[0], dtype=np.int64))
             if looped is not None:
                 d.words = looped if d.words is None else looped | d.words
+            self._share(d)
             with self._lock:
                 d = self._top.setdefault((t, q), d)
         return d
+
+    def _share(self, d: Decomposition) -> None:
+        """Give `d` the `children` of an earlier decomposition with the same cuts, if any: the
+        same remainders reached through another terminal or state (an identifier's cuts after
+        `int` and after `x`) are then walked once per grammar, not once per path."""
+        if not d.cut_rows.size:
+            return
+        key = (d.cut_rows.size, zlib.crc32(d.cut_rows))
+        if d.cut_pos is not None:
+            key = (key[0], zlib.crc32(d.cut_pos, key[1]))
+        with self._lock:
+            same = self._by_cuts.setdefault(key, [])
+            for other in same:
+                if np.array_equal(other.cut_rows, d.cut_rows) and (
+                    d.cut_pos is None or np.array_equal(other.cut_pos, d.cut_pos)
+                ):
+                    d.children = other.children
+                    return
+            same.append(d)
 
     def _child(self, term: Terminal, d: Decomposition) -> Decomposition:
         """The rest of `d`'s cut tokens read from `term`'s start."""
         if d.cut_pos is None:  # trie nodes: the C walk
             tasks = self._walker.tasks(d.cut_rows, START)  # type: ignore[union-attr]
             words, cuts = self._walker.terminal(term.table, term.accepting, term.live, tasks)  # type: ignore[union-attr]
-            return Decomposition(words, cuts, None)
-        return decompose(self.layout, term, START, d.cut_rows, d.cut_pos)
+            child = Decomposition(words, cuts, None)
+        else:
+            child = decompose(self.layout, term, START, d.cut_rows, d.cut_pos)
+        self._share(child)
+        return child
 
     def bitmask(self, e: ESet) -> np.ndarray:
         """Packed mask (int32 words) of the tokens allowed at `e`; cached on the set."""
