@@ -36,7 +36,7 @@ SIGNATURES: native_build.Signatures = {
     "walk_terminal": (_I64, [_PTR] * 7 + [_I64] + [_PTR] * 6 + [_I64]),
     "child_sigs": (None, [_PTR, _I64, _PTR]),
     "walk_lexer": (_I64, [_PTR] * 7 + [_I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64]),
-    "loop_tokens": (None, [_PTR, _I64] + [_PTR] * 5),
+    "loop_states": (None, [_PTR, _I64] + [_PTR] * 3 + [_I64, _PTR, _PTR]),
 }
 LIBRARY = native_build.OptionalLibrary("grammar-cut-walk", UNITS, SIGNATURES, "using numpy walks")
 ROOT = -1  # the task node of "every token" (~0: the root's descendants)
@@ -56,7 +56,7 @@ class CutWalker:
         lib.child_sigs(trie.ptrs[0], self.num_nodes, self.child_sig.ctypes.data)
         self._sig_ptr = self.child_sig.ctypes.data
         self._terms: dict[tuple[int, int, int], tuple] = {}  # see _term_ptrs
-        # loop byte set -> (packed mask of the tokens made of those bytes, `clean` per node)
+        # loop state set -> (packed mask of the tokens that stay in it, `clean` per node)
         self._loops: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
     @staticmethod
@@ -67,20 +67,23 @@ class CutWalker:
         out[:, 1] = state
         return out
 
-    def loop(self, in_loop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(packed int32 mask of the tokens made only of the bytes `in_loop` (bool [256])
-        marks; uint8 per trie node: 1 when every byte of its subtree, itself included, is
-        one of them). Cached per byte set (vocabulary-wide, ~1 ms a set at 129k tokens)."""
-        key = np.packbits(in_loop).tobytes()
+    def loop(self, sub: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(packed int32 mask of the tokens whose every byte, read from the first state of a
+        set S of a terminal's states, stays in S; uint8 per trie node: bit k when the node's
+        byte read from S's state k, and every path of its subtree, stays in S). `sub`: int8
+        [len(S) <= 8, 256], the index in S each byte leads to from each state (-1: out of S),
+        as `loop_set` builds it. Cached per set (vocabulary-wide, ~1-2 ms a set at 129k
+        tokens; see csrc/cut_walk.c's loop_states)."""
+        sub = np.ascontiguousarray(sub, dtype=np.int8)
+        key = sub.tobytes()
         hit = self._loops.get(key)
         if hit is None:
             words = np.zeros(self.num_words, dtype=np.uint32)
             clean = np.empty(self.num_nodes, dtype=np.uint8)
-            marks = np.ascontiguousarray(in_loop, dtype=np.uint8)
             nodes, row_start, row_ids = self.trie.ptrs
-            self.lib.loop_tokens(
-                nodes, self.num_nodes, row_start, row_ids, marks.ctypes.data, words.ctypes.data,
-                clean.ctypes.data,
+            self.lib.loop_states(
+                nodes, self.num_nodes, row_start, row_ids, sub.ctypes.data, sub.shape[0],
+                words.ctypes.data, clean.ctypes.data,
             )  # fmt: skip
             with _LOOP_LOCK:
                 if len(self._loops) > 64:
@@ -90,26 +93,27 @@ class CutWalker:
 
     def terminal(
         self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray, tasks: np.ndarray,
-        in_loop: np.ndarray | None = None,
+        in_set: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> tuple[np.ndarray | None, np.ndarray]:  # fmt: skip
         """A GBNF terminal's walk (csrc/cut_walk.c's walk_terminal): (packed int32 mask of the
         tokens that end inside it, or None when none does; the cut nodes as descendants tasks,
         int32). `table`: int32 [states, 256], C order; `accepting`, `live`: bool per state;
-        `in_loop`: skip the tokens made only of these bytes (their state loops)."""
+        `in_set`: (sub, index) of a state set S (`loop_set`): skip the tokens that stay in S
+        from the task state (S's first; the caller has their mask: `loop(sub)[0]`)."""
         words = np.zeros(self.num_words, dtype=np.uint32)
         term = self._term_ptrs(table, accepting, live)
         tasks = np.ascontiguousarray(tasks, dtype=np.int64)
-        clean = loop = None
-        if in_loop is not None:
-            clean = self.loop(in_loop)[1]
-            loop = _bytes_of(in_loop)
+        clean = index = None
+        if in_set is not None:
+            clean = self.loop(in_set[0])[1]
+            index = in_set[1]
         scratch = _scratch
         cuts = scratch.cuts(self.num_nodes)  # (reused: copied out below)
         nodes, row_start, row_ids = self.trie.ptrs
         while True:
             n = self.lib.walk_terminal(
                 nodes, row_start, row_ids, *term, tasks.ctypes.data, tasks.shape[0],
-                _ptr(clean), _ptr(loop), self._sig_ptr, words.ctypes.data, scratch.inside_ptr,
+                _ptr(clean), _ptr(index), self._sig_ptr, words.ctypes.data, scratch.inside_ptr,
                 scratch.ptr, cuts.shape[0],
             )  # fmt: skip
             if n >= 0:
@@ -165,6 +169,46 @@ class CutWalker:
             words[:] = 0
             used[:] = 0
             cap *= 2
+
+
+MAX_SET = 8  # states of a loop set (csrc/cut_walk.c keeps one bit per state in a byte)
+
+
+def loop_set(
+    table: np.ndarray, accepting: np.ndarray, live: np.ndarray, q: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The loop set S of state q of a terminal (int32 table [states, 256], 0 = dead): the
+    non-accepting live states reachable from q, and back, through such states (a JSON string's
+    body with its UTF-8 and escape states), q first, at most MAX_SET (breadth first from q: any
+    such subset is exact, a smaller one skips less). Returns (sub: int8 [len(S), 256], the
+    index in S each byte leads to, -1 outside; index: int8 per state, -1 outside S)."""
+    inner = ~accepting & live
+    inner[0] = False
+
+    def reach(step) -> np.ndarray:
+        seen = np.zeros(table.shape[0], dtype=bool)
+        seen[q] = True
+        frontier = [q]
+        while frontier:
+            nxt = step(np.asarray(frontier)) & inner & ~seen
+            seen |= nxt
+            frontier = np.flatnonzero(nxt).tolist()
+        return seen
+
+    def forward(states: np.ndarray) -> np.ndarray:
+        out = np.zeros(table.shape[0], dtype=bool)
+        out[table[states].reshape(-1)] = True
+        return out
+
+    def backward(states: np.ndarray) -> np.ndarray:
+        return np.isin(table, states).any(axis=1)
+
+    both = reach(forward) & reach(backward)
+    order = [q] + [int(s) for s in np.flatnonzero(both) if s != q][: MAX_SET - 1]
+    index = np.full(table.shape[0], -1, dtype=np.int8)
+    index[order] = np.arange(len(order), dtype=np.int8)
+    sub = index[table[order]]
+    return sub, index
 
 
 def _ptr(a: np.ndarray | None) -> int | None:

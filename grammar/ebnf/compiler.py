@@ -89,6 +89,7 @@ def first_rows(layout: VocabLayout) -> list[np.ndarray]:
 
 
 _MIN_LOOP_BYTES = 64  # a state that loops on this many ASCII bytes takes the shortcut
+_MAX_PREPARED_LOOPS = 8
 
 
 class Decomposition:
@@ -167,6 +168,9 @@ class CompiledEBNF:
         self.start = self.parser.initial()
         self._first_rows = _FIRST_ROWS.get_or_build(vocab.hash, lambda: first_rows(self.layout))
         self._walker = native_walk.walker_for(vocab)  # C first-visit walks (None: numpy)
+        self._loop_sets: dict[tuple[int, int], tuple] = {}  # (id(terminal), q) -> loop_set
+        if self._walker is not None:
+            self._prepare_loops()
         # the decompositions of the start set now: the first mask is the slow one
         self.bitmask(self.start)
 
@@ -182,9 +186,11 @@ class CompiledEBNF:
             if not term.accepting[q] and np.count_nonzero(loops[:128]) >= _MIN_LOOP_BYTES:
                 # inside a string-like loop: a token made only of looping bytes comes back to
                 # q at every byte (within, no cut: q does not accept): one shared mask, and
-                # only the other tokens are walked
+                # only the other tokens are walked (the C walk: the tokens that stay in q's
+                # loop set, its UTF-8 and escape states too, `native_walk.loop_set`)
                 if self._walker is not None:
-                    looped = self._walker.loop(loops)[0]
+                    in_set = self._loop_set(term, q)
+                    looped = self._walker.loop(in_set[0])[0]
                 else:
                     row_bytes = _ROW_BYTES.get_or_build(
                         self.vocab.hash, lambda: RowBytes(self.layout)
@@ -193,7 +199,7 @@ class CompiledEBNF:
             if self._walker is not None:
                 tasks = self._walker.tasks(_ROOT_TASK, q)
                 words, cuts = self._walker.terminal(
-                    term.table, term.accepting, term.live, tasks, None if looped is None else loops
+                    term.table, term.accepting, term.live, tasks, None if looped is None else in_set
                 )
                 d = Decomposition(words, cuts, None)
             else:
@@ -210,6 +216,34 @@ class CompiledEBNF:
             with self._lock:
                 d = self._top.setdefault((t, q), d)
         return d
+
+    def _loop_set(self, term: Terminal, q: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (id(term), q)
+        hit = self._loop_sets.get(key)
+        if hit is None:
+            hit = native_walk.loop_set(term.table, term.accepting, term.live, q)
+            with self._lock:
+                hit = self._loop_sets.setdefault(key, (hit, term))[0]
+            return hit
+        return hit[0]
+
+    def _prepare_loops(self) -> None:
+        """Build the loop sets' vocabulary tables (`CutWalker.loop`, ~3 ms a set at 129k
+        tokens, cached per vocabulary) while compiling, not in the first mask inside a string:
+        for every string-like state (the `_top_decomposition` shortcut), at most
+        _MAX_PREPARED_LOOPS sets a grammar."""
+        sets = 0
+        for term in self.network.terminals:
+            if not isinstance(term, Terminal):
+                continue
+            counts = np.count_nonzero(
+                term.table[:, :128] == np.arange(term.table.shape[0])[:, None], axis=1
+            )
+            for q in np.flatnonzero(~term.accepting & (counts >= _MIN_LOOP_BYTES)).tolist():
+                if sets >= _MAX_PREPARED_LOOPS:
+                    return
+                self._walker.loop(self._loop_set(term, q)[0])  # type: ignore[union-attr]
+                sets += 1
 
     def _share(self, d: Decomposition) -> None:
         """Give `d` the `children` of an earlier decomposition with the same cuts, if any: the

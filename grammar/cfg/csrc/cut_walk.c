@@ -43,10 +43,11 @@ static inline int64_t task_start(const node_t *nodes, int64_t a, int64_t s, int3
    table ends inside the terminal (bit set in words, *n_inside counted); at a node with
    descendants whose state accepts, the terminal may complete there: the node goes to cuts as a
    descendants task (its ~index), and the walk goes on below it while the state is live.
-   `clean` (when not null) skips the subtrees made only of the bytes `in_loop` marks: clean[i]
-   says every byte of node i's subtree (i included) is one of them, and the walk skips node i
-   when the bytes above it are all such too (the caller has those tokens' mask already).
-   Returns the number of cuts, or -1 when more than cap. */
+   `clean` (when not null) skips the subtrees that stay in a set S of non-accepting live states
+   (loop_states below): in_set[state] is the state's index in S (-1: not in S), clean[i] bit k
+   says node i's byte read from S's state k, and every path of its subtree, stays in S; the walk
+   skips node i when the path above it stayed in S too (the caller has those tokens' mask
+   already: loop_states' words). Returns the number of cuts, or -1 when more than cap. */
 /* A set of bytes as 3 x 64 bits: ASCII exactly, the bytes from 128 folded (b & 63). */
 #define SIG_WORDS 3
 static inline int sig_bit(int b) { return b < 128 ? b : 128 + (b & 63); }
@@ -74,10 +75,10 @@ void child_sigs(const node_t *nodes, int64_t n, uint64_t *sig) {
 int64_t walk_terminal(const node_t *nodes, const int64_t *row_start, const int64_t *row_ids,
                       const int32_t *table, const uint8_t *accepting, const uint8_t *live,
                       const int64_t *tasks, int64_t n_tasks, const uint8_t *clean,
-                      const uint8_t *in_loop, const uint64_t *child_sig, uint32_t *words,
+                      const int8_t *in_set, const uint64_t *child_sig, uint32_t *words,
                       int64_t *n_inside, int32_t *cuts, int64_t cap) {
     int32_t st[MAX_DEPTH + 1];
-    uint8_t outside[MAX_DEPTH + 1];  /* a byte above (or at) this depth is not in the loop */
+    uint8_t outside[MAX_DEPTH + 1];  /* the path left S above (or at) this depth */
     int64_t nc = 0, inside = 0, sig_state = -1;
     uint64_t sig[SIG_WORDS] = {0, 0, 0};
     for (int64_t t = 0; t < n_tasks; t++) {
@@ -96,12 +97,13 @@ int64_t walk_terminal(const node_t *nodes, const int64_t *row_start, const int64
         while (i < stop) {
             const node_t *x = nodes + i;
             int32_t d = x->depth;
-            if (clean) {
-                if (!outside[d - 1] && clean[i]) { i = x->end; continue; }
-                outside[d] = outside[d - 1] | !in_loop[x->byte];
+            if (clean && !outside[d - 1] && ((clean[i] >> in_set[st[d - 1]]) & 1)) {
+                i = x->end;
+                continue;
             }
             int32_t nx = table[(int64_t)st[d - 1] * 256 + x->byte];
             if (nx == 0) { i = x->end; continue; }
+            if (clean) outside[d] = outside[d - 1] | (in_set[nx] < 0);
             if (x->row >= 0) { set_ids(words, x, row_start, row_ids); inside++; }
             if (x->end == i + 1) { i++; continue; }  /* a leaf */
             if (accepting[nx]) {
@@ -159,22 +161,43 @@ int64_t walk_lexer(const node_t *nodes, const int64_t *row_start, const int64_t 
     return nc;
 }
 
-/* The tokens made only of the bytes `in_loop` marks (a state that loops on them keeps them all
-   inside its terminal): their id bits set in words; clean[i] = 1 when every byte of node i's
-   subtree (i included; the root has no byte) is marked, as walk_terminal reads it. */
-void loop_tokens(const node_t *nodes, int64_t n, const int64_t *row_start,
-                 const int64_t *row_ids, const uint8_t *in_loop, uint32_t *words,
+/* A set S of at most 8 non-accepting live states of a terminal (the string states a JSON string
+   loops through, its UTF-8 and escape states included), as sub (int8 [n_sub, 256]: the S index a
+   byte leads to from each of S's states, -1 when it leaves S): the tokens whose whole path from
+   S's state 0 stays in S end inside the terminal (their id bits set in words); clean[i] bit k
+   = 1 when node i's byte read from S's state k, and every path of i's subtree after it, stays in
+   S (the root, with no byte, gets 0), as walk_terminal reads it. */
+void loop_states(const node_t *nodes, int64_t n, const int64_t *row_start,
+                 const int64_t *row_ids, const int8_t *sub, int64_t n_sub, uint32_t *words,
                  uint8_t *clean) {
-    uint8_t all[MAX_DEPTH + 1];
-    all[0] = 1;
-    for (int64_t i = 1; i < n; i++) {
+    int8_t at[MAX_DEPTH + 1];
+    at[0] = 0;
+    for (int64_t i = 1; i < n;) {
         const node_t *x = nodes + i;
-        all[x->depth] = all[x->depth - 1] && in_loop[x->byte];
-        if (all[x->depth] && x->row >= 0) set_ids(words, x, row_start, row_ids);
+        int8_t to = sub[at[x->depth - 1] * 256 + x->byte];
+        if (to < 0) { i = x->end; continue; }  /* the subtree left S */
+        at[x->depth] = to;
+        if (x->row >= 0) set_ids(words, x, row_start, row_ids);
+        i++;
     }
-    for (int64_t i = n - 1; i >= 0; i--) {
-        uint8_t c = i == 0 || in_loop[nodes[i].byte];
-        for (int64_t j = i + 1; c && j < nodes[i].end; j = nodes[j].end) c = clean[j];
+    /* by byte, each S state's target as a shift (8: out of S, bit 8 of `ok` is never set) */
+    uint8_t shift[256][8];
+    for (int b = 0; b < 256; b++)
+        for (int64_t k = 0; k < 8; k++)
+            shift[b][k] = k < n_sub && sub[k * 256 + b] >= 0 ? (uint8_t)sub[k * 256 + b] : 8;
+    /* reverse preorder: a node's children come just before it; ok[d] gathers the AND of the
+       clean bits of the children of the depth-d node visited next (reset once it is read) */
+    uint16_t ok[MAX_DEPTH + 2];
+    for (int d = 0; d <= MAX_DEPTH + 1; d++) ok[d] = 0xff;
+    for (int64_t i = n - 1; i >= 1; i--) {
+        int32_t d = nodes[i].depth;
+        uint16_t below = ok[d];
+        ok[d] = 0xff;
+        const uint8_t *to = shift[nodes[i].byte];
+        uint8_t c = 0;
+        for (int k = 0; k < 8; k++) c |= (uint8_t)(((below >> to[k]) & 1) << k);
         clean[i] = c;
+        ok[d - 1] &= c;
     }
+    clean[0] = 0;
 }

@@ -118,7 +118,7 @@ root   ::= value
 value  ::= object | array | string | number | "true" | "false" | "null"
 object ::= "{" ws ( string ws ":" ws value ws ( "," ws string ws ":" ws value ws )* )? "}"
 array  ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
-string ::= "\"" ( [^"\\] | "\\" ["\\/bfnrt] )* "\""
+string ::= "\"" ( [^"\\] | "\\" ["\\/bfnrt] | "\\u" [0-9a-fA-F]{4} )* "\""
 number ::= "-"? [0-9]+ ( "." [0-9]+ )?
 ws     ::= [ \t\n]*
 """,
@@ -135,6 +135,7 @@ GBNF_TEXTS = {
         '{"a": [1, 2.5, {"b c": "d\\"e"}], "f": true}',
         '[{"x":null},[[-3]],"y\\n z",{}]',
         '{"key with spaces": {"nested": [false, "v", 10.25]}}',
+        '{"naïve €": ["中文 \\u00e9\\"q", "𝄞x"]}',  # the loop set's UTF-8 and escape states
     ],
     "arithmetic": ["(1 + 23) * -4 / (5-(6*7))", "((((8))))+9 * 10", "-(-(-1))/22+333"],
 }
@@ -170,3 +171,62 @@ def test_the_c_source_compiles_without_warnings() -> None:
     if native_build.compiler() is None:
         pytest.skip("no C compiler")
     assert native_build.compile_warnings(native_walk.UNITS) == {}
+
+
+def _stays(table: np.ndarray, index: np.ndarray, data: bytes, s: int) -> bool:
+    """Every byte of `data` read from state s leads to a state of the set (index >= 0)."""
+    for b in data:
+        s = int(table[s, b])
+        if index[s] < 0:
+            return False
+    return True
+
+
+@needs_c
+def test_loop_set_tables_match_a_direct_walk() -> None:
+    """`CutWalker.loop` of a JSON string state's loop set (UTF-8 and escape states included):
+    the tokens whose bytes all stay in the set from the string state, and each trie node's
+    `clean` bits, against the terminal's table walked token by token in Python."""
+    from grammar.ebnf.compiler import compile_rules
+    from grammar.ebnf.lower import Terminal
+    from grammar.ebnf.syntax import parse_gbnf
+
+    text = GBNF["json"]
+    vocab = _vocab(GBNF_TEXTS["json"], n=600)
+    walker = native_walk.walker_for(vocab)
+    g = compile_rules(parse_gbnf(text), vocab, "root", text)
+    found = 0
+    for term in g.network.terminals:
+        if not isinstance(term, Terminal):
+            continue
+        for q in range(1, term.table.shape[0]):
+            if term.accepting[q] or np.count_nonzero(term.table[q, :128] == q) < 64:
+                continue
+            sub, index = native_walk.loop_set(term.table, term.accepting, term.live, q)
+            assert index[q] == 0 and sub.shape[0] > 2  # q, its UTF-8 and escape states
+            in_s = np.flatnonzero(index >= 0)
+            assert not term.accepting[in_s].any() and term.live[in_s].all()
+            words, clean = walker.loop(sub)
+            found += 1
+
+            bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+            for i in range(len(vocab)):
+                data = vocab.token_bytes(i)
+                assert bits[i] == bool(data and _stays(term.table, index, data, q)), data
+            # clean bit k of a node: its byte and every path below it (every token ending in
+            # its subtree, from that byte on) stay in S from S's state k
+            nodes = walker.trie.nodes
+            text_of = [b""] * nodes.shape[0]
+            for i in range(1, nodes.shape[0]):
+                parent = i - 1
+                while nodes[parent]["end"] <= i:  # preorder: the parent is the nearest above
+                    parent -= 1
+                text_of[i] = text_of[parent] + bytes([int(nodes[i]["byte"])])
+            state_of = np.argsort(np.where(index >= 0, index, 127))[: sub.shape[0]]
+            for i in range(1, nodes.shape[0]):
+                depth, end = int(nodes[i]["depth"]), int(nodes[i]["end"])
+                below = [text_of[j][depth - 1 :] for j in range(i, end)]
+                for k, s in enumerate(state_of.tolist()):
+                    want = all(_stays(term.table, index, t, s) for t in below)
+                    assert bool(clean[i] >> k & 1) == want, (text_of[i], k)
+    assert found
