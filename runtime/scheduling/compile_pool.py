@@ -23,7 +23,15 @@ users' pathological compiles delay it but cannot make it fail. A compile that ne
 `memory_mb` of address space fails in its worker with a MemoryError, the same way. A worker
 that grew past `memory_mb / 2` while compiling is replaced after its job, so its memory does
 not stay held. A worker that dies under a job (killed from outside) is replaced and the job
-retried once, with a fresh budget (the death was not the constraint's doing).
+retried once, with a fresh budget (the death was not the constraint's doing); a second death,
+or a worker that cannot start, is the server's failure (`CompileWorkerError`, a 503).
+
+The budget is wall-clock time, but what it bounds is the constraint's cost: on a loaded machine a
+worker may get a fraction of a core, and an ordinary constraint then reaches its deadline having
+done a fraction of its work. A compile at its deadline whose worker had CPU for less than half
+the budget gets more time (`_starved`), up to `_STARVED_GRACE` budgets from its submission;
+refused then, its refusal says the worker was starved (`CompileStarvedError`, a 400) and is not
+cached, so the same constraint is tried again once the machine is less busy.
 
 The spare. One more worker is started (after the others are ready; by a pool started lazily,
 on its first compile, only once a worker has been ended) and kept idle: a slot whose worker
@@ -34,7 +42,8 @@ spare starts in the background. It costs one idle worker's memory (an interprete
 
 Sharing. Results are cached per `grammar.Constraint` (its `key`) in this process (LRU,
 `cache_size` entries; refusals too, so a pathological constraint sent again is answered at
-once), and a compile already under way is shared by every request that asks for the same
+once; not the refusals the constraint did not cause: a starved compile, a worker failure, a
+cancellation), and a compile already under way is shared by every request that asks for the same
 constraint. When every request waiting for a compile has been aborted, the compile is ended
 (its worker killed and replaced).
 """
@@ -71,6 +80,7 @@ DEFAULT_MEMORY_MB = 2048
 DEFAULT_WORKERS = 2
 _REPO = Path(__file__).resolve().parents[2]
 _POLL_S = 0.05
+_STARVED_GRACE = 3.0  # a compile starved of CPU may run this many budgets (see `_starved`)
 _START_TIMEOUT_S = 300.0
 _SLOTS_FIRST_S = 60.0  # the spare starts once the slots' workers are ready (or after this)
 
@@ -103,6 +113,17 @@ class CompileBudgetError(GrammarError):
             f"{constraint}: {BUDGET_MARK} {limit} ({value}){why}; "
             "simplify the constraint (smaller repetition counts, fewer alternatives)"
         )
+
+
+class CompileStarvedError(CompileBudgetError):
+    """A compile ended by its wall-clock budget while its worker had CPU time for less than
+    half of it (a loaded machine): a 400 as any budget refusal, but not cached, since the
+    same constraint may compile in time once the machine is less busy."""
+
+
+class CompileWorkerError(GrammarError):
+    """The compile pool could not run the compile (no worker started, the worker died twice
+    under it, the pool failed): the server's fault, answered 503 and not cached."""
 
 
 class CompileCancelledError(GrammarError):
@@ -201,6 +222,15 @@ class _Worker:
                 return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, IndexError, ValueError):
             return 0
+
+    def cpu_s(self) -> float:
+        """CPU seconds the process has used (user + system); 0.0 when unreadable."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return 0.0
 
     def condemn(self) -> None:
         """SIGKILL, without waiting for the process to end (a large one takes a while to give
@@ -534,7 +564,7 @@ class CompilePool:
                 outcome = self._run(slot, job)
             except BaseException as exc:  # the pool itself failed: the job must still end
                 logger.exception("compile pool: job failed")
-                outcome = GrammarError(f"{job.spec.kind}: the compile failed: {exc}")
+                outcome = CompileWorkerError(f"{job.spec.kind}: the compile failed: {exc}")
             self._finish(job, outcome)  # the answer first,
             w = self._workers[slot]
             if w is not None and w.condemned:
@@ -559,7 +589,7 @@ class CompilePool:
                     job.deadline += time.monotonic() - waiting
             except (OSError, RuntimeError) as exc:
                 self._retire(slot)
-                return GrammarError(f"{job.spec.kind}: no compile worker: {exc}")
+                return CompileWorkerError(f"{job.spec.kind}: no compile worker: {exc}")
             outcome = self._on_worker(worker, job)
             if outcome != "died" or attempt == 1:
                 break
@@ -567,7 +597,9 @@ class CompilePool:
             # the worker was killed from outside, not for the constraint: a fresh budget
             job.deadline = max(job.deadline, time.monotonic() + self.timeout_s)
         if outcome == "died":
-            return GrammarError(f"{job.spec.kind}: the compile worker died while compiling it")
+            return CompileWorkerError(
+                f"{job.spec.kind}: the compile worker died while compiling it"
+            )
         return outcome
 
     @staticmethod
@@ -576,9 +608,28 @@ class CompilePool:
         deadline, at most `_POLL_S` (so a cancellation is seen soon)."""
         return max(0.0, min(_POLL_S, job.deadline - time.monotonic()))
 
-    def _timeout_error(self, spec: Constraint, why: str) -> CompileBudgetError:
+    def _timeout_error(
+        self, spec: Constraint, why: str, cpu_s: float | None = None
+    ) -> CompileBudgetError:
+        """The refusal of a compile past its time budget. `cpu_s`: the CPU seconds its worker
+        spent on it; under half the budget, the machine (not the constraint) ran out the clock:
+        the refusal says so and is not cached (`CompileStarvedError`)."""
         limit = f"{self.timeout_s:g} s"
+        if cpu_s is not None and cpu_s < self.timeout_s / 2:
+            why = f"{why + '; ' if why else ''}the worker had {cpu_s:.1f} s of CPU: loaded"
+            return CompileStarvedError(_name(spec), "grammar compile timeout", limit, why)
         return CompileBudgetError(_name(spec), "grammar compile timeout", limit, why)
+
+    def _starved(self, job: _Job, cpu_s: float) -> bool:
+        """Whether a compile at its deadline gets more time: its worker had CPU for less than
+        half the budget (a loaded machine ran out the clock, not the constraint) and it is
+        within `_STARVED_GRACE` budgets of its submission. The deadline then moves by the CPU
+        time it has left of that half."""
+        now = time.monotonic()
+        if cpu_s >= self.timeout_s / 2 or now >= job.submitted + _STARVED_GRACE * self.timeout_s:
+            return False
+        job.deadline = now + max(_POLL_S, self.timeout_s / 2 - cpu_s)
+        return True
 
     def _on_worker(self, worker: _Worker, job: _Job) -> Any:
         """The job on `worker`: its outcome, or "died". A worker ended for the job (its time,
@@ -590,6 +641,7 @@ class CompilePool:
             # the value as its key's text: a deeply nested schema pickles past the recursion
             # limit, and JSON is what the worker would read anyway
             message = (self._next_id, spec.wire())
+            cpu_at_send = worker.cpu_s()
             worker.conn.send_bytes(pickle.dumps(message))
         except OSError:
             worker.condemn()
@@ -608,9 +660,12 @@ class CompilePool:
                 worker.condemn()  # the only way to stop a compile: end its process
                 return CompileCancelledError("the requests waiting for this compile went away")
             if time.monotonic() >= job.deadline:
+                cpu_s = worker.cpu_s() - cpu_at_send
+                if self._starved(job, cpu_s):
+                    continue
                 worker.condemn()
                 self.events.append(("timeout", worker.pid))
-                return self._timeout_error(spec, largest_count(spec))
+                return self._timeout_error(spec, largest_count(spec), cpu_s)
         try:
             header = pickle.loads(worker.conn.recv_bytes())
             payload = worker.conn.recv_bytes()
@@ -645,7 +700,10 @@ class CompilePool:
         with self._lock:
             if self._inflight.get(key) is job:
                 self._inflight.pop(key)
-            if cache and not isinstance(outcome, CompileCancelledError):
+            # (what the constraint did not cause is not kept: a cancellation, a starved
+            # compile, a worker that died or could not start)
+            transient = CompileCancelledError | CompileStarvedError | CompileWorkerError
+            if cache and not isinstance(outcome, transient):
                 refused = isinstance(outcome, BaseException)
                 self._cache[key] = _fresh(outcome) if refused else outcome[0]
                 while len(self._cache) > self.cache_size:

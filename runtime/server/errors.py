@@ -74,10 +74,12 @@ def from_exception(exc: BaseException, param: str | None = None) -> APIError:
     """The APIError for an exception raised by the engine, the grammar or the tokenizer."""
     from grammar import GrammarError, UnsupportedSchemaError
     from runtime.errors import EngineShutdownError, PromptTooLongError
-    from runtime.scheduling.compile_pool import CompileBudgetError
+    from runtime.scheduling.compile_pool import CompileBudgetError, CompileWorkerError
 
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, CompileWorkerError):  # the pool's failure, not the constraint's
+        return APIError(503, str(exc), param=param, code="compile_worker_unavailable")
     if isinstance(exc, CompileBudgetError):  # names the constraint and the limit
         return APIError(400, str(exc), param=param, code="constraint_too_complex")
     if isinstance(exc, UnsupportedSchemaError):

@@ -121,6 +121,8 @@ def _check(result: GenerateResult, stream: EngineStream, param: str | None) -> G
         if "does not fit" in result.error:
             raise APIError(413, result.error, param=param, code="context_length_exceeded")
         param = _constraint_param(stream)
+        if result.error_kind == "CompileWorkerError":  # the compile pool's failure: retry
+            raise APIError(503, result.error, param=param, code="compile_worker_unavailable")
         # (a KV hand-off that failed, its prefill server gone: the server's failure, a 500)
         server_side = result.error_kind == "KVTransferError"
         if (

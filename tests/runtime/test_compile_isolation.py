@@ -22,6 +22,8 @@ from runtime.scheduling.compile_pool import (
     CompileBudgetError,
     CompileCancelledError,
     CompilePool,
+    CompileStarvedError,
+    CompileWorkerError,
     arrival,
     largest_count,
 )
@@ -221,6 +223,52 @@ def test_a_large_constraints_budget_counts_from_its_requests_arrival(vocab):
             busy.result(timeout=120)
         assert simple.result(timeout=120)[0] is not None
         assert pool._cache.get(Constraint.of("regex", "e{1000000}").key) is None
+    finally:
+        pool.shutdown()
+
+
+def test_a_compile_starved_of_cpu_gets_more_time_and_its_refusal_is_not_cached(vocab):
+    # the worker stopped (SIGSTOP: no CPU at all, as on a machine loaded far past its cores)
+    # past the 1.5 s budget: not refused at its deadline, answered once it runs again; stopped
+    # for good, refused at three budgets saying it was starved, and that refusal is not kept:
+    # the same constraint sent again compiles on the replacement worker
+    pool = CompilePool(lambda: vocab, workers=1, timeout_s=1.5, prebuild=False)
+    try:
+        pool.start()
+        assert pool.wait_ready(120)
+        (pid,) = pool.worker_pids()
+        os.kill(pid, signal.SIGSTOP)
+        fut = pool.submit(Constraint.of("regex", "[0-9]{3}"))
+        time.sleep(2.0)
+        assert not fut.done()
+        os.kill(pid, signal.SIGCONT)
+        assert fut.result(timeout=120)[0] is not None
+        (pid,) = pool.worker_pids()
+        os.kill(pid, signal.SIGSTOP)
+        spec = Constraint.of("regex", "[a-z]{4}")
+        with pytest.raises(CompileStarvedError, match="CPU: loaded"):
+            pool.compile(spec)
+        assert pool._cache.get(spec.key) is None
+        assert pool.compile(spec) is not None
+    finally:
+        pool.shutdown()
+
+
+def test_a_pool_failure_is_the_servers_503_and_not_cached(vocab, monkeypatch):
+    from runtime.server.errors import from_exception
+
+    pool = CompilePool(lambda: vocab, workers=1, timeout_s=30, prebuild=False)
+
+    def no_worker(slot):
+        raise OSError("cannot fork")
+
+    monkeypatch.setattr(pool, "_worker", no_worker)
+    spec = Constraint.of("regex", "[0-9]{2}")
+    try:
+        with pytest.raises(CompileWorkerError, match="no compile worker") as err:
+            pool.compile(spec)
+        assert pool._cache.get(spec.key) is None
+        assert from_exception(err.value).status == 503
     finally:
         pool.shutdown()
 
