@@ -503,9 +503,9 @@ def _linear_fast(
         if not float_out and not swiglu and _bf16_dense(w):
             return None  # multiplied as a bf16 copy (linear)
     lib = _libs.get(False) or _lib()
-    head, d = w.head, w.data
-    if not head or head[2] != d.data_ptr():  # a copy of the weight (pickled, ...) checks anew
-        w.pack()
+    head = w.head
+    if not head or head[2] != w.data.data_ptr():  # a copy of the weight (pickled, ...) checks anew
+        w.pack()  # no local holds w.data here: a large lone weight packs in place (_sole_owner)
         d = w.data
         head = w.head = (w.qtype, int(w.packed), d.data_ptr(), d.shape[1], d.shape[0], cols)
     out = head[4]

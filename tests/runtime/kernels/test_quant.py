@@ -285,6 +285,22 @@ def test_a_large_lone_weight_packs_where_it_lies_and_a_shared_one_into_a_copy(mo
     assert mapped.data.data_ptr() == where and torch.equal(mapped.data, copied.data)
 
 
+def test_a_lone_weights_first_product_packs_it_where_it_lies(monkeypatch):
+    # the product packs on first use (a tied GGUF head: also the embedding table) without a
+    # reference of its own over the bytes, which would make every weight look shared
+    monkeypatch.setattr(cpu_quant, "IN_PLACE_BYTES", 1)
+    stored, _ = random_weight("Q8_0", 40, 256, seed=6)
+    w = QuantTensor(torch.from_numpy(stored.copy()), int(GGMLQuantizationType.Q8_0), 256)
+    dense = w.dequantize().float()
+    where = w.data.data_ptr()
+    x = torch.randn(3, 256)
+    y = cpu_quant.linear(x, w, float_out=True)
+    assert w.packed and w.data.data_ptr() == where
+    torch.testing.assert_close(y, x @ dense.T, rtol=1e-2, atol=1e-2)
+    ids = torch.tensor([0, 7, 8, 39])
+    assert torch.equal(cpu_quant.embedding(ids, w, torch.float32), dense[ids])
+
+
 def test_a_bf16_result_is_rounded_as_torch_rounds():
     _, w = random_weight("Q4_1", 64, 512, seed=4)
     x = torch.randn(5, 512).bfloat16()
