@@ -1,5 +1,7 @@
 """N-gram lookup (prompt lookup decoding): the tokens that followed the latest earlier
-occurrence of the request's longest matching suffix are its drafts."""
+occurrence of the request's longest matching suffix are its drafts. Where that occurrence is
+so recent that fewer than k tokens follow it, the text has been repeating with that period, and
+the drafts go on repeating it (they continue the tokens and the drafts before them)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,12 @@ class NgramProposer:
     Runs once per decoding request and step, so it costs what a step must not notice: the
     tokens are reversed once (a C copy), earlier occurrences of the last token are found with
     `list.index` from the latest back, and each is extended only while it matches; the scan
-    stops at the first occurrence of the longest possible match."""
+    stops at the first occurrence of the longest possible match.
+
+    A match ending p tokens before the end leaves only p tokens after it: the drafts then copy
+    their own head (draft j is draft j - p), the text and its drafts read as one sequence
+    (a repeated list item, a repeated pattern of a tiny model's output: the verify keeps
+    what holds)."""
 
     def __init__(self, min_window: int, max_window: int) -> None:
         self.min_window = min_window
@@ -41,4 +48,7 @@ class NgramProposer:
         if best < self.min_window:
             return []
         start = n - best_m  # the token after that occurrence
-        return tokens[start : start + k]
+        drafts = tokens[start : start + k]
+        while len(drafts) < k:  # the occurrence is best_m tokens back: repeat that period
+            drafts.append(drafts[len(drafts) - best_m])
+        return drafts

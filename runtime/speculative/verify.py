@@ -68,16 +68,15 @@ def accept_chain(
     accepted = appended = 0
     for i in range(len(drafts) + 1):
         row = logits[i : i + 1]
-        if ctx.hooks is not None and req.constraint is not None:
-            if ctx.hooks.mask_logits([req], row):  # no token allowed (or the mask failed)
-                if req.error is None:
-                    req.error = RuntimeError("the constraint allows no token here")
-                result.finish(req, "abort")
-                break
-        adjust_logits(row, [req], ctx.detokenizer.eos_ids)
         draft = drafts[i] if i < len(drafts) else None
-        token = choose_token(row, req, draft, ctx.generator)
-        _record_logprobs(req, row, token)
+        token = _greedy_allowed(ctx, req, row)
+        if token is None:
+            if ctx.hooks is not None and req.constraint is not None:
+                if _masked_dead(ctx, req, row, result):
+                    break
+            adjust_logits(row, [req], ctx.detokenizer.eos_ids)
+            token = choose_token(row, req, draft, ctx.generator)
+            _record_logprobs(req, row, token)
         req.output_ids.append(token)
         appended += 1
         result.counts["generated_tokens"] += 1
@@ -94,6 +93,46 @@ def accept_chain(
     if not result.finishing(req):
         ctx.book.cache_computed(req)
     return accepted, appended
+
+
+def _masked_dead(ctx: OutputContext, req: Request, row: torch.Tensor, result: StepResult) -> bool:
+    """Mask `row` by the request's grammar; True (the request aborted) when it allows no
+    token (or the mask failed)."""
+    if not ctx.hooks.mask_logits([req], row):
+        return False
+    if req.error is None:
+        req.error = RuntimeError("the constraint allows no token here")
+    result.finish(req, "abort")
+    return True
+
+
+def _greedy_allowed(ctx: OutputContext, req: Request, row: torch.Tensor) -> int | None:
+    """A greedy constrained request that asked for no log-probs: the argmax of the adjusted,
+    unmasked row when its grammar allows that token, without applying the vocabulary-wide mask
+    (most of a verify row's work outside the forward). It is the masked row's argmax too: the
+    mask only sets other tokens to -inf, and the logit bias, penalties and min_new_tokens ban
+    act on each token alone (-inf stays -inf), so they commute with it; the first maximum of
+    the whole row, allowed, is the first among the allowed. When the grammar refuses that
+    token the row (already adjusted) is masked and its argmax taken here; None: any other
+    request, or a mask that allows nothing or could not be read (the usual path aborts)."""
+    st = req.constraint
+    if (ctx.hooks is None or st is None or not req.params.is_greedy
+            or req.logprobs is not None or req.top_logprobs is not None):  # fmt: skip
+        return None
+    import grammar
+
+    try:
+        bits = st.matcher.bitmask()
+    except grammar.GrammarError:
+        return None
+    if not bits.any():
+        return None  # no token allowed: the usual path aborts the request
+    adjust_logits(row, [req], ctx.detokenizer.eos_ids)
+    token = int(greedy_tokens(row)[0])
+    if token < 32 * len(bits) and (int(bits[token >> 5]) >> (token & 31)) & 1:
+        return token
+    ctx.hooks.apply_token_bitmask_(row, torch.from_numpy(bits[None]), None)
+    return int(greedy_tokens(row)[0])
 
 
 def _jumps(req: Request) -> int:

@@ -89,3 +89,25 @@ def test_drafts_are_cut_at_the_first_token_the_grammar_refuses(engines):
     assert kept == good[:1]
     # walked on a copy: the request's matcher has not moved
     assert Constraint.matcher.is_allowed(good[0])
+
+
+@pytest.mark.parametrize("wrong_every", [0, 2])
+def test_bias_and_penalties_toward_refused_tokens_match(engines, oracle, wrong_every):
+    """A verify row's greedy token is read from the unmasked row when the grammar allows it:
+    a logit bias making refused tokens the row's maximum, a repetition penalty and an end
+    token banned by min_new_tokens must give the masked row's token, as decoding does."""
+    base, spec = engines
+    tok = spec.tokenizer
+    refused = tok.encode("Z!", add_special_tokens=False)
+    allowed = tok.encode("cd", add_special_tokens=False)
+    kw = {"regex": r"(ab|cd){2,6}-[0-9]{2}", "logit_bias": {refused[0]: 100.0,
+          refused[-1]: 60.0, allowed[0]: 5.0}, "repetition_penalty": 1.3,
+          "min_new_tokens": 4}  # fmt: skip
+    a = base.generate(PROMPT, max_new_tokens=40, temperature=0.0, **kw)
+    oracle([a.prompt_token_ids + a.token_ids], wrong_every)
+    verifies = spec.stats()["spec_verify_steps"]
+    b = spec.generate(PROMPT, max_new_tokens=40, temperature=0.0, **kw)
+    assert b.token_ids == a.token_ids and b.finish_reason == a.finish_reason
+    assert re.fullmatch(r"(ab|cd){2,6}-[0-9]{2}", b.text) or a.finish_reason == "length"
+    assert spec.stats()["spec_verify_steps"] > verifies
+    spec.check_integrity()

@@ -45,7 +45,8 @@ def test_the_window_never_reaches_past_its_maximum():
 
 def _longest_earlier_suffix(tokens: list[int], lo: int, hi: int, k: int) -> list[int]:
     """The definition, by brute force: the longest suffix (lo..hi tokens) that also ends at an
-    earlier position, its latest such position, the k tokens after it."""
+    earlier position, its latest such position, the k tokens after it in the tokens followed
+    by the drafts themselves (a recent occurrence: the period repeats)."""
     n = len(tokens)
     for length in range(min(hi, n - 1), lo - 1, -1):
         ends = [
@@ -54,8 +55,19 @@ def _longest_earlier_suffix(tokens: list[int], lo: int, hi: int, k: int) -> list
             if tokens[i - length + 1 : i + 1] == tokens[n - length :]
         ]
         if ends:
-            return tokens[ends[-1] + 1 : ends[-1] + 1 + k]
+            seq = list(tokens)
+            for j in range(k):
+                seq.append(seq[ends[-1] + 1 + j])
+            return seq[n:]
     return []
+
+
+def test_a_recent_occurrence_repeats_its_period():
+    p = NgramProposer(1, 4)
+    # [1, 2] last occurred just before: the text repeats [1, 2] (only 2 tokens follow it)
+    assert p.propose([5, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
+    # period 3: [7, 8, 9] and the suffix [8, 9] ends 3 back
+    assert p.propose([7, 8, 9, 7, 8, 9], 4) == [7, 8, 9, 7]
 
 
 def test_the_lookup_equals_its_definition_on_random_sequences():
