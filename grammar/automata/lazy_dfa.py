@@ -269,7 +269,11 @@ class LazyDFA:
 
     def expand(self, states: np.ndarray | list[int]) -> None:
         """Make sure every state in `states` has its row."""
-        states = np.unique(np.asarray(states, dtype=np.int64).reshape(-1))
+        states = np.asarray(states, dtype=np.int64).reshape(-1)
+        if states.size == 1:  # (most calls: a first-visit mask's own state; no sort)
+            self._built(int(states[0]))
+            return
+        states = np.unique(states)
         todo = states[self._live[states] < 0]
         if not todo.size:
             return

@@ -50,17 +50,6 @@ def set_bits(words: np.ndarray, ids: np.ndarray) -> None:
     words |= np.packbits(on, bitorder="little").view("<u4")
 
 
-def clear_bits(words: np.ndarray, ids: np.ndarray) -> None:
-    """Clear bit id of packed uint32 `words` for every id in `ids` (in place)."""
-    if ids.size <= _AT_MOST:
-        bit = np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
-        np.bitwise_and.at(words, ids >> 5, ~bit)
-        return
-    on = np.zeros(words.shape[0] * 32, dtype=bool)
-    on[ids] = True
-    words &= ~np.packbits(on, bitorder="little").view("<u4")
-
-
 class TokenIndex:
     """Token masks of one DFA over one vocabulary.
 
@@ -143,6 +132,12 @@ class TokenIndex:
             nxt[bad] = self.dfa.table.reshape(-1)[src * self.n_cls + cls[bad]]
         return nxt
 
+    def _live_count(self, state: int) -> int:
+        """How many bytes leave `state` alive (a lazy DFA keeps the count per built row)."""
+        if self._lazy:
+            return self.dfa.live_bytes(state)
+        return int(np.count_nonzero(self.row(state) != DEAD))
+
     @property
     def states_computed(self) -> int:
         return len(self._masks)
@@ -166,7 +161,9 @@ class TokenIndex:
 
     def _allowed(self, state: int, depth: int) -> tuple[np.ndarray | None, np.ndarray]:
         """The tokens that walk from `state` without dying: (packed id bits of a shared set,
-        or None; more rows: ascending row numbers, or a bool per row when many)."""
+        or None; more rows: ascending row numbers, or a bool per row when many). The rows
+        are `_NO_ROWS` itself only with an array of this call's own (a C walk's: the caller
+        may write it), never with a shared set."""
         prep = self.prepared
         transparent = self._transparent(state)
         if transparent is not None:
@@ -193,7 +190,7 @@ class TokenIndex:
             cur = self._class_row(state)[self._cls(others.columns[0])]
             alive = self._walk_rows(np.arange(cur.shape[0]), cur, 1, others)
             return words, csr_take(others.start, others.rows, alive)
-        if self._trie is not None and np.count_nonzero(self.row(state) != DEAD) <= _FEW_FIRST:
+        if self._trie is not None and self._live_count(state) <= _FEW_FIRST:
             # few first bytes live (an object key, a literal): the pruned C walk is cheap,
             # cheaper than borrowing a neighbour's mask (which may need its own computed)
             words = np.zeros(self.num_words, dtype=np.uint32)
@@ -261,16 +258,12 @@ class TokenIndex:
         if rows is None:  # many tokens start with a byte where the two rows differ
             return None
         gone = differ & (ref_row != DEAD)  # ref's tokens that start there: not borrowed
-        if not np.array_equal(gone, walked):
-            gone_rows = self.vocab.derived(
-                ("first", np.packbits(gone).tobytes()), lambda: self._led(gone)
-            )
-            if gone_rows is None:
-                return None
-        else:
-            gone_rows = rows
-        words = self.bitmask(ref, depth + 1).view("<u4").copy()
-        clear_bits(words, np.concatenate([self.vocab.ids_of_rows(gone_rows), self._eos]))
+        keep = self.vocab.derived(
+            ("not first", np.packbits(gone).tobytes()), lambda: self._not_led(gone)
+        )
+        words = self.bitmask(ref, depth + 1).view("<u4") & keep  # (a new array)
+        for e in self._eos.tolist():
+            words[e >> 5] &= np.uint32(~(1 << (e & 31)) & 0xFFFFFFFF)
         if self._trie is not None and native.walk(self._trie, self.dfa, state, words, walked):
             return words.view("<i4"), _NO_ROWS
         return words.view("<i4"), self._allowed_sparse(state, rows)
@@ -320,6 +313,15 @@ class TokenIndex:
             n = int(self.prepared.n_longer[p]) if p else self.prepared.num_rows
             col = self._ccols[p] = self._cls(self.prepared.columns[p][:n])
         return col
+
+    def _not_led(self, first: np.ndarray) -> np.ndarray:
+        """Packed uint32 bits of every id but those of the tokens whose first byte is in
+        `first` (bool [256]): a mask ANDed with it drops those tokens."""
+        prep = self.prepared
+        led = first[prep.columns[0][: prep.num_rows]]
+        out = ~self.pack(led).view("<u4")
+        out.flags.writeable = False
+        return out
 
     def _led(self, live: np.ndarray) -> np.ndarray | None:
         """The rows of the tokens whose first byte is live (ascending), or None when they are
@@ -438,6 +440,11 @@ class TokenIndex:
         """The mask of `state` by its own walk."""
         base, rows = self._allowed(state, depth)
         eos = self._eos if self.dfa.accepting[state] else self._eos[:0]
+        if rows is _NO_ROWS:  # a C walk's own array (never a shared set): the EOS bits there
+            words = base.view("<u4")
+            for e in eos.tolist():
+                words[e >> 5] |= np.uint32(1 << (e & 31))
+            return base
         if rows.dtype == bool:  # most rows: one gather and a pack
             return self.pack(rows, eos)
         # a shared set plus a few rows, or only a few rows: set their bits directly
