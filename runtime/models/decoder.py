@@ -1,5 +1,5 @@
-"""The one pre-norm decoder behind every dense and MoE family but DeepSeek's MLA: Llama, Mistral,
-Qwen2, Qwen3 (dense and MoE), Gemma 3 text, Mixtral and Phi-3. A family file names its `Family`
+"""The one pre-norm decoder behind every dense and MoE family: Llama, Mistral, Qwen2, Qwen3 (dense
+and MoE), Gemma 3 text, Mixtral, Phi-3 and DeepSeek V2 / V3. A family file names its `Family`
 traits and maps its checkpoint onto the names read here; this file loads, shards and runs them
 all, with the same CPU fast paths for every family (below).
 
@@ -9,8 +9,11 @@ have their own base; Phi-3's LongRoPE switches to its long factors past the orig
 partial rotary rotates the first `rope_dim` values of a head) -> attention through the engine's
 backend with the layer's `LayerSpec` (scale, sliding window, logit soft-cap) -> o -> optional
 post-attention norm (Gemma's sandwich) -> residual; then norm -> gated MLP (SiLU or GELU-tanh)
-or routed experts -> optional post-MLP norm -> residual. Embeddings may be scaled (Gemma), the
-final logits soft-capped.
+or routed experts (with shared experts, DeepSeek's) -> optional post-MLP norm -> residual.
+Embeddings may be scaled (Gemma), the final logits soft-capped. A config with `mla` (DeepSeek)
+attends through Multi-head Latent Attention instead of q/k/v (mla.py: its low-rank projections,
+the rope split, the latent cache), softmax scale `qk_head_dim ** -0.5` (times YaRN's mscale
+squared where `mscale_all_dim` is set); its first `first_k_dense_replace` layers are dense.
 
 Gemma's RMSNorm scales by `(1 + w)` in float32 before casting back; its weights are stored as
 `1 + w` at load time, so one norm function serves both styles (`Family.norm_offset` picks the
@@ -27,7 +30,9 @@ RMSNorm (`AddNorm`; Gemma's (1 + w) sandwich norms through `offset_add_rms_norm`
 activation in the quantized product's input stage (SwiGLU, GeGLU), rotary + K/V write (+ decode
 attention) through the backend's `rope_attend` for layers on the full rotary tables (after the
 q / k head norms, written back into the projection), and a decode-only step's layers in one C call
-(`quant_chain.DecodeChain`). `decode_path` says which a model takes, and why not.
+(`quant_chain.DecodeChain`). `decode_path` says which a model takes, and why not. MLA layers get
+the fused add-norm and the packed / quantized products; not rope_attend nor the chain (their
+attention reads the latent cache).
 """
 
 from __future__ import annotations
@@ -61,8 +66,14 @@ from runtime.models.layers import (
     packing_enabled,
     rms_norm,
 )
+from runtime.models.mla import MLAWeights, latent_attention, load_mla
 from runtime.models.moe import MoEWeights, load_moe, moe_forward
-from runtime.models.rope import RotaryEmbedding, apply_rotary, longrope_frequencies
+from runtime.models.rope import (
+    RotaryEmbedding,
+    apply_rotary,
+    longrope_frequencies,
+    softmax_scale,
+)
 from runtime.models.sharded import TensorParallel
 from runtime.parallel.comm import LOCAL, Comm
 from runtime.parallel.shard import SINGLE, Shard
@@ -85,7 +96,7 @@ class DecoderLayer:
     spec: LayerSpec
     kind: str  # FULL or SLIDING: which rotary tables the layer reads
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, hidden], this rank's heads
+    qkv: torch.Tensor | None  # [(Hq + 2 Hkv) D, hidden], this rank's heads (None with mla)
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None  # [D]
     k_norm: torch.Tensor | None
@@ -99,6 +110,7 @@ class DecoderLayer:
     down: torch.Tensor | None
     down_bias: torch.Tensor | None
     moe: MoEWeights | None
+    mla: MLAWeights | None = None  # latent attention in place of q/k/v (DeepSeek)
     # rotary, K/V write and attention through the backend's rope_attend (the full rotary
     # tables, no window, no LongRoPE / partial rotary); else rotated here, then attend
     rope_attend: bool = False
@@ -107,7 +119,7 @@ class DecoderLayer:
         out: list[torch.Tensor] = []
         for name in DecoderLayer.__slots__:
             value = getattr(self, name)
-            if isinstance(value, MoEWeights):
+            if isinstance(value, MoEWeights | MLAWeights):
                 out += value.tensors()
             elif isinstance(value, torch.Tensor) or cpu_quant.is_quantized(value):
                 out.append(value)
@@ -135,6 +147,10 @@ class DecoderModel:
     ) -> None:
         self.config, self.dtype, self.shard, self.comm = config, dtype, shard, comm
         self.attention = attention or make_backend("auto")
+        if config.mla is not None:
+            # MLA's attention over the latents: absorbed (the default) or, False, decompressed
+            # to per-head K/V at every step (the same numbers; for checks and the benchmark)
+            self.absorb = True
         state = self.checkpoint_names(dict(state), config)
         # this rank's heads, MLP columns and vocabulary rows, and the sums that complete them
         self.tp = TensorParallel(config, shard, comm)
@@ -152,7 +168,7 @@ class DecoderModel:
         del self._state
         for layer in self.layers:
             layer.rope_attend = (
-                layer.kind == FULL and layer.spec.window is None
+                layer.kind == FULL and layer.spec.window is None and layer.mla is None
                 and config.rope_type != "longrope" and config.rope_dim == config.head_dim
             )  # fmt: skip
         self._explicit_rope = not all(layer.rope_attend for layer in self.layers)
@@ -179,7 +195,7 @@ class DecoderModel:
         big = [self.lm_head] + [
             t for layer in self.layers for t in (layer.qkv, layer.o, layer.gate_up, layer.down)
             if t is not None
-        ]  # fmt: skip
+        ] + [t for layer in self.layers if layer.mla for t in layer.mla.projections()]  # fmt: skip
         device = self.embed.device
         packed = Packed(big, packing_enabled(dtype, device), gemv_enabled(dtype, device))
         self.mm, self.swiglu_mm, self.geglu_mm = packed.linear, packed.swiglu, packed.geglu
@@ -229,7 +245,7 @@ class DecoderModel:
         """The model's DecodeChain, or None and what of the family, the weights or the
         placement keeps it off the chain."""
         cfg, fam, shard = self.config, self.family, self.shard
-        why = []
+        why = ["latent attention (MLA)"] if cfg.mla is not None else []
         if shard.tp_size != 1 or not (shard.first_stage and shard.last_stage):
             why.append("tensor or pipeline parallel")
         if device.type != "cpu" or self.dtype not in cpu_fused.MODEL_TYPES:
@@ -287,20 +303,28 @@ class DecoderModel:
         cfg, tp = self.config, self.tp
         p = f"model.layers.{i}."
         att, mlp = p + "self_attn.", p + "mlp."
-        qkv = tp.qkv.weight([self._take(att + f"{n}_proj.weight") for n in "qkv"])
-        qkv_bias = tp.qkv.bias([self._maybe(att + f"{n}_proj.bias") for n in "qkv"], self.dtype)
+        qkv = qkv_bias = mla = None
+        window = cfg.layer_window(i)
+        scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+        if cfg.mla is not None:  # no tensor parallel MLA (parallel/shard.py refuses it)
+            mla = load_mla(self._take, self._maybe, att, cfg, self.dtype)
+            scale = softmax_scale(cfg, cfg.mla.qk_head_dim)
+        else:
+            qkv = tp.qkv.weight([self._take(att + f"{n}_proj.weight") for n in "qkv"])
+            qkv_bias = tp.qkv.bias([self._maybe(att + f"{n}_proj.bias") for n in "qkv"],
+                                   self.dtype)  # fmt: skip
         sparse = cfg.moe is not None and cfg.moe.sparse_layer(i)
         gate_up = down = moe = gate_up_bias = None
-        if sparse:
-            moe = load_moe(self._take, self._maybe, mlp, cfg.moe, tp.experts, shared=False)
+        if sparse:  # shared experts (DeepSeek's) on one rank: the ranks' outputs are summed
+            shared = self.shard.ep_rank == 0 and self.shard.tp_rank == 0
+            moe = load_moe(self._take, self._maybe, mlp, cfg.moe, tp.experts, shared=shared)
         else:
             gate_up = tp.gate_up.weight([self._take(mlp + f"{n}_proj.weight") for n in GATE_UP])
             gate_up_bias = tp.gate_up.bias([self._maybe(mlp + f"{n}_proj.bias") for n in GATE_UP],
                                            self.dtype)  # fmt: skip
             down = tp.down.weight(self._take(mlp + "down_proj.weight"))
         sandwich = self.family.sandwich_norms
-        window = cfg.layer_window(i)
-        scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+        o = self._take(att + "o_proj.weight")
         return DecoderLayer(
             spec=LayerSpec(scale=scale, window=window, soft_cap=cfg.attn_logit_softcapping),
             kind=SLIDING if window is not None else FULL,
@@ -309,7 +333,7 @@ class DecoderModel:
             qkv_bias=qkv_bias,
             q_norm=self._norm_weight(att + "q_norm.weight") if cfg.qk_norm else None,
             k_norm=self._norm_weight(att + "k_norm.weight") if cfg.qk_norm else None,
-            o=tp.o.weight(self._take(att + "o_proj.weight")),
+            o=o if mla is not None else tp.o.weight(o),
             o_bias=self._maybe(att + "o_proj.bias"),
             post_attn_norm=self._norm_weight(p + "post_attention_layernorm.weight")
             if sandwich else None,
@@ -324,6 +348,7 @@ class DecoderModel:
             down=down,
             down_bias=None if sparse else self._maybe(mlp + "down_proj.bias"),
             moe=moe,
+            mla=mla,
         )  # fmt: skip
 
     def weight_bytes(self) -> int:
@@ -379,6 +404,10 @@ class DecoderModel:
         """The attention block's output before its o bias (summed over the tensor ranks)."""
         t, d = x.shape[0], self.config.head_dim
         hq, hkv = self.num_heads, self.num_kv_heads
+        if layer.mla is not None:
+            out = latent_attention(layer.mla, x, self.mm, self.config, self.attention, li,
+                                   layer.spec, tables[FULL], self.absorb)  # fmt: skip
+            return self.tp.o.reduce(self.mm(out, layer.o))
         qkv = self.mm(x, layer.qkv, layer.qkv_bias)
         if layer.rope_attend:
             if layer.q_norm is not None:  # the normed heads back into the projection

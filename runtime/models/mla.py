@@ -12,14 +12,104 @@ attention with one KV "head" of R + Dr dimensions.
 
 Decompressed (for checks and the benchmark): every cached token's latent is expanded to per-head
 K and V at each step, as a generic engine would, then ordinary attention.
+
+A layer's latent-attention weights (`MLAWeights`, read by `load_mla`) and its attention block
+(`latent_attention`: projections, norms, the rope split, the latent store and the attention
+above) are what decoder.py runs in place of q/k/v for a config with `mla` (DeepSeek V2 / V3):
+the query comes from `q_proj`, or from `q_a_proj` -> RMSNorm -> `q_b_proj` when `q_lora_rank`
+is set; `kv_a_proj_with_mqa` gives the latent `c` (RMSNorm'd) and the shared rope key; RoPE
+(interleaved pairs where `rope_interleave`) rotates only the rope parts. Weights in a GGUF block
+format stay in it, multiplied through the model's `mm`; `kv_b_proj`, multiplied densely per
+head, is dequantized.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from runtime.attention import AttentionBackend, LayerSpec
+from runtime.config import ModelConfig
 from runtime.errors import UnsupportedAttentionError
+from runtime.models.layers import dense_weight, rms_norm
+from runtime.models.rope import apply_rotary, apply_rotary_interleaved
+
+
+@dataclass(slots=True)
+class MLAWeights:
+    """One layer's latent-attention weights (o_proj is the decoder layer's `o`)."""
+
+    q: torch.Tensor | None  # q_proj, or None with q_lora_rank
+    q_a: torch.Tensor | None
+    q_a_bias: torch.Tensor | None
+    q_a_norm: torch.Tensor | None
+    q_b: torch.Tensor | None
+    kv_a: torch.Tensor  # [R + Dr, hidden]
+    kv_a_bias: torch.Tensor | None
+    kv_a_norm: torch.Tensor
+    w_uk: torch.Tensor  # [H, nope, R]
+    w_uv: torch.Tensor  # [H, v, R]
+
+    def projections(self) -> list[torch.Tensor]:
+        """The matrices multiplied through the model's `mm` (packed where it packs)."""
+        return [t for t in (self.q, self.q_a, self.q_b, self.kv_a) if t is not None]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (getattr(self, n) for n in MLAWeights.__slots__) if t is not None]
+
+
+def load_mla(take: Callable, maybe: Callable, prefix: str, config: ModelConfig,
+             dtype: torch.dtype) -> MLAWeights:  # fmt: skip
+    """A layer's MLA weights from `{prefix}q_proj.weight` ... (transformers' names); `take`
+    raises naming a missing weight, `maybe` gives None for an absent one."""
+    mla, heads = config.mla, config.num_heads
+    kv_b = dense_weight(take(prefix + "kv_b_proj.weight"), dtype)
+    kv_b = kv_b.view(heads, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
+    lora = mla.q_lora_rank is not None
+    return MLAWeights(
+        q=None if lora else take(prefix + "q_proj.weight"),
+        q_a=take(prefix + "q_a_proj.weight") if lora else None,
+        q_a_bias=maybe(prefix + "q_a_proj.bias"),
+        q_a_norm=take(prefix + "q_a_layernorm.weight") if lora else None,
+        q_b=take(prefix + "q_b_proj.weight") if lora else None,
+        kv_a=take(prefix + "kv_a_proj_with_mqa.weight"),
+        kv_a_bias=maybe(prefix + "kv_a_proj_with_mqa.bias"),
+        kv_a_norm=take(prefix + "kv_a_layernorm.weight"),
+        w_uk=kv_b[:, : mla.qk_nope_head_dim].contiguous(),
+        w_uv=kv_b[:, mla.qk_nope_head_dim :].contiguous(),
+    )
+
+
+def latent_attention(
+    w: MLAWeights,
+    x: torch.Tensor,  # [T, hidden], normed
+    mm: Callable,
+    config: ModelConfig,
+    attention: AttentionBackend,
+    layer: int,
+    spec: LayerSpec,
+    cos_sin: tuple[torch.Tensor, torch.Tensor],
+    absorb: bool = True,
+) -> torch.Tensor:
+    """[T, H * v]: the attention block's output before o_proj. The new tokens' latents go into
+    their slots before attention reads the pages. `absorb=False` decompresses the cache."""
+    mla, eps, t = config.mla, config.rms_norm_eps, x.shape[0]
+    rotate = apply_rotary_interleaved if mla.rope_interleave else apply_rotary
+    if w.q is not None:
+        q = mm(x, w.q)
+    else:
+        q = mm(rms_norm(mm(x, w.q_a, w.q_a_bias), w.q_a_norm, eps), w.q_b)
+    q = q.view(t, config.num_heads, mla.qk_head_dim)
+    q_nope, q_rope = q[..., : mla.qk_nope_head_dim], q[..., mla.qk_nope_head_dim :]
+    kv = mm(x, w.kv_a, w.kv_a_bias)
+    c = rms_norm(kv[:, : mla.kv_lora_rank], w.kv_a_norm, eps)
+    k_rope = rotate(kv[:, None, mla.kv_lora_rank :], *cos_sin)
+    attention.store_latent(layer, torch.cat((c, k_rope[:, 0]), dim=-1))
+    attend = absorbed_attention if absorb else decompressed_attention
+    out = attend(q_nope, rotate(q_rope, *cos_sin), w.w_uk, w.w_uv, attention, layer, spec)
+    return out.reshape(t, -1)
 
 
 def absorbed_attention(

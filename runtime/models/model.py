@@ -1,7 +1,7 @@
 """`Model`: what the scheduler and the engine call on a model, whichever runs it.
 
 Satisfied by every family in this folder (`DecoderModel` with its family classes,
-`DeepseekModel`) and by `workers.driver.ParallelModel`, which runs the forward on worker ranks;
+DeepSeek's included) and by `workers.driver.ParallelModel`, which runs the forward on worker ranks;
 the engine runs either through `device.runner.ModelRunner`. The KV layout a model needs is
 `config.kv_layout()`: the pool allocates what it lists (K and V per KV head, or one MLA latent
 per token) and the memory and scheduling code deal in pages only.
