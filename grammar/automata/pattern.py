@@ -66,6 +66,7 @@ def _ends_with_anchor(branch: str) -> bool:
 _END = "\x00"  # stands for an inner `$`; never a byte of JSON string content
 _MARKING = threading.local()  # .on: _with_end_anchors is building (the marker is allowed)
 _LOSS = threading.local()  # .count: constructions whose language is a strict subset
+_FREE = threading.local()  # .on: only the spellings without escapes (pattern_to_content)
 
 
 def note_loss() -> None:
@@ -96,7 +97,10 @@ _SHORT_ESCAPES = {'"': '"', "\\": "\\", "\b": "b", "\f": "f", "\n": "n", "\r": "
 def _with_escapes(plain: object | None, chars: frozenset[str]) -> object | None:
     """`plain` or one of `chars` written as a JSON escape (`\\n`, `\\"`, `\\u001e` in either
     case): a pattern's class holding a quote, a backslash or a control character reaches it
-    the way JSON must spell it. NUL is left out (it marks an inner `$`)."""
+    the way JSON must spell it. NUL is left out (it marks an inner `$`). Escape-free
+    (see pattern_to_content): `plain` alone."""
+    if getattr(_FREE, "on", False):
+        return plain
     spellings: list[object] = [] if plain is None else [plain]
     for c in sorted(chars - {_END}):
         if c in _SHORT_ESCAPES:
@@ -145,12 +149,22 @@ def _json_safe(node: object) -> object | None:
     raise GrammarError(f"regex construct not supported: {type(node).__name__}")
 
 
-def pattern_to_content(pattern: str, any_char: object) -> object | None:
+def pattern_to_content(pattern: str, any_char: object, escape_free: bool = False) -> object | None:
     """Node for JSON string content whose decoded text contains a match of `pattern`.
 
     `any_char` is the node of one JSON string character (used for unanchored ends).
     Returns None when no string can match. Raises GrammarError for constructs we cannot take.
-    """
+    `escape_free`: only the contents written without a backslash escape (the same language
+    intersected with escape-free text, `any_char` being escape-free too): a smaller automaton
+    where only escape-free strings are asked about (patternProperties' key regions). Narrowings
+    it meets are not recorded again (the full build records them)."""
+    if escape_free:
+        lost, was = losses(), getattr(_FREE, "on", False)
+        _FREE.on = True
+        try:
+            return pattern_to_content(pattern, any_char)
+        finally:
+            _FREE.on, _LOSS.count = was, lost
     pattern = _U_ESCAPE.sub(
         lambda m: m.group(1) + ra.escape_char(chr(int(m.group(2), 16))), pattern
     )

@@ -380,13 +380,16 @@ def key_regions(
             note_loss()
         return hit[0]
     before = losses()
+    literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
     pats, contents = [], []
     for pattern in pp:
         contents.append(pattern_to_content(pattern, b.string_char))
-        pats.append(b.dfa(contents[-1]))
-    literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
+        # the split below asks only about escape-free keys: the pattern's escape-free
+        # spellings are the same regions, with a smaller automaton (`.{1,256}`: no
+        # escape states per position); a pattern with none of them keeps its full automaton
+        free = pattern_to_content(pattern, literal, escape_free=True)
+        pats.append(b.dfa(contents[-1] if free is None else free))
     keys = node_to_dfa(ra.repeat(literal, 0, None))
-    anykey = node_to_dfa(ra.repeat(b.string_char, 0, None))
     names = [n for n in [*props, *required] if not any(ord(c) < 0x20 or c in '"\\' for c in n)]
     if names:
         keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
@@ -397,16 +400,19 @@ def key_regions(
         raise UnsupportedSchemaError("patternProperties", where, "too many key regions")
     out: list[tuple[Node, tuple[bool, ...]]] = []
     for region, inside in regions:
-        if all(inside) and not named_inside:
+        key: Node
+        if inside == (True,) and not named_inside:
+            key = contents[0]  # the pattern's whole language, and it has a regex text form
+        elif all(inside) and not named_inside:
             # a key in every pattern may use escapes (pattern_to_content is sound)
             # unless a property name matches them all (it must stay out in every
             # spelling); "matches none of" needs exactness: escape-free keys
-            region = anykey
-            for dfa in pats:
-                region = dfa_ops.product(region, dfa, True)
-        key: Node = dfa_ops.DFANode(region, "patternProperties", where)
-        if inside == (True,) and not named_inside:
-            key = contents[0]  # the same language, and it has a regex text form
+            region = node_to_dfa(ra.repeat(b.string_char, 0, None))
+            for content in contents:
+                region = dfa_ops.product(region, b.dfa(content), True)
+            key = dfa_ops.DFANode(region, "patternProperties", where)
+        else:
+            key = dfa_ops.DFANode(region, "patternProperties", where)
         out.append((ra.seq(ra.char('"'), key, ra.char('"')), inside))
     b.key_region_memo[memo_key] = (out, losses() - before)
     return out
