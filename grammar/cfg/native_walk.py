@@ -33,13 +33,16 @@ _FLAGS = ("-O2", "-march=native", "-fPIC", "-std=gnu11")
 UNITS = [native_build.Unit("cut_walk", Path(__file__).parent / "csrc" / "cut_walk.c", _FLAGS)]
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES: native_build.Signatures = {
-    "walk_terminal": (_I64, [_PTR] * 7 + [_I64] + [_PTR] * 6 + [_I64]),
+    "walk_terminal": (_I64, [_PTR] * 7 + [_I64, _PTR, _PTR, _I64] + [_PTR] * 5 + [_I64]),
     "child_sigs": (None, [_PTR, _I64, _PTR]),
+    "desc_sigs": (None, [_PTR, _I64, _PTR, _PTR]),
     "walk_lexer": (_I64, [_PTR] * 7 + [_I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64]),
     "loop_states": (None, [_PTR, _I64] + [_PTR] * 3 + [_I64, _PTR, _PTR]),
 }
 LIBRARY = native_build.OptionalLibrary("grammar-cut-walk", UNITS, SIGNATURES, "using numpy walks")
 ROOT = -1  # the task node of "every token" (~0: the root's descendants)
+REGION = 1 << 40  # a task node REGION + i: a region cut (csrc/cut_walk.c's walk_terminal)
+SKIP_FROM_START, SET_ACCEPTS = 1, 2  # walk_terminal's modes
 _LOOP_LOCK = threading.Lock()
 
 
@@ -55,6 +58,10 @@ class CutWalker:
         self.child_sig = np.empty((self.num_nodes, 3), dtype=np.uint64)
         lib.child_sigs(trie.ptrs[0], self.num_nodes, self.child_sig.ctypes.data)
         self._sig_ptr = self.child_sig.ctypes.data
+        # per node, the bytes of every node below it (the same signatures)
+        self.desc_sig = np.empty((self.num_nodes, 3), dtype=np.uint64)
+        lib.desc_sigs(trie.ptrs[0], self.num_nodes, self._sig_ptr, self.desc_sig.ctypes.data)
+        self._desc_ptr = self.desc_sig.ctypes.data
         self._terms: dict[tuple[int, int, int], tuple] = {}  # see _term_ptrs
         # loop state set -> (packed mask of the tokens that stay in it, `clean` per node)
         self._loops: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
@@ -65,6 +72,14 @@ class CutWalker:
         out = np.empty((nodes.shape[0], 2), dtype=np.int64)
         out[:, 0] = nodes
         out[:, 1] = state
+        return out
+
+    @staticmethod
+    def cut_tasks(cuts: np.ndarray, state: int) -> np.ndarray:
+        """The task pairs of `terminal`'s cuts, all from `state` (int64 [n, 2]): a cut ~i
+        (descendants of node i) as it is, a region cut i >= 0 as REGION + i."""
+        out = CutWalker.tasks(cuts, state)
+        out[cuts >= 0, 0] += REGION
         return out
 
     def loop(self, sub: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -93,13 +108,16 @@ class CutWalker:
 
     def terminal(
         self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray, tasks: np.ndarray,
-        in_set: tuple[np.ndarray, np.ndarray] | None = None,
+        in_set: tuple[np.ndarray, np.ndarray] | None = None, mode: int = 0,
     ) -> tuple[np.ndarray | None, np.ndarray]:  # fmt: skip
         """A GBNF terminal's walk (csrc/cut_walk.c's walk_terminal): (packed int32 mask of the
-        tokens that end inside it, or None when none does; the cut nodes as descendants tasks,
-        int32). `table`: int32 [states, 256], C order; `accepting`, `live`: bool per state;
-        `in_set`: (sub, index) of a state set S (`loop_set`): skip the tokens that stay in S
-        from the task state (S's first; the caller has their mask: `loop(sub)[0]`)."""
+        tokens that end inside it, or None when none does; the cuts, int32: ~i for the
+        descendants of node i, i >= 0 for a region). `table`: int32 [states, 256], C order;
+        `accepting`, `live`: bool per state; `in_set`: (sub, index) of a state set S
+        (`loop_set`), whose subtrees are not walked node by node; `mode`: SET_ACCEPTS when S's
+        states accept (its subtrees are region cuts), SKIP_FROM_START when the tasks start in
+        S's first state and the caller has the mask of the tokens that stay in S from there
+        (`loop(sub)[0]`)."""
         words = np.zeros(self.num_words, dtype=np.uint32)
         term = self._term_ptrs(table, accepting, live)
         tasks = np.ascontiguousarray(tasks, dtype=np.int64)
@@ -113,8 +131,8 @@ class CutWalker:
         while True:
             n = self.lib.walk_terminal(
                 nodes, row_start, row_ids, *term, tasks.ctypes.data, tasks.shape[0],
-                _ptr(clean), _ptr(index), self._sig_ptr, words.ctypes.data, scratch.inside_ptr,
-                scratch.ptr, cuts.shape[0],
+                _ptr(clean), _ptr(index), mode, self._sig_ptr, self._desc_ptr, words.ctypes.data,
+                scratch.inside_ptr, scratch.ptr, cuts.shape[0],
             )  # fmt: skip
             if n >= 0:
                 break
@@ -177,12 +195,13 @@ MAX_SET = 8  # states of a loop set (csrc/cut_walk.c keeps one bit per state in 
 def loop_set(
     table: np.ndarray, accepting: np.ndarray, live: np.ndarray, q: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The loop set S of state q of a terminal (int32 table [states, 256], 0 = dead): the
-    non-accepting live states reachable from q, and back, through such states (a JSON string's
-    body with its UTF-8 and escape states), q first, at most MAX_SET (breadth first from q: any
-    such subset is exact, a smaller one skips less). Returns (sub: int8 [len(S), 256], the
-    index in S each byte leads to, -1 outside; index: int8 per state, -1 outside S)."""
-    inner = ~accepting & live
+    """The loop set S of state q of a terminal (int32 table [states, 256], 0 = dead): the live
+    states that accept as q does (or do not, as q does not) reachable from q, and back,
+    through such states (a JSON string's body with its UTF-8 and escape states), q first, at
+    most MAX_SET (any such subset is exact, a smaller one skips less). Returns (sub: int8
+    [len(S), 256], the index in S each byte leads to, -1 outside; index: int8 per state, -1
+    outside S)."""
+    inner = (accepting == accepting[q]) & live
     inner[0] = False
 
     def reach(step) -> np.ndarray:

@@ -88,8 +88,21 @@ def first_rows(layout: VocabLayout) -> list[np.ndarray]:
     return [np.arange(fs[b], fs[b + 1], dtype=np.int64) for b in range(256)]
 
 
-_MIN_LOOP_BYTES = 64  # a state that loops on this many ASCII bytes takes the shortcut
+_MIN_LOOP_BYTES = 32  # a state that loops on this many ASCII bytes takes the shortcut
 _MAX_PREPARED_LOOPS = 8
+
+
+def _self_loops(term: Terminal) -> np.ndarray:
+    """Per state, the ASCII bytes it reads back to itself (0 for the dead state)."""
+    counts = np.count_nonzero(
+        term.table[:, :128] == np.arange(term.table.shape[0])[:, None], axis=1
+    )
+    counts[DEAD] = 0
+    return counts
+
+
+def _loops_at(term: Terminal, q: int) -> bool:
+    return q != DEAD and np.count_nonzero(term.table[q, :128] == q) >= _MIN_LOOP_BYTES
 
 
 class Decomposition:
@@ -169,6 +182,7 @@ class CompiledEBNF:
         self._first_rows = _FIRST_ROWS.get_or_build(vocab.hash, lambda: first_rows(self.layout))
         self._walker = native_walk.walker_for(vocab)  # C first-visit walks (None: numpy)
         self._loop_sets: dict[tuple[int, int], tuple] = {}  # (id(terminal), q) -> loop_set
+        self._term_sets: dict[int, tuple] = {}  # id(terminal) -> its walks' set and mode
         if self._walker is not None:
             self._prepare_loops()
         # the decompositions of the start set now: the first mask is the slow one
@@ -181,41 +195,54 @@ class CompiledEBNF:
         d = self._top.get((t, q))
         if d is None:
             term = self.network.terminals[t]
-            loops = term.table[q] == q
-            looped = None
-            if not term.accepting[q] and np.count_nonzero(loops[:128]) >= _MIN_LOOP_BYTES:
-                # inside a string-like loop: a token made only of looping bytes comes back to
-                # q at every byte (within, no cut: q does not accept): one shared mask, and
-                # only the other tokens are walked (the C walk: the tokens that stay in q's
-                # loop set, its UTF-8 and escape states too, `native_walk.loop_set`)
-                if self._walker is not None:
-                    in_set = self._loop_set(term, q)
-                    looped = self._walker.loop(in_set[0])[0]
-                else:
-                    row_bytes = _ROW_BYTES.get_or_build(
-                        self.vocab.hash, lambda: RowBytes(self.layout)
-                    )
-                    inside, looped = row_bytes.only(loops)
             if self._walker is not None:
-                tasks = self._walker.tasks(_ROOT_TASK, q)
-                words, cuts = self._walker.terminal(
-                    term.table, term.accepting, term.live, tasks, None if looped is None else in_set
-                )
-                d = Decomposition(words, cuts, None)
+                d = self._top_native(term, q)
             else:
-                first = np.flatnonzero(term.table[q] != DEAD)
-                rows = (
-                    np.concatenate([self._first_rows[b] for b in first]) if first.size else _NO_ROWS
-                )
-                if looped is not None:
-                    rows = rows[~inside[rows]]
-                d = decompose(self.layout, term, q, rows, np.zeros(rows.shape[0], dtype=np.int64))
-            if looped is not None:
-                d.words = looped if d.words is None else looped | d.words
+                d = self._top_numpy(term, q)
             self._share(d)
             with self._lock:
                 d = self._top.setdefault((t, q), d)
         return d
+
+    def _top_numpy(self, term: Terminal, q: int) -> Decomposition:
+        loops = term.table[q] == q
+        looped = None
+        first = np.flatnonzero(term.table[q] != DEAD)
+        rows = np.concatenate([self._first_rows[b] for b in first]) if first.size else _NO_ROWS
+        if not term.accepting[q] and np.count_nonzero(loops[:128]) >= _MIN_LOOP_BYTES:
+            # inside a string-like loop: a token made only of looping bytes comes back to q at
+            # every byte (within, no cut: q does not accept): one shared mask, and only the
+            # other tokens are walked
+            row_bytes = _ROW_BYTES.get_or_build(self.vocab.hash, lambda: RowBytes(self.layout))
+            inside, looped = row_bytes.only(loops)
+            rows = rows[~inside[rows]]
+        d = decompose(self.layout, term, q, rows, np.zeros(rows.shape[0], dtype=np.int64))
+        if looped is not None:
+            d.words = looped if d.words is None else looped | d.words
+        return d
+
+    def _top_native(self, term: Terminal, q: int) -> Decomposition:
+        """The C walk from state q. In a loop (a string's body, an identifier's tail) the
+        tokens that stay in q's loop set from q are one vocabulary-wide mask, and the walk
+        skips them (their cuts, where the set accepts, as region cuts); elsewhere the
+        terminal's own loop set, if any, still saves the walk inside its subtrees."""
+        walker = self._walker
+        assert walker is not None
+        looped = None
+        if _loops_at(term, q):
+            in_set = self._loop_set(term, q)
+            looped = walker.loop(in_set[0])[0]
+            mode = native_walk.SKIP_FROM_START
+            mode |= native_walk.SET_ACCEPTS if term.accepting[q] else 0
+        else:
+            in_set, mode = self._term_set(term)
+        tasks = walker.tasks(_ROOT_TASK, q)
+        words, cuts = walker.terminal(
+            term.table, term.accepting, term.live, tasks, in_set, mode
+        )  # fmt: skip
+        if looped is not None:
+            words = looped if words is None else looped | words
+        return Decomposition(words, cuts, None)
 
     def _loop_set(self, term: Terminal, q: int) -> tuple[np.ndarray, np.ndarray]:
         key = (id(term), q)
@@ -227,19 +254,30 @@ class CompiledEBNF:
             return hit
         return hit[0]
 
+    def _term_set(self, term: Terminal) -> tuple[tuple[np.ndarray, np.ndarray] | None, int]:
+        """The loop set a walk of `term` uses wherever it starts (that of its state looping on
+        the most ASCII bytes, if one loops on _MIN_LOOP_BYTES), and the walk's mode."""
+        hit = self._term_sets.get(id(term))
+        if hit is None:
+            counts = _self_loops(term)
+            q = int(np.argmax(counts))
+            hit = (None, 0)
+            if counts[q] >= _MIN_LOOP_BYTES:
+                mode = native_walk.SET_ACCEPTS if term.accepting[q] else 0
+                hit = (self._loop_set(term, q), mode)
+            with self._lock:  # (the terminals live as long as the grammar: ids stay theirs)
+                hit = self._term_sets.setdefault(id(term), hit)
+        return hit
+
     def _prepare_loops(self) -> None:
         """Build the loop sets' vocabulary tables (`CutWalker.loop`, ~3 ms a set at 129k
-        tokens, cached per vocabulary) while compiling, not in the first mask inside a string:
-        for every string-like state (the `_top_decomposition` shortcut), at most
-        _MAX_PREPARED_LOOPS sets a grammar."""
+        tokens, cached per vocabulary) while compiling, not in a first mask: for every looping
+        state (`_loops_at`), at most _MAX_PREPARED_LOOPS sets a grammar."""
         sets = 0
         for term in self.network.terminals:
             if not isinstance(term, Terminal):
                 continue
-            counts = np.count_nonzero(
-                term.table[:, :128] == np.arange(term.table.shape[0])[:, None], axis=1
-            )
-            for q in np.flatnonzero(~term.accepting & (counts >= _MIN_LOOP_BYTES)).tolist():
+            for q in np.flatnonzero(_self_loops(term) >= _MIN_LOOP_BYTES).tolist():
                 if sets >= _MAX_PREPARED_LOOPS:
                     return
                 self._walker.loop(self._loop_set(term, q)[0])  # type: ignore[union-attr]
@@ -267,8 +305,11 @@ class CompiledEBNF:
     def _child(self, term: Terminal, d: Decomposition) -> Decomposition:
         """The rest of `d`'s cut tokens read from `term`'s start."""
         if d.cut_pos is None:  # trie nodes: the C walk
-            tasks = self._walker.tasks(d.cut_rows, START)  # type: ignore[union-attr]
-            words, cuts = self._walker.terminal(term.table, term.accepting, term.live, tasks)  # type: ignore[union-attr]
+            tasks = self._walker.cut_tasks(d.cut_rows, START)  # type: ignore[union-attr]
+            in_set, mode = self._term_set(term)
+            words, cuts = self._walker.terminal(  # type: ignore[union-attr]
+                term.table, term.accepting, term.live, tasks, in_set, mode
+            )
             child = Decomposition(words, cuts, None)
         else:
             child = decompose(self.layout, term, START, d.cut_rows, d.cut_pos)

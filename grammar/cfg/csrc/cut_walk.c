@@ -39,15 +39,6 @@ static inline int64_t task_start(const node_t *nodes, int64_t a, int64_t s, int3
     return a + 1;
 }
 
-/* GBNF terminals (grammar/ebnf/compiler.py's decompose): a token whose bytes all survive the
-   table ends inside the terminal (bit set in words, *n_inside counted); at a node with
-   descendants whose state accepts, the terminal may complete there: the node goes to cuts as a
-   descendants task (its ~index), and the walk goes on below it while the state is live.
-   `clean` (when not null) skips the subtrees that stay in a set S of non-accepting live states
-   (loop_states below): in_set[state] is the state's index in S (-1: not in S), clean[i] bit k
-   says node i's byte read from S's state k, and every path of its subtree, stays in S; the walk
-   skips node i when the path above it stayed in S too (the caller has those tokens' mask
-   already: loop_states' words). Returns the number of cuts, or -1 when more than cap. */
 /* A set of bytes as 3 x 64 bits: ASCII exactly, the bytes from 128 folded (b & 63). */
 #define SIG_WORDS 3
 static inline int sig_bit(int b) { return b < 128 ? b : 128 + (b & 63); }
@@ -60,7 +51,8 @@ static inline void state_sig(const int32_t *table, int64_t s, uint64_t *sig) {
         if (table[s * 256 + b]) sig[sig_bit(b) >> 6] |= 1ull << (sig_bit(b) & 63);
 }
 
-/* child_sig[3 i ..]: the bytes of node i's children as a signature (one pass, per trie). */
+/* child_sig[3 i ..]: the bytes of node i's children as a signature; desc_sig: the bytes of all
+   the nodes strictly below i (one pass each, per trie; desc_sigs after child_sigs). */
 void child_sigs(const node_t *nodes, int64_t n, uint64_t *sig) {
     for (int64_t i = 0; i < n; i++) {
         uint64_t *x = sig + SIG_WORDS * i;
@@ -72,51 +64,121 @@ void child_sigs(const node_t *nodes, int64_t n, uint64_t *sig) {
     }
 }
 
+void desc_sigs(const node_t *nodes, int64_t n, const uint64_t *child_sig, uint64_t *desc) {
+    for (int64_t i = n - 1; i >= 0; i--) {
+        uint64_t *x = desc + SIG_WORDS * i;
+        for (int w = 0; w < SIG_WORDS; w++) x[w] = child_sig[SIG_WORDS * i + w];
+        for (int64_t j = i + 1; j < nodes[i].end; j = nodes[j].end)
+            for (int w = 0; w < SIG_WORDS; w++) x[w] |= desc[SIG_WORDS * j + w];
+    }
+}
+
+/* GBNF terminals (grammar/ebnf/compiler.py's decompose): a token whose bytes all survive the
+   table ends inside the terminal (bit set in words, *n_inside counted); at a node with
+   descendants whose state accepts, the terminal may complete there: the node goes to cuts as a
+   descendants task (its ~index), and the walk goes on below it while the state is live.
+
+   Loop sets: `clean` (when not null) marks the subtrees that stay in a set S of live states, all
+   accepting or none (mode & SET_ACCEPTS says which), see loop_states below: in_set[state] is the
+   state's index in S (-1: not in S), clean[i] bit k says node i's byte read from S's state k,
+   and every path of its subtree, stays in S. Such a subtree is not walked node by node: its
+   tokens all end inside (their bits set from the node range, or, with mode & SKIP_FROM_START
+   while the path from the task's start stayed in S, not at all: the caller has the mask of the
+   tokens that stay in S from S's first state, loop_states' words), and when S accepts, every
+   node of it with descendants is a cut: the subtree goes to cuts as one region (its index,
+   >= 0). A region task (REGION + node, state) walks the descendants of each such node of the
+   region from the state; none when no byte below the node is one the state reads (desc_sig).
+   Returns the number of cuts, or -1 when more than cap. */
+#define SKIP_FROM_START 1
+#define SET_ACCEPTS 2
+#define REGION (1ll << 40)
+
+typedef struct {
+    const node_t *nodes;
+    const int64_t *row_start, *row_ids;
+    const int32_t *table;
+    const uint8_t *accepting, *live, *clean;
+    const int8_t *in_set;
+    int64_t mode;
+    const uint64_t *child_sig, *desc_sig;
+    uint32_t *words;
+    int32_t *cuts;
+    int64_t cap, nc, inside, sig_state;
+    uint64_t sig[SIG_WORDS];
+} walk_t;
+
+/* Some byte of signature c is one state s reads. */
+static inline int sig_meets(walk_t *w, const uint64_t *c, int64_t s) {
+    if (s != w->sig_state) {
+        w->sig_state = s;
+        state_sig(w->table, s, w->sig);
+    }
+    return ((c[0] & w->sig[0]) | (c[1] & w->sig[1]) | (c[2] & w->sig[2])) != 0;
+}
+
+static int walk_task(walk_t *w, int64_t a, int64_t s) {
+    const node_t *nodes = w->nodes;
+    int32_t st[MAX_DEPTH + 1];
+    uint8_t outside[MAX_DEPTH + 1];  /* the path left S above (or at) this depth */
+    if (a < 0 && !sig_meets(w, w->child_sig + SIG_WORDS * ~a, s)) return 0;
+    int64_t stop;
+    int32_t d0;
+    int64_t i = task_start(nodes, a, s, st, &stop, &d0);
+    outside[d0 - 1] = 0;
+    while (i < stop) {
+        const node_t *x = nodes + i;
+        int32_t d = x->depth, par = st[d - 1];
+        if (w->clean && w->in_set[par] >= 0 && ((w->clean[i] >> w->in_set[par]) & 1)) {
+            if (!(w->mode & SKIP_FROM_START) || outside[d - 1])
+                for (int64_t j = i; j < x->end; j++)
+                    if (nodes[j].row >= 0) {
+                        set_ids(w->words, nodes + j, w->row_start, w->row_ids);
+                        w->inside++;
+                    }
+            if ((w->mode & SET_ACCEPTS) && x->end != i + 1) {
+                if (w->nc >= w->cap) return -1;
+                w->cuts[w->nc++] = (int32_t)i;
+            }
+            i = x->end;
+            continue;
+        }
+        int32_t nx = w->table[(int64_t)par * 256 + x->byte];
+        if (nx == 0) { i = x->end; continue; }
+        if (w->clean) outside[d] = outside[d - 1] | (w->in_set[nx] < 0);
+        if (x->row >= 0) { set_ids(w->words, x, w->row_start, w->row_ids); w->inside++; }
+        if (x->end == i + 1) { i++; continue; }  /* a leaf */
+        if (w->accepting[nx]) {
+            if (w->nc >= w->cap) return -1;
+            w->cuts[w->nc++] = (int32_t)~i;
+        }
+        if (!w->live[nx]) { i = x->end; continue; }
+        st[d] = nx;
+        i++;
+    }
+    return 0;
+}
+
 int64_t walk_terminal(const node_t *nodes, const int64_t *row_start, const int64_t *row_ids,
                       const int32_t *table, const uint8_t *accepting, const uint8_t *live,
                       const int64_t *tasks, int64_t n_tasks, const uint8_t *clean,
-                      const int8_t *in_set, const uint64_t *child_sig, uint32_t *words,
-                      int64_t *n_inside, int32_t *cuts, int64_t cap) {
-    int32_t st[MAX_DEPTH + 1];
-    uint8_t outside[MAX_DEPTH + 1];  /* the path left S above (or at) this depth */
-    int64_t nc = 0, inside = 0, sig_state = -1;
-    uint64_t sig[SIG_WORDS] = {0, 0, 0};
+                      const int8_t *in_set, int64_t mode, const uint64_t *child_sig,
+                      const uint64_t *desc_sig, uint32_t *words, int64_t *n_inside,
+                      int32_t *cuts, int64_t cap) {
+    walk_t w = {nodes, row_start, row_ids, table, accepting, live, clean, in_set, mode,
+                child_sig, desc_sig, words, cuts, cap, 0, 0, -1, {0, 0, 0}};
     for (int64_t t = 0; t < n_tasks; t++) {
-        int64_t stop;
-        int32_t d0;
-        if (tasks[2 * t] < 0) {  /* descendants of a node: none the state reads, nothing to do */
-            if (tasks[2 * t + 1] != sig_state) {
-                sig_state = tasks[2 * t + 1];
-                state_sig(table, sig_state, sig);
-            }
-            const uint64_t *c = child_sig + SIG_WORDS * ~tasks[2 * t];
-            if (!((c[0] & sig[0]) | (c[1] & sig[1]) | (c[2] & sig[2]))) continue;
+        int64_t a = tasks[2 * t], s = tasks[2 * t + 1];
+        if (a < REGION) {
+            if (walk_task(&w, a, s) < 0) return -1;
+            continue;
         }
-        int64_t i = task_start(nodes, tasks[2 * t], tasks[2 * t + 1], st, &stop, &d0);
-        outside[d0 - 1] = 0;
-        while (i < stop) {
-            const node_t *x = nodes + i;
-            int32_t d = x->depth;
-            if (clean && !outside[d - 1] && ((clean[i] >> in_set[st[d - 1]]) & 1)) {
-                i = x->end;
-                continue;
-            }
-            int32_t nx = table[(int64_t)st[d - 1] * 256 + x->byte];
-            if (nx == 0) { i = x->end; continue; }
-            if (clean) outside[d] = outside[d - 1] | (in_set[nx] < 0);
-            if (x->row >= 0) { set_ids(words, x, row_start, row_ids); inside++; }
-            if (x->end == i + 1) { i++; continue; }  /* a leaf */
-            if (accepting[nx]) {
-                if (nc >= cap) return -1;
-                cuts[nc++] = (int32_t)~i;
-            }
-            if (!live[nx]) { i = x->end; continue; }
-            st[d] = nx;
-            i++;
-        }
+        a -= REGION;
+        if (!sig_meets(&w, desc_sig + SIG_WORDS * a, s)) continue;
+        for (int64_t j = a; j < nodes[a].end; j++)
+            if (nodes[j].end != j + 1 && walk_task(&w, ~j, s) < 0) return -1;
     }
-    *n_inside = inside;
-    return nc;
+    *n_inside = w.inside;
+    return w.nc;
 }
 
 /* A lark context's lexer (grammar/cfg/mask.py's decompose): maximal munch. A byte the lexer

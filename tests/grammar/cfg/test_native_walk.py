@@ -129,6 +129,14 @@ term ::= atom ( ws [*/] ws atom )*
 atom ::= [0-9]+ | "(" ws expr ws ")" | "-" atom
 ws   ::= " "?
 """,
+    # identifiers: an accepting loop (its cuts as region cuts) and one that must end in "("
+    "calls": r"""
+root  ::= stmt+
+stmt  ::= ident ws "=" ws expr ";" ws
+expr  ::= ident | ident "(" ( expr ( "," ws expr )* )? ")" | [0-9]+
+ident ::= [a-zA-Z_] [a-zA-Z0-9_]*
+ws    ::= [ \t\n]*
+""",
 }
 GBNF_TEXTS = {
     "json": [
@@ -138,6 +146,10 @@ GBNF_TEXTS = {
         '{"naïve €": ["中文 \\u00e9\\"q", "𝄞x"]}',  # the loop set's UTF-8 and escape states
     ],
     "arithmetic": ["(1 + 23) * -4 / (5-(6*7))", "((((8))))+9 * 10", "-(-(-1))/22+333"],
+    "calls": [
+        "foo = bar(baz, qux_1);\nx_1 = 42; abc=d(e(f), 7);",
+        "total_sum = add(total_sum, item);\n  item=next_item(it);",
+    ],
 }
 
 
