@@ -117,8 +117,9 @@ class CompileBudgetError(GrammarError):
 
 class CompileStarvedError(CompileBudgetError):
     """A compile ended by its wall-clock budget while its worker had CPU time for less than
-    half of it (a loaded machine): a 400 as any budget refusal, but not cached, since the
-    same constraint may compile in time once the machine is less busy."""
+    half of it (a loaded machine), or before a worker had started for it: a 400 as any budget
+    refusal, but not cached, since the same constraint may compile in time once the machine is
+    less busy."""
 
 
 class CompileWorkerError(GrammarError):
@@ -583,8 +584,12 @@ class CompilePool:
                 while not worker.wait_ready(self._wait_s(job) if job.large else _POLL_S):
                     if job.cancelled():
                         return CompileCancelledError("the requests waiting for it went away")
-                    if job.large and time.monotonic() >= job.deadline:
-                        return self._timeout_error(job.spec, job.large)
+                    if job.large and time.monotonic() >= job.deadline:  # (not cached)
+                        why = f"{job.large}; it waited for a compile worker to start"
+                        limit = f"{self.timeout_s:g} s"
+                        return CompileStarvedError(
+                            _name(job.spec), "grammar compile timeout", limit, why
+                        )
                 if not job.large:  # (the wait for a worker to start is not its doing)
                     job.deadline += time.monotonic() - waiting
             except (OSError, RuntimeError) as exc:
