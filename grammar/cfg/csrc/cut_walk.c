@@ -242,22 +242,31 @@ void loop_states(const node_t *nodes, int64_t n, const int64_t *row_start,
         if (x->row >= 0) set_ids(words, x, row_start, row_ids);
         i++;
     }
-    /* by byte, each S state's target as a shift (8: out of S, bit 8 of `ok` is never set) */
-    uint8_t shift[256][8];
-    for (int b = 0; b < 256; b++)
-        for (int64_t k = 0; k < 8; k++)
-            shift[b][k] = k < n_sub && sub[k * 256 + b] >= 0 ? (uint8_t)sub[k * 256 + b] : 8;
+    /* clean bit k of a node = bit to_k of `below` (to_k: where its byte leads from S's state
+       k): per byte, the bits of `below` mapped to clean bits through two nibble tables */
+    uint8_t lo[256][16], hi[256][16];
+    for (int b = 0; b < 256; b++) {
+        uint8_t from[8] = {0};  /* from[j]: the S states the byte leads to S's state j from */
+        for (int64_t k = 0; k < n_sub; k++)
+            if (sub[k * 256 + b] >= 0) from[sub[k * 256 + b]] |= (uint8_t)(1u << k);
+        for (int v = 0; v < 16; v++) {
+            lo[b][v] = hi[b][v] = 0;
+            for (int j = 0; j < 4; j++)
+                if ((v >> j) & 1) {
+                    lo[b][v] |= from[j];
+                    hi[b][v] |= from[j + 4];
+                }
+        }
+    }
     /* reverse preorder: a node's children come just before it; ok[d] gathers the AND of the
        clean bits of the children of the depth-d node visited next (reset once it is read) */
-    uint16_t ok[MAX_DEPTH + 2];
+    uint8_t ok[MAX_DEPTH + 2];
     for (int d = 0; d <= MAX_DEPTH + 1; d++) ok[d] = 0xff;
     for (int64_t i = n - 1; i >= 1; i--) {
-        int32_t d = nodes[i].depth;
-        uint16_t below = ok[d];
+        int32_t d = nodes[i].depth, b = nodes[i].byte;
+        uint8_t below = ok[d];
         ok[d] = 0xff;
-        const uint8_t *to = shift[nodes[i].byte];
-        uint8_t c = 0;
-        for (int k = 0; k < 8; k++) c |= (uint8_t)(((below >> to[k]) & 1) << k);
+        uint8_t c = lo[b][below & 15] | hi[b][below >> 4];
         clean[i] = c;
         ok[d - 1] &= c;
     }
