@@ -50,6 +50,17 @@ def set_bits(words: np.ndarray, ids: np.ndarray) -> None:
     words |= np.packbits(on, bitorder="little").view("<u4")
 
 
+def clear_bits(words: np.ndarray, ids: np.ndarray) -> None:
+    """Clear bit id of packed uint32 `words` for every id in `ids` (in place)."""
+    if ids.size <= _AT_MOST:
+        bit = np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
+        np.bitwise_and.at(words, ids >> 5, ~bit)
+        return
+    on = np.zeros(words.shape[0] * 32, dtype=bool)
+    on[ids] = True
+    words &= ~np.packbits(on, bitorder="little").view("<u4")
+
+
 class TokenIndex:
     """Token masks of one DFA over one vocabulary.
 
@@ -63,6 +74,7 @@ class TokenIndex:
         self.vocab = vocab
         self.prepared = vocab.prepared()
         self.num_words = (len(vocab) + 31) // 32
+        self._first_counts = np.diff(self.prepared.first_start)  # tokens per first byte
         # the class-indexed table (not a [n_states, 256] copy: a large automaton would need
         # n_states KiB): a byte b read in state s goes to flat[s * n_cls + class(b)]
         self.n_cls = dfa.num_classes
@@ -252,21 +264,21 @@ class TokenIndex:
         ref_row = self.row(ref)
         differ = row != ref_row
         walked = differ & (row != DEAD)  # (a first byte dead from `state` allows nothing)
-        rows = self.vocab.derived(
-            ("first", np.packbits(walked).tobytes()), lambda: self._led(walked)
-        )
-        if rows is None:  # many tokens start with a byte where the two rows differ
-            return None
-        gone = differ & (ref_row != DEAD)  # ref's tokens that start there: not borrowed
-        keep = self.vocab.derived(
-            ("not first", np.packbits(gone).tobytes()), lambda: self._not_led(gone)
-        )
-        words = self.bitmask(ref, depth + 1).view("<u4") & keep  # (a new array)
+        prep = self.prepared
+        if int(self._first_counts[walked].sum()) * 8 >= prep.num_rows:
+            return None  # many tokens start with a byte where the two rows differ
+        words = self.bitmask(ref, depth + 1).view("<u4").copy()
         for e in self._eos.tolist():
             words[e >> 5] &= np.uint32(~(1 << (e & 31)) & 0xFFFFFFFF)
-        if self._trie is not None and native.walk(self._trie, self.dfa, state, words, walked):
-            return words.view("<i4"), _NO_ROWS
-        return words.view("<i4"), self._allowed_sparse(state, rows)
+        # ref's tokens that start where the rows differ are not borrowed: cleared in the
+        # C walk, which sets again those of them that walk from `state`
+        if self._trie is not None:
+            done = words.copy()
+            if native.walk(self._trie, self.dfa, state, done, walked, clear_first=differ):
+                return done.view("<i4"), _NO_ROWS
+        gone = differ & (ref_row != DEAD)  # (ref's tokens of a first byte dead there: unset)
+        clear_bits(words, self.vocab.ids_of_rows(self._led(gone, limit=False)))
+        return words.view("<i4"), self._allowed_sparse(state, self._led(walked))
 
     def _chain(self, state: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The tokens from the first state of a counting chain (see `chains`): the pure ones
@@ -314,22 +326,13 @@ class TokenIndex:
             col = self._ccols[p] = self._cls(self.prepared.columns[p][:n])
         return col
 
-    def _not_led(self, first: np.ndarray) -> np.ndarray:
-        """Packed uint32 bits of every id but those of the tokens whose first byte is in
-        `first` (bool [256]): a mask ANDed with it drops those tokens."""
-        prep = self.prepared
-        led = first[prep.columns[0][: prep.num_rows]]
-        out = ~self.pack(led).view("<u4")
-        out.flags.writeable = False
-        return out
-
-    def _led(self, live: np.ndarray) -> np.ndarray | None:
+    def _led(self, live: np.ndarray, limit: bool = True) -> np.ndarray | None:
         """The rows of the tokens whose first byte is live (ascending), or None when they are
-        more than an eighth of all (then a dense walk is cheaper)."""
+        more than an eighth of all (then a dense walk is cheaper) and `limit`."""
         prep = self.prepared
         first = np.flatnonzero(live)
         starts, ends = prep.first_start[first], prep.first_start[first + 1]
-        if int((ends - starts).sum()) * 8 >= prep.num_rows:
+        if limit and int((ends - starts).sum()) * 8 >= prep.num_rows:
             return None
         parts = [prep.by_first[a:b] for a, b in zip(starts, ends, strict=True)]
         rows = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)

@@ -47,7 +47,7 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES: native_build.Signatures = {
     "trie_build": (_I64, [_PTR, _PTR, _PTR, _I64, _PTR, _I64]),
     "trie_walk": (_I64, [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR,
-                         _I64, _PTR, _PTR, _PTR]),
+                         _I64, _PTR, _PTR, _PTR, _PTR]),
     "trie_prefix": (_I64, [_PTR, _PTR, ctypes.c_char_p, _I64, _PTR, _PTR, _PTR]),
     "trie_prefixes": (None, [_PTR, _PTR, ctypes.c_char_p, _I64, _I64, _I64, _PTR]),
 }  # fmt: skip
@@ -83,16 +83,18 @@ class TokenTrie:
 
     def walk_once(self, table: np.ndarray, b2c: int | None, ok: int | None, tasks: int,
                   n_tasks: int, words: int, out: int, expand: int | None = None,
-                  core: int | None = None, node_ok: int | None = None) -> int:  # fmt: skip
+                  core: int | None = None, node_ok: int | None = None,
+                  clear: int | None = None) -> int:  # fmt: skip
         """One C pass over n_tasks (node, state) pairs at address `tasks` through `table`
         (int32, C order, [rows, n_cls]), setting bits in the uint32 words at `words`; writes
         the skipped pairs at `out` (room for _PENDING) and returns how many, or -1. `expand`,
         `core`: a lazy DFA's hook for rows met unbuilt (`LazyDFA.walk_in_c`), or None;
-        `node_ok`: the address of a `row_filter`, or None."""
+        `node_ok`: the address of a `row_filter`, or None; `clear`: the address of a uint8
+        [256] whose first bytes' tokens have their bits cleared first (a root task), or None."""
         nodes, row_start, row_ids = self.ptrs
         return self.lib.trie_walk(
             nodes, table.ctypes.data, table.shape[0], table.shape[1], b2c, ok, row_start,
-            row_ids, tasks, n_tasks, words, out, _PENDING, expand, core, node_ok,
+            row_ids, tasks, n_tasks, words, out, _PENDING, expand, core, node_ok, clear,
         )  # fmt: skip
 
 
@@ -196,16 +198,24 @@ def walk(
     words: np.ndarray,
     first_ok: np.ndarray | None = None,
     node_ok: np.ndarray | None = None,
+    clear_first: np.ndarray | None = None,
 ) -> bool:
     """Set in `words` (uint32, contiguous, in place) the bit of every token that walks from
     `state` (its row built) without dying, and whose first byte is `first_ok` (bool [256];
     None: any), and, given `node_ok` (a `row_filter` of `trie`), that is one of its rows. EOS
-    ids are not set. False when the walk gave up (too many skipped subtrees):
+    ids are not set. Given `clear_first` (bool [256]), the bits of every token whose first
+    byte it marks are cleared before (so a copied mask's tokens of those bytes are dropped
+    unless they walk). False when the walk gave up (too many skipped subtrees):
     `words` is then partial and the caller computes the mask another way."""
     if words.dtype != np.uint32 or not words.flags.c_contiguous:
         raise ValueError("words must be a contiguous uint32 array")
     ok = None if first_ok is None else np.ascontiguousarray(first_ok, dtype=bool).view(np.uint8)
     ok_ptr = None if ok is None else ok.ctypes.data
+    clear = (
+        None if clear_first is None
+        else np.ascontiguousarray(clear_first, dtype=bool).view(np.uint8)
+    )  # fmt: skip
+    clear_ptr = None if clear is None else clear.ctypes.data
     node_ptr = None if node_ok is None else node_ok.ctypes.data
     arrays, ptrs = _buffers.arrays, _buffers.ptrs
     arrays[0][0] = (0, state)
@@ -222,8 +232,9 @@ def walk(
             if not table.flags.c_contiguous or table.dtype != np.int32:
                 return -2  # (not a table this walk reads; both kinds of DFA keep one)
             return trie.walk_once(
-                table, b2c, ok_ptr, ptrs[cur], n, words_ptr, ptrs[1 - cur], expand, core, node_ptr
-            )
+                table, b2c, ok_ptr, ptrs[cur], n, words_ptr, ptrs[1 - cur], expand, core, node_ptr,
+                clear_ptr,
+            )  # fmt: skip
 
         # a lazy table is read afresh for each pass (it is replaced as it grows), under its
         # lock: rows the walk meets unbuilt are built by the C core in place where it can

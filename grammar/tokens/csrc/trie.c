@@ -48,15 +48,18 @@ int64_t trie_build(const uint8_t *data, const int64_t *off, const int64_t *rows,
    returns 0, or -1 when it cannot); one still not built is returned in pending as the task
    (node, parent state), its subtree skipped. node_ok (when not null) walks some of the tokens
    only: a node whose bit 1 is clear has none of them in its subtree (skipped), a node whose
-   bit 2 is clear is not one of them (its ids not set). Returns the pending tasks, or -1 when
-   more than cap. */
+   bit 2 is clear is not one of them (its ids not set). clear_first (when not null): in the
+   root task (a = 0), every token whose first byte it marks has its id bit cleared first,
+   walked or not (a mask borrowed from another state, its tokens of those first bytes
+   dropped, then the walked ones set again). Returns the pending tasks, or -1 when more than
+   cap. */
 typedef int64_t (*expand_fn)(void *core, int64_t state);
 
 int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int64_t n_cls,
                   const int32_t *b2c, const uint8_t *first_ok, const int64_t *row_start,
                   const int64_t *row_ids, const int64_t *tasks, int64_t n_tasks,
                   uint32_t *words, int64_t *pending, int64_t cap, expand_fn expand,
-                  void *core, const uint8_t *node_ok) {
+                  void *core, const uint8_t *node_ok, const uint8_t *clear_first) {
     int32_t st[MAX_DEPTH + 1];
     int64_t np = 0;
     for (int64_t t = 0; t < n_tasks; t++) {
@@ -65,6 +68,13 @@ int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int
         while (i < stop) {
             const node_t *x = nodes + i;
             int32_t d = x->depth, par = st[d - 1];
+            if (d == 1 && clear_first && !a && clear_first[x->byte])
+                for (int64_t k = i; k < x->end; k++) {
+                    if (nodes[k].row < 0) continue;
+                    for (int64_t j = row_start[nodes[k].row]; j < row_start[nodes[k].row + 1];
+                         j++)
+                        words[row_ids[j] >> 5] &= ~(1u << (row_ids[j] & 31));
+                }
             if (d == 1 && first_ok && !first_ok[x->byte]) { i = x->end; continue; }
             if (node_ok && !(node_ok[i] & 1)) { i = x->end; continue; }
             int32_t nx = -1;

@@ -182,6 +182,28 @@ def test_duplicate_and_prefix_tokens_on_a_small_vocabulary(monkeypatch):
         assert np.array_equal(c_index.bitmask(state), np_index.bitmask(state)), state
 
 
+def test_clear_first_drops_the_tokens_of_those_first_bytes_unless_they_walk(monkeypatch):
+    """`walk(..., clear_first=)` over a mask with every bit set: a token whose first byte is
+    marked keeps its bit only when it is walked (its first byte in first_ok) and lives; the
+    others keep theirs. A brute-force oracle over a small vocabulary."""
+    tokens = [b"a", b"ab", b"abc", b"b", b"ba", b"c", b"cab", b"x", b"xa", None]
+    vocab = TokenVocabulary(tokens, eos_token_ids=[9])
+    dfa = regex_to_dfa("(ab|c)*")
+    _set_native(monkeypatch, True)
+    trie = native.trie_of(vocab)
+    clear, walked = np.zeros(256, bool), np.zeros(256, bool)
+    clear[[ord("a"), ord("b"), ord("x")]] = True
+    walked[[ord("a"), ord("b")]] = True  # x cleared, not walked
+    words = np.full(1, 0xFFFFFFFF, dtype=np.uint32)
+    assert native.walk(trie, dfa, 1, words, walked, clear_first=clear)
+    for i, t in enumerate(tokens):
+        bit = bool(words[0] >> i & 1)
+        if t is None or not clear[t[0]]:
+            assert bit, t  # untouched
+        else:
+            assert bit == (walked[t[0]] and dfa.walk(1, t) != 0), t
+
+
 def test_masks_from_several_threads(monkeypatch):
     """Threads computing first-visit masks of one lazy index at once (rows built by whichever
     thread gets there first, the table replaced as it grows) get the numpy masks."""
