@@ -146,10 +146,11 @@ def eager_rows(
     nfa: NFA, start: int, max_states: int, over_budget: Callable[[int], GrammarError]
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The whole DFA of `nfa` from `start` built in C (fsm.nfa_to_dfa's eager construction):
-    (table int32 [n, 256], accepting bool [n]), state 0 DEAD and 1 the start (n == 1: the start's
-    closure is empty); None when C is off or unavailable. Deferred pieces are built first and
-    every NFA state is handed over in one call; the states of lazily filled blocks are filled by
-    the core, never in Python. Raises `over_budget(max_states)` past `max_states` states."""
+    (table int32 [n, 256], a view of a larger array: copy what is kept; accepting bool [n]),
+    state 0 DEAD and 1 the start (n == 1: the start's closure is empty); None when C is off or
+    unavailable. Deferred pieces are built first and every NFA state is handed over in one
+    call; the states of lazily filled blocks are filled by the core, never in Python. Raises
+    `over_budget(max_states)` past `max_states` states."""
     core = new_core(nfa, max_states) if enabled() else None
     if core is None:
         return None
@@ -181,7 +182,8 @@ def eager_rows(
         else:
             core._ask(status)
     n = core.num_states
-    return arrays[0][:n].copy(), arrays[1][:n].copy()
+    # (the table is not copied: the caller narrows it to byte classes, a smaller copy)
+    return arrays[0][:n], arrays[1][:n].copy()
 
 
 def _dfa_arrays(cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
