@@ -2,7 +2,8 @@
 (3 layers: 1 dense, 2 MoE of 8 experts; MLA with a 32 + 8 latent; V3 with q_lora_rank, groups
 and sigmoid routing, V2 with softmax routing): greedy tokens alone, batched, with the cache on
 and off, through chunked prefill, eviction and preemption; logits; the latent KV cache's size;
-absorbed and decompressed attention agreeing; expert load; configs the engine cannot honour."""
+absorbed and decompressed attention agreeing; expert load; configs the engine cannot honour; the
+model built by the one decoder (decoder.py with mla.py's attention)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from runtime import Engine
 from runtime.config import config_from_dict, load_config
 from runtime.errors import UnsupportedModelError
+from runtime.models.decoder import DecoderModel
 from tests.support.tiny_models import PROMPTS, YARN, hf_greedy, hf_model, make_tiny_model
 
 KINDS = ["deepseek_v3", "deepseek_v2"]
@@ -68,6 +70,11 @@ def test_pool_holds_one_latent_per_token(tiny):
         assert e.pool.latent[0].shape[1:] == (4, 1, latent)
         # 2 x heads x head_dim would be 2 x 4 x (16 + 8) per layer: MLA holds 40 values
         assert latent < 2 * config.num_heads * config.mla.qk_head_dim
+        # built by the one decoder: latent attention in place of q/k/v, and said to keep the
+        # model off the one-call decode chain
+        assert isinstance(e.model, DecoderModel)
+        assert all(w.mla is not None and w.qkv is None for w in e.model.layers)
+        assert "latent attention (MLA)" in e.model.decode_path
 
 
 def test_absorbed_and_decompressed_attention_agree(tiny):
