@@ -14,7 +14,10 @@ fp32 folder, which is then every row's target). Each row: tokens/s (completion
 tokens over wall time, the faster of `--rounds` runs, the prompts' KV cached by a four-token
 run just before, the draft model's too; the rows of a workload alternate on one machine),
 forward steps per token, the accept length (tokens per verify forward), and whether the output
-equals the no-speculation row token for token. `--llamacpp`: llama-server's rows on the same
+equals the no-speculation row token for token; `cpu tok/s`: completion tokens over the
+process's CPU time of the run (every thread's; the median round), what a loaded machine's other
+processes move least, best read with `--threads 1` (more threads' kernel workers spin while
+they wait). `--llamacpp`: llama-server's rows on the same
 files (none, its n-gram lookup, `-md` draft model); with the draft row and no `--model`, every
 row's target is then the dense folder written once as a Q8_0 GGUF (`--target-gguf`), since
 llama-server cannot load the folder. `--verify-ab`: only a verify step's forward as
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -173,13 +177,14 @@ def run(engine: Engine, w: dict) -> tuple[float, list[list[int]], dict]:
     # with the same head): neither model's prompt prefill is timed
     engine.generate(prompts, temperature=0.0, **{**w["kw"], "max_new_tokens": 4})
     before = engine.stats()
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     outs = engine.generate(prompts, temperature=0.0, **w["kw"])
     seconds = time.perf_counter() - start
     outs = outs if isinstance(outs, list) else [outs]
     after = engine.stats()
     keys = ("forward_steps", "spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")
     delta = {k: after[k] - before[k] for k in keys}
+    delta["cpu_s"] = time.process_time() - cpu  # the process's CPU time (every thread's)
     return seconds, [o.token_ids for o in outs], delta
 
 
@@ -188,7 +193,6 @@ def verify_ab(model_path: str | None, rounds: int, one_thread: bool = False) -> 
     scheduler runs it now), on the model's own pool, after a 512-token context; the two ways
     alternate, medians of `rounds` runs each, a one-row decode step beside them. `one_thread`:
     on one thread, in CPU time (what a loaded machine's other processes move least)."""
-    import statistics
 
     import torch
 
@@ -323,17 +327,19 @@ def main(argv: list[str] | None = None) -> int:
     for engine in engines.values():  # warm up
         engine.generate("Hello", max_new_tokens=4, temperature=0.0)
     print(f"{'workload':<11} {'row':<6} {'tokens':>6} {'tok/s':>8} {'x':>5} {'steps/tok':>9} "
-          f"{'accept len':>10} {'identical':>9}")  # fmt: skip
+          f"{'accept len':>10} {'identical':>9} {'cpu tok/s':>9} {'cpu x':>5}")  # fmt: skip
     ours: dict[str, dict[str, tuple]] = {}  # workload -> row -> (tok/s, ids)
     for name, w in work.items():
         best: dict[str, tuple] = {}
+        cpu: dict[str, list[float]] = {}  # row -> CPU seconds of each round
         for _ in range(args.rounds):
             for row, engine in engines.items():
                 engine.flush_cache()
                 seconds, ids, delta = run(engine, w)
+                cpu.setdefault(row, []).append(delta["cpu_s"])
                 if row not in best or seconds < best[row][0]:
                     best[row] = (seconds, ids, delta)
-        base_rate = None
+        base_rate = base_cpu = None
         for row, (seconds, ids, delta) in best.items():
             tokens = sum(len(t) for t in ids)
             rate = tokens / seconds
@@ -342,9 +348,12 @@ def main(argv: list[str] | None = None) -> int:
             steps = delta["spec_verify_steps"]
             accept = ((delta["spec_accepted_tokens"] + steps) / steps) if steps else 1.0
             same = ids == best[rows[0]][1]
+            cpu_rate = tokens / max(statistics.median(cpu[row]), 1e-9)  # CPU: the median round
+            base_cpu = base_cpu or cpu_rate
             print(f"{name:<11} {row:<6} {tokens:>6} {rate:>8.1f} {rate / base_rate:>5.2f} "
                   f"{delta['forward_steps'] / max(tokens, 1):>9.2f} {accept:>10.2f} "
-                  f"{'yes' if same else 'NO':>9}")  # fmt: skip
+                  f"{'yes' if same else 'NO':>9} {cpu_rate:>9.1f} "
+                  f"{cpu_rate / base_cpu:>5.2f}")  # fmt: skip
     for engine in engines.values():
         engine.shutdown()
     if args.llamacpp:
