@@ -22,6 +22,7 @@ import ctypes
 import threading
 import weakref
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,7 +34,7 @@ _FLAGS = ("-O2", "-march=native", "-fPIC", "-std=gnu11")
 UNITS = [native_build.Unit("cut_walk", Path(__file__).parent / "csrc" / "cut_walk.c", _FLAGS)]
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES: native_build.Signatures = {
-    "walk_terminal": (_I64, [_PTR] * 7 + [_I64, _PTR, _PTR, _I64] + [_PTR] * 5 + [_I64]),
+    "walk_terminal": (_I64, [_PTR] * 7 + [_I64, _I64, _PTR, _PTR, _I64] + [_PTR] * 5 + [_I64]),
     "child_sigs": (None, [_PTR, _I64, _PTR]),
     "desc_sigs": (None, [_PTR, _I64, _PTR, _PTR]),
     "walk_lexer": (_I64, [_PTR] * 7 + [_I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64]),
@@ -41,9 +42,19 @@ SIGNATURES: native_build.Signatures = {
 }
 LIBRARY = native_build.OptionalLibrary("grammar-cut-walk", UNITS, SIGNATURES, "using numpy walks")
 ROOT = -1  # the task node of "every token" (~0: the root's descendants)
-REGION = 1 << 40  # a task node REGION + i: a region cut (csrc/cut_walk.c's walk_terminal)
 SKIP_FROM_START, SET_ACCEPTS = 1, 2  # walk_terminal's modes
 _LOOP_LOCK = threading.Lock()
+
+
+class LoopWalk(NamedTuple):
+    """A loop set ready for `CutWalker.terminal` (the arrays held: the addresses stay valid):
+    `words`, the mask of the tokens that stay in the set from its first state."""
+
+    words: np.ndarray
+    clean: np.ndarray
+    index: np.ndarray
+    clean_ptr: int
+    index_ptr: int
 
 
 class CutWalker:
@@ -74,14 +85,6 @@ class CutWalker:
         out[:, 1] = state
         return out
 
-    @staticmethod
-    def cut_tasks(cuts: np.ndarray, state: int) -> np.ndarray:
-        """The task pairs of `terminal`'s cuts, all from `state` (int64 [n, 2]): a cut ~i
-        (descendants of node i) as it is, a region cut i >= 0 as REGION + i."""
-        out = CutWalker.tasks(cuts, state)
-        out[cuts >= 0, 0] += REGION
-        return out
-
     def loop(self, sub: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(packed int32 mask of the tokens whose every byte, read from the first state of a
         set S of a terminal's states, stays in S; uint8 per trie node: bit k when the node's
@@ -106,32 +109,34 @@ class CutWalker:
                 hit = self._loops.setdefault(key, (words.view(np.int32), clean))
         return hit
 
+    def prepare(self, sub: np.ndarray, index: np.ndarray) -> LoopWalk:
+        """A loop set as `terminal` reads it (see `loop_set`)."""
+        words, clean = self.loop(sub)
+        index = np.ascontiguousarray(index, dtype=np.int8)
+        return LoopWalk(words, clean, index, clean.ctypes.data, index.ctypes.data)
+
     def terminal(
-        self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray, tasks: np.ndarray,
-        in_set: tuple[np.ndarray, np.ndarray] | None = None, mode: int = 0,
+        self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray, starts: np.ndarray,
+        state: int, in_set: LoopWalk | None = None, mode: int = 0,
     ) -> tuple[np.ndarray | None, np.ndarray]:  # fmt: skip
-        """A GBNF terminal's walk (csrc/cut_walk.c's walk_terminal): (packed int32 mask of the
-        tokens that end inside it, or None when none does; the cuts, int32: ~i for the
-        descendants of node i, i >= 0 for a region). `table`: int32 [states, 256], C order;
-        `accepting`, `live`: bool per state; `in_set`: (sub, index) of a state set S
-        (`loop_set`), whose subtrees are not walked node by node; `mode`: SET_ACCEPTS when S's
-        states accept (its subtrees are region cuts), SKIP_FROM_START when the tasks start in
-        S's first state and the caller has the mask of the tokens that stay in S from there
-        (`loop(sub)[0]`)."""
+        """A GBNF terminal's walk (csrc/cut_walk.c's walk_terminal) of the cuts `starts`
+        (int32, contiguous: ~i the descendants of node i, ROOT every token, i >= 0 a region)
+        from `state`: (packed int32 mask of the tokens that end inside it, or None when none
+        does; its own cuts, the same way). `table`: int32 [states, 256], C order;
+        `accepting`, `live`: bool per state; `in_set`: a loop set (`prepare`), whose subtrees
+        are not walked node by node; `mode`: SET_ACCEPTS when its states accept (its subtrees
+        are region cuts), SKIP_FROM_START when `state` is its first and the caller has the
+        mask of the tokens that stay in it from there (`in_set.words`)."""
         words = np.zeros(self.num_words, dtype=np.uint32)
         term = self._term_ptrs(table, accepting, live)
-        tasks = np.ascontiguousarray(tasks, dtype=np.int64)
-        clean = index = None
-        if in_set is not None:
-            clean = self.loop(in_set[0])[1]
-            index = in_set[1]
+        clean, index = (None, None) if in_set is None else (in_set.clean_ptr, in_set.index_ptr)
         scratch = _scratch
         cuts = scratch.cuts(self.num_nodes)  # (reused: copied out below)
         nodes, row_start, row_ids = self.trie.ptrs
         while True:
             n = self.lib.walk_terminal(
-                nodes, row_start, row_ids, *term, tasks.ctypes.data, tasks.shape[0],
-                _ptr(clean), _ptr(index), mode, self._sig_ptr, self._desc_ptr, words.ctypes.data,
+                nodes, row_start, row_ids, *term, starts.ctypes.data, starts.shape[0], state,
+                clean, index, mode, self._sig_ptr, self._desc_ptr, words.ctypes.data,
                 scratch.inside_ptr, scratch.ptr, cuts.shape[0],
             )  # fmt: skip
             if n >= 0:

@@ -181,7 +181,7 @@ class CompiledEBNF:
         self.start = self.parser.initial()
         self._first_rows = _FIRST_ROWS.get_or_build(vocab.hash, lambda: first_rows(self.layout))
         self._walker = native_walk.walker_for(vocab)  # C first-visit walks (None: numpy)
-        self._loop_sets: dict[tuple[int, int], tuple] = {}  # (id(terminal), q) -> loop_set
+        self._loop_sets: dict[tuple[int, int], tuple] = {}  # (id(terminal), q) -> LoopWalk
         self._term_sets: dict[int, tuple] = {}  # id(terminal) -> its walks' set and mode
         if self._walker is not None:
             self._prepare_loops()
@@ -231,30 +231,29 @@ class CompiledEBNF:
         looped = None
         if _loops_at(term, q):
             in_set = self._loop_set(term, q)
-            looped = walker.loop(in_set[0])[0]
+            looped = in_set.words
             mode = native_walk.SKIP_FROM_START
             mode |= native_walk.SET_ACCEPTS if term.accepting[q] else 0
         else:
             in_set, mode = self._term_set(term)
-        tasks = walker.tasks(_ROOT_TASK, q)
         words, cuts = walker.terminal(
-            term.table, term.accepting, term.live, tasks, in_set, mode
+            term.table, term.accepting, term.live, _ROOT_TASK, q, in_set, mode
         )  # fmt: skip
         if looped is not None:
             words = looped if words is None else looped | words
         return Decomposition(words, cuts, None)
 
-    def _loop_set(self, term: Terminal, q: int) -> tuple[np.ndarray, np.ndarray]:
+    def _loop_set(self, term: Terminal, q: int) -> native_walk.LoopWalk:
         key = (id(term), q)
         hit = self._loop_sets.get(key)
         if hit is None:
-            hit = native_walk.loop_set(term.table, term.accepting, term.live, q)
-            with self._lock:
-                hit = self._loop_sets.setdefault(key, (hit, term))[0]
-            return hit
+            sub, index = native_walk.loop_set(term.table, term.accepting, term.live, q)
+            walk = self._walker.prepare(sub, index)  # type: ignore[union-attr]
+            with self._lock:  # (the terminal is held too: its id stays its own)
+                hit = self._loop_sets.setdefault(key, (walk, term))
         return hit[0]
 
-    def _term_set(self, term: Terminal) -> tuple[tuple[np.ndarray, np.ndarray] | None, int]:
+    def _term_set(self, term: Terminal) -> tuple[native_walk.LoopWalk | None, int]:
         """The loop set a walk of `term` uses wherever it starts (that of its state looping on
         the most ASCII bytes, if one loops on _MIN_LOOP_BYTES), and the walk's mode."""
         hit = self._term_sets.get(id(term))
@@ -280,7 +279,7 @@ class CompiledEBNF:
             for q in np.flatnonzero(_self_loops(term) >= _MIN_LOOP_BYTES).tolist():
                 if sets >= _MAX_PREPARED_LOOPS:
                     return
-                self._walker.loop(self._loop_set(term, q)[0])  # type: ignore[union-attr]
+                self._loop_set(term, q)
                 sets += 1
 
     def _share(self, d: Decomposition) -> None:
@@ -305,10 +304,9 @@ class CompiledEBNF:
     def _child(self, term: Terminal, d: Decomposition) -> Decomposition:
         """The rest of `d`'s cut tokens read from `term`'s start."""
         if d.cut_pos is None:  # trie nodes: the C walk
-            tasks = self._walker.cut_tasks(d.cut_rows, START)  # type: ignore[union-attr]
             in_set, mode = self._term_set(term)
             words, cuts = self._walker.terminal(  # type: ignore[union-attr]
-                term.table, term.accepting, term.live, tasks, in_set, mode
+                term.table, term.accepting, term.live, d.cut_rows, START, in_set, mode
             )
             child = Decomposition(words, cuts, None)
         else:

@@ -86,12 +86,14 @@ void desc_sigs(const node_t *nodes, int64_t n, const uint64_t *child_sig, uint64
    while the path from the task's start stayed in S, not at all: the caller has the mask of the
    tokens that stay in S from S's first state, loop_states' words), and when S accepts, every
    node of it with descendants is a cut: the subtree goes to cuts as one region (its index,
-   >= 0). A region task (REGION + node, state) walks the descendants of each such node of the
-   region from the state; none when no byte below the node is one the state reads (desc_sig).
-   Returns the number of cuts, or -1 when more than cap. */
+   >= 0).
+
+   The tasks: every entry of `starts` from one state: ~i (i = 0: every token) walks the
+   descendants of node i, a region i >= 0 the descendants of each node of the region that has
+   some (none when no byte below node i is one the state reads: desc_sig). Returns the number
+   of cuts, or -1 when more than cap. */
 #define SKIP_FROM_START 1
 #define SET_ACCEPTS 2
-#define REGION (1ll << 40)
 
 typedef struct {
     const node_t *nodes;
@@ -160,19 +162,19 @@ static int walk_task(walk_t *w, int64_t a, int64_t s) {
 
 int64_t walk_terminal(const node_t *nodes, const int64_t *row_start, const int64_t *row_ids,
                       const int32_t *table, const uint8_t *accepting, const uint8_t *live,
-                      const int64_t *tasks, int64_t n_tasks, const uint8_t *clean,
-                      const int8_t *in_set, int64_t mode, const uint64_t *child_sig,
+                      const int32_t *starts, int64_t n_starts, int64_t s,
+                      const uint8_t *clean, const int8_t *in_set, int64_t mode,
+                      const uint64_t *child_sig,
                       const uint64_t *desc_sig, uint32_t *words, int64_t *n_inside,
                       int32_t *cuts, int64_t cap) {
     walk_t w = {nodes, row_start, row_ids, table, accepting, live, clean, in_set, mode,
                 child_sig, desc_sig, words, cuts, cap, 0, 0, -1, {0, 0, 0}};
-    for (int64_t t = 0; t < n_tasks; t++) {
-        int64_t a = tasks[2 * t], s = tasks[2 * t + 1];
-        if (a < REGION) {
+    for (int64_t t = 0; t < n_starts; t++) {
+        int64_t a = starts[t];
+        if (a < 0) {
             if (walk_task(&w, a, s) < 0) return -1;
             continue;
         }
-        a -= REGION;
         if (!sig_meets(&w, desc_sig + SIG_WORDS * a, s)) continue;
         for (int64_t j = a; j < nodes[a].end; j++)
             if (nodes[j].end != j + 1 && walk_task(&w, ~j, s) < 0) return -1;
