@@ -363,11 +363,14 @@ class Engine:
         scheduler thread's: free it (cpu_fused.release_openmp_team). Quantized weights run on
         the quantized kernels' own pool, beside which a spinning OpenMP worker only takes a
         core away: there this thread keeps a team of torch's size, so that libgomp's workers
-        spin briefly (cpu_fused.hold_openmp_team)."""
+        spin briefly (cpu_fused.hold_openmp_team); dense weights choose it per step (the runner's
+        `choose_waits_per_step`: brief after decode steps, long after prompts)."""
         if not self.parallel and self.device.type == "cpu" and cpu_fused.available(torch.float32):
             cpu_fused.release_openmp_team()
             if quantized:
                 cpu_fused.hold_openmp_team()
+            else:
+                self.runner.choose_waits_per_step()
 
     def _log_ready(self) -> None:
         logger.info(

@@ -31,7 +31,7 @@ from runtime.device import cuda
 from runtime.device.graph_runner import DecodeGraphs, decode_graphs
 from runtime.memory.kv_pool import KVPool
 from runtime.models.model import Model
-from runtime.models.threads import ThreadChooser
+from runtime.models.threads import ThreadChooser, WaitChoice
 
 
 class Driver(Protocol):
@@ -67,13 +67,14 @@ class RunnerStats:
     graph_batch_sizes: tuple[int, ...]  # decode batch sizes replayed; () without graphs
     graph_replays: int  # decode steps that ran through a bucket
     decode_path: str | None  # how the model decodes (its `decode_path`), if it says
+    omp_wait_switches: int = 0  # times the per-step OpenMP wait choice changed (WaitChoice)
 
 
 class ModelRunner:
     """The model, its placement, thread choice, graph replay and parallel driver (see above).
     Built by `local` (one process) or `parallel` (worker ranks)."""
 
-    __slots__ = ("_bound", "_chooser", "_driver", "_graphs", "_model", "device", "pool")
+    __slots__ = ("_bound", "_chooser", "_driver", "_graphs", "_model", "_waits", "device", "pool")
 
     def __init__(
         self,
@@ -88,6 +89,7 @@ class ModelRunner:
         self.pool, self.device = pool, device
         self._graphs: DecodeGraphs | None = None
         self._bound: set[int] = set()  # threads already bound to the device
+        self._waits: WaitChoice | None = None  # libgomp's wait chosen per step (dense CPU)
 
     @classmethod
     def local(
@@ -146,6 +148,8 @@ class ModelRunner:
 
     def _forward_model(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor | None:
         assert self._model is not None
+        if self._waits is not None:
+            self._waits.step(batch)
         if self._chooser is not None:
             return self._chooser.forward(self._model, batch, pool)
         return self._model.forward(batch, pool)
@@ -174,9 +178,17 @@ class ModelRunner:
         self._driver.restart()
 
     def shutdown(self) -> None:
-        """Stop the worker ranks (a one-process engine: nothing to stop)."""
+        """Stop the worker ranks (a one-process engine: the per-step wait choice's thread)."""
         if self._driver is not None:
             self._driver.shutdown()
+        if self._waits is not None:
+            self._waits.close()
+
+    def choose_waits_per_step(self) -> None:
+        """Choose libgomp's wait per step (`threads.WaitChoice`): a dense model on the CPU,
+        whose decode steps run on the kernels' own pool and whose prompts on OpenMP."""
+        if self._driver is None and self.device.type == "cpu" and self._waits is None:
+            self._waits = WaitChoice()
 
     # ---- what the engine reads ---------------------------------------------------------------
     def set(self, name: str, value: object) -> None:
@@ -232,4 +244,5 @@ class ModelRunner:
             graph_batch_sizes=tuple(graphs.batch_sizes) if graphs is not None else (),
             graph_replays=graphs.replayed if graphs is not None else 0,
             decode_path=getattr(self._model, "decode_path", None),
+            omp_wait_switches=self._waits.switches if self._waits is not None else 0,
         )

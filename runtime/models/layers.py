@@ -42,13 +42,14 @@ def packing_enabled(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.float32
 
 
-# Inputs of at most this many rows take the matrix-vector kernel. It runs up to
-# cpu_gemv.MAX_ROWS (16) and measured faster than oneDNN there too on one thread (16 rows, bf16:
-# 16.4 vs 21.9 ms a step's projections), but a decode step of several requests opens OpenMP
-# regions (attention, the argmax), whose spinning worker competes with the kernel's pool for the
-# other core: GEMV_ROWS = 16 made the 16-request decode workload slower (bf16 3.7 vs 3.4 s, fp32
-# 6.0 vs 5.7 s, alternating in one engine). One row opens none.
-GEMV_ROWS = 1
+# Inputs of at most this many rows take the matrix-vector kernel (cpu_gemv.MAX_ROWS): a decode
+# step of up to 16 requests. Its products cost less CPU than oneDNN's (a
+# SmolLM2 step's projections, 16 rows, one thread, loaded machine: fp32 61 vs 69 ms, bf16 38 vs
+# 46), each row gets the bits it gets alone, and they split over the same spinning pool as the
+# step's decode attention (fused.run_attention_on), while the engine's OpenMP workers spin only
+# briefly on such steps (threads.WaitChoice): an earlier trial, with attention on OpenMP and
+# its workers' long spin beside the pool, had made the 16-request decode slower.
+GEMV_ROWS = 16
 
 
 def gemv_enabled(dtype: torch.dtype, device: torch.device) -> bool:

@@ -26,12 +26,15 @@ choice does not change tokens.
 from __future__ import annotations
 
 import math
+import queue
+import threading
 import time
 
 import torch
 
 from runtime import settings
 from runtime.attention.forward_batch import ForwardBatch
+from runtime.kernels.cpu import fused as cpu_fused
 from runtime.memory.kv_pool import KVPool
 from runtime.models.model import Model
 
@@ -110,3 +113,59 @@ class ThreadChooser:
             ratio = 1 / ratio
         # a trial costing `ratio` steps every `period` steps stays under TRIAL_SHARE
         self._period = min(max(2 * self._period, math.ceil(ratio / TRIAL_SHARE)), MAX_PERIOD)
+
+
+# a step with at least this many prompt tokens keeps libgomp's long spin (its oneDNN products
+# open many back-to-back OpenMP regions); below it the step's products and decode attention run
+# on the kernels' own pool (models/layers.GEMV_ROWS), and OpenMP's workers should sleep soon
+EXTEND_TOKENS = 64
+
+
+class WaitChoice:
+    """libgomp's wait after a parallel region, chosen per step for a dense CPU model.
+
+    libgomp's workers spin ~300,000 pauses after a region before they sleep, unless it manages
+    more threads than there are CPUs: then 100 (its throttled count). A second thread that
+    holds an OpenMP team of its own makes the count throttled (`fused.hold_openmp_team`);
+    freeing that team (`fused.release_openmp_team`) brings the long spin back. The long spin
+    suits steps of many back-to-back OpenMP regions (a prompt's oneDNN products: each wake-up
+    would cost ~35 us against ~7); the throttled one suits decode steps, whose products and
+    attention run on the kernels' spinning pool (csrc/pool.h) and whose few OpenMP regions
+    (the sampler's reductions) would otherwise leave a worker spinning for milliseconds on the
+    core the pool's worker wants. A quantized model's engine holds such a team for good
+    (engine.py); a dense one takes this per-step choice.
+
+    `step(batch)` asks for the throttled wait on a step with fewer than EXTEND_TOKENS prompt
+    tokens and the long spin otherwise; a helper thread holds or frees its team when the wish
+    changes (the step waits for nothing: the change lands by the next regions). Neither
+    changes any result. `close()` frees the team and ends the thread."""
+
+    def __init__(self) -> None:
+        self.throttled = False
+        self.switches = 0  # times the wish changed
+        self._orders: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="sgl-omp-wait", daemon=True)
+        self._thread.start()
+
+    def step(self, batch: ForwardBatch) -> None:
+        want = batch.num_tokens - batch.num_decode < EXTEND_TOKENS
+        if want != self.throttled:
+            self.throttled = want
+            self.switches += 1
+            self._orders.put(want)
+
+    def _serve(self) -> None:
+        while True:
+            order = self._orders.get()
+            if order:
+                cpu_fused.hold_openmp_team()
+            else:
+                cpu_fused.release_openmp_team()
+            if order is None:
+                return
+
+    def close(self) -> None:
+        """Free the helper's team and end its thread (idempotent)."""
+        if self._thread.is_alive():
+            self._orders.put(None)
+            self._thread.join()

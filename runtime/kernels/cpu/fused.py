@@ -82,6 +82,8 @@ _ONE_TYPE = {  # name: (restype, argtypes), one C function each (gemv.c, attenti
     "release_openmp_team": (ctypes.c_int, []),
     "hold_openmp_team": (ctypes.c_int, []),
     "set_attention_runner": (None, [_PTR]),
+    "set_gemv_runner": (None, [_PTR]),
+    "gemv_pool_run": (None, [_PTR, _PTR, ctypes.c_int]),
 }
 # each library's functions: name -> (restype, argtypes)
 SIGNATURES: Signatures = {
@@ -163,6 +165,9 @@ def _load() -> dict[tuple[str, torch.dtype | None], ctypes._CFuncPtr] | None:
             for dtype, suffix in _SUFFIX.items()
         }
         funcs.update({(name, None): getattr(lib, name) for name in _ONE_TYPE})
+        # decode attention splits over the products' own pool (not an OpenMP team beside it)
+        # until another library's pool takes both (run_attention_on)
+        lib.set_attention_runner(ctypes.cast(lib.gemv_pool_run, ctypes.c_void_p).value)
         _lib = funcs
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
         _failed = True
@@ -426,13 +431,16 @@ def argmax_row(logits: torch.Tensor) -> torch.Tensor:
 
 
 def run_attention_on(runner: int | None) -> bool:
-    """Split decode attention's requests over `runner` (the address of a C function
-    `runner(fn, args, parts)`, another library's thread pool) instead of OpenMP; None: OpenMP
-    again. False where the kernels are not built. Each request's result is the same either
+    """Split decode attention's requests, and the matrix-vector products (`gemv`), over
+    `runner` (the address of a C function `runner(fn, args, parts)`, another library's thread
+    pool): a decode step's work then has one set of spinning workers; None: attention on
+    OpenMP and the products on this library's own pool (at load, attention runs on that pool
+    too). False where the kernels are not built. Each request's result is the same either
     way."""
     if _load() is None:
         return False
     _fn("set_attention_runner", None)(runner)
+    _fn("set_gemv_runner", None)(runner)
     return True
 
 

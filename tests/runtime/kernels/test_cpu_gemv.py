@@ -151,7 +151,8 @@ def test_switched_off_by_the_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_batch1_decode_with_the_kernel_matches_without(tmp_path, monkeypatch, dtype):
+@pytest.mark.parametrize("requests", [1, 3])
+def test_decode_with_the_kernel_matches_without(tmp_path, monkeypatch, dtype, requests):
     loaded = load_model_files(make_tiny_model(tmp_path, "llama"))
     models = {}
     for flag in ("1", "0"):
@@ -160,7 +161,7 @@ def test_batch1_decode_with_the_kernel_matches_without(tmp_path, monkeypatch, dt
     calls = []
     real = cpu_fused.gemv
     monkeypatch.setattr(cpu_fused, "gemv", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
-    prompt = [[5, 17, 300, 42, 9, 11]]
+    prompt = [[5, 17, 300, 42, 9, 11], [7, 2, 99], [400, 3, 3, 8, 1]][:requests]
     with_tokens, with_logits = decode_run(models["1"], dtype, prompt, steps=12)
     assert calls, "the batch-1 decode never reached the kernel"
     n = len(calls)
@@ -214,6 +215,31 @@ def test_callers_on_several_threads_each_get_their_own_product():
     assert not any(t.is_alive() for t in threads)
     for i in range(4):
         assert len(got[i]) == 50 and all(torch.equal(g, want[i]) for g in got[i])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_products_on_the_quantized_kernels_pool_give_the_same_bits(dtype):
+    """run_attention_on moves the products onto another library's pool with decode attention
+    (one set of spinning workers per step); every block and row is still computed once."""
+    from runtime.kernels.cpu import quant as cpu_quant
+
+    if cpu_quant.library() is None:
+        pytest.skip("the quantized kernels are not built")
+    w, x = _rand(3072, 576, dtype=dtype, seed=62), _rand(16, 576, dtype=dtype, seed=63)
+    packed = cpu_gemv.pack(w)
+    q_pool = cpu_quant.pool_runner()
+    try:
+        cpu_fused.run_attention_on(None)
+        own = _gemv_two_threads(packed, x, 3072)
+        cpu_fused.run_attention_on(q_pool)
+        other = _gemv_two_threads(packed, x, 3072)
+    finally:
+        cpu_fused.run_attention_on(q_pool)  # as the quantized library's load leaves it
+    alone = torch.cat([cpu_fused.gemv(packed, x[i : i + 1], 3072) for i in range(16)])
+    assert torch.equal(own, alone) and torch.equal(other, alone)
+    torch.testing.assert_close(
+        other.float(), torch.nn.functional.linear(x.float(), w.float()), rtol=2e-2, atol=2e-2
+    )
 
 
 def _child(packed, x, conn) -> None:

@@ -197,10 +197,24 @@ static void gemv_part(void *p, int part, int parts) {
         gemv_blocks_f32(j->w, j->x, j->y, b0, b1, j->in, j->rows, j->out);
 }
 
+/* Another library's pool that the products split over instead of this one's (set_gemv_runner;
+   NULL: this library's): the one that decode attention runs on too, so that a decode step's
+   work has one set of spinning workers, not two pools' beside each other. */
+static pool_runner_fn gemv_runner;
+
+void set_gemv_runner(pool_runner_fn runner) { gemv_runner = runner; }
+
+/* this library's pool, for decode attention to split over (fused.run_attention_on) */
+void gemv_pool_run(pool_fn fn, void *args, int parts) { pool_run(fn, args, parts); }
+
 static void gemv_run(const void *w, const void *x, void *y, int64_t out, int64_t in,
                      int64_t rows, int bf16, int wide) {
     struct gemv_job j = {w, x, y, out / 16, in, rows, out, bf16, wide};
-    pool_run(gemv_part, &j, out * in < MIN_PARALLEL ? 1 : pool_threads());
+    int parts = out * in < MIN_PARALLEL ? 1 : pool_threads();
+    if (parts > 1 && gemv_runner)
+        gemv_runner(gemv_part, &j, parts);
+    else
+        pool_run(gemv_part, &j, parts);
 }
 
 /* y [rows, out] = x [rows, in] w^T, w packed */

@@ -31,6 +31,7 @@
 #define SPIN_NS 2000000 /* how long an idle worker spins (ns) before it sleeps */
 
 typedef void (*pool_fn)(void *args, int part, int parts);
+typedef void (*pool_runner_fn)(pool_fn fn, void *args, int parts); /* a pool_run */
 
 static struct {
     pthread_mutex_t busy;  /* held by the one caller whose job runs */
