@@ -35,6 +35,7 @@ property schema that may be a string or something else (`anyOf` / a type list wi
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +90,14 @@ _KEY_NAME = "[a-zA-Z_][a-zA-Z0-9_]*"
 JsonLeaf = Callable[[Any, str], object]  # (schema, where) -> the JSON value's expression
 
 
+@functools.lru_cache(maxsize=16)
+def _white_space(max_whitespace: int | None) -> Regular:
+    """The white space around parameters, parsed once per bound (~36 us a parse, once per tool
+    before: ~2 ms of a 50-tool Qwen3-Coder tag's compile)."""
+    ws = "[ \\n\\t]*" if max_whitespace is None else f"[ \\n\\t]{{0,{max_whitespace}}}"
+    return Regular(parse_regex(ws), ("regex", ws))
+
+
 class XMLArguments:
     """Builds the expression of one schema in one style; `json_leaf` gives JSON values."""
 
@@ -99,8 +108,7 @@ class XMLArguments:
         self.style = STYLES[style]
         self.json_leaf = json_leaf
         self.where = where
-        ws = "[ \\n\\t]*" if max_whitespace is None else f"[ \\n\\t]{{0,{max_whitespace}}}"
-        self.ws = Regular(parse_regex(ws), ("regex", ws))
+        self.ws = _white_space(max_whitespace)
         self.defs: dict[str, Any] = {}
         self.whole: Any = {}
         self.cohere_refs: list[str] = []  # the $refs being written (cohere_xml)

@@ -95,3 +95,65 @@ def test_forced_text_masks_equal_with_and_without_the_c_trie(monkeypatch) -> Non
             for texts in (with_c, without):
                 bits = np.unpackbits(texts.words(key).view(np.uint8), bitorder="little")
                 assert set(np.flatnonzero(bits).tolist()) == want_ids, (text, j)
+
+
+# a forced text longer than `forced_masks.LIMIT`, then a branch, then more forced text
+_HEAD = (b"ab<>/=\n" * 14)[:90]
+_TAIL = b"=/<ba\n" * 3
+
+
+def _forced_vocab() -> tuple[TokenVocabulary, list[bytes | None]]:
+    """`_vocab`'s tokens plus some that run far into the forced text: 20 and 40 bytes, past
+    `LIMIT` bytes, and to the branch (so the walk answers there)."""
+    _, toks = _vocab()
+    extra = [_HEAD[:20], _HEAD[:40], _HEAD[3:75], _HEAD[50:], _HEAD[61:] + b"x", _TAIL[:13]]
+    toks = toks[:-1] + extra + [None]
+    return TokenVocabulary(toks, [len(toks) - 1]), toks
+
+
+def _const(text: str) -> dict:
+    return {"type": "const_string", "value": text}
+
+
+@pytest.mark.parametrize("order", ["forward", "backward", "shuffled"])
+def test_forced_masks_in_any_order_equal_the_full_walk(order: str) -> None:
+    """Whichever order the states are first asked in (a later one first: its text is read
+    from there, and an earlier one's reading stops at it): at every state along a forced
+    text longer than `LIMIT`, a branch and more forced text, the shortcut's mask equals the
+    index's own walk; it answers only where no token runs past the forced text (brute
+    force), and at most of those states."""
+    from grammar import compile_structural_tag
+
+    vocab, toks = _forced_vocab()
+    spec = {
+        "type": "sequence",
+        "elements": [
+            _const(_HEAD.decode()),
+            {"type": "or", "elements": [_const("x"), _const("y")]},
+            _const(_TAIL.decode()),
+        ],
+    }
+    g = compile_structural_tag(spec, vocab)
+    states, s, want = [], g.matcher().state, set()
+    for at, b in enumerate(_HEAD + b"x" + _TAIL):
+        states.append(s)
+        # the forced text from here: to the branch, or to the end (at most LIMIT bytes)
+        f = _HEAD[at:] if at < len(_HEAD) else _TAIL[at - len(_HEAD) - 1 :]
+        if f and _brute(toks, f[: forced_masks.LIMIT])[0] >= 0:
+            want.add(s)  # no token runs past it
+        s = g.dfa.step(s, b)
+    if order == "backward":
+        states.reverse()
+    elif order == "shuffled":
+        random.Random(5).shuffle(states)
+    fm = forced_masks.ForcedMasks(g.dfa, vocab)
+    answered = set()
+    for s in states:
+        words = fm(s)
+        if words is None:
+            continue
+        answered.add(s)
+        full = g.index._computed(s, 0)
+        assert np.array_equal(words.view(np.uint32), full.view(np.uint32)), (order, s)
+    assert answered <= want and len(answered) >= 0.75 * len(want)
+    assert len(want) >= 60 and len(set(states)) - len(want) >= 10
