@@ -36,6 +36,7 @@ from runtime import settings
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.kernels.cpu import fused as cpu_fused
 from runtime.memory.kv_pool import KVPool
+from runtime.models.layers import GEMV_ROWS
 from runtime.models.model import Model
 
 FIXED_TOKENS = 32  # a step's fixed cost (reading every weight once), in tokens of work
@@ -115,11 +116,6 @@ class ThreadChooser:
         self._period = min(max(2 * self._period, math.ceil(ratio / TRIAL_SHARE)), MAX_PERIOD)
 
 
-# a step with at least this many prompt tokens keeps libgomp's long spin (its oneDNN products
-# open many back-to-back OpenMP regions); below it the step's products and decode attention run
-# on the kernels' own pool (models/layers.GEMV_ROWS), and OpenMP's workers should sleep soon
-EXTEND_TOKENS = 64
-
 
 class WaitChoice:
     """libgomp's wait after a parallel region, chosen per step for a dense CPU model.
@@ -135,10 +131,11 @@ class WaitChoice:
     core the pool's worker wants. A quantized model's engine holds such a team for good
     (engine.py); a dense one takes this per-step choice.
 
-    `step(batch)` asks for the throttled wait on a step with fewer than EXTEND_TOKENS prompt
-    tokens and the long spin otherwise; a helper thread holds or frees its team when the wish
-    changes (the step waits for nothing: the change lands by the next regions). Neither
-    changes any result. `close()` frees the team and ends the thread."""
+    `step(batch)` asks for the throttled wait on a step of at most `layers.GEMV_ROWS` tokens
+    (its products on the pool) and the long spin on a larger one (its products on oneDNN's
+    OpenMP regions: a prompt, or a decode of more requests); a helper thread holds or frees
+    its team when the wish changes (the step waits for nothing: the change lands by the next
+    regions). Neither changes any result. `close()` frees the team and ends the thread."""
 
     def __init__(self) -> None:
         self.throttled = False
@@ -148,7 +145,7 @@ class WaitChoice:
         self._thread.start()
 
     def step(self, batch: ForwardBatch) -> None:
-        want = batch.num_tokens - batch.num_decode < EXTEND_TOKENS
+        want = batch.num_tokens <= GEMV_ROWS
         if want != self.throttled:
             self.throttled = want
             self.switches += 1

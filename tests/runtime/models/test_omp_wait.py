@@ -1,6 +1,7 @@
 """libgomp's wait chosen per step for a dense CPU model (runtime/models/threads.py `WaitChoice`):
-the throttled wait (a helper thread's OpenMP team held) on steps with few prompt tokens, the long
-spin (the team freed) on prompt steps, each change carried out once and in order."""
+the throttled wait (a helper thread's OpenMP team held) on steps whose products run on the
+kernels' pool (at most GEMV_ROWS tokens), the long spin (the team freed) on larger steps, each
+change carried out once and in order."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from runtime.attention.forward_batch import ForwardBatch
 from runtime.kernels.cpu import fused as cpu_fused
 from runtime.models import threads
+from runtime.models.layers import GEMV_ROWS
 
 
 def _batch(decode: int, prompt: int) -> ForwardBatch:
@@ -31,8 +33,9 @@ def test_decode_steps_hold_a_team_and_prompt_steps_free_it(monkeypatch):
     steps = [
         (16, 0, True),  # a decode step: throttled
         (16, 0, True),  # no change, no order
-        (3, threads.EXTEND_TOKENS - 1, True),  # a few prompt tokens beside decodes
-        (0, threads.EXTEND_TOKENS, False),  # a prompt step: the long spin
+        (3, GEMV_ROWS - 3, True),  # a few prompt tokens beside decodes: still on the pool
+        (0, GEMV_ROWS + 1, False),  # a prompt step past the pool's rows: the long spin
+        (GEMV_ROWS + 1, 0, False),  # a decode of more requests (oneDNN's products)
         (0, 500, False),
         (1, 0, True),
     ]
