@@ -44,8 +44,8 @@ PREFIX_EXTEND = Flag(
 CPU_GEMV = Flag(
     "SGL_CPU_GEMV",
     True,
-    "One-row projections through the packed CPU matrix-vector kernel; 0 keeps oneDNN. Read at "
-    "model load.",
+    "Projections of up to 16 rows (decode steps of up to 16 requests) through the packed CPU "
+    "matrix-vector kernel; 0 keeps oneDNN. Read at model load.",
 )
 PACKED_LINEAR = Flag(
     "SGL_PACKED_LINEAR",
