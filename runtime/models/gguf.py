@@ -1,6 +1,6 @@
 """A GGUF file as it is: the config from its metadata, its weights kept in their block formats
-(`cpu_quant.QuantTensor`), its tokenizer and chat template from the metadata. Nothing is
-converted or written to disk.
+(`cpu_quant.QuantTensor`), its tokenizer and chat template from the metadata. No weight is
+converted or written to disk (the tokenizer's conversion is kept: gguf_tokenizer.py).
 
 The reader is ours (header, key-values, tensor table; the format is little-endian GGUF v2 / v3):
 `gguf.GGUFReader` builds a numpy view per array element and takes ~13 s on the 49,152-token
@@ -30,6 +30,7 @@ from runtime.errors import ModelNotFoundError, UnsupportedModelError
 from runtime.kernels.cpu.quant import TYPES, QuantTensor, huge_page_bytes, row_bytes, type_name
 from runtime.models.chat_templates import family_turns
 from runtime.models.gguf_arch import EXPERT_PARTS, Architecture, architecture, config_dict
+from runtime.models.gguf_tokenizer import cached_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -328,24 +329,22 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, Any]]:
 
 def load_tokenizer(path: Path) -> Any:
     """The tokenizer (with its chat template) the file's metadata describes, built by
-    transformers' GGUF tokenizer converters (`AutoTokenizer(gguf_file=)` where those helpers
-    are missing: it reads the file more slowly). A file without a chat template gets its
-    family's turn format (chat_templates.py) where the vocabulary has its markers."""
+    transformers' GGUF tokenizer converters once and then read from the cache
+    (gguf_tokenizer.py; `AutoTokenizer(gguf_file=)` where those helpers are missing: it reads
+    the file more slowly). A file without a chat template gets its family's turn format
+    (chat_templates.py) where the vocabulary has its markers; UnsupportedModelError for an
+    architecture gguf_arch.py does not know."""
+    meta, _, start = read_header(path)
+    arch = architecture(meta)[0]  # a file the runtime cannot run is refused before converting
     try:
-        from transformers import PreTrainedTokenizerFast
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-            convert_gguf_tokenizer,
-            get_gguf_tokenizer,
-        )
+        import transformers.integrations.gguf.gguf_tokenizer_mapping  # noqa: F401
     except ImportError:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        arch = read_header(path)[0].get("general.architecture", "")
     else:
-        arch, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
-        backend, extra = convert_gguf_tokenizer(arch, tokenizer_dict)
-        tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra)
+        tokens = len(meta.get("tokenizer.ggml.tokens", ()))
+        tokenizer = cached_tokenizer(path, start, tokens)
     if not getattr(tokenizer, "chat_template", None):
         template = family_turns(str(arch), tokenizer.get_vocab())
         if template is not None:

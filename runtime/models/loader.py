@@ -110,8 +110,9 @@ def load_model_files(model: str | Path, quantization: str | None = None) -> Load
                 f"quantization {quantization!r} applies to safetensors folders; {path.name} is "
                 f"a GGUF file and runs in the formats it stores"
             )
+        tokenizer = load_tokenizer(path)  # first: its reading's peak without the weights
         config, state = load_gguf(path)
-        return LoadedModel(config, state, load_tokenizer(path), path)
+        return LoadedModel(config, state, tokenizer, path)
     if not path.is_dir():
         raise ModelNotFoundError(f"{path} is neither a model folder nor a .gguf file")
     config = load_config(path)
