@@ -61,6 +61,11 @@ int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int
                   uint32_t *words, int64_t *pending, int64_t cap, expand_fn expand,
                   void *core, const uint8_t *node_ok, const uint8_t *clear_first) {
     int32_t st[MAX_DEPTH + 1];
+    /* states `expand` could not build in this pass (it cannot later in the pass either: what
+       it lacks comes from Python between passes): not asked again, as each of their trie
+       children would (a failing expansion redoes its epsilon closures: ~ms for a large one) */
+    int32_t failed[256];
+    for (int k = 0; k < 256; k++) failed[k] = -1;
     int64_t np = 0;
     for (int64_t t = 0; t < n_tasks; t++) {
         int64_t a = tasks[2 * t], i = a ? a : 1, stop = nodes[a].end;
@@ -80,7 +85,13 @@ int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int
             int32_t nx = -1;
             int64_t at = (int64_t)par * n_cls + (b2c ? b2c[x->byte] : x->byte);
             if (par < n_rows) nx = table[at];
-            if (nx < 0 && expand && par < n_rows && expand(core, par) == 0) nx = table[at];
+            if (nx < 0 && expand && par < n_rows) {
+                int32_t *slot = failed + ((uint32_t)par * 2654435761u >> 24);
+                if (*slot != par) {
+                    if (expand(core, par) == 0) nx = table[at];
+                    else *slot = par;
+                }
+            }
             if (nx < 0) {  /* the entry is not built: this subtree waits */
                 if (np >= cap) return -1;
                 pending[2 * np] = i;
