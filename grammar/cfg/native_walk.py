@@ -127,23 +127,26 @@ class CutWalker:
         are not walked node by node; `mode`: SET_ACCEPTS when its states accept (its subtrees
         are region cuts), SKIP_FROM_START when `state` is its first and the caller has the
         mask of the tokens that stay in it from there (`in_set.words`)."""
-        words = np.zeros(self.num_words, dtype=np.uint32)
+        scratch = _scratch
+        words, words_ptr = scratch.mask_row(self.num_words)
         term = self._term_ptrs(table, accepting, live)
         clean, index = (None, None) if in_set is None else (in_set.clean_ptr, in_set.index_ptr)
-        scratch = _scratch
         cuts = scratch.cuts(self.num_nodes)  # (reused: copied out below)
         nodes, row_start, row_ids = self.trie.ptrs
         while True:
             n = self.lib.walk_terminal(
                 nodes, row_start, row_ids, *term, starts.ctypes.data, starts.shape[0], state,
-                clean, index, mode, self._sig_ptr, self._desc_ptr, words.ctypes.data,
+                clean, index, mode, self._sig_ptr, self._desc_ptr, words_ptr,
                 scratch.inside_ptr, scratch.ptr, cuts.shape[0],
             )  # fmt: skip
             if n >= 0:
                 break
             words[:] = 0
             cuts = scratch.cuts(cuts.shape[0] * 2)
-        return (words.view(np.int32) if scratch.inside[0] else None), cuts[:n].copy()
+        if not scratch.inside[0]:
+            return None, cuts[:n].copy()  # (the row is still all zeros: the next walk's)
+        scratch.rows_used += 1
+        return words.view(np.int32), cuts[:n].copy()
 
     def _term_ptrs(
         self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray
@@ -245,15 +248,32 @@ def _bytes_of(flags: np.ndarray) -> np.ndarray:
     return flags.view(np.uint8) if flags.dtype == np.bool_ else flags.astype(np.uint8)
 
 
+_ROWS = 32  # mask rows allocated at a time for `terminal`'s results
+
+
 class _Scratch(threading.local):
     """A cut buffer per thread, grown as needed (a fresh one a walk would cost an allocation
-    of the trie's size)."""
+    of the trie's size), and the zeroed mask rows walks write into, handed out one by one
+    (np.zeros and reading an address cost ~1 us each, a remainder walk ~10 us in all)."""
 
     def __init__(self) -> None:
         self.buffer = np.empty(0, dtype=np.int32)
         self.ptr = self.buffer.ctypes.data
         self.inside = np.zeros(1, dtype=np.int64)  # walk_terminal's count of tokens inside
         self.inside_ptr = self.inside.ctypes.data
+        self.rows = np.zeros((0, 0), dtype=np.uint32)
+        self.rows_ptr = 0
+        self.rows_used = _ROWS
+
+    def mask_row(self, num_words: int) -> tuple[np.ndarray, int]:
+        """A zeroed row of num_words and its address; the caller counts it used
+        (`rows_used += 1`) when it keeps it, else leaves it zeroed for the next walk."""
+        if self.rows_used >= _ROWS or self.rows.shape[1] != num_words:
+            self.rows = np.zeros((_ROWS, num_words), dtype=np.uint32)
+            self.rows_ptr = self.rows.ctypes.data
+            self.rows_used = 0
+        i = self.rows_used
+        return self.rows[i], self.rows_ptr + i * num_words * 4
 
     def cuts(self, n: int) -> np.ndarray:
         if self.buffer.shape[0] < n:
