@@ -210,15 +210,36 @@ def _bounds(s: dict) -> tuple:
     return mn, mx, emn, emx
 
 
+_LITERAL_UNIT = r"(?:[^\\^$.|?*+()\[\]{}]|\\[^A-Za-z0-9])"  # a char that is itself
+_PREFIXED_CLASS = re.compile(
+    rf"\^((?:{_LITERAL_UNIT})*)(?:(\[(?:[^\]\\]|\\.)+\]|\\[dw]|\.)([+*]))?(\$?)"
+)
+
+
 def _bounded_class_pattern(pattern: str, lo: int, hi: int | None, any_char: object) -> Node | bool:
-    """`^[class]+$`-style patterns with length bounds: the class repeated lo..hi times."""
-    m = re.fullmatch(r"\^(\[(?:[^\]\\]|\\.)+\]|\\[dw]|\.)([+*])\$", pattern)
+    """Patterns a length bound counts through as a repetition, not a counted automaton: a
+    literal prefix (maybe empty), then `[class]+` / `*` to the end (`^[a-z]+$`, `^ab\\d*$`),
+    or, with no `$`, anything (`^/.*`, `^/`): the prefix, then the class (any character) as
+    often as the bounds leave. False for other patterns."""
+    m = _PREFIXED_CLASS.fullmatch(pattern)
     if not m:
         return False
-    one = pattern_to_content(f"^{m.group(1)}$", any_char)
-    if m.group(2) == "+":
-        lo = max(lo, 1)
-    return ra.repeat(one, lo, hi)
+    prefix, cls, op, end = m.groups()
+    if end:
+        if cls is None:  # a whole literal: the counted automaton is as small
+            return False
+        one = pattern_to_content(f"^{cls}$", any_char)
+        low = 1 if op == "+" else 0
+    elif cls is None or (cls == "." and op == "*"):  # no `$`: anything may follow the prefix
+        one, low = any_char, 0
+    else:
+        return False
+    n = len(re.sub(r"\\(.)", r"\1", prefix))  # decoded: an escaped punctuation is itself
+    rest_lo, rest_hi = max(lo - n, low), None if hi is None else hi - n
+    if rest_hi is not None and rest_hi < rest_lo:
+        return None
+    head = pattern_to_content(f"^{prefix}$", any_char) if prefix else ra.EMPTY
+    return ra.seq(head, ra.repeat(one, rest_lo, rest_hi))
 
 
 _ANY_DFAS: dict[tuple[tuple, int, bool], object] = {}
