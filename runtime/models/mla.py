@@ -18,9 +18,11 @@ A layer's latent-attention weights (`MLAWeights`, read by `load_mla`) and its at
 above) are what decoder.py runs in place of q/k/v for a config with `mla` (DeepSeek V2 / V3):
 the query comes from `q_proj`, or from `q_a_proj` -> RMSNorm -> `q_b_proj` when `q_lora_rank`
 is set; `kv_a_proj_with_mqa` gives the latent `c` (RMSNorm'd) and the shared rope key; RoPE
-(interleaved pairs where `rope_interleave`) rotates only the rope parts. Weights in a GGUF block
-format stay in it, multiplied through the model's `mm`; `kv_b_proj`, multiplied densely per
-head, is dequantized.
+(interleaved pairs where `rope_interleave`) rotates only the rope parts. `q_proj` (or `q_a_proj`)
+and `kv_a_proj_with_mqa`, which both multiply the layer's input, are joined into one matrix at
+load (`x_proj`; a GGUF's parts of different block formats stacked): one product instead of
+two. Weights in a GGUF block format stay in it, multiplied through the model's `mm`;
+`kv_b_proj`, multiplied densely per head, is dequantized.
 """
 
 from __future__ import annotations
@@ -41,23 +43,22 @@ from runtime.models.rope import apply_rotary, apply_rotary_interleaved
 class MLAWeights:
     """One layer's latent-attention weights (o_proj is the decoder layer's `o`)."""
 
-    q: torch.Tensor | None  # q_proj, or None with q_lora_rank
-    q_a: torch.Tensor | None
-    q_a_bias: torch.Tensor | None
-    q_a_norm: torch.Tensor | None
+    x_proj: torch.Tensor  # [q_proj or q_a_proj | kv_a_proj_with_mqa], [q_rows + R + Dr, hidden]
+    x_proj_bias: torch.Tensor | None
+    q_rows: int  # the rows of x_proj that are q_proj's (or q_a_proj's)
+    q_a_norm: torch.Tensor | None  # with q_lora_rank
     q_b: torch.Tensor | None
-    kv_a: torch.Tensor  # [R + Dr, hidden]
-    kv_a_bias: torch.Tensor | None
     kv_a_norm: torch.Tensor
     w_uk: torch.Tensor  # [H, nope, R]
     w_uv: torch.Tensor  # [H, v, R]
 
     def projections(self) -> list[torch.Tensor]:
         """The matrices multiplied through the model's `mm` (packed where it packs)."""
-        return [t for t in (self.q, self.q_a, self.q_b, self.kv_a) if t is not None]
+        return [t for t in (self.x_proj, self.q_b) if t is not None]
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (getattr(self, n) for n in MLAWeights.__slots__) if t is not None]
+        names = [n for n in MLAWeights.__slots__ if n != "q_rows"]
+        return [t for t in (getattr(self, n) for n in names) if t is not None]
 
 
 def load_mla(take: Callable, maybe: Callable, prefix: str, config: ModelConfig,
@@ -68,14 +69,20 @@ def load_mla(take: Callable, maybe: Callable, prefix: str, config: ModelConfig,
     kv_b = dense_weight(take(prefix + "kv_b_proj.weight"), dtype)
     kv_b = kv_b.view(heads, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
     lora = mla.q_lora_rank is not None
+    q_name = prefix + ("q_a_proj" if lora else "q_proj")
+    q, kv_a = take(q_name + ".weight"), take(prefix + "kv_a_proj_with_mqa.weight")
+    biases = (maybe(q_name + ".bias"), maybe(prefix + "kv_a_proj_with_mqa.bias"))
+    if all(b is None for b in biases):
+        bias = None
+    else:  # a part without a bias adds zeros
+        bias = torch.cat([b if b is not None else torch.zeros(w.shape[0], dtype=dtype)
+                          for b, w in zip(biases, (q, kv_a), strict=True)])  # fmt: skip
     return MLAWeights(
-        q=None if lora else take(prefix + "q_proj.weight"),
-        q_a=take(prefix + "q_a_proj.weight") if lora else None,
-        q_a_bias=maybe(prefix + "q_a_proj.bias"),
+        x_proj=torch.cat([q, kv_a]).contiguous(),
+        x_proj_bias=bias,
+        q_rows=q.shape[0],
         q_a_norm=take(prefix + "q_a_layernorm.weight") if lora else None,
         q_b=take(prefix + "q_b_proj.weight") if lora else None,
-        kv_a=take(prefix + "kv_a_proj_with_mqa.weight"),
-        kv_a_bias=maybe(prefix + "kv_a_proj_with_mqa.bias"),
         kv_a_norm=take(prefix + "kv_a_layernorm.weight"),
         w_uk=kv_b[:, : mla.qk_nope_head_dim].contiguous(),
         w_uv=kv_b[:, mla.qk_nope_head_dim :].contiguous(),
@@ -97,13 +104,12 @@ def latent_attention(
     their slots before attention reads the pages. `absorb=False` decompresses the cache."""
     mla, eps, t = config.mla, config.rms_norm_eps, x.shape[0]
     rotate = apply_rotary_interleaved if mla.rope_interleave else apply_rotary
-    if w.q is not None:
-        q = mm(x, w.q)
-    else:
-        q = mm(rms_norm(mm(x, w.q_a, w.q_a_bias), w.q_a_norm, eps), w.q_b)
-    q = q.view(t, config.num_heads, mla.qk_head_dim)
+    both = mm(x, w.x_proj, w.x_proj_bias)
+    q, kv = both[:, : w.q_rows], both[:, w.q_rows :]
+    if w.q_b is not None:
+        q = mm(rms_norm(q, w.q_a_norm, eps), w.q_b)
+    q = q.reshape(t, config.num_heads, mla.qk_head_dim)
     q_nope, q_rope = q[..., : mla.qk_nope_head_dim], q[..., mla.qk_nope_head_dim :]
-    kv = mm(x, w.kv_a, w.kv_a_bias)
     c = rms_norm(kv[:, : mla.kv_lora_rank], w.kv_a_norm, eps)
     k_rope = rotate(kv[:, None, mla.kv_lora_rank :], *cos_sin)
     attention.store_latent(layer, torch.cat((c, k_rope[:, 0]), dim=-1))
