@@ -148,6 +148,10 @@ class CutWalker:
         scratch.rows_used += 1
         return words.view(np.int32), cuts[:n].copy()
 
+    def prepare_terminal(self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray) -> None:
+        """Make a terminal's arrays ready for `terminal` now (while compiling)."""
+        self._term_ptrs(table, accepting, live)
+
     def _term_ptrs(
         self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray
     ) -> tuple[int, int, int]:

@@ -269,18 +269,22 @@ class CompiledEBNF:
         return hit
 
     def _prepare_loops(self) -> None:
-        """Build the loop sets' vocabulary tables (`CutWalker.loop`, ~3 ms a set at 129k
-        tokens, cached per vocabulary) while compiling, not in a first mask: for every looping
-        state (`_loops_at`), at most _MAX_PREPARED_LOOPS sets a grammar."""
+        """While compiling, not in a first mask: each terminal's table as C reads it and its
+        walks' loop set (`_term_set`), and the loop sets' vocabulary tables (`CutWalker.loop`,
+        ~1-2 ms a set at 129k tokens, cached per vocabulary) of every looping state
+        (`_loops_at`), at most _MAX_PREPARED_LOOPS sets a grammar."""
+        walker = self._walker
+        assert walker is not None
         sets = 0
         for term in self.network.terminals:
             if not isinstance(term, Terminal):
                 continue
+            walker.prepare_terminal(term.table, term.accepting, term.live)
+            self._term_set(term)
             for q in np.flatnonzero(_self_loops(term) >= _MIN_LOOP_BYTES).tolist():
-                if sets >= _MAX_PREPARED_LOOPS:
-                    return
-                self._loop_set(term, q)
-                sets += 1
+                if sets < _MAX_PREPARED_LOOPS:
+                    self._loop_set(term, q)
+                    sets += 1
 
     def _share(self, d: Decomposition) -> None:
         """Give `d` the `children` of an earlier decomposition with the same cuts, if any: the
