@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 MAX_BACKOFF = 16  # decode steps without drafts, at most, after a verify that kept none
 ACCEPT_DECAY = 0.8  # weight of a request's earlier verifies in its measured acceptance
 ENGINE_DECAY = 0.95  # the same over every request's (the prior of a new request's)
+SHADOW_EARLY = 3  # unverified drafts that came true, in a row, that resolve their shadow
 
 
 class Speculator:
@@ -111,7 +112,10 @@ class Speculator:
 
     def _shadow_check(self, req: Request) -> None:
         """N-gram drafts proposed but not verified, compared with the tokens decoded since:
-        the request's acceptance measured for free (once they differ or all came true)."""
+        the request's acceptance measured for free, once they differ or SHADOW_EARLY of them
+        came true (counted then as a chain that held: while a shadow is pending the request
+        neither looks up nor verifies, and waiting for all 8 drafts of a text that has just
+        begun to repeat itself cost 8 decode steps before the first verify)."""
         st = req.spec
         if not st.shadow:
             return
@@ -124,9 +128,9 @@ class Speculator:
             if a != b:
                 break
             kept += 1
-        if kept == len(came) and kept < len(st.shadow):
+        if kept == len(came) and kept < min(len(st.shadow), SHADOW_EARLY):
             return  # all true so far: wait for more
-        self._count(st, kept, kept < len(st.shadow))
+        self._count(st, kept, kept < len(came))
         st.shadow = []
 
     def _count(self, st: SpecState, kept: int, rejected: bool) -> None:

@@ -117,3 +117,29 @@ def test_a_draft_model_that_cannot_pay_explores_rarely():
     costs.observe_draft(1, 4, 4 * 0.0005)
     caps = [costs.choose_cap(1, [0.1], [8], model_forwards=True) for _ in range(2 * EXPLORE)]
     assert caps.count(EXPLORE_CAP) == 2
+
+
+def test_unverified_drafts_resolve_once_enough_came_true():
+    """A request's shadow (n-gram drafts offered, not verified) counts as a held chain once
+    SHADOW_EARLY of its drafts came true in a row, not only after all of them did (it blocks
+    the request's lookups and verifies while pending); a wrong one counts a rejection."""
+    from types import SimpleNamespace
+
+    from runtime.scheduling.request import SpecState
+    from runtime.speculative.config import SpeculativeConfig
+    from runtime.speculative.speculator import SHADOW_EARLY, Speculator
+
+    spec = Speculator(SpeculativeConfig("NGRAM"))
+    drafts = list(range(100, 108))
+    req = SimpleNamespace(spec=SpecState(shadow=list(drafts), shadow_at=10), seq=list(range(10)))
+    for n in range(1, SHADOW_EARLY):
+        req.seq.append(drafts[n - 1])
+        spec._shadow_check(req)
+        assert req.spec.shadow == drafts and req.spec.accept_w == 0.0  # true so far: pending
+    req.seq.append(drafts[SHADOW_EARLY - 1])
+    spec._shadow_check(req)
+    assert req.spec.shadow == [] and req.spec.accept_w == SHADOW_EARLY < len(drafts)
+    assert req.spec.reject_w == 0.0
+    miss = SimpleNamespace(spec=SpecState(shadow=list(drafts), shadow_at=2), seq=[0, 1, 100, 9])
+    spec._shadow_check(miss)
+    assert miss.spec.shadow == [] and (miss.spec.accept_w, miss.spec.reject_w) == (1.0, 1.0)
