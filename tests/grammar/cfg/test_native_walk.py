@@ -204,7 +204,7 @@ def test_loop_set_tables_match_a_direct_walk() -> None:
     from grammar.ebnf.syntax import parse_gbnf
 
     text = GBNF["json"]
-    vocab = _vocab(GBNF_TEXTS["json"], n=600)
+    vocab = _vocab(GBNF_TEXTS["json"], n=300)
     walker = native_walk.walker_for(vocab)
     g = compile_rules(parse_gbnf(text), vocab, "root", text)
     found = 0
