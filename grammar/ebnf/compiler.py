@@ -191,6 +191,19 @@ class CompiledEBNF:
     def matcher(self) -> EBNFMatcher:
         return EBNFMatcher(self, self.start)
 
+    def __getstate__(self) -> dict:
+        # (the compile worker ships a compiled grammar whole) the loop sets hold addresses and
+        # both caches are keyed by id(): this process's own, rebuilt where it is loaded
+        state = self.__dict__.copy()
+        state["_loop_sets"] = {}
+        state["_term_sets"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self._walker is not None:
+            self._prepare_loops()
+
     def _top_decomposition(self, t: int, q: int) -> Decomposition:
         d = self._top.get((t, q))
         if d is None:

@@ -242,3 +242,28 @@ def test_loop_set_tables_match_a_direct_walk() -> None:
                     want = all(_stays(term.table, index, t, s) for t in below)
                     assert bool(clean[i] >> k & 1) == want, (text_of[i], k)
     assert found
+
+
+@needs_c
+def test_a_shipped_gbnf_grammar_rebuilds_its_loop_sets() -> None:
+    """The compile worker pickles a recursive GBNF grammar whole: the loaded copy must not keep
+    the sender's loop-set addresses (or its id()-keyed caches), and its masks match a fresh
+    compile along the sentences (strings, UTF-8, identifiers: loop sets and region cuts)."""
+    from grammar.ebnf.compiler import compile_rules
+    from grammar.ebnf.syntax import parse_gbnf
+    from runtime.scheduling import compile_worker
+
+    text = GBNF["json"]
+    vocab = _vocab(GBNF_TEXTS["json"], n=300)
+    sent = compile_rules(parse_gbnf(text), vocab, "root", text)
+    token_lists = [_tokenize(vocab, t, longest=3) for t in GBNF_TEXTS["json"]]
+    _same_masks_along(sent, sent, token_lists)  # (the sender's caches filled first)
+    assert sent._loop_sets
+    got = compile_worker.loads_whole(compile_worker.dumps_whole(sent, vocab), vocab)
+    assert got._loop_sets and got._walker is sent._walker
+    for walk, _term in got._loop_sets.values():
+        assert walk.clean_ptr == walk.clean.ctypes.data
+        assert walk.index_ptr == walk.index.ctypes.data
+    assert set(got._term_sets) <= {id(t) for t in got.network.terminals}
+    fresh = compile_rules(parse_gbnf(text), vocab, "root", text)
+    assert _same_masks_along(fresh, got, token_lists) > 25
