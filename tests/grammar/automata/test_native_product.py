@@ -76,3 +76,12 @@ def test_a_product_past_its_budget_raises_naming_it(native: str, dfas, monkeypat
     with pytest.raises(GrammarError, match=r"product automaton exceeds its budget \(3\)"):
         dfa_ops.product(dfas[0], dfas[1], False, max_states=3)
     assert dfa_ops.product(dfas[0], dfas[1], True).accepting.any()
+
+
+def test_class_groups_equal_the_per_byte_grouping():
+    """`_class_groups` (bytes keyed by their stacked class columns) gives the groups, in the
+    order, of the per-byte key tuples it replaced, for one, two and many automata."""
+    dfas = [regex_to_dfa(p) for p in PATTERNS]
+    for parts in (dfas[:1], dfas[1:3], dfas * 4):
+        want = dfa_ops._byte_groups(*(d.byte_to_class.item for d in parts))
+        assert dfa_ops._class_groups(*parts) == want
