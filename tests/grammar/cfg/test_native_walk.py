@@ -195,7 +195,7 @@ def _stays(table: np.ndarray, index: np.ndarray, data: bytes, s: int) -> bool:
 
 
 @needs_c
-def test_loop_set_tables_match_a_direct_walk() -> None:
+def test_loop_set_tables_match_a_direct_walk(monkeypatch) -> None:
     """`CutWalker.loop` of a JSON string state's loop set (UTF-8 and escape states included):
     the tokens whose bytes all stay in the set from the string state, and each trie node's
     `clean` bits, against the terminal's table walked token by token in Python."""
@@ -203,6 +203,7 @@ def test_loop_set_tables_match_a_direct_walk() -> None:
     from grammar.ebnf.lower import Terminal
     from grammar.ebnf.syntax import parse_gbnf
 
+    monkeypatch.setenv("SGL_GRAMMAR_NATIVE", "1")  # (the C walk, whatever the run's switch)
     text = GBNF["json"]
     vocab = _vocab(GBNF_TEXTS["json"], n=300)
     walker = native_walk.walker_for(vocab)
@@ -245,7 +246,7 @@ def test_loop_set_tables_match_a_direct_walk() -> None:
 
 
 @needs_c
-def test_a_shipped_gbnf_grammar_rebuilds_its_loop_sets() -> None:
+def test_a_shipped_gbnf_grammar_rebuilds_its_loop_sets(monkeypatch) -> None:
     """The compile worker pickles a recursive GBNF grammar whole: the loaded copy must not keep
     the sender's loop-set addresses (or its id()-keyed caches), and its masks match a fresh
     compile along the sentences (strings, UTF-8, identifiers: loop sets and region cuts)."""
@@ -253,6 +254,7 @@ def test_a_shipped_gbnf_grammar_rebuilds_its_loop_sets() -> None:
     from grammar.ebnf.syntax import parse_gbnf
     from runtime.scheduling import compile_worker
 
+    monkeypatch.setenv("SGL_GRAMMAR_NATIVE", "1")  # (the C walk, whatever the run's switch)
     text = GBNF["json"]
     vocab = _vocab(GBNF_TEXTS["json"], n=300)
     sent = compile_rules(parse_gbnf(text), vocab, "root", text)
