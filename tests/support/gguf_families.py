@@ -292,3 +292,27 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     return (
         w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     )
+
+
+def write_default_vocab_gguf(path, arch: str, pre: str | None = None) -> None:
+    """A GGUF holding only the default model's byte-level BPE vocabulary (merges in the file)
+    under `arch` (and `pre` as its pre-tokenizer name, when given): no tensors."""
+    import gguf
+
+    from runtime.default_model import default_gguf_path
+    from runtime.models.gguf import read_header
+
+    meta = read_header(default_gguf_path())[0]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    if pre is not None:
+        writer.add_tokenizer_pre(pre)
+    writer.add_token_list(meta["tokenizer.ggml.tokens"])
+    writer.add_token_types(meta["tokenizer.ggml.token_type"])
+    writer.add_token_merges(meta["tokenizer.ggml.merges"])
+    writer.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    writer.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

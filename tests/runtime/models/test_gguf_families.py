@@ -175,25 +175,12 @@ def test_gemma_norms_and_windows_from_the_file(tmp_path_factory):
 def test_a_file_without_a_chat_template_gets_its_familys_turns(tmp_path, arch, turns):
     """SmolLM2's vocabulary has ChatML's markers but not Gemma's: a qwen3 file gets ChatML
     turns, a gemma3 file none (never a format whose markers would be split into pieces)."""
-    import gguf
-
-    from runtime.default_model import default_gguf_path
     from runtime.models.chat_templates import CHATML_TURNS
-    from runtime.models.gguf import load_tokenizer, read_header
+    from runtime.models.gguf import load_tokenizer
+    from tests.support.gguf_families import write_default_vocab_gguf
 
-    meta = read_header(default_gguf_path())[0]
     path = tmp_path / f"{arch}.gguf"
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    writer.add_token_list(meta["tokenizer.ggml.tokens"])
-    writer.add_token_types(meta["tokenizer.ggml.token_type"])
-    writer.add_token_merges(meta["tokenizer.ggml.merges"])
-    writer.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
-    writer.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_default_vocab_gguf(path, arch)
     tokenizer = load_tokenizer(path)
     assert (tokenizer.chat_template or None) == (CHATML_TURNS if turns else None)
     if turns:

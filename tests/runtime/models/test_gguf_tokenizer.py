@@ -12,6 +12,7 @@ import pytest
 from runtime.models import gguf_tokenizer
 from runtime.models.chat_templates import family_turns
 from runtime.models.gguf import load_tokenizer, read_header
+from tests.support.gguf_families import write_default_vocab_gguf
 
 CORPUS = [
     "Hello world",
@@ -51,27 +52,6 @@ def _sentencepiece_gguf(path, arch: str, template: str | None = None) -> None:
     writer.add_add_bos_token(True)
     if template is not None:
         writer.add_chat_template(template)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-def _byte_level_gguf(path) -> None:
-    """The default model's byte-level BPE vocabulary (merges in the file) under qwen3."""
-    import gguf
-
-    from runtime.default_model import default_gguf_path
-
-    meta = read_header(default_gguf_path())[0]
-    writer = gguf.GGUFWriter(str(path), "qwen3")
-    writer.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list(meta["tokenizer.ggml.tokens"])
-    writer.add_token_types(meta["tokenizer.ggml.token_type"])
-    writer.add_token_merges(meta["tokenizer.ggml.merges"])
-    writer.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
-    writer.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -133,7 +113,7 @@ def test_the_cached_tokenizer_equals_the_converted_one_first_and_after(kind, cac
                                                                        monkeypatch):  # fmt: skip
     path = tmp_path / "model.gguf"
     if kind == "byte-level":
-        _byte_level_gguf(path)
+        write_default_vocab_gguf(path, "qwen3", pre="qwen2")
     else:
         template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
         arch = "llama" if kind == "llama-template" else kind
