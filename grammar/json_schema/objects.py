@@ -381,26 +381,31 @@ def key_regions(
         return hit[0]
     before = losses()
     literal = ip_char_not(['"', "\\", *map(chr, range(0x20))])
-    pats, contents = [], []
-    for pattern in pp:
-        contents.append(pattern_to_content(pattern, b.string_char))
-        # the split below asks only about escape-free keys: the pattern's escape-free
-        # spellings are the same regions, with a smaller automaton (`.{1,256}`: no
-        # escape states per position); a pattern with none of them keeps its full automaton
-        free = pattern_to_content(pattern, literal, escape_free=True)
-        pats.append(b.dfa(contents[-1] if free is None else free))
-    keys = node_to_dfa(ra.repeat(literal, 0, None))
-    names = [n for n in [*props, *required] if not any(ord(c) < 0x20 or c in '"\\' for c in n)]
-    if names:
-        keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
+    contents = [pattern_to_content(pattern, b.string_char) for pattern in pp]
+    # the split below asks only about escape-free keys: the pattern's escape-free
+    # spellings are the same regions, with a smaller automaton (`.{1,256}`: no
+    # escape states per position); a pattern with none of them keeps its full automaton
+    frees = [pattern_to_content(pattern, literal, escape_free=True) for pattern in pp]
     named_inside = any(all(search_name(p, n, where) for p in pp) for n in props)
-    # split the escape-free keys by each pattern in turn, keeping non-empty regions
-    regions = dfa_ops.split_regions(keys, pats)
+    names = [n for n in [*props, *required] if not any(ord(c) < 0x20 or c in '"\\' for c in n)]
+    texts = literal_sets(contents, frees)
+    if texts is not None:
+        regions: list = literal_regions(b, texts, [*props, *required], where)
+    else:
+        pats = [b.dfa(c if f is None else f) for c, f in zip(contents, frees, strict=True)]
+        keys = node_to_dfa(ra.repeat(literal, 0, None))
+        if names:
+            keys = dfa_ops.product(keys, node_to_dfa(ra.alt([ra.lit(n) for n in names])), False)
+        # split the escape-free keys by each pattern in turn, keeping non-empty regions
+        regions = dfa_ops.split_regions(keys, pats)
     if len(regions) > MAX_KEY_REGIONS:
         raise UnsupportedSchemaError("patternProperties", where, "too many key regions")
     out: list[tuple[Node, tuple[bool, ...]]] = []
     for region, inside in regions:
         key: Node
+        if isinstance(region, Quoted) and not (all(inside) and not named_inside):
+            out.append((region.node, inside))  # a literal set, or the strings outside them
+            continue
         if inside == (True,) and not named_inside:
             key = contents[0]  # the pattern's whole language, and it has a regex text form
         elif all(inside) and not named_inside:
@@ -416,6 +421,95 @@ def key_regions(
         out.append((ra.seq(ra.char('"'), key, ra.char('"')), inside))
     b.key_region_memo[memo_key] = (out, losses() - before)
     return out
+
+
+MAX_LITERAL_KEYS = 512  # the most keys all patterns spell, for the literal split
+
+
+class Quoted:
+    """A key region already written as a quoted JSON string node (see literal_regions)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+
+def finite_texts(node: object, limit: int = MAX_LITERAL_KEYS) -> set[str] | None:
+    """Every string of a regex node's language when it is finite and at most `limit`
+    strings (character classes of listed characters, concatenation, alternation, bounded
+    repetition); None otherwise."""
+    if node is ra.EMPTY:
+        return {""}
+    if isinstance(node, ip.CharGroup):
+        return None if node.negated or len(node.chars) > limit else set(node.chars)
+    if isinstance(node, ip.Concatenation):
+        out = {""}
+        for part in node.parts:
+            got = finite_texts(part, limit)
+            if got is None or len(out) * len(got) > limit:
+                return None
+            out = {a + c for a in out for c in got}
+        return out
+    if isinstance(node, ip.Pattern) and not (node.added_flags or node.removed_flags):
+        alts: set[str] = set()
+        for option in node.options:
+            got = finite_texts(option, limit)
+            if got is None or len(alts | got) > limit:
+                return None
+            alts |= got
+        return alts
+    if isinstance(node, ip.Repeated) and node.max is not None and node.max <= limit:
+        base = finite_texts(node.base, limit)
+        if base is None:
+            return None
+        cur, every = {""}, set()
+        for count in range(node.max + 1):
+            if count >= node.min:
+                every |= cur
+            if len(every) > limit or len(cur) * len(base) > limit:
+                return None
+            cur = {a + c for a in cur for c in base}
+        return every
+    return None
+
+
+def literal_sets(contents: list, frees: list) -> list[set[str]] | None:
+    """Each pattern's keys as a finite set, when every pattern matches only finitely many
+    escape-free keys and no key that needs an escape (its full and escape-free languages
+    are the same set, so a key outside all the sets matches no pattern in any spelling)."""
+    texts: list[set[str]] = []
+    total = 0
+    for content, free in zip(contents, frees, strict=True):
+        if content is None or free is None:
+            return None
+        got = finite_texts(free)
+        if got is None or finite_texts(content) != got:
+            return None
+        total += len(got)
+        if total > MAX_LITERAL_KEYS:
+            return None
+        texts.append(got)
+    return texts
+
+
+def literal_regions(
+    b: Builder, texts: list[set[str]], names: list[str], where: str
+) -> list[tuple[Quoted, tuple[bool, ...]]]:
+    """split_regions for patterns that are finite sets of keys, with no automata: each
+    region is the keys (not names) with one signature, written as literals; the keys in no
+    pattern are the complement of all of them (a trie). Same order as split_regions."""
+    by_sig: dict[tuple[bool, ...], list[str]] = {}
+    named = set(names)
+    for text in sorted(set().union(*texts) - named):
+        by_sig.setdefault(tuple(text in t for t in texts), []).append(text)
+    quote = ra.char('"')
+    regions = [
+        (Quoted(ra.seq(quote, ra.alt([ra.lit(t) if t else ra.EMPTY for t in keys]), quote)), sig)
+        for sig, keys in sorted(by_sig.items(), key=lambda kv: [not x for x in kv[0]])
+    ]
+    rest = string_except(sorted(set().union(*texts) | named), b.string_char, where)
+    return [*regions, (Quoted(rest), (False,) * len(texts))]
 
 
 def key_except(b: Builder, names: list[str], ptr: str) -> object:
