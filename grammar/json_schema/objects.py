@@ -348,7 +348,8 @@ def pattern_member(b: Builder, s: dict, props: dict, ptr: str) -> list[tuple[Nod
     required = [n for n in s.get("required", []) if n not in props]
     try:
         members: list[tuple[Node, Node]] = []
-        for key, inside in key_regions(b, list(pp), list(props), required, where):
+        regions = key_regions(b, list(pp), list(props), required, where, extra is not False)
+        for key, inside in regions:
             subs = [sub for sub, keep in zip(pp.values(), inside, strict=True) if keep]
             if not subs:
                 if extra is False:
@@ -368,11 +369,21 @@ def pattern_member(b: Builder, s: dict, props: dict, ptr: str) -> list[tuple[Nod
 
 
 def key_regions(
-    b: Builder, pp: list[str], props: list[str], required: list[str], where: str
+    b: Builder,
+    pp: list[str],
+    props: list[str],
+    required: list[str],
+    where: str,
+    outside: bool = True,
 ) -> list[tuple[Node, tuple[bool, ...]]]:
     """(quoted key, which patterns it matches) for each region of the keys that are not
     property names (see pattern_member). A function of the names and patterns only,
-    built once per schema for each (an object's copies and dependency cases share it)."""
+    built once per schema for each (an object's copies and dependency cases share it).
+    `outside` False: the keys in no pattern are not wanted (`additionalProperties: false`),
+    and one pattern with no names is its whole language, with no split at all."""
+    if not outside and len(pp) == 1 and not props and not required:
+        content = pattern_to_content(pp[0], b.string_char)
+        return [] if content is None else [(ra.seq(ra.char('"'), content, ra.char('"')), (True,))]
     memo_key = (tuple(pp), tuple(props), tuple(required))
     hit = b.key_region_memo.get(memo_key)
     if hit is not None:

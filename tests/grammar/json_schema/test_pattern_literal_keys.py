@@ -95,3 +95,20 @@ def test_literal_pattern_properties_keep_jsonschemas_verdicts(extra: object) -> 
                     )
                 ):
                     assert dfa.matches(escaped.encode()), escaped  # others' keys: any spelling
+
+
+@pytest.mark.parametrize("pattern", ["^.{1,3}$", "^\\n$", ".+", "^x:(en|nl)$"])
+def test_one_pattern_without_other_keys_is_its_whole_language(pattern: str) -> None:
+    """`additionalProperties: false`, one pattern, no names: its keys are the pattern's
+    language in every spelling (no split is built)."""
+    schema = {"type": "object", "patternProperties": {pattern: {"type": "integer"}}}
+    schema["additionalProperties"] = False
+    dfa = node_to_lazy_dfa(json_schema_to_node(schema))
+    check = jsonschema.Draft202012Validator(schema)
+    for key, value in itertools.product([*KEYS, "\n", '"', "abcd"], [1, "s"]):
+        valid = check.is_valid({key: value})
+        plain = json.dumps({key: value}, separators=(",", ":"), ensure_ascii=False)
+        if "\n" not in key or "$" not in pattern:  # (Python's `$` before a final newline)
+            assert dfa.matches(plain.encode()) == valid, plain  # the escapes JSON requires
+        if dfa.matches(json.dumps({key: value}, separators=(",", ":")).encode()):
+            assert valid, key  # \u escapes: never a wrong accept
