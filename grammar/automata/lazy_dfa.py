@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 import numpy as np
 
@@ -323,6 +323,37 @@ class LazyDFA:
         """The one byte `state` allows when it allows exactly one and is not accepting; -1."""
         self._built(state)
         return int(self._forced[state])
+
+    def forced_run(
+        self, state: int, limit: int, stop: Container[int]
+    ) -> tuple[list[int], bytearray, int]:
+        """From `state`, the states that each allow exactly one byte (`forced_byte` >= 0,
+        their rows built) and those bytes, up to `limit` bytes or a state in `stop`; and the
+        state after them. One lock for the run, no per-row call chain: a forced text's first
+        visit builds up to `limit` rows in one mask."""
+        path: list[int] = []
+        text = bytearray()
+        s = state
+        with self._lock:
+            if self._core is not None:  # the run's rows built and read in C, in one call
+                self._room(native_dfa.NEW_PER_EXPAND)
+                path, raw, s = self._core.forced_run(s, limit)
+                self._n = self._core.num_states
+                for k, x in enumerate(path):
+                    if x in stop:  # (the run cut where the caller's text is known)
+                        path, raw, s = path[:k], raw[:k], x
+                        break
+                text += raw
+            while len(path) < limit and s not in stop:
+                if self._live[s] < 0:
+                    self._expand(s)
+                b = int(self._forced[s])
+                if b < 0:
+                    break
+                path.append(s)
+                text.append(b)
+                s = int(self.table[s, b])  # (the table as it is after any growth)
+        return path, text, s
 
     # --- construction (under the lock) ------------------------------------------------
 

@@ -69,6 +69,7 @@ SIGNATURES: native_build.Signatures = {
     "subset_expand": (_I64, [_PTR, _I64, _PTR, _I64]),
     "subset_missing": (_I64, [_PTR, _PTR, _I64, _PTR, _I64]),
     "subset_inline": (_I64, [_PTR, _I64]),
+    "subset_forced_run": (_I64, [_PTR, _I64, _I64, _PTR, _PTR]),
     "subset_add_embedded": (_I64, [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64]),
     "subset_add_copies": (_I64, [_PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64]),
     "subset_block_fills": (_I64, [_PTR]),
@@ -226,6 +227,8 @@ class SubsetCore:
         self._missing_ptr = ctypes.addressof(self._missing)
         self._expand_c = lib.subset_expand
         self._states_buf = (ctypes.c_int64 * 1024)()
+        self._run_states = (ctypes.c_int64 * 1)()  # (`forced_run`'s, grown to its limit)
+        self._run_bytes = ctypes.create_string_buffer(1)
         # what the token trie walk calls for a row it meets unbuilt (`subset_inline`)
         self.inline = (ctypes.cast(lib.subset_inline, ctypes.c_void_p).value, self._ptr)
         self._n_blocks = 0  # the NFA's blocks registered (filled in C from then on)
@@ -325,6 +328,21 @@ class SubsetCore:
             if out == -1 - NO_ROOM:
                 raise AssertionError("subset core: the table has no room for an expansion")
             self._ask(out)
+
+    def forced_run(self, i: int, limit: int) -> tuple[list[int], bytes, int]:
+        """The forced states from state i (each allows exactly one byte), their rows built,
+        at most `limit`: (those states, their bytes, the state reached). It stops at a state
+        it cannot build without Python (NFA states missing, no room, the budget): the caller
+        expands that one as usual. The table must have room for NEW_PER_EXPAND states (a
+        forced state's expansion numbers at most one)."""
+        if limit >= len(self._run_states):
+            self._run_states = (ctypes.c_int64 * (limit + 1))()
+            self._run_bytes = ctypes.create_string_buffer(limit + 1)
+        states, raw = self._run_states, self._run_bytes
+        n = self._lib.subset_forced_run(
+            self._ptr, i, limit, ctypes.addressof(states), ctypes.addressof(raw)
+        )
+        return states[:n], raw.raw[:n], states[n]
 
     def prepare(self, states: np.ndarray) -> None:
         """Hand over every NFA state the expansions of `states` (int64, unexpanded ones) need,

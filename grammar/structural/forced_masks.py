@@ -159,21 +159,9 @@ class ForcedMasks:
         """The forced text from `state`, and its mask's key, recorded for every state on the
         way (up to one already recorded: its text goes on from there)."""
         dfa, known = self._dfa, self._forced
-        path: list[int] = []
-        text = bytearray()
-        tail = b""
-        s = state
-        while len(text) < LIMIT:
-            hit = known.get(s)
-            if hit is not None:
-                tail = hit
-                break
-            b = dfa.forced_byte(s)  # (builds the state's row)
-            if b < 0:
-                break
-            path.append(s)
-            text.append(b)
-            s = int(dfa.table[s, b])
+        # (one lock for the run, no call chain per row: a first visit builds up to LIMIT rows)
+        path, text, s = dfa.forced_run(state, LIMIT, known)
+        tail = known[s] if len(path) < LIMIT and s in known else b""
         whole = bytes(text) + tail
         keys = self._texts.keys(whole, len(path))
         for k, p in enumerate(path):

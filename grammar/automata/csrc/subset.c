@@ -671,6 +671,26 @@ int64_t subset_inline(core_t *c, int64_t i) {
     return subset_expand(c, i, 0, 0) >= 0 ? 0 : -1;
 }
 
+/* For a forced text's first visit: from state i, while the state allows exactly one byte,
+   build its row when everything it needs is here and step through that byte; at most limit
+   steps. The states stepped from go to states[0 .. n), the state reached to states[n], the
+   bytes to bytes[0 .. n); returns n. It stops early (the caller goes on, state by state) at a
+   state it cannot build now: NFA states missing, no room for another expansion, the budget. */
+int64_t subset_forced_run(core_t *c, int64_t i, int64_t limit, int64_t *states,
+                          uint8_t *bytes) {
+    int64_t n = 0;
+    while (n < limit && i > 0 && i < c->n_states) {
+        if (c->live[i] < 0 && subset_expand(c, i, 0, 0) < 0) break;
+        int32_t b = c->forced[i];
+        if (b < 0) break;
+        states[n] = i;
+        bytes[n++] = (uint8_t)b;
+        i = c->table[i * 256 + b];
+    }
+    states[n] = i;
+    return n;
+}
+
 /* The NFA states the expansions of DFA states states[0 .. n) still lack (those already
    expanded skipped), into missing (room for cap, each once); how many (at most cap), or -1
    on out of memory. Python fills and hands them over, and asks again, until none is left:
