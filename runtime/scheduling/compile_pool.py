@@ -586,10 +586,7 @@ class CompilePool:
                         return CompileCancelledError("the requests waiting for it went away")
                     if job.large and time.monotonic() >= job.deadline:  # (not cached)
                         why = f"{job.large}; it waited for a compile worker to start"
-                        limit = f"{self.timeout_s:g} s"
-                        return CompileStarvedError(
-                            _name(job.spec), "grammar compile timeout", limit, why
-                        )
+                        return self._timeout_error(job.spec, why, starved=True)
                 if not job.large:  # (the wait for a worker to start is not its doing)
                     job.deadline += time.monotonic() - waiting
             except (OSError, RuntimeError) as exc:
@@ -614,14 +611,17 @@ class CompilePool:
         return max(0.0, min(_POLL_S, job.deadline - time.monotonic()))
 
     def _timeout_error(
-        self, spec: Constraint, why: str, cpu_s: float | None = None
+        self, spec: Constraint, why: str, cpu_s: float | None = None, starved: bool = False
     ) -> CompileBudgetError:
         """The refusal of a compile past its time budget. `cpu_s`: the CPU seconds its worker
         spent on it; under half the budget, the machine (not the constraint) ran out the clock:
-        the refusal says so and is not cached (`CompileStarvedError`)."""
+        the refusal says so and is not cached (`CompileStarvedError`). `starved`: the clock ran
+        out before any worker took it (`why` says so); also a `CompileStarvedError`."""
         limit = f"{self.timeout_s:g} s"
         if cpu_s is not None and cpu_s < self.timeout_s / 2:
             why = f"{why + '; ' if why else ''}the worker had {cpu_s:.1f} s of CPU: loaded"
+            starved = True
+        if starved:
             return CompileStarvedError(_name(spec), "grammar compile timeout", limit, why)
         return CompileBudgetError(_name(spec), "grammar compile timeout", limit, why)
 
