@@ -14,12 +14,17 @@ with the fused CPU attention (the model's forward checks the rest: one rank, one
 family is data (`ChainFamily`): Llama's layer by default; Qwen3's q / k head norms; Gemma 3's
 (1 + w) norms in float32, sandwich norms, q / k head norms and GELU-tanh gate. A layer may bring
 its own rotary / window step (`run`'s `steps`: Gemma's local layers, their own rope base and a
-sliding window in the decode attention).
+sliding window in the decode attention). A layer may bring its own attention half or MLP
+half (`ChainHook` in its `ChainExtras`: a C function of quant.c's `chain_half_fn` type, `HALF_FN`
+here, with its context), run in place of the built-in one; that layer's matrices of that half
+are then absent (None). A hook gets the chain's scratch (as large as its `scratch(rows)` asks)
+and must not grow this thread's cpu_quant scratch buffer while the chain runs.
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +46,25 @@ class _Layer(ctypes.Structure):
     ] + [("scale", _F32)] + [
         (name, _PTR) for name in ("q_norm", "k_norm", "post_attn", "post_mlp", "step")
     ] + [("qkv_rest", _Proj * 2), ("gate_up_rest", _Proj * 2), ("qkv_row", _I64),
-         ("gate_up_row", _I64)]  # fmt: skip
+         ("gate_up_row", _I64)] + [
+        (name, _PTR) for name in ("attn_half", "mlp_half", "attn_ctx", "mlp_ctx")
+    ]  # fmt: skip
+
+
+class HookStep(ctypes.Structure):
+    """quant.c's struct q_chain_hook_step: what a hook gets of the step (`rope_step`: the
+    layer's rope_decode arguments, fused.py's _RopeStepArgs, or NULL; the layer's pools as
+    `run` was given them; the layer's index; the hidden size)."""
+
+    _fields_ = [(name, _PTR) for name in ("rope_step", "k_pool", "v_pool")] + [
+        (name, _I64) for name in ("layer", "hidden")
+    ]  # fmt: skip
+
+
+# quant.c's chain_half_fn: int fn(const void *ctx, const void *x, int64_t rows, void *out,
+# int bf16, void *scratch, const struct q_chain_hook_step *step)
+HALF_FN = ctypes.CFUNCTYPE(ctypes.c_int, _PTR, _PTR, _I64, _PTR, ctypes.c_int, _PTR,
+                           ctypes.POINTER(HookStep))  # fmt: skip
 
 
 class _Chain(ctypes.Structure):
@@ -69,18 +92,41 @@ class ChainFamily:
     heads: tuple[int, int, int] = (0, 0, 0)  # query heads, kv heads, head size (head norms)
 
 
+@dataclass(frozen=True, slots=True)
+class ChainHook:
+    """A layer's own attention or MLP half, run by the chain in place of the built-in one:
+    `fn` the address of a C function of quant.c's `chain_half_fn` type (HALF_FN), `ctx` the
+    address it gets first (0: NULL); `keep` what must live as long as the chain (the object
+    `ctx` points into, a ctypes callback); `scratch(rows)` the bytes of the chain's scratch
+    it needs for a step of `rows` requests (0: none)."""
+
+    fn: int
+    ctx: int = 0
+    keep: object = None
+    scratch: Callable[[int], int] | None = None
+
+
 @dataclass(slots=True)
 class ChainExtras:
-    """A layer's weights beyond the six of Llama's (None where the family has none)."""
+    """A layer's weights beyond the six of Llama's (None where the family has none), and its
+    hooks: `attn_half` in place of qkv -> head norms -> rotary / K/V write / attention -> o
+    (from the normed x to what is added into h; the layer's qkv and o are then None),
+    `mlp_half` in place of gate_up -> activation -> down (gate_up and down then None)."""
 
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     post_attn: torch.Tensor | None = None
     post_mlp: torch.Tensor | None = None
+    attn_half: ChainHook | None = None
+    mlp_half: ChainHook | None = None
 
 
 def _parts(w: cpu_quant.Quantized) -> list[cpu_quant.QuantTensor]:
     return w.parts if isinstance(w, cpu_quant.QuantStack) else [w]
+
+
+def _first_ptr(pools: list[torch.Tensor | None] | None) -> int:
+    return 0 if not pools or pools[0] is None else pools[0].data_ptr()
 
 
 def _proj(w: cpu_quant.QuantTensor) -> _Proj:
@@ -110,6 +156,7 @@ class DecodeChain:
         self.eps, self.dtype, self.family = eps, dtype, family
         self._extras = extras or [ChainExtras() for _ in layers]
         self._table: ctypes.Array | None = None  # the per-layer arguments, at the first run
+        self._sizes = (0, 0, 0)  # the widest qkv, attention output and intermediate size
         self._pools: tuple = ()  # the KV pool tensors the table points at
         self._need: dict[int, int] = {}  # scratch bytes by row count
         self.runs = 0  # steps run
@@ -135,23 +182,28 @@ class DecodeChain:
         norm_type = torch.float32 if family.offset_norms else dtype
         extras = extras or [ChainExtras() for _ in layers]
         for (norm1, qkv, o, norm2, gate_up, down), extra in zip(layers, extras, strict=True):
-            if not all(cpu_quant.is_quantized(w) and len(_parts(w)) <= 3 for w in (qkv, gate_up)):
+            attn, mlp = extra.attn_half is None, extra.mlp_half is None  # built-in halves
+            fused = ([qkv] if attn else []) + ([gate_up] if mlp else [])
+            if not all(cpu_quant.is_quantized(w) and len(_parts(w)) <= 3 for w in fused):
                 return False
-            mats = (*_parts(qkv), o, *_parts(gate_up), down)  # stacks: up to three formats
+            mats = [m for w in fused for m in _parts(w)] + [w for w, own in ((o, attn),
+                                                                (down, mlp)) if own]  # fmt: skip
             if any(type(w) is not cpu_quant.QuantTensor or w.qtype not in int_types
-                   for w in mats):  # fmt: skip
+                   for w in mats):  # stacks: up to three formats  # fmt: skip
                 return False
             norms = [norm1, norm2]
-            if family.head_norms:
+            if family.head_norms and attn:
                 norms += [extra.q_norm, extra.k_norm]
             if family.sandwich:
                 norms += [extra.post_attn, extra.post_mlp]
             if any(not isinstance(n, torch.Tensor) or n.dtype != norm_type or
                    not n.is_contiguous() for n in norms):  # fmt: skip
                 return False
-            if gate_up.shape[0] != 2 * down.cols or qkv.shape[1] != o.shape[0] or (
-                gate_up.shape[1] != o.shape[0]
-            ):  # fmt: skip
+            hidden = norm1.shape[0]
+            if attn and (qkv.shape[1] != hidden or o.shape[0] != hidden):
+                return False
+            if mlp and (gate_up.shape[0] != 2 * down.cols or gate_up.shape[1] != hidden or
+                        down.shape[0] != hidden):  # fmt: skip
                 return False
         return True
 
@@ -161,49 +213,61 @@ class DecodeChain:
             for entry, (norm1, qkv, o, norm2, gate_up, down), scale, extra in zip(
                 table, self._weights, self._scales, self._extras, strict=True
             ):
-                for name, w in (("qkv", qkv), ("gate_up", gate_up)):
+                halves = (("qkv", qkv, "o", o, "attn_half"),
+                          ("gate_up", gate_up, "down", down, "mlp_half"))  # fmt: skip
+                for name, w, second, w2, hook_name in halves:
+                    hook = getattr(extra, hook_name)
+                    if hook is not None:  # the layer's own half: its matrices stay unset
+                        setattr(entry, hook_name, hook.fn)
+                        setattr(entry, hook_name[:-4] + "ctx", hook.ctx or None)
+                        continue
                     first, *rest = _parts(w)
                     setattr(entry, name, _proj(first))
                     setattr(entry, name + "_row", w.shape[0])
                     for k, part in enumerate(rest):
                         getattr(entry, name + "_rest")[k] = _proj(part)
-                entry.o, entry.down = _proj(o), _proj(down)
+                    setattr(entry, second, _proj(w2))
                 entry.norm1, entry.norm2 = norm1.data_ptr(), norm2.data_ptr()
                 entry.scale = scale
-                if self.family.head_norms:
+                if self.family.head_norms and extra.attn_half is None:
                     entry.q_norm, entry.k_norm = extra.q_norm.data_ptr(), extra.k_norm.data_ptr()
                 if self.family.sandwich:
                     entry.post_attn = extra.post_attn.data_ptr()
                     entry.post_mlp = extra.post_mlp.data_ptr()
             self._table = table
-        for entry, k, v in zip(self._table, k_pools, v_pools, strict=True):
-            entry.k_pool, entry.v_pool = k.data_ptr(), v.data_ptr()
-        self._pools = (k_pools, v_pools, k_pools[0].data_ptr(), v_pools[0].data_ptr())
+            self._sizes = (max(e.qkv_row for e in table), max(e.o.cols for e in table),
+                           max(e.down.cols for e in table))  # fmt: skip
+        for entry, k, v in zip(self._table, k_pools, v_pools or [None] * len(k_pools),
+                               strict=True):  # fmt: skip
+            entry.k_pool = None if k is None else k.data_ptr()
+            entry.v_pool = None if v is None else v.data_ptr()
+        self._pools = (k_pools, v_pools, _first_ptr(k_pools), _first_ptr(v_pools))
 
     def run(
         self,
         hidden: torch.Tensor,
-        rope: cpu_fused.RopeDecode,
-        k_pools: list[torch.Tensor],
-        v_pools: list[torch.Tensor],
+        rope: cpu_fused.RopeDecode | None,
+        k_pools: list[torch.Tensor | None],
+        v_pools: list[torch.Tensor | None] | None,
         steps: list[cpu_fused.RopeDecode | None] | None = None,
     ) -> torch.Tensor:
         """Every layer of the step for `hidden` [rows, H] (the embedded tokens; updated in
         place as the residual stream, without the last layer's MLP output), whose rotary,
         K/V write and attention `rope` does (or the layer's own in `steps`, where not None:
-        the same C function's arguments for other tables or a window); returns the last
-        layer's MLP output [rows, H] (the caller adds it into `hidden`, normed by the last
-        layer's post-MLP norm where the family has sandwich norms)."""
+        the same C function's arguments for other tables or a window; a hooked attention
+        half gets its layer's step arguments, whatever made them, and may need no `rope`);
+        returns the last layer's MLP output [rows, H] (the caller adds it into `hidden`,
+        normed by the last layer's post-MLP norm where the family has sandwich norms).
+        `k_pools` / `v_pools`: each layer's pools (None where a hooked layer has none)."""
         pools = self._pools
         if not pools or pools[0] is not k_pools or pools[1] is not v_pools or (
-            pools[2] != k_pools[0].data_ptr() or pools[3] != v_pools[0].data_ptr()
+            pools[2] != _first_ptr(k_pools) or pools[3] != _first_ptr(v_pools)
         ):  # fmt: skip
             self._build(k_pools, v_pools)
         assert hidden.dtype == self.dtype and hidden.is_contiguous()
         rows, size = hidden.shape
-        first = self._table[0]
-        qkv_out, q_size = first.qkv_row, first.o.cols
-        inter, dt = first.down.cols, self.dtype
+        qkv_out, q_size, inter = self._sizes
+        dt = self.dtype
         x = torch.empty_like(hidden)
         qkv = torch.empty(rows, qkv_out, dtype=dt)
         att = torch.empty(rows, q_size, dtype=dt)
@@ -212,19 +276,13 @@ class DecodeChain:
         down = torch.empty_like(hidden)
         bf16 = dt == torch.bfloat16
         need = self._need.get(rows)
-        if need is None:  # q_matmul's scratch for the largest of the step's products
-            need = self._need[rows] = max(
-                cpu_quant.scratch_bytes(p.t, rows, p.cols, bf16, p.out if bf16 else 0, swiglu)
-                for layer in self._table
-                for p, swiglu in ((layer.qkv, False), (layer.o, False), (layer.gate_up, False),
-                                  (layer.down, True), *((r, False) for r in layer.qkv_rest),
-                                  *((r, False) for r in layer.gate_up_rest))
-            )  # fmt: skip
-        fn, step = rope.c_call()
-        if steps is not None or self._stepped:  # the layers' own steps (the same C function)
+        if need is None:
+            need = self._need[rows] = self._scratch_need(rows, bf16)
+        fn, step = rope.c_call() if rope is not None else (None, None)
+        if steps is not None or self._stepped:  # the layers' own steps
             for entry, own in zip(self._table, steps or [None] * len(self._table), strict=True):
                 entry.step = None if own is None else own.c_call()[1]
-                assert own is None or own.c_call()[0] == fn
+                assert own is None or entry.attn_half or own.c_call()[0] == fn
             self._stepped = steps is not None
         fam = self.family
         norm = cpu_fused.norm_address("offset_add_rms_norm" if fam.offset_norms
@@ -239,3 +297,16 @@ class DecodeChain:
             raise RuntimeError(f"q_decode_chain failed ({rc})")
         self.runs += 1
         return down
+
+    def _scratch_need(self, rows: int, bf16: bool) -> int:
+        """q_matmul's scratch for the largest of the step's products, or a hook's need."""
+        hooks = [h for e in self._extras for h in (e.attn_half, e.mlp_half)
+                 if h is not None and h.scratch is not None]  # fmt: skip
+        return max(
+            [cpu_quant.scratch_bytes(p.t, rows, p.cols, bf16, p.out if bf16 else 0, swiglu)
+             for layer in self._table
+             for p, swiglu in ((layer.qkv, False), (layer.o, False), (layer.gate_up, False),
+                               (layer.down, True), *((r, False) for r in layer.qkv_rest),
+                               *((r, False) for r in layer.gate_up_rest)) if p.out]
+            + [h.scratch(rows) for h in hooks] + [0]
+        )  # fmt: skip

@@ -1383,8 +1383,25 @@ struct q_proj { /* q_matmul's leading arguments for one weight */
     int64_t row_bytes, out, cols;
 };
 
+/* A layer's own half, run in place of the built-in one (MoE experts, MLA attention...):
+   `fn(ctx, x, rows, out, bf16, scratch, step)` reads the normed x [rows][hidden] and writes
+   out [rows][hidden] (what is then added into h: the attention's output projected by o, or
+   the MLP's down output), both of the model's dtype (bf16 != 0: bfloat16, else float32);
+   `scratch` is the chain's (at least the bytes the hook asked for at this row count). The
+   attention hook writes the step's K/V or latents itself. Returns 0, or an error code the
+   chain returns. */
+struct q_chain_hook_step {
+    /* the layer's rope_decode arguments (attention.c's struct rope_decode_step: positions,
+       slots, page table, lengths, sizes), or NULL where the step was given none */
+    const void *rope_step;
+    void *k_pool, *v_pool; /* the layer's pools as the chain was given them (or NULL) */
+    int64_t layer, hidden; /* the layer's index in the chain, the hidden size */
+};
+typedef int (*chain_half_fn)(const void *ctx, const void *x, int64_t rows, void *out, int bf16,
+                             void *scratch, const struct q_chain_hook_step *step);
+
 struct q_chain_layer {
-    struct q_proj qkv, o, gate_up, down;
+    struct q_proj qkv, o, gate_up, down; /* out 0 where the half is a hook */
     const void *norm1, *norm2; /* the input and post-attention (pre-MLP) RMSNorm weights */
     void *k_pool, *v_pool;
     float scale;
@@ -1397,6 +1414,10 @@ struct q_chain_layer {
        outputs */
     struct q_proj qkv_rest[2], gate_up_rest[2];
     int64_t qkv_row, gate_up_row;
+    /* hooks (NULL: the built-in half): attention (norm1's x -> o's output) and MLP (norm2's
+       x -> down's output), with their contexts */
+    chain_half_fn attn_half, mlp_half;
+    const void *attn_ctx, *mlp_ctx;
 };
 
 /* y [n][row] = x W for a product of up to three parts (p, then rest's), of q_matmul */
@@ -1448,7 +1469,8 @@ static void chain_head_norms(const struct q_chain *c, const struct q_chain_layer
      o = att W_o; x = add_norm(h, o, norm2); gu = x W_gate_up; down = act(gu) W_down,
    with the family's extras where set: q / k head norms before rope_decode, a layer's own
    rope_decode arguments, sandwich norms (the added o and down normed first: `norm` is then
-   offset_add_rms_norm, whose bias argument is the added output's norm weight).
+   offset_add_rms_norm, whose bias argument is the added output's norm weight), a layer's
+   hooks in place of its attention half (x -> o) or MLP half (x -> down).
    The caller adds the last layer's `down` (sandwich: normed by its post_mlp) into h. Returns
    0, or q_matmul's error code. */
 int q_decode_chain(const struct q_chain *c) {
@@ -1459,18 +1481,29 @@ int q_decode_chain(const struct q_chain *c) {
         const struct q_proj *p;
         const void *added = c->sandwich && i ? L[-1].post_mlp : NULL;
         c->norm(c->h, i ? c->down : NULL, added, L->norm1, c->x, n, c->hidden, c->eps);
-        int64_t row = L->qkv_row;
-        rc = chain_product(&L->qkv, L->qkv_rest, row, c->x, n, c->qkv, y_bf16, c->scratch);
-        if (rc) return rc;
-        if (L->q_norm) chain_head_norms(c, L, row);
-        c->attn(L->step ? L->step : c->attn_step, c->qkv, row, L->k_pool, L->v_pool, L->scale,
-                c->att);
-        p = &L->o;
-        rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, c->att,
-                      y_bf16, n, c->o, p->out, y_bf16, c->scratch, 0, 0);
-        if (rc) return rc;
+        struct q_chain_hook_step hs = {L->step ? L->step : c->attn_step, L->k_pool, L->v_pool,
+                                       i, c->hidden};
+        if (L->attn_half) {
+            rc = L->attn_half(L->attn_ctx, c->x, n, c->o, y_bf16, c->scratch, &hs);
+            if (rc) return rc;
+        } else {
+            int64_t row = L->qkv_row;
+            rc = chain_product(&L->qkv, L->qkv_rest, row, c->x, n, c->qkv, y_bf16, c->scratch);
+            if (rc) return rc;
+            if (L->q_norm) chain_head_norms(c, L, row);
+            c->attn(hs.rope_step, c->qkv, row, L->k_pool, L->v_pool, L->scale, c->att);
+            p = &L->o;
+            rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, c->att,
+                          y_bf16, n, c->o, p->out, y_bf16, c->scratch, 0, 0);
+            if (rc) return rc;
+        }
         c->norm(c->h, c->o, c->sandwich ? L->post_attn : NULL, L->norm2, c->x, n, c->hidden,
                 c->eps);
+        if (L->mlp_half) {
+            rc = L->mlp_half(L->mlp_ctx, c->x, n, c->down, y_bf16, c->scratch, &hs);
+            if (rc) return rc;
+            continue;
+        }
         rc = chain_product(&L->gate_up, L->gate_up_rest, L->gate_up_row, c->x, n, c->gu, y_bf16,
                            c->scratch);
         if (rc) return rc;

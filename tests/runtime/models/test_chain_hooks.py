@@ -1,0 +1,98 @@
+"""The decode chain's per-layer hooks (quant_chain.ChainHook): a layer's attention or MLP half
+run by a C function of the chain's `chain_half_fn` type in place of the built-in one. Here the
+hooks are ctypes callbacks that run the per-layer path's own code for their half, so the chain
+with them gives the per-layer forward's bits."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from benchmarks.peers.gguf_models import write_gguf
+from runtime.kernels.cpu import quant as cpu_quant
+from runtime.models.gguf import load_gguf
+from tests.support.tiny_models import tiny_config
+
+pytestmark = pytest.mark.skipif(cpu_quant.library() is None, reason="no C compiler")
+
+
+def _view(address: int, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    buf = (ctypes.c_char * (rows * cols * dtype.itemsize)).from_address(address)
+    return torch.frombuffer(buf, dtype=dtype).view(rows, cols)
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(5)
+    config = tiny_config("llama")
+    state = AutoModelForCausalLM.from_config(config).eval().state_dict()
+    for name in state:  # norms of their own (transformers starts them all at 1)
+        if name.endswith("norm.weight"):
+            state[name] = 1 + 0.2 * torch.randn(state[name].shape)
+    root = tmp_path_factory.mktemp("hooks")
+    return write_gguf(root / "tiny.Q8_0.gguf", config, state, "Q8_0")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_hooked_halves_run_in_place_of_the_built_in_ones(tiny_file, dtype):
+    from runtime.attention import make_backend
+    from runtime.kernels.cpu.quant_chain import HALF_FN, ChainHook, DecodeChain
+    from runtime.models.llama import LlamaModel
+    from tests.support.forward_batches import decode_run
+
+    config, state = load_gguf(tiny_file)
+    model = LlamaModel(config, state, dtype, attention=make_backend("cpu"))
+    built_in = model._chain
+    assert isinstance(built_in, DecodeChain), model.decode_path
+    hidden = config.hidden_size
+    calls: list[tuple] = []  # (half, layer, rows, the step's pools and rope arguments)
+
+    def attention(ctx, x, rows, out, bf16, scratch, step):
+        li = ctypes.c_int64.from_address(ctx).value  # ctx: the layer's index
+        s = step.contents
+        calls.append(("attn", s.layer, rows, s.k_pool, s.v_pool, bool(s.rope_step), bf16))
+        layer = model.layers[li]
+        got = model._attention_block(li, layer, _view(x, rows, hidden, dtype), {})
+        _view(out, rows, hidden, dtype).copy_(got)
+        return 0
+
+    def mlp(ctx, x, rows, out, bf16, scratch, step):
+        li = ctypes.c_int64.from_address(ctx).value  # ctx: the layer's index
+        calls.append(("mlp", step.contents.layer, rows, li))
+        got = model._mlp_block(model.layers[li], _view(x, rows, hidden, dtype), None)
+        _view(out, rows, hidden, dtype).copy_(got)
+        return 0
+
+    attn_fn, mlp_fn = HALF_FN(attention), HALF_FN(mlp)
+    weights, extras = list(built_in._weights), list(built_in._extras)
+    # layer 0: its own MLP half, layer 1: its own attention half (their matrices left out)
+    norm1, qkv, o, norm2, _, _ = weights[0]
+    weights[0] = (norm1, qkv, o, norm2, None, None)
+    index = [ctypes.c_int64(0), ctypes.c_int64(1)]
+    address = [ctypes.addressof(i) for i in index]
+    extras[0].mlp_half = ChainHook(ctypes.cast(mlp_fn, ctypes.c_void_p).value, address[0],
+                                   (mlp_fn, index))  # fmt: skip
+    norm1, _, _, norm2, gate_up, down = weights[1]
+    weights[1] = (norm1, None, None, norm2, gate_up, down)
+    extras[1].attn_half = ChainHook(ctypes.cast(attn_fn, ctypes.c_void_p).value, address[1],
+                                    (attn_fn, index))  # fmt: skip
+    family = built_in.family
+    assert DecodeChain.supported(weights, dtype, family, extras)
+    assert not DecodeChain.supported(weights, dtype, family, None)  # matrices missing, no hook
+    hooked = DecodeChain(weights, built_in._scales, built_in.eps, dtype, family, extras)
+    prompts = [[5, 17, 300, 42, 9], [7, 7, 1000], [12] * 11]
+    model._chain = hooked
+    chained_tokens, chained = decode_run(model, dtype, prompts, steps=4)
+    assert hooked.runs == 4
+    model._chain = None  # the per-layer loop
+    tokens, plain = decode_run(model, dtype, prompts, steps=4)
+    assert torch.equal(chained, plain)
+    assert torch.equal(chained_tokens, tokens)
+    assert [c[:3] for c in calls] == [("mlp", 0, 3), ("attn", 1, 3)] * 4
+    pool_k = calls[1][3]
+    assert pool_k and calls[1][4] and calls[1][5]  # the layer's pools and rope arguments
+    assert calls[1][6] == int(dtype == torch.bfloat16)
