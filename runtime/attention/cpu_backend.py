@@ -179,11 +179,21 @@ class CPUBackend(TorchBackend):
         shared step is `decode_rope`'s; a layer whose rotary tables, pages (the window pages) or
         window differ gets its own step, one per distinct (rotary, pages, window) (Gemma's local
         layers: their RoPE base, window pages, a window the C decode attention reads the last
-        keys of). None where `decode_rope` does not take the step."""
+        keys of). None where `decode_rope` does not take the step. A pool of MLA latents
+        (no K / V pools): no shared step, each layer the step's rows (`cpu_fused.StepRows`:
+        positions, slots, page table, lengths) for its attention hook; None for a step with
+        extends."""
+        b, pool = self.batch, self.pool
+        if not pool.k and pool.latent:  # MLA: the layers' hooks read the latent pages
+            if not (b.num_decode == b.num_tokens and b.num_decode):
+                return None
+            rows = cpu_fused.DecodeRows.of(b.decode_page_table, b.decode_seq_lens)
+            step = cpu_fused.StepRows(b.positions, b.out_slots.to(torch.int64), rows,
+                                      pool.latent[0])  # fmt: skip
+            return None, [step] * len(layers)
         rope = self.decode_rope(full, num_heads, dtype)
         if rope is None:
             return None
-        b, pool = self.batch, self.pool
         if not any(pool.window_layer) and all(r is full and not w for r, w in layers):
             return rope, None  # every layer on the shared step (the Llama shape)
         steps: list[cpu_fused.RopeDecode | None] = []

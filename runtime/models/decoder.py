@@ -514,8 +514,8 @@ class DecoderModel:
         )
         if served is None:  # not a step the backend's fused decode attention takes
             return None
-        rope, steps = served
-        return self._chain.run(hidden, rope, pool.k, pool.v, steps)
+        rope, steps = served  # MLA: no shared step; each layer's hook reads its latent pages
+        return self._chain.run(hidden, rope, pool.k or pool.latent, pool.v or None, steps)
 
     def _sandwich_layers(self, hidden: torch.Tensor, tables) -> torch.Tensor:
         """forward's layer loop for Gemma's four norms a layer with the fused C norm: each

@@ -7,6 +7,7 @@ not serve it."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 
 import pytest
@@ -83,3 +84,38 @@ def test_other_steps_and_backends_do_not_serve_it():
     off = CPUBackend(fused=False)
     off.plan(_decode_step(), pool)
     assert off.chain_attention(full, layers, 4, torch.float32) is None
+
+
+def test_a_latent_pool_gets_the_step_rows_for_its_hooks():
+    """MLA (a pool of latents, no K / V): no shared step; every layer gets the step's rows
+    (positions, slots, page table, lengths) as rope_decode's argument struct."""
+    from runtime.config import MLAConfig
+    from runtime.kernels.cpu.fused import _RopeStepArgs
+
+    mla = MLAConfig(q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                    v_head_dim=8)  # fmt: skip
+    config = dataclasses.replace(CONFIG, layer_types=(FULL,) * 3, sliding_window=None, mla=mla)
+    pool = KVPool(config, PAGES, PS, torch.float32)
+    assert not pool.k and len(pool.latent) == 3
+    backend = CPUBackend()
+    step = _decode_step()
+    backend.plan(step, pool)
+    full, _ = _layers()
+    served = backend.chain_attention(full, [(full, None)] * 3, 4, torch.float32)
+    assert served is not None and served[0] is None
+    steps = served[1]
+    assert len(steps) == 3 and steps[0] is steps[2]
+    fn, address = steps[0].c_call()
+    args = _RopeStepArgs.from_address(address)
+    assert fn == 0 and args.n == 2 and args.ps == PS and args.num_pages == PAGES
+    n = 2
+    pos = (ctypes.c_int64 * n).from_address(args.pos)
+    slots = (ctypes.c_int64 * n).from_address(args.slots)
+    lens = (ctypes.c_int32 * n).from_address(args.lens)
+    assert list(pos) == step.positions.tolist() and list(slots) == step.out_slots.tolist()
+    assert list(lens) == step.decode_seq_lens.tolist()
+    table = (ctypes.c_int32 * (n * args.table_stride)).from_address(args.table)
+    assert list(table)[: step.decode_page_table.shape[1]] == step.decode_page_table[0].tolist()
+    mixed = mixed_batch()
+    backend.plan(mixed, pool)
+    assert backend.chain_attention(full, [(full, None)] * 3, 4, torch.float32) is None
