@@ -119,3 +119,5 @@ def test_a_latent_pool_gets_the_step_rows_for_its_hooks():
     mixed = mixed_batch()
     backend.plan(mixed, pool)
     assert backend.chain_attention(full, [(full, None)] * 3, 4, torch.float32) is None
+    backend.plan(step, KVPool(config, PAGES, PS, torch.bfloat16))
+    assert backend.chain_attention(full, [(full, None)] * 3, 4, torch.float32) is None
