@@ -14,11 +14,19 @@ that received tokens runs once over all of them (two matmuls), never once per to
 experts are one dense MLP over every token. Experts in a GGUF block format stay in it (one
 `QuantTensor` per expert: a list instead of a stacked tensor) and multiply through the quantized
 kernels, the SwiGLU inside the down product's input stage.
+
+A decode batch (fewer than `cpu_quant.DENSE_ROWS` rows) of a layer whose experts are all in
+integer-kernel block formats runs in one C call instead (csrc/moe.c's `q_moe`, `MoEKernel`):
+routing, the grouped experts in the same order with the same kernels, the shared experts. The
+decode chain calls the same function as a layer's MLP half. Its outputs are `moe_forward`'s torch
+path's bit for bit for the same routing; the router product and softmax are summed in another
+order than torch's, so a weight may differ in its last bits (and a near tie pick another expert).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ctypes
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +45,8 @@ class MoEWeights:
     shared_gate_up: torch.Tensor | None  # [2 I_shared, hidden]
     shared_down: torch.Tensor | None  # [hidden, I_shared]
     first_expert: int = 0  # gate_up / down hold experts first_expert .. + len (expert parallel)
+    # the C call's arguments (`MoEKernel`), built at the first decode batch (False: not served)
+    kernel: object = field(default=None, repr=False)
 
     def tensors(self) -> list[torch.Tensor]:
         out = [t for t in (self.router, self.score_bias, self.shared_gate_up, self.shared_down)
@@ -96,12 +106,159 @@ def _keep_groups(scores: torch.Tensor, group_rank: torch.Tensor, cfg: MoEConfig,
     return scores.masked_fill(~keep, fill)
 
 
+_I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+class _Proj(ctypes.Structure):  # csrc/moe.h's moe_proj: q_matmul's leading arguments
+    _fields_ = [("t", _I64), ("packed", _I64), ("w", _PTR), ("row_bytes", _I64), ("out", _I64),
+                ("cols", _I64)]  # fmt: skip
+
+
+class _Mat(ctypes.Structure):  # moe_mat: up to three parts stacked by rows
+    _fields_ = [("part", _Proj * 3), ("row", _I64)]
+
+
+class _MoE(ctypes.Structure):  # q_moe
+    _fields_ = [(name, _I64) for name in ("experts", "k", "hidden", "inter", "first", "held",
+                                          "sigmoid", "group_limited", "n_group", "topk_group",
+                                          "norm_topk")] + [
+        ("scale", _F32), ("router", _PTR), ("bias", _PTR), ("gate_up", _PTR), ("down", _PTR),
+        ("shared_gate_up", _Mat), ("shared_down", _Proj), ("load", _PTR),
+    ]  # fmt: skip
+
+
+def _mat(w) -> _Mat:
+    parts = w.parts if isinstance(w, cpu_quant.QuantStack) else [w]
+    mat = _Mat(row=w.shape[0])
+    for k, p in enumerate(parts):
+        p.pack()
+        d = p.data
+        mat.part[k] = _Proj(p.qtype, int(p.packed), d.data_ptr(), d.shape[1], d.shape[0], p.cols)
+    return mat
+
+
+def _c_weight(w, rows: int, cols: int, stack: bool) -> bool:
+    """Whether `w` is a [rows, cols] weight the C experts multiply: integer-kernel block formats,
+    one tensor (or, with `stack`, up to three stacked parts)."""
+    parts = w.parts if stack and isinstance(w, cpu_quant.QuantStack) else [w]
+    ints = cpu_quant.INT_TYPES | cpu_quant.K_TYPES
+    return len(parts) <= 3 and tuple(w.shape) == (rows, cols) and all(
+        type(p) is cpu_quant.QuantTensor and p.qtype in ints for p in parts
+    )  # fmt: skip
+
+
+class MoEKernel:
+    """One layer's routed (and shared) experts as csrc/moe.c's `q_moe` arguments: the C call
+    for a decode batch. Holds the tensors it points at; the weights are packed once here.
+
+    Invariant: the weights are never replaced after it is built (their bytes are addressed)."""
+
+    def __init__(self, w: MoEWeights, cfg: MoEConfig) -> None:
+        held, hidden, inter = len(w.gate_up), w.router.shape[1], cfg.moe_intermediate_size
+        self._gate_up = (_Mat * held)(*[_mat(g) for g in w.gate_up])
+        self._down = (_Proj * held)(*[_mat(d).part[0] for d in w.down])
+        groups = max(cfg.n_group or 1, 1)
+        self.args = _MoE(
+            cfg.n_routed_experts, cfg.num_experts_per_tok, hidden, inter, w.first_expert, held,
+            int(cfg.scoring == "sigmoid"), int(cfg.topk_method == "group_limited_greedy"),
+            groups, cfg.topk_group or groups, int(cfg.norm_topk_prob),
+            cfg.routed_scaling_factor, w.router.data_ptr(),
+            None if w.score_bias is None else w.score_bias.data_ptr(),
+            ctypes.addressof(self._gate_up), ctypes.addressof(self._down),
+        )  # fmt: skip
+        if w.shared_gate_up is not None:
+            self.args.shared_gate_up = _mat(w.shared_gate_up)
+            self.args.shared_down = _mat(w.shared_down).part[0]
+        self._keep = (w.router, w.score_bias)
+
+    @staticmethod
+    def supported(w: MoEWeights, cfg: MoEConfig) -> bool:
+        """Whether `q_moe` runs this layer: every expert's (and shared expert's) weights in
+        integer-kernel block formats, a routing moe.py's `route` knows, the C kernels built."""
+        if cpu_quant.library() is None or not isinstance(w.gate_up, list):
+            return False
+        hidden, inter, e = w.router.shape[1], cfg.moe_intermediate_size, cfg.n_routed_experts
+        groups = max(cfg.n_group or 1, 1)
+        grouped = cfg.scoring == "sigmoid" or cfg.topk_method == "group_limited_greedy"
+        if cfg.scoring not in ("softmax", "sigmoid") or e % groups or (
+            grouped and (cfg.topk_group or groups) * (e // groups) < cfg.num_experts_per_tok
+        ):  # fmt: skip
+            return False
+        if w.router.dtype != torch.float32 or not w.router.is_contiguous() or (
+            w.score_bias is not None and (w.score_bias.dtype != torch.float32
+                                          or not w.score_bias.is_contiguous())
+        ):  # fmt: skip
+            return False
+        experts = all(_c_weight(g, 2 * inter, hidden, True) and _c_weight(d, hidden, inter, False)
+                      for g, d in zip(w.gate_up, w.down, strict=True))  # fmt: skip
+        if w.shared_gate_up is None:
+            return experts
+        shared = w.shared_down.shape[1] if cpu_quant.is_quantized(w.shared_down) else 0
+        return experts and bool(shared) and _c_weight(
+            w.shared_gate_up, 2 * shared, hidden, True
+        ) and _c_weight(w.shared_down, hidden, shared, False)  # fmt: skip
+
+    def __call__(self, x: torch.Tensor, load: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output [rows, hidden] for x [rows, hidden] (float32 or bf16,
+        contiguous); each expert's tokens added to `load` (int64 [E], contiguous) when given."""
+        out = torch.empty_like(x)
+        self.args.load = None if load is None else load.data_ptr()
+        rc = cpu_quant.library().q_moe(ctypes.byref(self.args), x.data_ptr(), x.shape[0],
+                                       out.data_ptr(), int(x.dtype == torch.bfloat16))  # fmt: skip
+        if rc:
+            raise RuntimeError(f"q_moe failed ({rc})")
+        return out
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The C routing of x (`route`'s ids [rows, k] int64, weights [rows, k] float32; the
+        ids of a row in descending order of their choice score)."""
+        rows, k = x.shape[0], self.args.k
+        ids = torch.empty(rows, k, dtype=torch.int64)
+        weights = torch.empty(rows, k, dtype=torch.float32)
+        rc = cpu_quant.library().q_moe_route(ctypes.byref(self.args), x.data_ptr(), rows,
+                                             int(x.dtype == torch.bfloat16), ids.data_ptr(),
+                                             weights.data_ptr())  # fmt: skip
+        if rc:
+            raise RuntimeError(f"q_moe_route failed ({rc})")
+        return ids, weights
+
+
+def moe_kernel(w: MoEWeights, cfg: MoEConfig) -> MoEKernel | None:
+    """The layer's C experts (built once), or None where `MoEKernel.supported` says no."""
+    if w.kernel is None:
+        w.kernel = MoEKernel(w, cfg) if MoEKernel.supported(w, cfg) else False
+    return w.kernel or None
+
+
 def moe_forward(
-    x: torch.Tensor, w: MoEWeights, cfg: MoEConfig, load: torch.Tensor | None = None
+    x: torch.Tensor,
+    w: MoEWeights,
+    cfg: MoEConfig,
+    load: torch.Tensor | None = None,
+    fast: bool = True,
 ) -> torch.Tensor:
     """Routed experts (grouped by expert) plus shared experts; adds this step's tokens per
-    expert to `load` [E] when given."""
+    expert to `load` [E] when given. A decode batch goes through the C experts (`MoEKernel`)
+    where they serve the layer, unless `fast` is False (the torch path)."""
+    if fast and 0 < x.shape[0] < cpu_quant.DENSE_ROWS and x.dim() == 2 and x.is_contiguous() and (
+        x.dtype in (torch.float32, torch.bfloat16) and x.device.type == "cpu"
+    ) and (load is None or load.is_contiguous()):  # fmt: skip
+        kernel = moe_kernel(w, cfg)
+        if kernel is not None:
+            return kernel(x, load)
     ids, weights = route(x, w, cfg)
+    return routed_forward(x, w, cfg, ids, weights, load)
+
+
+def routed_forward(
+    x: torch.Tensor,
+    w: MoEWeights,
+    cfg: MoEConfig,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    load: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`moe_forward`'s torch path for a given routing (`route`'s ids and weights)."""
     out = torch.zeros_like(x)
     flat = ids.flatten()
     counts = torch.bincount(flat, minlength=cfg.n_routed_experts)
