@@ -232,6 +232,11 @@ class DecoderModel:
             parts.append("post-attention and post-MLP norms")
         if cfg.qk_norm:
             parts.append("q / k head norms")
+        named = ("q / k / v", "o", "gate / up", "down")
+        biased = [name for k, name in enumerate(named)
+                  if any(_biases(layer)[k] is not None for layer in self.layers)]  # fmt: skip
+        if biased:
+            parts.append(", ".join(biased) + " biases")
         parts.append(f"{cfg.hidden_act} gate")
         if any(layer.kind == SLIDING for layer in self.layers):
             parts.append("sliding-window layers with their own rotary tables")
@@ -260,9 +265,9 @@ class DecoderModel:
             why.append("attention logit soft-capping")
         if cfg.rope_type == "longrope" or cfg.rope_dim != cfg.head_dim:
             why.append("LongRoPE / partial rotary")
-        if any(b is not None for layer in self.layers
-               for b in (layer.qkv_bias, layer.o_bias, layer.gate_up_bias, layer.down_bias)):
-            why.append("biases")
+        if fam.sandwich_norms and any(b is not None for layer in self.layers
+                                      for b in _biases(layer)):  # fmt: skip
+            why.append("biases with sandwich norms")
         if why:
             return None, why
         family = ChainFamily(offset_norms=fam.norm_offset, sandwich=fam.sandwich_norms,
@@ -270,8 +275,9 @@ class DecoderModel:
                              heads=(self.num_heads, self.num_kv_heads, cfg.head_dim))  # fmt: skip
         layers = [(w.input_norm, w.qkv, w.o, w.pre_mlp_norm, w.gate_up, w.down)
                   for w in self.layers]  # fmt: skip
-        extras = [ChainExtras(w.q_norm, w.k_norm, w.post_attn_norm, w.post_mlp_norm)
-                  for w in self.layers]  # fmt: skip
+        extras = [ChainExtras(w.q_norm, w.k_norm, w.post_attn_norm, w.post_mlp_norm,
+                              qkv_bias=w.qkv_bias, o_bias=w.o_bias, gate_up_bias=w.gate_up_bias,
+                              down_bias=w.down_bias) for w in self.layers]  # fmt: skip
         if not DecodeChain.supported(layers, self.dtype, family, extras):
             return None, ["weights not all in integer-kernel block formats (dense or float "
                           "GGUF tensors), or the C kernels not built"]  # fmt: skip
@@ -451,7 +457,8 @@ class DecoderModel:
         if self._chain is not None:
             out = self._chained(hidden, pool)
             if out is not None:  # the same kernels, called from C
-                last = self.layers[-1].post_mlp_norm
+                last, bias = self.layers[-1].post_mlp_norm, self.layers[-1].down_bias
+                out = out if bias is None else out + bias
                 return self.finish(hidden + (out if last is None else self._norm(out, last)),
                                    batch)  # fmt: skip
         tables = self._rope_tables(batch) if self._explicit_rope else {}
@@ -556,6 +563,10 @@ class DecoderModel:
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+
+def _biases(layer: DecoderLayer) -> tuple:
+    return (layer.qkv_bias, layer.o_bias, layer.gate_up_bias, layer.down_bias)
 
 
 def _chunk_reaches(batch: ForwardBatch, original: int) -> torch.Tensor:

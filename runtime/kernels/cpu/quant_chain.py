@@ -47,7 +47,8 @@ class _Layer(ctypes.Structure):
         (name, _PTR) for name in ("q_norm", "k_norm", "post_attn", "post_mlp", "step")
     ] + [("qkv_rest", _Proj * 2), ("gate_up_rest", _Proj * 2), ("qkv_row", _I64),
          ("gate_up_row", _I64)] + [
-        (name, _PTR) for name in ("attn_half", "mlp_half", "attn_ctx", "mlp_ctx")
+        (name, _PTR) for name in ("attn_half", "mlp_half", "attn_ctx", "mlp_ctx", "qkv_bias",
+                                  "gate_up_bias", "o_bias", "down_bias")
     ]  # fmt: skip
 
 
@@ -73,7 +74,7 @@ class _Chain(ctypes.Structure):
     ] + [(name, _PTR) for name in ("norm", "attn", "attn_step", "layer", "h", "x", "qkv", "att",
                                      "o", "gu", "down", "scratch", "head_norm")] + [
         (name, _I64) for name in ("sandwich", "act", "hq", "hkv", "d")
-    ]  # fmt: skip
+    ] + [("wide", _PTR)]  # fmt: skip
 
 
 ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2}  # the gate's activation: q_matmul's `swiglu`
@@ -111,7 +112,9 @@ class ChainExtras:
     """A layer's weights beyond the six of Llama's (None where the family has none), and its
     hooks: `attn_half` in place of qkv -> head norms -> rotary / K/V write / attention -> o
     (from the normed x to what is added into h; the layer's qkv and o are then None),
-    `mlp_half` in place of gate_up -> activation -> down (gate_up and down then None)."""
+    `mlp_half` in place of gate_up -> activation -> down (gate_up and down then None). A hook's
+    output is before the o / down bias (the chain adds those with the residual); the qkv /
+    gate | up bias of a hooked half is the hook's own."""
 
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
@@ -119,6 +122,16 @@ class ChainExtras:
     post_mlp: torch.Tensor | None = None
     attn_half: ChainHook | None = None
     mlp_half: ChainHook | None = None
+    # biases [out] of the model's dtype (not with sandwich norms): qkv's and gate | up's added
+    # to the float32 products before rounding (as cpu_quant.linear), o's and down's with the
+    # residual (the fused add-norm's bias; the caller adds the last layer's down bias)
+    qkv_bias: torch.Tensor | None = None
+    o_bias: torch.Tensor | None = None
+    gate_up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
+
+    def biases(self) -> list[torch.Tensor | None]:
+        return [self.qkv_bias, self.o_bias, self.gate_up_bias, self.down_bias]
 
 
 def _parts(w: cpu_quant.Quantized) -> list[cpu_quant.QuantTensor]:
@@ -157,6 +170,8 @@ class DecodeChain:
         self._extras = extras or [ChainExtras() for _ in layers]
         self._table: ctypes.Array | None = None  # the per-layer arguments, at the first run
         self._sizes = (0, 0, 0)  # the widest qkv, attention output and intermediate size
+        self._wide = 0  # the widest biased qkv or gate | up (a float32 buffer's row)
+        self._wide_biases: list[torch.Tensor] = []  # float32 copies the table points at
         self._pools: tuple = ()  # the KV pool tensors the table points at
         self._need: dict[int, int] = {}  # scratch bytes by row count
         self.runs = 0  # steps run
@@ -200,6 +215,15 @@ class DecodeChain:
                    not n.is_contiguous() for n in norms):  # fmt: skip
                 return False
             hidden = norm1.shape[0]
+            biases = extra.biases()  # a hooked half's own bias is the hook's
+            biases[0], biases[2] = (biases[0] if attn else None), (biases[2] if mlp else None)
+            if any(b is not None for b in biases) and family.sandwich:
+                return False
+            widths = (qkv.shape[0] if attn else 0, hidden, 2 * down.cols if mlp else 0, hidden)
+            if any(b is not None and (not isinstance(b, torch.Tensor) or b.dtype != dtype or
+                                      b.shape != (width,) or not b.is_contiguous())
+                   for b, width in zip(biases, widths, strict=True)):  # fmt: skip
+                return False
             if attn and (qkv.shape[1] != hidden or o.shape[0] != hidden):
                 return False
             if mlp and (gate_up.shape[0] != 2 * down.cols or gate_up.shape[1] != hidden or
@@ -229,6 +253,14 @@ class DecodeChain:
                     setattr(entry, second, _proj(w2))
                 entry.norm1, entry.norm2 = norm1.data_ptr(), norm2.data_ptr()
                 entry.scale = scale
+                for name, b in (("o_bias", extra.o_bias), ("down_bias", extra.down_bias)):
+                    setattr(entry, name, None if b is None else b.data_ptr())
+                for name, b, hook in (("qkv_bias", extra.qkv_bias, extra.attn_half),
+                                      ("gate_up_bias", extra.gate_up_bias, extra.mlp_half)):
+                    if b is not None and hook is None:  # float32, as cpu_quant.linear adds it
+                        wide = b.float().contiguous()
+                        self._wide_biases.append(wide)
+                        setattr(entry, name, wide.data_ptr())
                 if self.family.head_norms and extra.attn_half is None:
                     entry.q_norm, entry.k_norm = extra.q_norm.data_ptr(), extra.k_norm.data_ptr()
                 if self.family.sandwich:
@@ -237,6 +269,8 @@ class DecodeChain:
             self._table = table
             self._sizes = (max(e.qkv_row for e in table), max(e.o.cols for e in table),
                            max(e.down.cols for e in table))  # fmt: skip
+            self._wide = max([e.qkv_row for e in table if e.qkv_bias] +
+                             [e.gate_up_row for e in table if e.gate_up_bias] + [0])  # fmt: skip
         for entry, k, v in zip(self._table, k_pools, v_pools or [None] * len(k_pools),
                                strict=True):  # fmt: skip
             entry.k_pool = None if k is None else k.data_ptr()
@@ -275,6 +309,7 @@ class DecodeChain:
         gu = torch.empty(rows, 2 * inter, dtype=dt)
         down = torch.empty_like(hidden)
         bf16 = dt == torch.bfloat16
+        wide = torch.empty(rows, self._wide, dtype=torch.float32) if bf16 and self._wide else None
         need = self._need.get(rows)
         if need is None:
             need = self._need[rows] = self._scratch_need(rows, bf16)
@@ -291,7 +326,8 @@ class DecodeChain:
                        ctypes.addressof(self._table), hidden.data_ptr(), x.data_ptr(),
                        qkv.data_ptr(), att.data_ptr(), o.data_ptr(), gu.data_ptr(),
                        down.data_ptr(), cpu_quant.scratch(need), norm if fam.head_norms else None,
-                       int(fam.sandwich), ACTIVATIONS[fam.activation], *fam.heads)  # fmt: skip
+                       int(fam.sandwich), ACTIVATIONS[fam.activation], *fam.heads,
+                       None if wide is None else wide.data_ptr())  # fmt: skip
         rc = cpu_quant.library().q_decode_chain(ctypes.byref(chain))
         if rc:
             raise RuntimeError(f"q_decode_chain failed ({rc})")

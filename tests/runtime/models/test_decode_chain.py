@@ -1,11 +1,14 @@
-"""The decode chain's per-layer hooks (quant_chain.ChainHook): a layer's attention or MLP half
-run by a C function of the chain's `chain_half_fn` type in place of the built-in one. Here the
-hooks are ctypes callbacks that run the per-layer path's own code for their half, so the chain
-with them gives the per-layer forward's bits."""
+"""The one-call decode chain (quant_chain.py) against decoder.py's per-layer loop on the same
+kernels, bit for bit: a Llama with biases on all four products (q/k/v as Qwen2's; o, gate | up
+and down as `attention_bias` / `mlp_bias`), and per-layer hooks (quant_chain.ChainHook: a
+layer's attention or MLP half run by a C function of the chain's `chain_half_fn` type in place
+of the built-in one; here ctypes callbacks that run the per-layer path's own code for their
+half)."""
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 
 import pytest
 import torch
@@ -23,6 +26,21 @@ def _view(address: int, rows: int, cols: int, dtype: torch.dtype) -> torch.Tenso
     return torch.frombuffer(buf, dtype=dtype).view(rows, cols)
 
 
+BIASES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+
+
+def _with_biases(config, state: dict) -> dict:
+    """`state` plus a random bias for every product of every layer."""
+    g = torch.Generator().manual_seed(11)
+    state = dict(state)
+    for i in range(config.num_layers):
+        for name in BIASES:
+            w = state[f"model.layers.{i}.{name}.weight"]
+            state[f"model.layers.{i}.{name}.bias"] = 0.1 * torch.randn(w.shape[0], generator=g)
+    return state
+
+
 @pytest.fixture(scope="module")
 def tiny_file(tmp_path_factory):
     from transformers import AutoModelForCausalLM
@@ -37,17 +55,34 @@ def tiny_file(tmp_path_factory):
     return write_gguf(root / "tiny.Q8_0.gguf", config, state, "Q8_0")
 
 
+def _same_decode(model, chain, dtype) -> None:
+    """`chain`'s decode steps and the per-layer loop's: the same logits, bit for bit, and the
+    same greedy tokens, for three requests."""
+    from tests.support.forward_batches import decode_run
+
+    prompts = [[5, 17, 300, 42, 9], [7, 7, 1000], [12] * 11]
+    model._chain, chain.runs = chain, 0
+    chained_tokens, chained = decode_run(model, dtype, prompts, steps=4)
+    assert chain.runs == 4
+    model._chain = None  # the per-layer loop
+    tokens, plain = decode_run(model, dtype, prompts, steps=4)
+    assert torch.equal(chained, plain)
+    assert torch.equal(chained_tokens, tokens)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_hooked_halves_run_in_place_of_the_built_in_ones(tiny_file, dtype):
+def test_biases_and_hooked_halves_give_the_per_layer_bits(tiny_file, dtype):
     from runtime.attention import make_backend
     from runtime.kernels.cpu.quant_chain import HALF_FN, ChainHook, DecodeChain
     from runtime.models.llama import LlamaModel
-    from tests.support.forward_batches import decode_run
 
     config, state = load_gguf(tiny_file)
-    model = LlamaModel(config, state, dtype, attention=make_backend("cpu"))
+    model = LlamaModel(config, _with_biases(config, state), dtype, attention=make_backend("cpu"))
     built_in = model._chain
     assert isinstance(built_in, DecodeChain), model.decode_path
+    assert "q / k / v, o, gate / up, down biases" in model.decode_path
+    _same_decode(model, built_in, dtype)
+
     hidden = config.hidden_size
     calls: list[tuple] = []  # (half, layer, rows, the step's pools and rope arguments)
 
@@ -61,7 +96,7 @@ def test_hooked_halves_run_in_place_of_the_built_in_ones(tiny_file, dtype):
         return 0
 
     def mlp(ctx, x, rows, out, bf16, scratch, step):
-        li = ctypes.c_int64.from_address(ctx).value  # ctx: the layer's index
+        li = ctypes.c_int64.from_address(ctx).value
         calls.append(("mlp", step.contents.layer, rows, li))
         got = model._mlp_block(model.layers[li], _view(x, rows, hidden, dtype), None)
         _view(out, rows, hidden, dtype).copy_(got)
@@ -74,25 +109,17 @@ def test_hooked_halves_run_in_place_of_the_built_in_ones(tiny_file, dtype):
     weights[0] = (norm1, qkv, o, norm2, None, None)
     index = [ctypes.c_int64(0), ctypes.c_int64(1)]
     address = [ctypes.addressof(i) for i in index]
-    extras[0].mlp_half = ChainHook(ctypes.cast(mlp_fn, ctypes.c_void_p).value, address[0],
-                                   (mlp_fn, index))  # fmt: skip
+    hook = ChainHook(ctypes.cast(mlp_fn, ctypes.c_void_p).value, address[0], (mlp_fn, index))
+    extras[0] = dataclasses.replace(extras[0], mlp_half=hook)
     norm1, _, _, norm2, gate_up, down = weights[1]
     weights[1] = (norm1, None, None, norm2, gate_up, down)
-    extras[1].attn_half = ChainHook(ctypes.cast(attn_fn, ctypes.c_void_p).value, address[1],
-                                    (attn_fn, index))  # fmt: skip
+    hook = ChainHook(ctypes.cast(attn_fn, ctypes.c_void_p).value, address[1], (attn_fn, index))
+    extras[1] = dataclasses.replace(extras[1], attn_half=hook)
     family = built_in.family
     assert DecodeChain.supported(weights, dtype, family, extras)
     assert not DecodeChain.supported(weights, dtype, family, None)  # matrices missing, no hook
     hooked = DecodeChain(weights, built_in._scales, built_in.eps, dtype, family, extras)
-    prompts = [[5, 17, 300, 42, 9], [7, 7, 1000], [12] * 11]
-    model._chain = hooked
-    chained_tokens, chained = decode_run(model, dtype, prompts, steps=4)
-    assert hooked.runs == 4
-    model._chain = None  # the per-layer loop
-    tokens, plain = decode_run(model, dtype, prompts, steps=4)
-    assert torch.equal(chained, plain)
-    assert torch.equal(chained_tokens, tokens)
+    _same_decode(model, hooked, dtype)
     assert [c[:3] for c in calls] == [("mlp", 0, 3), ("attn", 1, 3)] * 4
-    pool_k = calls[1][3]
-    assert pool_k and calls[1][4] and calls[1][5]  # the layer's pools and rope arguments
+    assert all(calls[1][3:6])  # the layer's pools and rope arguments
     assert calls[1][6] == int(dtype == torch.bfloat16)

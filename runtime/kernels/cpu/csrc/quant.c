@@ -1418,18 +1418,41 @@ struct q_chain_layer {
        x -> down's output), with their contexts */
     chain_half_fn attn_half, mlp_half;
     const void *attn_ctx, *mlp_ctx;
+    /* biases (NULL: none): qkv's and gate | up's float32, added to the float32 products
+       before they are rounded to the model's dtype (as quant.py's linear adds them); o's and
+       down's of the model's dtype, added with the residual (the norm's bias argument) */
+    const float *qkv_bias, *gate_up_bias;
+    const void *o_bias, *down_bias;
 };
 
-/* y [n][row] = x W for a product of up to three parts (p, then rest's), of q_matmul */
+/* y [n][row] = x W for a product of up to three parts (p, then rest's), of q_matmul; y of
+   the model's dtype (bf16), or float32 (y_bf16 0) */
 static int chain_product(const struct q_proj *p, const struct q_proj *rest, int64_t row,
-                         const void *x, int64_t n, void *y, int bf16, void *scratch) {
+                         const void *x, int64_t n, void *y, int bf16, int y_bf16, void *scratch) {
     int64_t col = 0;
     for (int k = 0; k < 3; k++, p = rest + k - 1) {
         if (!p->out) break;
         int rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, x, bf16,
-                          n, (uint8_t *)y + col * (bf16 ? 2 : 4), row, bf16, scratch, 0, 0);
+                          n, (uint8_t *)y + col * (y_bf16 ? 2 : 4), row, y_bf16, scratch, 0, 0);
         if (rc) return rc;
         col += p->out;
+    }
+    return 0;
+}
+
+/* chain_product plus a float32 bias (NULL: none) added to the float32 product, then rounded to
+   the model's dtype (`wide`: float32 [n][row] room for a bf16 model's product) */
+static int chain_biased(const struct q_proj *p, const struct q_proj *rest, int64_t row,
+                        const void *x, int64_t n, void *y, int bf16, void *scratch,
+                        const float *bias, float *wide) {
+    if (!bias) return chain_product(p, rest, row, x, n, y, bf16, bf16, scratch);
+    float *f = bf16 ? wide : (float *)y;
+    int rc = chain_product(p, rest, row, x, n, f, bf16, 0, scratch);
+    if (rc) return rc;
+    for (int64_t m = 0; m < n; m++) {
+        float *r = f + m * row;
+        for (int64_t j = 0; j < row; j++) r[j] += bias[j];
+        if (bf16) f2bf_row(r, row, (uint16_t *)y + m * row);
     }
     return 0;
 }
@@ -1450,6 +1473,7 @@ struct q_chain {
        query / kv heads and head size */
     chain_norm_fn head_norm;
     int64_t sandwich, act, hq, hkv, d;
+    float *wide; /* float32 [rows][the widest biased qkv or gate | up] (NULL: no such bias) */
 };
 
 /* q and k heads of each row of qkv [n][row] normed in place (their RMSNorm, `head_norm`) */
@@ -1463,23 +1487,25 @@ static void chain_head_norms(const struct q_chain *c, const struct q_chain_layer
     }
 }
 
-/* Every layer of a decode-only step of a decoder without biases, as the Python forward runs
+/* Every layer of a decode-only step of a decoder, as the Python forward runs
    it (the same kernels on the same inputs in the same order, so the same bits):
      x = add_norm(h, down_prev, norm1); qkv = x W_qkv; att = rope_decode(qkv);
      o = att W_o; x = add_norm(h, o, norm2); gu = x W_gate_up; down = act(gu) W_down,
    with the family's extras where set: q / k head norms before rope_decode, a layer's own
    rope_decode arguments, sandwich norms (the added o and down normed first: `norm` is then
    offset_add_rms_norm, whose bias argument is the added output's norm weight), a layer's
-   hooks in place of its attention half (x -> o) or MLP half (x -> down).
-   The caller adds the last layer's `down` (sandwich: normed by its post_mlp) into h. Returns
-   0, or q_matmul's error code. */
+   hooks in place of its attention half (x -> o) or MLP half (x -> down), biases (qkv's and
+   gate | up's on the float32 products; o's and down's with the residual add; not with
+   sandwich norms, whose norms take the bias argument).
+   The caller adds the last layer's `down` (plus its down bias; sandwich: normed by its
+   post_mlp) into h. Returns 0, or q_matmul's (or a hook's) error code. */
 int q_decode_chain(const struct q_chain *c) {
     int64_t n = c->rows;
     int y_bf16 = (int)c->bf16, rc;
     for (int64_t i = 0; i < c->layers; i++) {
         const struct q_chain_layer *L = c->layer + i;
         const struct q_proj *p;
-        const void *added = c->sandwich && i ? L[-1].post_mlp : NULL;
+        const void *added = !i ? NULL : c->sandwich ? L[-1].post_mlp : L[-1].down_bias;
         c->norm(c->h, i ? c->down : NULL, added, L->norm1, c->x, n, c->hidden, c->eps);
         struct q_chain_hook_step hs = {L->step ? L->step : c->attn_step, L->k_pool, L->v_pool,
                                        i, c->hidden};
@@ -1488,7 +1514,8 @@ int q_decode_chain(const struct q_chain *c) {
             if (rc) return rc;
         } else {
             int64_t row = L->qkv_row;
-            rc = chain_product(&L->qkv, L->qkv_rest, row, c->x, n, c->qkv, y_bf16, c->scratch);
+            rc = chain_biased(&L->qkv, L->qkv_rest, row, c->x, n, c->qkv, y_bf16, c->scratch,
+                              L->qkv_bias, c->wide);
             if (rc) return rc;
             if (L->q_norm) chain_head_norms(c, L, row);
             c->attn(hs.rope_step, c->qkv, row, L->k_pool, L->v_pool, L->scale, c->att);
@@ -1497,15 +1524,15 @@ int q_decode_chain(const struct q_chain *c) {
                           y_bf16, n, c->o, p->out, y_bf16, c->scratch, 0, 0);
             if (rc) return rc;
         }
-        c->norm(c->h, c->o, c->sandwich ? L->post_attn : NULL, L->norm2, c->x, n, c->hidden,
-                c->eps);
+        c->norm(c->h, c->o, c->sandwich ? L->post_attn : L->o_bias, L->norm2, c->x, n,
+                c->hidden, c->eps);
         if (L->mlp_half) {
             rc = L->mlp_half(L->mlp_ctx, c->x, n, c->down, y_bf16, c->scratch, &hs);
             if (rc) return rc;
             continue;
         }
-        rc = chain_product(&L->gate_up, L->gate_up_rest, L->gate_up_row, c->x, n, c->gu, y_bf16,
-                           c->scratch);
+        rc = chain_biased(&L->gate_up, L->gate_up_rest, L->gate_up_row, c->x, n, c->gu, y_bf16,
+                          c->scratch, L->gate_up_bias, c->wide);
         if (rc) return rc;
         p = &L->down;
         rc = q_matmul((int)p->t, (int)p->packed, p->w, p->row_bytes, p->out, p->cols, c->gu,
