@@ -27,6 +27,7 @@ two. Weights in a GGUF block format stay in it, multiplied through the model's `
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ import torch
 from runtime.attention import AttentionBackend, LayerSpec
 from runtime.config import ModelConfig
 from runtime.errors import UnsupportedAttentionError
+from runtime.kernels.cpu import quant as cpu_quant
 from runtime.models.layers import dense_weight, rms_norm
 from runtime.models.rope import apply_rotary, apply_rotary_interleaved
 
@@ -108,11 +110,17 @@ def latent_attention(
     q, kv = both[:, : w.q_rows], both[:, w.q_rows :]
     if w.q_b is not None:
         q = mm(rms_norm(q, w.q_a_norm, eps), w.q_b)
+    if absorb and C_DECODE:
+        out = decode_kernel(w, q, both, config, attention, layer, spec, cos_sin)
+        if out is not None:
+            return out
     q = q.reshape(t, config.num_heads, mla.qk_head_dim)
     q_nope, q_rope = q[..., : mla.qk_nope_head_dim], q[..., mla.qk_nope_head_dim :]
     c = rms_norm(kv[:, : mla.kv_lora_rank], w.kv_a_norm, eps)
     k_rope = rotate(kv[:, None, mla.kv_lora_rank :], *cos_sin)
     attention.store_latent(layer, torch.cat((c, k_rope[:, 0]), dim=-1))
+    global torch_steps
+    torch_steps += 1
     attend = absorbed_attention if absorb else decompressed_attention
     out = attend(q_nope, rotate(q_rope, *cos_sin), w.w_uk, w.w_uv, attention, layer, spec)
     return out.reshape(t, -1)
@@ -181,4 +189,79 @@ def decompressed_attention(
         pos = torch.arange(prefix, prefix + n, device=q.device)[:, None]
         scores = scores.masked_fill(torch.arange(prefix + n, device=q.device) > pos, -torch.inf)
         out[first : first + n] = (scores.softmax(-1) @ v.float()).transpose(0, 1).to(out.dtype)
+    return out
+
+
+# ---- a decode-only step's latent attention in one C call a layer (csrc/mla.c) ----------------
+C_DECODE = True  # False: the torch ops above (to compare them)
+c_steps = torch_steps = 0  # layer calls each way (tests read them)
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_int64), ("pos", ctypes.c_void_p), ("slots", ctypes.c_void_p),
+                ("table", ctypes.c_void_p), ("table_stride", ctypes.c_int64),
+                ("lens", ctypes.c_void_p), ("page_size", ctypes.c_int64),
+                ("num_pages", ctypes.c_int64), ("cos", ctypes.c_void_p),
+                ("sin", ctypes.c_void_p)]  # fmt: skip
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("heads", "nope", "dr", "vdim", "rank", "interleave")
+                ] + [("eps", ctypes.c_float), ("scale", ctypes.c_float)] + [
+        (n, ctypes.c_void_p) for n in ("kv_norm", "w_uk", "w_uv", "latent")]  # fmt: skip
+
+
+def decode_kernel(
+    w: MLAWeights,
+    q: torch.Tensor,  # [T, H * (nope + Dr)], a row-major view
+    both: torch.Tensor,  # [T, q_rows + R + Dr]: x_proj's product (kv_a's part after q_rows)
+    config: ModelConfig,
+    attention: AttentionBackend,
+    layer: int,
+    spec: LayerSpec,
+    cos_sin: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor | None:
+    """[T, H * v]: the absorbed attention of a decode-only step in one C call (csrc/mla.c: the
+    latent's norm, the rope parts' rotary, the latent store, the query absorbed through W_uk,
+    softmax over the cached latents, W_uv), or None where the step is not one it takes (extend
+    rows, another device or type, a quantized latent pool, a window or cap, no C kernels)."""
+    batch, dtype = attention.batch, both.dtype
+    t = both.shape[0]
+    if batch is None or batch.num_decode != t or not spec.plain:
+        return None
+    if both.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return None
+    pool = attention.pool
+    pages = pool.latent[layer] if pool is not None and not pool.quantized else None
+    if pages is None or pages.dtype != dtype or not pages.is_contiguous():
+        return None
+    if not (both.is_contiguous() and q.stride(1) == 1 and w.w_uk.dtype == dtype
+            and w.kv_a_norm.dtype == dtype):  # fmt: skip
+        return None
+    lib = cpu_quant.library()
+    kernel = getattr(lib, "q_mla_decode", None) if lib is not None else None
+    if kernel is None:
+        return None
+    mla = config.mla
+    cos, sin = (c.reshape(t, -1).contiguous() for c in cos_sin)
+    table = batch.decode_page_table
+    if table.dtype != torch.int32 or not table.is_contiguous():
+        table = table.to(torch.int32).contiguous()
+    lens = batch.decode_seq_lens.to(torch.int32).contiguous()
+    slots = batch.out_slots.contiguous()
+    step = _Step(t, None, slots.data_ptr(), table.data_ptr(), table.shape[1], lens.data_ptr(),
+                 pages.shape[1], pages.shape[0], cos.data_ptr(), sin.data_ptr())  # fmt: skip
+    entry = _Layer(config.num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim,
+                   mla.kv_lora_rank, int(mla.rope_interleave), config.rms_norm_eps, spec.scale,
+                   w.kv_a_norm.data_ptr(), w.w_uk.data_ptr(), w.w_uv.data_ptr(),
+                   pages.data_ptr())  # fmt: skip
+    out = torch.empty(t, config.num_heads * mla.v_head_dim, dtype=dtype)
+    size = both.element_size()
+    rc = kernel(ctypes.byref(entry), ctypes.byref(step), q.data_ptr(), q.stride(0),
+                          both.data_ptr() + w.q_rows * size, both.stride(0), out.data_ptr(),
+                          int(dtype == torch.bfloat16))  # fmt: skip
+    if rc:
+        return None
+    global c_steps
+    c_steps += 1
     return out

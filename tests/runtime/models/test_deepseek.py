@@ -14,6 +14,8 @@ import pytest
 from runtime import Engine
 from runtime.config import config_from_dict, load_config
 from runtime.errors import UnsupportedModelError
+from runtime.kernels.cpu import quant as cpu_quant
+from runtime.models import mla
 from runtime.models.decoder import DecoderModel
 from tests.support.tiny_models import PROMPTS, YARN, hf_greedy, hf_model, make_tiny_model
 
@@ -77,14 +79,50 @@ def test_pool_holds_one_latent_per_token(tiny):
         assert "latent attention (MLA)" in e.model.decode_path
 
 
-def test_absorbed_and_decompressed_attention_agree(tiny):
+def test_absorbed_and_decompressed_attention_agree(tiny, monkeypatch):
+    """Absorbed (decode rows through csrc/mla.c where it is built, checked against the torch
+    ops at every layer call), decompressed and transformers give the same tokens."""
     _, folder, expected = tiny
+    diffs = compare_decode_kernel(monkeypatch)
     with Engine(str(folder), page_size=4, chunked_prefill_tokens=8) as e:
         absorbed = [r.token_ids for r in e.generate(PROMPTS[:3], **GREEDY)]
         e.flush_cache()
         e.model.absorb = False
         decompressed = [r.token_ids for r in e.generate(PROMPTS[:3], **GREEDY)]
     assert absorbed == decompressed == [expected[p] for p in PROMPTS[:3]]
+    if cpu_quant.library() is not None:  # every decode step's layers took the kernel
+        assert diffs and max(diffs) < 1e-5
+
+
+def compare_decode_kernel(monkeypatch) -> list[float]:
+    """Every decode-only layer call of mla.py's C kernel checked against its torch ops on the
+    same inputs (the torch ops store the latents first, the kernel again): the max absolute
+    difference of each call's output, in a list the test reads."""
+    diffs: list[float] = []
+    kernel = mla.decode_kernel
+
+    def both(w, q, proj, config, attention, layer, spec, cos_sin):
+        monkeypatch.setattr(mla, "C_DECODE", False)
+        ref = mla.latent_attention(w, proj[:, : w.q_rows], _Same(proj, q, w.q_b), config,
+                                   attention, layer, spec, cos_sin)  # fmt: skip
+        monkeypatch.setattr(mla, "C_DECODE", True)
+        out = kernel(w, q, proj, config, attention, layer, spec, cos_sin)
+        if out is not None:
+            diffs.append(float((out.float() - ref.float()).abs().max()))
+        return out
+
+    monkeypatch.setattr(mla, "decode_kernel", both)
+    return diffs
+
+
+class _Same:
+    """An `mm` that gives back the products already made (x_proj's, and q_b's query)."""
+
+    def __init__(self, proj, q, q_b) -> None:
+        self.proj, self.q, self.q_b = proj, q, q_b
+
+    def __call__(self, x, w, bias=None):
+        return self.q if w is self.q_b and w is not None else self.proj
 
 
 def test_expert_load_counts_every_routed_token(tiny):

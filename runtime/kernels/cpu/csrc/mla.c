@@ -1,0 +1,229 @@
+/* Multi-head Latent Attention (DeepSeek V2 / V3) for the decode rows of a step, in one call a
+   layer: what runtime/models/mla.py's `latent_attention` does between its projections, for a
+   step of decode rows only, on a latent pool of the model's type (float32 or bfloat16).
+
+   From a row's query q [H][nope + Dr] (q_proj's, or q_b's) and its kv_a output [R + Dr]:
+     c      = RMSNorm(kv[:R]) * kv_norm (normalised in float32, rounded to the model's type,
+              then scaled, as models/layers.py's rms_norm)
+     k_rope = rotary(kv[R:]), q_rope = rotary(q[h][nope:])  (rotate-half or DeepSeek's
+              interleaved pairs, the rotated first members then the second ones)
+     [c, k_rope] written into the latent pool at the row's slot, then per head h
+     q_lat  = q[h][:nope] W_uk[h]                                   [R]
+     s_j    = (q_lat . c_j + q_rope . k_rope_j) * scale  over the request's cached tokens j
+     out[h] = W_uv[h] (sum_j softmax(s)_j c_j)                      [v]
+   Sums in float32 (16 partial sums, then added); the output rounded once to the model's type.
+   The heads are split over quant.c's thread pool (q_pool_run) where the step is large enough. */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "common.h"
+
+void q_pool_run(void (*fn)(void *, int, int), void *args, int parts); /* quant.c */
+
+struct mla_step {                  /* a decode-only step's rows */
+    int64_t n;                     /* rows (requests) */
+    const int64_t *pos;            /* [n] rows of cos / sin; NULL: row b reads row b */
+    const int64_t *slots;          /* [n] flat pool slots of the new tokens */
+    const int32_t *table;          /* [n][table_stride] page ids */
+    int64_t table_stride;
+    const int32_t *lens;           /* [n] cached tokens, the new one counted */
+    int64_t page_size, num_pages;
+    const void *cos, *sin;         /* [positions][Dr], the model's type */
+};
+
+struct mla_layer {
+    int64_t heads, nope, dr, vdim, rank, interleave;
+    float eps, scale;
+    const void *kv_norm;           /* [R] */
+    const void *w_uk;              /* [H][nope][R] */
+    const void *w_uv;              /* [H][v][R] */
+    void *latent;                  /* [pages][page_size][R + Dr] */
+};
+
+static inline float mla_ld(const void *p, int64_t i, int bf16) {
+    return bf16 ? bf2f(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void mla_st(void *p, int64_t i, float v, int bf16) {
+    if (bf16) ((uint16_t *)p)[i] = f2bf(v);
+    else ((float *)p)[i] = v;
+}
+
+/* `n` values of p (of the model's type) as float32: p itself, or converted into buf */
+static inline const float *mla_row(const void *p, int64_t n, int bf16, float *buf) {
+    if (!bf16) return (const float *)p;
+    for (int64_t i = 0; i < n; i++) buf[i] = bf2f(((const uint16_t *)p)[i]);
+    return buf;
+}
+
+/* a . b over n values: 16 partial sums (vectorised without reassociation), then added */
+static inline float mla_dot(const float *a, const float *b, int64_t n) {
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += a[i + k] * b[i + k];
+    float s = 0.0f;
+    for (; i < n; i++) s += a[i] * b[i];
+    for (int k = 0; k < 16; k++) s += acc[k];
+    return s;
+}
+
+/* x [dr] (float32) rotated by the cos / sin row (the model's type) into out [dr] */
+static void mla_rotate(const float *x, const void *cos, const void *sin, int64_t row, int64_t dr,
+                       int interleave, int bf16, float *out) {
+    int64_t half = dr / 2, base = row * dr;
+    for (int64_t i = 0; i < half; i++) {
+        float c = mla_ld(cos, base + i, bf16), s = mla_ld(sin, base + i, bf16);
+        if (interleave) {
+            float even = x[2 * i], odd = x[2 * i + 1];
+            out[i] = even * c - odd * s;
+            out[half + i] = odd * c + even * s;
+        } else {
+            float c2 = mla_ld(cos, base + half + i, bf16), s2 = mla_ld(sin, base + half + i, bf16);
+            out[i] = x[i] * c - x[half + i] * s;
+            out[half + i] = x[half + i] * c2 + x[i] * s2;
+        }
+    }
+}
+
+/* the rounding a value of the model's type gets (identity in float32) */
+static inline float mla_round(float v, int bf16) { return bf16 ? bf2f(f2bf(v)) : v; }
+
+/* the new tokens' [c, k_rope] into their slots of the latent pool */
+static void mla_store(const struct mla_layer *L, const struct mla_step *st, const void *kv,
+                      int64_t kv_row, int bf16, float *buf) {
+    int64_t R = L->rank, dr = L->dr, width = R + dr;
+    for (int64_t b = 0; b < st->n; b++) {
+        const float *x = mla_row((const uint8_t *)kv + b * kv_row * (bf16 ? 2 : 4), width, bf16,
+                                 buf);
+        float ss = 0.0f;
+        for (int64_t i = 0; i < R; i++) ss += x[i] * x[i];
+        float inv = 1.0f / sqrtf(ss / (float)R + L->eps);
+        int64_t slot = st->slots[b];
+        float rot[512];
+        mla_rotate(x + R, st->cos, st->sin, st->pos ? st->pos[b] : b, dr, (int)L->interleave,
+                   bf16, rot);
+        for (int64_t i = 0; i < R; i++) {
+            float normed = mla_round(x[i] * inv, bf16);
+            mla_st(L->latent, slot * width + i, mla_ld(L->kv_norm, i, bf16) * normed, bf16);
+        }
+        for (int64_t i = 0; i < dr; i++) mla_st(L->latent, slot * width + R + i, rot[i], bf16);
+    }
+}
+
+struct mla_job {
+    const struct mla_layer *L;
+    const struct mla_step *st;
+    const void *q;
+    int64_t q_row;
+    void *out;
+    int bf16;
+    int64_t max_len;
+    int rc;
+};
+
+/* one head of one row: q_full [R + Dr] float32 against the request's latents -> out [v] */
+static void mla_head(const struct mla_job *j, int64_t b, int64_t h, const float *qf,
+                     float *scores, float *acc, float *buf) {
+    const struct mla_layer *L = j->L;
+    const struct mla_step *st = j->st;
+    int64_t R = L->rank, width = R + L->dr, ps = st->page_size, len = st->lens[b];
+    const int32_t *pages = st->table + b * st->table_stride;
+    int bf16 = j->bf16;
+    float top = -INFINITY;
+    for (int64_t t = 0; t < len; t++) {
+        int64_t page = clamp_page(pages[t / ps], st->num_pages);
+        const void *src = (const uint8_t *)L->latent + ((page * ps + t % ps) * width) * (bf16 ? 2 : 4);
+        float s = mla_dot(qf, mla_row(src, width, bf16, buf), width) * L->scale;
+        scores[t] = s;
+        if (s > top) top = s;
+    }
+    float sum = 0.0f;
+    for (int64_t t = 0; t < len; t++) {
+        scores[t] = expf(scores[t] - top);
+        sum += scores[t];
+    }
+    memset(acc, 0, (size_t)R * sizeof(float));
+    for (int64_t t = 0; t < len; t++) {
+        int64_t page = clamp_page(pages[t / ps], st->num_pages);
+        const void *src = (const uint8_t *)L->latent + ((page * ps + t % ps) * width) * (bf16 ? 2 : 4);
+        const float *c = mla_row(src, R, bf16, buf);
+        float p = scores[t] / sum;
+        for (int64_t r = 0; r < R; r++) acc[r] += p * c[r];
+    }
+    int64_t vd = L->vdim;
+    const void *w_uv = (const uint8_t *)L->w_uv + h * vd * R * (bf16 ? 2 : 4);
+    for (int64_t v = 0; v < vd; v++) {
+        const float *w = mla_row((const uint8_t *)w_uv + v * R * (bf16 ? 2 : 4), R, bf16, buf);
+        mla_st(j->out, (b * L->heads + h) * vd + v, mla_dot(acc, w, R), bf16);
+    }
+}
+
+/* the (row, head) pairs of one part: query absorbed through W_uk, rope rotated, attention */
+static void mla_part(void *args, int part, int parts) {
+    struct mla_job *j = args;
+    const struct mla_layer *L = j->L;
+    const struct mla_step *st = j->st;
+    int64_t H = L->heads, R = L->rank, nope = L->nope, dr = L->dr, width = R + dr;
+    int64_t pairs = st->n * H, lo = pairs * part / parts, hi = pairs * (part + 1) / parts;
+    int bf16 = j->bf16;
+    size_t floats = (size_t)(2 * width + R + j->max_len + nope + dr);
+    float *mem = malloc(floats * sizeof(float));
+    if (!mem) {
+        j->rc = -1;
+        return;
+    }
+    float *qf = mem, *buf = qf + width, *acc = buf + width, *scores = acc + R;
+    float *qh = scores + j->max_len;
+    for (int64_t p = lo; p < hi; p++) {
+        int64_t b = p / H, h = p % H;
+        const uint8_t *qrow = (const uint8_t *)j->q + (b * j->q_row + h * (nope + dr)) * (bf16 ? 2 : 4);
+        for (int64_t i = 0; i < nope + dr; i++) qh[i] = mla_ld(qrow, i, bf16);
+        memset(qf, 0, (size_t)R * sizeof(float));
+        const uint8_t *w_uk = (const uint8_t *)L->w_uk + h * nope * R * (bf16 ? 2 : 4);
+        for (int64_t i = 0; i < nope; i++) {
+            const float *w = mla_row(w_uk + i * R * (bf16 ? 2 : 4), R, bf16, buf);
+            float x = qh[i];
+            for (int64_t r = 0; r < R; r++) qf[r] += x * w[r];
+        }
+        mla_rotate(qh + nope, st->cos, st->sin, st->pos ? st->pos[b] : b, dr, (int)L->interleave,
+                   bf16, qf + R);
+        mla_head(j, b, h, qf, scores, acc, buf);
+    }
+    free(mem);
+}
+
+/* The layer's latent attention for the step's decode rows: q [n][q_row] (each row H heads of
+   nope + Dr), kv [n][kv_row] (kv_a's R + Dr values first) -> out [n][H][v]; the new latents
+   are written into the pool first. `bf16`: every tensor is bfloat16 (else float32). Returns 0,
+   or -1 for a shape it does not take or no memory. */
+int q_mla_decode(const struct mla_layer *L, const struct mla_step *st, const void *q,
+                 int64_t q_row, const void *kv, int64_t kv_row, void *out, int64_t bf16) {
+    if (L->dr > 512 || L->dr % 2 || L->rank <= 0 || st->n <= 0) return -1;
+    float *buf = malloc((size_t)(L->rank + L->dr) * sizeof(float));
+    if (!buf) return -1;
+    mla_store(L, st, kv, kv_row, (int)bf16, buf);
+    free(buf);
+    int64_t max_len = 1, work = 0;
+    for (int64_t b = 0; b < st->n; b++) {
+        if (st->lens[b] > max_len) max_len = st->lens[b];
+        work += st->lens[b];
+    }
+    struct mla_job job = {L, st, q, q_row, out, (int)bf16, max_len, 0};
+    int64_t pairs = st->n * L->heads;
+    int parts = 1;
+#ifdef _OPENMP
+    /* split where a part has at least ~64k multiply-adds of attention */
+    if (work * L->heads * (L->rank + L->dr) >= 2 * 65536) parts = omp_get_max_threads();
+#endif
+    if (parts > 64) parts = 64;
+    if (parts > pairs) parts = (int)pairs;
+    if (parts > 1) q_pool_run(mla_part, &job, parts);
+    else mla_part(&job, 0, 1);
+    return job.rc;
+}
