@@ -57,6 +57,7 @@ DENSE_ROWS = 128
 SOURCE = Path(__file__).parent / "csrc" / "quant.c"
 BF16_SOURCE = Path(__file__).parent / "csrc" / "dequant_bf16.c"
 MOE_SOURCE = Path(__file__).parent / "csrc" / "moe.c"  # a layer's routed experts (models/moe.py)
+MLA_SOURCE = Path(__file__).parent / "csrc" / "mla.c"  # MLA's decode attention (models/mla.py)
 _NATIVE = ("-O3", "-march=native")
 _PORTABLE = ("-O2", "-DQUANT_PORTABLE")  # the compiler's baseline target, no intrinsics
 _COMMON = ("-fPIC", "-std=gnu11", "-ffp-contract=off", "-fopenmp")
@@ -73,6 +74,7 @@ SIGNATURES: Signatures = {  # name: (restype, argtypes)
     "q_pool_run": (None, [_PTR, _PTR, _I32]),
     "q_decode_chain": (_I32, [_PTR]),
     "q_dequant_bf16": (_I32, [_I32, _PTR, _I64, _I64, _I64, _PTR]),
+    "q_mla_decode": (_I32, [_PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64]),
     "q_moe": (_I32, [_PTR, _PTR, _I64, _PTR, _I32]),
     "q_moe_route": (_I32, [_PTR, _PTR, _I64, _I32, _PTR, _PTR]),
 }
@@ -83,11 +85,12 @@ _pack_lock = threading.Lock()
 
 
 def units(portable: bool = False) -> list[Unit]:
-    """The library's units (the kernels, the bf16 dequantization of csrc/dequant_bf16.c and the
-    routed experts of csrc/moe.c): for this CPU, or `portable` (plain C)."""
+    """The library's units (the kernels, the bf16 dequantization of csrc/dequant_bf16.c,
+    MLA's decode attention of csrc/mla.c and the routed experts of csrc/moe.c): for this CPU,
+    or `portable` (plain C)."""
     flags = (*(_PORTABLE if portable else _NATIVE), *_COMMON)
     return [Unit("quant", SOURCE, flags), Unit("dequant_bf16", BF16_SOURCE, flags),
-            Unit("moe", MOE_SOURCE, flags)]  # fmt: skip
+            Unit("mla", MLA_SOURCE, flags), Unit("moe", MOE_SOURCE, flags)]  # fmt: skip
 
 
 def library(portable: bool = False) -> ctypes.CDLL | None:
