@@ -53,9 +53,9 @@ _GEMMA_LAYER = {
     "post_feedforward_layernorm": "post_ffw_norm",
 }
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-ARCH = {"llama": "llama", "mixtral": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-        "gemma3_text": "gemma3", "phi3": "phi3", "deepseek_v2": "deepseek2",
-        "deepseek_v3": "deepseek2"}  # fmt: skip
+ARCH = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+        "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3", "phi3": "phi3",
+        "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2"}  # fmt: skip
 K_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
 

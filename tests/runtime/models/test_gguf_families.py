@@ -25,6 +25,8 @@ _GEMMA_TYPES = ["sliding_attention"] * 5 + ["full_attention"]  # llama.cpp's one
 
 # case -> (config factory, whether transformers reads the GGUF itself)
 CASES = {
+    # Qwen2: q / k / v biases (made random below; transformers starts them at zero)
+    "qwen2": (lambda: family_config("qwen2", intermediate_size=256), True),
     # transformers' qwen3 GGUF reader keeps Qwen3's default head_dim of 128
     "qwen3": (lambda: family_config("qwen3", head_dim=128, intermediate_size=256), True),
     # and transformers' qwen3moe reader keeps the default moe_intermediate_size of 768
@@ -49,7 +51,7 @@ def _random_model(config, seed: int = 0):
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # norms of their own (they start at one, or zero for Gemma's 1 + w)
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith("proj.bias"):
                 p.add_(torch.randn_like(p) * 0.1)
     return model
 
@@ -72,8 +74,8 @@ def _oracle(case: str, config, model, written, root):
 
 
 # the families whose quantized files decode through the one-call C chain (quant_chain.py;
-# Phi-3 without LongRoPE or partial rotary)
-CHAINED = {"qwen3", "gemma3", "phi3"}
+# Qwen2 with its biases; Phi-3 without LongRoPE or partial rotary)
+CHAINED = {"qwen2", "qwen3", "gemma3", "phi3"}
 
 _built: dict[str, tuple] = {}
 
