@@ -355,3 +355,53 @@ def _walk_checking_shortcut(g, text: str) -> None:
         assert m.is_allowed(t)
         m.advance(t)
     assert m.is_accepting() and answered >= 10
+
+
+def test_narrow_state_masks_equal_the_full_walk() -> None:
+    """Outside forced text, a state that fewer than `NARROW` bytes leave (a number's digits,
+    the separators after a value) takes its mask from one C walk (`ForcedMasks._narrow`): it
+    equals the index's own walk, EOS included where the tag may end (after the last number);
+    a state more bytes leave (string contents) is left to the index."""
+    import numpy as np
+
+    from grammar.structural.forced_masks import NARROW
+
+    schema = {
+        "type": "object",
+        "properties": {"q": {"type": "string"}, "n": {"type": "number"}},
+        "required": ["q", "n"],
+    }
+    spec = {
+        "type": "sequence",
+        "elements": [
+            {"type": "json_schema", "json_schema": schema},
+            {"type": "const_string", "value": " n="},
+            {"type": "json_schema", "json_schema": {"type": "integer"}},
+        ],
+    }
+    vocab = deepseek_vocab()
+    g = compile_structural_tag(spec, vocab)
+    shortcut, dfa = g.index.shortcut, g.dfa
+    narrow = wide = 0
+    m = g.matcher()
+    text = '{"q":"a b c","n":-12.5e3} n=4096'
+    for t in deepseek_tokenizer().encode(text, add_special_tokens=False):
+        s = m.state
+        words = shortcut(s)
+        if dfa.forced_byte(s) < 0:
+            few = dfa.live_bytes(s) < NARROW
+            assert (words is not None) == (few and shortcut._trie is not None), s
+            narrow += words is not None
+            wide += not few
+        if words is not None:
+            full = g.index._computed(s, 0)
+            assert np.array_equal(words.view(np.uint32), full.view(np.uint32)), s
+        m.advance(t)
+    assert m.is_accepting() and wide >= 1
+    end = shortcut(m.state)
+    if shortcut._trie is not None:
+        assert narrow >= 5 and end is not None
+        eos = vocab.eos_token_ids[0]
+        assert (int(end.view(np.uint32)[eos >> 5]) >> (eos & 31)) & 1
+        full = g.index._computed(m.state, 0)
+        assert np.array_equal(end.view(np.uint32), full.view(np.uint32))

@@ -155,5 +155,7 @@ def test_forced_masks_in_any_order_equal_the_full_walk(order: str) -> None:
         answered.add(s)
         full = g.index._computed(s, 0)
         assert np.array_equal(words.view(np.uint32), full.view(np.uint32)), (order, s)
-    assert answered <= want and len(answered) >= 0.75 * len(want)
+    # (the branch states outside forced text are answered by one C walk: `_narrow`)
+    forced = {s for s in answered if g.dfa.forced_byte(s) >= 0}
+    assert forced <= want and len(forced) >= 0.75 * len(want)
     assert len(want) >= 60 and len(set(states)) - len(want) >= 10
