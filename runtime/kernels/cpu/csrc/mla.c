@@ -227,3 +227,103 @@ int q_mla_decode(const struct mla_layer *L, const struct mla_step *st, const voi
     else mla_part(&job, 0, 1);
     return job.rc;
 }
+
+/* ---- the decode chain's attention half for an MLA layer (quant_chain.py's ChainHook) ------- */
+
+int q_matmul(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t out, int64_t cols,
+             const void *x, int x_bf16, int64_t n, void *y, int64_t ldy, int y_bf16,
+             void *scratch, int threads, int swiglu); /* quant.c */
+
+struct mla_proj { /* quant.c's struct q_proj: q_matmul's leading arguments for one weight */
+    int64_t t, packed;
+    const uint8_t *w;
+    int64_t row_bytes, out, cols;
+};
+
+struct mla_chain_step { /* quant.c's struct q_chain_hook_step */
+    const void *rope_step;
+    void *k_pool, *v_pool;
+    int64_t layer, hidden;
+};
+
+struct mla_rope_step { /* the leading fields of attention.c's struct rope_decode_step */
+    const void *cos, *sin;
+    const int64_t *pos, *slots;
+    const int32_t *table, *lens;
+    int64_t table_stride, n, hq, hkv, d, ps, num_pages;
+};
+
+struct mla_hook {
+    struct mla_layer layer;  /* its `latent` set from the chain's pool at each call */
+    struct mla_proj x_proj[3]; /* q (or q_a) | kv_a, in up to three formats (out 0: none) */
+    struct mla_proj q_b, o;  /* q_b.out 0: no q_lora_rank */
+    const void *q_a_norm;    /* [q_rows], with q_b */
+    int64_t x_row, q_rows;   /* x_proj's outputs, the q (or q_a) part's */
+};
+
+/* y [n][ldy] (columns from 0) = x p, for the parts of a product (q_matmul's) */
+static int mla_product(const struct mla_proj *p, int parts, const void *x, int64_t n, void *y,
+                       int64_t ldy, int bf16, void *scratch) {
+    int64_t col = 0;
+    for (int k = 0; k < parts && p[k].out; k++) {
+        int rc = q_matmul((int)p[k].t, (int)p[k].packed, p[k].w, p[k].row_bytes, p[k].out,
+                          p[k].cols, x, bf16, n, (uint8_t *)y + col * (bf16 ? 2 : 4), ldy, bf16,
+                          scratch, 0, 0);
+        if (rc) return rc;
+        col += p[k].out;
+    }
+    return 0;
+}
+
+/* rows of x [n][row] (first `cols` values) RMSNorm'd by w into y [n][cols], as rms_norm */
+static void mla_rms_rows(const void *x, int64_t row, int64_t cols, int64_t n, const void *w,
+                         float eps, int bf16, void *y) {
+    for (int64_t b = 0; b < n; b++) {
+        float ss = 0.0f;
+        for (int64_t i = 0; i < cols; i++) {
+            float v = mla_ld(x, b * row + i, bf16);
+            ss += v * v;
+        }
+        float inv = 1.0f / sqrtf(ss / (float)cols + eps);
+        for (int64_t i = 0; i < cols; i++) {
+            float normed = mla_round(mla_ld(x, b * row + i, bf16) * inv, bf16);
+            mla_st(y, b * cols + i, mla_ld(w, i, bf16) * normed, bf16);
+        }
+    }
+}
+
+/* chain_half_fn: x [rows][hidden] (normed) -> out [rows][hidden], the layer's attention through
+   o: x_proj's product, q_a's norm and q_b's product, q_mla_decode, o's product. */
+int q_mla_attn_half(const void *ctx, const void *x, int64_t rows, void *out, int bf16,
+                    void *scratch, const struct mla_chain_step *step) {
+    const struct mla_hook *hk = ctx;
+    const struct mla_rope_step *rs = step->rope_step;
+    if (!rs || !rs->cos || !step->k_pool || rs->n != rows) return -2;
+    const struct mla_layer *L = &hk->layer;
+    int64_t size = bf16 ? 2 : 4, q_width = L->heads * (L->nope + L->dr);
+    int64_t att_width = L->heads * L->vdim;
+    int64_t q_cols = hk->q_b.out ? q_width + hk->q_rows : 0;
+    uint8_t *mem = malloc((size_t)(rows * (hk->x_row + q_cols + att_width) * size));
+    if (!mem) return -1;
+    uint8_t *both = mem, *q_a = both + rows * hk->x_row * size, *q = q_a + rows * hk->q_rows * size;
+    uint8_t *att = hk->q_b.out ? q + rows * q_width * size : q_a;
+    int rc = mla_product(hk->x_proj, 3, x, rows, both, hk->x_row, bf16, scratch);
+    const void *qs = both;
+    int64_t q_row = hk->x_row;
+    if (!rc && hk->q_b.out) {
+        mla_rms_rows(both, hk->x_row, hk->q_rows, rows, hk->q_a_norm, L->eps, bf16, q_a);
+        rc = mla_product(&hk->q_b, 1, q_a, rows, q, q_width, bf16, scratch);
+        qs = q;
+        q_row = q_width;
+    }
+    if (!rc) {
+        struct mla_layer layer = *L;
+        layer.latent = step->k_pool;
+        struct mla_step st = {rows, rs->pos, rs->slots, rs->table, rs->table_stride, rs->lens,
+                              rs->ps, rs->num_pages, rs->cos, rs->sin};
+        rc = q_mla_decode(&layer, &st, qs, q_row, both + hk->q_rows * size, hk->x_row, att, bf16);
+    }
+    if (!rc) rc = mla_product(&hk->o, 1, att, rows, out, hk->o.out, bf16, scratch);
+    free(mem);
+    return rc;
+}
