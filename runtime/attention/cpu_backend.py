@@ -228,7 +228,7 @@ class CPUBackend(TorchBackend):
                       pool.k[0])  # fmt: skip
         if pool.quantized or dtype != k_pool.dtype or dtype not in cpu_fused.MODEL_TYPES:
             return None
-        if rotary.dim != k_pool.shape[3]:
+        if rotary.dim > k_pool.shape[3] or rotary.dim % 2:  # partial rotary: dim < D
             return None
         if self._rope is None:
             self._rope = rotary.tables(b.positions)

@@ -70,7 +70,6 @@ from runtime.models.mla import MLAWeights, latent_attention, load_mla
 from runtime.models.moe import MoEWeights, load_moe, moe_forward
 from runtime.models.rope import (
     RotaryEmbedding,
-    apply_rotary,
     longrope_frequencies,
     softmax_scale,
 )
@@ -169,7 +168,7 @@ class DecoderModel:
         for layer in self.layers:
             layer.rope_attend = (
                 layer.kind == FULL and layer.spec.window is None and layer.mla is None
-                and config.rope_type != "longrope" and config.rope_dim == config.head_dim
+                and config.rope_type != "longrope"
             )  # fmt: skip
         self._explicit_rope = not all(layer.rope_attend for layer in self.layers)
         self.embed_scale = (
@@ -238,6 +237,8 @@ class DecoderModel:
         if biased:
             parts.append(", ".join(biased) + " biases")
         parts.append(f"{cfg.hidden_act} gate")
+        if cfg.rope_dim != cfg.head_dim:
+            parts.append(f"partial rotary ({cfg.rope_dim} of {cfg.head_dim})")
         if any(layer.kind == SLIDING for layer in self.layers):
             parts.append("sliding-window layers with their own rotary tables")
         if fam.scaled_embeddings:
@@ -263,8 +264,8 @@ class DecoderModel:
             why.append("routed experts")
         if any(layer.spec.soft_cap is not None for layer in self.layers):
             why.append("attention logit soft-capping")
-        if cfg.rope_type == "longrope" or cfg.rope_dim != cfg.head_dim:
-            why.append("LongRoPE / partial rotary")
+        if cfg.rope_type == "longrope":
+            why.append("LongRoPE")
         if fam.sandwich_norms and any(b is not None for layer in self.layers
                                       for b in _biases(layer)):  # fmt: skip
             why.append("biases with sandwich norms")
@@ -399,10 +400,7 @@ class DecoderModel:
         return tables
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        rd = cos.shape[-1]
-        if rd == x.shape[-1]:
-            return apply_rotary(x, cos, sin)
-        return torch.cat((apply_rotary(x[..., :rd], cos, sin), x[..., rd:]), dim=-1)
+        return self.rotary[FULL].rotate(x, cos, sin)  # partial rotary: the first rope_dim
 
     def _attention_block(
         self, li: int, layer: DecoderLayer, x: torch.Tensor, tables

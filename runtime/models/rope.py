@@ -153,8 +153,12 @@ class RotaryEmbedding:
         return self._cos, self._sin
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """`apply_rotary` (rotate-half pairing), for the attention backends."""
-        return apply_rotary(x, cos, sin)
+        """`apply_rotary` (rotate-half pairing), for the attention backends; tables narrower
+        than x's heads rotate their first values (partial rotary)."""
+        rd = cos.shape[-1]
+        if rd == x.shape[-1]:
+            return apply_rotary(x, cos, sin)
+        return torch.cat((apply_rotary(x[..., :rd], cos, sin), x[..., rd:]), dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

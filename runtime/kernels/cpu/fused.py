@@ -342,7 +342,7 @@ def decode_attention(
 class _RopeStepArgs(ctypes.Structure):
     _fields_ = [(name, _PTR) for name in ("cos", "sin", "pos", "slots", "table", "lens")] + [
         (name, _I64) for name in ("table_stride", "n", "hq", "hkv", "d", "ps", "num_pages")
-    ] + [("q", _PTR), ("window", _I64)]  # fmt: skip
+    ] + [("q", _PTR), ("window", _I64), ("rot", _I64)]  # fmt: skip
 
 
 class RopeDecode:
@@ -351,7 +351,9 @@ class RopeDecode:
 
     rows: the step's DecodeRows (one query per request: positions / slots int64 [B]); the
     pools [pages, page_size, Hkv, D] of the model's dtype (not fp8), contiguous. With a
-    `window` (> 0) each request attends to its last `window` keys only (a sliding window)."""
+    `window` (> 0) each request attends to its last `window` keys only (a sliding window).
+    Tables [positions, R] with R < D: partial rotary (the first R values of each head rotated,
+    the rest as they are)."""
 
     def __init__(
         self,
@@ -376,8 +378,9 @@ class RopeDecode:
         self.args = _RopeStepArgs(
             cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(), slots.data_ptr(),
             rows.table.data_ptr(), rows.lens.data_ptr(), rows.table.stride(0), b, num_heads, hkv,
-            d, ps, pages, self.q.data_ptr(), window,
+            d, ps, pages, self.q.data_ptr(), window, cos_table.shape[-1],
         )  # fmt: skip
+        assert cos_table.shape[-1] <= d and cos_table.shape[-1] % 2 == 0
         self._ref = ctypes.byref(self.args)
         self._fn = _fn("rope_decode", dtype)
         self.dtype, self.shape = dtype, (b, num_heads, d)

@@ -123,3 +123,31 @@ def test_biases_and_hooked_halves_give_the_per_layer_bits(tiny_file, dtype):
     assert [c[:3] for c in calls] == [("mlp", 0, 3), ("attn", 1, 3)] * 4
     assert all(calls[1][3:6])  # the layer's pools and rope arguments
     assert calls[1][6] == int(dtype == torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_partial_rotary_on_the_chain_and_on_rope_attend(tiny_file, dtype):
+    """Partial rotary (the first half of each head rotated, Phi-4-mini's kind): the chain gives
+    the per-layer loop's bits (both through the fused C rotary + attention), and the per-layer
+    loop with rope_attend gives the torch rotation's tokens (logits to rounding)."""
+    from runtime.attention import make_backend
+    from runtime.models.llama import LlamaModel
+    from tests.support.forward_batches import decode_run
+
+    config, state = load_gguf(tiny_file)
+    config = dataclasses.replace(config, partial_rotary_factor=0.5)
+    assert config.rope_dim == config.head_dim // 2
+    model = LlamaModel(config, state, dtype, attention=make_backend("cpu"))
+    assert model._chain is not None, model.decode_path
+    assert f"partial rotary ({config.rope_dim} of {config.head_dim})" in model.decode_path
+    assert all(layer.rope_attend for layer in model.layers)
+    _same_decode(model, model._chain, dtype)
+    prompts = [[5, 17, 300, 42, 9], [7, 7, 1000]]
+    fused_tokens, fused = decode_run(model, dtype, prompts, steps=4)  # rope_attend, no chain
+    for layer in model.layers:  # the torch rotation (decoder._rotate), then attend
+        layer.rope_attend = False
+    model._explicit_rope = True
+    tokens, plain = decode_run(model, dtype, prompts, steps=4)
+    assert torch.equal(fused_tokens, tokens)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(fused, plain, atol=tol * plain.abs().max(), rtol=0)

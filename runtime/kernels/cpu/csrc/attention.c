@@ -14,6 +14,7 @@ struct rope_decode_step {
     int64_t table_stride, n, hq, hkv, d, ps, num_pages;
     void *q;
     int64_t window; /* > 0: attend to each request's last `window` keys only */
+    int64_t rot;    /* the rotated values of a head (partial rotary; 0: all d) */
 };
 
 #define STORAGE STORAGE_F32

@@ -55,24 +55,35 @@ void FN(offset_add_rms_norm)(scalar_t *hidden, const scalar_t *delta, const floa
 }
 
 /* qkv [n, row] holds q (hq heads), k (hkv heads), v (hkv heads) of width d per token. Rotates
-   q into q_out [n, hq, d] and k into k_flat[slot], copies v into v_flat[slot] (flat pools
-   [slots, hkv, d]); cos/sin tables [positions, d]: x * cos + rotate_half(x) * sin. */
-void FN(rotary_kv)(const scalar_t *qkv, int64_t row, const scalar_t *cos_t, const scalar_t *sin_t,
-                   const int64_t *pos, const int64_t *slots, int64_t n, int64_t hq, int64_t hkv,
-                   int64_t d, scalar_t *q_out, scalar_t *k_flat, scalar_t *v_flat) {
-    int64_t half = d / 2;
+   the first rd values of each q head into q_out [n, hq, d] and of each k head into
+   k_flat[slot] (the other d - rd copied: partial rotary), copies v into v_flat[slot] (flat
+   pools [slots, hkv, d]); cos/sin tables [positions, rd]: x * cos + rotate_half(x) * sin. */
+void FN(rotary_kv_part)(const scalar_t *qkv, int64_t row, const scalar_t *cos_t,
+                        const scalar_t *sin_t, const int64_t *pos, const int64_t *slots,
+                        int64_t n, int64_t hq, int64_t hkv, int64_t d, int64_t rd,
+                        scalar_t *q_out, scalar_t *k_flat, scalar_t *v_flat) {
+    int64_t half = rd / 2;
     for (int64_t i = 0; i < n; i++) {
         const scalar_t *src = qkv + i * row;
-        const scalar_t *c = cos_t + pos[i] * d, *s = sin_t + pos[i] * d;
+        const scalar_t *c = cos_t + pos[i] * rd, *s = sin_t + pos[i] * rd;
         for (int64_t hh = 0; hh < hq + hkv; hh++) {
             const scalar_t *x = src + hh * d;
             scalar_t *dst =
                 hh < hq ? q_out + (i * hq + hh) * d : k_flat + (slots[i] * hkv + hh - hq) * d;
             for (int64_t j = 0; j < half; j++)
                 dst[j] = ST(RND(LD(x[j]) * LD(c[j])) + RND(-LD(x[j + half]) * LD(s[j])));
-            for (int64_t j = half; j < d; j++)
+            for (int64_t j = half; j < rd; j++)
                 dst[j] = ST(RND(LD(x[j]) * LD(c[j])) + RND(LD(x[j - half]) * LD(s[j])));
+            if (rd < d) memcpy(dst + rd, x + rd, sizeof(scalar_t) * (d - rd));
         }
         memcpy(v_flat + slots[i] * hkv * d, src + (hq + hkv) * d, sizeof(scalar_t) * hkv * d);
     }
+}
+
+/* rotary_kv_part of the whole head (rd = d) */
+void FN(rotary_kv)(const scalar_t *qkv, int64_t row, const scalar_t *cos_t, const scalar_t *sin_t,
+                   const int64_t *pos, const int64_t *slots, int64_t n, int64_t hq, int64_t hkv,
+                   int64_t d, scalar_t *q_out, scalar_t *k_flat, scalar_t *v_flat) {
+    FN(rotary_kv_part)(qkv, row, cos_t, sin_t, pos, slots, n, hq, hkv, d, d, q_out, k_flat,
+                       v_flat);
 }
