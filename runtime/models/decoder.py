@@ -69,6 +69,7 @@ from runtime.models.layers import (
 from runtime.models.mla import MLAWeights, latent_attention, load_mla
 from runtime.models.moe import MoEWeights, load_moe, moe_forward
 from runtime.models.rope import (
+    DecodeTables,
     RotaryEmbedding,
     longrope_frequencies,
     softmax_scale,
@@ -184,13 +185,19 @@ class DecoderModel:
             self.rotary[SLIDING] = RotaryEmbedding(local_config, dtype)
         else:
             self.rotary[SLIDING] = self.rotary[FULL]
-        # (rotary, window) per layer: what the backend's chain attention steps differ by
-        self._chain_layers = [(self.rotary[w.kind], w.spec.window) for w in self.layers]
         self.long_rotary = None  # LongRoPE: the tables past the original context
+        self._chain_rotary = self.rotary[FULL]  # the decode chain's (decode-only steps)
         if config.rope_type == "longrope":
             self.long_rotary = RotaryEmbedding(config, dtype)
             inv_freq, scaling = longrope_frequencies(config, long=True)
             self.long_rotary.inv_freq, self.long_rotary.attention_scaling = inv_freq, scaling
+            original = int(config.rope_scaling["original_max_position_embeddings"])
+            self._chain_rotary = DecodeTables(self.rotary[FULL], self.long_rotary, original)
+        # (rotary, window) per layer: what the backend's chain attention steps differ by
+        self._chain_layers = [
+            (self._chain_rotary if self.rotary[w.kind] is self.rotary[FULL]
+             else self.rotary[w.kind], w.spec.window) for w in self.layers
+        ]  # fmt: skip
         big = [self.lm_head] + [
             t for layer in self.layers for t in (layer.qkv, layer.o, layer.gate_up, layer.down)
             if t is not None
@@ -239,6 +246,8 @@ class DecoderModel:
         parts.append(f"{cfg.hidden_act} gate")
         if cfg.rope_dim != cfg.head_dim:
             parts.append(f"partial rotary ({cfg.rope_dim} of {cfg.head_dim})")
+        if cfg.rope_type == "longrope":
+            parts.append("LongRoPE (a decode token past the original context: long factors)")
         if any(layer.kind == SLIDING for layer in self.layers):
             parts.append("sliding-window layers with their own rotary tables")
         if fam.scaled_embeddings:
@@ -264,8 +273,6 @@ class DecoderModel:
             why.append("routed experts")
         if any(layer.spec.soft_cap is not None for layer in self.layers):
             why.append("attention logit soft-capping")
-        if cfg.rope_type == "longrope":
-            why.append("LongRoPE")
         if fam.sandwich_norms and any(b is not None for layer in self.layers
                                       for b in _biases(layer)):  # fmt: skip
             why.append("biases with sandwich norms")
@@ -515,7 +522,7 @@ class DecoderModel:
         if hidden.shape[0] >= cpu_quant.DENSE_ROWS or not hidden.is_contiguous():
             return None
         served = self.attention.chain_attention(
-            self.rotary[FULL], self._chain_layers, self.num_heads, self.dtype
+            self._chain_rotary, self._chain_layers, self.num_heads, self.dtype
         )
         if served is None:  # not a step the backend's fused decode attention takes
             return None

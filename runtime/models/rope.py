@@ -176,3 +176,36 @@ def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     c, s = cos[..., :half], sin[..., :half]
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.cat((even * c - odd * s, odd * c + even * s), dim=-1)
+
+
+class DecodeTables:
+    """LongRoPE's rotary for decode-only steps (the Rotary protocol): table row p is the short
+    tables' below `original` and the long ones' from it. A decode token's request reaches past
+    the original context exactly when its own position does (p + 1 > original), so this is the
+    table the per-token choice of the layer-by-layer forward (`torch.where` of short and long
+    rows) reads, in one table the fused C kernels index by position. Not for extend chunks: a
+    chunk reaching past `original` rotates all its tokens with the long factors."""
+
+    def __init__(self, short: RotaryEmbedding, long: RotaryEmbedding, original: int) -> None:
+        self.short, self.long, self.original = short, long, original
+        self.dim = short.dim
+        self._key: tuple = ()
+        self._tables: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos_s, sin_s = self.short.tables(positions)
+        cos_l, sin_l = self.long.tables(positions)
+        key = (cos_s.data_ptr(), cos_l.data_ptr(), cos_s.shape[0], cos_l.shape[0])
+        if key != self._key:  # rebuilt when either table grows
+            n, cut = min(cos_s.shape[0], cos_l.shape[0]), self.original
+            self._tables = (torch.cat((cos_s[:cut], cos_l[cut:n])).contiguous(),
+                            torch.cat((sin_s[:cut], sin_l[cut:n])).contiguous())  # fmt: skip
+            self._key = key
+        return self._tables
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.tables(positions)
+        return cos[positions][:, None, :], sin[positions][:, None, :]
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.short.rotate(x, cos, sin)

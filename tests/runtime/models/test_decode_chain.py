@@ -151,3 +151,38 @@ def test_partial_rotary_on_the_chain_and_on_rope_attend(tiny_file, dtype):
     assert torch.equal(fused_tokens, tokens)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(fused, plain, atol=tol * plain.abs().max(), rtol=0)
+
+
+def test_longrope_decode_on_the_chain(tiny_file):
+    """LongRoPE (Phi-3's) on the chain: a decode token at or past the original context (16
+    here) rotates with the long factors, one before it with the short ones, as the per-layer
+    loop picks per token; with partial rotary. The same tokens as the per-layer loop's (its
+    torch rotation), logits to rounding, for requests on either side of the boundary and one
+    crossing it during the steps."""
+    from runtime.attention import make_backend
+    from runtime.models.llama import LlamaModel
+    from tests.support.forward_batches import decode_run
+
+    dtype = torch.float32
+    config, state = load_gguf(tiny_file)
+    rd = config.head_dim // 2
+    scaling = {"rope_type": "longrope", "original_max_position_embeddings": 16,
+               "short_factor": [1.0 + k / 4 for k in range(rd // 2)],
+               "long_factor": [2.0 + k for k in range(rd // 2)]}  # fmt: skip
+    config = dataclasses.replace(config, rope_scaling=scaling, partial_rotary_factor=0.5)
+    model = LlamaModel(config, state, dtype, attention=make_backend("cpu"))
+    assert model._chain is not None and "LongRoPE" in model.decode_path, model.decode_path
+    prompts = [[5, 17, 300, 42, 9], [7] * 14, [12] * 20]
+    model._chain.runs = 0
+    tokens, chained = decode_run(model, dtype, prompts, steps=5)
+    assert model._chain.runs == 5
+    chain, model._chain = model._chain, None
+    plain_tokens, plain = decode_run(model, dtype, prompts, steps=5)
+    assert torch.equal(tokens, plain_tokens)
+    torch.testing.assert_close(chained, plain, atol=1e-5 * plain.abs().max(), rtol=0)
+    short_only = dataclasses.replace(config, rope_scaling={**scaling, "long_factor":
+                                                           scaling["short_factor"]})  # fmt: skip
+    model = LlamaModel(short_only, state, dtype, attention=make_backend("cpu"))
+    _, other = decode_run(model, dtype, prompts, steps=5)
+    assert not torch.allclose(other[:, 2], plain[:, 2], atol=1e-3)  # the long factors matter
+    assert chain.runs == 5
