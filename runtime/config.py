@@ -42,6 +42,9 @@ DEFAULT_ARCHITECTURES = {
 }
 # the families on the shared decoder (runtime/models/decoder.py): windows, LongRoPE
 DECODER_TYPES = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "mixtral", "phi3"})
+# the families whose sliding windows are honoured (Mistral's on every layer, as transformers;
+# Qwen2's / Qwen3's from `max_window_layers` on where the config lists no layer_types)
+WINDOW_TYPES = DECODER_TYPES | {"mistral", "qwen2"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 # hidden_act / hidden_activation values -> how the MLP's gate is activated
 SUPPORTED_ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
@@ -282,10 +285,14 @@ def _layer_types(
     cfg: dict[str, Any], model_type: str, num_layers: int, window: Any
 ) -> tuple[str, ...]:
     """FULL / SLIDING per layer for the families whose windows the engine honours: the config's
-    `layer_types` when it has them, else every layer sliding when a window is set."""
-    if model_type not in DECODER_TYPES:
+    `layer_types` when it has them, else (Qwen2 / Qwen3) the layers from `max_window_layers` on,
+    else every layer sliding when a window is set (Mistral, Mixtral, Phi-3)."""
+    if model_type not in WINDOW_TYPES:
         return ()
     types = cfg.get("layer_types")
+    if types is None and model_type in ("qwen2", "qwen3", "qwen3_moe"):
+        start = int(cfg.get("max_window_layers", 28))  # transformers' default
+        types = [SLIDING if window and i >= start else FULL for i in range(num_layers)]
     if types is None and model_type == "gemma3_text":  # older configs: a pattern of 6
         pattern = int(cfg.get("sliding_window_pattern") or 6)
         types = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]

@@ -16,6 +16,7 @@ WINDOW = 8  # shorter than every prompt of PROMPTS past the first
 
 _SHAPES: dict[str, dict[str, Any]] = {
     "qwen2": {},
+    "mistral": {},
     "qwen3": dict(head_dim=16),
     "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                       norm_topk_prob=True, num_hidden_layers=3, mlp_only_layers=[1]),
@@ -35,6 +36,7 @@ def family_config(kind: str, **overrides: Any):
 
     cls = {
         "qwen2": transformers.Qwen2Config,
+        "mistral": transformers.MistralConfig,
         "qwen3": transformers.Qwen3Config,
         "qwen3_moe": transformers.Qwen3MoeConfig,
         "gemma3": transformers.Gemma3TextConfig,
