@@ -67,7 +67,7 @@ from runtime.models.layers import (
     rms_norm,
 )
 from runtime.models.mla import MLAWeights, latent_attention, load_mla
-from runtime.models.moe import MoEWeights, load_moe, moe_forward
+from runtime.models.moe import MoEKernel, MoEWeights, load_moe, moe_forward, moe_kernel
 from runtime.models.rope import (
     DecodeTables,
     RotaryEmbedding,
@@ -244,6 +244,8 @@ class DecoderModel:
         if biased:
             parts.append(", ".join(biased) + " biases")
         parts.append(f"{cfg.hidden_act} gate")
+        if any(layer.moe is not None for layer in self.layers):
+            parts.append("routed experts in one C call a layer (moe.py)")
         if cfg.rope_dim != cfg.head_dim:
             parts.append(f"partial rotary ({cfg.rope_dim} of {cfg.head_dim})")
         if cfg.rope_type == "longrope":
@@ -269,8 +271,8 @@ class DecoderModel:
             why.append("(1 + w) norms without sandwich norms, or the reverse")
         if cfg.hidden_act not in ACTIVATIONS:
             why.append(f"{cfg.hidden_act} gate")
-        if any(layer.moe is not None for layer in self.layers):
-            why.append("routed experts")
+        if any(w.moe is not None and not MoEKernel.supported(w.moe, cfg.moe) for w in self.layers):
+            why.append("routed experts not all in integer-kernel block formats")
         if any(layer.spec.soft_cap is not None for layer in self.layers):
             why.append("attention logit soft-capping")
         if fam.sandwich_norms and any(b is not None for layer in self.layers
@@ -283,9 +285,13 @@ class DecoderModel:
                              heads=(self.num_heads, self.num_kv_heads, cfg.head_dim))  # fmt: skip
         layers = [(w.input_norm, w.qkv, w.o, w.pre_mlp_norm, w.gate_up, w.down)
                   for w in self.layers]  # fmt: skip
+        loads = iter(self.expert_load)  # a MoE layer's MLP half: its experts in C (moe.py)
+        moe = [None if w.moe is None else moe_kernel(w.moe, cfg.moe).chain_hook(next(loads))
+               for w in self.layers]  # fmt: skip
         extras = [ChainExtras(w.q_norm, w.k_norm, w.post_attn_norm, w.post_mlp_norm,
                               qkv_bias=w.qkv_bias, o_bias=w.o_bias, gate_up_bias=w.gate_up_bias,
-                              down_bias=w.down_bias) for w in self.layers]  # fmt: skip
+                              down_bias=w.down_bias, mlp_half=hook)
+                  for w, hook in zip(self.layers, moe, strict=True)]  # fmt: skip
         if not DecodeChain.supported(layers, self.dtype, family, extras):
             return None, ["weights not all in integer-kernel block formats (dense or float "
                           "GGUF tensors), or the C kernels not built"]  # fmt: skip
@@ -459,17 +465,19 @@ class DecoderModel:
         """Logits (float32) [len(batch.logit_rows), vocab] for the wanted rows."""
         self.attention.plan(batch, pool)
         hidden = self.embed_tokens(batch.input_ids)
+        moe = self.expert_load.numel() > 0
+        if moe:
+            self.expert_load.zero_()
         if self._chain is not None:
             out = self._chained(hidden, pool)
             if out is not None:  # the same kernels, called from C
+                if moe:
+                    self.expert_load_total += self.expert_load
                 last, bias = self.layers[-1].post_mlp_norm, self.layers[-1].down_bias
                 out = out if bias is None else out + bias
                 return self.finish(hidden + (out if last is None else self._norm(out, last)),
                                    batch)  # fmt: skip
         tables = self._rope_tables(batch) if self._explicit_rope else {}
-        moe = self.expert_load.numel() > 0
-        if moe:
-            self.expert_load.zero_()
         if not self.layers:
             pass
         elif not (self.family.norm_offset or self.family.sandwich_norms):

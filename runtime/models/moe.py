@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from runtime.config import MoEConfig
 from runtime.kernels.cpu import quant as cpu_quant
+from runtime.kernels.cpu.quant_chain import ChainHook
 from runtime.models.layers import dense_weight, nbytes
 
 
@@ -208,6 +209,15 @@ class MoEKernel:
         if rc:
             raise RuntimeError(f"q_moe failed ({rc})")
         return out
+
+    def chain_hook(self, load: torch.Tensor | None = None) -> ChainHook:
+        """The layer's MLP half on the decode chain (csrc/moe.c's `q_moe_half`): these
+        arguments with their own `load` (int64 [E], the model's per-layer count, which the
+        chain's caller zeroes and totals as the per-layer forward does)."""
+        args = _MoE.from_buffer_copy(self.args)
+        args.load = None if load is None else load.data_ptr()
+        fn = ctypes.cast(cpu_quant.library().q_moe_half, _PTR).value
+        return ChainHook(fn, ctypes.addressof(args), keep=(args, self, load))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The C routing of x (`route`'s ids [rows, k] int64, weights [rows, k] float32; the

@@ -74,8 +74,9 @@ def _oracle(case: str, config, model, written, root):
 
 
 # the families whose quantized files decode through the one-call C chain (quant_chain.py;
-# Qwen2 with its biases; Phi-3 without LongRoPE or partial rotary)
-CHAINED = {"qwen2", "qwen3", "gemma3", "phi3"}
+# Qwen2 with its biases; Phi-3 without LongRoPE or partial rotary; the MoE families' experts
+# through moe.py's C call)
+CHAINED = {"qwen2", "qwen3", "gemma3", "phi3", "qwen3moe", "mixtral"}
 
 _built: dict[str, tuple] = {}
 
@@ -192,9 +193,15 @@ def test_a_file_without_a_chat_template_gets_its_familys_turns(tmp_path, arch, t
         assert tokenizer.convert_tokens_to_ids("<|im_start|>") in tokenizer(text)["input_ids"]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("case", sorted(CHAINED))
-def test_the_decode_chain_matches_the_per_layer_loop(case, dtype, tmp_path_factory):
+_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# each dense family in both dtypes; the MoE ones (their experts the same C call on both paths)
+# in one each
+_CHAIN_CASES = [(case, d) for case in sorted(CHAINED - {"qwen3moe", "mixtral"}) for d in _DTYPES]
+_CHAIN_CASES += [("qwen3moe", "fp32"), ("mixtral", "bf16")]
+
+
+@pytest.mark.parametrize(("case", "dtype_name"), _CHAIN_CASES)
+def test_the_decode_chain_matches_the_per_layer_loop(case, dtype_name, tmp_path_factory):
     """A decode-only step's layers in one C call (quant_chain.py) with the family's parts
     (Qwen3's head norms; Gemma's (1 + w) and sandwich norms, GeGLU, local rotary tables and a
     window the longest request outgrows) against decoder.py's per-layer loop on the same file:
@@ -204,6 +211,7 @@ def test_the_decode_chain_matches_the_per_layer_loop(case, dtype, tmp_path_facto
     from runtime.models.registry import model_class
     from tests.support.forward_batches import decode_run
 
+    dtype = _DTYPES[dtype_name]
     _, _, written, _ = _build(case, tmp_path_factory)
     config, state = load_gguf(written.path)
     model = model_class(config)(config, state, dtype, attention=make_backend("cpu"))
@@ -215,6 +223,9 @@ def test_the_decode_chain_matches_the_per_layer_loop(case, dtype, tmp_path_facto
         chain.runs = 0
         tokens, chained = decode_run(model, dtype, batch, steps=6)
         assert chain.runs == 6
+        if model.expert_load.numel():  # the last step's tokens per expert, counted by the C
+            k = model.config.moe.num_experts_per_tok
+            assert int(model.expert_load.sum()) == len(batch) * k * len(model.expert_load)
         model._chain = None  # the per-layer loop
         plain_tokens, plain = decode_run(model, dtype, batch, steps=6)
         model._chain = chain

@@ -262,3 +262,13 @@ int q_moe(const struct q_moe *m, const void *x, int64_t rows, void *out, int bf1
     }
     return 0;
 }
+
+/* The layer's MLP half on the decode chain (quant.c's chain_half_fn): q_moe with `ctx` its
+   arguments (their own `load`); the chain's scratch and step are not used (q_moe keeps a buffer
+   of its own, so the chain's and the products' scratch stay as they are). */
+int q_moe_half(const void *ctx, const void *x, int64_t rows, void *out, int bf16, void *scratch,
+               const void *step) {
+    (void)scratch;
+    (void)step;
+    return q_moe(ctx, x, rows, out, bf16);
+}

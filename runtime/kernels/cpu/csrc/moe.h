@@ -37,5 +37,7 @@ struct q_moe {
 int q_moe(const struct q_moe *m, const void *x, int64_t rows, void *out, int bf16);
 int q_moe_route(const struct q_moe *m, const void *x, int64_t rows, int bf16, int64_t *ids,
                 float *weights);
+int q_moe_half(const void *ctx, const void *x, int64_t rows, void *out, int bf16, void *scratch,
+               const void *step);
 
 #endif
