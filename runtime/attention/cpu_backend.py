@@ -181,8 +181,8 @@ class CPUBackend(TorchBackend):
         layers: their RoPE base, window pages, a window the C decode attention reads the last
         keys of). None where `decode_rope` does not take the step. A pool of MLA latents
         (no K / V pools): no shared step, each layer the step's rows (`cpu_fused.StepRows`:
-        positions, slots, page table, lengths) for its attention hook; None for a step with
-        extends or latents not of `dtype` (fp8)."""
+        `full`'s rotary tables, positions, slots, page table, lengths) for its attention
+        hook; None for a step with extends or latents not of `dtype` (fp8)."""
         b, pool = self.batch, self.pool
         if not pool.k and pool.latent:  # MLA: the layers' hooks read the latent pages
             if not (b.num_decode == b.num_tokens and b.num_decode) or (
@@ -190,7 +190,8 @@ class CPUBackend(TorchBackend):
             ):  # fmt: skip
                 return None
             rows = cpu_fused.DecodeRows.of(b.decode_page_table, b.decode_seq_lens)
-            step = cpu_fused.StepRows(b.positions, b.out_slots.to(torch.int64), rows,
+            slots = b.out_slots.to(torch.int64)
+            step = cpu_fused.StepRows(full.tables(b.positions), b.positions, slots, rows,
                                       pool.latent[0])  # fmt: skip
             return None, [step] * len(layers)
         rope = self.decode_rope(full, num_heads, dtype)

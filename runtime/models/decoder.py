@@ -246,7 +246,7 @@ class DecoderModel:
         parts.append(f"{cfg.hidden_act} gate")
         if any(layer.moe is not None for layer in self.layers):
             parts.append("routed experts in one C call a layer (moe.py)")
-        if cfg.rope_dim != cfg.head_dim:
+        if cfg.rope_dim != cfg.head_dim and cfg.mla is None:  # (MLA's: its rope split)
             parts.append(f"partial rotary ({cfg.rope_dim} of {cfg.head_dim})")
         if cfg.rope_type == "longrope":
             parts.append("LongRoPE (a decode token past the original context: long factors)")

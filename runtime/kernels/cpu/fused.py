@@ -404,21 +404,28 @@ class RopeDecode:
 
 
 class StepRows:
-    """A decode-only step's rows as rope_decode's argument struct (positions, slots, page
-    table, lengths, page size and count; no rotary tables, no query buffer, no heads), for a
-    decode chain hook that reads its own cache (MLA's latent pages): `c_call()` gives (0, the
-    struct's address)."""
+    """A decode-only step's rows as rope_decode's argument struct (the rotary tables [positions,
+    R] it reads at each row's position, positions, slots, page table, lengths, page size and
+    count; no query buffer, no heads), for a decode chain hook that reads its own cache (MLA's
+    latent pages): `c_call()` gives (0, the struct's address)."""
 
     def __init__(
-        self, positions: torch.Tensor, slots: torch.Tensor, rows: DecodeRows, pool: torch.Tensor
+        self,
+        tables: tuple[torch.Tensor, torch.Tensor],
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        rows: DecodeRows,
+        pool: torch.Tensor,
     ) -> None:
         b = rows.lens.shape[0]
         assert positions.dtype == slots.dtype == torch.int64 and positions.shape[0] == b
-        self._keep = (positions, slots, rows)
+        cos, sin = tables
+        assert cos.is_contiguous() and sin.is_contiguous()
+        self._keep = (cos, sin, positions, slots, rows)
         self.args = _RopeStepArgs(
-            None, None, positions.data_ptr(), slots.data_ptr(), rows.table.data_ptr(),
-            rows.lens.data_ptr(), rows.table.stride(0), b, 0, 0, 0, pool.shape[1],
-            pool.shape[0], None, 0,
+            cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), slots.data_ptr(),
+            rows.table.data_ptr(), rows.lens.data_ptr(), rows.table.stride(0), b, 0, 0, 0,
+            pool.shape[1], pool.shape[0], None, 0, cos.shape[-1],
         )  # fmt: skip
 
     def c_call(self) -> tuple[int, int]:

@@ -108,6 +108,8 @@ def test_a_latent_pool_gets_the_step_rows_for_its_hooks():
     fn, address = steps[0].c_call()
     args = _RopeStepArgs.from_address(address)
     assert fn == 0 and args.n == 2 and args.ps == PS and args.num_pages == PAGES
+    cos, sin = full.tables(step.positions)
+    assert (args.cos, args.sin, args.rot) == (cos.data_ptr(), sin.data_ptr(), full.dim)
     n = 2
     pos = (ctypes.c_int64 * n).from_address(args.pos)
     slots = (ctypes.c_int64 * n).from_address(args.slots)
