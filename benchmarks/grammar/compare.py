@@ -13,7 +13,11 @@ deepseek tokenizer (129,280 ids), compact separators, schema-ordered keys.
 Each schema (a suite's group) runs in a forked worker killed after --timeout seconds (counted
 as failed), single threaded; before forking, every engine compiles and walks one unrelated
 warm-up schema (and ours builds its shared format automata, `grammar.prebuild`, as the engine
-does at start). A peer that is not installed is named, with the command that installs it.
+does at start), then is frozen out of the garbage collector (as our compile worker is after its
+start); each worker compiles and walks the warm-up schema again, untimed, before its schema, so
+that it starts where a long-running compile process would, not with the copy-on-write page
+faults of a fresh fork's first compile (`--cold-fork` keeps those). A peer that is not
+installed is named, with the command that installs it.
 Prints the engines' table (compile, first mask = compile + first mask, every mask of every
 instance walk, valid and invalid), then a per-keyword table of fully correct schemas over the
 schemas every engine ran.
@@ -22,6 +26,7 @@ schemas every engine ran.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -120,8 +125,14 @@ def _walk(engine: Any, compiled: Any, ids: list[int], mask_times: list[float] | 
         return False
 
 
-def run_item(engine: Any, item: Item, tok: Any) -> dict:
-    """Compile one schema, time its first mask, walk every instance (timing every mask)."""
+def run_item(engine: Any, item: Item, tok: Any, cold_fork: bool = False) -> dict:
+    """Compile one schema, time its first mask, walk every instance (timing every mask).
+    Runs in a worker forked for it: first (unless `cold_fork`) the warm-up schema again,
+    untimed, so the pages a compile writes are this worker's own, as in a long-running
+    compile process (a server's is its own interpreter, never a fork: the copy-on-write
+    page faults a fork's first compile takes, ~2,000 for a median schema, no user pays)."""
+    if not cold_fork:
+        warm_up(engine, tok)
     t0 = _clock()
     try:
         compiled = engine.compile(item.schema)
@@ -160,10 +171,17 @@ def warm_up(engine: Any, tok: Any) -> None:
     _walk(engine, engine.compile(WARM_UP[0]), ids, None)
 
 
-def run_suite(engine: Any, items: list[Item], tok: Any, timeout: float) -> list[dict]:
-    """One result per item, each from a forked worker (a timeout or crash: not compiled)."""
+def run_suite(
+    engine: Any, items: list[Item], tok: Any, timeout: float, cold_fork: bool = False
+) -> list[dict]:
+    """One result per item, each from a forked worker (a timeout or crash: not compiled).
+    The parent's objects are frozen out of the collector before forking, as the compile
+    worker does after its start-up (`runtime.scheduling.compile_worker.serve`)."""
     warm_up(engine, tok)
-    args = [(engine, item, tok) for item in items]
+    if not cold_fork:
+        gc.collect()
+        gc.freeze()
+    args = [(engine, item, tok, cold_fork) for item in items]
     return forked_rows(run_item, args, timeout, f"{engine.name}: ")
 
 
@@ -189,6 +207,12 @@ def summarise(rows: list[dict]) -> dict:
         "masks_over_1ms": sum(t > 1e-3 for t in masks),
         "masks": len(masks),
     }
+
+
+def slowest(items: list[Item], rows: list[dict], n: int = 5) -> list[str]:
+    """The `n` slowest compiles as "label (index) ms", slowest first."""
+    timed = [(r["compile"], i) for i, r in enumerate(rows) if r["compiled"]]
+    return [f"{items[i].label} ({i}) {t * 1e3:,.1f}" for t, i in sorted(timed, reverse=True)[:n]]
 
 
 def keyword_table(runs: list[tuple[str, list[Item], list[dict]]]) -> list[str]:
@@ -269,6 +293,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per schema")
     ap.add_argument("--no-fixed", action="store_true", help="skip the three fixed schemas")
     ap.add_argument(
+        "--cold-fork", action="store_true",
+        help="time each schema in a fresh fork as it comes (no warm-up compile in the worker, "
+        "the parent not frozen): adds the fork's copy-on-write page faults to every figure",
+    )  # fmt: skip
+    ap.add_argument(
         "--clock", choices=("wall", "cpu"), default="wall",
         help="wall clock, or the calling thread's CPU time (A/B runs on a busy machine; work an "
         "engine hands to threads of its own is not counted)",
@@ -315,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
             missing.append(why)
             continue
         items = load(args.limit if key == "ours" else peer_limit)
-        rows = run_suite(engine, items, tok, args.timeout)
+        rows = run_suite(engine, items, tok, args.timeout, args.cold_fork)
         fixed = {} if args.no_fixed else {n: fixed_schema(engine, n, tok) for n in FIXED_SCHEMAS}
         lines.append((engine.name, summarise(rows), fixed))
         runs.append((engine.name, items, rows))
@@ -336,6 +365,9 @@ def main(argv: list[str] | None = None) -> None:
             f"| {'-' if s['mask_mean_us'] is None else format(s['mask_mean_us'], ',.1f')} "
             f"| {s['masks_over_1ms']:,} of {s['masks']:,} |"
         )
+    print("\nslowest compiles (ms), the p99 of 100 is about the second:\n")
+    for name, items, rows in runs:
+        print(f"- {name}: " + ", ".join(slowest(items, rows)))
     if any(fixed for _, _, fixed in lines):
         print("\nthree fixed schemas, from scratch (cold: compile + one walk) and warm:\n")
         cold_col = " | ".join(f"cold {n} (ms)" for n in FIXED_SCHEMAS)

@@ -18,6 +18,7 @@ with the vocabulary, its shared lexing layout, locks and thread-local scratch le
 
 from __future__ import annotations
 
+import gc
 import io
 import logging
 import os
@@ -173,6 +174,10 @@ def serve(conn: Any, budget_bytes: int) -> None:
             grammar.prebuild(vocab)
         except Exception:  # the first compile builds what it needs
             logger.warning("compile worker: prebuild failed", exc_info=True)
+    # what start-up built (modules, the vocabulary, the shared automata) lives as long as the
+    # worker: kept out of the collector, a full collection during a job walks only the job's
+    gc.collect()
+    gc.freeze()
     _address_space_limit(budget_bytes)
     conn.send_bytes(pickle.dumps(("ready", vocab.hash)))
     while True:
