@@ -70,7 +70,7 @@ def build_structural_tag(
     compiled = compile_rules(reader.read(spec), vocab, "root", text)
     if isinstance(compiled, CompiledGrammar):
         if compiled.dfa.lazy:  # the states inside forced text: masks by their text
-            compiled.index.shortcut = ForcedMasks(compiled.dfa, vocab)
+            compiled.index.shortcut = ForcedMasks(compiled.dfa, vocab, compiled.index)
         _warm_triggers(compiled, reader.triggers)
     return compiled
 

@@ -405,3 +405,39 @@ def test_narrow_state_masks_equal_the_full_walk() -> None:
         assert (int(end.view(np.uint32)[eos >> 5]) >> (eos & 31)) & 1
         full = g.index._computed(m.state, 0)
         assert np.array_equal(end.view(np.uint32), full.view(np.uint32))
+
+
+def test_trigger_state_masks_borrowed_from_free_text_equal_the_full_walk() -> None:
+    """Free text that has begun a trigger going on with a space (as gpt-oss's `<|channel|>
+    commentary to=`): the tokens that start with a space (many) part that state from free text
+    at their first byte, so its mask is borrowed from free text with only the " t" tokens
+    walked (`ForcedMasks._borrowed`); " to=g" dies there (no tool g) and lives in free text.
+    At every state along the trigger, and in free text after a broken one, the shortcut's mask
+    equals the index's own walk."""
+    import numpy as np
+
+    from grammar import TokenVocabulary
+
+    words = ["the", "a", "tool", "to", "to=", "to=f", "to=g", "tx", "t", "<", "ab"]
+    toks = [bytes([b]) for b in range(256)]
+    letters = "abcdefghijklmnopqrsuvwxyz"  # (no "t": the space tokens most of them part)
+    toks += [b" " + w.encode() for w in words + [x + y for x in letters for y in letters]]
+    toks += [b"ab to=fn>", b"ab to=g", None]
+    vocab = TokenVocabulary(toks, [len(toks) - 1])
+    tag = {"begin": "ab to=fn>", "content": {"type": "const_string", "value": "x"}, "end": "</>"}
+    spec = {"type": "triggered_tags", "triggers": ["ab to="], "tags": [{"type": "tag", **tag}]}
+    g = compile_structural_tag(spec, vocab)
+    shortcut = g.index.shortcut
+    borrowed = 0
+    for text in ("ab to=fn>x</>", "ab tools ab to"):
+        m = g.matcher()
+        for b in text.encode():
+            m.advance_bytes(bytes([b]))
+            s = m.state
+            words_ = shortcut(s)
+            if words_ is None:
+                continue
+            borrowed += g.dfa.forced_byte(s) < 0 and g.dfa.live_bytes(s) >= 64
+            full = g.index._computed(s, 0)
+            assert np.array_equal(words_.view(np.uint32), full.view(np.uint32)), (text, s)
+    assert borrowed >= (2 if shortcut._trie is not None else 0)
