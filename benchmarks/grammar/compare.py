@@ -10,14 +10,16 @@ deepseek tokenizer (129,280 ids), compact separators, schema-ordered keys.
     python -m benchmarks.grammar.compare --engines ours --clock cpu  # CPU time: A/B, busy machine
     python -m benchmarks.grammar.compare --limit 100 --tokenizer qwen  # Qwen's 151,851 ids
 
-Each schema (a suite's group) runs in a forked worker killed after --timeout seconds (counted
-as failed), single threaded; before forking, every engine compiles and walks one unrelated
+Each schema (a suite's group) runs single threaded in a forked worker, given --timeout seconds
+(past them: counted as failed). Before forking, every engine compiles and walks one unrelated
 warm-up schema (and ours builds its shared format automata, `grammar.prebuild`, as the engine
 does at start), then is frozen out of the garbage collector (as our compile worker is after its
-start); each worker compiles and walks the warm-up schema again, untimed, before its schema, so
-that it starts where a long-running compile process would, not with the copy-on-write page
-faults of a fresh fork's first compile (`--cold-fork` keeps those). A peer that is not
-installed is named, with the command that installs it.
+start). The schemas then run in turn in one forked worker per engine, which compiles and walks
+the warm-up schema again first: a long-running compile process, as a server's compile worker
+is, not a fresh fork per schema whose first compile pays ~2,000 copy-on-write page faults (~8
+ms at the median) no server pays (`--cold-fork`: one fresh fork per schema, as before). A
+schema that takes over --timeout or crashes costs its row and the worker (a new one is forked
+for the rest). A peer that is not installed is named, with the command that installs it.
 Prints the engines' table (compile, first mask = compile + first mask, every mask of every
 instance walk, valid and invalid), then a per-keyword table of fully correct schemas over the
 schemas every engine ran.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -125,14 +128,8 @@ def _walk(engine: Any, compiled: Any, ids: list[int], mask_times: list[float] | 
         return False
 
 
-def run_item(engine: Any, item: Item, tok: Any, cold_fork: bool = False) -> dict:
-    """Compile one schema, time its first mask, walk every instance (timing every mask).
-    Runs in a worker forked for it: first (unless `cold_fork`) the warm-up schema again,
-    untimed, so the pages a compile writes are this worker's own, as in a long-running
-    compile process (a server's is its own interpreter, never a fork: the copy-on-write
-    page faults a fork's first compile takes, ~2,000 for a median schema, no user pays)."""
-    if not cold_fork:
-        warm_up(engine, tok)
+def run_item(engine: Any, item: Item, tok: Any) -> dict:
+    """Compile one schema, time its first mask, walk every instance (timing every mask)."""
     t0 = _clock()
     try:
         compiled = engine.compile(item.schema)
@@ -174,15 +171,76 @@ def warm_up(engine: Any, tok: Any) -> None:
 def run_suite(
     engine: Any, items: list[Item], tok: Any, timeout: float, cold_fork: bool = False
 ) -> list[dict]:
-    """One result per item, each from a forked worker (a timeout or crash: not compiled).
-    The parent's objects are frozen out of the collector before forking, as the compile
-    worker does after its start-up (`runtime.scheduling.compile_worker.serve`)."""
+    """One result per item (a timeout or crash: not compiled), from a long-running worker
+    forked for the engine (`worker_rows`), or with `cold_fork` each from a worker forked for
+    it (`forked_rows`: its first compile pays the fork's copy-on-write page faults)."""
     warm_up(engine, tok)
-    if not cold_fork:
-        gc.collect()
-        gc.freeze()
-    args = [(engine, item, tok, cold_fork) for item in items]
-    return forked_rows(run_item, args, timeout, f"{engine.name}: ")
+    args = [(engine, item, tok) for item in items]
+    if cold_fork:
+        return forked_rows(run_item, args, timeout, f"{engine.name}: ")
+    gc.collect()
+    gc.freeze()  # (as the compile worker does after its start-up)
+    return worker_rows(run_item, args, timeout, f"{engine.name}: ", (engine, tok))
+
+
+def _serve_items(conn: Any, fn: Any, arg_tuples: list[tuple], warm: tuple | None) -> None:
+    """The worker of `worker_rows`: the warm-up again (its pages its own), "ready", then
+    `fn(*arg_tuples[i])` for each index it is sent, until None or EOF."""
+    if warm is not None:
+        warm_up(*warm)
+    conn.send("ready")
+    while True:
+        try:
+            i = conn.recv()
+        except EOFError:
+            return
+        if i is None:
+            return
+        conn.send(fn(*arg_tuples[i]))
+
+
+def worker_rows(
+    fn: Any, arg_tuples: list[tuple], timeout: float, label: str, warm: tuple | None = None
+) -> list[dict]:
+    """`fn(*args)` for each argument tuple, in turn, in one forked worker that lives on as a
+    compile process does (a server's compile worker compiles request after request; `warm`:
+    the (engine, tokenizer) it warms up with first); one that takes over `timeout` seconds
+    or crashes costs its row and the worker, and a new one is forked for the rest."""
+    ctx = mp.get_context("fork")
+    rows: list[dict] = []
+    proc = conn = None
+    for n in range(len(arg_tuples)):
+        if proc is None:
+            conn, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve_items, args=(child, fn, arg_tuples, warm))
+            proc.start()
+            child.close()
+            try:
+                conn.recv()  # "ready": its warm-up is not on the first row's clock
+            except EOFError:
+                pass  # (died warming up: the row below finds it gone)
+        res: dict | None = None
+        try:
+            conn.send(n)
+            if conn.poll(timeout):
+                res = conn.recv()
+        except (EOFError, OSError):
+            res = {"compiled": False, "error": "crash"}
+        if res is None or res.get("error") == "crash":
+            proc.kill()
+            proc.join()
+            conn.close()
+            proc = None
+        rows.append(res or {"compiled": False, "error": "timeout"})
+        if (n + 1) % 50 == 0:
+            print(f"  {label}{n + 1}/{len(arg_tuples)}", file=sys.stderr, flush=True)
+    if proc is not None:
+        conn.send(None)
+        proc.join(timeout)
+        proc.kill()
+        proc.join()
+        conn.close()
+    return rows
 
 
 def fully_correct(r: dict) -> bool:
@@ -294,8 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-fixed", action="store_true", help="skip the three fixed schemas")
     ap.add_argument(
         "--cold-fork", action="store_true",
-        help="time each schema in a fresh fork as it comes (no warm-up compile in the worker, "
-        "the parent not frozen): adds the fork's copy-on-write page faults to every figure",
+        help="time each schema in a fresh fork of its own, not in one long-running worker: "
+        "adds a fresh fork's copy-on-write page faults to every figure",
     )  # fmt: skip
     ap.add_argument(
         "--clock", choices=("wall", "cpu"), default="wall",
