@@ -67,6 +67,8 @@ from runtime.models.layers import (
     rms_norm,
 )
 from runtime.models.mla import MLAWeights, latent_attention, load_mla
+from runtime.models.mla import chain_hook as mla_chain_hook
+from runtime.models.mla import chain_supported as mla_chain_supported
 from runtime.models.moe import MoEKernel, MoEWeights, load_moe, moe_forward, moe_kernel
 from runtime.models.rope import (
     DecodeTables,
@@ -111,8 +113,8 @@ class DecoderLayer:
     down_bias: torch.Tensor | None
     moe: MoEWeights | None
     mla: MLAWeights | None = None  # latent attention in place of q/k/v (DeepSeek)
-    # rotary, K/V write and attention through the backend's rope_attend (the full rotary
-    # tables, no window, no LongRoPE / partial rotary); else rotated here, then attend
+    # rotary, K/V write and attention through the backend's rope_attend (its own rotary
+    # tables, window and pages; not with LongRoPE); else rotated here, then attend
     rope_attend: bool = False
 
     def tensors(self) -> list[torch.Tensor]:
@@ -166,11 +168,8 @@ class DecoderModel:
             self.embed = nothing
         self.layers = [self._load_layer(i) for i in shard.layers(config.num_layers)]
         del self._state
-        for layer in self.layers:
-            layer.rope_attend = (
-                layer.kind == FULL and layer.spec.window is None and layer.mla is None
-                and config.rope_type != "longrope"
-            )  # fmt: skip
+        for layer in self.layers:  # every kind: the backends keep each rotary's tables apart
+            layer.rope_attend = layer.mla is None and config.rope_type != "longrope"
         self._explicit_rope = not all(layer.rope_attend for layer in self.layers)
         self.embed_scale = (
             torch.tensor(config.hidden_size**0.5).to(dtype)
@@ -246,6 +245,8 @@ class DecoderModel:
         parts.append(f"{cfg.hidden_act} gate")
         if any(layer.moe is not None for layer in self.layers):
             parts.append("routed experts in one C call a layer (moe.py)")
+        if cfg.mla is not None:
+            parts.append("latent attention (MLA) in one C call a layer (mla.py)")
         if cfg.rope_dim != cfg.head_dim and cfg.mla is None:  # (MLA's: its rope split)
             parts.append(f"partial rotary ({cfg.rope_dim} of {cfg.head_dim})")
         if cfg.rope_type == "longrope":
@@ -262,7 +263,10 @@ class DecoderModel:
         """The model's DecodeChain, or None and what of the family, the weights or the
         placement keeps it off the chain."""
         cfg, fam, shard = self.config, self.family, self.shard
-        why = ["latent attention (MLA)"] if cfg.mla is not None else []
+        why = []
+        if any(w.mla is not None and not mla_chain_supported(w.mla, w.o, self.dtype)
+               for w in self.layers):  # fmt: skip
+            why.append("latent attention (MLA) not in integer-kernel block formats")
         if shard.tp_size != 1 or not (shard.first_stage and shard.last_stage):
             why.append("tensor or pipeline parallel")
         if device.type != "cpu" or self.dtype not in cpu_fused.MODEL_TYPES:
@@ -283,15 +287,17 @@ class DecoderModel:
         family = ChainFamily(offset_norms=fam.norm_offset, sandwich=fam.sandwich_norms,
                              head_norms=cfg.qk_norm, activation=cfg.hidden_act,
                              heads=(self.num_heads, self.num_kv_heads, cfg.head_dim))  # fmt: skip
-        layers = [(w.input_norm, w.qkv, w.o, w.pre_mlp_norm, w.gate_up, w.down)
-                  for w in self.layers]  # fmt: skip
+        layers = [(w.input_norm, w.qkv, None if w.mla else w.o, w.pre_mlp_norm, w.gate_up,
+                   w.down) for w in self.layers]  # fmt: skip
+        mla = [w.mla and mla_chain_hook(w.mla, w.o, cfg, w.spec.scale, self.dtype)
+               for w in self.layers]  # an MLA layer's attention half in C (mla.py)
         loads = iter(self.expert_load)  # a MoE layer's MLP half: its experts in C (moe.py)
         moe = [None if w.moe is None else moe_kernel(w.moe, cfg.moe).chain_hook(next(loads))
                for w in self.layers]  # fmt: skip
         extras = [ChainExtras(w.q_norm, w.k_norm, w.post_attn_norm, w.post_mlp_norm,
                               qkv_bias=w.qkv_bias, o_bias=w.o_bias, gate_up_bias=w.gate_up_bias,
-                              down_bias=w.down_bias, mlp_half=hook)
-                  for w, hook in zip(self.layers, moe, strict=True)]  # fmt: skip
+                              down_bias=w.down_bias, mlp_half=hook, attn_half=attn)
+                  for w, hook, attn in zip(self.layers, moe, mla, strict=True)]  # fmt: skip
         if not DecodeChain.supported(layers, self.dtype, family, extras):
             return None, ["weights not all in integer-kernel block formats (dense or float "
                           "GGUF tensors), or the C kernels not built"]  # fmt: skip
@@ -326,8 +332,8 @@ class DecoderModel:
         qkv = qkv_bias = mla = None
         window = cfg.layer_window(i)
         scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
-        if cfg.mla is not None:  # no tensor parallel MLA (parallel/shard.py refuses it)
-            mla = load_mla(self._take, self._maybe, att, cfg, self.dtype)
+        if cfg.mla is not None:  # this rank's heads (the latent projection: every rank's)
+            mla = load_mla(self._take, self._maybe, att, cfg, self.dtype, tp.heads)
             scale = softmax_scale(cfg, cfg.mla.qk_head_dim)
         else:
             qkv = tp.qkv.weight([self._take(att + f"{n}_proj.weight") for n in "qkv"])
@@ -353,7 +359,7 @@ class DecoderModel:
             qkv_bias=qkv_bias,
             q_norm=self._norm_weight(att + "q_norm.weight") if cfg.qk_norm else None,
             k_norm=self._norm_weight(att + "k_norm.weight") if cfg.qk_norm else None,
-            o=o if mla is not None else tp.o.weight(o),
+            o=tp.o.weight(o),
             o_bias=self._maybe(att + "o_proj.bias"),
             post_attn_norm=self._norm_weight(p + "post_attention_layernorm.weight")
             if sandwich else None,
@@ -433,7 +439,8 @@ class DecoderModel:
                     self._norm(qk[:, : hq * d].view(t, hq, d), layer.q_norm))
                 qk[:, hq * d :].view(t, hkv, d).copy_(
                     self._norm(qk[:, hq * d :].view(t, hkv, d), layer.k_norm))  # fmt: skip
-            out = self.attention.rope_attend(li, qkv, self.rotary[FULL], hq, layer.spec)
+            rotary = self.rotary[layer.kind]
+            out = self.attention.rope_attend(li, qkv, rotary, hq, layer.spec)
         else:
             q = qkv[:, : hq * d].view(t, hq, d)
             k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)

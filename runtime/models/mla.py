@@ -64,16 +64,27 @@ class MLAWeights:
 
 
 def load_mla(take: Callable, maybe: Callable, prefix: str, config: ModelConfig,
-             dtype: torch.dtype) -> MLAWeights:  # fmt: skip
+             dtype: torch.dtype, heads: range | None = None) -> MLAWeights:  # fmt: skip
     """A layer's MLA weights from `{prefix}q_proj.weight` ... (transformers' names); `take`
-    raises naming a missing weight, `maybe` gives None for an absent one."""
-    mla, heads = config.mla, config.num_heads
+    raises naming a missing weight, `maybe` gives None for an absent one. `heads`: the query
+    heads this tensor-parallel rank holds (None: all): their rows of q_proj (or q_b_proj) and
+    kv_b_proj; q_a_proj and kv_a_proj_with_mqa (the latent and the rope key) are every rank's."""
+    mla = config.mla
+    heads = heads if heads is not None else range(config.num_heads)
     kv_b = dense_weight(take(prefix + "kv_b_proj.weight"), dtype)
-    kv_b = kv_b.view(heads, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
+    kv_b = kv_b.view(config.num_heads, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
+    kv_b = kv_b[heads.start : heads.stop]
     lora = mla.q_lora_rank is not None
     q_name = prefix + ("q_a_proj" if lora else "q_proj")
+    q_rows = slice(heads.start * mla.qk_head_dim, heads.stop * mla.qk_head_dim)
     q, kv_a = take(q_name + ".weight"), take(prefix + "kv_a_proj_with_mqa.weight")
     biases = (maybe(q_name + ".bias"), maybe(prefix + "kv_a_proj_with_mqa.bias"))
+    split = len(heads) != config.num_heads
+    if split and not lora:  # this rank's heads of q_proj (q_b_proj's below)
+        q, biases = _rows(q, q_rows), (_rows(biases[0], q_rows), biases[1])
+    q_b = take(prefix + "q_b_proj.weight") if lora else None
+    if split and lora:
+        q_b = _rows(q_b, q_rows)
     if all(b is None for b in biases):
         bias = None
     else:  # a part without a bias adds zeros
@@ -84,11 +95,16 @@ def load_mla(take: Callable, maybe: Callable, prefix: str, config: ModelConfig,
         x_proj_bias=bias,
         q_rows=q.shape[0],
         q_a_norm=take(prefix + "q_a_layernorm.weight") if lora else None,
-        q_b=take(prefix + "q_b_proj.weight") if lora else None,
+        q_b=q_b,
         kv_a_norm=take(prefix + "kv_a_layernorm.weight"),
         w_uk=kv_b[:, : mla.qk_nope_head_dim].contiguous(),
         w_uv=kv_b[:, mla.qk_nope_head_dim :].contiguous(),
     )
+
+
+def _rows(t: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    """Rows of a tensor (a quantized one stays in its block format), or None."""
+    return None if t is None else t[rows.start : rows.stop].contiguous()
 
 
 def latent_attention(
@@ -114,7 +130,7 @@ def latent_attention(
         out = decode_kernel(w, q, both, config, attention, layer, spec, cos_sin)
         if out is not None:
             return out
-    q = q.reshape(t, config.num_heads, mla.qk_head_dim)
+    q = q.reshape(t, w.w_uk.shape[0], mla.qk_head_dim)  # this rank's heads
     q_nope, q_rope = q[..., : mla.qk_nope_head_dim], q[..., mla.qk_nope_head_dim :]
     c = rms_norm(kv[:, : mla.kv_lora_rank], w.kv_a_norm, eps)
     k_rope = rotate(kv[:, None, mla.kv_lora_rank :], *cos_sin)
@@ -251,11 +267,11 @@ def decode_kernel(
     slots = batch.out_slots.contiguous()
     step = _Step(t, None, slots.data_ptr(), table.data_ptr(), table.shape[1], lens.data_ptr(),
                  pages.shape[1], pages.shape[0], cos.data_ptr(), sin.data_ptr())  # fmt: skip
-    entry = _Layer(config.num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim,
+    entry = _Layer(w.w_uk.shape[0], mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim,
                    mla.kv_lora_rank, int(mla.rope_interleave), config.rms_norm_eps, spec.scale,
                    w.kv_a_norm.data_ptr(), w.w_uk.data_ptr(), w.w_uv.data_ptr(),
                    pages.data_ptr())  # fmt: skip
-    out = torch.empty(t, config.num_heads * mla.v_head_dim, dtype=dtype)
+    out = torch.empty(t, w.w_uk.shape[0] * mla.v_head_dim, dtype=dtype)
     size = both.element_size()
     rc = kernel(ctypes.byref(entry), ctypes.byref(step), q.data_ptr(), q.stride(0),
                           both.data_ptr() + w.q_rows * size, both.stride(0), out.data_ptr(),
@@ -319,7 +335,7 @@ def chain_hook(w: MLAWeights, o: object, config: ModelConfig, scale: float,
     from runtime.kernels.cpu.quant_chain import ChainHook
 
     mla, lib = config.mla, cpu_quant.library()
-    entry = _Layer(config.num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim,
+    entry = _Layer(w.w_uk.shape[0], mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim,
                    mla.kv_lora_rank, int(mla.rope_interleave), config.rms_norm_eps, scale,
                    w.kv_a_norm.data_ptr(), w.w_uk.data_ptr(), w.w_uv.data_ptr(), None)  # fmt: skip
     hook = _Hook(layer=entry, o=_proj(o), x_row=w.x_proj.shape[0], q_rows=w.q_rows)

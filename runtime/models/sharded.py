@@ -118,7 +118,8 @@ class TensorParallel:
     """A decoder's tensor-parallel layers for one rank: q / k / v and gate / up as column
     parallel projections, o and down as row parallel ones, the vocabulary split by rows, the
     routed experts split over the stage's ranks. `num_heads` / `num_kv_heads`: this rank's query
-    and KV heads."""
+    and KV heads. MLA (DeepSeek): q_proj (or q_b_proj) and kv_b_proj by the rank's `heads`, o by
+    their values; the latent projection and the latent cache replicated on every rank."""
 
     def __init__(self, config: ModelConfig, shard: Shard, comm: Comm) -> None:
         d, n = config.head_dim, shard.tp_size
@@ -127,12 +128,15 @@ class TensorParallel:
         else:
             q0, hq, kv0, hkv = 0, config.num_heads, 0, config.num_kv_heads
         self.num_heads, self.num_kv_heads = hq, hkv
+        self.heads = range(q0, q0 + hq)  # this rank's query heads (MLA's: mla.load_mla)
         inter = config.intermediate_size // n
         q, kv = Span(q0 * d, hq * d), Span(kv0 * d, hkv * d)
         mlp = Span(shard.tp_rank * inter, inter)
         reduce = comm.all_reduce if n > 1 else _same
         self.qkv = ColumnParallel((q, kv, kv))
-        self.o = RowParallel(q, reduce)
+        # o's input: the heads' values (MLA's: v_head_dim each, the latent replicated)
+        dv = config.mla.v_head_dim if config.mla is not None else d
+        self.o = RowParallel(Span(q0 * dv, hq * dv), reduce)
         self.gate_up = ColumnParallel((mlp, mlp))
         self.down = RowParallel(mlp, reduce)
         self.vocab = VocabParallel(config.vocab_size, shard, comm)

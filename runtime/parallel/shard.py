@@ -72,11 +72,6 @@ def validate(config: ModelConfig, tp_size: int, pp_size: int, ep_size: int) -> N
             f"tp_size {tp_size} and ep_size {ep_size} must be equal when both are > 1 "
             "(experts are spread over the same ranks as the heads)"
         )
-    if config.mla and tp_size > 1:
-        raise ParallelConfigError(
-            f"tp_size {tp_size}: tensor parallel MLA is not implemented; DeepSeek models run "
-            "with ep_size (experts spread, attention replicated) and pp_size"
-        )
     if ep_size > 1:
         if config.moe is None:
             raise ParallelConfigError(f"ep_size {ep_size} needs a mixture-of-experts model")

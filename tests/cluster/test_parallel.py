@@ -78,14 +78,28 @@ def test_greedy_tokens_equal_the_single_process_engine(llama, sizes, ranks, kv_s
     assert _wait_gone(pids)  # shutdown stops every rank
 
 
-def test_expert_parallel_deepseek_equals_the_single_process_engine(tmp_path):
-    folder = make_tiny_model(tmp_path / "ds", "deepseek_v3")
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    folder = make_tiny_model(tmp_path_factory.mktemp("par") / "ds", "deepseek_v3")
     with Engine(str(folder), page_size=4, chunked_prefill_tokens=8) as e:
         expected = [r.token_ids for r in e.generate(PROMPTS, **GREEDY)]
-    with Engine(str(folder), page_size=4, chunked_prefill_tokens=8, ep_size=2, pp_size=2) as e:
+    return folder, expected
+
+
+@pytest.mark.parametrize(
+    "sizes, ranks",
+    [
+        pytest.param(dict(ep_size=2, pp_size=2), 4, id="ep2-pp2"),
+        # MLA by heads: q_b / kv_b / o split, the latent and the rope key on every rank
+        pytest.param(dict(tp_size=2), 2, id="tp2"),
+    ],
+)
+def test_parallel_deepseek_equals_the_single_process_engine(deepseek, sizes, ranks):
+    folder, expected = deepseek
+    with Engine(str(folder), page_size=4, chunked_prefill_tokens=8, **sizes) as e:
         assert [r.token_ids for r in e.generate(PROMPTS, **GREEDY)] == expected
         stats = e.stats()
-    assert (stats["ep_size"], stats["pp_size"], len(stats["worker_pids"])) == (2, 2, 4)
+    assert {k: stats[k] for k in sizes} == sizes and len(stats["worker_pids"]) == ranks
 
 
 def test_a_dead_rank_is_restarted_and_the_requests_in_flight_finish(llama):
@@ -162,7 +176,7 @@ def test_the_rank_that_died_is_named_not_the_ranks_it_took_down():
         ("llama", dict(tp_size=3), "num_attention_heads 4 is not a multiple of tp_size 3"),
         ("llama", dict(ep_size=2), "ep_size 2 needs a mixture-of-experts model"),
         ("llama", dict(pp_size=5), "pp_size 5 is more than the model's 2 layers"),
-        ("deepseek_v3", dict(tp_size=2), "tensor parallel MLA is not implemented"),
+        ("deepseek_v3", dict(tp_size=3), "num_attention_heads 4 is not a multiple of tp_size 3"),
         ("deepseek_v3", dict(ep_size=3), "n_routed_experts 8 is not a multiple of ep_size 3"),
     ],
 )
