@@ -46,8 +46,9 @@ UNITS = [native_build.Unit("trie", Path(__file__).parent / "csrc" / "trie.c", _F
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES: native_build.Signatures = {
     "trie_build": (_I64, [_PTR, _PTR, _PTR, _I64, _PTR, _I64]),
-    "trie_walk": (_I64, [_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR,
-                         _I64, _PTR, _PTR, _PTR, _PTR]),
+    "trie_compact": (None, [_PTR, _I64, _PTR, _PTR, _PTR, _PTR]),
+    "trie_walk": (_I64, [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64,
+                         _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR]),
     "trie_prefix": (_I64, [_PTR, _PTR, ctypes.c_char_p, _I64, _PTR, _PTR, _PTR]),
     "trie_prefixes": (None, [_PTR, _PTR, ctypes.c_char_p, _I64, _I64, _I64, _PTR]),
 }  # fmt: skip
@@ -57,6 +58,7 @@ LIBRARY = native_build.OptionalLibrary(
 _load_lock = threading.Lock()  # guards _tries
 _tries: weakref.WeakKeyDictionary[TokenVocabulary, TokenTrie | None] = weakref.WeakKeyDictionary()
 NODE = np.dtype([("end", "<i4"), ("row", "<i4"), ("depth", "<i4"), ("byte", "<i4")])
+WNODE = np.dtype([("end", "<i4"), ("depth", "<u2"), ("byte", "u1"), ("pad", "u1")])
 
 
 def enabled() -> bool:
@@ -72,7 +74,8 @@ def _load() -> ctypes.CDLL | None:
 class TokenTrie:
     """Distinct byte strings as a preorder trie (see csrc/trie.c's node_t): the vocabulary's
     tokens, or the suffixes of some of them; row_start / row_ids: the token ids of each
-    node's string (`row` k: row_ids[row_start[k] : row_start[k + 1]])."""
+    node's string (`row` k: row_ids[row_start[k] : row_start[k + 1]]); compact: the
+    walk's view of the nodes (csrc/trie.c's trie_compact: wn, wid)."""
 
     nodes: np.ndarray
     row_start: np.ndarray
@@ -80,6 +83,8 @@ class TokenTrie:
     lib: ctypes.CDLL
     # the addresses of nodes, row_start, row_ids (an array's .ctypes.data costs ~1 us a read)
     ptrs: tuple[int, int, int]
+    compact: tuple[np.ndarray, np.ndarray]
+    compact_ptrs: tuple[int, int]
 
     def walk_once(self, table: np.ndarray, b2c: int | None, ok: int | None, tasks: int,
                   n_tasks: int, words: int, out: int, expand: int | None = None,
@@ -92,9 +97,10 @@ class TokenTrie:
         `node_ok`: the address of a `row_filter`, or None; `clear`: the address of a uint8
         [256] whose first bytes' tokens have their bits cleared first (a root task), or None."""
         nodes, row_start, row_ids = self.ptrs
+        wn, wid = self.compact_ptrs
         return self.lib.trie_walk(
-            nodes, table.ctypes.data, table.shape[0], table.shape[1], b2c, ok, row_start,
-            row_ids, tasks, n_tasks, words, out, _PENDING, expand, core, node_ok, clear,
+            nodes, wn, wid, table.ctypes.data, table.shape[0], table.shape[1], b2c, ok,
+            row_start, row_ids, tasks, n_tasks, words, out, _PENDING, expand, core, node_ok, clear,
         )  # fmt: skip
 
 
@@ -188,7 +194,10 @@ def _build_trie(strings: list[bytes], id_start: np.ndarray, ids: np.ndarray,
     id_start = np.ascontiguousarray(id_start, dtype=np.int64)
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     ptrs = (nodes.ctypes.data, id_start.ctypes.data, ids.ctypes.data)
-    return TokenTrie(nodes, id_start, ids, lib, ptrs)
+    compact = (np.empty(n, WNODE), np.empty(n, np.int32))
+    compact_ptrs = (compact[0].ctypes.data, compact[1].ctypes.data)
+    lib.trie_compact(ptrs[0], n, ptrs[1], ptrs[2], *compact_ptrs)
+    return TokenTrie(nodes, id_start, ids, lib, ptrs, compact, compact_ptrs)
 
 
 def walk(

@@ -37,6 +37,26 @@ int64_t trie_build(const uint8_t *data, const int64_t *off, const int64_t *rows,
     return count;
 }
 
+/* The walk's view of the trie (trie_compact builds it): per node, its subtree's end, depth and
+   byte in 8 bytes (half a node_t: a pruned walk jumps over subtrees, and each node it lands on
+   is a cache miss), and its token id in wid: the id of its row when the row has exactly one,
+   -1 when it has none, -2 when several (read through row_start / row_ids). */
+typedef struct { int32_t end; uint16_t depth; uint8_t byte; uint8_t pad; } wnode_t;
+
+void trie_compact(const node_t *nodes, int64_t n, const int64_t *row_start,
+                  const int64_t *row_ids, wnode_t *wn, int32_t *wid) {
+    for (int64_t i = 0; i < n; i++) {
+        int32_t row = nodes[i].row, id = -1;
+        if (row >= 0)
+            id = row_start[row + 1] - row_start[row] == 1 ? (int32_t)row_ids[row_start[row]] : -2;
+        wn[i].end = nodes[i].end;
+        wn[i].depth = (uint16_t)nodes[i].depth;
+        wn[i].byte = (uint8_t)nodes[i].byte;
+        wn[i].pad = 0;
+        wid[i] = id;
+    }
+}
+
 /* Walk each task (node a, state s) through the DFA: a = 0, the root's subtree from state s;
    else node a and its subtree, s the state before a's byte. A node reads
    table[parent_state * n_cls + class(byte)] (class: b2c[byte], or the byte itself when b2c
@@ -51,15 +71,23 @@ int64_t trie_build(const uint8_t *data, const int64_t *off, const int64_t *rows,
    bit 2 is clear is not one of them (its ids not set). clear_first (when not null): in the
    root task (a = 0), every token whose first byte it marks has its id bit cleared first,
    walked or not (a mask borrowed from another state, its tokens of those first bytes
-   dropped, then the walked ones set again). Returns the pending tasks, or -1 when more than
-   cap. */
+   dropped, then the walked ones set again). The nodes are read through trie_compact's wn and
+   wid. Returns the pending tasks, or -1 when more than cap. */
 typedef int64_t (*expand_fn)(void *core, int64_t state);
 
-int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int64_t n_cls,
-                  const int32_t *b2c, const uint8_t *first_ok, const int64_t *row_start,
-                  const int64_t *row_ids, const int64_t *tasks, int64_t n_tasks,
-                  uint32_t *words, int64_t *pending, int64_t cap, expand_fn expand,
-                  void *core, const uint8_t *node_ok, const uint8_t *clear_first) {
+static void set_row(const node_t *nodes, int64_t i, const int64_t *row_start,
+                    const int64_t *row_ids, uint32_t *words) {
+    int32_t row = nodes[i].row;
+    for (int64_t j = row_start[row]; j < row_start[row + 1]; j++)
+        words[row_ids[j] >> 5] |= 1u << (row_ids[j] & 31);
+}
+
+int64_t trie_walk(const node_t *nodes, const wnode_t *wn, const int32_t *wid,
+                  const int32_t *table, int64_t n_rows, int64_t n_cls, const int32_t *b2c,
+                  const uint8_t *first_ok, const int64_t *row_start, const int64_t *row_ids,
+                  const int64_t *tasks, int64_t n_tasks, uint32_t *words, int64_t *pending,
+                  int64_t cap, expand_fn expand, void *core, const uint8_t *node_ok,
+                  const uint8_t *clear_first) {
     int32_t st[MAX_DEPTH + 1];
     /* states `expand` could not build in this pass (it cannot later in the pass either: what
        it lacks comes from Python between passes): not asked again, as each of their trie
@@ -68,14 +96,19 @@ int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int
     for (int k = 0; k < 256; k++) failed[k] = -1;
     int64_t np = 0;
     for (int64_t t = 0; t < n_tasks; t++) {
-        int64_t a = tasks[2 * t], i = a ? a : 1, stop = nodes[a].end;
-        st[a ? nodes[a].depth - 1 : 0] = (int32_t)tasks[2 * t + 1];
+        int64_t a = tasks[2 * t], i = a ? a : 1, stop = wn[a].end;
+        st[a ? wn[a].depth - 1 : 0] = (int32_t)tasks[2 * t + 1];
         while (i < stop) {
-            const node_t *x = nodes + i;
+            const wnode_t *x = wn + i;
             int32_t d = x->depth, par = st[d - 1];
             if (d == 1 && clear_first && !a && clear_first[x->byte])
                 for (int64_t k = i; k < x->end; k++) {
-                    if (nodes[k].row < 0) continue;
+                    int32_t id = wid[k];
+                    if (id >= 0) {
+                        words[id >> 5] &= ~(1u << (id & 31));
+                        continue;
+                    }
+                    if (id == -1) continue;
                     for (int64_t j = row_start[nodes[k].row]; j < row_start[nodes[k].row + 1];
                          j++)
                         words[row_ids[j] >> 5] &= ~(1u << (row_ids[j] & 31));
@@ -101,11 +134,11 @@ int64_t trie_walk(const node_t *nodes, const int32_t *table, int64_t n_rows, int
                 continue;
             }
             if (nx == 0) { i = x->end; continue; }
-            if (x->row >= 0 && (!node_ok || node_ok[i] & 2))
-                for (int64_t j = row_start[x->row]; j < row_start[x->row + 1]; j++) {
-                    int64_t id = row_ids[j];
-                    words[id >> 5] |= 1u << (id & 31);
-                }
+            int32_t id = wid[i];
+            if (id != -1 && (!node_ok || node_ok[i] & 2)) {
+                if (id >= 0) words[id >> 5] |= 1u << (id & 31);
+                else set_row(nodes, i, row_start, row_ids, words);
+            }
             st[d] = nx;
             i++;
         }
