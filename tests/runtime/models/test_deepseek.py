@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from runtime import Engine
 from runtime.config import config_from_dict, load_config
@@ -194,3 +195,34 @@ def test_constrained_json_with_jump_forward_on_the_latent_cache(tiny):
     assert r.finish_reason == "stop", r
     value = json.loads(r.text)
     assert set(value) == {"name", "age"} and isinstance(value["age"], int)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_the_c_decode_attention_matches_the_torch_ops(tiny, dtype):
+    """Decode-only steps with each layer's latent attention in one C call (csrc/mla.c) against
+    mla.py's torch ops on the same model: the same greedy tokens, logits equal to rounding (the
+    C sums in float32, torch rounds each op to the model's type), three requests of different
+    lengths."""
+    from runtime.attention import make_backend
+    from runtime.models.loader import load_model_files
+    from runtime.models.registry import model_class
+    from tests.support.forward_batches import decode_run
+
+    if cpu_quant.library() is None:
+        pytest.skip("no C compiler: the torch ops are the only path")
+    _, folder, _ = tiny
+    loaded = load_model_files(folder)
+    model = model_class(loaded.config)(loaded.config, loaded.state_dict, dtype,
+                                       attention=make_backend("cpu"))  # fmt: skip
+    prompts = [[5, 17, 300, 42, 9] * 3, [7, 7, 1000], [12] * 9]
+    before = mla.c_steps
+    tokens, logits = decode_run(model, dtype, prompts, steps=4)
+    assert mla.c_steps - before == 4 * loaded.config.num_layers
+    mla.C_DECODE = False
+    try:
+        plain_tokens, plain = decode_run(model, dtype, prompts, steps=4)
+    finally:
+        mla.C_DECODE = True
+    assert torch.equal(tokens, plain_tokens)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(logits, plain, atol=tol * plain.abs().max(), rtol=0)
