@@ -28,13 +28,16 @@ import numpy as np
 
 from grammar import native_build
 from grammar.tokens import native
-from grammar.tokens.vocab import TokenVocabulary
+from grammar.tokens.vocab import TokenVocabulary, csr_take
 
 _FLAGS = ("-O2", "-march=native", "-fPIC", "-std=gnu11")
 UNITS = [native_build.Unit("cut_walk", Path(__file__).parent / "csrc" / "cut_walk.c", _FLAGS)]
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES: native_build.Signatures = {
-    "walk_terminal": (_I64, [_PTR] * 7 + [_I64, _I64, _PTR, _PTR, _I64] + [_PTR] * 5 + [_I64]),
+    "walk_terminal": (
+        _I64,
+        [_PTR] * 7 + [_I64, _I64, _PTR, _PTR, _I64] + [_PTR] * 7 + [_I64, _PTR, _I64],
+    ),
     "child_sigs": (None, [_PTR, _I64, _PTR]),
     "desc_sigs": (None, [_PTR, _I64, _PTR, _PTR]),
     "walk_lexer": (_I64, [_PTR] * 7 + [_I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64]),
@@ -57,6 +60,23 @@ class LoopWalk(NamedTuple):
     index_ptr: int
 
 
+SPARSE_WORDS = 64  # a walk that sets at most this many mask words returns them as SparseWords
+
+
+class SparseWords(NamedTuple):
+    """A mask with few nonzero words (most remainder walks: a handful of tokens): the int64
+    word indices (distinct) and their int32 words. A full row of a 151k vocabulary is 19 KB
+    of fresh pages to fault in; this is tens of bytes."""
+
+    index: np.ndarray
+    values: np.ndarray
+
+    def into(self, out: np.ndarray) -> np.ndarray:
+        """OR into the packed mask `out` (its word indices are distinct: plain fancy |=)."""
+        out[self.index] |= self.values
+        return out
+
+
 class CutWalker:
     """The C walks over one vocabulary's trie (see the module docstring)."""
 
@@ -73,6 +93,9 @@ class CutWalker:
         self.desc_sig = np.empty((self.num_nodes, 3), dtype=np.uint64)
         lib.desc_sigs(trie.ptrs[0], self.num_nodes, self._sig_ptr, self.desc_sig.ctypes.data)
         self._desc_ptr = self.desc_sig.ctypes.data
+        # every node's token ids in preorder (a subtree's ids are one slice: clean subtrees)
+        self.pre_start, self.pre_ids = preorder_ids(trie)
+        self._pre_ptrs = (self.pre_start.ctypes.data, self.pre_ids.ctypes.data)
         self._terms: dict[tuple[int, int, int], tuple] = {}  # see _term_ptrs
         # loop state set -> (packed mask of the tokens that stay in it, `clean` per node)
         self._loops: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
@@ -118,7 +141,7 @@ class CutWalker:
     def terminal(
         self, table: np.ndarray, accepting: np.ndarray, live: np.ndarray, starts: np.ndarray,
         state: int, in_set: LoopWalk | None = None, mode: int = 0,
-    ) -> tuple[np.ndarray | None, np.ndarray]:  # fmt: skip
+    ) -> tuple[np.ndarray | SparseWords | None, np.ndarray]:  # fmt: skip
         """A GBNF terminal's walk (csrc/cut_walk.c's walk_terminal) of the cuts `starts`
         (int32, contiguous: ~i the descendants of node i, ROOT every token, i >= 0 a region)
         from `state`: (packed int32 mask of the tokens that end inside it, or None when none
@@ -126,7 +149,8 @@ class CutWalker:
         `accepting`, `live`: bool per state; `in_set`: a loop set (`prepare`), whose subtrees
         are not walked node by node; `mode`: SET_ACCEPTS when its states accept (its subtrees
         are region cuts), SKIP_FROM_START when `state` is its first and the caller has the
-        mask of the tokens that stay in it from there (`in_set.words`)."""
+        mask of the tokens that stay in it from there (`in_set.words`). A mask of at most
+        SPARSE_WORDS nonzero words comes back as SparseWords."""
         scratch = _scratch
         words, words_ptr = scratch.mask_row(self.num_words)
         term = self._term_ptrs(table, accepting, live)
@@ -136,8 +160,8 @@ class CutWalker:
         while True:
             n = self.lib.walk_terminal(
                 nodes, row_start, row_ids, *term, starts.ctypes.data, starts.shape[0], state,
-                clean, index, mode, self._sig_ptr, self._desc_ptr, words_ptr,
-                scratch.inside_ptr, scratch.ptr, cuts.shape[0],
+                clean, index, mode, self._sig_ptr, self._desc_ptr, *self._pre_ptrs, words_ptr,
+                scratch.inside_ptr, scratch.touched_ptr, SPARSE_WORDS, scratch.ptr, cuts.shape[0],
             )  # fmt: skip
             if n >= 0:
                 break
@@ -145,6 +169,12 @@ class CutWalker:
             cuts = scratch.cuts(cuts.shape[0] * 2)
         if not scratch.inside[0]:
             return None, cuts[:n].copy()  # (the row is still all zeros: the next walk's)
+        n_words = int(scratch.inside[1])
+        if n_words <= SPARSE_WORDS:  # the few words set, and the row zeroed for the next walk
+            index = scratch.touched[:n_words].astype(np.int64)
+            sparse = SparseWords(index, words[index].view(np.int32))
+            words[index] = 0
+            return sparse, cuts[:n].copy()
         scratch.rows_used += 1
         return words.view(np.int32), cuts[:n].copy()
 
@@ -199,6 +229,19 @@ class CutWalker:
             words[:] = 0
             used[:] = 0
             cap *= 2
+
+
+def preorder_ids(trie: native.TokenTrie) -> tuple[np.ndarray, np.ndarray]:
+    """(pre_start: int64 [nodes + 1], pre_ids: int32): the token ids of every trie node in
+    preorder, node i's from pre_start[i], so a subtree's ids are one contiguous slice."""
+    rows = trie.nodes["row"].astype(np.int64)
+    has = rows >= 0
+    counts = np.zeros(rows.shape[0], dtype=np.int64)
+    counts[has] = trie.row_start[rows[has] + 1] - trie.row_start[rows[has]]
+    pre_start = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=pre_start[1:])
+    pre_ids = csr_take(trie.row_start, trie.row_ids, rows[has]).astype(np.int32)
+    return pre_start, np.ascontiguousarray(pre_ids)
 
 
 MAX_SET = 8  # states of a loop set (csrc/cut_walk.c keeps one bit per state in a byte)
@@ -263,8 +306,11 @@ class _Scratch(threading.local):
     def __init__(self) -> None:
         self.buffer = np.empty(0, dtype=np.int32)
         self.ptr = self.buffer.ctypes.data
-        self.inside = np.zeros(1, dtype=np.int64)  # walk_terminal's count of tokens inside
+        # walk_terminal's count of tokens inside and of the words it set, listed in `touched`
+        self.inside = np.zeros(2, dtype=np.int64)
         self.inside_ptr = self.inside.ctypes.data
+        self.touched = np.zeros(SPARSE_WORDS, dtype=np.int32)
+        self.touched_ptr = self.touched.ctypes.data
         self.rows = np.zeros((0, 0), dtype=np.uint32)
         self.rows_ptr = 0
         self.rows_used = _ROWS

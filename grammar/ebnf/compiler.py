@@ -106,8 +106,9 @@ def _loops_at(term: Terminal, q: int) -> bool:
 
 
 class Decomposition:
-    """Token (suffixes) read from one terminal state: `words` (packed mask, or None) of those
-    that end inside the terminal; `cut_rows` / `cut_pos` where the terminal may complete with
+    """Token (suffixes) read from one terminal state: `words` (packed mask, a C walk's
+    `native_walk.SparseWords` when it has few words, or None) of those that end inside the
+    terminal; `cut_rows` / `cut_pos` where the terminal may complete with
     bytes left (from the C walk, `native_walk`: `cut_rows` holds trie nodes as descendants
     tasks and `cut_pos` is None); `children[terminal]`: the decomposition of those remainders
     from a terminal's start."""
@@ -157,6 +158,23 @@ def decompose(
         rows32 = np.concatenate(cut_rows).astype(np.int32)
         return Decomposition(words, rows32, np.concatenate(cut_pos).astype(np.int32))
     return Decomposition(words, _NO_ROWS, _NO_ROWS)
+
+
+def _or_parts(out: np.ndarray, parts: list) -> np.ndarray:
+    """OR packed masks and SparseWords into `out` (the sparse ones in one call: their word
+    indices may repeat between parts)."""
+    index, values = [], []
+    for p in parts:
+        if type(p) is native_walk.SparseWords:
+            index.append(p.index)
+            values.append(p.values)
+        else:
+            np.bitwise_or(out, p, out=out)
+    if len(index) == 1:
+        out[index[0]] |= values[0]
+    elif index:
+        np.bitwise_or.at(out, np.concatenate(index), np.concatenate(values))
+    return out
 
 
 class CompiledEBNF:
@@ -253,7 +271,12 @@ class CompiledEBNF:
             term.table, term.accepting, term.live, _ROOT_TASK, q, in_set, mode
         )  # fmt: skip
         if looped is not None:
-            words = looped if words is None else looped | words
+            if words is None:
+                words = looped
+            elif isinstance(words, native_walk.SparseWords):
+                words = words.into(looped.copy())
+            else:
+                words = looped | words
         return Decomposition(words, cuts, None)
 
     def _loop_set(self, term: Terminal, q: int) -> native_walk.LoopWalk:
@@ -347,9 +370,7 @@ class CompiledEBNF:
                 parts.append(d.words)
             if d.cut_rows.size:
                 self._remainders(d, self.parser.complete(e, key), parts)
-        out = self.layout.empty.copy()
-        for p in parts:
-            np.bitwise_or(out, p, out=out)
+        out = _or_parts(self.layout.empty.copy(), parts)
         if e.accept and self.layout.eos.size:
             eos = self.layout.eos
             np.bitwise_or.at(out, eos >> 5, (1 << (eos & 31)).astype(np.uint32).view(np.int32))

@@ -60,6 +60,17 @@ class EarleyParser:
         self._rows = [t.table.tolist() for t in terms]
         self._acc = [t.accepting.tolist() for t in terms]
         self._live = [t.live.tolist() for t in terms]
+        self._at = [
+            [
+                (
+                    bool(rd.accepting[s]),
+                    [((t, START), target, self._nullable[t]) for t, target in rd.terms[s]],
+                    rd.calls[s],
+                )
+                for s in range(len(rd.terms))
+            ]
+            for rd in rules
+        ]
         self._hypothetical: dict[int, tuple[list, ESet]] = {}  # see complete
         # token terminals (grammar.ebnf.token_terminals): which ids each one takes
         self.token_terms: dict[int, np.ndarray] = {
@@ -72,25 +83,23 @@ class EarleyParser:
         return e
 
     def _close(self, e: ESet, items: list[Cont]) -> None:
-        accepting, terms, calls, nullable = (
-            self._accepting,
-            self._terms,
-            self._calls,
-            self._nullable,
-        )
+        # per rule state (`_at`): accepting, the terminals it reads as (scan key, target,
+        # nullable), its calls; `seen` holds the items themselves (an origin set hashes and
+        # compares by identity)
+        at = self._at
         scan, waiting = e.scan, e.waiting
-        seen: set[tuple[int, int, int]] = set()
+        seen: set[Cont] = set()
         done_here: set[int] = set()
         predicted: set[int] = set()
         work = list(items)
         while work:
             item = work.pop()
-            r, s, o = item
-            key = (r, s, id(o))
-            if key in seen:
+            if item in seen:
                 continue
-            seen.add(key)
-            if accepting[r][s]:
+            seen.add(item)
+            r, s, o = item
+            acc, reads, calls = at[r][s]
+            if acc:
                 if o is None:
                     e.accept = True
                 elif o is e:
@@ -98,16 +107,16 @@ class EarleyParser:
                     work.extend(waiting.get(r, ()))
                 else:
                     work.extend(o.waiting.get(r, ()))
-            for t, target in terms[r][s]:
+            for key, target, nullable in reads:
                 c = (r, target, o)
-                lst = scan.get((t, START))
+                lst = scan.get(key)
                 if lst is None:
-                    scan[(t, START)] = [c]
+                    scan[key] = [c]
                 else:
                     lst.append(c)
-                if nullable[t]:
+                if nullable:
                     work.append(c)
-            for a, target in calls[r][s]:
+            for a, target in calls:
                 c = (r, target, o)
                 lst = waiting.get(a)
                 if lst is None:

@@ -86,7 +86,10 @@ void desc_sigs(const node_t *nodes, int64_t n, const uint64_t *child_sig, uint64
    while the path from the task's start stayed in S, not at all: the caller has the mask of the
    tokens that stay in S from S's first state, loop_states' words), and when S accepts, every
    node of it with descendants is a cut: the subtree goes to cuts as one region (its index,
-   >= 0).
+   >= 0). pre_ids: every node's token ids in preorder, node i's from pre_start[i] (a subtree's
+   ids are pre_ids[pre_start[i] : pre_start[end]]). n_inside[0]: the tokens that end inside;
+   n_inside[1]: the words of `words` the walk set (zero before), the first touch_cap of them
+   listed in `touched`.
 
    The tasks: every entry of `starts` from one state: ~i (i = 0: every token) walks the
    descendants of node i, a region i >= 0 the descendants of each node of the region that has
@@ -103,11 +106,30 @@ typedef struct {
     const int8_t *in_set;
     int64_t mode;
     const uint64_t *child_sig, *desc_sig;
+    const int64_t *pre_start;
+    const int32_t *pre_ids;
     uint32_t *words;
-    int32_t *cuts;
-    int64_t cap, nc, inside, sig_state;
+    int32_t *cuts, *touched;
+    int64_t cap, nc, inside, sig_state, n_touched, touch_cap;
     uint64_t sig[SIG_WORDS];
 } walk_t;
+
+/* Set token id's bit; the first bit set in a word records the word in `touched` (while there is
+   room; n_touched counts on past it): a walk that sets few words hands back just those. */
+static inline void walk_set(walk_t *w, int64_t id) {
+    uint32_t *word = w->words + (id >> 5);
+    if (!*word) {
+        if (w->n_touched < w->touch_cap) w->touched[w->n_touched] = (int32_t)(id >> 5);
+        w->n_touched++;
+    }
+    *word |= 1u << (id & 31);
+}
+
+static inline void walk_set_node(walk_t *w, const node_t *x) {
+    for (int64_t j = w->row_start[x->row]; j < w->row_start[x->row + 1]; j++)
+        walk_set(w, w->row_ids[j]);
+    w->inside++;
+}
 
 /* Some byte of signature c is one state s reads. */
 static inline int sig_meets(walk_t *w, const uint64_t *c, int64_t s) {
@@ -131,12 +153,13 @@ static int walk_task(walk_t *w, int64_t a, int64_t s) {
         const node_t *x = nodes + i;
         int32_t d = x->depth, par = st[d - 1];
         if (w->clean && w->in_set[par] >= 0 && ((w->clean[i] >> w->in_set[par]) & 1)) {
-            if (!(w->mode & SKIP_FROM_START) || outside[d - 1])
-                for (int64_t j = i; j < x->end; j++)
-                    if (nodes[j].row >= 0) {
-                        set_ids(w->words, nodes + j, w->row_start, w->row_ids);
-                        w->inside++;
-                    }
+            if (!(w->mode & SKIP_FROM_START) || outside[d - 1]) {
+                /* the subtree's token ids, contiguous in preorder */
+                const int32_t *id = w->pre_ids + w->pre_start[i];
+                const int32_t *id_end = w->pre_ids + w->pre_start[x->end];
+                w->inside += id_end - id;
+                for (; id < id_end; id++) walk_set(w, *id);
+            }
             if ((w->mode & SET_ACCEPTS) && x->end != i + 1) {
                 if (w->nc >= w->cap) return -1;
                 w->cuts[w->nc++] = (int32_t)i;
@@ -147,7 +170,7 @@ static int walk_task(walk_t *w, int64_t a, int64_t s) {
         int32_t nx = w->table[(int64_t)par * 256 + x->byte];
         if (nx == 0) { i = x->end; continue; }
         if (w->clean) outside[d] = outside[d - 1] | (w->in_set[nx] < 0);
-        if (x->row >= 0) { set_ids(w->words, x, w->row_start, w->row_ids); w->inside++; }
+        if (x->row >= 0) walk_set_node(w, x);
         if (x->end == i + 1) { i++; continue; }  /* a leaf */
         if (w->accepting[nx]) {
             if (w->nc >= w->cap) return -1;
@@ -165,10 +188,12 @@ int64_t walk_terminal(const node_t *nodes, const int64_t *row_start, const int64
                       const int32_t *starts, int64_t n_starts, int64_t s,
                       const uint8_t *clean, const int8_t *in_set, int64_t mode,
                       const uint64_t *child_sig,
-                      const uint64_t *desc_sig, uint32_t *words, int64_t *n_inside,
-                      int32_t *cuts, int64_t cap) {
+                      const uint64_t *desc_sig, const int64_t *pre_start,
+                      const int32_t *pre_ids, uint32_t *words, int64_t *n_inside,
+                      int32_t *touched, int64_t touch_cap, int32_t *cuts, int64_t cap) {
     walk_t w = {nodes, row_start, row_ids, table, accepting, live, clean, in_set, mode,
-                child_sig, desc_sig, words, cuts, cap, 0, 0, -1, {0, 0, 0}};
+                child_sig, desc_sig, pre_start, pre_ids, words, cuts, touched, cap, 0, 0, -1, 0,
+                touch_cap, {0, 0, 0}};
     for (int64_t t = 0; t < n_starts; t++) {
         int64_t a = starts[t];
         if (a < 0) {
@@ -179,7 +204,8 @@ int64_t walk_terminal(const node_t *nodes, const int64_t *row_start, const int64
         for (int64_t j = a; j < nodes[a].end; j++)
             if (nodes[j].end != j + 1 && walk_task(&w, ~j, s) < 0) return -1;
     }
-    *n_inside = w.inside;
+    n_inside[0] = w.inside;
+    n_inside[1] = w.n_touched;
     return w.nc;
 }
 
