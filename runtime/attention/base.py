@@ -107,14 +107,15 @@ class AttentionBackend:
     def __init__(self) -> None:
         self.batch: ForwardBatch | None = None
         self.pool: KVPool | None = None
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's cos, sin
+        # this step's cos, sin rows by rotary embedding (id; Gemma's local and global tables)
+        self._rope: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._window: WindowTables | None = None  # the window layers' slots and tables
 
     # ---- once per step -----------------------------------------------------------------------
     def plan(self, batch: ForwardBatch, pool: KVPool) -> None:
         """Prepare this step's reads for every layer (page gathers, groupings, masks)."""
         self.batch, self.pool = batch, pool
-        self._rope = None
+        self._rope = {}
         self._window = None
         if pool.windows is not None:
             self._window = self._window_tables(batch, pool)
@@ -164,9 +165,10 @@ class AttentionBackend:
         k_pool = self.pool.k[layer]
         hkv, d = k_pool.shape[2], k_pool.shape[3]
         t, q_size = qkv.shape[0], num_heads * d
-        if self._rope is None:
-            self._rope = rotary.cos_sin(self.batch.positions)
-        cos, sin = self._rope
+        rows = self._rope.get(id(rotary))
+        if rows is None:
+            rows = self._rope[id(rotary)] = rotary.cos_sin(self.batch.positions)
+        cos, sin = rows
         # q and k sit side by side in the projection: rotated as one [T, Hq + Hkv, D] block
         qk = rotary.rotate(qkv[:, : q_size + hkv * d].view(t, -1, d), cos, sin)
         v = qkv[:, q_size + hkv * d :].view(t, hkv, d)

@@ -72,9 +72,13 @@ class CPUBackend(TorchBackend):
         self.short: ShortExtendPlan | None = None
         self._fused = fused  # the C kernels exist for the pool's dtype
         self._extend_planned = False
-        # a decode-only step's rotary + attention in one C call a layer (None: not yet
-        # decided this step, False: not this step)
-        self._rope_decode: cpu_fused.RopeDecode | bool | None = None
+        # per step, by the id of the rotary embedding (a model may have several: Gemma's local
+        # and global tables): a decode-only step's rotary + attention in one C call a layer
+        # (False: not this step), the whole cos / sin tables
+        self._rope_decode: dict[int, cpu_fused.RopeDecode | bool] = {}
+        self._tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # a layer's own fused decode step: by (rotary id, window pages?, window)
+        self._steps: dict[tuple, cpu_fused.RopeDecode] = {}
 
     def _plan(self, batch: ForwardBatch, pool: KVPool) -> None:
         if self._fused is None:
@@ -96,7 +100,8 @@ class CPUBackend(TorchBackend):
                     pool.num_pages,
                 )  # fmt: skip
         self._extend_planned = False  # at the first layer's extend: it needs q's head count
-        self._rope_decode = None  # at the first layer's rope_attend: it needs the rotary
+        self._rope_decode, self._steps = {}, {}  # at a layer's rope_attend: it needs the rotary
+        self._tables = {}
         self._reach: int | None = None  # the step's longest sequence, at the first window layer
         self._window_rows: cpu_fused.DecodeRows | None = None  # decode rows in window pages
         # (decode?, window pages?) -> int32 page table, prefix and new lengths (cpu_window)
@@ -138,9 +143,8 @@ class CPUBackend(TorchBackend):
         plain = self._fused and rotary.dim == k_pool.shape[3] and same
         if not plain or pool.window_layer[layer]:  # window pages: through store_kv
             return super().rope_store(layer, qkv, rotary, num_heads)
-        if self._rope is None:  # the kernel reads the tables at each token's position
-            self._rope = rotary.tables(self.batch.positions)
-        cos, sin = self._rope
+        # the kernel reads the tables at each token's position
+        cos, sin = self._per_rotary(self._tables, rotary, rotary.tables)
         b = self.batch
         quant = None
         if pool.quantized:
@@ -154,12 +158,43 @@ class CPUBackend(TorchBackend):
         self, layer: int, qkv: torch.Tensor, rotary: Rotary, num_heads: int, spec: LayerSpec
     ) -> torch.Tensor:
         """A decode-only step through the fused decode kernel: rotary, the K/V write and
-        attention in one C call (cpu_fused.RopeDecode); else rope_store, then attend."""
+        attention in one C call (cpu_fused.RopeDecode; a layer in the window pages, or whose
+        window a sequence outgrows, its own step, as the decode chain's); else rope_store,
+        then attend (soft-capped scores too). Each rotary embedding keeps its own tables."""
         fused = self.decode_rope(rotary, num_heads, qkv.dtype)
-        plain = self._as_plain(spec) if fused is not None and not spec.plain else spec
-        if fused is None or not plain.plain or self.pool.window_layer[layer] or qkv.stride(1) != 1:
+        if fused is None or spec.soft_cap is not None or qkv.stride(1) != 1:
             return super().rope_attend(layer, qkv, rotary, num_heads, spec)
+        plain = spec if spec.plain else self._as_plain(spec)
+        window = 0 if plain.plain else int(plain.window)
+        if window or self.pool.window_layer[layer]:
+            fused = self._own_step(layer, rotary, window, num_heads, qkv.dtype)
         return fused(qkv, self.pool.k[layer], self.pool.v[layer], plain.scale)
+
+    def _per_rotary(self, cache: dict, rotary: Rotary, make) -> tuple[torch.Tensor, torch.Tensor]:
+        """`make(positions)` of this step for `rotary`, made once a step."""
+        got = cache.get(id(rotary))
+        if got is None:
+            got = cache[id(rotary)] = make(self.batch.positions)
+        return got
+
+    def _own_step(
+        self, li: int, rotary: Rotary, window: int, num_heads: int, dtype: torch.dtype
+    ) -> cpu_fused.RopeDecode:
+        """Layer `li`'s fused decode step on its own tables, pages (the window pages' table
+        and slots where it is kept there) and window (0: none), one per distinct (rotary,
+        pages, window) a step."""
+        b, pool = self.batch, self.pool
+        key = (id(rotary), pool.window_layer[li], window)
+        step = self._steps.get(key)
+        if step is None:
+            where = self.tables(li)
+            rows = cpu_fused.DecodeRows.of(where.decode_page_table, b.decode_seq_lens)
+            cos, sin = self._per_rotary(self._tables, rotary, rotary.tables)
+            step = self._steps[key] = cpu_fused.RopeDecode(
+                cos, sin, b.positions, where.out_slots.to(torch.int64), rows, num_heads,
+                pool.k[li], dtype, window=window,
+            )  # fmt: skip
+        return step
 
     def decode_rope(
         self, rotary: Rotary, num_heads: int, dtype: torch.dtype
@@ -167,9 +202,11 @@ class CPUBackend(TorchBackend):
         """This step's fused rotary + K/V write + attention of a plain layer (what rope_attend
         runs for a `dtype` projection), or None where the step is not decode-only or the
         fused kernels do not take it."""
-        if self._rope_decode is None:
-            self._rope_decode = self._plan_rope_decode(dtype, rotary, num_heads) or False
-        return self._rope_decode or None
+        fused = self._rope_decode.get(id(rotary))
+        if fused is None:
+            fused = self._plan_rope_decode(dtype, rotary, num_heads) or False
+            self._rope_decode[id(rotary)] = fused
+        return fused or None
 
     def chain_attention(
         self, full: Rotary, layers: Sequence[tuple[Rotary, int | None]], num_heads: int,
@@ -199,23 +236,12 @@ class CPUBackend(TorchBackend):
             return None
         if not any(pool.window_layer) and all(r is full and not w for r, w in layers):
             return rope, None  # every layer on the shared step (the Llama shape)
-        steps: list[cpu_fused.RopeDecode | None] = []
-        own: dict[tuple, cpu_fused.RopeDecode] = {}
-        for li, (rotary, window) in enumerate(layers):
-            key = (id(rotary), pool.window_layer[li], window or 0)
-            if key == (id(full), False, 0):
-                steps.append(None)
-                continue
-            if key not in own:
-                where = self.tables(li)
-                rows = cpu_fused.DecodeRows.of(where.decode_page_table, b.decode_seq_lens)
-                cos, sin = rotary.tables(b.positions)
-                own[key] = cpu_fused.RopeDecode(
-                    cos, sin, b.positions, where.out_slots.to(torch.int64), rows, num_heads,
-                    pool.k[li], dtype, window=key[2],
-                )  # fmt: skip
-            steps.append(own[key])
-        return rope, (steps if own else None)
+        steps = [
+            None if rotary is full and not window and not pool.window_layer[li]
+            else self._own_step(li, rotary, window or 0, num_heads, dtype)
+            for li, (rotary, window) in enumerate(layers)
+        ]  # fmt: skip
+        return rope, (steps if any(s is not None for s in steps) else None)
 
     def _plan_rope_decode(
         self, dtype: torch.dtype, rotary: Rotary, num_heads: int
@@ -231,9 +257,7 @@ class CPUBackend(TorchBackend):
             return None
         if rotary.dim > k_pool.shape[3] or rotary.dim % 2:  # partial rotary: dim < D
             return None
-        if self._rope is None:
-            self._rope = rotary.tables(b.positions)
-        cos, sin = self._rope
+        cos, sin = self._per_rotary(self._tables, rotary, rotary.tables)
         return cpu_fused.RopeDecode(cos, sin, b.positions, b.out_slots, self.fused_decode,
                                     num_heads, k_pool, dtype)  # fmt: skip
 
