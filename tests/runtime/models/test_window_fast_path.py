@@ -45,11 +45,22 @@ def test_a_window_no_sequence_outgrows_takes_the_planned_paths(gemma, monkeypatc
     with Engine(str(folder), page_size=4, attention_backend="cpu") as e:
         assert isinstance(e.model.attention, CPUBackend)
         assert any(e.pool.window_layer)  # the window layers keep their KV in pages of their own
+        assert all(layer.rope_attend for layer in e.model.layers)  # local layers included
         for p in PROMPTS[:3]:
             assert e.generate(p, **GREEDY).token_ids == expected[p]
         batch = [r.token_ids for r in e.generate(PROMPTS[:3], **GREEDY)]
         assert batch == [expected[p] for p in PROMPTS[:3]]
     assert calls[0] == 0
+
+
+def test_the_torch_backend_keeps_the_local_and_global_rotary_apart(gemma):
+    """Every layer through rope_attend on the torch backend too: a step's cos / sin rows are
+    kept per rotary embedding (Gemma's local and global bases), so the tokens are
+    transformers'."""
+    folder, expected = gemma
+    with Engine(str(folder), page_size=4, attention_backend="torch") as e:
+        batch = [r.token_ids for r in e.generate(PROMPTS[:3], **GREEDY)]
+    assert batch == [expected[p] for p in PROMPTS[:3]]
 
 
 def test_a_sequence_past_the_window_takes_the_window_kernel(gemma, monkeypatch):
