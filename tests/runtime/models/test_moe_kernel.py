@@ -104,3 +104,10 @@ def test_expert_parallel_rank_and_what_the_c_call_does_not_take():
     assert moe_kernel(dense, cfg) is None
     rows = torch.randn(cpu_quant.DENSE_ROWS, HIDDEN)
     assert torch.equal(moe_forward(rows, part, cfg), moe_forward(rows, part, cfg, fast=False))
+    # a batch this large splits the router products over the threads: each row's routing is
+    # still the one it gets alone
+    many = torch.randn(200, HIDDEN, generator=torch.Generator().manual_seed(3))
+    ids, weights = kernel.route(many)
+    for r in (0, 77, 199):
+        alone = kernel.route(many[r : r + 1].contiguous())
+        assert torch.equal(alone[0][0], ids[r]) and torch.equal(alone[1][0], weights[r])

@@ -16,6 +16,14 @@ int q_matmul(int t, int packed, const uint8_t *w, int64_t row_bytes, int64_t out
              const void *x, int x_bf16, int64_t rows, void *y_out, int64_t ldy, int y_bf16,
              void *scratch, int threads, int swiglu);
 int64_t q_scratch_bytes(int t, int64_t rows, int64_t cols, int x_bf16);
+/* quant.c's thread pool (the products' threads): fn(args, part, parts) for every part */
+void q_pool_run(void (*fn)(void *, int, int), void *args, int parts);
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define MOE_MIN_PARALLEL 65536 /* router products (rows x experts x hidden) one thread does */
 
 /* a grow-only buffer per thread (a decode step's experts reuse it: no fresh pages a step) */
 static __thread uint8_t *moe_buf;
@@ -120,25 +128,53 @@ static void moe_route_row(const struct q_moe *m, const float *logits, float *wor
     for (int64_t j = 0; j < m->k; j++) weights[j] *= m->scale;
 }
 
-/* ids [rows][k] and weights [rows][k] of the tokens x [rows][hidden] (bf16 or float32);
-   `work`: hidden + 3 * experts floats */
+struct moe_logits_job {
+    const struct q_moe *m;
+    const float *xf; /* [rows][hidden] */
+    int64_t rows;
+    float *logits;   /* [rows][experts] */
+};
+
+/* the router products of one part of the experts, for every row */
+static void moe_logits_part(void *args, int part, int parts) {
+    const struct moe_logits_job *j = args;
+    int64_t h = j->m->hidden, e = j->m->experts;
+    int64_t lo = e * part / parts, hi = e * (part + 1) / parts;
+    for (int64_t r = 0; r < j->rows; r++)
+        for (int64_t i = lo; i < hi; i++)
+            j->logits[r * e + i] = moe_dot(j->xf + r * h, j->m->router + i * h, h);
+}
+
+/* the floats of moe_route's `work` */
+static int64_t moe_route_floats(const struct q_moe *m, int64_t rows) {
+    return rows * (m->hidden + m->experts) + 3 * m->experts;
+}
+
+/* ids [rows][k] and weights [rows][k] of the tokens x [rows][hidden] (bf16 or float32); the
+   router products split by experts over the products' threads (each the same sum whatever the
+   split); `work`: moe_route_floats */
 static void moe_route(const struct q_moe *m, const void *x, int64_t rows, int bf16, float *work,
                       int64_t *ids, float *weights) {
     int64_t h = m->hidden, e = m->experts;
-    float *xf = work, *logits = work + h, *rest = logits + e;
-    for (int64_t r = 0; r < rows; r++) {
-        if (bf16)
-            for (int64_t i = 0; i < h; i++) xf[i] = bf2f(((const uint16_t *)x)[r * h + i]);
-        else
-            memcpy(xf, (const float *)x + r * h, (size_t)h * sizeof(float));
-        for (int64_t i = 0; i < e; i++) logits[i] = moe_dot(xf, m->router + i * h, h);
-        moe_route_row(m, logits, rest, ids + r * m->k, weights + r * m->k);
-    }
+    float *xf = work, *logits = work + rows * h, *rest = logits + rows * e;
+    if (bf16)
+        for (int64_t i = 0; i < rows * h; i++) xf[i] = bf2f(((const uint16_t *)x)[i]);
+    else
+        memcpy(xf, x, (size_t)(rows * h) * sizeof(float));
+    struct moe_logits_job job = {m, xf, rows, logits};
+    int parts = 1;
+#ifdef _OPENMP
+    if (rows * e * h >= MOE_MIN_PARALLEL) parts = omp_get_max_threads();
+#endif
+    parts = parts > e ? (int)e : (parts < 1 ? 1 : parts);
+    q_pool_run(moe_logits_part, &job, parts);
+    for (int64_t r = 0; r < rows; r++)
+        moe_route_row(m, logits + r * e, rest, ids + r * m->k, weights + r * m->k);
 }
 
 int q_moe_route(const struct q_moe *m, const void *x, int64_t rows, int bf16, int64_t *ids,
                 float *weights) {
-    float *work = moe_scratch((m->hidden + 4 * m->experts) * (int64_t)sizeof(float));
+    float *work = moe_scratch(moe_route_floats(m, rows) * (int64_t)sizeof(float));
     if (!work) return -3;
     moe_route(m, x, rows, bf16, work, ids, weights);
     return 0;
@@ -210,11 +246,12 @@ int q_moe(const struct q_moe *m, const void *x, int64_t rows, void *out, int bf1
     }
     int64_t n_sd = moe_need(&m->shared_down, rows, bf16);
     need = (n_sd > need ? n_sd : need) + 64;
-    int64_t floats = h + 4 * e + 2 * pairs, words = 2 * pairs + 2 * e;
+    int64_t floats = moe_route_floats(m, rows) + 2 * pairs, words = 2 * pairs + 2 * e;
     int64_t bytes = need + 4 * floats + 8 * words + esz * rows * (2 * h + wide) + 4 * 64;
     uint8_t *buf = moe_scratch(bytes);
     if (!buf) return -3;
-    float *work = (float *)buf, *weights = work + h + 4 * e, *pair_w = weights + pairs;
+    float *work = (float *)buf, *weights = work + moe_route_floats(m, rows);
+    float *pair_w = weights + pairs;
     int64_t *ids = (int64_t *)(((uintptr_t)(pair_w + pairs) + 63) & ~(uintptr_t)63);
     int64_t *counts = ids + pairs, *start = counts + e, *pair_row = start + e;
     uint8_t *xs = (uint8_t *)(((uintptr_t)(pair_row + pairs) + 63) & ~(uintptr_t)63);
