@@ -11,7 +11,7 @@ import re
 
 from grammar.automata import dfa_ops
 from grammar.automata import regex_ast as ra
-from grammar.automata.fsm import node_to_dfa
+from grammar.automata.fsm import ByteDFA, node_to_dfa
 from grammar.automata.pattern import losses, note_loss, pattern_to_content
 from grammar.errors import GrammarError, UnsupportedSchemaError
 from grammar.json_schema import number_text, numbers
@@ -23,6 +23,7 @@ from grammar.json_schema.formats import (
     format_node,
 )
 from grammar.json_schema.number_grid import exact, scale
+from grammar.json_schema.objects import ip_char_not
 
 # one decoded character: a literal one, a short escape, a \uXXXX escape that is no surrogate,
 # or an escaped surrogate pair (one character, as JSON Schema lengths count it)
@@ -91,11 +92,8 @@ def _string_value(b: Builder, s: dict, ptr: str) -> Node:
     if pattern is not None:
         try:
             if fmt in FORMAT_REGEXES:  # both: the product of the two automata
-                both = dfa_ops.product(
-                    b.dfa(pattern_to_content(pattern, b.string_char)),
-                    b.dfa(fmt_node),
-                    True,
-                )
+                fmt_dfa = b.dfa(fmt_node)
+                both = dfa_ops.product(b.dfa(_content_beside(b, pattern, fmt_dfa)), fmt_dfa, True)
                 content = dfa_ops.DFANode(both, "pattern", f"{ptr}/pattern")
                 if lo or hi is not None:
                     content = length_bounded(b, content, lo, hi, ptr)
@@ -120,6 +118,25 @@ def _string_value(b: Builder, s: dict, ptr: str) -> Node:
     else:
         content = ra.repeat(b.string_char, lo, hi)
     return ra.seq(ra.char('"'), content, ra.char('"'))
+
+
+_BACKSLASH = ord("\\")
+
+
+def _content_beside(b: Builder, pattern: str, fmt_dfa: ByteDFA) -> Node:
+    """`pattern`'s string content, to be intersected with a format's automaton: only its
+    escape-free spellings when the format's spells none with a backslash (the URI family,
+    dates...: every character literal), the same intersection from a smaller automaton (no
+    escape states: `.*` in a URL pattern ~2.0 -> ~1.3 ms with the product)."""
+    content = pattern_to_content(pattern, b.string_char)  # (records its narrowings)
+    column = fmt_dfa.table[:, fmt_dfa.classes[_BACKSLASH]]
+    if content is None or column.any():  # (DEAD is 0: no state reads a backslash)
+        return content
+    free = pattern_to_content(pattern, _RAW_CHAR, escape_free=True)
+    return content if free is None else free
+
+
+_RAW_CHAR = ip_char_not([])  # a character JSON writes as itself
 
 
 def _several_patterns(
