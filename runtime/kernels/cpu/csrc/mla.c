@@ -127,73 +127,93 @@ struct mla_job {
     int rc;
 };
 
-/* one head of one row: q_full [R + Dr] float32 against the request's latents -> out [v] */
-static void mla_head(const struct mla_job *j, int64_t b, int64_t h, const float *qf,
-                     float *scores, float *acc, float *buf) {
+/* the latent row of a request's token t (its page through the page table) */
+static inline const void *mla_token(const struct mla_job *j, const int32_t *pages, int64_t t) {
+    const struct mla_step *st = j->st;
+    int64_t ps = st->page_size, width = j->L->rank + j->L->dr;
+    int64_t page = clamp_page(pages[t / ps], st->num_pages);
+    return (const uint8_t *)j->L->latent + ((page * ps + t % ps) * width) * (j->bf16 ? 2 : 4);
+}
+
+/* heads [h0, h0 + nh) of row b: qf [nh][R + Dr] (float32, absorbed and rotated) against the
+   request's latents -> out. Token-major: each latent row is read (and converted) once for all
+   the heads, not once a head. scores [nh][len], acc [nh][R], buf [R + Dr]. */
+static void mla_heads(const struct mla_job *j, int64_t b, int64_t h0, int64_t nh,
+                      const float *qf, float *scores, float *acc, float *buf) {
     const struct mla_layer *L = j->L;
     const struct mla_step *st = j->st;
-    int64_t R = L->rank, width = R + L->dr, ps = st->page_size, len = st->lens[b];
+    int64_t R = L->rank, width = R + L->dr, len = st->lens[b], vd = L->vdim;
     const int32_t *pages = st->table + b * st->table_stride;
     int bf16 = j->bf16;
-    float top = -INFINITY;
     for (int64_t t = 0; t < len; t++) {
-        int64_t page = clamp_page(pages[t / ps], st->num_pages);
-        const void *src = (const uint8_t *)L->latent + ((page * ps + t % ps) * width) * (bf16 ? 2 : 4);
-        float s = mla_dot(qf, mla_row(src, width, bf16, buf), width) * L->scale;
-        scores[t] = s;
-        if (s > top) top = s;
+        const float *row = mla_row(mla_token(j, pages, t), width, bf16, buf);
+        for (int64_t h = 0; h < nh; h++)
+            scores[h * len + t] = mla_dot(qf + h * width, row, width) * L->scale;
     }
-    float sum = 0.0f;
+    for (int64_t h = 0; h < nh; h++) { /* softmax, the probabilities in place */
+        float *s = scores + h * len, top = -INFINITY, sum = 0.0f;
+        for (int64_t t = 0; t < len; t++) top = s[t] > top ? s[t] : top;
+        for (int64_t t = 0; t < len; t++) {
+            s[t] = expf(s[t] - top);
+            sum += s[t];
+        }
+        float inv = 1.0f / sum;
+        for (int64_t t = 0; t < len; t++) s[t] *= inv;
+    }
+    memset(acc, 0, (size_t)(nh * R) * sizeof(float));
     for (int64_t t = 0; t < len; t++) {
-        scores[t] = expf(scores[t] - top);
-        sum += scores[t];
+        const float *c = mla_row(mla_token(j, pages, t), R, bf16, buf);
+        for (int64_t h = 0; h < nh; h++) {
+            float p = scores[h * len + t], *a = acc + h * R;
+            for (int64_t r = 0; r < R; r++) a[r] += p * c[r];
+        }
     }
-    memset(acc, 0, (size_t)R * sizeof(float));
-    for (int64_t t = 0; t < len; t++) {
-        int64_t page = clamp_page(pages[t / ps], st->num_pages);
-        const void *src = (const uint8_t *)L->latent + ((page * ps + t % ps) * width) * (bf16 ? 2 : 4);
-        const float *c = mla_row(src, R, bf16, buf);
-        float p = scores[t] / sum;
-        for (int64_t r = 0; r < R; r++) acc[r] += p * c[r];
-    }
-    int64_t vd = L->vdim;
-    const void *w_uv = (const uint8_t *)L->w_uv + h * vd * R * (bf16 ? 2 : 4);
-    for (int64_t v = 0; v < vd; v++) {
-        const float *w = mla_row((const uint8_t *)w_uv + v * R * (bf16 ? 2 : 4), R, bf16, buf);
-        mla_st(j->out, (b * L->heads + h) * vd + v, mla_dot(acc, w, R), bf16);
+    for (int64_t h = 0; h < nh; h++) {
+        const uint8_t *w_uv = (const uint8_t *)L->w_uv + (h0 + h) * vd * R * (bf16 ? 2 : 4);
+        for (int64_t v = 0; v < vd; v++) {
+            const float *w = mla_row(w_uv + v * R * (bf16 ? 2 : 4), R, bf16, buf);
+            mla_st(j->out, (b * L->heads + h0 + h) * vd + v, mla_dot(acc + h * R, w, R), bf16);
+        }
     }
 }
 
-/* the (row, head) pairs of one part: query absorbed through W_uk, rope rotated, attention */
+/* the (row, head) pairs of one part, a row's consecutive heads at once: the query absorbed
+   through W_uk and its rope part rotated, then the attention */
 static void mla_part(void *args, int part, int parts) {
     struct mla_job *j = args;
     const struct mla_layer *L = j->L;
     const struct mla_step *st = j->st;
     int64_t H = L->heads, R = L->rank, nope = L->nope, dr = L->dr, width = R + dr;
     int64_t pairs = st->n * H, lo = pairs * part / parts, hi = pairs * (part + 1) / parts;
+    int64_t most = hi - lo < H ? hi - lo : H; /* heads of one row in this part, at most */
     int bf16 = j->bf16;
-    size_t floats = (size_t)(2 * width + R + j->max_len + nope + dr);
+    size_t floats = (size_t)(most * (width + R + j->max_len) + width + nope + dr);
     float *mem = malloc(floats * sizeof(float));
     if (!mem) {
         j->rc = -1;
         return;
     }
-    float *qf = mem, *buf = qf + width, *acc = buf + width, *scores = acc + R;
-    float *qh = scores + j->max_len;
-    for (int64_t p = lo; p < hi; p++) {
-        int64_t b = p / H, h = p % H;
-        const uint8_t *qrow = (const uint8_t *)j->q + (b * j->q_row + h * (nope + dr)) * (bf16 ? 2 : 4);
-        for (int64_t i = 0; i < nope + dr; i++) qh[i] = mla_ld(qrow, i, bf16);
-        memset(qf, 0, (size_t)R * sizeof(float));
-        const uint8_t *w_uk = (const uint8_t *)L->w_uk + h * nope * R * (bf16 ? 2 : 4);
-        for (int64_t i = 0; i < nope; i++) {
-            const float *w = mla_row(w_uk + i * R * (bf16 ? 2 : 4), R, bf16, buf);
-            float x = qh[i];
-            for (int64_t r = 0; r < R; r++) qf[r] += x * w[r];
+    float *qf = mem, *acc = qf + most * width, *scores = acc + most * R;
+    float *buf = scores + most * j->max_len, *qh = buf + width;
+    for (int64_t p = lo; p < hi;) {
+        int64_t b = p / H, h0 = p % H, nh = H - h0 < hi - p ? H - h0 : hi - p;
+        for (int64_t h = 0; h < nh; h++) {
+            const uint8_t *qrow = (const uint8_t *)j->q +
+                                  (b * j->q_row + (h0 + h) * (nope + dr)) * (bf16 ? 2 : 4);
+            for (int64_t i = 0; i < nope + dr; i++) qh[i] = mla_ld(qrow, i, bf16);
+            float *q = qf + h * width;
+            memset(q, 0, (size_t)R * sizeof(float));
+            const uint8_t *w_uk = (const uint8_t *)L->w_uk + (h0 + h) * nope * R * (bf16 ? 2 : 4);
+            for (int64_t i = 0; i < nope; i++) {
+                const float *w = mla_row(w_uk + i * R * (bf16 ? 2 : 4), R, bf16, buf);
+                float x = qh[i];
+                for (int64_t r = 0; r < R; r++) q[r] += x * w[r];
+            }
+            mla_rotate(qh + nope, st->cos, st->sin, st->pos ? st->pos[b] : b, dr,
+                       (int)L->interleave, bf16, q + R);
         }
-        mla_rotate(qh + nope, st->cos, st->sin, st->pos ? st->pos[b] : b, dr, (int)L->interleave,
-                   bf16, qf + R);
-        mla_head(j, b, h, qf, scores, acc, buf);
+        mla_heads(j, b, h0, nh, qf, scores, acc, buf);
+        p += nh;
     }
     free(mem);
 }
@@ -218,8 +238,9 @@ int q_mla_decode(const struct mla_layer *L, const struct mla_step *st, const voi
     int64_t pairs = st->n * L->heads;
     int parts = 1;
 #ifdef _OPENMP
-    /* split where a part has at least ~64k multiply-adds of attention */
-    if (work * L->heads * (L->rank + L->dr) >= 2 * 65536) parts = omp_get_max_threads();
+    /* split where the scores alone are ~1M multiply-adds (~150 us on one core): below that the
+       hand-off to the pool's workers costs about what the split saves */
+    if (work * L->heads * (L->rank + L->dr) >= (1 << 20)) parts = omp_get_max_threads();
 #endif
     if (parts > 64) parts = 64;
     if (parts > pairs) parts = (int)pairs;
