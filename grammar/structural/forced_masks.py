@@ -59,6 +59,7 @@ _MAX_MASKS = 1024  # masks kept per vocabulary (16 KB each at 129k ids)
 _BLOCK = 16  # masks allocated at once (one zeroed block, its address read once)
 _UNSEEN = object()
 NARROW = 64  # live bytes under which a state outside forced text is walked in C directly
+_MAX_PARTING = 4  # first bytes parting a state from the one it borrows from, at most
 
 
 def _common(a: bytes, b: bytes) -> int:
@@ -168,6 +169,9 @@ class ForcedMasks:
         self._vocab = vocab
         self._index = index  # the compiled grammar's TokenIndex (None: no borrowed masks)
         self._borrowing = False  # (a borrowed mask is never borrowed in turn)
+        if index is not None:  # tokens per first byte, and in all
+            self._firsts = np.diff(index.prepared.first_start)
+            self._rows = index.prepared.num_rows
         self._texts: _Texts = vocab.derived(("forced text masks",), lambda: _Texts(vocab))
         self._forced: dict[int, bytes] = {}  # state -> the forced text from it (LIMIT bytes)
         self._keys: dict[int, bytes | None] = {}  # state -> its mask's key (None: walk it)
@@ -207,21 +211,17 @@ class ForcedMasks:
         if index is None or self._borrowing:
             return None
         row = dfa.byte_row(state)
-        live = row[row != DEAD]
-        if np.count_nonzero(live == state) * 2 >= live.shape[0]:
-            return None  # (mostly a self-loop, as string contents: the index's shared sets)
-        values, counts = np.unique(live, return_counts=True)
-        ref = int(values[np.argmax(counts)])
-        if ref == state:
+        counts = np.bincount(row)
+        counts[DEAD] = 0
+        ref = int(counts.argmax())  # (the state most bytes lead to)
+        if ref == state:  # (a self-loop, as string contents: the index's shared sets)
             return None
         ref_row = dfa.byte_row(ref)
-        differ = np.flatnonzero(row != ref_row).tolist()
-        prep = index.prepared
-        first = prep.first_start
-        if int((first[np.add(differ, 1)] - first[differ]).sum()) * 8 < prep.num_rows:
+        differ = np.flatnonzero(row != ref_row)
+        if differ.shape[0] > _MAX_PARTING or int(self._firsts[differ].sum()) * 8 < self._rows:
             return None  # few tokens part them at the first byte: the index's own borrow
         prefixes: list[bytes] = []
-        for b in differ:
+        for b in differ.tolist():
             s1, r1 = int(row[b]), int(ref_row[b])
             if DEAD in (s1, r1):
                 prefixes.append(bytes([b]))
