@@ -265,8 +265,15 @@ class TokenIndex:
         differ = row != ref_row
         walked = differ & (row != DEAD)  # (a first byte dead from `state` allows nothing)
         prep = self.prepared
-        if int(self._first_counts[walked].sum()) * 8 >= prep.num_rows:
+        counts = self._first_counts
+        if int(counts[walked].sum()) * 8 >= prep.num_rows:
             return None  # many tokens start with a byte where the two rows differ
+        # ref's tokens of the first bytes where the rows differ are dropped from the borrowed
+        # mask one by one: when they outnumber the tokens it lends (a UTF-8 continuation state
+        # beside a string's content state: nothing is shared), the state's own walk is cheaper
+        lent = int(counts[~differ & (row != DEAD)].sum())
+        if lent < int(counts[differ & (ref_row != DEAD)].sum()):
+            return None
         words = self.bitmask(ref, depth + 1).view("<u4").copy()
         for e in self._eos.tolist():
             words[e >> 5] &= np.uint32(~(1 << (e & 31)) & 0xFFFFFFFF)

@@ -27,7 +27,8 @@ class TokenIndex(Protocol):
 
 
 # a self-looping state's other tokens are cut into suffixes (a Python pass over them, once
-# per vocabulary and loop) only when they are few, as for JSON string content (~3k of 129k)
+# per vocabulary and loop) only when they are few, as for JSON string content (~3k of 129k,
+# ~6k of 151k): at most this many, or a sixteenth of the vocabulary's rows
 _MAX_SUFFIX_ROWS = 4096
 # UTF-8's well-formed multi-byte sequences: (lead byte range, continuation byte ranges)
 _UTF8_FORMS = (
@@ -87,7 +88,7 @@ def transparent_set(
     words = index.pack(ok)
     words.flags.writeable = False
     others = np.flatnonzero(~ok)
-    if others.size > _MAX_SUFFIX_ROWS:  # a narrow loop (a pattern's class): walk as rows
+    if others.size > max(_MAX_SUFFIX_ROWS, prep.num_rows // 16):  # a narrow loop: as rows
         others.flags.writeable = False
         return words, others
     return words, loop_suffixes(index, others, loops[:128].tolist(), all_chars)

@@ -59,3 +59,35 @@ def test_shortcut_masks_equal_a_token_walk(schema, instances, path, monkeypatch)
     grammar = compile_json_schema(schema, vocab)
     assert_masks_on_walks_match(grammar, tok, instances, 10)
     assert any(taken), f"{path} never applied"
+
+
+def test_a_state_that_shares_nothing_does_not_borrow(monkeypatch):
+    """Inside a JSON string, the state after a UTF-8 lead byte goes on only by continuation
+    bytes, all to the string's content state, where they are dead: borrowing that state's
+    mask would lend no token and drop nearly all of them, so `_like` declines and the state
+    walks its own tokens; its mask, and the next one's, equal the token-by-token walk."""
+    import numpy as np
+
+    from tests.support.walks import brute_force_mask
+
+    vocab = deepseek_vocab()
+    clear_caches()
+    grammar = compile_json_schema({"type": "string"}, vocab)
+    dfa = grammar.dfa
+    index = TokenIndex(dfa, vocab)
+    content = dfa.walk(1, b'"')
+    lead = dfa.walk(content, "日".encode()[:1])
+    assert lead not in (0, content)
+    lent = []
+    original = TokenIndex._like
+
+    def spy(self, state, depth):
+        out = original(self, state, depth)
+        lent.append((state, out is not None))
+        return out
+
+    monkeypatch.setattr(TokenIndex, "_like", spy)
+    for state in (content, lead, dfa.walk(content, "日".encode()[:2])):
+        got = np.unpackbits(index.bitmask(state).view(np.uint8), bitorder="little")
+        assert np.array_equal(got[: len(vocab)].astype(bool), brute_force_mask(grammar, state))
+    assert (lead, False) in lent
