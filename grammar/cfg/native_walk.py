@@ -208,24 +208,29 @@ class CutWalker:
         self, table: np.ndarray, winner: np.ndarray, group: np.ndarray, n_groups: int,
         tasks: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        """A lark lexer's walk (csrc/cut_walk.c's walk_lexer): (packed masks [n_groups, words]
-        of the tokens ending in a state of each group, uint32; which groups have any, bool;
-        cut nodes, int32; the terminal each cut produces, int32)."""
-        words = np.zeros((n_groups, self.num_words), dtype=np.uint32)
+        """A lark lexer's walk (csrc/cut_walk.c's walk_lexer): (packed int32 masks [k, words]
+        of the tokens ending in a state of each of the k groups that have any; those groups'
+        indices, int64 [k]; cut nodes, int32; the terminal each cut produces, int32). The walk
+        writes into per-thread zeroed rows and buffers (fresh ones a walk would cost ~16 KB of
+        page faults a group at 129k tokens, most of them left empty)."""
+        scratch = _scratch
+        words = scratch.lexer_rows(n_groups, self.num_words)
         used = np.zeros(n_groups, dtype=np.uint8)
         tasks = np.ascontiguousarray(tasks, dtype=np.int64)
         cap = self.num_nodes
         nodes, row_start, row_ids = self.trie.ptrs
         while True:
-            cuts = np.empty(cap, dtype=np.int32)
-            terms = np.empty(cap, dtype=np.int32)
+            cuts, terms = scratch.cuts(cap), scratch.cut_terms(cap)
             n = self.lib.walk_lexer(
                 nodes, row_start, row_ids, table.ctypes.data, winner.ctypes.data,
                 group.ctypes.data, tasks.ctypes.data, tasks.shape[0], words.ctypes.data,
                 self.num_words, used.ctypes.data, cuts.ctypes.data, terms.ctypes.data, cap,
             )  # fmt: skip
             if n >= 0:
-                return words, used.astype(bool), cuts[:n], terms[:n]
+                picked = np.flatnonzero(used)
+                out = words[picked].view(np.int32)
+                words[picked] = 0  # (zeroed again for the next walk)
+                return out, picked, cuts[:n].copy(), terms[:n].copy()
             words[:] = 0
             used[:] = 0
             cap *= 2
@@ -314,6 +319,8 @@ class _Scratch(threading.local):
         self.rows = np.zeros((0, 0), dtype=np.uint32)
         self.rows_ptr = 0
         self.rows_used = _ROWS
+        self.terms = np.empty(0, dtype=np.int32)
+        self.lex_rows = np.zeros((0, 0), dtype=np.uint32)
 
     def mask_row(self, num_words: int) -> tuple[np.ndarray, int]:
         """A zeroed row of num_words and its address; the caller counts it used
@@ -330,6 +337,18 @@ class _Scratch(threading.local):
             self.buffer = np.empty(n, dtype=np.int32)
             self.ptr = self.buffer.ctypes.data
         return self.buffer
+
+    def cut_terms(self, n: int) -> np.ndarray:
+        """`walk_lexer`'s terminal per cut (beside `cuts`)."""
+        if self.terms.shape[0] < n:
+            self.terms = np.empty(n, dtype=np.int32)
+        return self.terms
+
+    def lexer_rows(self, n: int, num_words: int) -> np.ndarray:
+        """n zeroed mask rows for `walk_lexer` (the caller zeroes what it wrote)."""
+        if self.lex_rows.shape[0] < n or self.lex_rows.shape[1] != num_words:
+            self.lex_rows = np.zeros((max(n, 8), num_words), dtype=np.uint32)
+        return self.lex_rows[:n]
 
 
 _scratch = _Scratch()

@@ -269,3 +269,23 @@ def test_a_shipped_gbnf_grammar_rebuilds_its_loop_sets(monkeypatch) -> None:
     assert set(got._term_sets) <= {id(t) for t in got.network.terminals}
     fresh = compile_rules(parse_gbnf(text), vocab, "root", text)
     assert _same_masks_along(fresh, got, token_lists) > 25
+
+
+def test_first_bytes_words_are_the_tokens_of_those_first_bytes():
+    """The mask of the tokens whose first byte is in a set (lark: the tokens whose first byte
+    already ends the terminal), for small sets (their bytes' masks ORed) and large ones (the
+    other bytes' complemented): against each token's own first byte; EOS and the empty token
+    never in it."""
+    from grammar.cfg.mask import VocabLayout
+
+    vocab = _vocab(["select a, b from t where a = 1;", "ü ≠ 中"], n=300)
+    layout = VocabLayout(vocab)
+    rng = np.random.default_rng(0)
+    for k in (0, 1, 5, 128, 129, 200, 256):
+        byte_set = np.zeros(256, dtype=bool)
+        byte_set[rng.choice(256, k, replace=False)] = True
+        words = layout.first_bytes_words(byte_set)
+        got = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(vocab)].astype(bool)
+        want = [bool(b) and bool(byte_set[b[0]]) for b in map(vocab.token_bytes, range(len(vocab)))]
+        assert got.tolist() == want, k
+        assert not np.unpackbits(words.view(np.uint8), bitorder="little")[len(vocab) :].any()
