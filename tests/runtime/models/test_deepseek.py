@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from runtime import Engine
-from runtime.config import config_from_dict, load_config
+from runtime.config import FULL, config_from_dict, load_config
 from runtime.errors import UnsupportedModelError
 from runtime.kernels.cpu import quant as cpu_quant
 from runtime.models import mla
@@ -226,3 +226,40 @@ def test_the_c_decode_attention_matches_the_torch_ops(tiny, dtype):
     assert torch.equal(tokens, plain_tokens)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(logits, plain, atol=tol * plain.abs().max(), rtol=0)
+
+
+def test_tensor_parallel_ranks_hold_their_heads(tiny):
+    """Two tensor ranks' latent attention (each its heads' rows of q_proj or q_b_proj and
+    kv_b_proj, the latent replicated) joined by heads is the whole model's, and their o partial
+    products sum to its o product (V2: q_proj split; V3: q_b_proj), on a decode + extend step."""
+    from runtime.attention import make_backend
+    from runtime.memory.kv_pool import KVPool
+    from runtime.models.loader import load_model_files
+    from runtime.models.registry import model_class
+    from runtime.parallel.shard import Shard
+    from tests.support.forward_batches import mixed_batch
+
+    _, folder, _ = tiny
+    loaded = load_model_files(folder)
+    config, cls = loaded.config, model_class(loaded.config)
+    models = [cls(config, loaded.state_dict, torch.float32, attention=make_backend("torch"))]
+    models += [cls(config, loaded.state_dict, torch.float32, shard=Shard(tp_rank=r, tp_size=2),
+                   attention=make_backend("torch")) for r in range(2)]  # fmt: skip
+    assert [m.num_heads for m in models] == [config.num_heads] + [config.num_heads // 2] * 2
+    batch, g = mixed_batch(), torch.Generator().manual_seed(0)
+    x = torch.randn(batch.input_ids.shape[0], config.hidden_size, generator=g)
+    latents = torch.randn(8, 4, 1, config.mla.kv_lora_rank + config.mla.qk_rope_head_dim,
+                          generator=g)  # fmt: skip
+    outs, projected = [], []
+    for m in models:
+        pool = KVPool(config, 8, 4, torch.float32)
+        pool.latent[0].copy_(latents)  # the cached prefixes
+        m.attention.plan(batch, pool)
+        layer = m.layers[0]
+        cos_sin = m.rotary[FULL].cos_sin(batch.positions)
+        out = mla.latent_attention(layer.mla, x, m.mm, config, m.attention, 0, layer.spec,
+                                   cos_sin)  # fmt: skip
+        outs.append(out)
+        projected.append(m.mm(out, layer.o))
+    torch.testing.assert_close(torch.cat(outs[1:], dim=-1), outs[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(projected[1] + projected[2], projected[0], atol=1e-5, rtol=1e-5)
