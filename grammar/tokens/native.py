@@ -98,18 +98,24 @@ class TokenTrie:
         [256] whose first bytes' tokens have their bits cleared first (a root task), or None."""
         nodes, row_start, row_ids = self.ptrs
         wn, wid = self.compact_ptrs
+        buf = _buffers
+        if table is not buf.table:  # (a lazy DFA's table is walked many times between growths)
+            buf.table, buf.table_ptr = table, table.ctypes.data
         return self.lib.trie_walk(
-            nodes, wn, wid, table.ctypes.data, table.shape[0], table.shape[1], b2c, ok,
+            nodes, wn, wid, buf.table_ptr, table.shape[0], table.shape[1], b2c, ok,
             row_start, row_ids, tasks, n_tasks, words, out, _PENDING, expand, core, node_ok, clear,
         )  # fmt: skip
 
 
 class _Buffers(threading.local):
-    """Two task buffers per thread (a pass reads one and writes the other), made once."""
+    """Two task buffers per thread (a pass reads one and writes the other), made once; and
+    the address of the last table walked (`.ctypes.data` costs ~1-2 us a read)."""
 
     def __init__(self) -> None:
         self.arrays = (np.empty((_PENDING, 2), np.int64), np.empty((_PENDING, 2), np.int64))
         self.ptrs = (self.arrays[0].ctypes.data, self.arrays[1].ctypes.data)
+        self.table: np.ndarray | None = None  # the last table walked, and its address
+        self.table_ptr = 0
 
 
 _buffers = _Buffers()
