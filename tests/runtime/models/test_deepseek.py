@@ -197,12 +197,12 @@ def test_constrained_json_with_jump_forward_on_the_latent_cache(tiny):
     assert set(value) == {"name", "age"} and isinstance(value["age"], int)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_the_c_decode_attention_matches_the_torch_ops(tiny, dtype):
+def test_the_c_decode_attention_matches_the_torch_ops_in_bf16(tiny):
     """Decode-only steps with each layer's latent attention in one C call (csrc/mla.c) against
-    mla.py's torch ops on the same model: the same greedy tokens, logits equal to rounding (the
-    C sums in float32, torch rounds each op to the model's type), three requests of different
-    lengths."""
+    mla.py's torch ops on the same bf16 model: the same greedy tokens, logits equal to rounding
+    (the C sums in float32, torch rounds each op to bf16), three requests of different lengths
+    (float32: every layer call in test_absorbed_and_decompressed_attention_agree)."""
+    dtype = torch.bfloat16
     from runtime.attention import make_backend
     from runtime.models.loader import load_model_files
     from runtime.models.registry import model_class
@@ -224,8 +224,7 @@ def test_the_c_decode_attention_matches_the_torch_ops(tiny, dtype):
     finally:
         mla.C_DECODE = True
     assert torch.equal(tokens, plain_tokens)
-    tol = 1e-5 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(logits, plain, atol=tol * plain.abs().max(), rtol=0)
+    torch.testing.assert_close(logits, plain, atol=3e-2 * plain.abs().max(), rtol=0)
 
 
 def test_tensor_parallel_ranks_hold_their_heads(tiny):
