@@ -183,16 +183,16 @@ class AttentionBackend:
         return self.attend(layer, self.rope_store(layer, qkv, rotary, num_heads), spec)
 
     def chain_attention(
-        self, full: Rotary, layers: Sequence[tuple[Rotary, int | None]], num_heads: int,
-        dtype: torch.dtype,
+        self, full: Rotary, layers: Sequence[tuple[Rotary, int | None, float | None]],
+        num_heads: int, dtype: torch.dtype,
     ) -> tuple[Any, list[Any] | None] | None:
         """Whether this backend serves the attention of a one-call decode chain
         (kernels/cpu/quant_chain.py) this step, and what the chain needs for it: (the fused
         rotary + K/V write + attention step of a layer on `full`'s tables and the step's page
         table, per layer its own step or None for that shared one; None when every layer takes
         the shared one), or None where the backend does not serve it (this step: then the model
-        runs its layers one by one). `layers`: each layer's (rotary, window). None here: the
-        chain's attention is a CPU backend's."""
+        runs its layers one by one). `layers`: each layer's (rotary, window, soft cap). None
+        here: the chain's attention is a CPU backend's."""
         return None
 
     def store_latent(self, layer: int, entry: torch.Tensor) -> None:

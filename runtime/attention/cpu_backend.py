@@ -158,16 +158,16 @@ class CPUBackend(TorchBackend):
         self, layer: int, qkv: torch.Tensor, rotary: Rotary, num_heads: int, spec: LayerSpec
     ) -> torch.Tensor:
         """A decode-only step through the fused decode kernel: rotary, the K/V write and
-        attention in one C call (cpu_fused.RopeDecode; a layer in the window pages, or whose
-        window a sequence outgrows, its own step, as the decode chain's); else rope_store,
-        then attend (soft-capped scores too). Each rotary embedding keeps its own tables."""
+        attention in one C call (cpu_fused.RopeDecode; a layer in the window pages, whose
+        window a sequence outgrows or whose scores are soft-capped, its own step, as the decode
+        chain's); else rope_store, then attend. Each rotary embedding keeps its own tables."""
         fused = self.decode_rope(rotary, num_heads, qkv.dtype)
-        if fused is None or spec.soft_cap is not None or qkv.stride(1) != 1:
+        if fused is None or qkv.stride(1) != 1:
             return super().rope_attend(layer, qkv, rotary, num_heads, spec)
         plain = spec if spec.plain else self._as_plain(spec)
-        window = 0 if plain.plain else int(plain.window)
-        if window or self.pool.window_layer[layer]:
-            fused = self._own_step(layer, rotary, window, num_heads, qkv.dtype)
+        window, cap = (0, 0.0) if plain.plain else (plain.window or 0, plain.soft_cap or 0.0)
+        if window or cap or self.pool.window_layer[layer]:
+            fused = self._own_step(layer, rotary, window, num_heads, qkv.dtype, cap)
         return fused(qkv, self.pool.k[layer], self.pool.v[layer], plain.scale)
 
     def _per_rotary(self, cache: dict, rotary: Rotary, make) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,13 +178,14 @@ class CPUBackend(TorchBackend):
         return got
 
     def _own_step(
-        self, li: int, rotary: Rotary, window: int, num_heads: int, dtype: torch.dtype
+        self, li: int, rotary: Rotary, window: int, num_heads: int, dtype: torch.dtype,
+        cap: float = 0.0,
     ) -> cpu_fused.RopeDecode:
         """Layer `li`'s fused decode step on its own tables, pages (the window pages' table
-        and slots where it is kept there) and window (0: none), one per distinct (rotary,
-        pages, window) a step."""
+        and slots where it is kept there), window (0: none) and soft cap (0: none), one per
+        distinct (rotary, pages, window, cap) a step."""
         b, pool = self.batch, self.pool
-        key = (id(rotary), pool.window_layer[li], window)
+        key = (id(rotary), pool.window_layer[li], window, cap)
         step = self._steps.get(key)
         if step is None:
             where = self.tables(li)
@@ -192,7 +193,7 @@ class CPUBackend(TorchBackend):
             cos, sin = self._per_rotary(self._tables, rotary, rotary.tables)
             step = self._steps[key] = cpu_fused.RopeDecode(
                 cos, sin, b.positions, where.out_slots.to(torch.int64), rows, num_heads,
-                pool.k[li], dtype, window=window,
+                pool.k[li], dtype, window=window, cap=cap,
             )  # fmt: skip
         return step
 
@@ -209,17 +210,18 @@ class CPUBackend(TorchBackend):
         return fused or None
 
     def chain_attention(
-        self, full: Rotary, layers: Sequence[tuple[Rotary, int | None]], num_heads: int,
-        dtype: torch.dtype,
+        self, full: Rotary, layers: Sequence[tuple[Rotary, int | None, float | None]],
+        num_heads: int, dtype: torch.dtype,
     ) -> tuple[cpu_fused.RopeDecode, list[cpu_fused.RopeDecode | None] | None] | None:
         """The decode chain's attention this step (AttentionBackend.chain_attention): the
-        shared step is `decode_rope`'s; a layer whose rotary tables, pages (the window pages) or
-        window differ gets its own step, one per distinct (rotary, pages, window) (Gemma's local
-        layers: their RoPE base, window pages, a window the C decode attention reads the last
-        keys of). None where `decode_rope` does not take the step. A pool of MLA latents
-        (no K / V pools): no shared step, each layer the step's rows (`cpu_fused.StepRows`:
-        `full`'s rotary tables, positions, slots, page table, lengths) for its attention
-        hook; None for a step with extends or latents not of `dtype` (fp8)."""
+        shared step is `decode_rope`'s; a layer whose rotary tables, pages (the window pages),
+        window or soft cap differ gets its own step, one per distinct (rotary, pages, window,
+        cap) (Gemma's local layers: their RoPE base, window pages, a window the C decode
+        attention reads the last keys of). `layers`: each layer's (rotary, window, soft cap).
+        None where `decode_rope` does not take the step. A pool of MLA latents (no K / V
+        pools): no shared step, each layer the step's rows (`cpu_fused.StepRows`: `full`'s
+        rotary tables, positions, slots, page table, lengths) for its attention hook; None for
+        a step with extends or latents not of `dtype` (fp8)."""
         b, pool = self.batch, self.pool
         if not pool.k and pool.latent:  # MLA: the layers' hooks read the latent pages
             if not (b.num_decode == b.num_tokens and b.num_decode) or (
@@ -234,12 +236,12 @@ class CPUBackend(TorchBackend):
         rope = self.decode_rope(full, num_heads, dtype)
         if rope is None:
             return None
-        if not any(pool.window_layer) and all(r is full and not w for r, w in layers):
+        if not any(pool.window_layer) and all(r is full and not w and not c for r, w, c in layers):
             return rope, None  # every layer on the shared step (the Llama shape)
         steps = [
-            None if rotary is full and not window and not pool.window_layer[li]
-            else self._own_step(li, rotary, window or 0, num_heads, dtype)
-            for li, (rotary, window) in enumerate(layers)
+            None if rotary is full and not window and not cap and not pool.window_layer[li]
+            else self._own_step(li, rotary, window or 0, num_heads, dtype, cap or 0.0)
+            for li, (rotary, window, cap) in enumerate(layers)
         ]  # fmt: skip
         return rope, (steps if any(s is not None for s in steps) else None)
 

@@ -192,10 +192,10 @@ class DecoderModel:
             self.long_rotary.inv_freq, self.long_rotary.attention_scaling = inv_freq, scaling
             original = int(config.rope_scaling["original_max_position_embeddings"])
             self._chain_rotary = DecodeTables(self.rotary[FULL], self.long_rotary, original)
-        # (rotary, window) per layer: what the backend's chain attention steps differ by
+        # (rotary, window, soft cap) per layer: what the chain's attention steps differ by
         self._chain_layers = [
             (self._chain_rotary if self.rotary[w.kind] is self.rotary[FULL]
-             else self.rotary[w.kind], w.spec.window) for w in self.layers
+             else self.rotary[w.kind], w.spec.window, w.spec.soft_cap) for w in self.layers
         ]  # fmt: skip
         big = [self.lm_head] + [
             t for layer in self.layers for t in (layer.qkv, layer.o, layer.gate_up, layer.down)
@@ -251,6 +251,8 @@ class DecoderModel:
             parts.append(f"partial rotary ({cfg.rope_dim} of {cfg.head_dim})")
         if cfg.rope_type == "longrope":
             parts.append("LongRoPE (a decode token past the original context: long factors)")
+        if cfg.attn_logit_softcapping is not None:
+            parts.append("attention logit soft-capping")
         if any(layer.kind == SLIDING for layer in self.layers):
             parts.append("sliding-window layers with their own rotary tables")
         if fam.scaled_embeddings:
@@ -277,8 +279,6 @@ class DecoderModel:
             why.append(f"{cfg.hidden_act} gate")
         if any(w.moe is not None and not MoEKernel.supported(w.moe, cfg.moe) for w in self.layers):
             why.append("routed experts not all in integer-kernel block formats")
-        if any(layer.spec.soft_cap is not None for layer in self.layers):
-            why.append("attention logit soft-capping")
         if fam.sandwich_norms and any(b is not None for layer in self.layers
                                       for b in _biases(layer)):  # fmt: skip
             why.append("biases with sandwich norms")

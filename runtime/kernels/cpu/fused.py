@@ -342,7 +342,7 @@ def decode_attention(
 class _RopeStepArgs(ctypes.Structure):
     _fields_ = [(name, _PTR) for name in ("cos", "sin", "pos", "slots", "table", "lens")] + [
         (name, _I64) for name in ("table_stride", "n", "hq", "hkv", "d", "ps", "num_pages")
-    ] + [("q", _PTR), ("window", _I64), ("rot", _I64)]  # fmt: skip
+    ] + [("q", _PTR), ("window", _I64), ("rot", _I64), ("cap", _F32)]  # fmt: skip
 
 
 class RopeDecode:
@@ -353,7 +353,7 @@ class RopeDecode:
     pools [pages, page_size, Hkv, D] of the model's dtype (not fp8), contiguous. With a
     `window` (> 0) each request attends to its last `window` keys only (a sliding window).
     Tables [positions, R] with R < D: partial rotary (the first R values of each head rotated,
-    the rest as they are)."""
+    the rest as they are). A `cap` (> 0) soft-caps the scores: cap * tanh(s / cap)."""
 
     def __init__(
         self,
@@ -366,6 +366,7 @@ class RopeDecode:
         k_pool: torch.Tensor,
         dtype: torch.dtype,
         window: int = 0,
+        cap: float = 0.0,
     ) -> None:
         pages, ps, hkv, d = k_pool.shape
         b = rows.lens.shape[0]
@@ -378,7 +379,7 @@ class RopeDecode:
         self.args = _RopeStepArgs(
             cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(), slots.data_ptr(),
             rows.table.data_ptr(), rows.lens.data_ptr(), rows.table.stride(0), b, num_heads, hkv,
-            d, ps, pages, self.q.data_ptr(), window, cos_table.shape[-1],
+            d, ps, pages, self.q.data_ptr(), window, cos_table.shape[-1], cap,
         )  # fmt: skip
         assert cos_table.shape[-1] <= d and cos_table.shape[-1] % 2 == 0
         self._ref = ctypes.byref(self.args)

@@ -48,7 +48,7 @@ def _decode_step() -> ForwardBatch:
 def _layers():
     full = RotaryEmbedding(CONFIG, torch.float32)
     local = RotaryEmbedding(dataclasses.replace(CONFIG, rope_theta=10_000.0), torch.float32)
-    return full, [(local, WINDOW), (full, None), (local, WINDOW)]
+    return full, [(local, WINDOW, None), (full, None, None), (local, WINDOW, None)]
 
 
 def test_the_cpu_backend_hands_the_chain_its_decode_attention():
@@ -68,7 +68,7 @@ def test_the_cpu_backend_hands_the_chain_its_decode_attention():
     # every layer on the full rotary and the step's pages: no per-layer steps at all
     plain = KVPool(CONFIG, PAGES, PS, torch.float32)
     backend.plan(_decode_step(), plain)
-    rope, steps = backend.chain_attention(full, [(full, None)] * 3, 4, torch.float32)
+    rope, steps = backend.chain_attention(full, [(full, None, None)] * 3, 4, torch.float32)
     assert steps is None and rope.args.num_pages == PAGES
 
 
@@ -101,7 +101,7 @@ def test_a_latent_pool_gets_the_step_rows_for_its_hooks():
     step = _decode_step()
     backend.plan(step, pool)
     full, _ = _layers()
-    served = backend.chain_attention(full, [(full, None)] * 3, 4, torch.float32)
+    served = backend.chain_attention(full, [(full, None, None)] * 3, 4, torch.float32)
     assert served is not None and served[0] is None
     steps = served[1]
     assert len(steps) == 3 and steps[0] is steps[2]
@@ -120,6 +120,6 @@ def test_a_latent_pool_gets_the_step_rows_for_its_hooks():
     assert list(table)[: step.decode_page_table.shape[1]] == step.decode_page_table[0].tolist()
     mixed = mixed_batch()
     backend.plan(mixed, pool)
-    assert backend.chain_attention(full, [(full, None)] * 3, 4, torch.float32) is None
+    assert backend.chain_attention(full, [(full, None, None)] * 3, 4, torch.float32) is None
     backend.plan(step, KVPool(config, PAGES, PS, torch.bfloat16))
-    assert backend.chain_attention(full, [(full, None)] * 3, 4, torch.float32) is None
+    assert backend.chain_attention(full, [(full, None, None)] * 3, 4, torch.float32) is None

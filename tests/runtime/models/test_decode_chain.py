@@ -186,3 +186,31 @@ def test_longrope_decode_on_the_chain(tiny_file):
     _, other = decode_run(model, dtype, prompts, steps=5)
     assert not torch.allclose(other[:, 2], plain[:, 2], atol=1e-3)  # the long factors matter
     assert chain.runs == 5
+
+
+def test_soft_capped_scores_on_the_chain(tiny_file):
+    """Attention logit soft-capping (cap * tanh(s / cap)) in the chain's C decode attention:
+    the per-layer loop's bits on the cpu backend (the same fused step), and the torch
+    backend's reference attention's tokens (logits to rounding); the cap changes them."""
+    from runtime.attention import make_backend
+    from runtime.models.llama import LlamaModel
+    from tests.support.forward_batches import decode_run
+
+    dtype = torch.float32
+    config, state = load_gguf(tiny_file)
+    capped = dataclasses.replace(config, attn_logit_softcapping=0.5)
+    model = LlamaModel(capped, state, dtype, attention=make_backend("cpu"))
+    assert model._chain is not None and "soft-capping" in model.decode_path, model.decode_path
+    chain = model._chain
+    _same_decode(model, chain, dtype)
+    prompts = [[5, 17, 300, 42, 9], [7] * 14]
+    model._chain, chain.runs = chain, 0
+    tokens, chained = decode_run(model, dtype, prompts, steps=4)
+    assert chain.runs == 4
+    reference = LlamaModel(capped, state, dtype, attention=make_backend("torch"))
+    ref_tokens, ref = decode_run(reference, dtype, prompts, steps=4)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(chained, ref, atol=1e-4 * ref.abs().max(), rtol=0)
+    _, uncapped = decode_run(LlamaModel(config, state, dtype, attention=make_backend("torch")),
+                             dtype, prompts, steps=4)  # fmt: skip
+    assert not torch.allclose(uncapped, ref, atol=1e-3)

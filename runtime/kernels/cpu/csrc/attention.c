@@ -15,6 +15,7 @@ struct rope_decode_step {
     void *q;
     int64_t window; /* > 0: attend to each request's last `window` keys only */
     int64_t rot;    /* the rotated values of a head (partial rotary; 0: all d) */
+    float cap;      /* > 0: scores soft-capped, cap * tanh(s / cap) */
 };
 
 #define STORAGE STORAGE_F32

@@ -77,11 +77,15 @@ static inline __attribute__((always_inline)) void FN(token_scores)(
 }
 
 /* Each query head's scores (rows qh0 .. qh1 - 1 of [*, len]) into probabilities, float32;
-   keys before `skip` (outside a window) weigh nothing. */
+   keys before `skip` (outside a window) weigh nothing; a soft cap (> 0) first maps each score
+   s to cap * tanh(s / cap). */
 static inline void FN(softmax)(float *scores, int64_t len, int64_t skip, int64_t qh0,
-                               int64_t qh1) {
+                               int64_t qh1, float cap) {
     for (int64_t qh = qh0; qh < qh1; qh++) {
-        float *sc = scores + qh * len, top = sc[skip], total = 0.0f;
+        float *sc = scores + qh * len;
+        if (cap > 0.0f)
+            for (int64_t t = skip; t < len; t++) sc[t] = cap * tanhf(sc[t] / cap);
+        float top = sc[skip], total = 0.0f;
         for (int64_t t = 0; t < skip; t++) sc[t] = 0.0f;
         for (int64_t t = skip + 1; t < len; t++) top = sc[t] > top ? sc[t] : top;
         for (int64_t t = skip; t < len; t++) {
@@ -102,7 +106,7 @@ static inline __attribute__((always_inline)) void FN(attend)(
     const float *qf, const kv_t *k_pool, const kv_t *v_pool, const int32_t *pages, int64_t len,
     int64_t g, int64_t hkv, int64_t h0, int64_t h1, int64_t d, int64_t ps, int64_t num_pages,
     float *scores, float *row, float *acc, const int32_t *next_pages, int64_t next_count,
-    int64_t skip) {
+    int64_t skip, float cap) {
     int64_t hq = g * hkv, width = hkv * d, npages = (len + ps - 1) / ps;
     int64_t page_bytes = (int64_t)sizeof(kv_t) * ps * width;
     for (int pass = 0; pass < 2; pass++) {
@@ -157,7 +161,7 @@ static inline __attribute__((always_inline)) void FN(attend)(
             }
         }
         if (pass == 1) break;
-        FN(softmax)(scores, len, skip, h0 * g, h1 * g);
+        FN(softmax)(scores, len, skip, h0 * g, h1 * g, cap);
     }
 }
 
@@ -202,7 +206,7 @@ static inline __attribute__((always_inline)) void FN(value_span)(
 static inline __attribute__((always_inline)) void FN(attend_group)(
     struct FN(group_row) *rows, int64_t n, const kv_t *k_pool, const kv_t *v_pool,
     const int32_t *pages, int64_t g, int64_t hkv, int64_t h0, int64_t h1, int64_t d, int64_t ps,
-    int64_t num_pages, float *row) {
+    int64_t num_pages, float *row, float cap) {
     int64_t width = hkv * d, p0 = INT64_MAX, p1 = 0; /* the pages any row reads */
     for (int64_t r = 0; r < n; r++) {
         int64_t end = rows[r].first + (rows[r].len + ps - 1) / ps;
@@ -224,7 +228,7 @@ static inline __attribute__((always_inline)) void FN(attend_group)(
         }
     }
     for (int64_t r = 0; r < n; r++) {
-        FN(softmax)(rows[r].scores, rows[r].len, rows[r].skip, h0 * g, h1 * g);
+        FN(softmax)(rows[r].scores, rows[r].len, rows[r].skip, h0 * g, h1 * g, cap);
         memset(rows[r].acc + h0 * g * d, 0, sizeof(float) * (size_t)((h1 - h0) * g * d));
     }
     int most = d <= 64 ? 4 : 2; /* query heads per block, as attend's */
@@ -267,7 +271,8 @@ static int64_t FN(group_of)(const int32_t *table, int64_t stride, const int32_t 
 static void FN(attend_together)(const scalar_t *q, const kv_t *k_pool, const kv_t *v_pool,
                                 const int32_t *pages, const int32_t *lens, int64_t n, int64_t hq,
                                 int64_t hkv, int64_t h0, int64_t h1, int64_t d, int64_t ps,
-                                int64_t num_pages, float scale, int64_t window, scalar_t *out) {
+                                int64_t num_pages, float scale, int64_t window, float cap,
+                                scalar_t *out) {
     int64_t g = hq / hkv, j0 = h0 * g * d, j1 = h1 * g * d, most = lens[n - 1];
     struct FN(group_row) rows[GROUP_ROWS];
     /* each row's buffers placed as attend_rows places its own (qf, acc, row; scores), on
@@ -288,11 +293,14 @@ static void FN(attend_together)(const scalar_t *q, const kv_t *k_pool, const kv_
     }
     float *row = buf + 2 * hq * d;
     if (d == 64)
-        FN(attend_group)(rows, n, k_pool, v_pool, pages, g, hkv, h0, h1, 64, 16, num_pages, row);
+        FN(attend_group)(rows, n, k_pool, v_pool, pages, g, hkv, h0, h1, 64, 16, num_pages, row,
+                          cap);
     else if (d == 128)
-        FN(attend_group)(rows, n, k_pool, v_pool, pages, g, hkv, h0, h1, 128, 16, num_pages, row);
+        FN(attend_group)(rows, n, k_pool, v_pool, pages, g, hkv, h0, h1, 128, 16, num_pages, row,
+                          cap);
     else
-        FN(attend_group)(rows, n, k_pool, v_pool, pages, g, hkv, h0, h1, d, 16, num_pages, row);
+        FN(attend_group)(rows, n, k_pool, v_pool, pages, g, hkv, h0, h1, d, 16, num_pages, row,
+                          cap);
     for (int64_t r = 0; r < n; r++)
         for (int64_t j = j0; j < j1; j++) out[r * hq * d + j] = ST(rows[r].acc[j]);
     free(buf);
@@ -308,7 +316,7 @@ static void FN(attend_rows)(const scalar_t *q, const kv_t *k_pool, const kv_t *v
                             const int32_t *table, int64_t table_stride, const int32_t *lens,
                             int64_t first, int64_t last, int64_t hq, int64_t hkv, int64_t h0,
                             int64_t h1, int64_t d, int64_t ps, int64_t num_pages, float scale,
-                            int64_t window, scalar_t *out) {
+                            int64_t window, float softcap, scalar_t *out) {
     int64_t g = hq / hkv, cap = 0, j0 = h0 * g * d, j1 = h1 * g * d; /* their q / out values */
     float *scores = NULL;
     float *qf = aligned_floats(2 * hq * d + hkv * d);
@@ -324,7 +332,7 @@ static void FN(attend_rows)(const scalar_t *q, const kv_t *k_pool, const kv_t *v
         if (n > 1) {
             FN(attend_together)(q + bi * hq * d, k_pool, v_pool, table + bi * table_stride,
                                 lens + bi, n, hq, hkv, h0, h1, d, ps, num_pages, scale, window,
-                                oh);
+                                softcap, oh);
             bi += n - 1;
             continue;
         }
@@ -352,13 +360,13 @@ static void FN(attend_rows)(const scalar_t *q, const kv_t *k_pool, const kv_t *v
         for (int64_t j = j0; j < j1; j++) qf[j] = LD(q[bi * hq * d + j]) * scale;
         if (d == 64 && ps == 16)
             FN(attend)(qf, k_pool, v_pool, pages, len, g, hkv, h0, h1, 64, 16, num_pages, scores,
-                       row, acc, next, next_count, skip);
+                       row, acc, next, next_count, skip, softcap);
         else if (d == 128 && ps == 16)
             FN(attend)(qf, k_pool, v_pool, pages, len, g, hkv, h0, h1, 128, 16, num_pages,
-                       scores, row, acc, next, next_count, skip);
+                       scores, row, acc, next, next_count, skip, softcap);
         else
             FN(attend)(qf, k_pool, v_pool, pages, len, g, hkv, h0, h1, d, ps, num_pages, scores,
-                       row, acc, next, next_count, skip);
+                       row, acc, next, next_count, skip, softcap);
         for (int64_t j = j0; j < j1; j++) oh[j] = ST(acc[j]);
     }
     free(scores);
@@ -373,6 +381,7 @@ struct FN(attend_job) {
     float scale;
     scalar_t *out;
     int64_t window;
+    float cap;
 };
 
 #ifdef _OPENMP /* the runner's jobs (decode_attention's OpenMP branch) */
@@ -380,27 +389,29 @@ static void FN(attend_part)(void *p, int part, int parts) { /* a contiguous run 
     const struct FN(attend_job) *j = p;
     FN(attend_rows)(j->q, j->k_pool, j->v_pool, j->table, j->table_stride, j->lens,
                     j->b * part / parts, j->b * (part + 1) / parts, j->hq, j->hkv, 0, j->hkv,
-                    j->d, j->ps, j->num_pages, j->scale, j->window, j->out);
+                    j->d, j->ps, j->num_pages, j->scale, j->window, j->cap,
+                    j->out);
 }
 
 static void FN(attend_heads)(void *p, int part, int parts) { /* one request, a run of kv heads */
     const struct FN(attend_job) *j = p;
     FN(attend_rows)(j->q, j->k_pool, j->v_pool, j->table, j->table_stride, j->lens, 0, 1, j->hq,
                     j->hkv, j->hkv * part / parts, j->hkv * (part + 1) / parts, j->d, j->ps,
-                    j->num_pages, j->scale, j->window, j->out);
+                    j->num_pages, j->scale, j->window, j->cap,
+                    j->out);
 }
 #endif
 
-/* decode_attention with a window (0: none; attend_rows) */
+/* decode_attention with a window (0: none; attend_rows) and a soft cap of the scores (0: none) */
 static void FN(decode_attention_window)(const scalar_t *q, const kv_t *k_pool, const kv_t *v_pool,
                                         const int32_t *table, int64_t table_stride,
                                         const int32_t *lens, int64_t b, int64_t hq, int64_t hkv,
                                         int64_t d, int64_t ps, int64_t num_pages, float scale,
-                                        int64_t window, scalar_t *out) {
+                                        int64_t window, float cap, scalar_t *out) {
 #ifdef _OPENMP
     if (b > 1 && attention_runner && omp_get_max_threads() > 1) {
         struct FN(attend_job) j = {q, k_pool, v_pool, table, lens, table_stride, b, hq, hkv, d,
-                                   ps, num_pages, scale, out, window};
+                                   ps, num_pages, scale, out, window, cap};
         int parts = omp_get_max_threads();
         attention_runner(FN(attend_part), &j, parts < b ? parts : (int)b);
         return;
@@ -411,7 +422,7 @@ static void FN(decode_attention_window)(const scalar_t *q, const kv_t *k_pool, c
     if (b == 1 && hkv > 1 && lens[0] >= MIN_LEN_TO_SPLIT && attention_runner &&
         omp_get_max_threads() > 1) {
         struct FN(attend_job) j = {q, k_pool, v_pool, table, lens, table_stride, b, hq, hkv, d,
-                                   ps, num_pages, scale, out, window};
+                                   ps, num_pages, scale, out, window, cap};
         int parts = omp_get_max_threads();
         attention_runner(FN(attend_heads), &j, parts < hkv ? parts : (int)hkv);
         return;
@@ -424,13 +435,13 @@ static void FN(decode_attention_window)(const scalar_t *q, const kv_t *k_pool, c
             int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
             FN(attend_rows)(q, k_pool, v_pool, table, table_stride, lens, b * id / nt,
                             b * (id + 1) / nt, hq, hkv, 0, hkv, d, ps, num_pages, scale, window,
-                            out);
+                            cap, out);
         }
         return;
     }
 #endif
     FN(attend_rows)(q, k_pool, v_pool, table, table_stride, lens, 0, b, hq, hkv, 0, hkv, d, ps,
-                    num_pages, scale, window, out);
+                    num_pages, scale, window, cap, out);
 }
 
 void FN(decode_attention)(const scalar_t *q, const kv_t *k_pool, const kv_t *v_pool,
@@ -438,5 +449,5 @@ void FN(decode_attention)(const scalar_t *q, const kv_t *k_pool, const kv_t *v_p
                           int64_t b, int64_t hq, int64_t hkv, int64_t d, int64_t ps,
                           int64_t num_pages, float scale, scalar_t *out) {
     FN(decode_attention_window)(q, k_pool, v_pool, table, table_stride, lens, b, hq, hkv, d, ps,
-                                num_pages, scale, 0, out);
+                                num_pages, scale, 0, 0.0f, out);
 }

@@ -3,7 +3,7 @@
 /* A decode-only step's per-layer attention in one call: rotary_kv_part (the exact unit's: q
    into st->q, k and v into the pools at st->slots; the first st->rot values of a head rotated,
    all of it where that is 0), then decode_attention of st->n requests (to
-   their last st->window keys where that is > 0). */
+   their last st->window keys where that is > 0; scores soft-capped by st->cap where > 0). */
 
 void FN(rotary_kv_part)(const scalar_t *qkv, int64_t row, const scalar_t *cos_t,
                         const scalar_t *sin_t, const int64_t *pos, const int64_t *slots,
@@ -16,5 +16,5 @@ void FN(rope_decode)(const struct rope_decode_step *st, const scalar_t *qkv, int
                        st->d, st->rot ? st->rot : st->d, st->q, k_pool, v_pool);
     FN(decode_attention_window)(st->q, k_pool, v_pool, st->table, st->table_stride, st->lens,
                                 st->n, st->hq, st->hkv, st->d, st->ps, st->num_pages, scale,
-                                st->window, out);
+                                st->window, st->cap, out);
 }
