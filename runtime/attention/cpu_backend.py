@@ -13,8 +13,10 @@ layer whose window no sequence of the step outgrows (every query sees all its ke
 causal attention and takes the planned paths too (`_as_plain`; a layer kept in the window pages:
 the fused decode kernel on the mapped page tables, its extend the general path).
 
-Sliding windows a sequence outgrows and soft-capped scores go through the C window kernel
-(`kernels/cpu/window.py`: each query's window read once per block of query rows, no page
+A decode-only step's `rope_attend` runs every layer on the fused C call with the layer's own
+rotary tables, pages, window and soft cap (`_own_step`, the decode chain's steps too).
+Otherwise sliding windows a sequence outgrows and soft-capped scores go through the C window
+kernel (`kernels/cpu/window.py`: each query's window read once per block of query rows, no page
 before it touched), decode rows and extend chunks alike. Every path gives the reference's
 numbers up to float rounding (greedy tokens unchanged). MLA latents, and windows or caps over
 an fp8 pool (or with `fused=False`), take the torch backend's paths (reference kernels,
