@@ -61,6 +61,7 @@ class LoopWalk(NamedTuple):
 
 
 SPARSE_WORDS = 64  # a walk that sets at most this many mask words returns them as SparseWords
+_SPARSE_FROM = 2048  # ... with rows of this many words or more (smaller: dense is cheaper)
 
 
 class SparseWords(NamedTuple):
@@ -84,6 +85,7 @@ class CutWalker:
         self.trie = trie
         self.lib = lib
         self.num_words = num_words
+        self.sparse_words = SPARSE_WORDS if num_words >= _SPARSE_FROM else 0
         self.num_nodes = int(trie.nodes.shape[0])
         # per node, the bytes of its children (csrc/cut_walk.c's child_sigs: 3 x 64 bits)
         self.child_sig = np.empty((self.num_nodes, 3), dtype=np.uint64)
@@ -150,7 +152,9 @@ class CutWalker:
         are not walked node by node; `mode`: SET_ACCEPTS when its states accept (its subtrees
         are region cuts), SKIP_FROM_START when `state` is its first and the caller has the
         mask of the tokens that stay in it from there (`in_set.words`). A mask of at most
-        SPARSE_WORDS nonzero words comes back as SparseWords."""
+        SPARSE_WORDS nonzero words comes back as SparseWords (vocabularies of 64k tokens or
+        more: a smaller row costs less to OR and fault in than the sparse form's fancy
+        indexing)."""
         scratch = _scratch
         words, words_ptr = scratch.mask_row(self.num_words)
         term = self._term_ptrs(table, accepting, live)
@@ -161,7 +165,8 @@ class CutWalker:
             n = self.lib.walk_terminal(
                 nodes, row_start, row_ids, *term, starts.ctypes.data, starts.shape[0], state,
                 clean, index, mode, self._sig_ptr, self._desc_ptr, *self._pre_ptrs, words_ptr,
-                scratch.inside_ptr, scratch.touched_ptr, SPARSE_WORDS, scratch.ptr, cuts.shape[0],
+                scratch.inside_ptr, scratch.touched_ptr, self.sparse_words, scratch.ptr,
+                cuts.shape[0],
             )  # fmt: skip
             if n >= 0:
                 break
@@ -170,7 +175,7 @@ class CutWalker:
         if not scratch.inside[0]:
             return None, cuts[:n].copy()  # (the row is still all zeros: the next walk's)
         n_words = int(scratch.inside[1])
-        if n_words <= SPARSE_WORDS:  # the few words set, and the row zeroed for the next walk
+        if n_words <= self.sparse_words:  # the few words set, and the row zeroed for the next walk
             index = scratch.touched[:n_words].astype(np.int64)
             sparse = SparseWords(index, words[index].view(np.int32))
             words[index] = 0

@@ -154,11 +154,15 @@ GBNF_TEXTS = {
 
 
 @needs_c
+@pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("name", sorted(GBNF))
-def test_gbnf_masks_equal_the_numpy_walk(monkeypatch, name: str) -> None:
+def test_gbnf_masks_equal_the_numpy_walk(monkeypatch, name: str, sparse: bool) -> None:
+    """`sparse`: the walks' few-word masks kept as SparseWords, as the C walker does from 64k
+    tokens up (this vocabulary is far smaller)."""
     from grammar.ebnf.compiler import CompiledEBNF, compile_rules
     from grammar.ebnf.syntax import parse_gbnf
 
+    monkeypatch.setattr(native_walk, "_SPARSE_FROM", 0 if sparse else 1 << 40)
     text = GBNF[name]
     vocab = _vocab(GBNF_TEXTS[name], n=800)
     slow, fast = _compile_both(
@@ -168,6 +172,8 @@ def test_gbnf_masks_equal_the_numpy_walk(monkeypatch, name: str) -> None:
     assert slow._walker is None and fast._walker is not None
     token_lists = [_tokenize(vocab, t, longest=2) for t in GBNF_TEXTS[name]]
     assert _same_masks_along(slow, fast, token_lists) > 25
+    kept = [d.words for d in fast._top.values() if d.words is not None]
+    assert any(isinstance(w, native_walk.SparseWords) for w in kept) == sparse
 
 
 def test_the_switch_keeps_the_numpy_walk(monkeypatch) -> None:
