@@ -48,7 +48,11 @@ OVER_BUDGET, NO_MEMORY, NO_ROOM = 2, 3, 4  # (csrc/subset.c's statuses)
 NEW_PER_EXPAND = 256  # states one expansion may number: the table must have room for them
 _MISSING_CAP = 4096  # NFA states one call asks for (the rest come with the next call)
 _NEIGHBOURS = 64  # filled NFA states handed over with the asked ones, at most
-_BULK_STATES = 20_000  # an NFA of at most this many states is handed over whole as it fills
+# an NFA of at most this many states (reserved block ids included) is handed over whole as it
+# fills: a larger one's eager part would go in one call (~1 us a state) though most of it may
+# never be read. At 20,000, JSONSchemaBench's first 100 took ~1.4x the walk passes (NFAs of
+# 20-100k states: one round trip per deferred piece, the neighbours of the asked states only)
+_BULK_STATES = 100_000
 
 _FLAGS = ("-O2", "-march=native", "-fPIC", "-std=gnu11")
 UNITS = [
