@@ -185,6 +185,9 @@ class DecoderModel:
         else:
             self.rotary[SLIDING] = self.rotary[FULL]
         self.long_rotary = None  # LongRoPE: the tables past the original context
+        # LongRoPE's decode-only steps through rope_attend on rope.DecodeTables (False: rotated
+        # in torch per token, as its extends are; for checks)
+        self.longrope_decode = config.rope_type == "longrope"
         self._chain_rotary = self.rotary[FULL]  # the decode chain's (decode-only steps)
         if config.rope_type == "longrope":
             self.long_rotary = RotaryEmbedding(config, dtype)
@@ -432,14 +435,14 @@ class DecoderModel:
                                    layer.spec, tables[FULL], self.absorb)  # fmt: skip
             return self.tp.o.reduce(self.mm(out, layer.o))
         qkv = self.mm(x, layer.qkv, layer.qkv_bias)
-        if layer.rope_attend:
+        if layer.rope_attend or not tables:  # (no tables: a LongRoPE model's decode-only step)
             if layer.q_norm is not None:  # the normed heads back into the projection
                 qk = qkv[:, : (hq + hkv) * d]
                 qk[:, : hq * d].view(t, hq, d).copy_(
                     self._norm(qk[:, : hq * d].view(t, hq, d), layer.q_norm))
                 qk[:, hq * d :].view(t, hkv, d).copy_(
                     self._norm(qk[:, hq * d :].view(t, hkv, d), layer.k_norm))  # fmt: skip
-            rotary = self.rotary[layer.kind]
+            rotary = self._chain_layers[li][0]  # LongRoPE: rope.DecodeTables, else the kind's
             out = self.attention.rope_attend(li, qkv, rotary, hq, layer.spec)
         else:
             q = qkv[:, : hq * d].view(t, hq, d)
@@ -484,7 +487,10 @@ class DecoderModel:
                 out = out if bias is None else out + bias
                 return self.finish(hidden + (out if last is None else self._norm(out, last)),
                                    batch)  # fmt: skip
-        tables = self._rope_tables(batch) if self._explicit_rope else {}
+        # a LongRoPE model's decode-only step: every layer through rope_attend on the
+        # DecodeTables (each token's own short or long rows, the chain's), no torch rotation
+        decode_only = self.longrope_decode and batch.num_decode == batch.num_tokens
+        tables = self._rope_tables(batch) if self._explicit_rope and not decode_only else {}
         if not self.layers:
             pass
         elif not (self.family.norm_offset or self.family.sandwich_norms):

@@ -153,11 +153,11 @@ def test_partial_rotary_on_the_chain_and_on_rope_attend(tiny_file):
 
 
 def test_longrope_decode_on_the_chain(tiny_file):
-    """LongRoPE (Phi-3's) on the chain: a decode token at or past the original context (16
-    here) rotates with the long factors, one before it with the short ones, as the per-layer
-    loop picks per token; with partial rotary. The same tokens as the per-layer loop's (its
-    torch rotation), logits to rounding, for requests on either side of the boundary and one
-    crossing it during the steps."""
+    """LongRoPE (Phi-3's) on the chain and on the per-layer loop's rope_attend (decode-only
+    steps): a decode token at or past the original context (16 here) rotates with the long
+    factors, one before it with the short ones; with partial rotary. Chain and rope_attend the
+    same bits; the same tokens as the per-token torch rotation, logits to rounding, for
+    requests on either side of the boundary and one crossing it during the steps."""
     from runtime.attention import make_backend
     from runtime.models.llama import LlamaModel
     from tests.support.forward_batches import decode_run
@@ -176,6 +176,9 @@ def test_longrope_decode_on_the_chain(tiny_file):
     tokens, chained = decode_run(model, dtype, prompts, steps=5)
     assert model._chain.runs == 5
     chain, model._chain = model._chain, None
+    fused_tokens, fused = decode_run(model, dtype, prompts, steps=5)  # per layer, rope_attend
+    assert torch.equal(tokens, fused_tokens) and torch.equal(chained, fused)
+    model.longrope_decode = False  # the per-token torch rotation (its short / long rows)
     plain_tokens, plain = decode_run(model, dtype, prompts, steps=5)
     assert torch.equal(tokens, plain_tokens)
     torch.testing.assert_close(chained, plain, atol=1e-5 * plain.abs().max(), rtol=0)
