@@ -284,25 +284,13 @@ def decode_kernel(
 
 
 # ---- the decode chain's attention half for an MLA layer (csrc/mla.c q_mla_attn_half) --------
-class _Proj(ctypes.Structure):  # quant.c's struct q_proj
-    _fields_ = [("t", ctypes.c_int64), ("packed", ctypes.c_int64), ("w", ctypes.c_void_p),
-                ("row_bytes", ctypes.c_int64), ("out", ctypes.c_int64),
-                ("cols", ctypes.c_int64)]  # fmt: skip
+_Proj = cpu_quant.QProj
 
 
 class _Hook(ctypes.Structure):  # mla.c's struct mla_hook
     _fields_ = [("layer", _Layer), ("x_proj", _Proj * 3), ("q_b", _Proj), ("o", _Proj),
                 ("q_a_norm", ctypes.c_void_p), ("x_row", ctypes.c_int64),
                 ("q_rows", ctypes.c_int64)]  # fmt: skip
-
-
-def _parts(w: object) -> list:
-    return w.parts if isinstance(w, cpu_quant.QuantStack) else [w]
-
-
-def _int_format(w: object) -> bool:
-    return (type(w) is cpu_quant.QuantTensor
-            and w.qtype in cpu_quant.INT_TYPES | cpu_quant.K_TYPES)  # fmt: skip
 
 
 def chain_supported(w: MLAWeights, o: object, dtype: torch.dtype) -> bool:
@@ -314,16 +302,10 @@ def chain_supported(w: MLAWeights, o: object, dtype: torch.dtype) -> bool:
         return False
     if dtype not in (torch.float32, torch.bfloat16) or not cpu_quant.is_quantized(w.x_proj):
         return False
-    mats = [*_parts(w.x_proj), o] + ([w.q_b] if w.q_b is not None else [])
+    mats = [*cpu_quant.parts(w.x_proj), o] + ([w.q_b] if w.q_b is not None else [])
     dense = [w.kv_a_norm, w.w_uk, w.w_uv] + ([w.q_a_norm] if w.q_b is not None else [])
-    return (len(_parts(w.x_proj)) <= 3 and all(_int_format(m) for m in mats)
+    return (len(cpu_quant.parts(w.x_proj)) <= 3 and all(cpu_quant.int_kernel(m) for m in mats)
             and all(t.dtype == dtype and t.is_contiguous() for t in dense))  # fmt: skip
-
-
-def _proj(w: cpu_quant.QuantTensor) -> _Proj:
-    w.pack()
-    d = w.data
-    return _Proj(w.qtype, int(w.packed), d.data_ptr(), d.shape[1], d.shape[0], w.cols)
 
 
 def chain_hook(w: MLAWeights, o: object, config: ModelConfig, scale: float,
@@ -338,12 +320,12 @@ def chain_hook(w: MLAWeights, o: object, config: ModelConfig, scale: float,
     entry = _Layer(w.w_uk.shape[0], mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim,
                    mla.kv_lora_rank, int(mla.rope_interleave), config.rms_norm_eps, scale,
                    w.kv_a_norm.data_ptr(), w.w_uk.data_ptr(), w.w_uv.data_ptr(), None)  # fmt: skip
-    hook = _Hook(layer=entry, o=_proj(o), x_row=w.x_proj.shape[0], q_rows=w.q_rows)
-    for k, part in enumerate(_parts(w.x_proj)):
-        hook.x_proj[k] = _proj(part)
+    hook = _Hook(layer=entry, o=cpu_quant.q_proj(o), x_row=w.x_proj.shape[0], q_rows=w.q_rows)
+    for k, part in enumerate(cpu_quant.parts(w.x_proj)):
+        hook.x_proj[k] = cpu_quant.q_proj(part)
     if w.q_b is not None:
-        hook.q_b, hook.q_a_norm = _proj(w.q_b), w.q_a_norm.data_ptr()
-    products = [*_parts(w.x_proj), o] + ([w.q_b] if w.q_b is not None else [])
+        hook.q_b, hook.q_a_norm = cpu_quant.q_proj(w.q_b), w.q_a_norm.data_ptr()
+    products = [*cpu_quant.parts(w.x_proj), o] + ([w.q_b] if w.q_b is not None else [])
     bf16 = dtype == torch.bfloat16
 
     def scratch(rows: int) -> int:

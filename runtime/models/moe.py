@@ -110,9 +110,7 @@ def _keep_groups(scores: torch.Tensor, group_rank: torch.Tensor, cfg: MoEConfig,
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
-class _Proj(ctypes.Structure):  # csrc/moe.h's moe_proj: q_matmul's leading arguments
-    _fields_ = [("t", _I64), ("packed", _I64), ("w", _PTR), ("row_bytes", _I64), ("out", _I64),
-                ("cols", _I64)]  # fmt: skip
+_Proj = cpu_quant.QProj  # csrc/moe.h's moe_proj: q_matmul's leading arguments
 
 
 class _Mat(ctypes.Structure):  # moe_mat: up to three parts stacked by rows
@@ -129,22 +127,18 @@ class _MoE(ctypes.Structure):  # q_moe
 
 
 def _mat(w) -> _Mat:
-    parts = w.parts if isinstance(w, cpu_quant.QuantStack) else [w]
     mat = _Mat(row=w.shape[0])
-    for k, p in enumerate(parts):
-        p.pack()
-        d = p.data
-        mat.part[k] = _Proj(p.qtype, int(p.packed), d.data_ptr(), d.shape[1], d.shape[0], p.cols)
+    for k, p in enumerate(cpu_quant.parts(w)):
+        mat.part[k] = cpu_quant.q_proj(p)
     return mat
 
 
 def _c_weight(w, rows: int, cols: int, stack: bool) -> bool:
     """Whether `w` is a [rows, cols] weight the C experts multiply: integer-kernel block formats,
     one tensor (or, with `stack`, up to three stacked parts)."""
-    parts = w.parts if stack and isinstance(w, cpu_quant.QuantStack) else [w]
-    ints = cpu_quant.INT_TYPES | cpu_quant.K_TYPES
+    parts = cpu_quant.parts(w) if stack else [w]
     return len(parts) <= 3 and tuple(w.shape) == (rows, cols) and all(
-        type(p) is cpu_quant.QuantTensor and p.qtype in ints for p in parts
+        cpu_quant.int_kernel(p) for p in parts
     )  # fmt: skip
 
 

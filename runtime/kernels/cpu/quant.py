@@ -402,6 +402,32 @@ def is_quantized(w: object) -> bool:
     return isinstance(w, QuantTensor | QuantStack)
 
 
+def parts(w: Quantized) -> list[QuantTensor]:
+    """A weight's parts by rows: a QuantStack's, or the tensor alone."""
+    return w.parts if isinstance(w, QuantStack) else [w]
+
+
+def int_kernel(w: object) -> bool:
+    """Whether `w` is one tensor in a format of the integer kernels (the 32-element formats and
+    the K-quants): what C callers of `q_matmul` (the decode chain, MoE experts, MLA) take."""
+    return type(w) is QuantTensor and w.qtype in INT_TYPES | K_TYPES
+
+
+class QProj(ctypes.Structure):
+    """csrc/quant.c's struct q_proj (moe.h's moe_proj has its layout): `q_matmul`'s leading
+    arguments for one weight."""
+
+    _fields_ = [("t", _I64), ("packed", _I64), ("w", _PTR), ("row_bytes", _I64), ("out", _I64),
+                ("cols", _I64)]  # fmt: skip
+
+
+def q_proj(w: QuantTensor) -> QProj:
+    """`w` packed (once), as q_matmul's arguments; its bytes are addressed from then on."""
+    w.pack()
+    d = w.data
+    return QProj(w.qtype, int(w.packed), d.data_ptr(), d.shape[1], d.shape[0], w.cols)
+
+
 def stack_rows(parts: list) -> QuantTensor | QuantStack:
     """`torch.cat(parts)` by rows: one QuantTensor when all share a format, else a
     QuantStack; a plain tensor among them is kept as F32 rows."""

@@ -33,11 +33,7 @@ from runtime.kernels.cpu import fused as cpu_fused
 from runtime.kernels.cpu import quant as cpu_quant
 
 _I64, _F32, _PTR = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-
-
-class _Proj(ctypes.Structure):
-    _fields_ = [("t", _I64), ("packed", _I64), ("w", _PTR), ("row_bytes", _I64), ("out", _I64),
-                ("cols", _I64)]  # fmt: skip
+_Proj = cpu_quant.QProj
 
 
 class _Layer(ctypes.Structure):
@@ -134,18 +130,8 @@ class ChainExtras:
         return [self.qkv_bias, self.o_bias, self.gate_up_bias, self.down_bias]
 
 
-def _parts(w: cpu_quant.Quantized) -> list[cpu_quant.QuantTensor]:
-    return w.parts if isinstance(w, cpu_quant.QuantStack) else [w]
-
-
 def _first_ptr(pools: list[torch.Tensor | None] | None) -> int:
     return 0 if not pools or pools[0] is None else pools[0].data_ptr()
-
-
-def _proj(w: cpu_quant.QuantTensor) -> _Proj:
-    w.pack()
-    d = w.data
-    return _Proj(w.qtype, int(w.packed), d.data_ptr(), d.shape[1], d.shape[0], w.cols)
 
 
 class DecodeChain:
@@ -193,18 +179,16 @@ class DecodeChain:
             return False
         if family.activation not in ACTIVATIONS:
             return False
-        int_types = cpu_quant.INT_TYPES | cpu_quant.K_TYPES
         norm_type = torch.float32 if family.offset_norms else dtype
         extras = extras or [ChainExtras() for _ in layers]
         for (norm1, qkv, o, norm2, gate_up, down), extra in zip(layers, extras, strict=True):
             attn, mlp = extra.attn_half is None, extra.mlp_half is None  # built-in halves
             fused = ([qkv] if attn else []) + ([gate_up] if mlp else [])
-            if not all(cpu_quant.is_quantized(w) and len(_parts(w)) <= 3 for w in fused):
+            if not all(cpu_quant.is_quantized(w) and len(cpu_quant.parts(w)) <= 3 for w in fused):
                 return False
-            mats = [m for w in fused for m in _parts(w)] + [w for w, own in ((o, attn),
+            mats = [m for w in fused for m in cpu_quant.parts(w)] + [w for w, own in ((o, attn),
                                                                 (down, mlp)) if own]  # fmt: skip
-            if any(type(w) is not cpu_quant.QuantTensor or w.qtype not in int_types
-                   for w in mats):  # stacks: up to three formats  # fmt: skip
+            if not all(cpu_quant.int_kernel(w) for w in mats):  # stacks: up to three formats
                 return False
             norms = [norm1, norm2]
             if family.head_norms and attn:
@@ -245,12 +229,12 @@ class DecodeChain:
                         setattr(entry, hook_name, hook.fn)
                         setattr(entry, hook_name[:-4] + "ctx", hook.ctx or None)
                         continue
-                    first, *rest = _parts(w)
-                    setattr(entry, name, _proj(first))
+                    first, *rest = cpu_quant.parts(w)
+                    setattr(entry, name, cpu_quant.q_proj(first))
                     setattr(entry, name + "_row", w.shape[0])
                     for k, part in enumerate(rest):
-                        getattr(entry, name + "_rest")[k] = _proj(part)
-                    setattr(entry, second, _proj(w2))
+                        getattr(entry, name + "_rest")[k] = cpu_quant.q_proj(part)
+                    setattr(entry, second, cpu_quant.q_proj(w2))
                 entry.norm1, entry.norm2 = norm1.data_ptr(), norm2.data_ptr()
                 entry.scale = scale
                 for name, b in (("o_bias", extra.o_bias), ("down_bias", extra.down_bias)):
